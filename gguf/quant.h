@@ -1,0 +1,88 @@
+/* ggml tensor types: block structs, the one type-traits table, and the CPU kernels on blocks
+ * (dequantise a row, dot a quantised row with an F32 vector, quantise a row from F32).
+ * Layouts: shared/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). */
+#ifndef DS_GGUF_QUANT_H
+#define DS_GGUF_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK_K 256
+#define QK8_0 32
+#define K_SCALE_SIZE 12
+
+typedef enum ggml_type {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_BF16 = 30,
+    GGML_TYPE_MAX_ID = 40,
+} ggml_type;
+
+typedef uint16_t ggml_half; /* IEEE binary16 bits */
+typedef uint16_t ggml_bf16; /* upper half of an fp32 */
+
+typedef struct block_q8_0 {
+    ggml_half d;
+    int8_t qs[QK8_0];
+} block_q8_0;
+
+typedef struct block_q4_K {
+    ggml_half d;
+    ggml_half dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+
+typedef struct block_q5_K {
+    ggml_half d;
+    ggml_half dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+
+typedef struct block_q6_K {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    ggml_half d;
+} block_q6_K;
+
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+
+/* Row kernels. n is the row length in elements, a multiple of the block size. */
+typedef void (*quant_dequant_fn)(const void *src, float *dst, int64_t n);
+typedef float (*quant_dot_fn)(const void *row, const float *x, int64_t n);
+typedef void (*quant_quantize_fn)(const float *src, void *dst, int64_t n);
+
+typedef struct quant_traits {
+    const char *name;         /* "q4_K" as ggml names it */
+    uint32_t block_size;      /* elements per block */
+    uint32_t type_size;       /* bytes per block */
+    bool supported;           /* false: known id, no kernels here */
+    quant_dequant_fn dequant; /* scalar reference */
+    quant_dot_fn dot;         /* fastest available (AVX2 when the CPU has it) */
+    quant_dot_fn dot_ref;     /* scalar reference */
+    quant_quantize_fn quantize;
+} quant_traits;
+
+/* Traits for a type id; NULL if the id is not a ggml type this program knows. */
+const quant_traits *quant_get(uint32_t type);
+
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or type unknown. */
+uint64_t quant_row_bytes(uint32_t type, uint64_t n);
+
+float quant_f16_to_f32(ggml_half h);
+ggml_half quant_f32_to_f16(float f);  /* round to nearest even */
+float quant_bf16_to_f32(ggml_bf16 h);
+ggml_bf16 quant_f32_to_bf16(float f); /* round to nearest even */
+
+#endif
