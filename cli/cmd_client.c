@@ -1,0 +1,12 @@
+/* Placeholder until its issue lands: says so and fails. */
+#include <stdio.h>
+
+#include "cli/cli.h"
+
+int cmd_client(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "deltaserve: 'client' is not built yet\n");
+    return 2;
+}
