@@ -1,0 +1,111 @@
+/* Qwen3.5 CPU reference forward pass: per-sequence state, a per-engine workspace, prefill of T
+ * tokens (token-parallel projections + chunked gated delta rule) and batched decode (B
+ * sequences, one token each, every weight row read once for all B).
+ *
+ * This is the specification every other backend matches (shared/QWEN35.md §2, §3). It works on
+ * every weight type the GGUF may hold (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K) by dotting the
+ * quantised rows directly; no tensor is ever dequantised whole.
+ *
+ * Lifetimes (STYLE.md "Memory"):
+ *   model  - qwen35_model_load (model/qwen35.h), read-only, shared by every ctx and state;
+ *   ctx    - qwen35_ctx_create once per engine thread: scratch for up to max_batch sequences /
+ *            max_tokens tokens and a thread pool; nothing is allocated per token afterwards;
+ *   state  - qwen35_state_create once per sequence slot; reset (not freed) between requests.
+ *
+ *   qwen35_ctx *ctx; qwen35_state *s; status st;
+ *   qwen35_ctx_create(model, &(qwen35_ctx_opts){.max_batch = 8}, &ctx, &st);
+ *   qwen35_state_create(model, 4096, &s, &st);
+ *   qwen35_prefill(ctx, s, prompt, n_prompt, logits, false, &st);   logits: [V] of last token
+ *   qwen35_decode_batch(ctx, &s, &next, 1, logits, &st);            logits: [B][V]
+ *
+ * Threading: a ctx is used by one caller thread at a time; it splits each operation over its
+ * own pool internally. States are independent; a state must not be in two calls at once.
+ *
+ * Dimension vocabulary: model/README.md (H, F, V, n_h/n_kv/d_h, n_k/n_v/d_k/d_v, C, K_conv,
+ * T tokens, B sequences). */
+#ifndef DS_MODEL_FORWARD_H
+#define DS_MODEL_FORWARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "model/qwen35.h"
+
+/* Recurrent + KV state of one sequence. Layers are numbered separately per kind: the g-th
+ * DeltaNet layer (in model order) owns conv/ssm slice g, the a-th attention layer owns
+ * k_cache/v_cache slice a (qwen35_state_layer_slot gives the index of a model layer).
+ *
+ * S layout: llama.cpp's key-contiguous one. For value head hv the HF matrix S[i][j]
+ * (i over d_k keys, j over d_v values) is stored at ssm[((g*n_v + hv)*d_v + j)*d_k + i], so a
+ * value column S[:, j] is contiguous: u_j = S[:,j]·k and o_j = S[:,j]·q are contiguous dots. */
+typedef struct qwen35_state {
+    const qwen35_model *model; /* borrowed */
+    int n_ctx;                 /* KV capacity in tokens (positions 0..n_ctx-1) */
+    int n_past;                /* tokens consumed so far = position of the next token */
+    float *conv;    /* owned, [n_gdn_layers][C][K_conv-1]: last K_conv-1 pre-conv inputs per
+                       channel, oldest first; zeros after reset */
+    float *ssm;     /* owned, [n_gdn_layers][n_v][d_v][d_k] FP32 delta-rule state (see above) */
+    float *k_cache; /* owned, [n_attn_layers][n_ctx][n_kv][d_h]: K after k_norm and RoPE */
+    float *v_cache; /* owned, [n_attn_layers][n_ctx][n_kv][d_h] */
+} qwen35_state;
+
+/* Bytes qwen35_state_create allocates for one sequence of n_ctx positions (for pool sizing). */
+uint64_t qwen35_state_bytes(const qwen35_model *m, int n_ctx);
+
+/* Allocates a zeroed state able to hold n_ctx positions (1 <= n_ctx). STATUS_NOMEM on failure,
+ * STATUS_INVALID for a bad n_ctx. */
+int qwen35_state_create(const qwen35_model *m, int n_ctx, qwen35_state **out, status *st);
+void qwen35_state_destroy(qwen35_state *s);
+
+/* Forgets the sequence: n_past = 0, recurrent state zeroed (KV rows need no clearing). */
+void qwen35_state_reset(qwen35_state *s);
+
+/* Snapshot: dst becomes an exact copy of src (same model; dst->n_ctx >= src->n_past). Copies
+ * only the n_past KV rows in use. */
+void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src);
+
+/* Index of model layer il within its kind (DeltaNet slot or attention slot). */
+int qwen35_state_layer_slot(const qwen35_model *m, int il);
+
+/* How prefill runs the gated delta rule over T > 1 tokens. */
+typedef enum qwen35_gdn_mode {
+    QWEN35_GDN_CHUNKED = 0, /* default: chunked form, chunk QWEN35_GDN_CHUNK (QWEN35.md §3) */
+    QWEN35_GDN_RECURRENT,   /* token by token, the decode recurrence (QWEN35.md §2.4) */
+} qwen35_gdn_mode;
+
+#define QWEN35_GDN_CHUNK 64
+
+typedef struct qwen35_ctx_opts {
+    int max_batch;  /* most sequences per qwen35_decode_batch; 0 -> 1 */
+    int max_tokens; /* tokens per internal prefill step; longer prefills are split; 0 -> 512 */
+    int n_threads;  /* 0 -> $DS_THREADS, else the number of online CPUs */
+    qwen35_gdn_mode gdn_mode;
+} qwen35_ctx_opts;
+
+typedef struct qwen35_ctx qwen35_ctx;
+
+/* Allocates the workspace and starts the thread pool. opts may be NULL (all defaults). */
+int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35_ctx **out,
+                      status *st);
+void qwen35_ctx_destroy(qwen35_ctx *ctx);
+int qwen35_ctx_n_threads(const qwen35_ctx *ctx);
+int qwen35_ctx_max_batch(const qwen35_ctx *ctx);
+/* Changes how later prefills run the delta rule (tests compare the two). */
+void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode);
+
+/* Feeds T >= 1 tokens to sequence s at positions s->n_past .. s->n_past+T-1 and advances
+ * n_past. logits: NULL (none wanted), [V] for the last token, or [T][V] when all_logits.
+ * Errors (state unchanged): STATUS_RANGE for a token id outside [0, V) or n_past+T > n_ctx,
+ * naming the offending index; STATUS_INVALID for T < 1. */
+int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
+                   float *logits, bool all_logits, status *st);
+
+/* One token for each of B sequences (1 <= B <= max_batch; all distinct states of this model):
+ * tokens[b] goes to states[b] at position states[b]->n_past. logits: NULL or [B][V].
+ * Errors (no state changed): STATUS_RANGE (bad id, a full context), STATUS_INVALID (bad B). */
+int qwen35_decode_batch(qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+                        int B, float *logits, status *st);
+
+#endif
