@@ -1,0 +1,237 @@
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "router/router_policy.h"
+#include "router/router_pool.h"
+
+/* ---- policy ---- */
+
+static void test_least_prefers_lower_load(void)
+{
+    router_policy p;
+    router_policy_defaults(&p);
+    router_policy_cand c[2] = {{.key = 1, .load = 100, .eligible = 1},
+                               {.key = 2, .load = 5, .eligible = 1}};
+    uint64_t rng = 1;
+    for (int i = 0; i < 100; i++) CU_ASSERT_EQUAL(router_policy_pick(&p, c, 2, 0, &rng), 1);
+}
+
+static void test_none_eligible(void)
+{
+    router_policy p;
+    router_policy_defaults(&p);
+    router_policy_cand c[2] = {{.key = 1}, {.key = 2}};
+    uint64_t rng = 1;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 2, 0, &rng), -1);
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 0, 0, &rng), -1);
+    c[1].eligible = 1;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 2, 0, &rng), 1);
+}
+
+/* Power of two choices over 8 equal workers spreads picks; the most loaded is never picked. */
+static void test_p2c_spreads_and_avoids_max(void)
+{
+    router_policy p;
+    router_policy_defaults(&p);
+    router_policy_cand c[8];
+    for (int i = 0; i < 8; i++)
+        c[i] = (router_policy_cand){.key = (uint64_t)i, .load = 10, .eligible = 1};
+    c[3].load = 1000;
+    c[5].eligible = 0;
+    int hits[8] = {0};
+    uint64_t rng = 42;
+    for (int i = 0; i < 7000; i++) hits[router_policy_pick(&p, c, 8, 0, &rng)]++;
+    CU_ASSERT_EQUAL(hits[3], 0);
+    CU_ASSERT_EQUAL(hits[5], 0);
+    for (int i = 0; i < 8; i++)
+        if (i != 3 && i != 5) CU_ASSERT(hits[i] > 700); /* ~1167 expected each */
+}
+
+static void test_prefix_affinity_and_overload(void)
+{
+    router_policy p;
+    router_policy_defaults(&p);
+    p.mode = ROUTER_ROUTING_PREFIX;
+    router_policy_cand c[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = (router_policy_cand){.key = router_policy_hash_str((char[]){'w', (char)('0' + i), 0}),
+                                    .load = 0, .eligible = 1};
+    int32_t a[40], b[40];
+    for (int i = 0; i < 40; i++) a[i] = b[i] = i * 7;
+    b[39] = 99999; /* differs after the first 32 tokens: same prefix hash */
+    uint64_t ha = router_policy_prefix_hash(a, 40, p.prefix_tokens);
+    CU_ASSERT_EQUAL(ha, router_policy_prefix_hash(b, 40, p.prefix_tokens));
+    CU_ASSERT_NOT_EQUAL(ha, router_policy_prefix_hash(a, 31, p.prefix_tokens));
+    uint64_t rng = 3;
+    int first = router_policy_pick(&p, c, 4, ha, &rng);
+    CU_ASSERT(first >= 0);
+    for (int i = 0; i < 50; i++) CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, ha, &rng), first);
+    /* different prefixes spread over the workers */
+    int hits[4] = {0};
+    for (int32_t k = 0; k < 400; k++) {
+        int32_t ids[1] = {k};
+        hits[router_policy_pick(&p, c, 4, router_policy_prefix_hash(ids, 1, 32), &rng)]++;
+    }
+    for (int i = 0; i < 4; i++) CU_ASSERT(hits[i] > 50);
+    /* removing another worker does not move this prefix (rendezvous hashing) */
+    int other = (first + 1) % 4;
+    c[other].eligible = 0;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, ha, &rng), first);
+    c[other].eligible = 1;
+    /* overloaded by load: falls back to least */
+    c[first].load = 5000;
+    int alt = router_policy_pick(&p, c, 4, ha, &rng);
+    CU_ASSERT_NOT_EQUAL(alt, first);
+    /* within the slack it stays */
+    c[first].load = 500;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, ha, &rng), first);
+    /* a waiting queue counts as overloaded */
+    c[first].waiting = 2;
+    CU_ASSERT_NOT_EQUAL(router_policy_pick(&p, c, 4, ha, &rng), first);
+}
+
+static void test_parse_mode(void)
+{
+    router_routing m;
+    status st;
+    CU_ASSERT_EQUAL(router_policy_parse_mode("prefix", &m, &st), 0);
+    CU_ASSERT_EQUAL(m, ROUTER_ROUTING_PREFIX);
+    CU_ASSERT_EQUAL(router_policy_parse_mode("least", &m, &st), 0);
+    CU_ASSERT_EQUAL(m, ROUTER_ROUTING_LEAST);
+    CU_ASSERT_EQUAL(router_policy_parse_mode("random", &m, &st), STATUS_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "--routing"));
+}
+
+/* ---- pool, with fake connections that count opens and closes ---- */
+
+static int n_open, n_close;
+static void *fake_connect(const char *addr, void *ctx)
+{
+    (void)ctx;
+    if (!strcmp(addr, "refuse:1")) return NULL;
+    n_open++;
+    return (void *)addr; /* any non-NULL token */
+}
+static void fake_disconnect(void *conn, void *ctx)
+{
+    (void)conn;
+    (void)ctx;
+    n_close++;
+}
+
+static router_pool *make_pool(router_routing mode)
+{
+    router_policy pol;
+    router_policy_defaults(&pol);
+    pol.mode = mode;
+    router_pool_ops ops = {fake_connect, fake_disconnect, NULL};
+    router_pool *p = NULL;
+    status st;
+    CU_ASSERT_EQUAL(router_pool_create(&p, &pol, &ops, &st), 0);
+    return p;
+}
+
+static void mark_all(router_pool *p, int serving)
+{
+    router_worker *w[16];
+    int n = router_pool_snapshot(p, w, 16);
+    for (int i = 0; i < n; i++) {
+        router_pool_report_health(p, w[i], serving);
+        router_pool_unref(p, w[i]);
+    }
+}
+
+static void test_pool_set_and_eligibility(void)
+{
+    n_open = n_close = 0;
+    router_pool *p = make_pool(ROUTER_ROUTING_LEAST);
+    status st;
+    const char *a[] = {"h:1", "h:2", "h:1"};
+    CU_ASSERT_EQUAL(router_pool_set(p, a, 3, &st), 2);
+    CU_ASSERT_EQUAL(router_pool_n_workers(p), 2);
+    CU_ASSERT_EQUAL(n_open, 2);
+    uint64_t rng = 9;
+    /* unknown until checked: nothing eligible */
+    CU_ASSERT_PTR_NULL(router_pool_acquire(p, 0, 10, NULL, 0, &rng));
+    mark_all(p, 1);
+    CU_ASSERT_EQUAL(router_pool_n_healthy(p), 2);
+    router_worker *w1 = router_pool_acquire(p, 0, 100, NULL, 0, &rng);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w1);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w1), 100);
+    /* the second request goes to the other, idle worker */
+    router_worker *w2 = router_pool_acquire(p, 0, 100, NULL, 0, &rng);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w2);
+    CU_ASSERT_PTR_NOT_EQUAL(w1, w2);
+    /* excluding both: none */
+    router_worker *ex[2] = {w1, w2};
+    CU_ASSERT_PTR_NULL(router_pool_acquire(p, 0, 1, ex, 2, &rng));
+    /* failure makes a worker ineligible at once */
+    router_pool_report_failure(p, w1);
+    CU_ASSERT_EQUAL(router_pool_worker_state(p, w1), ROUTER_WORKER_UNHEALTHY);
+    router_worker *w3 = router_pool_acquire(p, 0, 1, NULL, 0, &rng);
+    CU_ASSERT_PTR_EQUAL(w3, w2);
+    router_pool_progress(p, w2, 50);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 51);
+    router_pool_release(p, w3, 1);
+    router_pool_release(p, w2, 50);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 0);
+    /* polled load counts when larger than the local one */
+    router_worker_load l = {.outstanding_tokens = 700, .waiting = 0};
+    router_pool_report_load(p, w2, &l);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 700);
+    router_pool_release(p, w1, 100);
+    router_pool_destroy(p);
+    CU_ASSERT_EQUAL(n_close, 2);
+}
+
+static void test_pool_retire_waits_for_requests(void)
+{
+    n_open = n_close = 0;
+    router_pool *p = make_pool(ROUTER_ROUTING_LEAST);
+    status st;
+    const char *a[] = {"h:1"};
+    CU_ASSERT_EQUAL(router_pool_set(p, a, 1, &st), 1);
+    mark_all(p, 1);
+    uint64_t rng = 1;
+    router_worker *w = router_pool_acquire(p, 0, 10, NULL, 0, &rng);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    const char *b[] = {"h:2", "h:3"};
+    CU_ASSERT_EQUAL(router_pool_set(p, b, 2, &st), 2);
+    CU_ASSERT_EQUAL(router_pool_n_workers(p), 2);
+    CU_ASSERT_EQUAL(n_close, 0); /* still used by the request */
+    CU_ASSERT_STRING_EQUAL(router_pool_worker_addr(w), "h:1");
+    router_pool_release(p, w, 10);
+    CU_ASSERT_EQUAL(n_close, 1);
+    /* same set again: nothing added or closed */
+    CU_ASSERT_EQUAL(router_pool_set(p, b, 2, &st), 0);
+    CU_ASSERT_EQUAL(n_close, 1);
+    CU_ASSERT_EQUAL(n_open, 3);
+    /* a connection that cannot be opened is an error naming the worker */
+    const char *c[] = {"h:2", "refuse:1"};
+    CU_ASSERT_EQUAL(router_pool_set(p, c, 2, &st), STATUS_UNAVAILABLE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "refuse:1"));
+    const char *d[] = {""};
+    CU_ASSERT_EQUAL(router_pool_set(p, d, 1, &st), STATUS_INVALID);
+    router_pool_destroy(p);
+    CU_ASSERT_EQUAL(n_close, 3);
+}
+
+int main(void)
+{
+    CU_initialize_registry();
+    CU_pSuite s = CU_add_suite("router/policy", NULL, NULL);
+    CU_add_test(s, "least prefers lower load", test_least_prefers_lower_load);
+    CU_add_test(s, "none eligible", test_none_eligible);
+    CU_add_test(s, "p2c spreads and avoids max", test_p2c_spreads_and_avoids_max);
+    CU_add_test(s, "prefix affinity and overload", test_prefix_affinity_and_overload);
+    CU_add_test(s, "parse mode", test_parse_mode);
+    CU_pSuite s2 = CU_add_suite("router/pool", NULL, NULL);
+    CU_add_test(s2, "set and eligibility", test_pool_set_and_eligibility);
+    CU_add_test(s2, "retire waits for requests", test_pool_retire_waits_for_requests);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    int failed = (int)CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
