@@ -80,6 +80,19 @@ const quant_traits *quant_get(uint32_t type);
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size or type unknown. */
 uint64_t quant_row_bytes(uint32_t type, uint64_t n);
 
+/* Scalar-reference traits (dot = dot_ref) for a type id; NULL as quant_get. For tests. */
+const quant_traits *quant_get_ref(uint32_t type);
+
+/* True when this CPU has AVX2+FMA+F16C, i.e. quant_get's dot is the AVX2 kernel. */
+bool quant_cpu_has_avx2(void);
+
+/* y[r] = dot(row r of w, x) for r in [row_begin, row_end): the CPU GEMV. w is the tensor's
+ * first row, rows row_bytes apart (row_bytes >= quant_row_bytes(type, n_in)); x is [n_in],
+ * y is indexed by absolute row. Threads call it on disjoint row ranges. type must be
+ * supported and n_in a multiple of its block size (asserted). */
+void quant_matvec(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in,
+                  const float *x, float *y, int64_t row_begin, int64_t row_end);
+
 float quant_f16_to_f32(ggml_half h);
 ggml_half quant_f32_to_f16(float f);  /* round to nearest even */
 float quant_bf16_to_f32(ggml_bf16 h);
