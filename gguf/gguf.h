@@ -43,7 +43,8 @@ typedef struct gguf_kv {
     gguf_vtype type;      /* value type; ARRAY for arrays */
     gguf_vtype arr_type;  /* element type when type == ARRAY */
     uint64_t n;           /* element count (1 for scalars) */
-    const uint8_t *data;  /* scalar value or first array element, in the mapping (unaligned) */
+    const uint8_t *data;  /* scalar value or first array element, in the mapping (unaligned);
+                           * for strings it points at the u64 length prefix: use strs */
     gguf_str *strs;       /* owned: n entries when the value is a string or an array of strings */
     uint64_t file_offset; /* byte offset of the KV record, for messages */
 } gguf_kv;
