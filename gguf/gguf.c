@@ -96,7 +96,7 @@ static int cur_bytes(cursor *c, uint64_t n, const uint8_t **out, const char *wha
 
 static int cur_u32(cursor *c, uint32_t *v, const char *what)
 {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = cur_bytes(c, 4, &p, what);
     if (rc) return rc;
     memcpy(v, p, 4);
@@ -105,7 +105,7 @@ static int cur_u32(cursor *c, uint32_t *v, const char *what)
 
 static int cur_u64(cursor *c, uint64_t *v, const char *what)
 {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = cur_bytes(c, 8, &p, what);
     if (rc) return rc;
     memcpy(v, p, 8);
@@ -115,7 +115,7 @@ static int cur_u64(cursor *c, uint64_t *v, const char *what)
 static int cur_str(cursor *c, gguf_str *s, const char *what)
 {
     uint64_t start = c->pos, len;
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = cur_u64(c, &len, what);
     if (rc) return rc;
     if (len > cur_left(c))
@@ -239,7 +239,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
         return fail_at(c, at, "key '%s': array of %llu %s exceeds the %llu bytes left", key,
                        (unsigned long long)kv->n, gguf_vtype_name(kv->arr_type),
                        (unsigned long long)cur_left(c));
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     return cur_bytes(c, bytes, &p, "array data");
 }
 
@@ -747,7 +747,7 @@ static int kv_elem(const gguf_kv *kv, uint64_t i, gguf_vtype *t, const uint8_t *
 int gguf_kv_get_int(const gguf_kv *kv, uint64_t i, int64_t *out)
 {
     gguf_vtype t;
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = kv_elem(kv, i, &t, &p);
     if (rc) return rc;
     int64_t s;
@@ -763,7 +763,7 @@ int gguf_kv_get_int(const gguf_kv *kv, uint64_t i, int64_t *out)
 int gguf_kv_get_float(const gguf_kv *kv, uint64_t i, double *out)
 {
     gguf_vtype t;
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = kv_elem(kv, i, &t, &p);
     if (rc) return rc;
     if (t == GGUF_VTYPE_FLOAT32) {
