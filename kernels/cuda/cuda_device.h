@@ -1,0 +1,71 @@
+/* The CUDA runtime seen from C: is there a GPU, what is it, the few functions that allocate or
+ * copy device memory, stream/event helpers, and error checks that turn a CUDA error into a
+ * status naming the statement. Kernel launchers (one header per family beside this one) never
+ * allocate, never sync and never format text; callers check with cuda_check() afterwards.
+ *
+ * Without a GPU or a driver, cuda_device_available() returns false with the reason in st; the
+ * binaries then print "no GPU, using CPU" and run the CPU backend. */
+#ifndef DS_KERNELS_CUDA_CUDA_DEVICE_H
+#define DS_KERNELS_CUDA_CUDA_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/status.h"
+
+/* cudaStream_t / cudaEvent_t / cudaGraphExec_t without including CUDA headers in C code. */
+struct CUstream_st;
+struct CUevent_st;
+typedef struct CUstream_st *cuda_stream;
+typedef struct CUevent_st *cuda_event;
+
+typedef struct cuda_device_props {
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    uint64_t mem_total_bytes, mem_free_bytes;
+    uint64_t l2_bytes;
+} cuda_device_props;
+
+/* true when at least one CUDA device is usable; false (st says why: no driver, no device) */
+bool cuda_device_available(status *st);
+
+/* Properties of device `dev` (also selects it as current). */
+int cuda_device_props_get(int dev, cuda_device_props *p, status *st);
+
+/* STATUS_DEVICE naming `what` if a launch or async operation failed (cudaGetLastError). */
+int cuda_check(const char *what, status *st);
+/* Waits for the stream (NULL: the default stream) and checks for errors. */
+int cuda_sync(cuda_stream s, const char *what, status *st);
+
+/* The allocation functions: every device byte of deltaserve is taken here, so grep proves it.
+ * cuda_alloc_count() counts successful cuda_alloc/cuda_host_alloc calls (engine counters). */
+int cuda_alloc(void **d_ptr, size_t bytes, const char *what, status *st);
+void cuda_free(void *d_ptr);
+int cuda_host_alloc(void **h_ptr, size_t bytes, const char *what, status *st); /* pinned */
+void cuda_host_free(void *h_ptr);
+uint64_t cuda_alloc_count(void);
+
+/* Synchronous copies (setup and tests only, never on the per-token path). */
+int cuda_upload(void *d_dst, const void *src, size_t bytes, status *st);
+int cuda_download(void *dst, const void *d_src, size_t bytes, status *st);
+int cuda_memset(void *d_dst, int byte, size_t bytes, status *st);
+
+int cuda_stream_create(cuda_stream *s, status *st);
+void cuda_stream_destroy(cuda_stream s);
+int cuda_event_create(cuda_event *e, status *st);
+void cuda_event_destroy(cuda_event e);
+void cuda_event_record(cuda_event e, cuda_stream s);
+/* Milliseconds between two recorded events (waits for `end`). */
+float cuda_event_elapsed_ms(cuda_event start, cuda_event end);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

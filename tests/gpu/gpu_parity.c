@@ -1,0 +1,142 @@
+#include "tests/gpu/gpu_parity.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "gguf/quant.h"
+#include "kernels/cuda/cuda_device.h"
+
+bool gpu_parity_check(const char *name, const float *got, const float *ref, int64_t n,
+                      double atol, double rtol, double max_nmse, bool quiet,
+                      gpu_parity_result *res)
+{
+    gpu_parity_result r = {0, -1, 0.0, 0.0};
+    double num = 0.0, den = 0.0;
+    int printed = 0;
+    char lines[5][160];
+    for (int64_t i = 0; i < n; i++) {
+        const double g = got[i], f = ref[i], e = fabs(g - f);
+        num += (g - f) * (g - f);
+        den += f * f;
+        if (!(e <= atol + rtol * fabs(f)) || !isfinite(g)) { /* NaN-safe */
+            if (r.first_bad < 0) r.first_bad = i;
+            if (printed < 5)
+                snprintf(lines[printed++], sizeof lines[0],
+                         "    [%lld] got %.9g ref %.9g |err| %.3g > %.3g", (long long)i, g, f, e,
+                         atol + rtol * fabs(f));
+            r.n_bad++;
+        }
+        if (e > r.max_abs_err || isnan(e)) r.max_abs_err = e;
+    }
+    r.nmse = den > 0 ? num / den : num;
+    const bool ok = r.n_bad == 0 && r.nmse <= max_nmse;
+    if (!quiet || !ok) {
+        printf("  %-40s %s  bad %lld/%lld  max|err| %.3g  nmse %.3g (<= %.1g)\n", name,
+               ok ? "ok  " : "FAIL", (long long)r.n_bad, (long long)n, r.max_abs_err, r.nmse,
+               max_nmse);
+        for (int k = 0; k < printed; k++) printf("%s\n", lines[k]);
+    }
+    if (res) *res = r;
+    return ok;
+}
+
+void gpu_rng_seed(gpu_rng *r, uint64_t seed)
+{
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    r->s = (z ^ (z >> 31)) | 1;
+}
+
+uint64_t gpu_rng_u64(gpu_rng *r)
+{
+    uint64_t x = r->s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    r->s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+float gpu_rng_uniform(gpu_rng *r) { return (float)(gpu_rng_u64(r) >> 40) / 16777216.0f; }
+
+float gpu_rng_normal(gpu_rng *r)
+{
+    float u1 = gpu_rng_uniform(r), u2 = gpu_rng_uniform(r);
+    if (u1 < 1e-7f) u1 = 1e-7f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+static void random_bytes(uint8_t *p, uint64_t n, gpu_rng *r)
+{
+    for (uint64_t i = 0; i < n; i++) p[i] = (uint8_t)(gpu_rng_u64(r) >> 56);
+}
+
+static ggml_half random_scale(gpu_rng *r, float scale)
+{
+    return quant_f32_to_f16(scale * (0.25f + gpu_rng_uniform(r)));
+}
+
+uint64_t gpu_random_tensor(uint32_t type, int64_t n, float scale, gpu_rng *r, void *dst)
+{
+    const uint64_t bytes = quant_row_bytes(type, (uint64_t)n);
+    DS_ASSERT(bytes > 0 || n == 0);
+    uint8_t *p = dst;
+    switch (type) {
+    case GGML_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = scale * gpu_rng_normal(r);
+        break;
+    case GGML_TYPE_F16:
+        for (int64_t i = 0; i < n; i++)
+            ((ggml_half *)dst)[i] = quant_f32_to_f16(scale * gpu_rng_normal(r));
+        break;
+    case GGML_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++)
+            ((ggml_bf16 *)dst)[i] = quant_f32_to_bf16(scale * gpu_rng_normal(r));
+        break;
+    case GGML_TYPE_Q8_0:
+        random_bytes(p, bytes, r);
+        for (int64_t b = 0; b < n / QK8_0; b++) {
+            block_q8_0 *q = (block_q8_0 *)p + b;
+            q->d = random_scale(r, scale / 64.0f);
+        }
+        break;
+    case GGML_TYPE_Q4_K:
+        random_bytes(p, bytes, r);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            block_q4_K *q = (block_q4_K *)p + b;
+            q->d = random_scale(r, scale / 64.0f);
+            q->dmin = random_scale(r, scale / 64.0f);
+        }
+        break;
+    case GGML_TYPE_Q5_K:
+        random_bytes(p, bytes, r);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            block_q5_K *q = (block_q5_K *)p + b;
+            q->d = random_scale(r, scale / 128.0f);
+            q->dmin = random_scale(r, scale / 128.0f);
+        }
+        break;
+    case GGML_TYPE_Q6_K:
+        random_bytes(p, bytes, r);
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            block_q6_K *q = (block_q6_K *)p + b;
+            q->d = random_scale(r, scale / 1024.0f);
+        }
+        break;
+    default:
+        DS_ASSERT(!"gpu_random_tensor: unsupported type");
+    }
+    return bytes;
+}
+
+bool gpu_test_have_gpu(const char *what)
+{
+    status st;
+    status_clear(&st);
+    if (cuda_device_available(&st)) return true;
+    printf("no GPU (%s): %s skipped\n", st.msg, what);
+    return false;
+}

@@ -1,0 +1,41 @@
+/* Helpers shared by the GPU parity tests and benches (tests/gpu): the element-wise check
+ * (atol + rtol*|ref|, as llm.c's validate_result) plus NMSE (as ggml's test-backend-ops),
+ * printing the first mismatches; a seeded RNG; random GGUF blocks of every supported type. */
+#ifndef DS_TESTS_GPU_GPU_PARITY_H
+#define DS_TESTS_GPU_GPU_PARITY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct gpu_parity_result {
+    int64_t n_bad;      /* elements outside atol + rtol*|ref| (NaN/Inf in got counts as bad) */
+    int64_t first_bad;  /* index of the first, -1 if none */
+    double max_abs_err; /* over all elements */
+    double nmse;        /* sum (got-ref)^2 / sum ref^2 */
+} gpu_parity_result;
+
+/* Compares got with ref over n elements. Prints "name: n_bad/n, max|err|, nmse" and up to 5
+ * first mismatches. Returns true when n_bad == 0 and nmse <= max_nmse. quiet: print only on
+ * failure. */
+bool gpu_parity_check(const char *name, const float *got, const float *ref, int64_t n,
+                      double atol, double rtol, double max_nmse, bool quiet,
+                      gpu_parity_result *res);
+
+/* splitmix64-seeded xorshift; uniform in [0,1) and standard normal. */
+typedef struct gpu_rng {
+    uint64_t s;
+} gpu_rng;
+void gpu_rng_seed(gpu_rng *r, uint64_t seed);
+uint64_t gpu_rng_u64(gpu_rng *r);
+float gpu_rng_uniform(gpu_rng *r);
+float gpu_rng_normal(gpu_rng *r);
+
+/* Fills dst with n elements (whole blocks) of ggml type `type`: random bytes for every quant
+ * field (all bit patterns of scales/qh/qs) and finite scales d, dmin of magnitude ~scale;
+ * F32/F16/BF16 get normal values times scale. Returns the number of bytes written. */
+uint64_t gpu_random_tensor(uint32_t type, int64_t n, float scale, gpu_rng *r, void *dst);
+
+/* true when a CUDA device is usable; otherwise prints "no GPU (<why>): <what> skipped". */
+bool gpu_test_have_gpu(const char *what);
+
+#endif
