@@ -15,7 +15,8 @@
 #define QWEN35_MAX_LAYERS 128
 
 typedef struct qwen35_config {
-    int n_layer;        /* main layers (MTP layers excluded) */
+    int n_layer;        /* main layers L (MTP layers excluded) */
+    int n_layer_all;    /* block_count: L + nextn_predict_layers */
     int H, F, V;
     int n_h, n_kv, d_h; /* attention */
     int n_k, n_v, d_k, d_v, C, K_conv; /* DeltaNet; C = 2*n_k*d_k + n_v*d_v */
@@ -25,6 +26,7 @@ typedef struct qwen35_config {
     bool recurrent[QWEN35_MAX_LAYERS]; /* true: Gated DeltaNet layer; false: attention */
     bool tied;                          /* no output.weight: lm_head = token_embd */
     int n_attn_layers, n_gdn_layers;
+    int slot[QWEN35_MAX_LAYERS]; /* index of layer il among layers of its kind */
 } qwen35_config;
 
 /* A weight matrix view: n_out rows of n_in elements of ggml type `type`, in the mmap. */
@@ -57,7 +59,10 @@ typedef struct qwen35_model {
     qwen35_layer layers[QWEN35_MAX_LAYERS];
 } qwen35_model;
 
-/* Loads config and binds every weight by name with shape and type checks. */
+/* Loads config and binds every weight by name with shape and type checks.
+ * Errors: STATUS_IO (open), STATUS_UNSUPPORTED (architecture not qwen35, unsupported weight
+ * type, layer kinds beyond what this engine runs), STATUS_FORMAT naming the key or tensor
+ * (missing, mis-shaped, wrong type). Unknown tensors (v.*, mtp.*, nextn) are ignored. */
 int qwen35_model_load(qwen35_model **out, const char *path, status *st);
 int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st); /* takes f */
 void qwen35_model_free(qwen35_model *m);

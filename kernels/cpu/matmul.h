@@ -1,0 +1,37 @@
+/* Matrix products over GGUF weight rows (any supported ggml type), threaded over output rows.
+ *
+ * W is n_out rows of n_in elements, each row row_bytes bytes of ggml type `type` (GGUF
+ * ne=[n_in, n_out]). x holds T input rows of n_in floats (row stride ldx), y gets T output rows
+ * of n_out floats (row stride ldy):  y[t][o] = W[o] · x[t].
+ *
+ * Small T (decode, B columns): each weight row is dotted against all T inputs while it is hot
+ * in L1 (quant_get(type)->dot on the blocks), so the weights stream from memory once per call.
+ * Larger T (prefill): a tile of rows is dequantised into per-thread scratch once and multiplied
+ * against all T inputs with an FP32 register-blocked kernel. Never a whole tensor. */
+#ifndef DS_KERNELS_CPU_MATMUL_H
+#define DS_KERNELS_CPU_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/cpu_pool.h"
+
+/* Rows dequantised at a time per thread on the prefill path. */
+#define REF_MATMUL_TILE 8
+/* From this many input rows on, the dequantise-a-tile path is used. */
+#define REF_MATMUL_TILE_MIN_T 4
+
+/* Floats of scratch ref_matmul needs for rows up to n_in_max with n_threads threads. */
+size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
+
+/* y = x · Wᵀ as above. pool may be NULL (serial). scratch: ref_matmul_scratch_floats(n_in,
+ * cpu_pool_n_threads(pool)) floats (only touched when T >= REF_MATMUL_TILE_MIN_T). The type
+ * must be supported by gguf/quant.h and n_in a multiple of its block size (checked at load). */
+void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
+                int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
+                float *scratch);
+
+/* FP32 dot of n elements (AVX2+FMA when the CPU has it). */
+float ref_dot_f32(const float *a, const float *b, int64_t n);
+
+#endif

@@ -1,0 +1,232 @@
+/* CPU reference forward pass of Qwen3.5, top level (shared/QWEN35.md §2.0, §2.6):
+ *   x = token_embd[token]
+ *   per layer: x += Mixer(RMSNorm(x)·attn_norm);  x += W_down(silu(W_gate h2) ⊙ W_up h2),
+ *              h2 = RMSNorm(x)·post_attention_norm;   Mixer = Gated DeltaNet or gated attention
+ *   logits = W_out · RMSNorm(x)·output_norm
+ * The same code runs decode (rows = B sequences, one token each) and prefill (rows = T
+ * consecutive tokens of one sequence); only the mixers care which. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/quant.h"
+#include "kernels/cpu/act.h"
+#include "kernels/cpu/attn.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/norm.h"
+#include "model/forward_impl.h"
+
+#define MAXL(a, b) ((a) > (b) ? (a) : (b))
+
+void fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
+{
+    ref_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
+               ctx->n_rows, y, w->n_out, ctx->mm_scratch);
+}
+
+/* ---- workspace ---- */
+
+static float *alloc_f(long n, bool *ok)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p) *ok = false;
+    return p;
+}
+
+int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35_ctx **out,
+                      status *st)
+{
+    *out = NULL;
+    qwen35_ctx_opts o = opts ? *opts : (qwen35_ctx_opts){0};
+    if (o.max_batch < 0 || o.max_tokens < 0 || o.max_batch > 65536 || o.max_tokens > 65536)
+        return status_fail(st, STATUS_INVALID, "qwen35_ctx: max_batch %d / max_tokens %d out of range",
+                           o.max_batch, o.max_tokens);
+    if (o.max_batch == 0) o.max_batch = 1;
+    if (o.max_tokens == 0) o.max_tokens = 512;
+    qwen35_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return status_fail(st, STATUS_NOMEM, "qwen35_ctx: out of memory");
+    int rc = cpu_pool_create(&ctx->pool, o.n_threads, st);
+    if (rc) {
+        free(ctx);
+        return rc;
+    }
+    const qwen35_config *c = &m->cfg;
+    ctx->m = m;
+    ctx->n_threads = cpu_pool_n_threads(ctx->pool);
+    ctx->max_batch = o.max_batch;
+    ctx->max_tokens = o.max_tokens;
+    ctx->max_rows = MAXL(o.max_batch, o.max_tokens);
+    ctx->gdn_mode = o.gdn_mode;
+    long R = ctx->max_rows, H = c->H, Dv = (long)c->n_v * c->d_v, qd = (long)c->n_h * c->d_h;
+    long kvd = (long)c->n_kv * c->d_h;
+    ctx->n_p1 = MAXL(MAXL(c->C, 2 * qd), c->F);
+    ctx->n_p2 = MAXL(MAXL(Dv, kvd), c->F);
+    ctx->n_p3 = MAXL(c->C, kvd);
+    ctx->n_mix = MAXL(Dv, qd);
+    ctx->gdn_scratch_n = ref_gdn_chunked_scratch_floats(c->d_k, c->d_v);
+    long n_in_max = MAXL(MAXL(H, c->F), MAXL(Dv, qd));
+    bool ok = true;
+    ctx->x = alloc_f(R * H, &ok);
+    ctx->xn = alloc_f(R * H, &ok);
+    ctx->out = alloc_f(R * H, &ok);
+    ctx->p1 = alloc_f(R * ctx->n_p1, &ok);
+    ctx->p2 = alloc_f(R * ctx->n_p2, &ok);
+    ctx->p3 = alloc_f(R * ctx->n_p3, &ok);
+    ctx->mix = alloc_f(R * ctx->n_mix, &ok);
+    ctx->b = alloc_f(R * c->n_v, &ok);
+    ctx->a = alloc_f(R * c->n_v, &ok);
+    ctx->mm_scratch = alloc_f((long)ref_matmul_scratch_floats(n_in_max, ctx->n_threads), &ok);
+    ctx->gdn_scratch = alloc_f(ctx->n_threads * ctx->gdn_scratch_n, &ok);
+    ctx->attn_scratch = alloc_f((long)ctx->n_threads * REF_ATTN_BLOCK, &ok);
+    ctx->row_state = calloc((size_t)R, sizeof *ctx->row_state);
+    ctx->row_pos = calloc((size_t)R, sizeof *ctx->row_pos);
+    if (!ok || !ctx->row_state || !ctx->row_pos) {
+        qwen35_ctx_destroy(ctx);
+        return status_fail(st, STATUS_NOMEM, "qwen35_ctx: out of memory for %ld rows", R);
+    }
+    *out = ctx;
+    return STATUS_OK;
+}
+
+void qwen35_ctx_destroy(qwen35_ctx *ctx)
+{
+    if (!ctx) return;
+    cpu_pool_destroy(ctx->pool);
+    float *bufs[] = {ctx->x, ctx->xn, ctx->out, ctx->p1, ctx->p2, ctx->p3, ctx->mix,
+                     ctx->b, ctx->a, ctx->mm_scratch, ctx->gdn_scratch, ctx->attn_scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(ctx->row_state);
+    free(ctx->row_pos);
+    free(ctx);
+}
+
+int qwen35_ctx_n_threads(const qwen35_ctx *ctx) { return ctx->n_threads; }
+int qwen35_ctx_max_batch(const qwen35_ctx *ctx) { return ctx->max_batch; }
+void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode) { ctx->gdn_mode = mode; }
+
+/* ---- one step over ctx->n_rows rows ---- */
+
+static void embed(qwen35_ctx *ctx, const int32_t *tokens)
+{
+    const qwen35_mat *e = &ctx->m->tok_embd;
+    const quant_traits *qt = quant_get(e->type);
+    for (int r = 0; r < ctx->n_rows; r++)
+        qt->dequant((const uint8_t *)e->data + (uint64_t)tokens[r] * e->row_bytes,
+                    ctx->x + (long)r * e->n_in, e->n_in);
+}
+
+static void norm_rows(qwen35_ctx *ctx, const float *w)
+{
+    const qwen35_config *c = &ctx->m->cfg;
+    for (int r = 0; r < ctx->n_rows; r++)
+        ref_rmsnorm(ctx->x + (long)r * c->H, w, c->H, c->eps, ctx->xn + (long)r * c->H);
+}
+
+static void residual(qwen35_ctx *ctx)
+{
+    long n = (long)ctx->n_rows * ctx->m->cfg.H;
+    ref_add(ctx->x, ctx->out, (int)n);
+}
+
+static void ffn(qwen35_ctx *ctx, const qwen35_layer *ly)
+{
+    const qwen35_config *c = &ctx->m->cfg;
+    fwd_matmul(ctx, &ly->ffn_gate, ctx->xn, ctx->p1);
+    fwd_matmul(ctx, &ly->ffn_up, ctx->xn, ctx->p2);
+    ref_swiglu(ctx->p1, ctx->p2, ctx->n_rows * c->F, ctx->p1);
+    fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
+}
+
+/* Runs every layer on the rows set up in ctx; then logits for rows [first, n_rows) into
+ * logits (row stride V), unless logits is NULL. */
+static void run_step(qwen35_ctx *ctx, const int32_t *tokens, int first, float *logits)
+{
+    const qwen35_model *m = ctx->m;
+    const qwen35_config *c = &m->cfg;
+    embed(ctx, tokens);
+    for (int il = 0; il < c->n_layer; il++) {
+        const qwen35_layer *ly = &m->layers[il];
+        norm_rows(ctx, ly->attn_norm);
+        if (c->recurrent[il])
+            fwd_gdn_layer(ctx, il);
+        else
+            fwd_attn_layer(ctx, il);
+        residual(ctx);
+        norm_rows(ctx, ly->post_norm);
+        ffn(ctx, ly);
+        residual(ctx);
+    }
+    if (!logits) return;
+    int n = ctx->n_rows - first;
+    for (int r = 0; r < n; r++)
+        ref_rmsnorm(ctx->x + (long)(first + r) * c->H, m->output_norm, c->H, c->eps,
+                    ctx->xn + (long)r * c->H);
+    int saved = ctx->n_rows;
+    ctx->n_rows = n;
+    fwd_matmul(ctx, &m->output, ctx->xn, logits);
+    ctx->n_rows = saved;
+}
+
+static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, status *st)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= ctx->m->cfg.V)
+            return status_fail(st, STATUS_RANGE, "token %d at index %d is outside the vocabulary [0, %d)",
+                               tokens[i], i, ctx->m->cfg.V);
+    return STATUS_OK;
+}
+
+int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
+                   float *logits, bool all_logits, status *st)
+{
+    DS_ASSERT(s->model == ctx->m);
+    if (T < 1) return status_fail(st, STATUS_INVALID, "prefill of %d tokens", T);
+    int rc = check_tokens(ctx, tokens, T, st);
+    if (rc) return rc;
+    if ((long)s->n_past + T > s->n_ctx)
+        return status_fail(st, STATUS_RANGE, "%d tokens after %d do not fit the context of %d",
+                           T, s->n_past, s->n_ctx);
+    int V = ctx->m->cfg.V;
+    for (int t0 = 0; t0 < T; t0 += ctx->max_tokens) {
+        int n = T - t0 < ctx->max_tokens ? T - t0 : ctx->max_tokens;
+        bool last = t0 + n == T;
+        ctx->n_rows = n;
+        ctx->prefill = true;
+        for (int r = 0; r < n; r++) {
+            ctx->row_state[r] = s;
+            ctx->row_pos[r] = s->n_past + r;
+        }
+        float *lg = NULL;
+        int first = 0;
+        if (logits && all_logits) lg = logits + (long)t0 * V;
+        else if (logits && last) lg = logits, first = n - 1;
+        run_step(ctx, tokens + t0, first, lg);
+        s->n_past += n;
+    }
+    return STATUS_OK;
+}
+
+int qwen35_decode_batch(qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+                        int B, float *logits, status *st)
+{
+    if (B < 1 || B > ctx->max_batch)
+        return status_fail(st, STATUS_INVALID, "decode batch of %d sequences (max %d)", B, ctx->max_batch);
+    int rc = check_tokens(ctx, tokens, B, st);
+    if (rc) return rc;
+    for (int b = 0; b < B; b++) {
+        DS_ASSERT(states[b]->model == ctx->m);
+        for (int b2 = 0; b2 < b; b2++) DS_ASSERT(states[b2] != states[b]);
+        if (states[b]->n_past >= states[b]->n_ctx)
+            return status_fail(st, STATUS_RANGE, "sequence %d: context of %d tokens is full", b,
+                               states[b]->n_ctx);
+    }
+    ctx->n_rows = B;
+    ctx->prefill = false;
+    for (int b = 0; b < B; b++) {
+        ctx->row_state[b] = states[b];
+        ctx->row_pos[b] = states[b]->n_past;
+    }
+    run_step(ctx, tokens, 0, logits);
+    for (int b = 0; b < B; b++) states[b]->n_past++;
+    return STATUS_OK;
+}
