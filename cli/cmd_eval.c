@@ -1,12 +1,118 @@
-/* Placeholder until its issue lands: says so and fails. */
+/* deltaserve eval: run token ids teacher-forced through the model and write the logits after
+ * every token, little-endian float32 [T][V], to --logits-out.
+ *   --mode prefill   one prefill of all T tokens (internally in steps of --batch-tokens)
+ *   --mode decode    prefill the first --prompt-len tokens (0: none), then decode the rest one
+ *                    token at a time */
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_ids.h"
+#include "common/flags.h"
+#include "model/forward.h"
+
+typedef struct eval_opts {
+    const char *model, *ids, *logits_out, *mode, *device;
+    int threads, prompt_len, batch_tokens, ctx;
+    int recurrent;
+} eval_opts;
+
+static const flag_spec eval_flags[] = {
+    {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(eval_opts, model), "GGUF model file (arch qwen35)"},
+    {"ids", NULL, NULL, FLAG_STR, offsetof(eval_opts, ids), "token ids, comma separated"},
+    {"logits-out", NULL, NULL, FLAG_STR, offsetof(eval_opts, logits_out), "output file: float32 [T][V]"},
+    {"mode", NULL, "prefill", FLAG_STR, offsetof(eval_opts, mode), "prefill | decode"},
+    {"prompt-len", NULL, "0", FLAG_INT, offsetof(eval_opts, prompt_len), "decode mode: tokens prefilled first"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu (cuda: not in this build)"},
+    {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
+    {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
+    {"ctx", NULL, "0", FLAG_INT, offsetof(eval_opts, ctx), "context length (0: the model's)"},
+    {"recurrent", NULL, "0", FLAG_BOOL, offsetof(eval_opts, recurrent), "token-by-token delta rule in prefill (default chunked)"},
+    {0},
+};
 
 int cmd_eval(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "deltaserve: 'eval' is not built yet\n");
-    return 2;
+    eval_opts o = {0};
+    status st = {0};
+    int rc = flags_parse(eval_flags, &o, argc, argv, "deltaserve eval --model F --ids 1,2,3 --logits-out FILE", &st);
+    if (rc == STATUS_CANCELLED) return 0;
+    if (rc) {
+        fprintf(stderr, "deltaserve eval: %s\n", st.msg);
+        return 2;
+    }
+    if (!o.model || !o.logits_out) {
+        fprintf(stderr, "deltaserve eval: --model and --logits-out are required\n");
+        return 2;
+    }
+    bool decode = !strcmp(o.mode, "decode");
+    if (!decode && strcmp(o.mode, "prefill")) {
+        fprintf(stderr, "deltaserve eval: --mode must be prefill or decode, not '%s'\n", o.mode);
+        return 2;
+    }
+    if (strcmp(o.device, "cpu")) {
+        fprintf(stderr, "deltaserve eval: --device %s is not available in this build (cpu only)\n", o.device);
+        return 2;
+    }
+    if (o.batch_tokens < 1 || o.prompt_len < 0 || o.ctx < 0) {
+        fprintf(stderr, "deltaserve eval: --batch-tokens must be >= 1, --prompt-len and --ctx >= 0\n");
+        return 2;
+    }
+
+    int32_t *ids = NULL;
+    int T = 0;
+    qwen35_model *m = NULL;
+    qwen35_ctx *ctx = NULL;
+    qwen35_state *s = NULL;
+    float *logits = NULL;
+    FILE *out = NULL;
+    int ret = 1;
+    if (cli_ids_parse(o.ids, &ids, &T, &st) || qwen35_model_load(&m, o.model, &st)) goto fail;
+    int n_ctx = o.ctx ? o.ctx : m->cfg.n_ctx_train;
+    if (T > n_ctx) {
+        status_fail(&st, STATUS_RANGE, "%d tokens exceed the context of %d", T, n_ctx);
+        goto fail;
+    }
+    for (int i = 0; i < T; i++)
+        if (ids[i] >= m->cfg.V) {
+            status_fail(&st, STATUS_RANGE, "token id %d at index %d is outside the vocabulary [0, %d)",
+                        ids[i], i, m->cfg.V);
+            goto fail;
+        }
+    long V = m->cfg.V;
+    logits = malloc((size_t)T * V * sizeof(float));
+    if (!logits) {
+        status_fail(&st, STATUS_NOMEM, "out of memory for %d x %ld logits", T, V);
+        goto fail;
+    }
+    qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = o.batch_tokens, .n_threads = o.threads,
+                          .gdn_mode = o.recurrent ? QWEN35_GDN_RECURRENT : QWEN35_GDN_CHUNKED};
+    if (qwen35_ctx_create(m, &co, &ctx, &st) || qwen35_state_create(m, T, &s, &st)) goto fail;
+    int n_pre = decode ? (o.prompt_len < T ? o.prompt_len : T) : T;
+    if (n_pre > 0 && qwen35_prefill(ctx, s, ids, n_pre, logits, true, &st)) goto fail;
+    for (int t = n_pre; t < T; t++)
+        if (qwen35_decode_batch(ctx, &s, ids + t, 1, logits + t * V, &st)) goto fail;
+    out = fopen(o.logits_out, "wb");
+    if (!out) {
+        status_fail(&st, STATUS_IO, "cannot open %s for writing", o.logits_out);
+        goto fail;
+    }
+    if (fwrite(logits, sizeof(float) * V, (size_t)T, out) != (size_t)T || fclose(out)) {
+        out = NULL;
+        status_fail(&st, STATUS_IO, "%s: write failed", o.logits_out);
+        goto fail;
+    }
+    out = NULL;
+    ret = 0;
+fail:
+    if (ret) fprintf(stderr, "deltaserve eval: %s\n", st.msg);
+    if (out) fclose(out);
+    free(logits);
+    free(ids);
+    qwen35_state_destroy(s);
+    qwen35_ctx_destroy(ctx);
+    qwen35_model_free(m);
+    return ret;
 }
