@@ -325,7 +325,7 @@ void quant_matvec(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in
     DS_ASSERT(n_in % t->block_size == 0);
     DS_ASSERT(row_bytes >= (uint64_t)(n_in / t->block_size) * t->type_size);
 #if QUANT_HAVE_AVX2
-    if (t->dot != t->dot_ref && quant_matvec4_avx2(type, w, row_bytes, n_in, x, y, row_begin,
+    if (t->dot != t->dot_ref && quant_matvec_avx2(type, w, row_bytes, n_in, x, y, row_begin,
                                                    row_end))
         return;
 #endif

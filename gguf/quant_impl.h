@@ -9,7 +9,7 @@
 #include "gguf/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define QUANT_HAVE_AVX2 0 /* AVX2 kernels: next commit */
+#define QUANT_HAVE_AVX2 1
 #else
 #define QUANT_HAVE_AVX2 0
 #endif
@@ -35,8 +35,8 @@ float quant_dot_avx2_q8_0(const void *row, const float *x, int64_t n);
 float quant_dot_avx2_q4_K(const void *row, const float *x, int64_t n);
 float quant_dot_avx2_q5_K(const void *row, const float *x, int64_t n);
 float quant_dot_avx2_q6_K(const void *row, const float *x, int64_t n);
-/* Multi-row matvec for the types that have one; false: not handled, caller loops dot. */
-bool quant_matvec4_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in,
+/* Matvec with per-call precomputation for the types that have one; false: not handled, caller loops dot. */
+bool quant_matvec_avx2(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in,
                         const float *x, float *y, int64_t row_begin, int64_t row_end);
 #endif
 
