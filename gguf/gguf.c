@@ -186,11 +186,22 @@ static int parse_strings(cursor *c, gguf_kv *kv, uint64_t n, const char *key)
         return status_fail(c->st, STATUS_NOMEM, "%s: key '%s': no memory for %llu strings",
                            c->path, key, (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t at = c->pos;
-        int rc = cur_str(c, &kv->strs[i], "string value");
-        if (rc) /* restate with the key and element named, at the string's offset */
-            return fail_at(c, at, "key '%s': string %llu of %llu runs past the end of the file",
-                           key, (unsigned long long)i, (unsigned long long)n);
+        uint64_t at = c->pos, len;
+        const uint8_t *p = NULL;
+        if (cur_left(c) < 8)
+            return fail_at(c, at, "key '%s': string %llu of %llu: length cut off by the end of "
+                           "the file", key, (unsigned long long)i, (unsigned long long)n);
+        memcpy(&len, c->buf + c->pos, 8);
+        c->pos += 8;
+        if (len > cur_left(c))
+            return fail_at(c, at, "key '%s': string %llu of %llu: string length %llu exceeds "
+                           "the %llu bytes left", key, (unsigned long long)i,
+                           (unsigned long long)n, (unsigned long long)len,
+                           (unsigned long long)cur_left(c));
+        int rc = cur_bytes(c, len, &p, "string value");
+        if (rc) return rc;
+        kv->strs[i].len = len;
+        kv->strs[i].ptr = (const char *)p;
     }
     return STATUS_OK;
 }
@@ -281,9 +292,9 @@ static int parse_tensor_info(cursor *c, gguf_tensor *t, uint64_t alignment)
     if (t->ne[0] % qt->block_size != 0)
         return fail_at(c, at, "tensor '%s': ne[0] = %llu is not a multiple of %s's block size %u",
                        name, (unsigned long long)t->ne[0], qt->name, qt->block_size);
-    uint64_t row = (t->ne[0] / qt->block_size) * qt->type_size; /* cannot overflow: ≤ ne0·size */
-    uint64_t rows = n_el / t->ne[0];
-    if (__builtin_mul_overflow(row, rows, &t->n_bytes))
+    uint64_t row, rows = n_el / t->ne[0];
+    if (__builtin_mul_overflow(t->ne[0] / qt->block_size, (uint64_t)qt->type_size, &row) ||
+        __builtin_mul_overflow(row, rows, &t->n_bytes))
         return fail_at(c, at, "tensor '%s': byte size overflows", name);
 
     at = c->pos;

@@ -338,8 +338,10 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims,
             return werr(w, STATUS_INVALID, "tensor '%s': bad ne[%u] = %llu", nm, d,
                         (unsigned long long)t.ne[d]), -1;
     }
-    uint64_t row = quant_row_bytes(type, t.ne[0]);
-    if (row == 0)
+    uint64_t row;
+    if (__builtin_mul_overflow(t.ne[0] / qt->block_size, (uint64_t)qt->type_size, &row))
+        return werr(w, STATUS_INVALID, "tensor '%s': row size overflows", nm), -1;
+    if (t.ne[0] % qt->block_size != 0)
         return werr(w, STATUS_INVALID, "tensor '%s': ne[0] = %llu is not a multiple of %s's "
                     "block size %u", nm, (unsigned long long)t.ne[0], qt->name, qt->block_size), -1;
     if (__builtin_mul_overflow(row, n_el / t.ne[0], &t.n_bytes))
