@@ -55,6 +55,8 @@ uint64_t cuda_alloc_count(void);
 int cuda_upload(void *d_dst, const void *src, size_t bytes, status *st);
 int cuda_download(void *dst, const void *d_src, size_t bytes, status *st);
 int cuda_memset(void *d_dst, int byte, size_t bytes, status *st);
+/* Asynchronous device-to-device copy on a stream (capturable into a graph). */
+void cuda_copy_async(void *d_dst, const void *d_src, size_t bytes, cuda_stream s);
 
 int cuda_stream_create(cuda_stream *s, status *st);
 void cuda_stream_destroy(cuda_stream s);

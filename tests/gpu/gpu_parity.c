@@ -140,3 +140,23 @@ bool gpu_test_have_gpu(const char *what)
     printf("no GPU (%s): %s skipped\n", st.msg, what);
     return false;
 }
+
+void gpu_twin_q8_quantize(const float *x, int64_t n, int8_t *qs, float *d, float *s,
+                          float *x_deq)
+{
+    DS_ASSERT(n % 32 == 0);
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        const float db = amax / 127.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            const int q = amax == 0.0f ? 0 : (int)roundf(x[32 * b + i] / db);
+            qs[32 * b + i] = (int8_t)q;
+            sum += q;
+            if (x_deq) x_deq[32 * b + i] = db * (float)q;
+        }
+        d[b] = db;
+        s[b] = db * (float)sum;
+    }
+}

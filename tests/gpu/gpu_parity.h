@@ -38,4 +38,11 @@ uint64_t gpu_random_tensor(uint32_t type, int64_t n, float scale, gpu_rng *r, vo
 /* true when a CUDA device is usable; otherwise prints "no GPU (<why>): <what> skipped". */
 bool gpu_test_have_gpu(const char *what);
 
+
+
+/* CPU twin of gemv_quantize_x (kernels/cuda/gemv.h): per 32 elements d = max|x|/127,
+ * q = round(x/d), s = d·Σq. x_deq (may be NULL) gets d·q: the x the GPU GEMV effectively dots. */
+void gpu_twin_q8_quantize(const float *x, int64_t n, int8_t *qs, float *d, float *s,
+                          float *x_deq);
+
 #endif

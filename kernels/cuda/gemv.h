@@ -1,0 +1,75 @@
+/* Quantised GEMV for batch-1 decode: y = W·x with W in any GGUF weight type (F32, F16, BF16,
+ * Q8_0, Q4_K, Q5_K, Q6_K), read block by block, never dequantised whole.
+ *
+ * Weight layout: gemv_pack re-lays a GGUF tensor out once at load time so every load is 16
+ * bytes and coalesced: Q4_K/Q5_K/F32/F16/BF16 stay as GGUF stores them (blocks are 16-byte
+ * multiples); Q6_K (210-byte blocks) becomes [blocks][192] ql|qh, then [blocks][16] scales, then
+ * [blocks] d; Q8_0 (34-byte blocks) becomes [blocks][32] qs, then [blocks] d.
+ *
+ * Activations: quantised weight types take x as Q8 (gemv_quantize_x: per 32 elements an int8
+ * vector and (d, d·Σq), as ggml's q8_1), so the dot is integer dp4a; float weight types take
+ * x as F32. Both forms are passed; each kernel reads the one it needs.
+ *
+ * CPU twin: quant_matvec (gguf/quant.h) on the dequantised Q8 x (cuda_twin_q8_quantize in
+ * kernels/cpu/cuda_twin_q8.h), which is the same sum in a different order. */
+#ifndef DS_KERNELS_CUDA_GEMV_H
+#define DS_KERNELS_CUDA_GEMV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix on the device in the GEMV layout: n_out rows of n_in elements. */
+typedef struct gemv_matrix {
+    uint32_t type;  /* ggml type id */
+    int64_t n_in, n_out;
+    const void *d_w; /* borrowed, device, gemv_packed_bytes(type, n_in, n_out) bytes */
+} gemv_matrix;
+
+typedef enum gemv_epilogue {
+    GEMV_STORE = 0, /* y[r] = W[r]·x */
+    GEMV_ADD,       /* y[r] += W[r]·x (residual add fused) */
+} gemv_epilogue;
+
+bool gemv_supported(uint32_t type);
+/* Bytes of the packed layout (>= the GGUF bytes; 0 when type/n_in is not supported). */
+uint64_t gemv_packed_bytes(uint32_t type, int64_t n_in, int64_t n_out);
+/* Re-lays d_src (n_out GGUF rows, device) out into d_dst (gemv_packed_bytes). Load time only. */
+void gemv_pack(uint32_t type, const void *d_src, void *d_dst, int64_t n_in, int64_t n_out,
+               cuda_stream stream);
+
+/* Q8 form of an activation vector of n elements (n % 32 == 0): int8 qs[n], then float2 ds[n/32]
+ * (d = max|x|/127 and d·Σq per 32 elements). */
+uint64_t gemv_xq_bytes(int64_t n);
+void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_stream stream);
+
+/* d_x: [n_in] F32, d_xq: gemv_xq_bytes(n_in) (either may be NULL if the type does not read it:
+ * float types read d_x, quantised types d_xq); d_y: [n_out]. */
+void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+          gemv_epilogue ep, cuda_stream stream);
+
+/* FFN up half fused: d_y[r] = silu(gate[r]·x) * (up[r]·x); gate and up of one type and shape. */
+void gemv_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
+                 const void *d_xq, float *d_y, cuda_stream stream);
+
+/* lm_head fused with greedy argmax: d_y = W·x (the logits, [n_out]) and *d_best = max over rows
+ * of (ordered value << 32 | ~row), so ties pick the lowest row. *d_best must be 0 before the
+ * launch (gemv_argmax_reset, or any earlier kernel of the step). gemv_argmax_row decodes. */
+void gemv_argmax(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+                 unsigned long long *d_best, cuda_stream stream);
+void gemv_argmax_reset(unsigned long long *d_best, cuda_stream stream);
+static inline int32_t gemv_argmax_row(unsigned long long best)
+{
+    return (int32_t)(~(uint32_t)(best & 0xffffffffu));
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

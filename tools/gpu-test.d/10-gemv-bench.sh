@@ -1,0 +1,1 @@
+step gemv_bench 240 "$here/bin/gemv_bench" 200
