@@ -6,7 +6,7 @@ checked first against the reference `tokenizer` entries, then both tokenizers en
 of random texts (scripts, combining marks, digits, odd whitespace, contractions, special tokens
 in the text) and decode random id sequences (including ones that are invalid UTF-8).
 
-usage: tokenizer_oracle_test.py TOOL MODEL.gguf REFERENCE.json [N_CASES] [SEED]
+usage: tokenizer_oracle_test.py TOOL REFERENCE_DIR [N_CASES] [SEED]
 """
 import json
 import random
@@ -83,10 +83,17 @@ def run_tool(tool, model, records):
 
 
 def main():
-    tool, model, ref = sys.argv[1], sys.argv[2], sys.argv[3]
-    n_cases = int(sys.argv[4]) if len(sys.argv) > 4 else 3000
-    seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1234
-    rng = random.Random(seed)
+    tool, ref_dir = sys.argv[1], sys.argv[2]
+    n_cases = int(sys.argv[3]) if len(sys.argv) > 3 else 3000
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else 4242
+    fails = 0
+    for name in ["tiny-r2-tied", "tiny-r1-untied"]:
+        fails += compare(tool, "%s/%s.gguf" % (ref_dir, name), "%s/%s.json" % (ref_dir, name),
+                         n_cases, random.Random(seed))
+    return 1 if fails else 0
+
+
+def compare(tool, model, ref, n_cases, rng):
     tk, specials, n_vocab = build_hf(model)
 
     cases = json.load(open(ref))["tokenizer"]
@@ -123,7 +130,7 @@ def main():
             if fails <= 10:
                 print("DECODE MISMATCH ids=%s\n  c =%s\n  hf=%s" % (s, line, want))
     print("%s: %d texts, %d id sequences, %d mismatches" % (model, len(texts), len(id_seqs), fails))
-    return 1 if fails else 0
+    return fails
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""End-to-end test of `deltaserve tokenize` / `deltaserve detokenize` on the reference models:
+ids as a JSON array, exact text with no newline added, and the documented exit codes.
+
+usage: tokenizer_cli_test.py DELTASERVE REFERENCE_DIR
+"""
+import json
+import subprocess
+import sys
+
+fails = 0
+
+
+def check(cond, what):
+    global fails
+    if not cond:
+        fails += 1
+        print("FAIL:", what)
+
+
+def run(ds, *args, stdin=None):
+    return subprocess.run([ds, *args], input=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+
+
+def main():
+    ds, ref = sys.argv[1], sys.argv[2]
+    for name in ["tiny-r2-tied", "tiny-r1-untied"]:
+        model = "%s/%s.gguf" % (ref, name)
+        cases = json.load(open("%s/%s.json" % (ref, name)))["tokenizer"]
+        for c in cases:
+            r = run(ds, "tokenize", "--model", model, "--text", c["text"])
+            check(r.returncode == 0 and json.loads(r.stdout) == c["ids"]
+                  and r.stdout.endswith(b"]\n"), "tokenize %r: %r" % (c["text"], r.stdout))
+            r = run(ds, "tokenize", "--model", model, "--text-file", "-",
+                    stdin=c["text"].encode())
+            check(r.returncode == 0 and json.loads(r.stdout) == c["ids"],
+                  "tokenize stdin %r" % c["text"])
+            r = run(ds, "detokenize", "--model", model, "--ids", ",".join(map(str, c["ids"])))
+            check(r.returncode == 0 and r.stdout == c["decoded"].encode(),
+                  "detokenize %r: %r" % (c["ids"], r.stdout))
+        r = run(ds, "detokenize", "--model", model, "--ids", json.dumps(cases[0]["ids"]))
+        check(r.returncode == 0 and r.stdout == cases[0]["decoded"].encode(), "JSON-array ids")
+
+    model = "%s/tiny-r2-tied.gguf" % ref
+    r = run(ds, "detokenize", "--model", model, "--ids", "1029")  # vocab is 1029
+    check(r.returncode == 1 and r.stdout == b"" and r.stderr.count(b"\n") == 1
+          and b"1029" in r.stderr, "unknown id: %r" % (r,))
+    r = run(ds, "detokenize", "--model", model, "--ids", "1,two")
+    check(r.returncode == 1 and r.stderr.count(b"\n") == 1, "unparsable ids: %r" % (r,))
+    r = run(ds, "detokenize", "--model", ref + "/no-such.gguf", "--ids", "1")
+    check(r.returncode == 1 and r.stderr.count(b"\n") == 1, "missing model: %r" % (r,))
+    r = run(ds, "tokenize", "--model", model, "--text", b"bad \xff".decode("latin-1"))
+    check(r.returncode == 0, "latin-1 text re-encoded by the shell is valid UTF-8")
+    r = run(ds, "tokenize", "--model", model, "--text-file", "-", stdin=b"bad \xff")
+    check(r.returncode == 1 and b"UTF-8" in r.stderr, "invalid UTF-8: %r" % (r,))
+    r = run(ds, "tokenize", "--model", model)
+    check(r.returncode == 2, "no text: usage")
+    r = run(ds, "detokenize", "--model", model)
+    check(r.returncode == 2, "no ids: usage")
+    r = run(ds, "tokenize", "--model", model, "--text", "x", "--frobnicate")
+    check(r.returncode == 2, "unknown flag: usage")
+    r = run(ds, "detokenize", "--model", model, "--ids", "")
+    check(r.returncode == 0 and r.stdout == b"", "empty id list prints nothing")
+    r = run(ds, "detokenize", "--model", model, "--ids", "1025,385,259,1026")
+    check(r.returncode == 0 and r.stdout == b"<|im_start|>user<|im_end|>", "specials: %r" % (r,))
+    print("tokenizer CLI: %d failures" % fails)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
