@@ -1,0 +1,156 @@
+/* ref_matmul on every supported weight type against dequantise-then-double-dot, on both the
+ * decode (dot) and prefill (tile) paths, serial and threaded; and the pool itself. */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/quant.h"
+#include "kernel_check.h"
+#include "kernels/cpu/cpu_pool.h"
+#include "kernels/cpu/matmul.h"
+
+static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+                                 GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+
+/* Returns failures. n_in must fit the type's block. */
+static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb)
+{
+    const quant_traits *qt = quant_get(type);
+    kc_rng r = {77 + type * 131 + (uint64_t)T};
+    uint64_t rb = quant_row_bytes(type, (uint64_t)n_in);
+    uint8_t *w = malloc(rb * n_out);
+    float *row = malloc(sizeof(float) * n_in), *x = malloc(sizeof(float) * T * (n_in + 3));
+    float *y = malloc(sizeof(float) * T * (n_out + 5)), *ref = malloc(sizeof(float) * T * (n_out + 5));
+    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(n_in, cpu_pool_n_threads(pool)));
+    long ldx = n_in + 3, ldy = n_out + 5; /* strided rows */
+    kc_fill(&r, x, T * ldx, 1);
+    double *acc = calloc((size_t)T * n_out, sizeof(double)), *mag = calloc((size_t)T * n_out, sizeof(double));
+    for (int64_t o = 0; o < n_out; o++) {
+        kc_fill(&r, row, n_in, 1);
+        qt->quantize(row, w + o * rb, n_in);
+        qt->dequant(w + o * rb, row, n_in);
+        for (int t = 0; t < T; t++)
+            for (int64_t i = 0; i < n_in; i++) {
+                acc[t * n_out + o] += (double)row[i] * x[t * ldx + i];
+                mag[t * n_out + o] += fabs((double)row[i] * x[t * ldx + i]);
+            }
+    }
+    for (long i = 0; i < T * ldy; i++) y[i] = ref[i] = -7; /* padding must stay untouched */
+    for (int t = 0; t < T; t++)
+        for (int64_t o = 0; o < n_out; o++) ref[t * ldy + o] = (float)acc[t * n_out + o];
+    ref_matmul(pool, w, type, rb, n_in, n_out, x, ldx, T, y, ldy, scratch);
+    if (perturb) y[ldy * (T - 1) + n_out / 2] += 0.5f;
+    long bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int64_t o = 0; o < ldy; o++) {
+            long i = t * ldy + o;
+            double tol = o < n_out ? 1e-5 * mag[t * n_out + o] + 1e-6 : 0;
+            if (!(fabs((double)y[i] - ref[i]) <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "  %s T=%d n_out=%lld [%d][%lld]: got %g ref %g\n", qt->name, T,
+                            (long long)n_out, t, (long long)o, y[i], ref[i]);
+                bad++;
+            }
+        }
+    free(w), free(row), free(x), free(y), free(ref), free(scratch), free(acc), free(mag);
+    return bad;
+}
+
+static void run_types(cpu_pool *pool)
+{
+    static const int Ts[] = {1, 2, 3, 4, 5, 9};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti];
+        int64_t n_in = quant_get(type)->block_size == QK_K ? 512 : 96;
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            CU_ASSERT_EQUAL(mm_case(pool, type, n_in, 37, Ts[k], 0), 0);
+            CU_ASSERT_EQUAL(mm_case(pool, type, 256, 301, Ts[k], 0), 0);
+        }
+    }
+}
+
+static void test_serial(void) { run_types(NULL); }
+
+static void test_threaded(void)
+{
+    cpu_pool *p;
+    status st;
+    CU_ASSERT_FATAL(cpu_pool_create(&p, 3, &st) == STATUS_OK);
+    run_types(p);
+    cpu_pool_destroy(p);
+}
+
+static void test_check_can_fail(void)
+{
+    CU_ASSERT_NOT_EQUAL(mm_case(NULL, GGML_TYPE_Q4_K, 256, 37, 5, 1), 0);
+}
+
+static void test_dot_f32(void)
+{
+    kc_rng r = {4};
+    float a[203], b[203];
+    kc_fill(&r, a, 203, 1), kc_fill(&r, b, 203, 1);
+    for (int n = 0; n <= 203; n += 29) {
+        double ref = 0, mag = 0;
+        for (int i = 0; i < n; i++) ref += (double)a[i] * b[i], mag += fabs((double)a[i] * b[i]);
+        CU_ASSERT(fabs(ref_dot_f32(a, b, n) - ref) <= 1e-6 * mag + 1e-7);
+    }
+}
+
+typedef struct pool_count {
+    atomic_int hits[1000];
+    atomic_int max_index;
+} pool_count;
+
+static void count_task(void *arg, int t)
+{
+    pool_count *c = arg;
+    atomic_fetch_add(&c->hits[t], 1);
+    int ti = cpu_pool_thread_index(), m = atomic_load(&c->max_index);
+    while (ti > m && !atomic_compare_exchange_weak(&c->max_index, &m, ti)) {
+    }
+}
+
+static void test_pool(void)
+{
+    cpu_pool *p;
+    status st;
+    CU_ASSERT_FATAL(cpu_pool_create(&p, 4, &st) == STATUS_OK);
+    CU_ASSERT_EQUAL(cpu_pool_n_threads(p), 4);
+    static pool_count c;
+    for (int round = 0; round < 200; round++) {
+        int n = 1 + round * 5 % 1000;
+        memset(&c, 0, sizeof c);
+        cpu_pool_run(p, count_task, &c, n);
+        int ok = 1;
+        for (int t = 0; t < 1000; t++) ok &= atomic_load(&c.hits[t]) == (t < n ? 1 : 0);
+        CU_ASSERT(ok);
+        CU_ASSERT(atomic_load(&c.max_index) < 4);
+    }
+    cpu_pool_destroy(p);
+    long b, e, prev = 0;
+    for (int i = 0; i < 7; i++) {
+        cpu_pool_split(1000, 7, i, 16, &b, &e);
+        CU_ASSERT(b == prev && (e % 16 == 0 || e == 1000));
+        prev = e;
+    }
+    CU_ASSERT_EQUAL(prev, 1000);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
+    CU_add_test(s, "serial", test_serial);
+    CU_add_test(s, "threaded", test_threaded);
+    CU_add_test(s, "check_can_fail", test_check_can_fail);
+    CU_add_test(s, "dot_f32", test_dot_f32);
+    CU_add_test(s, "pool", test_pool);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    int failed = (int)CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
