@@ -1,0 +1,636 @@
+/* gRPC C core server loop: see rpc_server.h for the contract, TOOLCHAIN.md §5 for the call
+ * sequence this follows.
+ *
+ * Per call, four kinds of batch can be in flight, each with its own tag embedded in the call:
+ *   close  {RECV_CLOSE_ON_SERVER}                started at accept; completes when the call
+ *                                                ends (cancelled = 1 on cancel/deadline/drop)
+ *   recv   {SEND_INITIAL_METADATA, RECV_MESSAGE} at accept; later {RECV_MESSAGE} (bidi only)
+ *   send   {SEND_MESSAGE}                        one at a time; later messages wait in a ring
+ *   status {SEND_STATUS_FROM_SERVER}             once the owner finished and sends drained
+ * The call is released (grpc_call_unref, back to the pool) on the CQ thread once the status
+ * batch completed and nothing else is in flight. The pool's free list and the request_call
+ * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists). */
+#include "rpc/rpc_server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "common/log.h"
+#include "rpc/rpc_status.h"
+
+#define RPC_MAX_METHODS 32
+#define RPC_N_LISTEN 16 /* grpc_server_request_call kept outstanding */
+
+enum rpc_tag_op { TAG_NEW, TAG_RECV, TAG_SEND, TAG_CLOSE, TAG_STATUS, TAG_SHUTDOWN };
+
+typedef struct rpc_tag {
+    rpc_call *call; /* NULL for the server shutdown tag */
+    int op;         /* rpc_tag_op */
+} rpc_tag;
+
+struct rpc_call {
+    rpc_server *srv;
+    const rpc_method *method; /* NULL: unknown path */
+    grpc_call *gcall;         /* owned ref until release */
+    grpc_call_details details;
+    grpc_metadata_array req_md;
+    rpc_tag t_new, t_recv, t_send, t_close, t_status;
+    grpc_byte_buffer *recv_buf; /* owned, written by gRPC on recv */
+    int close_cancelled;        /* written by gRPC on close */
+    atomic_bool cancelled;
+    int64_t deadline_ms;
+    char path[160];
+    char peer[80];
+    void *data; /* borrowed, the owner's */
+
+    pthread_mutex_t mu; /* guards the fields below */
+    grpc_byte_buffer **ring; /* owned, [ring_cap] queued packed messages; kept across reuse */
+    int ring_cap, ring_head, ring_n;
+    grpc_byte_buffer *send_buf; /* owned, the message on the wire, NULL if none */
+    int n_inflight;             /* batches started and not completed */
+    bool handed;                /* on_request was called at least once */
+    bool finishing;             /* owner called finish (or the server did) */
+    bool status_started, status_done;
+    bool dead;            /* a batch failed: the call is over on the wire */
+    bool cancel_pending;  /* cancelled before the owner had it: tell it after on_request */
+    grpc_status_code fin_code;
+    grpc_slice fin_details; /* owned until the status batch completes */
+
+    rpc_call *next_free; /* CQ thread only */
+};
+
+struct rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    int port;
+    int max_recv_bytes;
+    rpc_method methods[RPC_MAX_METHODS];
+    int n_methods;
+    rpc_call *calls; /* owned, [n_calls] */
+    int n_calls;
+    rpc_call *free_list; /* CQ thread only */
+    int n_requested;     /* CQ thread only: request_call outstanding */
+    atomic_int live;     /* accepted and not released */
+    atomic_bool shutting_down;
+    bool shutdown_seen; /* CQ thread only */
+    bool started, stopped;
+    pthread_t thread;
+    rpc_tag t_shutdown;
+};
+
+int64_t rpc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- batches (called with call->mu held) ---- */
+
+static void start_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_tag *tag)
+{
+    grpc_call_error e = grpc_call_start_batch(c->gcall, ops, n, tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        /* Only misuse (two batches of one op type) makes this fail: a bug here. */
+        fprintf(stderr, "deltaserve: grpc_call_start_batch(%s, op %d) = %d\n", c->path, tag->op,
+                (int)e);
+        DS_ASSERT(e == GRPC_CALL_OK);
+    }
+    c->n_inflight++;
+}
+
+static void start_send(rpc_call *c, grpc_byte_buffer *bb)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    c->send_buf = bb;
+    start_batch(c, &op, 1, &c->t_send);
+}
+
+static void start_status(rpc_call *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op.data.send_status_from_server.trailing_metadata_count = 0;
+    op.data.send_status_from_server.status = c->fin_code;
+    op.data.send_status_from_server.status_details = &c->fin_details;
+    c->status_started = true;
+    start_batch(c, &op, 1, &c->t_status);
+}
+
+static void start_recv(rpc_call *c, bool with_initial_metadata)
+{
+    grpc_op ops[2];
+    size_t n = 0;
+    memset(ops, 0, sizeof ops);
+    if (with_initial_metadata) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[n].data.send_initial_metadata.count = 0;
+        n++;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n].data.recv_message.recv_message = &c->recv_buf;
+    n++;
+    start_batch(c, ops, n, &c->t_recv);
+}
+
+static void drop_queue(rpc_call *c)
+{
+    while (c->ring_n > 0) {
+        grpc_byte_buffer_destroy(c->ring[c->ring_head]);
+        c->ring_head = (c->ring_head + 1) % c->ring_cap;
+        c->ring_n--;
+    }
+    c->ring_head = 0;
+}
+
+/* Finish bookkeeping shared by the owner's rpc_call_finish and the server's own finishes. */
+static void finish_locked(rpc_call *c, grpc_status_code code, const char *msg)
+{
+    DS_ASSERT(!c->finishing);
+    c->finishing = true;
+    c->fin_code = code;
+    c->fin_details = grpc_slice_from_copied_string(msg ? msg : "");
+    if (c->dead || atomic_load(&c->cancelled)) drop_queue(c);
+    if (!c->send_buf && c->ring_n == 0) start_status(c);
+}
+
+/* ---- the pool and accepting calls (CQ thread) ---- */
+
+static void request_calls(rpc_server *s)
+{
+    while (!atomic_load(&s->shutting_down) && s->n_requested < RPC_N_LISTEN && s->free_list) {
+        rpc_call *c = s->free_list;
+        s->free_list = c->next_free;
+        c->gcall = NULL;
+        grpc_call_details_init(&c->details);
+        grpc_metadata_array_init(&c->req_md);
+        grpc_call_error e = grpc_server_request_call(s->server, &c->gcall, &c->details, &c->req_md,
+                                                     s->cq, s->cq, &c->t_new);
+        DS_ASSERT(e == GRPC_CALL_OK);
+        s->n_requested++;
+    }
+}
+
+static void return_to_pool(rpc_server *s, rpc_call *c)
+{
+    c->next_free = s->free_list;
+    s->free_list = c;
+}
+
+static void release_call(rpc_call *c)
+{
+    rpc_server *s = c->srv;
+    if (c->handed && c->method && c->method->on_release)
+        c->method->on_release(c, c->method->user);
+    grpc_call_unref(c->gcall);
+    c->gcall = NULL;
+    if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
+    c->recv_buf = NULL;
+    atomic_fetch_sub(&s->live, 1);
+    return_to_pool(s, c);
+    request_calls(s);
+}
+
+static const rpc_method *find_method(rpc_server *s, const char *path)
+{
+    for (int i = 0; i < s->n_methods; i++)
+        if (strcmp(s->methods[i].path, path) == 0) return &s->methods[i];
+    return NULL;
+}
+
+static void slice_to_buf(grpc_slice sl, char *buf, size_t cap)
+{
+    size_t n = GRPC_SLICE_LENGTH(sl);
+    if (n >= cap) n = cap - 1;
+    memcpy(buf, GRPC_SLICE_START_PTR(sl), n);
+    buf[n] = '\0';
+}
+
+static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
+{
+    s->n_requested--;
+    if (!ok) { /* shutting down: the request was never matched */
+        grpc_call_details_destroy(&c->details);
+        grpc_metadata_array_destroy(&c->req_md);
+        return_to_pool(s, c);
+        return;
+    }
+    atomic_fetch_add(&s->live, 1);
+    slice_to_buf(c->details.method, c->path, sizeof c->path);
+    c->method = find_method(s, c->path);
+    gpr_timespec dl = c->details.deadline;
+    if (gpr_time_cmp(dl, gpr_inf_future(dl.clock_type)) == 0) {
+        c->deadline_ms = INT64_MAX;
+    } else {
+        gpr_timespec left = gpr_time_sub(gpr_convert_clock_type(dl, GPR_CLOCK_MONOTONIC),
+                                         gpr_now(GPR_CLOCK_MONOTONIC));
+        c->deadline_ms = rpc_now_ms() + gpr_time_to_millis(left);
+    }
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->req_md);
+    char *peer = grpc_call_get_peer(c->gcall);
+    snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "");
+    gpr_free(peer);
+
+    c->recv_buf = NULL;
+    c->close_cancelled = 0;
+    atomic_store(&c->cancelled, false);
+    c->data = NULL;
+    c->send_buf = NULL;
+    c->ring_head = c->ring_n = 0;
+    c->n_inflight = 0;
+    c->handed = c->finishing = c->status_started = c->status_done = false;
+    c->dead = c->cancel_pending = false;
+
+    pthread_mutex_lock(&c->mu);
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    start_batch(c, &close_op, 1, &c->t_close);
+    start_recv(c, true);
+    pthread_mutex_unlock(&c->mu);
+    if (atomic_load(&s->shutting_down)) grpc_call_cancel(c->gcall, NULL);
+    request_calls(s);
+}
+
+/* The server answers by itself (unknown method, bad request, cancelled before the owner had
+ * the call). */
+static void server_finish(rpc_call *c, grpc_status_code code, const char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    finish_locked(c, code, msg);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_recv(rpc_call *c, bool ok)
+{
+    pthread_mutex_lock(&c->mu);
+    c->n_inflight--;
+    grpc_byte_buffer *bb = c->recv_buf;
+    c->recv_buf = NULL;
+    if (!ok) c->dead = true;
+    bool handed = c->handed;
+    pthread_mutex_unlock(&c->mu);
+
+    const rpc_method *m = c->method;
+    if (!ok) { /* the call is over on the wire; a bidi owner hears it through on_cancel */
+        if (bb) grpc_byte_buffer_destroy(bb);
+        if (!handed) server_finish(c, GRPC_STATUS_CANCELLED, "cancelled");
+        return;
+    }
+    if (!m) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        char msg[224];
+        snprintf(msg, sizeof msg, "unknown method %s", c->path);
+        server_finish(c, GRPC_STATUS_UNIMPLEMENTED, msg);
+        return;
+    }
+    ProtobufCMessage *req = NULL;
+    if (bb) {
+        grpc_byte_buffer_reader rd;
+        grpc_slice sl = grpc_empty_slice();
+        bool read_ok = grpc_byte_buffer_reader_init(&rd, bb) != 0;
+        if (read_ok) {
+            sl = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+        }
+        grpc_byte_buffer_destroy(bb);
+        size_t n = GRPC_SLICE_LENGTH(sl);
+        if (read_ok && (int64_t)n <= c->srv->max_recv_bytes)
+            req = protobuf_c_message_unpack(m->request_desc, NULL, n, GRPC_SLICE_START_PTR(sl));
+        grpc_slice_unref(sl);
+        if (!req) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s: cannot parse the request as %s", c->path,
+                     m->request_desc->name);
+            if (handed) { /* bidi: the owner finishes it */
+                DS_ASSERT(m->kind == RPC_METHOD_BIDI_STREAM);
+                pthread_mutex_lock(&c->mu);
+                bool fin = c->finishing;
+                if (!fin) finish_locked(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+                pthread_mutex_unlock(&c->mu);
+            } else {
+                server_finish(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+            }
+            return;
+        }
+    } else if (m->kind != RPC_METHOD_BIDI_STREAM) {
+        server_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "no request message");
+        return;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    c->handed = true;
+    pthread_mutex_unlock(&c->mu);
+    m->on_request(c, req, m->user);
+    if (req) protobuf_c_message_free_unpacked(req, NULL);
+
+    pthread_mutex_lock(&c->mu);
+    bool tell_cancel = c->cancel_pending && !handed;
+    c->cancel_pending = false;
+    if (m->kind == RPC_METHOD_BIDI_STREAM && req && !c->finishing && !c->dead &&
+        !atomic_load(&c->cancelled))
+        start_recv(c, false);
+    pthread_mutex_unlock(&c->mu);
+    if (tell_cancel && m->on_cancel) m->on_cancel(c, m->user);
+}
+
+static void on_send(rpc_call *c, bool ok)
+{
+    pthread_mutex_lock(&c->mu);
+    c->n_inflight--;
+    grpc_byte_buffer_destroy(c->send_buf);
+    c->send_buf = NULL;
+    if (!ok) {
+        c->dead = true;
+        drop_queue(c);
+    }
+    if (c->ring_n > 0) {
+        grpc_byte_buffer *bb = c->ring[c->ring_head];
+        c->ring_head = (c->ring_head + 1) % c->ring_cap;
+        c->ring_n--;
+        start_send(c, bb);
+    } else if (c->finishing && !c->status_started) {
+        start_status(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_close(rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->n_inflight--;
+    bool cancelled = c->close_cancelled != 0;
+    bool tell = false;
+    if (cancelled) {
+        atomic_store(&c->cancelled, true);
+        drop_queue(c);
+        if (c->handed) tell = !c->finishing;
+        else c->cancel_pending = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (tell && c->method && c->method->on_cancel) c->method->on_cancel(c, c->method->user);
+}
+
+static void on_status(rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->n_inflight--;
+    c->status_done = true;
+    grpc_slice_unref(c->fin_details);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void maybe_release(rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool done = c->status_done && c->n_inflight == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (done) release_call(c);
+}
+
+static void *cq_thread(void *arg)
+{
+    rpc_server *s = arg;
+    for (;;) {
+        if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) break;
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        rpc_tag *tag = ev.tag;
+        rpc_call *c = tag->call;
+        switch (tag->op) {
+        case TAG_SHUTDOWN: s->shutdown_seen = true; continue;
+        case TAG_NEW: on_new_call(s, c, ev.success != 0); continue;
+        case TAG_RECV: on_recv(c, ev.success != 0); break;
+        case TAG_SEND: on_send(c, ev.success != 0); break;
+        case TAG_CLOSE: on_close(c); break;
+        case TAG_STATUS: on_status(c); break;
+        default: DS_ASSERT(!"unknown tag");
+        }
+        maybe_release(c);
+    }
+    return NULL;
+}
+
+/* ---- server ---- */
+
+int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
+{
+    *out = NULL;
+    rpc_server *s = calloc(1, sizeof *s);
+    if (!s) return status_fail(st, STATUS_NOMEM, "rpc server: out of memory");
+    s->n_calls = opts->max_calls > 0 ? opts->max_calls : 4096;
+    s->max_recv_bytes = opts->max_recv_bytes > 0 ? opts->max_recv_bytes : 16 << 20;
+    s->calls = calloc((size_t)s->n_calls, sizeof *s->calls);
+    if (!s->calls) {
+        int n = s->n_calls;
+        free(s);
+        return status_fail(st, STATUS_NOMEM, "rpc server: out of memory for %d calls", n);
+    }
+    for (int i = s->n_calls - 1; i >= 0; i--) {
+        rpc_call *c = &s->calls[i];
+        c->srv = s;
+        pthread_mutex_init(&c->mu, NULL);
+        c->t_new = (rpc_tag){c, TAG_NEW};
+        c->t_recv = (rpc_tag){c, TAG_RECV};
+        c->t_send = (rpc_tag){c, TAG_SEND};
+        c->t_close = (rpc_tag){c, TAG_CLOSE};
+        c->t_status = (rpc_tag){c, TAG_STATUS};
+        return_to_pool(s, c);
+    }
+    s->t_shutdown = (rpc_tag){NULL, TAG_SHUTDOWN};
+
+    grpc_init();
+    grpc_arg args[2];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = s->max_recv_bytes;
+    /* no SO_REUSEPORT: a second process on the same port must fail, not share it */
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[1].value.integer = 0;
+    grpc_channel_args cargs = {2, args};
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->server = grpc_server_create(&cargs, NULL);
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    s->port = grpc_server_add_http2_port(s->server, opts->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        status_fail(st, STATUS_IO, "cannot listen on %s (bad address or port in use)",
+                    opts->listen);
+        rpc_server_destroy(s);
+        return st ? st->code : STATUS_IO;
+    }
+    *out = s;
+    return STATUS_OK;
+}
+
+int rpc_server_port(const rpc_server *srv) { return srv->port; }
+
+int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st)
+{
+    DS_ASSERT(!srv->started);
+    DS_ASSERT(m->path && m->request_desc && m->on_request);
+    if (srv->n_methods >= RPC_MAX_METHODS)
+        return status_fail(st, STATUS_EXHAUSTED, "rpc server: more than %d methods", RPC_MAX_METHODS);
+    if (find_method(srv, m->path))
+        return status_fail(st, STATUS_INVALID, "rpc server: method %s added twice", m->path);
+    srv->methods[srv->n_methods++] = *m;
+    return STATUS_OK;
+}
+
+int rpc_server_start(rpc_server *srv, status *st)
+{
+    DS_ASSERT(!srv->started);
+    grpc_server_start(srv->server);
+    request_calls(srv);
+    if (pthread_create(&srv->thread, NULL, cq_thread, srv) != 0)
+        return status_fail(st, STATUS_INTERNAL, "rpc server: cannot start the CQ thread");
+    srv->started = true;
+    return STATUS_OK;
+}
+
+static void drain_cq(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+    }
+}
+
+void rpc_server_shutdown(rpc_server *srv)
+{
+    if (!srv || srv->stopped) return;
+    srv->stopped = true;
+    atomic_store(&srv->shutting_down, true);
+    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+    grpc_server_cancel_all_calls(srv->server);
+    if (srv->started) {
+        pthread_join(srv->thread, NULL);
+    } else { /* nobody runs the CQ: wait for the notification here */
+        for (;;) {
+            grpc_event ev =
+                grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown) break;
+        }
+    }
+}
+
+void rpc_server_destroy(rpc_server *srv)
+{
+    if (!srv) return;
+    if (srv->server) {
+        rpc_server_shutdown(srv);
+        grpc_server_destroy(srv->server);
+    }
+    if (srv->cq) {
+        drain_cq(srv->cq);
+        grpc_completion_queue_destroy(srv->cq);
+    }
+    for (int i = 0; i < srv->n_calls; i++) {
+        pthread_mutex_destroy(&srv->calls[i].mu);
+        free(srv->calls[i].ring);
+    }
+    free(srv->calls);
+    free(srv);
+    grpc_shutdown();
+}
+
+int rpc_server_live_calls(rpc_server *srv) { return atomic_load(&srv->live); }
+
+/* ---- per call ---- */
+
+const char *rpc_call_path(const rpc_call *call) { return call->path; }
+const char *rpc_call_peer(const rpc_call *call) { return call->peer; }
+int64_t rpc_call_deadline_ms(const rpc_call *call) { return call->deadline_ms; }
+bool rpc_call_cancelled(const rpc_call *call) { return atomic_load(&call->cancelled); }
+void *rpc_call_grpc_call(const rpc_call *call) { return call->gcall; }
+void rpc_call_set_data(rpc_call *call, void *data) { call->data = data; }
+void *rpc_call_data(const rpc_call *call) { return call->data; }
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice sl = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    return bb;
+}
+
+static int enqueue(rpc_call *c, grpc_byte_buffer *bb)
+{
+    if (c->ring_n == c->ring_cap) {
+        int cap = c->ring_cap ? c->ring_cap * 2 : 16;
+        grpc_byte_buffer **r = malloc((size_t)cap * sizeof *r);
+        if (!r) return STATUS_NOMEM;
+        for (int i = 0; i < c->ring_n; i++) r[i] = c->ring[(c->ring_head + i) % c->ring_cap];
+        free(c->ring);
+        c->ring = r;
+        c->ring_cap = cap;
+        c->ring_head = 0;
+    }
+    c->ring[(c->ring_head + c->ring_n) % c->ring_cap] = bb;
+    c->ring_n++;
+    return STATUS_OK;
+}
+
+int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
+{
+    grpc_byte_buffer *bb = pack(msg);
+    if (!bb) return STATUS_NOMEM;
+    int rc = STATUS_OK;
+    pthread_mutex_lock(&call->mu);
+    DS_ASSERT(!call->finishing);
+    if (call->dead || atomic_load(&call->cancelled)) rc = STATUS_CANCELLED;
+    else if (!call->send_buf) start_send(call, bb);
+    else rc = enqueue(call, bb);
+    pthread_mutex_unlock(&call->mu);
+    if (rc != STATUS_OK) grpc_byte_buffer_destroy(bb);
+    return rc;
+}
+
+int rpc_call_backlog(rpc_call *call)
+{
+    pthread_mutex_lock(&call->mu);
+    int n = call->ring_n + (call->send_buf != NULL);
+    pthread_mutex_unlock(&call->mu);
+    return n;
+}
+
+void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg)
+{
+    pthread_mutex_lock(&call->mu);
+    finish_locked(call, code, msg);
+    pthread_mutex_unlock(&call->mu);
+}
+
+void rpc_call_finish_status(rpc_call *call, const status *st)
+{
+    rpc_call_finish(call, rpc_status_to_grpc(st->code), st->msg);
+}
+
+void rpc_call_reply(rpc_call *call, const ProtobufCMessage *msg)
+{
+    rpc_call_send(call, msg); /* a cancelled call just drops it */
+    rpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}

@@ -1,0 +1,150 @@
+/* A gRPC C core server (grpc 1.51) with one completion-queue thread that never blocks on work.
+ *
+ * Calls are preallocated structs (a pool sized at creation) used as completion-queue tags,
+ * with a small state machine. Methods are dispatched by path ("/pkg.Service/Method"; protoc-c
+ * "services" are not gRPC services). Request messages are unpacked with protobuf-c before the
+ * handler sees them; replies are packed from protobuf-c messages.
+ *
+ *   rpc_server *srv; status st;
+ *   rpc_server_create(&(rpc_server_opts){.listen = "127.0.0.1:0"}, &srv, &st);
+ *   rpc_server_add_method(srv, &(rpc_method){"/deltaserve.v1.Worker/GetLoad",
+ *       &deltaserve__v1__get_load_request__descriptor, RPC_METHOD_UNARY, on_get_load}, &st);
+ *   rpc_server_start(srv, &st);            // spawns the CQ thread
+ *   ... rpc_server_shutdown(srv); rpc_server_destroy(srv);
+ *
+ * Handler contract (on_request): runs on the CQ thread and must not block (short mutexes are
+ * fine; no waiting on work, no sleeping). From then on the handler owns the call and must call
+ * rpc_call_finish exactly once, from any thread, sooner or later:
+ *   - unary: rpc_call_reply(call, &reply) (= send + finish OK), or rpc_call_finish(code, msg);
+ *   - server stream: hand the call to a producer thread, which calls rpc_call_send any number
+ *     of times (thread-safe, never blocks: one SEND is outstanding on the wire, the rest are
+ *     queued in order) and then rpc_call_finish;
+ *   - bidi stream: on_request runs once per client message and once more with req == NULL
+ *     when the client half-closes; the handler may send and finish from any of those calls.
+ * Initial metadata is always sent before any status (TOOLCHAIN §5 pitfall B), so even an
+ * immediate error status reaches the client.
+ *
+ * Cancellation: a client cancel, a dropped connection, an expired deadline (gRPC cancels the
+ * call itself at the client's deadline) or server shutdown sets rpc_call_cancelled() and
+ * calls on_cancel (if given) once on the CQ thread; the handler must still finish the call
+ * (the status is then dropped by gRPC). Producers poll rpc_call_cancelled at step boundaries.
+ * rpc_call_send on a cancelled call returns STATUS_CANCELLED.
+ *
+ * Lifetime: after rpc_call_finish the caller must not touch the call. on_cancel may still be
+ * running (or start) concurrently with or after rpc_call_finish; per-call data set with
+ * rpc_call_set_data must therefore stay valid until on_release, which runs once on the CQ
+ * thread when the call is completely done; no callback runs for the call after it.
+ *
+ * Shutdown (rpc_server_shutdown): stops accepting, cancels every call (on_cancel runs), waits
+ * until every call has been finished by its owner and released, stops the CQ thread. Owners
+ * must therefore finish their calls when cancelled (e.g. the engine at its next step). */
+#ifndef DS_RPC_RPC_SERVER_H
+#define DS_RPC_RPC_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/status.h"
+
+typedef struct rpc_server rpc_server;
+typedef struct rpc_call rpc_call;
+
+typedef enum rpc_method_kind {
+    RPC_METHOD_UNARY = 0,      /* one request, one reply */
+    RPC_METHOD_SERVER_STREAM,  /* one request, a stream of replies */
+    RPC_METHOD_BIDI_STREAM,    /* a stream each way (server reflection) */
+} rpc_method_kind;
+
+typedef struct rpc_method {
+    const char *path;                               /* "/deltaserve.v1.Worker/Generate" */
+    const ProtobufCMessageDescriptor *request_desc; /* how to unpack requests */
+    rpc_method_kind kind;
+    /* CQ thread; must not block. req is freed by the server after the handler returns: copy
+     * what you keep. req is NULL only for bidi half-close. */
+    void (*on_request)(rpc_call *call, const ProtobufCMessage *req, void *user);
+    /* CQ thread, at most once, not before on_request; may be NULL. Must not block. */
+    void (*on_cancel)(rpc_call *call, void *user);
+    /* CQ thread, exactly once per call that reached on_request, when it is completely done;
+     * may be NULL. Free per-call data here if on_cancel uses it. */
+    void (*on_release)(rpc_call *call, void *user);
+    void *user; /* borrowed; passed to the callbacks */
+} rpc_method;
+
+typedef struct rpc_server_opts {
+    const char *listen; /* "HOST:PORT"; port 0 picks a free port (rpc_server_port) */
+    int max_calls;      /* preallocated call structs = most calls alive at once; 0 -> 4096.
+                           Beyond that, new calls wait inside gRPC until one is released. */
+    int max_recv_bytes; /* largest request message accepted; 0 -> 16 MiB */
+} rpc_server_opts;
+
+/* Initialises gRPC, creates the server and binds the port (insecure credentials).
+ * STATUS_IO naming the address when it cannot be bound. */
+int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st);
+
+/* The bound port (the picked one when the listen port was 0). */
+int rpc_server_port(const rpc_server *srv);
+
+/* Adds a method (the struct is copied) before rpc_server_start. Paths must be unique. */
+int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st);
+
+/* Starts serving: spawns the CQ thread. */
+int rpc_server_start(rpc_server *srv, status *st);
+
+/* See "Shutdown" above. Blocks until done; call from a thread that owns no unfinished call.
+ * Idempotent. */
+void rpc_server_shutdown(rpc_server *srv);
+
+/* Frees the server (after rpc_server_shutdown, or if never started) and shuts gRPC down. */
+void rpc_server_destroy(rpc_server *srv);
+
+/* Calls alive right now (accepted and not yet released). */
+int rpc_server_live_calls(rpc_server *srv);
+
+/* ---- per call (thread-safe unless said otherwise) ---- */
+
+/* The method path, e.g. "/deltaserve.v1.Worker/Generate". Valid until release. */
+const char *rpc_call_path(const rpc_call *call);
+
+/* The client's peer address ("ipv4:127.0.0.1:5555"), or "" if unknown. Valid until release. */
+const char *rpc_call_peer(const rpc_call *call);
+
+/* The client's deadline in ms on common CLOCK_MONOTONIC time (rpc_now_ms), or INT64_MAX if
+ * the client set none. gRPC cancels the call by itself when it passes. */
+int64_t rpc_call_deadline_ms(const rpc_call *call);
+
+/* true once the client cancelled, disconnected, the deadline passed or the server shuts down. */
+bool rpc_call_cancelled(const rpc_call *call);
+
+/* Packs msg (a copy is taken; msg may be freed on return) and sends it after the messages
+ * already queued. Never blocks. STATUS_CANCELLED if the call was cancelled or is finished,
+ * STATUS_NOMEM if the message cannot be packed. */
+int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
+
+/* Messages queued or on the wire and not yet acknowledged by gRPC (a slow client's backlog). */
+int rpc_call_backlog(rpc_call *call);
+
+/* Ends the call with a status after every queued message (dropped if cancelled). msg may be
+ * NULL or ""; it is copied. Exactly once per call; the caller must not touch the call after. */
+void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg);
+
+/* rpc_call_finish with st's code mapped by rpc_status_to_grpc and st's message. */
+void rpc_call_finish_status(rpc_call *call, const status *st);
+
+/* Unary reply: rpc_call_send(msg) then rpc_call_finish(OK). */
+void rpc_call_reply(rpc_call *call, const ProtobufCMessage *msg);
+
+/* The underlying grpc_call * (as void *, so callers need no gRPC header), e.g. as the parent
+ * of a client call for deadline and cancellation propagation. Valid until release. */
+void *rpc_call_grpc_call(const rpc_call *call);
+
+/* Per-call data for the handler (see "Lifetime"). */
+void rpc_call_set_data(rpc_call *call, void *data);
+void *rpc_call_data(const rpc_call *call);
+
+/* Milliseconds on CLOCK_MONOTONIC, the clock of rpc_call_deadline_ms. */
+int64_t rpc_now_ms(void);
+
+#endif
