@@ -1,0 +1,215 @@
+#include "router/router.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "router/router_internal.h"
+#include "proto/proto_descriptors.h"
+#include "rpc/rpc_client.h"
+
+static void *pool_connect(const char *addr, void *ctx)
+{
+    (void)ctx;
+    rpc_client_channel *ch = NULL;
+    status st;
+    if (rpc_client_channel_create(&ch, addr, &st)) {
+        LOG_WARN("router: %s", st.msg);
+        return NULL;
+    }
+    return ch;
+}
+
+static void pool_disconnect(void *conn, void *ctx)
+{
+    (void)ctx;
+    rpc_client_channel_destroy(conn);
+}
+
+/* Gauges read at exposition time. */
+static void metrics_collect(void *arg)
+{
+    router *r = arg;
+    pthread_mutex_lock(&r->mu);
+    int inflight = r->inflight;
+    pthread_mutex_unlock(&r->mu);
+    metrics_set(r->m.running, inflight);
+    metrics_set(r->m.healthy, router_pool_n_healthy(r->pool));
+    metrics_set(r->m.workers, router_pool_n_workers(r->pool));
+}
+
+static int metrics_setup(router *r, status *st)
+{
+    int rc = metrics_create(32, &r->metrics, st);
+    if (rc) return rc;
+    metrics *m = r->metrics;
+    static const char *reasons[4] = {"finished_reason=\"stop\"", "finished_reason=\"length\"",
+                                     "finished_reason=\"cancelled\"",
+                                     "finished_reason=\"error\""};
+    for (int i = 0; i < 4; i++)
+        r->m.ok[i] = metrics_counter(m, "deltaserve:request_success_total", reasons[i],
+                                     "Requests that ended with status OK, by finish reason.");
+    r->m.failed = metrics_counter(m, "deltaserve:request_failure_total", NULL,
+                                  "Requests that ended with a non-OK gRPC status.");
+    r->m.retries = metrics_counter(m, "deltaserve:router_retries_total", NULL,
+                                   "Requests retried on another worker before the first token.");
+    r->m.prompt_tokens = metrics_counter(m, "deltaserve:prompt_tokens_total", NULL,
+                                         "Prompt tokens of requests sent to workers.");
+    r->m.generation_tokens = metrics_counter(m, "deltaserve:generation_tokens_total", NULL,
+                                             "Generated tokens relayed to clients.");
+    r->m.running = metrics_gauge(m, "deltaserve:num_requests_running", NULL,
+                                 "Generate calls in flight at the router.");
+    r->m.healthy = metrics_gauge(m, "deltaserve:router_healthy_workers", NULL,
+                                 "Workers that passed their last health check.");
+    r->m.workers = metrics_gauge(m, "deltaserve:router_workers", NULL, "Workers known.");
+    r->m.ttft = metrics_histogram(m, "deltaserve:time_to_first_token_seconds", NULL,
+                                  "Time to first token, at the router.", metrics_latency_buckets,
+                                  metrics_n_latency_buckets);
+    r->m.itl = metrics_histogram(m, "deltaserve:inter_token_latency_seconds", NULL,
+                                 "Mean inter-token latency of each request, at the router.",
+                                 metrics_latency_buckets, metrics_n_latency_buckets);
+    r->m.e2e = metrics_histogram(m, "deltaserve:e2e_request_latency_seconds", NULL,
+                                 "Arrival to end of stream, at the router.",
+                                 metrics_latency_buckets, metrics_n_latency_buckets);
+    metrics_set_collect(m, metrics_collect, r);
+    return 0;
+}
+
+static void apply_defaults(router_opts *o)
+{
+    if (o->poll_ms <= 0) o->poll_ms = 500;
+    if (o->dns_refresh_ms <= 0) o->dns_refresh_ms = 5000;
+    if (o->max_inflight <= 0) o->max_inflight = 1024;
+    if (o->max_attempts <= 0) o->max_attempts = 3;
+    if (o->policy.prefix_tokens <= 0) o->policy.prefix_tokens = 32;
+}
+
+int router_create(router **out, const router_opts *opts, status *st)
+{
+    *out = NULL;
+    if (!opts->listen) return status_fail(st, STATUS_INVALID, "--listen: required");
+    if (!opts->workers == !opts->workers_dns)
+        return status_fail(st, STATUS_INVALID, "give exactly one of --workers and --workers-dns");
+    router *r = calloc(1, sizeof *r);
+    if (!r) return status_fail(st, STATUS_NOMEM, "router: out of memory");
+    r->opts = *opts;
+    apply_defaults(&r->opts);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = (uint64_t)ts.tv_sec * 1000000007ULL ^ (uint64_t)ts.tv_nsec ^
+                    ((uint64_t)(uintptr_t)r << 16);
+    atomic_init(&r->seed_rng, seed);
+    r->id_base = router_policy_rand(&seed);
+    atomic_init(&r->next_id, 1);
+    int rc;
+    r->dns = calloc(1, sizeof *r->dns);
+    if (!r->dns) { rc = status_fail(st, STATUS_NOMEM, "router: out of memory"); goto fail; }
+    if (r->opts.model) {
+        if ((rc = tokenizer_load_path(&r->tok, r->opts.model, st))) goto fail;
+        LOG_INFO("router: tokenizer of %s: %zu tokens", r->opts.model, tokenizer_n_vocab(r->tok));
+    }
+    router_pool_ops ops = {pool_connect, pool_disconnect, NULL};
+    if ((rc = router_pool_create(&r->pool, &r->opts.policy, &ops, st))) goto fail;
+    if (r->opts.workers) {
+        if ((rc = router_dns_parse_list(r->opts.workers, r->dns, st))) goto fail;
+        const char *addrs[ROUTER_POOL_MAX_WORKERS];
+        for (int i = 0; i < r->dns->n; i++) addrs[i] = r->dns->addr[i];
+        rc = router_pool_set(r->pool, addrs, r->dns->n, st);
+        if (rc < 0 || (rc > 0 && st->code)) goto fail;
+    }
+    const char *services[] = {ROUTER_SERVICE};
+    if ((rc = rpc_health_create(services, 1, &r->health, st))) goto fail;
+    rpc_server_opts so = {.listen = r->opts.listen};
+    if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
+    if ((rc = router_generate_add_method(r, st))) goto fail;
+    if ((rc = rpc_health_add_methods(r->health, r->srv, st))) goto fail;
+    const char *listed[] = {ROUTER_SERVICE, "grpc.health.v1.Health",
+                            "grpc.reflection.v1alpha.ServerReflection",
+                            "grpc.reflection.v1.ServerReflection"};
+    if ((rc = rpc_reflection_create(proto_descriptors_data, proto_descriptors_bytes, listed, 4,
+                                    &r->refl, st)))
+        goto fail;
+    if ((rc = rpc_reflection_add_methods(r->refl, r->srv, st))) goto fail;
+    if ((rc = metrics_setup(r, st))) goto fail;
+    *out = r;
+    return 0;
+fail:
+    router_destroy(r);
+    return rc ? rc : STATUS_INTERNAL;
+}
+
+int router_start(router *r, status *st)
+{
+    int rc;
+    if (r->opts.metrics_listen && (rc = metrics_serve(r->metrics, r->opts.metrics_listen, st)))
+        return rc;
+    if ((rc = rpc_server_start(r->srv, st))) return rc;
+    /* one synchronous round first, so workers that are already up are usable at once */
+    router_poll_once(r, 1);
+    if (pthread_create(&r->poller, NULL, router_poll_main, r))
+        return status_fail(st, STATUS_INTERNAL, "router: cannot start the poller thread");
+    r->started = 1;
+    return 0;
+}
+
+int router_port(const router *r) { return rpc_server_port(r->srv); }
+
+int router_metrics_port(const router *r)
+{
+    return r->opts.metrics_listen && r->metrics ? metrics_port(r->metrics) : 0;
+}
+
+int router_drain(router *r, int grace_ms)
+{
+    pthread_mutex_lock(&r->mu);
+    r->draining = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (r->health) rpc_health_set_ready(r->health, false);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = ts.tv_nsec + (int64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_mutex_lock(&r->mu);
+    while (r->inflight > 0 && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0) {
+    }
+    int left = r->inflight;
+    pthread_mutex_unlock(&r->mu);
+    if (left) LOG_WARN("router: drain: %d request%s still running after %d ms: cancelling", left,
+                       left == 1 ? "" : "s", grace_ms);
+    if (r->srv) rpc_server_shutdown(r->srv); /* cancels what is left, waits for every call */
+    pthread_mutex_lock(&r->mu);
+    r->stopping = 1;
+    pthread_cond_broadcast(&r->cv);
+    /* relay threads finish their calls before they leave; wait for the last one */
+    while (r->inflight > 0) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    if (r->started) {
+        pthread_join(r->poller, NULL);
+        r->started = 0;
+    }
+    return left;
+}
+
+void router_destroy(router *r)
+{
+    if (!r) return;
+    if (r->started) router_drain(r, 0);
+    if (r->srv) rpc_server_destroy(r->srv);
+    if (r->health) rpc_health_destroy(r->health);
+    if (r->refl) rpc_reflection_destroy(r->refl);
+    if (r->metrics) metrics_destroy(r->metrics);
+    if (r->pool) router_pool_destroy(r->pool);
+    if (r->tok) tokenizer_destroy(r->tok);
+    free(r->dns);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}

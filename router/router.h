@@ -1,0 +1,54 @@
+/* deltaserve router: serves the public deltaserve.v1.Generation API (plus grpc.health.v1 and
+ * reflection, and Prometheus metrics) over a set of workers (deltaserve.v1.Worker).
+ *
+ * For each Generate call a relay thread validates the request, turns the prompt into token ids
+ * (the model's tokenizer; ChatML for chat messages), picks a worker (router_policy.h), streams
+ * Worker/Generate back to the client with text pieces (streaming detokenizer, stop strings),
+ * and ends the call. A worker that fails before the first token reached the client is
+ * retried on another worker; after that the stream ends with UNAVAILABLE. The client's
+ * deadline is passed to the worker and a client cancel cancels the worker call.
+ *
+ * A poller thread health-checks (grpc.health.v1 Check "deltaserve.v1.Worker") and load-polls
+ * (Worker/GetLoad) every worker each poll interval, and re-resolves --workers-dns. Readiness
+ * ("deltaserve.v1.Generation") is SERVING while at least one worker is healthy and the router
+ * is not draining. Never links CUDA. */
+#ifndef DS_ROUTER_ROUTER_H
+#define DS_ROUTER_ROUTER_H
+
+#include "common/status.h"
+#include "router/router_policy.h"
+
+typedef struct router_opts {
+    const char *listen;         /* HOST:PORT, port 0 = pick one */
+    const char *workers;        /* "h1:p1,h2:p2", or NULL */
+    const char *workers_dns;    /* NAME:PORT re-resolved every dns_refresh_ms, or NULL */
+    const char *model;          /* GGUF whose tokenizer is used, or NULL (token-id prompts only) */
+    const char *metrics_listen; /* HOST:PORT of the Prometheus endpoint, or NULL */
+    router_policy policy;       /* routing mode and prefix-affinity parameters */
+    int poll_ms;                /* health and load poll interval; 0 -> 500 */
+    int dns_refresh_ms;         /* 0 -> 5000 */
+    int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
+    int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
+} router_opts;
+
+typedef struct router router;
+
+/* Loads the tokenizer (if any), resolves the workers, binds the port. Nothing runs yet. */
+int router_create(router **out, const router_opts *opts, status *st);
+
+/* Starts the gRPC server, the metrics endpoint and the poller. */
+int router_start(router *r, status *st);
+
+/* The bound gRPC port, and the metrics port (0 without metrics). */
+int router_port(const router *r);
+int router_metrics_port(const router *r);
+
+/* Drains: readiness NOT_SERVING, new calls are refused with UNAVAILABLE, in-flight calls run
+ * until they end or grace_ms passes; then stops the server (cancelling what is left) and the
+ * poller. Blocks. Returns the number of calls that had to be cancelled. */
+int router_drain(router *r, int grace_ms);
+
+/* After router_drain (or if never started). */
+void router_destroy(router *r);
+
+#endif

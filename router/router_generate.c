@@ -1,0 +1,574 @@
+/* The public Generate: one relay thread per call (see router.h). The CQ thread only copies the
+ * request and starts the thread (on_request), and forwards a client cancel to the running
+ * worker call (on_cancel). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/status.h>
+
+#include "common/log.h"
+#include "router/router_internal.h"
+#include "router/router_request.h"
+#include "router/router_stop.h"
+#include "rpc/rpc_client.h"
+#include "rpc/rpc_status.h"
+
+#define GEN_PATH "/deltaserve.v1.Generation/Generate"
+#define WORKER_GEN_PATH "/deltaserve.v1.Worker/Generate"
+
+typedef struct router_req {
+    router *r;
+    rpc_call *call;
+    Deltaserve__V1__GenerateRequest *g; /* owned: an unpacked copy of the request */
+    int64_t t0_ms;                      /* arrival, rpc_now_ms clock */
+    int64_t deadline_ms;                /* rpc_now_ms clock, INT64_MAX if none */
+    pthread_mutex_t mu;                 /* guards stream and cancelled */
+    rpc_client_stream *stream;          /* borrowed: the worker call while it runs */
+    int cancelled;                      /* the client cancelled / deadline / shutdown */
+    atomic_int refs;                    /* the relay thread + the call (until on_release) */
+} router_req;
+
+/* Per-request relay state. */
+typedef struct relay {
+    router_req *q;
+    char rid[ROUTER_REQUEST_ID_MAX + 1];
+    int32_t *ids; /* owned, [n_ids] prompt */
+    size_t n_ids;
+    uint64_t seed;
+    router_stop stop;
+    int stop_ready;
+    tokenizer_detok detok;
+    char *piece;      /* owned, [piece_cap] one detok push */
+    size_t piece_cap;
+    char *text;       /* owned, [text_cap] text of the message being built */
+    size_t text_cap, text_len;
+    /* outcome */
+    int64_t n_tokens;      /* tokens sent to the client */
+    int64_t n_msgs;        /* messages sent to the client */
+    int64_t t_first_ms;    /* first token sent, 0 if none */
+    int64_t t_last_ms;     /* last token sent */
+    int attempts;
+    int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
+    int64_t attempt_done;  /* of which reported done in the current attempt */
+    const char *finish;    /* for the log line */
+    char worker[ROUTER_ADDR_MAX];
+} relay;
+
+/* What one attempt on one worker ended with. */
+enum { ATTEMPT_DONE, ATTEMPT_RETRY };
+
+static uint64_t next_rand(router *r)
+{
+    uint64_t x = atomic_fetch_add(&r->seed_rng, 0x9e3779b97f4a7c15ULL);
+    return router_policy_rand(&x);
+}
+
+static void req_unref(router_req *q)
+{
+    if (atomic_fetch_sub(&q->refs, 1) != 1) return;
+    if (q->g) protobuf_c_message_free_unpacked(&q->g->base, NULL);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
+
+static const char *finish_name(Deltaserve__V1__FinishReason f)
+{
+    switch (f) {
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+/* Ends the public call and writes the request's one log line. */
+static void relay_end(relay *s, grpc_status_code code, const char *msg)
+{
+    router *r = s->q->r;
+    rpc_call_finish(s->q->call, code, msg);
+    int64_t now = rpc_now_ms();
+    if (code == GRPC_STATUS_OK) {
+        atomic_fetch_add(&r->n_ok, 1);
+        static const char *names[4] = {"stop", "length", "cancelled", "error"};
+        for (int i = 0; i < 4; i++)
+            if (s->finish && !strcmp(s->finish, names[i])) metrics_inc(r->m.ok[i], 1);
+    } else {
+        atomic_fetch_add(&r->n_failed, 1);
+        metrics_inc(r->m.failed, 1);
+    }
+    if (s->attempts) metrics_inc(r->m.prompt_tokens, (double)s->n_ids);
+    metrics_inc(r->m.generation_tokens, (double)s->n_tokens);
+    if (s->t_first_ms) metrics_observe(r->m.ttft, (double)(s->t_first_ms - s->q->t0_ms) / 1e3);
+    if (s->n_tokens > 1)
+        metrics_observe(r->m.itl, (double)(s->t_last_ms - s->t_first_ms) / 1e3 /
+                                      (double)(s->n_tokens - 1));
+    metrics_observe(r->m.e2e, (double)(now - s->q->t0_ms) / 1e3);
+    LOG_INFO("request %s: %s%s%s worker=%s attempts=%d prompt=%zu completion=%lld finish=%s "
+             "ttft_ms=%lld total_ms=%lld",
+             s->rid, rpc_status_grpc_name(code), msg && msg[0] ? " " : "", msg ? msg : "",
+             s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, (long long)s->n_tokens,
+             s->finish ? s->finish : "-",
+             (long long)(s->t_first_ms ? s->t_first_ms - s->q->t0_ms : -1),
+             (long long)(now - s->q->t0_ms));
+}
+
+static int grow(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 256;
+    while (c < need) c *= 2;
+    char *b = realloc(*buf, c);
+    if (!b) return -1;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
+static int text_append(relay *s, const char *p, size_t n)
+{
+    if (grow(&s->text, &s->text_cap, s->text_len + n + 1)) return -1;
+    memcpy(s->text + s->text_len, p, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    return 0;
+}
+
+/* Pushes a decoded piece through the stop matcher into the message text. Returns the matched
+ * stop index, -1, or -2 on allocation failure. */
+static int push_text(relay *s, const char *p, size_t n)
+{
+    const char *out;
+    size_t n_out;
+    status st;
+    int m = router_stop_push(&s->stop, p, n, &out, &n_out, &st);
+    if (m == -2 || text_append(s, out, n_out)) return -2;
+    return m;
+}
+
+/* Fills in the text of each top-logprob alternative (Generation only). The strings are
+ * malloc'd and owned by the worker message m from then on (protobuf_c_message_free_unpacked
+ * frees non-default strings with the default allocator, i.e. free()). */
+static void fill_logprob_text(relay *s, Deltaserve__V1__TokenLogprob **lp, size_t n)
+{
+    const tokenizer *tok = s->q->r->tok;
+    if (!tok) return;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < lp[i]->n_top; j++) {
+            char *t;
+            size_t len;
+            status st;
+            if (tokenizer_decode(tok, &lp[i]->top[j]->token_id, 1, &t, &len, &st) == 0)
+                lp[i]->top[j]->text = t;
+        }
+}
+
+static float ms_since(int64_t from, int64_t to) { return from ? (float)(to - from) : 0.0f; }
+
+/* Relays one worker message. Returns 1 when the public stream is complete (the final message
+ * was sent and the call finished), 0 to continue, -1 when the client is gone (call finished),
+ * -2 on an internal error (call finished). *last_error is set when the worker's final message
+ * says FINISH_REASON_ERROR (the worker's status then decides the outcome). */
+static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateResponse *m,
+                         int *worker_error)
+{
+    router *r = s->q->r;
+    const Deltaserve__V1__GenerateRequest *g = s->q->g;
+    size_t n = m->n_token_ids, kept = n;
+    int matched = -1;
+    status st;
+    s->text_len = 0;
+    if (s->text) s->text[0] = 0;
+    if (r->tok) {
+        for (size_t i = 0; i < n && matched < 0; i++) {
+            size_t np;
+            if (tokenizer_detok_push(&s->detok, m->token_ids[i], s->piece, s->piece_cap, &np,
+                                     &st)) {
+                /* the worker returned an id outside our vocabulary: models differ */
+                relay_end(s, GRPC_STATUS_INTERNAL, "worker returned a token id outside the "
+                                                   "router's vocabulary (different models?)");
+                return -2;
+            }
+            matched = push_text(s, s->piece, np);
+            if (matched == -2) goto nomem;
+            if (matched >= 0) kept = i + 1;
+        }
+        if (matched < 0 && m->finish_reason) {
+            size_t np = tokenizer_detok_flush(&s->detok, s->piece, s->piece_cap);
+            matched = push_text(s, s->piece, np);
+            if (matched == -2) goto nomem;
+            if (matched < 0) {
+                const char *out;
+                size_t n_out;
+                router_stop_flush(&s->stop, &out, &n_out);
+                if (text_append(s, out, n_out)) goto nomem;
+            }
+        }
+    }
+    int64_t now = rpc_now_ms();
+    if (kept > 0 && !s->t_first_ms) s->t_first_ms = now;
+    if (kept > 0) s->t_last_ms = now;
+
+    Deltaserve__V1__GenerateResponse out = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+    Deltaserve__V1__Usage usage = DELTASERVE__V1__USAGE__INIT;
+    Deltaserve__V1__Timings tm = DELTASERVE__V1__TIMINGS__INIT;
+    out.n_token_ids = kept;
+    out.token_ids = m->token_ids;
+    if (s->text) out.text = s->text;
+    if (m->n_logprobs) {
+        out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
+        out.logprobs = m->logprobs;
+        fill_logprob_text(s, m->logprobs, out.n_logprobs);
+    }
+    int final = 0;
+    if (matched >= 0) {
+        final = 1;
+        out.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP;
+        out.matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_STRING;
+        out.stop_string = g->stop[matched];
+        usage.prompt_tokens = (uint32_t)s->n_ids;
+        usage.completion_tokens = (uint32_t)(s->n_tokens + (int64_t)kept);
+        out.usage = &usage;
+        tm.decode_ms = ms_since(s->t_first_ms, now);
+        if (usage.completion_tokens > 1)
+            tm.mean_itl_ms = tm.decode_ms / (float)(usage.completion_tokens - 1);
+    } else if (m->finish_reason) {
+        if (m->finish_reason == DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR) {
+            *worker_error = 1;
+        } else {
+            final = 1;
+            out.finish_reason = m->finish_reason;
+            out.matched_stop_case = m->matched_stop_case;
+            if (m->matched_stop_case ==
+                DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID)
+                out.stop_token_id = m->stop_token_id;
+            out.usage = m->usage;
+            if (m->timings) tm = *m->timings;
+        }
+    }
+    if (final) {
+        tm.ttft_ms = s->t_first_ms ? (float)(s->t_first_ms - s->q->t0_ms) : 0.0f;
+        tm.total_ms = (float)(now - s->q->t0_ms);
+        out.timings = &tm;
+        out.request_id = s->rid;
+        out.seed = m->finish_reason && m->seed ? m->seed : s->seed;
+        out.served_by = m->served_by && m->served_by[0] ? m->served_by
+                                                        : (char *)router_pool_worker_addr(w);
+        s->finish = finish_name(out.finish_reason);
+    }
+    if (kept == 0 && !final && out.text[0] == 0) return 0; /* nothing to say */
+    if (rpc_call_send(s->q->call, &out.base)) {
+        relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
+        return -1;
+    }
+    int64_t done = (int64_t)kept + (s->n_msgs == 0 ? (int64_t)s->n_ids : 0);
+    if (done > s->cost - s->attempt_done) done = s->cost - s->attempt_done;
+    router_pool_progress(r->pool, w, done);
+    s->attempt_done += done;
+    s->n_msgs++;
+    s->n_tokens += (int64_t)kept;
+    if (final) {
+        relay_end(s, GRPC_STATUS_OK, NULL);
+        return 1;
+    }
+    return 0;
+nomem:
+    relay_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
+    return -2;
+}
+
+static int retryable(int code)
+{
+    return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_RESOURCE_EXHAUSTED ||
+           code == GRPC_STATUS_UNKNOWN || code == GRPC_STATUS_INTERNAL ||
+           code == GRPC_STATUS_ABORTED;
+}
+
+/* Ends the call after the client went away or its deadline passed. */
+static void end_cancelled(relay *s)
+{
+    if (s->q->deadline_ms != INT64_MAX && rpc_now_ms() >= s->q->deadline_ms)
+        relay_end(s, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded");
+    else
+        relay_end(s, GRPC_STATUS_CANCELLED, "cancelled by the client");
+}
+
+/* One attempt on worker w. ATTEMPT_DONE: the public call was finished. ATTEMPT_RETRY: nothing
+ * reached the client; *code / msg say why the worker failed. */
+static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__WorkerGenerateRequest *wr,
+                         int *code, char *msg, size_t msg_cap)
+{
+    router *r = s->q->r;
+    router_req *q = s->q;
+    status st;
+    int64_t timeout = 0;
+    if (q->deadline_ms != INT64_MAX) {
+        timeout = q->deadline_ms - rpc_now_ms();
+        if (timeout <= 0) {
+            relay_end(s, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded before routing");
+            return ATTEMPT_DONE;
+        }
+    }
+    rpc_client_stream *cs;
+    if (rpc_client_stream_start(&cs, router_pool_worker_conn(w), WORKER_GEN_PATH, &wr->base,
+                                timeout, NULL, &st)) {
+        *code = GRPC_STATUS_INTERNAL;
+        snprintf(msg, msg_cap, "worker %s: %s", router_pool_worker_addr(w), st.msg);
+        return ATTEMPT_RETRY;
+    }
+    pthread_mutex_lock(&q->mu);
+    q->stream = cs;
+    if (q->cancelled) rpc_client_stream_cancel(cs);
+    pthread_mutex_unlock(&q->mu);
+
+    int done = 0, worker_error = 0;
+    ProtobufCMessage *m;
+    rpc_client_result res;
+    while (!done && rpc_client_stream_next(cs, &deltaserve__v1__generate_response__descriptor, &m,
+                                           &res)) {
+        int rc = relay_message(s, w, (Deltaserve__V1__GenerateResponse *)m, &worker_error);
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (rc) done = 1;
+    }
+    pthread_mutex_lock(&q->mu);
+    q->stream = NULL;
+    int cancelled = q->cancelled;
+    pthread_mutex_unlock(&q->mu);
+    if (done) { /* finished (ok, client gone, or internal): stop the worker if still running */
+        rpc_client_stream_destroy(cs);
+        return ATTEMPT_DONE;
+    }
+    rpc_client_stream_destroy(cs);
+    if (cancelled) {
+        end_cancelled(s);
+        return ATTEMPT_DONE;
+    }
+    if (res.code == GRPC_STATUS_OK) {
+        res.code = GRPC_STATUS_INTERNAL;
+        snprintf(res.message, sizeof res.message, "%s",
+                 worker_error ? "worker reported an error" : "stream ended without a final message");
+    }
+    if (res.code == GRPC_STATUS_UNAVAILABLE || res.code == GRPC_STATUS_UNKNOWN)
+        router_pool_report_failure(r->pool, w);
+    if (s->n_msgs == 0 && retryable(res.code)) {
+        *code = res.code;
+        snprintf(msg, msg_cap, "worker %s: %s: %s", router_pool_worker_addr(w),
+                 rpc_status_grpc_name(res.code), res.message);
+        return ATTEMPT_RETRY;
+    }
+    char m2[700];
+    if (s->n_msgs == 0) { /* not retryable: the worker's answer is the answer */
+        relay_end(s, (grpc_status_code)res.code, res.message);
+    } else if (res.code == GRPC_STATUS_DEADLINE_EXCEEDED || res.code == GRPC_STATUS_CANCELLED) {
+        relay_end(s, (grpc_status_code)res.code, res.message);
+    } else {
+        snprintf(m2, sizeof m2, "worker %s failed after %lld tokens were sent: %s: %s",
+                 router_pool_worker_addr(w), (long long)s->n_tokens,
+                 rpc_status_grpc_name(res.code), res.message);
+        relay_end(s, GRPC_STATUS_UNAVAILABLE, m2);
+    }
+    return ATTEMPT_DONE;
+}
+
+static void relay_run(router_req *q)
+{
+    router *r = q->r;
+    const Deltaserve__V1__GenerateRequest *g = q->g;
+    relay s;
+    memset(&s, 0, sizeof s);
+    s.q = q;
+    status st;
+    status_clear(&st);
+    if (g->request_id[0])
+        snprintf(s.rid, sizeof s.rid, "%s", g->request_id);
+    else
+        snprintf(s.rid, sizeof s.rid, "%012llx-%llu", (unsigned long long)(r->id_base & 0xffffffffffffULL),
+                 (unsigned long long)atomic_fetch_add(&r->next_id, 1));
+    if (router_request_validate(g, r->tok, &st) ||
+        router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
+        relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+        goto out;
+    }
+    if (router_stop_init(&s.stop, (const char *const *)g->stop, (int)g->n_stop, &st)) {
+        relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+        goto out;
+    }
+    s.stop_ready = 1;
+    if (r->tok) {
+        tokenizer_detok_init(&s.detok, r->tok);
+        s.piece_cap = tokenizer_detok_max_out(r->tok);
+        s.piece = malloc(s.piece_cap);
+        if (!s.piece || grow(&s.text, &s.text_cap, 4 * s.piece_cap + 2 * ROUTER_STOP_MAX_BYTES)) {
+            relay_end(&s, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
+            goto out;
+        }
+    }
+
+    /* the worker request: same sampling, a seed picked here when 0 so it can be reported */
+    Deltaserve__V1__SamplingParams samp = DELTASERVE__V1__SAMPLING_PARAMS__INIT;
+    if (g->sampling) samp = *g->sampling;
+    if (!samp.seed) samp.seed = next_rand(r) | 1;
+    s.seed = samp.seed;
+    Deltaserve__V1__WorkerGenerateRequest wr = DELTASERVE__V1__WORKER_GENERATE_REQUEST__INIT;
+    wr.request_id = s.rid;
+    wr.n_prompt_token_ids = s.n_ids;
+    wr.prompt_token_ids = s.ids;
+    wr.sampling = &samp;
+    wr.stopping = g->stopping;
+    wr.logprobs = g->logprobs;
+
+    int64_t max_new = g->stopping && g->stopping->max_new_tokens ? g->stopping->max_new_tokens
+                                                                 : ROUTER_REQUEST_DEFAULT_MAX_NEW;
+    s.cost = (int64_t)s.n_ids + max_new;
+    uint64_t prefix = router_policy_prefix_hash(s.ids, s.n_ids, r->opts.policy.prefix_tokens);
+    uint64_t rng = next_rand(r);
+    router_worker *tried[16];
+    int n_tried = 0;
+    int last_code = GRPC_STATUS_UNAVAILABLE;
+    char last_msg[600] = "";
+    int max_attempts = r->opts.max_attempts < 16 ? r->opts.max_attempts : 16;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        int cancelled = q->cancelled;
+        pthread_mutex_unlock(&q->mu);
+        if (cancelled) {
+            end_cancelled(&s);
+            break;
+        }
+        router_worker *w = NULL;
+        if (n_tried < max_attempts)
+            w = router_pool_acquire(r->pool, prefix, s.cost, tried, n_tried, &rng);
+        if (!w) {
+            char m[700];
+            if (n_tried == 0)
+                snprintf(m, sizeof m, "no healthy worker (%d known)", router_pool_n_workers(r->pool));
+            else
+                snprintf(m, sizeof m, "%d worker%s tried; last: %s", n_tried, n_tried > 1 ? "s" : "",
+                         last_msg);
+            relay_end(&s, n_tried ? (grpc_status_code)last_code : GRPC_STATUS_UNAVAILABLE, m);
+            break;
+        }
+        if (n_tried) {
+            atomic_fetch_add(&r->n_retries, 1);
+            metrics_inc(r->m.retries, 1);
+        }
+        s.attempts++;
+        snprintf(s.worker, sizeof s.worker, "%s", router_pool_worker_addr(w));
+        s.attempt_done = 0;
+        int rc = relay_attempt(&s, w, &wr, &last_code, last_msg, sizeof last_msg);
+        /* what the attempt did not report done is no longer outstanding there */
+        router_pool_progress(r->pool, w, s.cost - s.attempt_done);
+        tried[n_tried++] = w; /* keeps its reference until the request ends */
+        if (rc == ATTEMPT_DONE) break;
+        LOG_WARN("request %s: retrying: %s", s.rid, last_msg);
+    }
+    for (int i = 0; i < n_tried; i++) router_pool_release(r->pool, tried[i], 0);
+out:
+    if (s.stop_ready) router_stop_free(&s.stop);
+    free(s.ids);
+    free(s.piece);
+    free(s.text);
+}
+
+static void *relay_main(void *arg)
+{
+    router_req *q = arg;
+    router *r = q->r;
+    relay_run(q);
+    pthread_mutex_lock(&r->mu);
+    r->inflight--;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    req_unref(q);
+    return NULL;
+}
+
+static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
+{
+    router *r = user;
+    atomic_fetch_add(&r->n_requests, 1);
+    pthread_mutex_lock(&r->mu);
+    if (r->draining) {
+        pthread_mutex_unlock(&r->mu);
+        rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "router is draining");
+        return;
+    }
+    if (r->inflight >= r->opts.max_inflight) {
+        pthread_mutex_unlock(&r->mu);
+        char m[128];
+        snprintf(m, sizeof m, "router: %d requests in flight (--max-inflight)", r->opts.max_inflight);
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, m);
+        return;
+    }
+    r->inflight++;
+    pthread_mutex_unlock(&r->mu);
+
+    router_req *q = calloc(1, sizeof *q);
+    uint8_t *buf = NULL;
+    size_t n = protobuf_c_message_get_packed_size(req);
+    if (q) buf = malloc(n ? n : 1);
+    if (q && buf) {
+        protobuf_c_message_pack(req, buf);
+        q->g = (Deltaserve__V1__GenerateRequest *)protobuf_c_message_unpack(
+            &deltaserve__v1__generate_request__descriptor, NULL, n, buf);
+    }
+    free(buf);
+    pthread_attr_t attr;
+    pthread_t th;
+    int ok = q && q->g;
+    if (ok) {
+        q->r = r;
+        q->call = call;
+        q->t0_ms = rpc_now_ms();
+        q->deadline_ms = rpc_call_deadline_ms(call);
+        pthread_mutex_init(&q->mu, NULL);
+        atomic_init(&q->refs, 2);
+        rpc_call_set_data(call, q);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        ok = pthread_create(&th, &attr, relay_main, q) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) atomic_fetch_sub(&q->refs, 1); /* the call's reference remains */
+    } else if (q) {
+        free(q);
+    }
+    if (!ok) {
+        pthread_mutex_lock(&r->mu);
+        r->inflight--;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "router: cannot start a relay");
+    }
+}
+
+static void on_cancel(rpc_call *call, void *user)
+{
+    router_req *q = rpc_call_data(call);
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    q->cancelled = 1;
+    if (q->stream) rpc_client_stream_cancel(q->stream);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void on_release(rpc_call *call, void *user)
+{
+    router_req *q = rpc_call_data(call);
+    if (q) req_unref(q);
+}
+
+int router_generate_add_method(router *r, status *st)
+{
+    rpc_method m = {
+        .path = GEN_PATH,
+        .request_desc = &deltaserve__v1__generate_request__descriptor,
+        .kind = RPC_METHOD_SERVER_STREAM,
+        .on_request = on_generate,
+        .on_cancel = on_cancel,
+        .on_release = on_release,
+        .user = r,
+    };
+    return rpc_server_add_method(r->srv, &m, st);
+}

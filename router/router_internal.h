@@ -1,0 +1,64 @@
+/* Shared between router.c, router_generate.c and router_poll.c; not a public header. */
+#ifndef DS_ROUTER_ROUTER_INTERNAL_H
+#define DS_ROUTER_ROUTER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "model/tokenizer.h"
+#include "router/router.h"
+#include "router/router_dns.h"
+#include "router/router_pool.h"
+#include "rpc/metrics.h"
+#include "rpc/rpc_health.h"
+#include "rpc/rpc_reflection.h"
+#include "rpc/rpc_server.h"
+
+#define ROUTER_SERVICE "deltaserve.v1.Generation"
+#define ROUTER_WORKER_SERVICE "deltaserve.v1.Worker"
+
+struct router {
+    router_opts opts;        /* copy; strings borrowed from the caller */
+    tokenizer *tok;          /* owned, NULL without --model */
+    router_pool *pool;       /* owned */
+    rpc_server *srv;         /* owned */
+    rpc_health *health;      /* owned */
+    rpc_reflection *refl;    /* owned */
+    metrics *metrics;        /* owned */
+    struct {                 /* borrowed from metrics */
+        metrics_series *ok[4];   /* request_success_total by finished_reason stop/length/cancelled/error */
+        metrics_series *failed;  /* request_failure_total: non-OK status */
+        metrics_series *retries, *prompt_tokens, *generation_tokens;
+        metrics_series *running, *healthy, *workers;
+        metrics_series *ttft, *itl, *e2e;
+    } m;
+    router_dns_list *dns;    /* owned scratch for the poller's re-resolution */
+    uint64_t id_base;        /* random, for made-up request ids */
+    atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t seed_rng; /* splitmix state for routing draws and made-up seeds */
+
+    pthread_mutex_t mu;      /* guards the fields below */
+    pthread_cond_t cv;       /* poller sleep, drain wait */
+    int inflight;            /* Generate calls accepted and not yet ended */
+    int draining;
+    int stopping;            /* the poller exits */
+    int started;
+    pthread_t poller;
+
+    /* counters for logs and metrics */
+    atomic_int_fast64_t n_requests, n_ok, n_failed, n_retries;
+};
+
+/* Adds /deltaserve.v1.Generation/Generate to r->srv. */
+int router_generate_add_method(router *r, status *st);
+
+/* Poller thread body (arg: router *); exits when r->stopping. */
+void *router_poll_main(void *arg);
+/* One round: DNS (if due), then health + load of every worker; updates readiness. */
+void router_poll_once(router *r, int resolve_dns);
+
+/* Readiness from the pool and the drain state. */
+void router_update_readiness(router *r);
+
+#endif

@@ -1,0 +1,73 @@
+/* Blocking gRPC C core client helpers: a channel, unary calls and server-streaming calls with a
+ * deadline, cancellation from another thread, and protobuf-c packing. Used by the router (to
+ * call workers), `deltaserve client` and bench/loadgen.
+ *
+ * Each call owns a pluck completion queue and is driven by the thread that calls next/unary;
+ * rpc_client_stream_cancel is the only function that may be called from another thread.
+ * A call made with a parent (a server call being handled, e.g. the router's public Generate)
+ * inherits the parent's deadline and is cancelled when the parent is (gRPC propagation).
+ *
+ *   rpc_client_channel *ch;  rpc_client_channel_create(&ch, "127.0.0.1:5000", &st);
+ *   rpc_client_stream *s;    rpc_client_stream_start(&s, ch, "/deltaserve.v1.Worker/Generate",
+ *                                                    &req.base, 5000, NULL, &st);
+ *   ProtobufCMessage *m;     rpc_client_result r;
+ *   while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &m, &r))
+ *       { ...; protobuf_c_message_free_unpacked(m, NULL); }
+ *   r.code == GRPC_STATUS_OK ?  r.message;  rpc_client_stream_destroy(s);
+ */
+#ifndef DS_RPC_RPC_CLIENT_H
+#define DS_RPC_RPC_CLIENT_H
+
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "common/status.h"
+
+typedef struct rpc_client_channel rpc_client_channel;
+typedef struct rpc_client_stream rpc_client_stream;
+
+/* The status a call ended with: a grpc_status_code and the peer's message. */
+typedef struct rpc_client_result {
+    int code;
+    char message[512];
+} rpc_client_result;
+
+/* Opens a lazily-connecting insecure channel to "host:port" (or any gRPC target such as
+ * "dns:///name:port"). Reconnect backoff is short (100 ms .. 1 s), so a restarted peer is seen
+ * quickly. */
+int rpc_client_channel_create(rpc_client_channel **out, const char *target, status *st);
+void rpc_client_channel_destroy(rpc_client_channel *ch);
+const char *rpc_client_channel_target(const rpc_client_channel *ch);
+
+/* Unary call. timeout_ms <= 0: no deadline. Returns the gRPC code (0 = OK, then *resp is set;
+ * free it with protobuf_c_message_free_unpacked). r gets the code and the peer's message. */
+int rpc_client_unary(rpc_client_channel *ch, const char *method, const ProtobufCMessage *req,
+                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                     int64_t timeout_ms, rpc_client_result *r);
+
+/* Starts a server-streaming call and sends its request. timeout_ms <= 0: no deadline of its own.
+ * parent_call: a grpc_call * of a server call whose deadline and cancellation propagate, or
+ * NULL. Errors (nothing started): STATUS_NOMEM, STATUS_INTERNAL. */
+int rpc_client_stream_start(rpc_client_stream **out, rpc_client_channel *ch, const char *method,
+                            const ProtobufCMessage *req, int64_t timeout_ms, void *parent_call,
+                            status *st);
+
+/* Blocks for the next message. Returns 1 with *msg set (caller frees it with
+ * protobuf_c_message_free_unpacked), or 0 at the end of the stream with *r holding the final
+ * status (an unparsable message cancels the call and ends it with INTERNAL). Once it returned
+ * 0 it keeps returning 0 with the same status. */
+int rpc_client_stream_next(rpc_client_stream *s, const ProtobufCMessageDescriptor *desc,
+                           ProtobufCMessage **msg, rpc_client_result *r);
+
+/* Cancels the call (thread-safe; any thread, any time before destroy). The pending or next
+ * rpc_client_stream_next ends with CANCELLED. */
+void rpc_client_stream_cancel(rpc_client_stream *s);
+
+/* Cancels if still running, waits for gRPC to finish with the call, frees everything. */
+void rpc_client_stream_destroy(rpc_client_stream *s);
+
+/* Messages received so far. */
+int64_t rpc_client_stream_n_received(const rpc_client_stream *s);
+
+#endif
