@@ -1,0 +1,110 @@
+/* quant_bench: GB/s of the quantised-row dot kernels (scalar reference, AVX2 dot, matvec)
+ * per supported type, over a weight matrix that fits in L2 ("hot") and one far larger than
+ * L2 ("cold"). Bytes counted are the weight bytes read (x stays in cache).
+ *
+ *   quant_bench [--n-in N] [--hot-mib M] [--cold-mib M] [--seconds S]
+ *
+ * One thread. Each figure is the best of 15 repetitions of at least S/5/15 seconds each. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf/quant.h"
+
+static double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best of many short repetitions: on a shared machine the best one is the least disturbed. */
+enum { BENCH_REPS = 15 };
+
+typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC } bench_kind;
+
+/* Runs KIND over all rows until min_s passed; returns GB/s of weight bytes. */
+static double bench_run(const quant_traits *t, uint32_t type, bench_kind kind, const uint8_t *w,
+                        uint64_t row_bytes, int64_t n_in, int64_t n_rows, const float *x,
+                        float *y, double min_s) {
+    double best = 0;
+    for (int rep = 0; rep < BENCH_REPS; rep++) {
+        double t0 = bench_now(), t1;
+        int64_t passes = 0;
+        do {
+            if (kind == BENCH_MATVEC) {
+                quant_matvec(type, w, row_bytes, n_in, x, y, 0, n_rows);
+            } else {
+                quant_dot_fn f = kind == BENCH_REF ? t->dot_ref : t->dot;
+                for (int64_t r = 0; r < n_rows; r++) y[r] = f(w + (uint64_t)r * row_bytes, x, n_in);
+            }
+            passes++;
+            t1 = bench_now();
+        } while (t1 - t0 < min_s / BENCH_REPS);
+        double gbs = (double)passes * (double)n_rows * (double)row_bytes / (t1 - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int64_t n_in = 4096;
+    double hot_mib = 1, cold_mib = 256, seconds = 1.5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--n-in")) n_in = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--hot-mib")) hot_mib = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--cold-mib")) cold_mib = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: quant_bench [--n-in N] [--hot-mib M] [--cold-mib M] [--seconds S]\n");
+            return 2;
+        }
+    }
+    if (n_in <= 0 || n_in % 256) {
+        fprintf(stderr, "quant_bench: --n-in must be a positive multiple of 256\n");
+        return 2;
+    }
+    printf("quant_bench: n_in %lld, avx2 %s, hot %.1f MiB, cold %.0f MiB, one thread\n",
+           (long long)n_in, quant_cpu_has_avx2() ? "yes" : "no", hot_mib, cold_mib);
+    printf("%-6s %9s | %9s %9s %9s | %9s %9s   (GB/s of weights)\n", "type", "B/weight", "hot ref",
+           "hot dot", "hot mv", "cold dot", "cold mv");
+    const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+                              GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    float *x = malloc((size_t)n_in * sizeof(float));
+    float *src = malloc((size_t)n_in * sizeof(float));
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < n_in; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((seed >> 40) & 0xFFFF) / 32768.0f - 1.0f;
+        src[i] = x[i] * 0.05f;
+    }
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const quant_traits *t = quant_get(types[k]);
+        uint64_t row_bytes = quant_row_bytes(types[k], (uint64_t)n_in);
+        int64_t hot_rows = (int64_t)(hot_mib * 1048576 / (double)row_bytes);
+        int64_t cold_rows = (int64_t)(cold_mib * 1048576 / (double)row_bytes);
+        if (hot_rows < 1) hot_rows = 1;
+        if (cold_rows < 1) cold_rows = 1;
+        uint8_t *w = malloc((size_t)(cold_rows * row_bytes));
+        float *y = malloc((size_t)cold_rows * sizeof(float));
+        if (!w || !y || !x || !src) {
+            fprintf(stderr, "quant_bench: out of memory\n");
+            return 1;
+        }
+        t->quantize(src, w, n_in); /* one real row, copied: values do not change the speed */
+        for (int64_t r = 1; r < cold_rows; r++) memcpy(w + r * row_bytes, w, row_bytes);
+        double s = seconds / 5;
+        double hr = bench_run(t, types[k], BENCH_REF, w, row_bytes, n_in, hot_rows, x, y, s);
+        double hd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, hot_rows, x, y, s);
+        double hm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, hot_rows, x, y, s);
+        double cd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, cold_rows, x, y, s);
+        double cm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, cold_rows, x, y, s);
+        printf("%-6s %9.4f | %9.2f %9.2f %9.2f | %9.2f %9.2f\n", t->name,
+               (double)t->type_size / t->block_size, hr, hd, hm, cd, cm);
+        free(w);
+        free(y);
+    }
+    free(x);
+    free(src);
+    return 0;
+}
