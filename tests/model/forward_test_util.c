@@ -1,0 +1,225 @@
+#include "forward_test_util.h"
+
+#include <ctype.h>
+#include <stdbool.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void forward_test_reference_dir(char *out, size_t cap)
+{
+    const char *e = getenv("DS_REFERENCE_DIR");
+    if (e && *e) {
+        snprintf(out, cap, "%s", e);
+        return;
+    }
+    e = getenv("DS_REPO_ROOT");
+    if (e && *e) {
+        snprintf(out, cap, "%s/../shared/reference", e);
+        return;
+    }
+    static const char rel[] = "tests/model/forward_test_util.c"; /* a data dep of the tests */
+    char real[PATH_MAX];
+    if (realpath(rel, real)) {
+        size_t n = strlen(real), r = strlen(rel);
+        if (n > r && !strcmp(real + n - r, rel)) {
+            real[n - r] = 0;
+            snprintf(out, cap, "%s../shared/reference", real);
+            return;
+        }
+    }
+    snprintf(out, cap, "/work/shared/reference");
+}
+
+void forward_test_reference_path(char *out, size_t cap, const char *name, const char *suffix)
+{
+    char dir[PATH_MAX - 256];
+    forward_test_reference_dir(dir, sizeof dir);
+    snprintf(out, cap, "%s/%s%s", dir, name, suffix);
+}
+
+static char *read_file(const char *path, long *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)*n + 1);
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) free(b), b = NULL;
+    fclose(f);
+    if (b) b[*n] = 0;
+    return b;
+}
+
+/* ---- a minimal JSON scanner: enough to walk objects/arrays and skip what we do not need ---- */
+
+static const char *ws(const char *p)
+{
+    while (*p && isspace((unsigned char)*p)) p++;
+    return p;
+}
+
+static const char *skip_string(const char *p) /* p at '"' */
+{
+    for (p++; *p && *p != '"'; p++)
+        if (*p == '\\' && p[1]) p++;
+    return *p ? p + 1 : NULL;
+}
+
+static const char *skip_value(const char *p)
+{
+    p = ws(p);
+    if (*p == '"') return skip_string(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = ws(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (*p != '"' || !(p = skip_string(p))) return NULL;
+                p = ws(p);
+                if (*p++ != ':') return NULL;
+            }
+            if (!(p = skip_value(p))) return NULL;
+            p = ws(p);
+            if (*p == ',') {
+                p = ws(p + 1);
+                continue;
+            }
+            return *p == close ? p + 1 : NULL;
+        }
+    }
+    while (*p && (isalnum((unsigned char)*p) || strchr("+-.", *p))) p++;
+    return p;
+}
+
+/* Parses an array of integers at p into a malloc'ed array. */
+static const char *int_array(const char *p, int32_t **out, int *n)
+{
+    p = ws(p);
+    if (*p != '[') return NULL;
+    const char *end = skip_value(p);
+    if (!end) return NULL;
+    int cap = 16, cnt = 0;
+    int32_t *a = malloc(sizeof *a * cap);
+    p = ws(p + 1);
+    while (*p != ']') {
+        char *e;
+        long v = strtol(p, &e, 10);
+        if (e == p) {
+            free(a);
+            return NULL;
+        }
+        if (cnt == cap) a = realloc(a, sizeof *a * (cap *= 2));
+        a[cnt++] = (int32_t)v;
+        p = ws(e);
+        if (*p == ',') p = ws(p + 1);
+    }
+    *out = a;
+    *n = cnt;
+    return end;
+}
+
+static bool key_is(const char *p, const char *key) /* p at '"' */
+{
+    size_t n = strlen(key);
+    return !strncmp(p + 1, key, n) && p[1 + n] == '"';
+}
+
+static int parse_prompt(const char *p, ref_prompt *r)
+{
+    memset(r, 0, sizeof *r);
+    r->logits_offset = -1;
+    p = ws(p);
+    if (*p != '{') return -1;
+    p = ws(p + 1);
+    while (*p == '"') {
+        const char *k = p;
+        p = ws(skip_string(p));
+        if (*p++ != ':') return -1;
+        p = ws(p);
+        int32_t *shape = NULL;
+        int n_shape = 0;
+        if (key_is(k, "ids")) p = int_array(p, &r->ids, &r->n_ids);
+        else if (key_is(k, "greedy")) p = int_array(p, &r->greedy, &r->n_greedy);
+        else if (key_is(k, "logits_offset_floats")) r->logits_offset = strtol(p, NULL, 10), p = skip_value(p);
+        else if (key_is(k, "logits_shape")) {
+            p = int_array(p, &shape, &n_shape);
+            if (p && n_shape == 2) r->rows = shape[0], r->V = shape[1];
+            free(shape);
+        } else p = skip_value(p);
+        if (!p) return -1;
+        p = ws(p);
+        if (*p == ',') p = ws(p + 1);
+    }
+    if (*p != '}' || !r->ids || !r->greedy || r->logits_offset < 0 || r->V <= 0 ||
+        r->rows != r->n_ids + r->n_greedy)
+        return -1;
+    return 0;
+}
+
+int forward_test_read_prompts(const char *name, ref_prompt **out)
+{
+    char path[PATH_MAX];
+    forward_test_reference_path(path, sizeof path, name, ".json");
+    long n;
+    char *js = read_file(path, &n);
+    if (!js) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return -1;
+    }
+    const char *p = strstr(js, "\"prompts\"");
+    int cnt = 0;
+    ref_prompt *arr = NULL;
+    if (p && (p = strchr(p, ':')) && *(p = ws(p + 1)) == '[') {
+        p = ws(p + 1);
+        while (*p == '{') {
+            arr = realloc(arr, sizeof *arr * (cnt + 1));
+            if (parse_prompt(p, &arr[cnt])) {
+                cnt = -1;
+                break;
+            }
+            cnt++;
+            p = ws(skip_value(p));
+            if (*p == ',') p = ws(p + 1);
+        }
+    }
+    free(js);
+    if (cnt <= 0) {
+        fprintf(stderr, "%s: no readable prompts\n", path);
+        free(arr);
+        return -1;
+    }
+    forward_test_reference_path(path, sizeof path, name, ".logits.f32");
+    char *lg = read_file(path, &n);
+    for (int i = 0; i < cnt; i++) {
+        long need = arr[i].logits_offset + (long)arr[i].rows * arr[i].V;
+        if (!lg || need * 4 > n) {
+            fprintf(stderr, "%s: prompt %d logits out of range\n", path, i);
+            free(lg);
+            forward_test_free_prompts(arr, cnt);
+            return -1;
+        }
+        arr[i].logits = malloc(sizeof(float) * arr[i].rows * arr[i].V);
+        memcpy(arr[i].logits, lg + arr[i].logits_offset * 4, sizeof(float) * arr[i].rows * arr[i].V);
+    }
+    free(lg);
+    *out = arr;
+    return cnt;
+}
+
+void forward_test_free_prompts(ref_prompt *p, int n)
+{
+    for (int i = 0; i < n && p; i++) free(p[i].ids), free(p[i].greedy), free(p[i].logits);
+    free(p);
+}
+
+int32_t *forward_test_full_ids(const ref_prompt *p)
+{
+    int32_t *a = malloc(sizeof *a * p->rows);
+    memcpy(a, p->ids, sizeof *a * p->n_ids);
+    memcpy(a + p->n_ids, p->greedy, sizeof *a * p->n_greedy);
+    return a;
+}

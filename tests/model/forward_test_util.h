@@ -1,0 +1,34 @@
+/* Helpers for the forward-pass tests: where the reference models are, the `prompts` of a
+ * reference NAME.json (read with a small purpose-written JSON scanner) and their logits. */
+#ifndef DS_TESTS_MODEL_FORWARD_TEST_UTIL_H
+#define DS_TESTS_MODEL_FORWARD_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ref_prompt {
+    int32_t *ids;     /* owned, [n_ids] prompt ids */
+    int n_ids;
+    int32_t *greedy;  /* owned, [n_greedy] HF greedy continuation */
+    int n_greedy;
+    long logits_offset; /* in floats, into NAME.logits.f32 */
+    int rows, V;      /* logits_shape: rows = n_ids + n_greedy */
+    float *logits;    /* owned, [rows][V] reference logits (teacher forced) */
+} ref_prompt;
+
+/* $DS_REFERENCE_DIR, else $DS_REPO_ROOT/../shared/reference, else <repository found through the
+ * runfiles symlink of this file>/../shared/reference, else /work/shared/reference. */
+void forward_test_reference_dir(char *out, size_t cap);
+
+/* "<reference dir>/<name><suffix>" */
+void forward_test_reference_path(char *out, size_t cap, const char *name, const char *suffix);
+
+/* Reads the prompts of reference case `name` (e.g. "tiny-r2-tied") with their logits.
+ * Returns the count (> 0) and *out, or -1 with a message on stderr. */
+int forward_test_read_prompts(const char *name, ref_prompt **out);
+void forward_test_free_prompts(ref_prompt *p, int n);
+
+/* ids + greedy as one malloc'ed array of rows entries. */
+int32_t *forward_test_full_ids(const ref_prompt *p);
+
+#endif
