@@ -106,8 +106,13 @@ int cmd_router(int argc, char **argv)
     if (colon) *colon = 0;
     LOG_INFO("router: listening on %s:%d (%s routing, %s)", host, router_port(r), o.routing,
              ro.model ? "text and ids prompts" : "ids prompts only: no --model");
-    if (router_metrics_port(r))
-        LOG_INFO("router: metrics on http://%s/metrics", ro.metrics_listen);
+    if (router_metrics_port(r)) {
+        char mhost[256];
+        snprintf(mhost, sizeof mhost, "%s", ro.metrics_listen);
+        char *mc = strrchr(mhost, ':');
+        if (mc) *mc = 0;
+        LOG_INFO("router: metrics on http://%s:%d/metrics", mhost, router_metrics_port(r));
+    }
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG_INFO("router: %s: draining (grace %d s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
