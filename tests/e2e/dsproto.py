@@ -3,7 +3,8 @@ python3-grpc-tools, run under /usr/bin/python3, or the project venv) into a cach
 
 health.proto is compiled from a copy under `dshealth/`, so the generated module is
 `dshealth.health_pb2` and does not shadow the real `grpc` package (the wire names stay
-grpc.health.v1.*)."""
+grpc.health.v1.*); where PyPI grpcio-health-checking is installed its module is used instead
+(two modules may not register the same proto names)."""
 import os
 import shutil
 import sys
@@ -48,5 +49,8 @@ def load(out_dir=None):
     if stub not in sys.path:
         sys.path.insert(0, stub)
     from deltaserve.v1 import deltaserve_pb2, deltaserve_pb2_grpc
-    from dshealth import health_pb2, health_pb2_grpc
+    try:  # PyPI grpcio-health-checking (the venv) registers grpc.health.v1 itself: reuse it
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+    except ImportError:
+        from dshealth import health_pb2, health_pb2_grpc
     return deltaserve_pb2, deltaserve_pb2_grpc, health_pb2, health_pb2_grpc
