@@ -104,8 +104,9 @@ int cmd_router(int argc, char **argv)
     snprintf(host, sizeof host, "%s", o.listen);
     char *colon = strrchr(host, ':');
     if (colon) *colon = 0;
-    LOG_INFO("router: listening on %s:%d (%s routing, %s)", host, router_port(r), o.routing,
-             ro.model ? "text and ids prompts" : "ids prompts only: no --model");
+    /* always printed, whatever --log-level: scripts and tests wait for this line */
+    log_write(LOG_LEVEL_INFO, "router: listening on %s:%d (%s routing, %s)", host, router_port(r),
+              o.routing, ro.model ? "text and ids prompts" : "ids prompts only: no --model");
     if (router_metrics_port(r)) {
         char mhost[256];
         snprintf(mhost, sizeof mhost, "%s", ro.metrics_listen);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/status.h>
 
@@ -21,7 +22,7 @@ typedef struct router_req {
     router *r;
     rpc_call *call;
     Deltaserve__V1__GenerateRequest *g; /* owned: an unpacked copy of the request */
-    int64_t t0_ms;                      /* arrival, rpc_now_ms clock */
+    int64_t t0_us;                      /* arrival, now_us clock */
     int64_t deadline_ms;                /* rpc_now_ms clock, INT64_MAX if none */
     pthread_mutex_t mu;                 /* guards stream and cancelled */
     rpc_client_stream *stream;          /* borrowed: the worker call while it runs */
@@ -46,8 +47,8 @@ typedef struct relay {
     /* outcome */
     int64_t n_tokens;      /* tokens sent to the client */
     int64_t n_msgs;        /* messages sent to the client */
-    int64_t t_first_ms;    /* first token sent, 0 if none */
-    int64_t t_last_ms;     /* last token sent */
+    int64_t t_first_us;    /* first token sent (now_us), 0 if none */
+    int64_t t_last_us;     /* last token sent */
     int attempts;
     int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
     int64_t attempt_done;  /* of which reported done in the current attempt */
@@ -57,6 +58,14 @@ typedef struct relay {
 
 /* What one attempt on one worker ended with. */
 enum { ATTEMPT_DONE, ATTEMPT_RETRY };
+
+/* Microseconds on CLOCK_MONOTONIC: timings in responses, logs and metrics. */
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 static uint64_t next_rand(router *r)
 {
@@ -88,7 +97,7 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
 {
     router *r = s->q->r;
     rpc_call_finish(s->q->call, code, msg);
-    int64_t now = rpc_now_ms();
+    int64_t now = now_us();
     if (code == GRPC_STATUS_OK) {
         atomic_fetch_add(&r->n_ok, 1);
         static const char *names[4] = {"stop", "length", "cancelled", "error"};
@@ -100,18 +109,18 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
     }
     if (s->attempts) metrics_inc(r->m.prompt_tokens, (double)s->n_ids);
     metrics_inc(r->m.generation_tokens, (double)s->n_tokens);
-    if (s->t_first_ms) metrics_observe(r->m.ttft, (double)(s->t_first_ms - s->q->t0_ms) / 1e3);
+    if (s->t_first_us) metrics_observe(r->m.ttft, (double)(s->t_first_us - s->q->t0_us) / 1e6);
     if (s->n_tokens > 1)
-        metrics_observe(r->m.itl, (double)(s->t_last_ms - s->t_first_ms) / 1e3 /
+        metrics_observe(r->m.itl, (double)(s->t_last_us - s->t_first_us) / 1e6 /
                                       (double)(s->n_tokens - 1));
-    metrics_observe(r->m.e2e, (double)(now - s->q->t0_ms) / 1e3);
+    metrics_observe(r->m.e2e, (double)(now - s->q->t0_us) / 1e6);
     LOG_INFO("request %s: %s%s%s worker=%s attempts=%d prompt=%zu completion=%lld finish=%s "
-             "ttft_ms=%lld total_ms=%lld",
+             "ttft_ms=%.1f total_ms=%.1f",
              s->rid, rpc_status_grpc_name(code), msg && msg[0] ? " " : "", msg ? msg : "",
              s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, (long long)s->n_tokens,
              s->finish ? s->finish : "-",
-             (long long)(s->t_first_ms ? s->t_first_ms - s->q->t0_ms : -1),
-             (long long)(now - s->q->t0_ms));
+             s->t_first_us ? (double)(s->t_first_us - s->q->t0_us) / 1e3 : -1.0,
+             (double)(now - s->q->t0_us) / 1e3);
 }
 
 static int grow(char **buf, size_t *cap, size_t need)
@@ -164,7 +173,10 @@ static void fill_logprob_text(relay *s, Deltaserve__V1__TokenLogprob **lp, size_
         }
 }
 
-static float ms_since(int64_t from, int64_t to) { return from ? (float)(to - from) : 0.0f; }
+static float ms_between(int64_t from_us, int64_t to_us)
+{
+    return from_us ? (float)(to_us - from_us) / 1e3f : 0.0f;
+}
 
 /* Relays one worker message. Returns 1 when the public stream is complete (the final message
  * was sent and the call finished), 0 to continue, -1 when the client is gone (call finished),
@@ -206,9 +218,9 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
             }
         }
     }
-    int64_t now = rpc_now_ms();
-    if (kept > 0 && !s->t_first_ms) s->t_first_ms = now;
-    if (kept > 0) s->t_last_ms = now;
+    int64_t now = now_us();
+    if (kept > 0 && !s->t_first_us) s->t_first_us = now;
+    if (kept > 0) s->t_last_us = now;
 
     Deltaserve__V1__GenerateResponse out = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
     Deltaserve__V1__Usage usage = DELTASERVE__V1__USAGE__INIT;
@@ -230,7 +242,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         usage.prompt_tokens = (uint32_t)s->n_ids;
         usage.completion_tokens = (uint32_t)(s->n_tokens + (int64_t)kept);
         out.usage = &usage;
-        tm.decode_ms = ms_since(s->t_first_ms, now);
+        tm.decode_ms = ms_between(s->t_first_us, now);
         if (usage.completion_tokens > 1)
             tm.mean_itl_ms = tm.decode_ms / (float)(usage.completion_tokens - 1);
     } else if (m->finish_reason) {
@@ -248,8 +260,8 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         }
     }
     if (final) {
-        tm.ttft_ms = s->t_first_ms ? (float)(s->t_first_ms - s->q->t0_ms) : 0.0f;
-        tm.total_ms = (float)(now - s->q->t0_ms);
+        tm.ttft_ms = ms_between(s->q->t0_us, s->t_first_us ? s->t_first_us : s->q->t0_us);
+        tm.total_ms = ms_between(s->q->t0_us, now);
         out.timings = &tm;
         out.request_id = s->rid;
         out.seed = m->finish_reason && m->seed ? m->seed : s->seed;
@@ -520,7 +532,7 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     if (ok) {
         q->r = r;
         q->call = call;
-        q->t0_ms = rpc_now_ms();
+        q->t0_us = now_us();
         q->deadline_ms = rpc_call_deadline_ms(call);
         pthread_mutex_init(&q->mu, NULL);
         atomic_init(&q->refs, 2);

@@ -19,7 +19,8 @@ struct rpc_client_channel {
 
 /* A streaming call. Tags are the addresses of the tag_* fields. */
 struct rpc_client_stream {
-    grpc_completion_queue *cq; /* owned, pluck */
+    grpc_completion_queue *cq; /* pluck; owned unless borrowed */
+    int cq_borrowed;
     grpc_call *call;           /* owned */
     grpc_byte_buffer *send;    /* owned until the start batch completes */
     grpc_byte_buffer *recv;    /* owned, the message of the last RECV_MESSAGE */
@@ -168,20 +169,44 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
     return r->code;
 }
 
+rpc_client_cq *rpc_client_cq_create(void)
+{
+    grpc_init();
+    return (rpc_client_cq *)grpc_completion_queue_create_for_pluck(NULL);
+}
+
+void rpc_client_cq_destroy(rpc_client_cq *cq)
+{
+    if (!cq) return;
+    grpc_completion_queue_shutdown((grpc_completion_queue *)cq);
+    grpc_completion_queue_destroy((grpc_completion_queue *)cq);
+    grpc_shutdown();
+}
+
 int rpc_client_stream_start(rpc_client_stream **out, rpc_client_channel *c, const char *method,
                             const ProtobufCMessage *req, int64_t timeout_ms, void *parent_call,
                             status *st)
 {
+    return rpc_client_stream_start_on(out, NULL, c, method, req, timeout_ms, parent_call, st);
+}
+
+int rpc_client_stream_start_on(rpc_client_stream **out, rpc_client_cq *cq, rpc_client_channel *c,
+                               const char *method, const ProtobufCMessage *req, int64_t timeout_ms,
+                               void *parent_call, status *st)
+{
     rpc_client_stream *s = calloc(1, sizeof *s);
     if (!s) return status_fail(st, STATUS_NOMEM, "%s: out of memory", method);
-    s->cq = grpc_completion_queue_create_for_pluck(NULL);
+    s->cq_borrowed = cq != NULL;
+    s->cq = cq ? (grpc_completion_queue *)cq : grpc_completion_queue_create_for_pluck(NULL);
     grpc_slice m = grpc_slice_from_copied_string(method);
     s->call = grpc_channel_create_call(c->ch, (grpc_call *)parent_call, GRPC_PROPAGATE_DEFAULTS,
                                        s->cq, m, NULL, deadline_of(timeout_ms), NULL);
     grpc_slice_unref(m);
     if (!s->call) {
-        grpc_completion_queue_shutdown(s->cq);
-        grpc_completion_queue_destroy(s->cq);
+        if (!s->cq_borrowed) {
+            grpc_completion_queue_shutdown(s->cq);
+            grpc_completion_queue_destroy(s->cq);
+        }
         free(s);
         return status_fail(st, STATUS_INTERNAL, "%s to %s: cannot create the call", method,
                            c->target);
@@ -280,8 +305,10 @@ void rpc_client_stream_destroy(rpc_client_stream *s)
     grpc_metadata_array_destroy(&s->init_md);
     grpc_metadata_array_destroy(&s->trailing_md);
     grpc_call_unref(s->call);
-    grpc_completion_queue_shutdown(s->cq);
-    grpc_completion_queue_destroy(s->cq);
+    if (!s->cq_borrowed) {
+        grpc_completion_queue_shutdown(s->cq);
+        grpc_completion_queue_destroy(s->cq);
+    }
     free(s);
 }
 

@@ -53,6 +53,18 @@ int rpc_client_stream_start(rpc_client_stream **out, rpc_client_channel *ch, con
                             const ProtobufCMessage *req, int64_t timeout_ms, void *parent_call,
                             status *st);
 
+/* A pluck completion queue a thread can reuse for all its streams (bench/loadgen: one per
+ * thread). rpc_client_stream_start uses a private one per stream. */
+typedef struct rpc_client_cq rpc_client_cq;
+rpc_client_cq *rpc_client_cq_create(void);
+/* After every stream started on it was destroyed. */
+void rpc_client_cq_destroy(rpc_client_cq *cq);
+
+/* rpc_client_stream_start on the caller's queue (borrowed; one stream at a time per thread). */
+int rpc_client_stream_start_on(rpc_client_stream **out, rpc_client_cq *cq, rpc_client_channel *ch,
+                               const char *method, const ProtobufCMessage *req, int64_t timeout_ms,
+                               void *parent_call, status *st);
+
 /* Blocks for the next message. Returns 1 with *msg set (caller frees it with
  * protobuf_c_message_free_unpacked), or 0 at the end of the stream with *r holding the final
  * status (an unparsable message cancels the call and ends it with INTERNAL). Once it returned

@@ -1,0 +1,335 @@
+/* Closed-loop load generator over the public API (deltaserve.v1.Generation/Generate), or a
+ * worker's (--worker). --concurrency threads, each with its own completion queue, each running
+ * one stream after another until --requests streams have finished (or --duration-s passed).
+ *
+ * Prints streams/s, tokens/s, and TTFT and inter-token latency p50/p90/p99: as the server
+ * reports them in each stream's final message (timings.ttft_ms, timings.mean_itl_ms), and as
+ * this client sees them (first message; gaps between messages, per token).
+ *
+ *   bazel-bin/bench/loadgen --addr 127.0.0.1:50051 --concurrency 8 --requests 400 \
+ *       --ids 1,2,3,4 --max-tokens 32 --ignore-eos
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/flags.h"
+#include "proto/deltaserve/v1/deltaserve.pb-c.h"
+#include "rpc/rpc_client.h"
+#include "rpc/rpc_status.h"
+
+typedef struct loadgen_opts {
+    const char *addr, *ids, *prompt;
+    int concurrency, requests, warmup, max_tokens, ignore_eos, worker;
+    float duration_s, temperature;
+    int64_t timeout_ms;
+} loadgen_opts;
+
+static const flag_spec specs[] = {
+    {"addr", "DS_ADDR", "127.0.0.1:50051", FLAG_STR, offsetof(loadgen_opts, addr),
+     "router (or --worker) address"},
+    {"concurrency", NULL, "8", FLAG_INT, offsetof(loadgen_opts, concurrency),
+     "streams in flight (one thread and one completion queue each)"},
+    {"requests", NULL, "200", FLAG_INT, offsetof(loadgen_opts, requests),
+     "streams to complete (after the warm-up)"},
+    {"duration-s", NULL, "0", FLAG_FLOAT, offsetof(loadgen_opts, duration_s),
+     "stop after this long instead (0 = use --requests)"},
+    {"warmup", NULL, "0", FLAG_INT, offsetof(loadgen_opts, warmup),
+     "streams run first and not counted"},
+    {"ids", NULL, "1,2,3,4,5,6,7,8", FLAG_STR, offsetof(loadgen_opts, ids), "prompt token ids"},
+    {"prompt", NULL, NULL, FLAG_STR, offsetof(loadgen_opts, prompt),
+     "prompt text instead of --ids (router with --model)"},
+    {"max-tokens", NULL, "32", FLAG_INT, offsetof(loadgen_opts, max_tokens),
+     "tokens per stream"},
+    {"ignore-eos", NULL, NULL, FLAG_BOOL, offsetof(loadgen_opts, ignore_eos),
+     "generate exactly --max-tokens"},
+    {"temperature", NULL, "0", FLAG_FLOAT, offsetof(loadgen_opts, temperature), "0 = greedy"},
+    {"timeout-ms", NULL, "60000", FLAG_I64, offsetof(loadgen_opts, timeout_ms),
+     "deadline per stream"},
+    {"worker", NULL, NULL, FLAG_BOOL, offsetof(loadgen_opts, worker),
+     "--addr is a worker: deltaserve.v1.Worker/Generate"},
+    {0},
+};
+
+/* A growable array of doubles. */
+typedef struct loadgen_vec {
+    double *v;
+    size_t n, cap;
+} loadgen_vec;
+
+static void vec_push(loadgen_vec *a, double x)
+{
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 1024;
+        double *v = realloc(a->v, cap * sizeof *v);
+        if (!v) return; /* drop the sample rather than abort the run */
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+}
+
+static void vec_append(loadgen_vec *a, const loadgen_vec *b)
+{
+    for (size_t i = 0; i < b->n; i++) vec_push(a, b->v[i]);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const loadgen_vec *a, double p)
+{
+    if (!a->n) return 0;
+    size_t i = (size_t)(p / 100.0 * (double)(a->n - 1) + 0.5);
+    return a->v[i];
+}
+
+typedef struct loadgen_thread {
+    const loadgen_opts *o;
+    rpc_client_channel *ch;
+    const ProtobufCMessage *req;
+    const char *path;
+    atomic_int *next;     /* shared: streams claimed */
+    int total;            /* warmup + requests, or INT32_MAX with a duration */
+    double end_s;         /* monotonic deadline with --duration-s, else 0 */
+    pthread_t th;
+    /* results (counted streams only) */
+    int64_t ok, tokens, errors[17];
+    loadgen_vec ttft_srv, itl_srv, ttft_cli, itl_cli;
+} loadgen_thread;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *run_thread(void *arg)
+{
+    loadgen_thread *t = arg;
+    rpc_client_cq *cq = rpc_client_cq_create();
+    for (;;) {
+        int k = atomic_fetch_add(t->next, 1);
+        if (k >= t->total || (t->end_s && now_s() >= t->end_s)) break;
+        int counted = k >= t->o->warmup;
+        rpc_client_stream *s;
+        status st;
+        double t0 = now_s(), last = t0, first = 0;
+        if (rpc_client_stream_start_on(&s, cq, t->ch, t->path, t->req, t->o->timeout_ms, NULL,
+                                       &st)) {
+            if (counted) t->errors[GRPC_STATUS_INTERNAL]++;
+            continue;
+        }
+        ProtobufCMessage *pm;
+        rpc_client_result res;
+        int64_t n_tok = 0;
+        loadgen_vec gaps = {0};
+        float srv_ttft = -1, srv_itl = -1;
+        while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &pm,
+                                      &res)) {
+            Deltaserve__V1__GenerateResponse *m = (Deltaserve__V1__GenerateResponse *)pm;
+            double now = now_s();
+            if (m->n_token_ids) {
+                if (!first) first = now;
+                else
+                    for (size_t i = 0; i < m->n_token_ids; i++)
+                        vec_push(&gaps, (now - last) * 1e3 / (double)m->n_token_ids);
+                last = now;
+                n_tok += (int64_t)m->n_token_ids;
+            }
+            if (m->finish_reason && m->timings) {
+                srv_ttft = m->timings->ttft_ms;
+                srv_itl = m->timings->mean_itl_ms;
+            }
+            protobuf_c_message_free_unpacked(pm, NULL);
+        }
+        rpc_client_stream_destroy(s);
+        if (counted) {
+            if (res.code == 0) {
+                t->ok++;
+                t->tokens += n_tok;
+                if (srv_ttft >= 0) vec_push(&t->ttft_srv, srv_ttft);
+                if (srv_itl > 0) vec_push(&t->itl_srv, srv_itl);
+                if (first) vec_push(&t->ttft_cli, (first - t0) * 1e3);
+                vec_append(&t->itl_cli, &gaps);
+            } else {
+                t->errors[res.code >= 0 && res.code < 17 ? res.code : 2]++;
+            }
+        }
+        free(gaps.v);
+    }
+    rpc_client_cq_destroy(cq);
+    return NULL;
+}
+
+static int parse_ids(const char *s, int32_t **out, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    while (v && *s) {
+        while (*s == ',' || *s == ' ') s++;
+        if (!*s) break;
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s) { free(v); return -1; }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        s = end;
+    }
+    if (!v || !k) { free(v); return -1; }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static void print_pcts(const char *what, loadgen_vec *a)
+{
+    qsort(a->v, a->n, sizeof *a->v, cmp_double);
+    printf("  %-36s p50 %8.2f   p90 %8.2f   p99 %8.2f   (n=%zu)\n", what, pct(a, 50), pct(a, 90),
+           pct(a, 99), a->n);
+}
+
+int main(int argc, char **argv)
+{
+    loadgen_opts o;
+    memset(&o, 0, sizeof o);
+    status st;
+    int rc = flags_parse(specs, &o, argc, argv, "loadgen", &st);
+    if (rc == STATUS_CANCELLED) return 0;
+    if (rc) {
+        fprintf(stderr, "loadgen: %s\n", st.msg);
+        return 2;
+    }
+    if (o.concurrency < 1 || o.requests < 1) {
+        fprintf(stderr, "loadgen: --concurrency and --requests must be >= 1\n");
+        return 2;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!o.prompt && parse_ids(o.ids, &ids, &n_ids)) {
+        fprintf(stderr, "loadgen: --ids: '%s' is not a list of ids\n", o.ids);
+        return 2;
+    }
+    Deltaserve__V1__SamplingParams samp = DELTASERVE__V1__SAMPLING_PARAMS__INIT;
+    samp.temperature = o.temperature;
+    samp.seed = 1;
+    Deltaserve__V1__StoppingCriteria stopc = DELTASERVE__V1__STOPPING_CRITERIA__INIT;
+    stopc.max_new_tokens = (uint32_t)o.max_tokens;
+    stopc.ignore_eos = o.ignore_eos;
+    Deltaserve__V1__GenerateRequest g = DELTASERVE__V1__GENERATE_REQUEST__INIT;
+    Deltaserve__V1__TokenIds tids = DELTASERVE__V1__TOKEN_IDS__INIT;
+    Deltaserve__V1__WorkerGenerateRequest wg = DELTASERVE__V1__WORKER_GENERATE_REQUEST__INIT;
+    g.sampling = wg.sampling = &samp;
+    g.stopping = wg.stopping = &stopc;
+    if (o.prompt) {
+        g.prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TEXT;
+        g.text = (char *)o.prompt;
+    } else {
+        tids.ids = ids;
+        tids.n_ids = n_ids;
+        g.prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+        g.token_ids = &tids;
+        wg.prompt_token_ids = ids;
+        wg.n_prompt_token_ids = n_ids;
+    }
+    if (o.worker && o.prompt) {
+        fprintf(stderr, "loadgen: --worker takes --ids only\n");
+        return 2;
+    }
+    rpc_client_channel *ch;
+    if (rpc_client_channel_create(&ch, o.addr, &st)) {
+        fprintf(stderr, "loadgen: %s\n", st.msg);
+        return 1;
+    }
+    atomic_int next;
+    atomic_init(&next, 0);
+    loadgen_thread *ts = calloc((size_t)o.concurrency, sizeof *ts);
+    double t_start = now_s();
+    /* warm-up phase first (uncounted), then the measured window */
+    if (o.warmup > 0) {
+        loadgen_opts wo = o;
+        atomic_int wnext;
+        atomic_init(&wnext, 0);
+        for (int i = 0; i < o.concurrency; i++) {
+            ts[i] = (loadgen_thread){.o = &wo, .ch = ch,
+                                     .req = o.worker ? &wg.base : &g.base,
+                                     .path = o.worker ? "/deltaserve.v1.Worker/Generate"
+                                                      : "/deltaserve.v1.Generation/Generate",
+                                     .next = &wnext, .total = o.warmup};
+            pthread_create(&ts[i].th, NULL, run_thread, &ts[i]);
+        }
+        for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
+        memset(ts, 0, (size_t)o.concurrency * sizeof *ts);
+        t_start = now_s();
+    }
+    loadgen_opts mo = o;
+    mo.warmup = 0;
+    for (int i = 0; i < o.concurrency; i++) {
+        ts[i] = (loadgen_thread){.o = &mo, .ch = ch, .req = o.worker ? &wg.base : &g.base,
+                                 .path = o.worker ? "/deltaserve.v1.Worker/Generate"
+                                                  : "/deltaserve.v1.Generation/Generate",
+                                 .next = &next,
+                                 .total = o.duration_s > 0 ? INT32_MAX : o.requests,
+                                 .end_s = o.duration_s > 0 ? t_start + o.duration_s : 0};
+        if (pthread_create(&ts[i].th, NULL, run_thread, &ts[i])) {
+            fprintf(stderr, "loadgen: cannot start thread %d\n", i);
+            return 1;
+        }
+    }
+    for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
+    double elapsed = now_s() - t_start;
+
+    int64_t ok = 0, tokens = 0, errors[17] = {0}, n_err = 0;
+    loadgen_vec ttft_srv = {0}, itl_srv = {0}, ttft_cli = {0}, itl_cli = {0};
+    for (int i = 0; i < o.concurrency; i++) {
+        ok += ts[i].ok;
+        tokens += ts[i].tokens;
+        for (int c = 0; c < 17; c++) {
+            errors[c] += ts[i].errors[c];
+            n_err += ts[i].errors[c];
+        }
+        vec_append(&ttft_srv, &ts[i].ttft_srv);
+        vec_append(&itl_srv, &ts[i].itl_srv);
+        vec_append(&ttft_cli, &ts[i].ttft_cli);
+        vec_append(&itl_cli, &ts[i].itl_cli);
+        free(ts[i].ttft_srv.v);
+        free(ts[i].itl_srv.v);
+        free(ts[i].ttft_cli.v);
+        free(ts[i].itl_cli.v);
+    }
+    printf("loadgen: %s %s, concurrency %d, %lld streams ok, %lld failed, %.2f s\n", o.addr,
+           o.worker ? "Worker/Generate" : "Generation/Generate", o.concurrency, (long long)ok,
+           (long long)n_err, elapsed);
+    for (int c = 0; c < 17; c++)
+        if (errors[c])
+            printf("  errors %s: %lld\n", rpc_status_grpc_name((grpc_status_code)c),
+                   (long long)errors[c]);
+    printf("  streams/s %.1f   tokens/s %.1f   tokens/stream %.1f\n", (double)ok / elapsed,
+           (double)tokens / elapsed, ok ? (double)tokens / (double)ok : 0.0);
+    printf("  latency in ms:\n");
+    print_pcts("TTFT (final message timings)", &ttft_srv);
+    print_pcts("inter-token (final message mean_itl)", &itl_srv);
+    print_pcts("TTFT (client, first message)", &ttft_cli);
+    print_pcts("inter-token (client, per token)", &itl_cli);
+    free(ttft_srv.v);
+    free(itl_srv.v);
+    free(ttft_cli.v);
+    free(itl_cli.v);
+    free(ts);
+    free(ids);
+    rpc_client_channel_destroy(ch);
+    return n_err ? 1 : 0;
+}
