@@ -1,12 +1,188 @@
-/* Placeholder until its issue lands: says so and fails. */
+/* deltaserve worker: serve deltaserve.v1.Worker (plus health, reflection, metrics) for one
+ * model replica on one device.
+ *
+ * Start-up order: the gRPC port is bound first (liveness SERVING, readiness NOT_SERVING while
+ * the model loads), "listening on HOST:PORT" is logged, then the model, backend and engine are
+ * created and readiness turns SERVING. SIGTERM/SIGINT drain: readiness NOT_SERVING, new
+ * requests UNAVAILABLE, in-flight streams get --grace-seconds to finish, the rest end
+ * UNAVAILABLE; exit 0. A failed device (sticky error) exits 3. */
+#include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "model/qwen35.h"
+#include "model/tokenizer.h"
+#include "rpc/metrics.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
+#include "worker/service.h"
+
+#define EXIT_DEVICE_FAILED 3
+
+typedef struct worker_opts {
+    const char *model, *listen, *device, *metrics_listen, *name, *log_level;
+    int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls;
+} worker_opts;
+
+static const flag_spec worker_flags[] = {
+    {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(worker_opts, model), "GGUF model file (arch qwen35)"},
+    {"listen", "DS_LISTEN", "0.0.0.0:50051", FLAG_STR, offsetof(worker_opts, listen), "gRPC address HOST:PORT (port 0: pick one)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
+    {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
+    {"slots", "DS_SLOTS", "8", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once"},
+    {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
+    {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
+    {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: min(model's, 4096))"},
+    {"step-tokens", "DS_STEP_TOKENS", "256", FLAG_INT, offsetof(worker_opts, step_tokens), "token budget per engine step (decode + prefill chunk)"},
+    {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT, offsetof(worker_opts, grace_seconds), "drain: time in-flight streams get to finish"},
+    {"name", "DS_WORKER_NAME", NULL, FLAG_STR, offsetof(worker_opts, name), "served_by name (default: the bound address)"},
+    {"max-calls", "DS_MAX_CALLS", "4096", FLAG_INT, offsetof(worker_opts, max_calls), "concurrent gRPC calls"},
+    {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(worker_opts, log_level), "debug | info | warn | error"},
+    {0},
+};
+
+/* The engine thread reports a dead device by signalling the main thread's sigwait. */
+static void on_fatal(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGUSR1);
+}
+
+static int eog_ids(const qwen35_model *m, worker_model_desc *d)
+{
+    tokenizer *tk = NULL;
+    status st;
+    d->n_eos_ids = 0;
+    d->bos_id = -1;
+    if (tokenizer_load(&tk, m->file, &st)) {
+        LOG_WARN("no tokenizer in the model (%s): no end-of-generation ids", st.msg);
+        return 0;
+    }
+    int32_t ids[3];
+    size_t n = tokenizer_eog_ids(tk, ids);
+    for (size_t i = 0; i < n && d->n_eos_ids < ENGINE_MAX_EOS_IDS; i++) d->eos_ids[d->n_eos_ids++] = ids[i];
+    d->bos_id = tokenizer_bos_id(tk);
+    tokenizer_destroy(tk);
+    return 0;
+}
 
 int cmd_worker(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "deltaserve: 'worker' is not built yet\n");
-    return 2;
+    worker_opts o = {0};
+    status st = {0};
+    int rc = flags_parse(worker_flags, &o, argc, argv,
+                         "deltaserve worker --model F --listen HOST:PORT [--device cpu|cuda] "
+                         "[--metrics-listen HOST:PORT] [--slots N] [--queue N] [--threads N]",
+                         &st);
+    if (rc == STATUS_CANCELLED) return 0;
+    if (rc) {
+        fprintf(stderr, "deltaserve worker: %s\n", st.msg);
+        return 2;
+    }
+    int lvl = log_level_parse(o.log_level);
+    if (!o.model || lvl < 0 || o.slots < 1 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
+        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1) {
+        fprintf(stderr, "deltaserve worker: %s\n",
+                !o.model ? "--model is required"
+                : lvl < 0 ? "--log-level must be debug, info, warn or error"
+                          : "--slots, --step-tokens and --max-calls must be >= 1; --queue, --ctx, "
+                            "--threads and --grace-seconds >= 0");
+        return 2;
+    }
+    log_threshold = (log_level)lvl;
+    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) {
+        fprintf(stderr, "deltaserve worker: --device must be cpu or cuda, not '%s'\n", o.device);
+        return 2;
+    }
+
+    /* Signals are taken by sigwait in this thread only: block them before any thread starts. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    metrics *mx = NULL;
+    worker_service *ws = NULL;
+    qwen35_model *model = NULL;
+    worker_backend *backend = NULL;
+    engine *eng = NULL;
+    int ret = 1;
+
+    if (metrics_create(64, &mx, &st)) goto fail;
+    if (worker_service_create(&(worker_service_opts){.listen = o.listen, .name = o.name,
+                                                     .max_calls = o.max_calls, .metrics = mx},
+                              &ws, &st))
+        goto fail;
+    {
+        const char *colon = strrchr(o.listen, ':');
+        int hn = colon ? (int)(colon - o.listen) : (int)strlen(o.listen);
+        LOG_INFO("listening on %.*s:%d", hn, o.listen, worker_service_port(ws));
+    }
+    if (o.metrics_listen) {
+        if (metrics_serve(mx, o.metrics_listen, &st)) goto fail;
+        const char *colon = strrchr(o.metrics_listen, ':');
+        int hn = colon ? (int)(colon - o.metrics_listen) : (int)strlen(o.metrics_listen);
+        LOG_INFO("metrics on http://%.*s:%d/metrics", hn, o.metrics_listen, metrics_port(mx));
+    }
+
+    int64_t t0 = engine_now_us();
+    if (qwen35_model_load(&model, o.model, &st)) goto fail;
+    worker_model_desc desc = {.path = o.model};
+    eog_ids(model, &desc);
+    int n_ctx = o.ctx ? o.ctx : (model->cfg.n_ctx_train > 0 && model->cfg.n_ctx_train < 4096
+                                     ? model->cfg.n_ctx_train : 4096);
+    worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads,
+                              .max_prefill_tokens = o.step_tokens};
+    if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
+    engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
+                      .on_fatal = on_fatal};
+    for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
+    if (engine_create(backend, &eo, &eng, &st)) goto fail;
+    worker_service_attach(ws, model, backend, eng, &desc);
+    LOG_INFO("ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
+             "queue %d, step %d tokens, loaded in %.0f ms",
+             o.model, model->cfg.n_layer, model->cfg.V, backend->device, o.slots, n_ctx,
+             (double)backend->state_bytes / (1 << 20), o.queue, o.step_tokens,
+             (double)(engine_now_us() - t0) / 1000.0);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == SIGUSR1) {
+        LOG_ERROR("device failed: exiting with code %d", EXIT_DEVICE_FAILED);
+        worker_service_drain(ws, 0);
+        ret = EXIT_DEVICE_FAILED;
+    } else {
+        LOG_INFO("%s: draining (grace %d s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.grace_seconds);
+        int n = worker_service_drain(ws, (int64_t)o.grace_seconds * 1000);
+        LOG_INFO("drained (%d request%s cancelled at the end of the grace period); exiting", n,
+                 n == 1 ? "" : "s");
+        ret = 0;
+    }
+    worker_service_destroy(ws);
+    engine_destroy(eng);
+    worker_backend_destroy(backend);
+    qwen35_model_free(model);
+    metrics_destroy(mx);
+    return ret;
+
+fail:
+    LOG_ERROR("worker: %s", st.msg);
+    fprintf(stderr, "deltaserve worker: %s\n", st.msg);
+    if (ws) worker_service_drain(ws, 0);
+    worker_service_destroy(ws);
+    engine_destroy(eng);
+    worker_backend_destroy(backend);
+    qwen35_model_free(model);
+    metrics_destroy(mx);
+    return ret;
 }

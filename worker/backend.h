@@ -1,0 +1,98 @@
+/* The engine's backend interface: a vtable the scheduler drives, one implementation per device
+ * (CPU now: backend_cpu.c over model/forward.h + model/sampler.h; CUDA later, behind the same
+ * table). A backend owns the model's runtime: n_slots sequence slots (recurrent state + KV for
+ * n_ctx positions each), the workspaces for up to n_slots sequences per step, and a sampler per
+ * slot. Everything is allocated at creation; nothing per step or per token.
+ *
+ * The scheduler (engine.c) calls, from its one engine thread only:
+ *   seq_start(slot, sampling)  - a new sequence in this slot: state forgotten, sampler seeded;
+ *   step(items, n)             - one engine step: item i feeds tokens[0..n_tokens) to its slot at
+ *                                the slot's next positions and, if sample, samples the next
+ *                                token from the logits after the last fed token (penalties see
+ *                                every token fed to the slot since seq_start).
+ * Items of one step have distinct slots. Decode items (one token) should run as one batch
+ * (every weight read once for all of them); prefill chunks may run one by one. Results must
+ * not depend on which other items share the step (tests check this). */
+#ifndef DS_WORKER_BACKEND_H
+#define DS_WORKER_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "model/qwen35.h"
+
+#define WORKER_MAX_LOGPROBS 20
+
+/* Sampling of one sequence; validated by the caller (worker/request.c). */
+typedef struct worker_sampling {
+    float temperature;        /* 0 = greedy */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off; (0, 1] */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint64_t seed;            /* the RNG seed (already resolved: 0 is just seed 0 here) */
+    int n_logprobs;           /* 0 = none; 1..WORKER_MAX_LOGPROBS alternatives */
+} worker_sampling;
+
+typedef struct worker_logprob {
+    int32_t id;
+    float logprob;
+} worker_logprob;
+
+typedef struct worker_batch_item {
+    /* in */
+    int slot;
+    const int32_t *tokens; /* borrowed, [n_tokens] */
+    int n_tokens;          /* >= 1 */
+    bool sample;
+    /* out, when sample */
+    int32_t token;
+    float logprob;                           /* of token, when n_logprobs > 0 */
+    worker_logprob top[WORKER_MAX_LOGPROBS]; /* [n_top], most likely first */
+    int n_top;
+} worker_batch_item;
+
+typedef struct worker_backend_opts {
+    int n_slots;   /* sequences alive at once (>= 1) */
+    int n_ctx;     /* positions per sequence (prompt + generated) */
+    int n_threads; /* CPU threads; 0 = default */
+    int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
+} worker_backend_opts;
+
+typedef struct worker_backend worker_backend;
+
+typedef struct worker_backend_vt {
+    int (*seq_start)(worker_backend *b, int slot, const worker_sampling *s, status *st);
+    /* STATUS_RANGE / STATUS_INVALID: a bad item (a caller bug: requests are validated);
+     * STATUS_DEVICE: the device failed (sticky: the worker should exit). */
+    int (*step)(worker_backend *b, worker_batch_item *items, int n, status *st);
+    void (*destroy)(worker_backend *b);
+} worker_backend_vt;
+
+struct worker_backend {
+    const worker_backend_vt *vt;
+    const qwen35_model *model; /* borrowed */
+    int n_slots, n_ctx, vocab;
+    uint64_t state_bytes; /* per slot, for logs */
+    char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
+};
+
+/* The CPU backend (model/forward.h + model/sampler.h). */
+int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
+                              worker_backend **out, status *st);
+
+/* Picks a backend by device name: "cpu", or "cuda" (falls back to the CPU, saying so in one log
+ * line, when this build has no CUDA backend or the machine no GPU). STATUS_INVALID for an
+ * unknown device name. */
+int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
+                          worker_backend **out, status *st);
+
+static inline void worker_backend_destroy(worker_backend *b)
+{
+    if (b) b->vt->destroy(b);
+}
+
+#endif

@@ -1,0 +1,129 @@
+/* The CPU backend: model/forward.h (qwen35_decode_batch for the decode items of a step, one
+ * qwen35_prefill per prefill chunk) and a per-slot sampler (worker/sample.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward.h"
+#include "worker/backend.h"
+#include "worker/sample.h"
+
+typedef struct cpu_backend {
+    worker_backend base;
+    qwen35_ctx *ctx;        /* owned */
+    qwen35_state **states;  /* owned, [n_slots] */
+    worker_sampler **samplers; /* owned, [n_slots] */
+    float *logits;          /* owned, [n_slots][V]: row i = item i of the step */
+    qwen35_state **dec_states; /* owned, [n_slots] scratch: decode batch */
+    int32_t *dec_tokens;    /* owned, [n_slots] */
+    int *dec_item;          /* owned, [n_slots]: item index of decode entry b */
+    float *dec_logits;      /* owned, [n_slots][V] */
+} cpu_backend;
+
+static int cpu_seq_start(worker_backend *b, int slot, const worker_sampling *s, status *st)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    qwen35_state_reset(c->states[slot]);
+    return worker_sampler_start(c->samplers[slot], s, st);
+}
+
+static int cpu_step(worker_backend *b, worker_batch_item *items, int n, status *st)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    int V = b->vocab, B = 0;
+    DS_ASSERT(n >= 1 && n <= b->n_slots);
+    /* decode items: one batched call reading every weight once */
+    for (int i = 0; i < n; i++) {
+        DS_ASSERT(items[i].slot >= 0 && items[i].slot < b->n_slots && items[i].n_tokens >= 1);
+        if (items[i].n_tokens != 1) continue;
+        c->dec_states[B] = c->states[items[i].slot];
+        c->dec_tokens[B] = items[i].tokens[0];
+        c->dec_item[B++] = i;
+    }
+    if (B > 0) {
+        if (qwen35_decode_batch(c->ctx, c->dec_states, c->dec_tokens, B, c->dec_logits, st))
+            return st->code;
+        for (int k = 0; k < B; k++)
+            memcpy(c->logits + (size_t)c->dec_item[k] * V, c->dec_logits + (size_t)k * V,
+                   (size_t)V * sizeof(float));
+    }
+    /* prefill chunks, one sequence at a time */
+    for (int i = 0; i < n; i++) {
+        worker_batch_item *it = &items[i];
+        if (it->n_tokens == 1) continue;
+        float *lg = it->sample ? c->logits + (size_t)i * V : NULL;
+        if (qwen35_prefill(c->ctx, c->states[it->slot], it->tokens, it->n_tokens, lg, false, st))
+            return st->code;
+    }
+    /* penalties see every fed token; then sample */
+    for (int i = 0; i < n; i++) {
+        worker_batch_item *it = &items[i];
+        worker_sampler *s = c->samplers[it->slot];
+        worker_sampler_accept(s, it->tokens, it->n_tokens);
+        if (it->sample) worker_sampler_sample(s, c->logits + (size_t)i * V, it);
+    }
+    return STATUS_OK;
+}
+
+static void cpu_destroy(worker_backend *b)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    if (!c) return;
+    for (int i = 0; c->states && i < b->n_slots; i++) qwen35_state_destroy(c->states[i]);
+    for (int i = 0; c->samplers && i < b->n_slots; i++) worker_sampler_destroy(c->samplers[i]);
+    qwen35_ctx_destroy(c->ctx);
+    free(c->states);
+    free(c->samplers);
+    free(c->logits);
+    free(c->dec_states);
+    free(c->dec_tokens);
+    free(c->dec_item);
+    free(c->dec_logits);
+    free(c);
+}
+
+static const worker_backend_vt cpu_vt = {cpu_seq_start, cpu_step, cpu_destroy};
+
+int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
+                              worker_backend **out, status *st)
+{
+    *out = NULL;
+    if (o->n_slots < 1 || o->n_ctx < 2)
+        return status_fail(st, STATUS_INVALID, "cpu backend: need slots >= 1 and ctx >= 2 (got %d, %d)",
+                           o->n_slots, o->n_ctx);
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return status_fail(st, STATUS_NOMEM, "cpu backend: out of memory");
+    worker_backend *b = &c->base;
+    b->vt = &cpu_vt;
+    b->model = m;
+    b->n_slots = o->n_slots;
+    b->n_ctx = o->n_ctx;
+    b->vocab = m->cfg.V;
+    b->state_bytes = qwen35_state_bytes(m, o->n_ctx);
+    size_t S = (size_t)o->n_slots, V = (size_t)m->cfg.V;
+    c->states = calloc(S, sizeof *c->states);
+    c->samplers = calloc(S, sizeof *c->samplers);
+    c->logits = malloc(S * V * sizeof(float));
+    c->dec_logits = malloc(S * V * sizeof(float));
+    c->dec_states = calloc(S, sizeof *c->dec_states);
+    c->dec_tokens = calloc(S, sizeof *c->dec_tokens);
+    c->dec_item = calloc(S, sizeof *c->dec_item);
+    if (!c->states || !c->samplers || !c->logits || !c->dec_logits || !c->dec_states ||
+        !c->dec_tokens || !c->dec_item) {
+        status_fail(st, STATUS_NOMEM, "cpu backend: out of memory for %d slots", o->n_slots);
+        goto fail;
+    }
+    qwen35_ctx_opts co = {.max_batch = o->n_slots, .max_tokens = o->max_prefill_tokens,
+                          .n_threads = o->n_threads};
+    if (qwen35_ctx_create(m, &co, &c->ctx, st)) goto fail;
+    for (int i = 0; i < o->n_slots; i++) {
+        if (qwen35_state_create(m, o->n_ctx, &c->states[i], st)) goto fail;
+        if (worker_sampler_create(m->cfg.V, o->n_ctx, &c->samplers[i], st)) goto fail;
+    }
+    snprintf(b->device, sizeof b->device, "cpu (%d threads)", qwen35_ctx_n_threads(c->ctx));
+    *out = b;
+    return STATUS_OK;
+fail:
+    cpu_destroy(b);
+    return st->code;
+}

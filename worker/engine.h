@@ -1,0 +1,139 @@
+/* The engine: one thread running a continuous-batching scheduler over a backend.
+ *
+ * Requests come in from any thread (engine_submit: the gRPC CQ thread); a bounded admission
+ * queue holds them until a sequence slot is free (FIFO). Every step the engine
+ *   1. ends cancelled requests (client gone / deadline via the sink, Worker/Abort) and frees
+ *      their slots; admits waiting requests into free slots;
+ *   2. builds one batch: a decode token for every running sequence past its prompt, plus
+ *      prefill chunks of the sequences still in their prompt, in admission order, bounded by
+ *      the token budget (step_tokens; at least one chunk makes progress every step);
+ *   3. runs backend->step, then for every sampled token checks the stop conditions and hands
+ *      the token to the request's sink; finished requests free their slot at once.
+ * Results of a sequence do not depend on what else is in the batch.
+ *
+ * Sinks are called on the engine thread and must not block (the gRPC sink packs a message and
+ * queues it). After on_finish the sink never hears of the request again.
+ *
+ * Memory: the request pool (n_slots + queue entries) is allocated at creation; each request
+ * copies its prompt into one allocation at submit (freed at finish); nothing per token. */
+#ifndef DS_WORKER_ENGINE_H
+#define DS_WORKER_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "rpc/metrics.h"
+#include "worker/backend.h"
+
+#define ENGINE_REQUEST_ID_MAX 128
+#define ENGINE_MAX_STOP_IDS 16
+#define ENGINE_MAX_EOS_IDS 8
+
+typedef enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP,      /* eos or a stop token */
+    ENGINE_FINISH_LENGTH,    /* max_new_tokens or the context end */
+    ENGINE_FINISH_CANCELLED, /* client cancel/deadline (sink), Worker/Abort, drain timeout */
+    ENGINE_FINISH_ERROR,     /* backend failure */
+} engine_finish;
+
+/* A validated request (worker/request.c builds it from the proto). */
+typedef struct engine_params {
+    char id[ENGINE_REQUEST_ID_MAX + 1];
+    const int32_t *prompt; /* borrowed until engine_submit returns (it copies) */
+    int n_prompt;
+    worker_sampling sampling;
+    int max_new_tokens; /* >= 1, n_prompt + max_new_tokens <= n_ctx */
+    int32_t stop_ids[ENGINE_MAX_STOP_IDS];
+    int n_stop_ids;
+    bool ignore_eos;
+} engine_params;
+
+/* Times in microseconds on CLOCK_MONOTONIC. */
+typedef struct engine_request {
+    engine_params p;        /* p.prompt points to the owned copy */
+    int32_t *prompt_copy;   /* owned, [n_prompt] */
+    int slot;               /* -1 while waiting */
+    int n_prefilled;        /* prompt tokens fed */
+    int n_generated;
+    int32_t last_token;     /* next decode input */
+    engine_finish finish;
+    int32_t stop_token;     /* the matched stop/eos id, or -1 */
+    status result;          /* OK, or why it failed/was cancelled */
+    bool aborted;           /* Worker/Abort or drain (under the engine lock) */
+    status abort_result;    /* the result an abort ends it with (OK for Worker/Abort) */
+    bool started;           /* backend seq_start done (engine thread only) */
+    uint64_t admit_seq;     /* admission order, for prefill priority */
+    int64_t t_arrival, t_admit, t_first, t_last, t_end;
+    const struct engine_sink *sink;
+    void *sink_arg;
+    struct engine_request *next; /* free list / waiting FIFO */
+} engine_request;
+
+typedef struct engine_sink {
+    /* true when the request's client is gone (cancel, disconnect, deadline). */
+    bool (*cancelled)(void *arg);
+    /* a generated token; item holds the logprobs when asked. */
+    void (*on_token)(void *arg, const engine_request *r, const worker_batch_item *item);
+    /* the end: r->finish, r->stop_token, r->result, timings. Last call for r. */
+    void (*on_finish)(void *arg, const engine_request *r);
+} engine_sink;
+
+typedef struct engine_opts {
+    int queue;        /* admission queue capacity (waiting requests); < 0 -> 64 */
+    int step_tokens;  /* token budget per step (decode tokens + prefill chunk); 0 -> 256 */
+    int32_t eos_ids[ENGINE_MAX_EOS_IDS]; /* end-of-generation ids (unless ignore_eos) */
+    int n_eos_ids;
+    metrics *metrics; /* optional: series are registered on it */
+    /* optional: called once (engine thread) when the backend fails for good (STATUS_DEVICE) */
+    void (*on_fatal)(void *arg);
+    void *fatal_arg;
+} engine_opts;
+
+typedef struct engine engine;
+
+typedef struct engine_load {
+    int running, waiting, free_slots, total_slots, queue_capacity;
+    uint64_t outstanding_tokens;
+    double tokens_per_second;
+    bool draining;
+    uint64_t steps, tokens_generated, requests_finished;
+} engine_load;
+
+/* Starts the engine thread over b (borrowed; must outlive the engine). */
+int engine_create(worker_backend *b, const engine_opts *o, engine **out, status *st);
+
+/* Queues a request. STATUS_EXHAUSTED when the queue is full, STATUS_UNAVAILABLE while draining,
+ * STATUS_NOMEM. On success the sink will get on_finish exactly once. Thread-safe, never blocks
+ * on the engine's work (a short lock). */
+int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, void *sink_arg,
+                  status *st);
+
+/* Ends the running or waiting request with this id (the first one found) at the next step with
+ * ENGINE_FINISH_CANCELLED and an OK result. Returns true if one was found. */
+bool engine_abort(engine *e, const char *request_id);
+
+void engine_get_load(engine *e, engine_load *out);
+
+/* Stops admitting (submit -> UNAVAILABLE), waits up to grace_ms for running and waiting
+ * requests to finish, then cancels the rest (result UNAVAILABLE "draining") and waits for
+ * them to end. Returns the number of requests cancelled. */
+int engine_drain(engine *e, int64_t grace_ms);
+
+/* true once the backend failed (STATUS_DEVICE): every request then fails; the worker should
+ * exit with a distinct code. */
+bool engine_failed(engine *e);
+
+/* Waits until no request is running or waiting (tests). Returns false after timeout_ms. */
+bool engine_wait_idle(engine *e, int64_t timeout_ms);
+
+/* Stops the thread (requests still in flight are cancelled first) and frees the engine. */
+void engine_destroy(engine *e);
+
+/* "stop", "length", "cancelled", "error" ("" for NONE). */
+const char *engine_finish_name(engine_finish f);
+
+int64_t engine_now_us(void);
+
+#endif

@@ -1,0 +1,27 @@
+/* Per-slot sampling for host-side backends: worker_sampling -> the model's sampler
+ * (model/sampler.h), with the logprobs the Worker API returns. One per sequence slot, created
+ * once; start() re-seeds it for a new request; nothing is allocated after creation. */
+#ifndef DS_WORKER_SAMPLE_H
+#define DS_WORKER_SAMPLE_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "worker/backend.h"
+
+typedef struct worker_sampler worker_sampler;
+
+int worker_sampler_create(int vocab, int n_ctx, worker_sampler **out, status *st);
+void worker_sampler_destroy(worker_sampler *s);
+
+/* A new sequence with these parameters (validated by worker/request.c). */
+int worker_sampler_start(worker_sampler *s, const worker_sampling *p, status *st);
+
+/* Tokens fed to the sequence (prompt and generated): what the penalties count. */
+void worker_sampler_accept(worker_sampler *s, const int32_t *tokens, int n);
+
+/* Samples from logits [vocab] (modified) into it->token, and it->logprob / it->top / it->n_top
+ * when the sequence asked for logprobs. */
+void worker_sampler_sample(worker_sampler *s, float *logits, worker_batch_item *it);
+
+#endif

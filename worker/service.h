@@ -1,0 +1,59 @@
+/* The deltaserve.v1.Worker gRPC service over an engine: Generate (validated, queued, streamed
+ * by the engine thread through an rpc_call sink), Abort, GetModelInfo, GetLoad, plus
+ * grpc.health.v1.Health and server reflection.
+ *
+ * Lifecycle (cli/cmd_worker.c):
+ *   worker_service_create   binds and serves at once: liveness SERVING, readiness
+ *                           ("deltaserve.v1.Worker") NOT_SERVING, Generate UNAVAILABLE "loading";
+ *   worker_service_attach   after the model, backend and engine exist: readiness SERVING;
+ *   worker_service_drain    readiness NOT_SERVING, new Generate UNAVAILABLE, in-flight streams
+ *                           get grace_ms to finish, the rest end UNAVAILABLE;
+ *   worker_service_destroy  shuts the server down (every call ended) and frees it; the engine
+ *                           and backend are the caller's and are destroyed after. */
+#ifndef DS_WORKER_SERVICE_H
+#define DS_WORKER_SERVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "model/qwen35.h"
+#include "rpc/metrics.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
+
+typedef struct worker_service worker_service;
+
+typedef struct worker_service_opts {
+    const char *listen; /* "HOST:PORT" (port 0 = pick one) */
+    const char *name;   /* served_by in final messages; NULL = "HOST:PORT" as bound */
+    int max_calls;      /* concurrent gRPC calls; 0 -> 4096 */
+    metrics *metrics;   /* optional */
+} worker_service_opts;
+
+/* What GetModelInfo reports besides the model config. */
+typedef struct worker_model_desc {
+    const char *path;
+    int32_t eos_ids[ENGINE_MAX_EOS_IDS];
+    int n_eos_ids;
+    int32_t bos_id; /* -1 if none */
+} worker_model_desc;
+
+int worker_service_create(const worker_service_opts *o, worker_service **out, status *st);
+int worker_service_port(const worker_service *ws);
+/* The served_by name ("127.0.0.1:5555" or --name). */
+const char *worker_service_name(const worker_service *ws);
+
+/* Borrowed: model, backend and engine must outlive the service's serving (until destroy). */
+void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_backend *b,
+                           engine *e, const worker_model_desc *desc);
+
+/* Returns the number of requests cancelled when the grace period ran out. */
+int worker_service_drain(worker_service *ws, int64_t grace_ms);
+
+void worker_service_destroy(worker_service *ws);
+
+/* Sets readiness (e.g. false after a fatal backend error). */
+void worker_service_set_ready(worker_service *ws, bool ready);
+
+#endif
