@@ -38,15 +38,6 @@ uint64_t tokenizer_hash_bytes(const void *p, size_t n)
     return h ^ (h >> 29);
 }
 
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
 static size_t pow2_at_least(size_t n)
 {
     size_t p = 16;
@@ -64,27 +55,11 @@ int32_t tokenizer_text_find(const tokenizer *t, const char *p, size_t n)
     }
 }
 
-bool tokenizer_pair_find(const tokenizer *t, int32_t left, int32_t right, int32_t *rank,
-                         int32_t *id)
-{
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    size_t i = hash_u64(key) & t->pair_mask;
-    for (;; i = (i + 1) & t->pair_mask) {
-        const tokenizer_pair *p = &t->pairs[i];
-        if (p->key == TOKENIZER_PAIR_EMPTY) return false;
-        if (p->key == key) {
-            *rank = p->rank;
-            *id = p->id;
-            return true;
-        }
-    }
-}
-
 /* Inserts (left, right) -> (rank, id) unless the pair is already there (first rank wins). */
 static void pair_insert(tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t id)
 {
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    size_t i = hash_u64(key) & t->pair_mask;
+    size_t i = tokenizer_hash_u64(key) & t->pair_mask;
     for (;; i = (i + 1) & t->pair_mask) {
         tokenizer_pair *p = &t->pairs[i];
         if (p->key == key) return;

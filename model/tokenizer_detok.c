@@ -60,6 +60,25 @@ static size_t detok_byte(tokenizer_detok *d, uint8_t b, char *out)
     return w;
 }
 
+/* Feeds b[0..n); returns the bytes written to out (at most 3 * (n + 3)). ASCII bytes with
+ * nothing pending are copied in runs. */
+static size_t detok_bytes(tokenizer_detok *d, const uint8_t *b, size_t n, char *out)
+{
+    size_t w = 0, i = 0;
+    while (i < n) {
+        if (!d->need && b[i] < 0x80) {
+            size_t j = i + 1;
+            while (j < n && b[j] < 0x80) j++;
+            memcpy(out + w, b + i, j - i);
+            w += j - i;
+            i = j;
+            continue;
+        }
+        w += detok_byte(d, b[i++], out + w);
+    }
+    return w;
+}
+
 void tokenizer_detok_init(tokenizer_detok *d, const tokenizer *t)
 {
     memset(d, 0, sizeof *d);
@@ -81,15 +100,7 @@ int tokenizer_detok_push(tokenizer_detok *d, int32_t id, char *out, size_t cap, 
                            t->n_vocab);
     size_t len = t->bytes_len[id];
     DS_ASSERT(cap >= 3 * (len + 3));
-    const uint8_t *b = t->bytes + t->bytes_off[id];
-    size_t w = 0, i = 0;
-    if (!d->need) { /* fast path: copy the leading ASCII run */
-        while (i < len && b[i] < 0x80) i++;
-        memcpy(out, b, i);
-        w = i;
-    }
-    for (; i < len; i++) w += detok_byte(d, b[i], out + w);
-    *n_out = w;
+    *n_out = detok_bytes(d, t->bytes + t->bytes_off[id], len, out);
     return STATUS_OK;
 }
 
@@ -120,10 +131,8 @@ int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n_ids, char 
     tokenizer_detok d;
     tokenizer_detok_init(&d, t);
     size_t w = 0;
-    for (size_t i = 0; i < n_ids; i++) {
-        const uint8_t *b = t->bytes + t->bytes_off[ids[i]];
-        for (size_t k = 0, n = t->bytes_len[ids[i]]; k < n; k++) w += detok_byte(&d, b[k], out + w);
-    }
+    for (size_t i = 0; i < n_ids; i++)
+        w += detok_bytes(&d, t->bytes + t->bytes_off[ids[i]], t->bytes_len[ids[i]], out + w);
     w += tokenizer_detok_flush(&d, out + w, 3);
     out[w] = 0;
     *text = out;

@@ -77,7 +77,8 @@ typedef struct enc {
         int32_t id, prev, next, len; /* len 0: merged away */
     } *sym;                          /* owned, [sym_cap] */
     struct cand {
-        int32_t rank, pos, id;
+        int32_t rank, pos, id;  /* merge rank, left symbol, merged id */
+        int32_t left, right;    /* the pair's ids when queued */
     } *heap;                         /* owned, [3 * sym_cap] */
     size_t sym_cap;
     pcre2_match_data *md; /* owned */
@@ -134,8 +135,9 @@ static void cand_add(enc *e, size_t *nh, int32_t pos)
 {
     int32_t next = e->sym[pos].next, rank, id;
     if (next < 0) return;
-    if (tokenizer_pair_find(e->t, e->sym[pos].id, e->sym[next].id, &rank, &id))
-        heap_push(e->heap, nh, (struct cand){rank, pos, id});
+    int32_t left = e->sym[pos].id, right = e->sym[next].id;
+    if (tokenizer_pair_find(e->t, left, right, &rank, &id))
+        heap_push(e->heap, nh, (struct cand){rank, pos, id, left, right});
 }
 
 /* BPE of one pre-token w[0..n): the HF word.merge_all loop. Lowest rank first, leftmost on
@@ -165,7 +167,9 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n, status *st)
         if (s->len == 0 || s->next < 0) continue;
         struct sym *r = &e->sym[s->next];
         int32_t rank, id;
-        if (!tokenizer_pair_find(t, s->id, r->id, &rank, &id) || id != c.id) continue;
+        if ((s->id != c.left || r->id != c.right) && /* changed: still the same merge? */
+            (!tokenizer_pair_find(t, s->id, r->id, &rank, &id) || id != c.id))
+            continue;
         s->id = c.id;
         s->len += r->len;
         r->len = 0;
@@ -216,21 +220,116 @@ static int split_encode(enc *e, const uint8_t *s, size_t n, status *st)
     return STATUS_OK;
 }
 
-/* Text between special tokens: NFC (skipped for ASCII, which NFC leaves alone), then split. */
+/* Decodes the (valid) code point at s[i]; returns its length. */
+static size_t cp_at(const uint8_t *s, size_t i, uint32_t *cp)
+{
+    uint8_t b = s[i];
+    if (b < 0x80) {
+        *cp = b;
+        return 1;
+    }
+    if (b < 0xE0) {
+        *cp = (uint32_t)(b & 0x1F) << 6 | (s[i + 1] & 0x3F);
+        return 2;
+    }
+    if (b < 0xF0) {
+        *cp = (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
+        return 3;
+    }
+    *cp = (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+          (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+    return 4;
+}
+
+/* A normalisation boundary: a starter (ccc 0) with NFC_QC = Yes, so it neither reorders nor
+ * composes with what precedes it, and NFC(x + y) = NFC(x) + NFC(y) when y starts with one.
+ * Conservative ranges only: everything below U+0300 (the combining marks start there), kana
+ * letters, CJK unified ideographs, Hangul syllables. Other characters are just normalised. */
+static bool nfc_boundary(uint32_t cp)
+{
+    return cp < 0x300 || (cp >= 0x3041 && cp <= 0x3096) || (cp >= 0x30A1 && cp <= 0x30FA) ||
+           (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3);
+}
+
+/* Appends s[0..n) to the growing buffer *buf. */
+static int buf_append(uint8_t **buf, size_t *len, size_t *cap, const uint8_t *s, size_t n,
+                      status *st)
+{
+    if (n == 0) return STATUS_OK;
+    if (*len + n > *cap) {
+        size_t c = 2 * (*len + n);
+        uint8_t *p = realloc(*buf, c);
+        if (!p) return status_fail(st, STATUS_NOMEM, "tokenizer: out of memory (NFC)");
+        *buf = p;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    return STATUS_OK;
+}
+
+/* NFC of s[0..n). Runs between boundaries that hold only boundary characters are copied; each
+ * run from the last boundary before a non-boundary character up to the next boundary goes
+ * through utf8proc. *out is NULL when the text is already NFC-stable by that test (use s). */
+static int nfc(const uint8_t *s, size_t n, uint8_t **out, size_t *out_len, status *st)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0, copied = 0, last_boundary = 0, i = 0;
+    int rc = STATUS_OK;
+    *out = NULL;
+    while (i < n) {
+        if (s[i] < 0x80) {
+            last_boundary = i++;
+            continue;
+        }
+        uint32_t cp;
+        size_t k = cp_at(s, i, &cp);
+        if (nfc_boundary(cp)) {
+            last_boundary = i;
+            i += k;
+            continue;
+        }
+        /* [start, end): from the starter this character may attach to, to the next boundary. */
+        size_t start = last_boundary < copied ? copied : last_boundary, end = i + k;
+        while (end < n) {
+            uint32_t c;
+            size_t kk = cp_at(s, end, &c);
+            if (nfc_boundary(c)) break;
+            end += kk;
+        }
+        utf8proc_uint8_t *m = NULL;
+        utf8proc_ssize_t ml = utf8proc_map(s + start, (utf8proc_ssize_t)(end - start), &m,
+                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (ml < 0) {
+            rc = status_fail(st, ml == UTF8PROC_ERROR_NOMEM ? STATUS_NOMEM : STATUS_INVALID,
+                             "tokenizer: NFC: %s", utf8proc_errmsg(ml));
+            goto fail;
+        }
+        rc = buf_append(&buf, &len, &cap, s + copied, start - copied, st);
+        if (!rc) rc = buf_append(&buf, &len, &cap, m, (size_t)ml, st);
+        free(m);
+        if (rc) goto fail;
+        copied = i = last_boundary = end;
+    }
+    if (buf && (rc = buf_append(&buf, &len, &cap, s + copied, n - copied, st))) goto fail;
+    *out = buf;
+    *out_len = len;
+    return STATUS_OK;
+fail:
+    free(buf);
+    return rc;
+}
+
+/* Text between special tokens: NFC, then split. */
 static int plain_encode(enc *e, const uint8_t *s, size_t n, status *st)
 {
     if (n == 0) return STATUS_OK;
-    size_t i = 0;
-    while (i < n && s[i] < 0x80) i++;
-    if (i == n) return split_encode(e, s, n, st);
-    utf8proc_uint8_t *nfc = NULL;
-    utf8proc_ssize_t m = utf8proc_map(s, (utf8proc_ssize_t)n, &nfc,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (m < 0)
-        return status_fail(st, m == UTF8PROC_ERROR_NOMEM ? STATUS_NOMEM : STATUS_INVALID,
-                           "tokenizer: NFC: %s", utf8proc_errmsg(m));
-    int rc = split_encode(e, nfc, (size_t)m, st);
-    free(nfc);
+    uint8_t *norm;
+    size_t norm_len;
+    int rc = nfc(s, n, &norm, &norm_len, st);
+    if (rc) return rc;
+    rc = norm ? split_encode(e, norm, norm_len, st) : split_encode(e, s, n, st);
+    free(norm);
     return rc;
 }
 

@@ -48,9 +48,32 @@ struct tokenizer {
 
 /* FNV-1a over bytes: the text map's hash. */
 uint64_t tokenizer_hash_bytes(const void *p, size_t n);
-/* Merge lookup: fills *rank and *id and returns true when (left, right) is a merge. */
-bool tokenizer_pair_find(const tokenizer *t, int32_t left, int32_t right, int32_t *rank,
-                         int32_t *id);
+static inline uint64_t tokenizer_hash_u64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+/* Merge lookup: fills *rank and *id and returns true when (left, right) is a merge. Inline:
+ * it is the BPE inner loop. */
+static inline bool tokenizer_pair_find(const tokenizer *t, int32_t left, int32_t right,
+                                       int32_t *rank, int32_t *id)
+{
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    size_t i = tokenizer_hash_u64(key) & t->pair_mask;
+    for (;; i = (i + 1) & t->pair_mask) {
+        const tokenizer_pair *p = &t->pairs[i];
+        if (p->key == key) {
+            *rank = p->rank;
+            *id = p->id;
+            return true;
+        }
+        if (p->key == TOKENIZER_PAIR_EMPTY) return false;
+    }
+}
 /* Text map lookup over (p, n); -1 if absent. */
 int32_t tokenizer_text_find(const tokenizer *t, const char *p, size_t n);
 

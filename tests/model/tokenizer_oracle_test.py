@@ -53,6 +53,8 @@ PIECES = [
     "123", "4,512", "3.14", "\u0663\u0664", "\u00bd", "\u2167", "x", "xx", "__init__", "::", "->",
     " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u0085",
     "\u200b", "\ufeff", "!", "?!", "...", "\"", "(", ")", "{}", "#", "$", "@", "\\", "`",
+    "\u304b\u3099", "\u30cf\u309a", "\uac00\u11a8", "\u1112\u1161", "\u4e00\u0301", "\u0b47\u0b3e",
+    "\u0958", "\u2126", "\u0344", "a\u0323\u0307", "a\u0307\u0323", "\u0300\u0300",
     "caf\u00e9", "na\u00efve", "\u00c5ngstr\u00f6m", "\u212b", "\ufb01", "\u2126", "\u0000",
 ]
 
@@ -68,9 +70,11 @@ def random_text(rng, specials):
             out.append(rng.choice(specials))
         elif r < 0.9:
             out.append(chr(rng.randint(0x20, 0x7e)))
-        else:  # any code point assigned in Unicode 14 (PCRE2 10.42's tables; see the README)
+        else:  # any starter assigned in Unicode 14 (PCRE2 10.42's tables; see model/README.md:
+            # the Unicode versions of PCRE2, utf8proc and HF differ for recent additions)
             cp = rng.randint(0, 0x10FFFF)
-            while 0xD800 <= cp <= 0xDFFF or unicodedata.category(chr(cp)) == "Cn":
+            while (0xD800 <= cp <= 0xDFFF or unicodedata.category(chr(cp)) == "Cn"
+                   or unicodedata.combining(chr(cp))):
                 cp = rng.randint(0, 0x10FFFF)
             out.append(chr(cp))
     return "".join(out)

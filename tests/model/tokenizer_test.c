@@ -241,6 +241,28 @@ static void test_nfc(void)
     CU_ASSERT(na == nb && !memcmp(a, b, na * sizeof *a));
     free(a);
     free(b);
+    /* Composition across the run boundaries the encoder uses (kana, Hangul, Latin), in the
+     * middle of longer text, and canonical reordering (dot below before dot above). */
+    static const char *const pairs[][2] = {
+        {"xx \xE3\x81\x8B\xE3\x82\x99 yy", "xx \xE3\x81\x8C yy"},           /* ka + voiced */
+        {"\xEA\xB0\x80\xE1\x86\xA8!", "\xEA\xB0\x81!"},                     /* ga + T jamo */
+        {"\xE1\x84\x80\xE1\x85\xA1 z", "\xEA\xB0\x80 z"},                   /* L + V jamo */
+        {"Qa\xCC\x87\xCC\xA3 ok", "Q\xE1\xBA\xA1\xCC\x87 ok"},             /* reordered */
+        {"\xE4\xB8\x80\xCC\x81\xE4\xB8\x80", "\xE4\xB8\x80\xCC\x81\xE4\xB8\x80"}, /* no-op */
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        na = enc(pairs[i][0], &a);
+        nb = enc(pairs[i][1], &b);
+        CU_ASSERT(na == nb && !memcmp(a, b, na * sizeof *a));
+        char *text;
+        size_t len;
+        status st = {0};
+        CU_ASSERT_EQUAL(tokenizer_decode(ref_tok[0], a, na, &text, &len, &st), STATUS_OK);
+        CU_ASSERT(len == strlen(pairs[i][1]) && !memcmp(text, pairs[i][1], len));
+        free(text);
+        free(a);
+        free(b);
+    }
     /* NFC is not NFKC: the ligature ﬁ stays itself (not "fi"). */
     na = enc("\xEF\xAC\x81", &a);
     nb = enc("fi", &b);
