@@ -188,8 +188,8 @@ int router_drain(router *r, int grace_ms)
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
     pthread_cond_broadcast(&r->cv);
-    /* relay threads finish their calls before they leave; wait for the last one */
-    while (r->inflight > 0) pthread_cond_wait(&r->cv, &r->mu);
+    /* every call is released now; relay threads may still be tidying up */
+    while (r->relays > 0) pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     if (r->started) {
         pthread_join(r->poller, NULL);

@@ -488,11 +488,11 @@ static void *relay_main(void *arg)
     router_req *q = arg;
     router *r = q->r;
     relay_run(q);
+    req_unref(q);
     pthread_mutex_lock(&r->mu);
-    r->inflight--;
+    r->relays--;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    req_unref(q);
     return NULL;
 }
 
@@ -501,19 +501,20 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     router *r = user;
     atomic_fetch_add(&r->n_requests, 1);
     pthread_mutex_lock(&r->mu);
+    r->inflight++; /* until on_release, whatever happens below */
     if (r->draining) {
         pthread_mutex_unlock(&r->mu);
         rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, "router is draining");
         return;
     }
-    if (r->inflight >= r->opts.max_inflight) {
+    if (r->inflight > r->opts.max_inflight) {
         pthread_mutex_unlock(&r->mu);
         char m[128];
         snprintf(m, sizeof m, "router: %d requests in flight (--max-inflight)", r->opts.max_inflight);
         rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, m);
         return;
     }
-    r->inflight++;
+    r->relays++; /* undone below if the thread does not start */
     pthread_mutex_unlock(&r->mu);
 
     router_req *q = calloc(1, sizeof *q);
@@ -548,7 +549,7 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     }
     if (!ok) {
         pthread_mutex_lock(&r->mu);
-        r->inflight--;
+        r->relays--;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
         rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "router: cannot start a relay");
@@ -567,8 +568,13 @@ static void on_cancel(rpc_call *call, void *user)
 
 static void on_release(rpc_call *call, void *user)
 {
+    router *r = user;
     router_req *q = rpc_call_data(call);
     if (q) req_unref(q);
+    pthread_mutex_lock(&r->mu);
+    r->inflight--;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
 int router_generate_add_method(router *r, status *st)

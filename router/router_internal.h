@@ -40,7 +40,8 @@ struct router {
 
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t cv;       /* poller sleep, drain wait */
-    int inflight;            /* Generate calls accepted and not yet ended */
+    int inflight;            /* Generate calls from on_request to on_release (status sent) */
+    int relays;              /* relay threads running */
     int draining;
     int stopping;            /* the poller exits */
     int started;
