@@ -153,3 +153,31 @@ extern "C" float cuda_event_elapsed_ms(cuda_event start, cuda_event end)
     cudaEventElapsedTime(&ms, start, end);
     return ms;
 }
+
+extern "C" int cuda_graph_capture_begin(cuda_stream s, status *st)
+{
+    CUDA_TRY(st, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    return STATUS_OK;
+}
+
+extern "C" int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, status *st)
+{
+    cudaGraph_t g = NULL;
+    *exec = NULL;
+    CUDA_TRY(st, cudaStreamEndCapture(s, &g));
+    cudaError_t e = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return status_fail(st, STATUS_DEVICE, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
+    return STATUS_OK;
+}
+
+extern "C" int cuda_graph_launch(cuda_graph_exec exec, cuda_stream s)
+{
+    return cudaGraphLaunch(exec, s) == cudaSuccess ? STATUS_OK : STATUS_DEVICE;
+}
+
+extern "C" void cuda_graph_exec_destroy(cuda_graph_exec exec)
+{
+    if (exec) cudaGraphExecDestroy(exec);
+}

@@ -23,6 +23,8 @@ struct CUstream_st;
 struct CUevent_st;
 typedef struct CUstream_st *cuda_stream;
 typedef struct CUevent_st *cuda_event;
+struct CUgraphExec_st;
+typedef struct CUgraphExec_st *cuda_graph_exec;
 
 typedef struct cuda_device_props {
     char name[256];
@@ -65,6 +67,14 @@ void cuda_event_destroy(cuda_event e);
 void cuda_event_record(cuda_event e, cuda_stream s);
 /* Milliseconds between two recorded events (waits for `end`). */
 float cuda_event_elapsed_ms(cuda_event start, cuda_event end);
+
+/* CUDA graphs: capture the launches issued on stream s (not the legacy default stream) between
+ * begin and end into an executable graph; replay it with one call. */
+int cuda_graph_capture_begin(cuda_stream s, status *st);
+int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, status *st);
+/* Launches the graph on s; returns STATUS_OK or STATUS_DEVICE (no message: launch path). */
+int cuda_graph_launch(cuda_graph_exec exec, cuda_stream s);
+void cuda_graph_exec_destroy(cuda_graph_exec exec);
 
 #ifdef __cplusplus
 }

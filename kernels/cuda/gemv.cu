@@ -38,57 +38,85 @@ static __device__ __forceinline__ int dot4(int4 a, int4 b)
     return __dp4a(a.w, b.w, __dp4a(a.z, b.z, __dp4a(a.y, b.y, __dp4a(a.x, b.x, 0))));
 }
 
-// scale and min of sub-block j of a K-quant block, from scales bytes s0|s1|s2 (ggml
-// get_scale_min_k4 without indexing a byte array: no local memory)
-static __device__ __forceinline__ void scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2,
-                                                 float *sc, float *m)
+// Scales and mins of sub-blocks 2g and 2g+1 of a K-quant block from its scales bytes
+// s0|s1|s2 (ggml get_scale_min_k4 for the pair, branch-free and without indexing a byte array,
+// so nothing goes to local memory). g is fixed per lane, so the selects are loop-invariant.
+static __device__ __forceinline__ void scale_min_pair(int g, uint32_t s0, uint32_t s1,
+                                                      uint32_t s2, float *sc0, float *sc1,
+                                                      float *m0, float *m1)
 {
-    if (j < 4) {
-        *sc = (float)((s0 >> (8 * j)) & 63);
-        *m = (float)((s1 >> (8 * j)) & 63);
-    } else {
-        const int k = 8 * (j - 4);
-        *sc = (float)(((s2 >> k) & 0xF) | (((s0 >> k) >> 6 & 3) << 4));
-        *m = (float)(((s2 >> k) >> 4 & 0xF) | (((s1 >> k) >> 6 & 3) << 4));
-    }
+    const int sh = 16 * (g & 1);
+    const uint32_t t0 = s0 >> sh, t1 = s1 >> sh, t2 = s2 >> sh;
+    const bool hi = g >= 2;
+    const uint32_t sc = hi ? ((t2 & 0x0f0f) | ((t0 & 0xc0c0) >> 2)) : (t0 & 0x3f3f);
+    const uint32_t m = hi ? (((t2 >> 4) & 0x0f0f) | ((t1 & 0xc0c0) >> 2)) : (t1 & 0x3f3f);
+    *sc0 = (float)(sc & 0xff);
+    *sc1 = (float)((sc >> 8) & 0xff);
+    *m0 = (float)(m & 0xff);
+    *m1 = (float)((m >> 8) & 0xff);
 }
 
-// ---- per-type slice dots: lane slice c of block b of a row; TPB lanes per block ----
+// ---- per-type slice dots: lane slice c of block b of a row; TPB lanes per block. The x part
+// of a slice (load_x) is loaded once per block and shared by the R rows a warp computes.
 
 struct q4k_t { static constexpr int TPB = 8, QK = 256; };
 struct q5k_t { static constexpr int TPB = 8, QK = 256; };
 struct q6k_t { static constexpr int TPB = 8, QK = 256; };
 struct q80_t { static constexpr int TPB = 2, QK = 32; };
 
-// Q4_K slice c = 2g + h: qs bytes [32g + 16h, +16): weights 64g + 16h + [0,16) (low nibbles,
-// sub-block 2g) and 64g + 32 + 16h + [0,16) (high nibbles, sub-block 2g + 1).
+// K4/K5 slice c = 2g + h: weights 64g + 16h + [0,16) (sub-block 2g) and 64g + 32 + 16h + [0,16)
+// (sub-block 2g + 1)
+struct xk45 {
+    int4 xl, xh;
+    float2 dl, dh;
+};
+static __device__ __forceinline__ xk45 load_xk45(int b, int c, const int8_t *xqs,
+                                                 const float2 *xds)
+{
+    const int g = c >> 1, h = c & 1, e = b * 256 + 64 * g + 16 * h;
+    return {ldg<int4>(xqs + e), ldg<int4>(xqs + e + 32), ldg<float2>(xds + b * 8 + 2 * g),
+            ldg<float2>(xds + b * 8 + 2 * g + 1)};
+}
+static __device__ __forceinline__ xk45 load_x(q4k_t, int b, int c, const int8_t *q,
+                                              const float2 *d)
+{
+    return load_xk45(b, c, q, d);
+}
+static __device__ __forceinline__ xk45 load_x(q5k_t, int b, int c, const int8_t *q,
+                                              const float2 *d)
+{
+    return load_xk45(b, c, q, d);
+}
+
+static __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int4 lo, int4 hi,
+                                                   const xk45 &x)
+{
+    const int g = c >> 1, h = c & 1;
+    const float2 dm = __half22float2(*(const __half2 *)&hdr.x);
+    float sc0, m0, sc1, m1;
+    scale_min_pair(g, hdr.y, hdr.z, hdr.w, &sc0, &sc1, &m0, &m1);
+    const float r =
+        dm.x * (sc0 * x.dl.x * (float)dot4(lo, x.xl) + sc1 * x.dh.x * (float)dot4(hi, x.xh));
+    return h == 0 ? r - dm.y * (m0 * x.dl.y + m1 * x.dh.y) : r;
+}
+
+// Q4_K: qs bytes [32g + 16h, +16): low nibbles then high nibbles
 static __device__ __forceinline__ float slice_dot(q4k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int b, int c, const int8_t *xqs,
-                                                  const float2 *xds)
+                                                  uint64_t ib, int c, const xk45 &x)
 {
     (void)nblk;
     const uint8_t *blk = W + ib * 144;
     const uint4 hdr = ldg<uint4>(blk);
     const int4 q = ldg<int4>(blk + 16 + 16 * c);
-    const int g = c >> 1, h = c & 1;
-    const int e = b * 256 + 64 * g + 16 * h;
-    const int4 xl = ldg<int4>(xqs + e), xh = ldg<int4>(xqs + e + 32);
-    const float2 dl = ldg<float2>(xds + b * 8 + 2 * g), dh = ldg<float2>(xds + b * 8 + 2 * g + 1);
     const int4 lo = {q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F};
     const int4 hi = {(q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F,
                      (q.w >> 4) & 0x0F0F0F0F};
-    const float2 dm = __half22float2(*(const __half2 *)&hdr.x);
-    float sc0, m0, sc1, m1;
-    scale_min(2 * g, hdr.y, hdr.z, hdr.w, &sc0, &m0);
-    scale_min(2 * g + 1, hdr.y, hdr.z, hdr.w, &sc1, &m1);
-    const float r = dm.x * (sc0 * dl.x * (float)dot4(lo, xl) + sc1 * dh.x * (float)dot4(hi, xh));
-    return h == 0 ? r - dm.y * (m0 * dl.y + m1 * dh.y) : r;
+    return k45_finish(hdr, c, lo, hi, x);
 }
 
-// Q5_K: as Q4_K plus the fifth bit from qh[16h + l], bit 2g (low) / 2g + 1 (high).
+// Q5_K: as Q4_K plus the fifth bit from qh[16h + l], bit 2g (low) / 2g + 1 (high)
 static __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int b, int c, const int8_t *xqs,
-                                                  const float2 *xds)
+                                                  uint64_t ib, int c, const xk45 &x)
 {
     (void)nblk;
     const uint8_t *blk = W + ib * 176;
@@ -96,9 +124,6 @@ static __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint6
     const int g = c >> 1, h = c & 1;
     const int4 qh = ldg<int4>(blk + 16 + 16 * h);
     const int4 q = ldg<int4>(blk + 48 + 16 * c);
-    const int e = b * 256 + 64 * g + 16 * h;
-    const int4 xl = ldg<int4>(xqs + e), xh = ldg<int4>(xqs + e + 32);
-    const float2 dl = ldg<float2>(xds + b * 8 + 2 * g), dh = ldg<float2>(xds + b * 8 + 2 * g + 1);
     const int sl = 2 * g, sh = 2 * g + 1;
 #define Q5LO(v, u) (((v) & 0x0F0F0F0F) | ((((u) >> sl) & 0x01010101) << 4))
 #define Q5HI(v, u) ((((v) >> 4) & 0x0F0F0F0F) | ((((u) >> sh) & 0x01010101) << 4))
@@ -106,19 +131,31 @@ static __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint6
     const int4 hi = {Q5HI(q.x, qh.x), Q5HI(q.y, qh.y), Q5HI(q.z, qh.z), Q5HI(q.w, qh.w)};
 #undef Q5LO
 #undef Q5HI
-    const float2 dm = __half22float2(*(const __half2 *)&hdr.x);
-    float sc0, m0, sc1, m1;
-    scale_min(2 * g, hdr.y, hdr.z, hdr.w, &sc0, &m0);
-    scale_min(2 * g + 1, hdr.y, hdr.z, hdr.w, &sc1, &m1);
-    const float r = dm.x * (sc0 * dl.x * (float)dot4(lo, xl) + sc1 * dh.x * (float)dot4(hi, xh));
-    return h == 0 ? r - dm.y * (m0 * dl.y + m1 * dh.y) : r;
+    return k45_finish(hdr, c, lo, hi, x);
 }
 
 // Q6_K (packed) slice c: half n = c/4, l0 = 8*(c%4): ql[64n + l0 + [0,8)], ql[64n + 32 + l0 ..],
 // qh[32n + l0 ..] give weights 128n + 32k + l0 + [0,8) for k = 0..3, scale sc[8n + l0/16 + 2k].
+struct xk6 {
+    int2 xv[4];
+    int sumx[4];
+    float dx[4];
+};
+static __device__ __forceinline__ xk6 load_x(q6k_t, int b, int c, const int8_t *xqs,
+                                             const float2 *xds)
+{
+    const int n = c >> 2, l0 = 8 * (c & 3), e = b * 256 + 128 * n + l0;
+    xk6 x;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        x.xv[k] = ldg<int2>(xqs + e + 32 * k);
+        x.sumx[k] = 32 * __dp4a(0x01010101, x.xv[k].y, __dp4a(0x01010101, x.xv[k].x, 0));
+        x.dx[k] = ldg<float2>(xds + b * 8 + 4 * n + k).x;
+    }
+    return x;
+}
 static __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int b, int c, const int8_t *xqs,
-                                                  const float2 *xds)
+                                                  uint64_t ib, int c, const xk6 &x)
 {
     const int n = c >> 2, l0 = 8 * (c & 3);
     const uint8_t *qlh = W + ib * 192;
@@ -128,7 +165,6 @@ static __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint6
     const uint2 sw = ldg<uint2>(W + q6_sc_off(nblk) + ib * 16 + 8 * n);
     const float d = __half2float(ldg<__half>(W + q6_d_off(nblk) + ib * 2));
     const int ss = 8 * (l0 >> 4);
-    const int e = b * 256 + 128 * n + l0;
     float acc = 0.0f;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -136,96 +172,115 @@ static __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint6
         const int shq = (k & 2) ? 4 : 0, shh = 2 * k;
         const int v0 = (int)(((a0 >> shq) & 0x0F0F0F0F) | (((qh.x >> shh) & 0x03030303) << 4));
         const int v1 = (int)(((a1 >> shq) & 0x0F0F0F0F) | (((qh.y >> shh) & 0x03030303) << 4));
-        const int2 xv = ldg<int2>(xqs + e + 32 * k);
-        const int sumq = __dp4a(v1, xv.y, __dp4a(v0, xv.x, 0));
-        const int sumx = __dp4a(0x01010101, xv.y, __dp4a(0x01010101, xv.x, 0));
+        const int sumq = __dp4a(v1, x.xv[k].y, __dp4a(v0, x.xv[k].x, 0));
         const uint32_t w = (k & 2) ? sw.y : sw.x;
         const float sc = (float)(int8_t)(w >> (ss + 16 * (k & 1)));
-        acc += sc * ldg<float2>(xds + b * 8 + 4 * n + k).x * (float)(sumq - 32 * sumx);
+        acc += sc * x.dx[k] * (float)(sumq - x.sumx[k]);
     }
     return d * acc;
 }
 
 // Q8_0 (packed) slice c: qs[16c, +16)
+struct x80 {
+    int4 xv;
+    float dx;
+};
+static __device__ __forceinline__ x80 load_x(q80_t, int b, int c, const int8_t *xqs,
+                                             const float2 *xds)
+{
+    return {ldg<int4>(xqs + b * 32 + 16 * c), ldg<float2>(xds + b).x};
+}
 static __device__ __forceinline__ float slice_dot(q80_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int b, int c, const int8_t *xqs,
-                                                  const float2 *xds)
+                                                  uint64_t ib, int c, const x80 &x)
 {
     const int4 q = ldg<int4>(W + ib * 32 + 16 * c);
     const float d = __half2float(ldg<__half>(W + q8_d_off(nblk) + ib * 2));
-    const int4 xv = ldg<int4>(xqs + b * 32 + 16 * c);
-    return d * ldg<float2>(xds + b).x * (float)dot4(q, xv);
+    return d * x.dx * (float)dot4(q, x.xv);
 }
 
-template <typename TT>
-static __device__ __forceinline__ float row_dot_q(const uint8_t *W, int64_t row, int nb,
+// R rows of one matrix against x: acc[r] = partial (this lane's) dot of row rows[r]. The x
+// loads of a block are the same for every row, so they are loaded once (CSE) for R rows.
+template <typename TT, int R>
+static __device__ __forceinline__ void rows_dot_q(const uint8_t *W, const int64_t *rows, int nb,
                                                   uint64_t nblk, const int8_t *xqs,
-                                                  const float2 *xds, int lane)
+                                                  const float2 *xds, int lane, float *acc)
 {
     constexpr int BPI = 32 / TT::TPB;
     const int c = lane % TT::TPB;
-    float acc = 0.0f;
 #pragma unroll 4
-    for (int b = lane / TT::TPB; b < nb; b += BPI)
-        acc += slice_dot(TT(), W, nblk, (uint64_t)row * nb + b, b, c, xqs, xds);
-    return acc;
+    for (int b = lane / TT::TPB; b < nb; b += BPI) {
+        const auto xv = load_x(TT(), b, c, xqs, xds);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r] += slice_dot(TT(), W, nblk, (uint64_t)rows[r] * nb + b, c, xv);
+    }
 }
 
 struct f32_t {};
 struct f16_t {};
 struct bf16_t {};
 
-static __device__ __forceinline__ float row_dot_f(f32_t, const uint8_t *W, int64_t row,
-                                                  int64_t n_in, const float *x, int lane)
+static __device__ __forceinline__ float4 ldx4(const float *x, int64_t i) { return ldg<float4>(x + i); }
+
+template <int R>
+static __device__ __forceinline__ void rows_dot_f(f32_t, const uint8_t *W, const int64_t *rows,
+                                                  int64_t n_in, const float *x, int lane,
+                                                  float *acc)
 {
-    const float *w = (const float *)W + row * n_in;
-    float acc = 0.0f;
 #pragma unroll 4
     for (int64_t i = 4 * lane; i < n_in; i += 128) {
-        const float4 a = ldg<float4>(w + i), v = ldg<float4>(x + i);
-        acc += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
-    }
-    return acc;
-}
-
-template <bool BF>
-static __device__ __forceinline__ float row_dot_h(const uint8_t *W, int64_t row, int64_t n_in,
-                                                  const float *x, int lane)
-{
-    const uint16_t *w = (const uint16_t *)W + row * n_in;
-    float acc = 0.0f;
-#pragma unroll 2
-    for (int64_t i = 8 * lane; i < n_in; i += 256) {
-        const uint4 a = ldg<uint4>(w + i);
-        const float4 v0 = ldg<float4>(x + i), v1 = ldg<float4>(x + i + 4);
-        const uint32_t u[4] = {a.x, a.y, a.z, a.w};
-        const float xs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const float4 v = ldx4(x, i);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float lo, hi;
-            if (BF) {
-                lo = __uint_as_float(u[k] << 16);
-                hi = __uint_as_float(u[k] & 0xffff0000u);
-            } else {
-                const float2 f = __half22float2(*(const __half2 *)&u[k]);
-                lo = f.x;
-                hi = f.y;
-            }
-            acc += lo * xs[2 * k] + hi * xs[2 * k + 1];
+        for (int r = 0; r < R; r++) {
+            const float4 a = ldg<float4>((const float *)W + rows[r] * n_in + i);
+            acc[r] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
         }
     }
-    return acc;
 }
 
-static __device__ __forceinline__ float row_dot_f(f16_t, const uint8_t *W, int64_t row,
-                                                  int64_t n_in, const float *x, int lane)
+template <bool BF, int R>
+static __device__ __forceinline__ void rows_dot_h(const uint8_t *W, const int64_t *rows,
+                                                  int64_t n_in, const float *x, int lane,
+                                                  float *acc)
 {
-    return row_dot_h<false>(W, row, n_in, x, lane);
+#pragma unroll 2
+    for (int64_t i = 8 * lane; i < n_in; i += 256) {
+        const float4 v0 = ldx4(x, i), v1 = ldx4(x, i + 4);
+        const float xs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4 a = ldg<uint4>((const uint16_t *)W + rows[r] * n_in + i);
+            const uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float lo, hi;
+                if (BF) {
+                    lo = __uint_as_float(u[k] << 16);
+                    hi = __uint_as_float(u[k] & 0xffff0000u);
+                } else {
+                    const float2 f = __half22float2(*(const __half2 *)&u[k]);
+                    lo = f.x;
+                    hi = f.y;
+                }
+                acc[r] += lo * xs[2 * k] + hi * xs[2 * k + 1];
+            }
+        }
+    }
 }
-static __device__ __forceinline__ float row_dot_f(bf16_t, const uint8_t *W, int64_t row,
-                                                  int64_t n_in, const float *x, int lane)
+
+template <int R>
+static __device__ __forceinline__ void rows_dot_f(f16_t, const uint8_t *W, const int64_t *rows,
+                                                  int64_t n_in, const float *x, int lane,
+                                                  float *acc)
 {
-    return row_dot_h<true>(W, row, n_in, x, lane);
+    rows_dot_h<false, R>(W, rows, n_in, x, lane, acc);
+}
+template <int R>
+static __device__ __forceinline__ void rows_dot_f(bf16_t, const uint8_t *W, const int64_t *rows,
+                                                  int64_t n_in, const float *x, int lane,
+                                                  float *acc)
+{
+    rows_dot_h<true, R>(W, rows, n_in, x, lane, acc);
 }
 
 template <typename TT> struct is_float_type { static constexpr bool v = false; };
@@ -234,16 +289,18 @@ template <> struct is_float_type<f16_t> { static constexpr bool v = true; };
 template <> struct is_float_type<bf16_t> { static constexpr bool v = true; };
 
 // nblk (blocks in the whole tensor) is only needed by the packed layouts; pass it through.
-template <typename TT>
-static __device__ __forceinline__ float row_dot_n(const uint8_t *W, int64_t row, int64_t n_in,
-                                                  uint64_t nblk, const float *x,
-                                                  const int8_t *xqs, const float2 *xds, int lane)
+template <typename TT, int R>
+static __device__ __forceinline__ void rows_dot(const uint8_t *W, const int64_t *rows,
+                                                int64_t n_in, uint64_t nblk, const float *x,
+                                                const int8_t *xqs, const float2 *xds, int lane,
+                                                float *acc)
 {
-    if constexpr (is_float_type<TT>::v) {
-        return row_dot_f(TT(), W, row, n_in, x, lane);
-    } else {
-        return row_dot_q<TT>(W, row, (int)(n_in / TT::QK), nblk, xqs, xds, lane);
-    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    if constexpr (is_float_type<TT>::v)
+        rows_dot_f<R>(TT(), W, rows, n_in, x, lane, acc);
+    else
+        rows_dot_q<TT, R>(W, rows, (int)(n_in / TT::QK), nblk, xqs, xds, lane, acc);
 }
 
 static __device__ __forceinline__ float warp_sum(float v)
@@ -260,7 +317,9 @@ static __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t
     return ((unsigned long long)k << 32) | (uint32_t)~(uint32_t)row;
 }
 
-template <typename TT, int EP>
+// Warp w of CTA k handles rows [R*(k*GEMV_WARPS + w), +R), then strides by the grid. Rows
+// past n_out (the last group) are computed on row n_out-1 and not stored.
+template <typename TT, int EP, int R>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
@@ -271,21 +330,34 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
     unsigned long long my_best = 0;
-    for (int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + warp; row < n_out;
-         row += (int64_t)gridDim.x * GEMV_WARPS) {
-        float a = warp_sum(row_dot_n<TT>(W0, row, n_in, nblk, x, xqs, xds, lane));
-        if constexpr (EP == EP_SWIGLU) {
-            const float u = warp_sum(row_dot_n<TT>(W1, row, n_in, nblk, x, xqs, xds, lane));
-            a = a / (1.0f + __expf(-a)) * u;
+    for (int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * R; r0 < n_out;
+         r0 += (int64_t)gridDim.x * GEMV_WARPS * R) {
+        int64_t rows[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) rows[r] = r0 + r < n_out ? r0 + r : n_out - 1;
+        float a[R], u[R];
+        rows_dot<TT, R>(W0, rows, n_in, nblk, x, xqs, xds, lane, a);
+        if constexpr (EP == EP_SWIGLU) rows_dot<TT, R>(W1, rows, n_in, nblk, x, xqs, xds, lane, u);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            a[r] = warp_sum(a[r]);
+            if constexpr (EP == EP_SWIGLU) {
+                const float up = warp_sum(u[r]);
+                a[r] = a[r] / (1.0f + __expf(-a[r])) * up;
+            }
         }
         if (lane == 0) {
-            if constexpr (EP == EP_ADD)
-                y[row] += a;
-            else
-                y[row] = a;
-            if constexpr (EP == EP_ARGMAX) {
-                const unsigned long long k = argmax_key(a, row);
-                my_best = k > my_best ? k : my_best;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r0 + r >= n_out) break;
+                if constexpr (EP == EP_ADD)
+                    y[r0 + r] += a[r];
+                else
+                    y[r0 + r] = a[r];
+                if constexpr (EP == EP_ARGMAX) {
+                    const unsigned long long k = argmax_key(a[r], r0 + r);
+                    my_best = k > my_best ? k : my_best;
+                }
             }
         }
     }
@@ -412,17 +484,17 @@ extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_st
         d_x, (int8_t *)d_xq, (float2 *)((int8_t *)d_xq + n), n);
 }
 
-template <typename TT, int EP>
-static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+template <typename TT, int EP, int R>
+static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
                      const void *xq, float *y, unsigned long long *best, cudaStream_t s)
 {
-    auto k = gemv_kernel<TT, EP>;
+    auto k = gemv_kernel<TT, EP, R>;
     int dev = 0, n_sm = 132, per_sm = 8;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, GEMV_WARPS * 32, 0);
     if (per_sm < 1) per_sm = 1;
-    const int64_t need = (w0->n_out + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int64_t need = (w0->n_out + GEMV_WARPS * R - 1) / (GEMV_WARPS * R);
     const int64_t full = (int64_t)n_sm * per_sm;
     const unsigned grid = (unsigned)(need < full ? need : full);
     const int8_t *xqs = (const int8_t *)xq;
@@ -430,6 +502,25 @@ static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     k<<<grid, GEMV_WARPS * 32, 0, s>>>((const uint8_t *)w0->d_w,
                                        (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in,
                                        w0->n_out, x, xqs, xds, y, best);
+}
+
+// rows per warp: the matrix's choice, else 2 for tall matrices (x loads shared by two rows)
+static int rows_per_warp(const gemv_matrix *w)
+{
+    if (w->rows_per_warp == 1 || w->rows_per_warp == 2 || w->rows_per_warp == 4)
+        return w->rows_per_warp;
+    return w->n_out >= 4096 ? 2 : 1;
+}
+
+template <typename TT, int EP>
+static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+                     const void *xq, float *y, unsigned long long *best, cudaStream_t s)
+{
+    switch (rows_per_warp(w0)) {
+    case 4: launch_r<TT, EP, 4>(w0, w1, x, xq, y, best, s); break;
+    case 2: launch_r<TT, EP, 2>(w0, w1, x, xq, y, best, s); break;
+    default: launch_r<TT, EP, 1>(w0, w1, x, xq, y, best, s); break;
+    }
 }
 
 template <int EP>

@@ -29,6 +29,7 @@ typedef struct gemv_matrix {
     uint32_t type;  /* ggml type id */
     int64_t n_in, n_out;
     const void *d_w; /* borrowed, device, gemv_packed_bytes(type, n_in, n_out) bytes */
+    int rows_per_warp; /* 1, 2 or 4 rows per warp sharing x loads; 0: chosen by shape */
 } gemv_matrix;
 
 typedef enum gemv_epilogue {

@@ -19,26 +19,27 @@ typedef struct bench_shape {
     const char *what;
     uint32_t type;
     int64_t n_out, n_in;
+    int variants; /* also time rows_per_warp 1, 2, 4 */
 } bench_shape;
 
 static const bench_shape k_shapes[] = {
-    {"27B ffn_gate/up", GGML_TYPE_Q4_K, 17408, 5120},
-    {"27B ffn_down", GGML_TYPE_Q4_K, 5120, 17408},
-    {"27B ffn_down (q6)", GGML_TYPE_Q6_K, 5120, 17408},
-    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120},
-    {"27B attn_qkv (q6)", GGML_TYPE_Q6_K, 10240, 5120},
-    {"27B lm_head", GGML_TYPE_Q6_K, 248320, 5120},
-    {"27B ssm_alpha (q8)", GGML_TYPE_Q8_0, 48, 5120},
-    {"q8_0 big", GGML_TYPE_Q8_0, 17408, 5120},
-    {"bf16 big", GGML_TYPE_BF16, 17408, 5120},
-    {"f16 big", GGML_TYPE_F16, 17408, 5120},
-    {"f32 big", GGML_TYPE_F32, 8192, 5120},
-    {"4B ffn_gate/up", GGML_TYPE_Q4_K, 9216, 2560},
-    {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560},
-    {"0.8B ffn_gate/up", GGML_TYPE_Q4_K, 3584, 1024},
-    {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584},
-    {"0.8B lm_head", GGML_TYPE_Q6_K, 248320, 1024},
-    {"tiny 1024x1024", GGML_TYPE_Q4_K, 1024, 1024},
+    {"27B ffn_gate/up", GGML_TYPE_Q4_K, 17408, 5120, 1},
+    {"27B ffn_down", GGML_TYPE_Q4_K, 5120, 17408, 1},
+    {"27B ffn_down (q6)", GGML_TYPE_Q6_K, 5120, 17408, 1},
+    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120, 1},
+    {"27B attn_qkv (q6)", GGML_TYPE_Q6_K, 10240, 5120, 0},
+    {"27B lm_head", GGML_TYPE_Q6_K, 248320, 5120, 0},
+    {"27B ssm_alpha (q8)", GGML_TYPE_Q8_0, 48, 5120, 0},
+    {"q8_0 big", GGML_TYPE_Q8_0, 17408, 5120, 1},
+    {"bf16 big", GGML_TYPE_BF16, 17408, 5120, 0},
+    {"f16 big", GGML_TYPE_F16, 17408, 5120, 0},
+    {"f32 big", GGML_TYPE_F32, 8192, 5120, 0},
+    {"4B ffn_gate/up", GGML_TYPE_Q4_K, 9216, 2560, 1},
+    {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560, 0},
+    {"0.8B ffn_gate/up", GGML_TYPE_Q4_K, 3584, 1024, 1},
+    {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584, 0},
+    {"0.8B lm_head", GGML_TYPE_Q6_K, 248320, 1024, 0},
+    {"tiny 1024x1024", GGML_TYPE_Q4_K, 1024, 1024, 0},
 };
 
 static int bench_copy(int reps, status *st)
@@ -81,7 +82,9 @@ static int bench_one(const bench_shape *s, int reps, status *st)
     float *d_x = NULL, *d_y = NULL;
     void *d_xq = NULL;
     cuda_event e0 = NULL, e1 = NULL;
-    int rc = cuda_alloc(&d_raw, raw, "raw", st);
+    cuda_stream stream = NULL;
+    int rc = cuda_stream_create(&stream, st);
+    if (!rc) rc = cuda_alloc(&d_raw, raw, "raw", st);
     for (int c = 0; !rc && c < copies; c++) rc = cuda_alloc(&d_w[c], packed, "w", st);
     if (!rc) rc = cuda_upload(d_raw, host, raw, st);
     for (int c = 0; !rc && c < copies; c++) gemv_pack(s->type, d_raw, d_w[c], n_in, n_out, NULL);
@@ -98,30 +101,45 @@ static int bench_one(const bench_shape *s, int reps, status *st)
         gemv_quantize_x(d_x, d_xq, n_in, NULL);
     }
     if (!rc) rc = cuda_sync(NULL, "setup", st);
-    if (!rc) {
+    const bool q = s->type != GGML_TYPE_F32 && s->type != GGML_TYPE_F16 &&
+                   s->type != GGML_TYPE_BF16;
+    const double bytes = (double)raw + (q ? (double)gemv_xq_bytes(n_in) : 4.0 * n_in) +
+                         4.0 * n_out;
+    static const int k_rpw[] = {0, 1, 2, 4};
+    for (int v = 0; !rc && v < (s->variants ? 4 : 1); v++) {
         for (int i = 0; i < 2 * copies; i++) {
-            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies]};
-            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, NULL);
+            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies], k_rpw[v]};
+            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
         }
-        cuda_event_record(e0, NULL);
+        cuda_event_record(e0, stream);
         for (int i = 0; i < reps; i++) {
-            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies]};
-            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, NULL);
+            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies], k_rpw[v]};
+            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
         }
-        cuda_event_record(e1, NULL);
-        rc = cuda_sync(NULL, "gemv bench", st);
-    }
-    if (!rc) {
-        const float ms = cuda_event_elapsed_ms(e0, e1);
-        const double us = ms * 1e3 / reps;
-        const bool q = s->type != GGML_TYPE_F32 && s->type != GGML_TYPE_F16 &&
-                       s->type != GGML_TYPE_BF16;
-        const double bytes = (double)raw + (q ? (double)gemv_xq_bytes(n_in) : 4.0 * n_in) +
-                             4.0 * n_out;
-        const double gbs = bytes / (us * 1e-6) / 1e9;
-        printf("%-20s %-5s %6lldx%-6lld %8.1f MB %9.2f us %7.0f GB/s %5.1f%% of 4.6 TB/s\n",
-               s->what, quant_get(s->type)->name, (long long)n_out, (long long)n_in, bytes / 1e6,
-               us, gbs, 100.0 * gbs / PEAK_GBS);
+        cuda_event_record(e1, stream);
+        if ((rc = cuda_sync(stream, "gemv bench", st))) break;
+        const double us = cuda_event_elapsed_ms(e0, e1) * 1e3 / reps;
+        /* the same GEMVs captured once in a graph (one per weight copy) and replayed */
+        cuda_graph_exec g = NULL;
+        if ((rc = cuda_graph_capture_begin(stream, st))) break;
+        for (int i = 0; i < copies; i++) {
+            gemv_matrix m = {s->type, n_in, n_out, d_w[i], k_rpw[v]};
+            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
+        }
+        if ((rc = cuda_graph_capture_end(stream, &g, st))) break;
+        const int gr = reps / copies + 2;
+        cuda_graph_launch(g, stream);
+        cuda_event_record(e0, stream);
+        for (int i = 0; i < gr; i++) cuda_graph_launch(g, stream);
+        cuda_event_record(e1, stream);
+        if ((rc = cuda_sync(stream, "gemv graph bench", st))) break;
+        const double gus = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
+        cuda_graph_exec_destroy(g);
+        const double gbs = bytes / (gus * 1e-6) / 1e9;
+        printf("%-20s %-5s %6lldx%-6lld rpw %d %8.1f MB  launch %8.2f us  graph %8.2f us "
+               "%6.0f GB/s %5.1f%% of 4.6 TB/s\n",
+               s->what, quant_get(s->type)->name, (long long)n_out, (long long)n_in, k_rpw[v],
+               bytes / 1e6, us, gus, gbs, 100.0 * gbs / PEAK_GBS);
     }
     for (int c = 0; c < copies; c++) cuda_free(d_w[c]);
     cuda_free(d_raw);
@@ -130,6 +148,7 @@ static int bench_one(const bench_shape *s, int reps, status *st)
     cuda_free(d_y);
     cuda_event_destroy(e0);
     cuda_event_destroy(e1);
+    cuda_stream_destroy(stream);
     free(d_w);
     free(host);
     return rc;

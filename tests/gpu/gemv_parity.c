@@ -45,7 +45,7 @@ static int matrix_make(dev_matrix *dm, uint32_t type, int64_t n_in, int64_t n_ou
         rc = cuda_sync(NULL, "gemv_pack", st);
     }
     cuda_free(d_raw);
-    dm->m = (gemv_matrix){type, n_in, n_out, dm->d_w};
+    dm->m = (gemv_matrix){type, n_in, n_out, dm->d_w, 0};
     return rc;
 }
 
