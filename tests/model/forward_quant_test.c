@@ -1,0 +1,196 @@
+/* Quantised copies of the reference models (written by requant_file: Q8_0, the llama-quantize
+ * Q4_K_M mix, and every weight type alone):
+ *  1. the engine on the quantised file computes exactly the F32 math on the dequantised
+ *     weights: same logits (1e-4 relative) as an all-F32 file holding those dequantised values;
+ *  2. the logits stay close to the F32 originals. Measured over every teacher-forced row
+ *     (prompt by prefill + greedy by decode) of both models; bounds keep ~2x headroom.
+ * The reference models are random-weight and ill-conditioned: a DeltaNet head's output before
+ * its gated RMSNorm is β(k·q)v with k·q a cancelling dot product of near-orthogonal unit
+ * vectors, and the RMSNorm removes its scale, so weight noise is amplified ~10-20x (F16 weights
+ * with 2e-4 relative error move the first token's logits by ~1.5e-3). Their top-1 margins are
+ * ~0.01-0.04, so top-1 agreement is reported but only loosely bounded. */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "forward_test_util.h"
+#include "gguf/quant.h"
+#include "gguf_rewrite.h"
+#include "model/forward.h"
+
+static const char *const cases[] = {"tiny-r2-tied", "tiny-r1-untied"};
+#define N_CASES 2
+
+typedef struct qcase {
+    const char *name;
+    requant_kind kind;
+    uint32_t type;
+    double max_nmse;  /* bound on Σ(Δ²)/Σ(logit²) over all rows */
+    double max_rel;   /* bound on the worst row's max|Δ| / max|logit| */
+    double min_top1;  /* bound on the fraction of rows whose argmax agrees with F32 */
+} qcase;
+
+/* measured (worst of the two models): nmse / worst row rel / top-1
+ *   f16   3.1e-5 / 0.035 / 0.995    bf16   1.9e-3 / 0.145 / 0.971   q8_0 1.9e-2 / 0.65 / 0.857
+ *   q6_k  0.104  / 0.97  / 0.600    q5_k   0.237  / 1.42  / 0.457   q4_k 0.505  / 1.52 / 0.236
+ *   q4_k_m 0.364 / 1.36  / 0.271 */
+static const qcase qcases[] = {
+    {"f16", REQUANT_ALL, GGML_TYPE_F16, 1e-4, 0.08, 0.95},
+    {"bf16", REQUANT_ALL, GGML_TYPE_BF16, 5e-3, 0.3, 0.9},
+    {"q8_0", REQUANT_Q8_0, 0, 0.05, 1.3, 0.7},
+    {"q6_k", REQUANT_ALL, GGML_TYPE_Q6_K, 0.25, 2.0, 0.4},
+    {"q5_k", REQUANT_ALL, GGML_TYPE_Q5_K, 0.5, 3.0, 0.25},
+    {"q4_k", REQUANT_ALL, GGML_TYPE_Q4_K, 1.0, 3.0, 0.1},
+    {"q4_k_m", REQUANT_Q4_K_M, 0, 0.8, 3.0, 0.12},
+};
+#define N_Q (sizeof qcases / sizeof qcases[0])
+
+static char tmpdir[4096];
+
+static int setup(void)
+{
+    const char *t = getenv("TEST_TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s", t && *t ? t : "/tmp");
+    return 0;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* All-rows logits of every prompt of case c through the model at path, concatenated. */
+static float *run_all(const char *path, int c, const ref_prompt *ps, int np, long *n_rows,
+                      qwen35_model **keep)
+{
+    qwen35_model *m;
+    status st;
+    if (qwen35_model_load(&m, path, &st)) {
+        fprintf(stderr, "%s: %s\n", path, st.msg);
+        return NULL;
+    }
+    long rows = 0;
+    for (int i = 0; i < np; i++) rows += ps[i].rows;
+    int V = m->cfg.V;
+    float *lg = malloc(sizeof(float) * rows * V);
+    qwen35_ctx *ctx;
+    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.n_threads = 2}, &ctx, &st) == 0);
+    long r0 = 0;
+    for (int i = 0; i < np; i++) {
+        qwen35_state *s;
+        int32_t *ids = forward_test_full_ids(&ps[i]);
+        CU_ASSERT_FATAL(qwen35_state_create(m, ps[i].rows, &s, &st) == 0);
+        /* prompt by prefill, the rest by decode: both paths on the quantised weights */
+        CU_ASSERT(qwen35_prefill(ctx, s, ids, ps[i].n_ids, lg + r0 * V, true, &st) == 0);
+        for (int t = ps[i].n_ids; t < ps[i].rows; t++)
+            CU_ASSERT(qwen35_decode_batch(ctx, &s, ids + t, 1, lg + (r0 + t) * V, &st) == 0);
+        r0 += ps[i].rows;
+        free(ids);
+        qwen35_state_destroy(s);
+    }
+    qwen35_ctx_destroy(ctx);
+    *n_rows = rows;
+    if (keep) *keep = m;
+    else qwen35_model_free(m);
+    return lg;
+}
+
+static void test_quantised_copies(void)
+{
+    for (int c = 0; c < N_CASES; c++) {
+        ref_prompt *ps;
+        int np = forward_test_read_prompts(cases[c], &ps);
+        CU_ASSERT_FATAL(np > 0);
+        char src[4096];
+        forward_test_reference_path(src, sizeof src, cases[c], ".gguf");
+        long rows;
+        float *ref = run_all(src, c, ps, np, &rows, NULL);
+        CU_ASSERT_FATAL(ref != NULL);
+        int V = ps[0].V;
+        for (size_t q = 0; q < N_Q; q++) {
+            char dst[4200];
+            snprintf(dst, sizeof dst, "%s/%s.%s.%d.gguf", tmpdir, cases[c], qcases[q].name, (int)getpid());
+            status st;
+            int rc = requant_file(src, dst, qcases[q].kind, qcases[q].type, &st);
+            if (rc) fprintf(stderr, "requant %s: %s\n", dst, st.msg);
+            CU_ASSERT_FATAL(rc == 0);
+            long rows_q, rows_d;
+            qwen35_model *m = NULL;
+            float *got = run_all(dst, c, ps, np, &rows_q, &m);
+            CU_ASSERT_FATAL(got != NULL && rows_q == rows);
+            /* 1. the same file dequantised to F32 gives the same logits */
+            char deq[4300];
+            snprintf(deq, sizeof deq, "%s.f32", dst);
+            CU_ASSERT_FATAL(requant_file(dst, deq, REQUANT_ALL, GGML_TYPE_F32, &st) == 0);
+            float *dq = run_all(deq, c, ps, np, &rows_d, NULL);
+            CU_ASSERT_FATAL(dq != NULL && rows_d == rows);
+            double worst_dq = 0;
+            for (long r = 0; r < rows; r++) {
+                double md = 0, mr = 0;
+                for (int v = 0; v < V; v++) {
+                    double d = fabs((double)got[r * V + v] - dq[r * V + v]);
+                    if (!(d <= md)) md = d;
+                    mr = fmax(mr, fabs(dq[r * V + v]));
+                }
+                if (!(md / mr <= worst_dq)) worst_dq = md / mr;
+            }
+            /* 2. close to the F32 original */
+            double worst = 0, se = 0, sr = 0;
+            long agree = 0;
+            for (long r = 0; r < rows; r++) {
+                double md = 0, mr = 0;
+                for (int v = 0; v < V; v++) {
+                    double d = fabs((double)got[r * V + v] - ref[r * V + v]);
+                    if (!(d <= md)) md = d;
+                    mr = fmax(mr, fabs(ref[r * V + v]));
+                    se += d * d;
+                    sr += (double)ref[r * V + v] * ref[r * V + v];
+                }
+                if (!(md / mr <= worst)) worst = md / mr;
+                agree += argmax(got + r * V, V) == argmax(ref + r * V, V);
+            }
+            double top1 = (double)agree / rows, nmse = se / sr;
+            printf("\n    %-15s %-7s vs dequantised-F32 %.2g | vs F32: nmse %.3g (bound %g), worst row rel %.3g (bound %g), top-1 %.3f (bound %.2f)",
+                   cases[c], qcases[q].name, worst_dq, nmse, qcases[q].max_nmse, worst,
+                   qcases[q].max_rel, top1, qcases[q].min_top1);
+            CU_ASSERT(worst_dq <= 1e-4);
+            CU_ASSERT(nmse <= qcases[q].max_nmse);
+            CU_ASSERT(worst <= qcases[q].max_rel);
+            CU_ASSERT(top1 >= qcases[q].min_top1);
+            CU_ASSERT(worst > 0); /* the copy really is quantised */
+            free(dq);
+            unlink(deq);
+            if (qcases[q].kind == REQUANT_Q4_K_M) { /* the llama-quantize mix (QWEN35.md §5.3) */
+                CU_ASSERT_EQUAL(m->tok_embd.type, m->cfg.tied ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K);
+                CU_ASSERT_EQUAL(m->output.type, GGML_TYPE_Q6_K);
+                CU_ASSERT_EQUAL(m->layers[0].ffn_gate.type, GGML_TYPE_Q4_K);
+                /* use_more_bits(i, n): true for the last layer (i >= 7n/8) */
+                CU_ASSERT_EQUAL(m->layers[m->cfg.n_layer - 1].ffn_down.type, GGML_TYPE_Q6_K);
+            }
+            if (qcases[q].kind == REQUANT_Q8_0) CU_ASSERT_EQUAL(m->layers[0].ffn_up.type, GGML_TYPE_Q8_0);
+            qwen35_model_free(m);
+            free(got);
+            unlink(dst);
+        }
+        free(ref);
+        forward_test_free_prompts(ps, np);
+    }
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("forward_quant", setup, NULL);
+    CU_add_test(s, "quantised_copies", test_quantised_copies);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
