@@ -1,7 +1,10 @@
 /* tokenizer_bench: encode and decode throughput of model/tokenizer on a large mixed text.
  *
- *   tokenizer_bench --model F.gguf [--mb 8] [--chunk 4096] [--threads 2] [--reps 3]
- *                   [--dump-text PATH]
+ *   tokenizer_bench (--model F.gguf | --synth-vocab N) [--mb 8] [--chunk 4096] [--threads 2]
+ *                   [--reps 3] [--dump-text PATH]
+ *
+ * --synth-vocab N builds the tokenizer from gguf/synth_vocab.h's deterministic byte-level BPE of
+ * N tokens (248320: the real Qwen3.5 size, 248k merges), for the cost of a full-size vocabulary.
  *
  * The text: every regular file of /usr/share/common-licenses (English prose) interleaved with
  * multilingual snippets (accents, decomposed forms, CJK, emoji, code, ChatML specials), repeated
@@ -22,6 +25,7 @@
 #include <time.h>
 
 #include "common/flags.h"
+#include "gguf/synth_vocab.h"
 #include "model/tokenizer.h"
 
 typedef struct bench_opts {
@@ -31,6 +35,7 @@ typedef struct bench_opts {
     int threads;
     int reps;
     const char *dump_text;
+    int synth_vocab;
 } bench_opts;
 
 static const flag_spec bench_flags[] = {
@@ -41,6 +46,8 @@ static const flag_spec bench_flags[] = {
     {"reps", NULL, "3", FLAG_INT, offsetof(bench_opts, reps), "repetitions (best is kept)"},
     {"dump-text", NULL, NULL, FLAG_STR, offsetof(bench_opts, dump_text),
      "write the benchmark text to this file"},
+    {"synth-vocab", NULL, "0", FLAG_INT, offsetof(bench_opts, synth_vocab),
+     "instead of --model: a synthetic vocabulary of this many tokens"},
     {0},
 };
 
@@ -177,25 +184,56 @@ static double run_chunked(const tokenizer *t, const char *text, size_t len, size
     return failed ? 0 : now_s() - t0;
 }
 
+/* A tokenizer over synth_vocab_build(n) (what `deltaserve gguf synth` writes). */
+static int synth_tokenizer(tokenizer **t, int n, double *create_s, status *st)
+{
+    synth_vocab v;
+    int rc = synth_vocab_build(&v, (uint32_t)n, st);
+    if (rc) return rc;
+    tokenizer_text *toks = malloc(v.n_tokens * sizeof *toks);
+    tokenizer_text *merges = malloc((v.n_merges ? v.n_merges : 1) * sizeof *merges);
+    if (!toks || !merges) {
+        rc = status_fail(st, STATUS_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < v.n_tokens; i++) toks[i] = (tokenizer_text){v.tokens[i], strlen(v.tokens[i])};
+    for (uint32_t i = 0; i < v.n_merges; i++)
+        merges[i] = (tokenizer_text){v.merges[i], strlen(v.merges[i])};
+    tokenizer_spec spec = {.n_tokens = v.n_tokens, .tokens = toks, .token_types = v.types,
+                           .n_merges = v.n_merges, .merges = merges,
+                           .eos_id = (int32_t)v.im_end_id, .bos_id = -1,
+                           .pre = TOKENIZER_PRE_QWEN35};
+    double t0 = now_s();
+    rc = tokenizer_create(t, &spec, st);
+    *create_s = now_s() - t0;
+done:
+    free(toks);
+    free(merges);
+    synth_vocab_free(&v);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     bench_opts o = {0};
     status st = {0};
     int rc = flags_parse(bench_flags, &o, argc, argv, "tokenizer_bench --model F.gguf", &st);
     if (rc == STATUS_CANCELLED) return 0;
-    if (rc || !o.model || o.mb < 1 || o.chunk < 16 || o.threads < 1 || o.threads > 64 ||
+    if (rc || !o.model == !o.synth_vocab || o.mb < 1 || o.chunk < 16 || o.threads < 1 || o.threads > 64 ||
         o.reps < 1) {
-        fprintf(stderr, "%s\nusage: tokenizer_bench --model F.gguf [--mb N] [--chunk B] "
+        fprintf(stderr, "%s\nusage: tokenizer_bench (--model F.gguf | --synth-vocab N) [--mb N] [--chunk B] "
                         "[--threads T] [--reps R] [--dump-text PATH]\n", rc ? st.msg : "");
         return 2;
     }
     tokenizer *t;
     double t0 = now_s();
-    if (tokenizer_load_path(&t, o.model, &st)) {
+    double load_s = 0;
+    if (o.model ? tokenizer_load_path(&t, o.model, &st)
+                : synth_tokenizer(&t, o.synth_vocab, &load_s, &st)) {
         fprintf(stderr, "tokenizer_bench: %s\n", st.msg);
         return 1;
     }
-    double load_s = now_s() - t0;
+    if (o.model) load_s = now_s() - t0; /* GGUF open + tokenizer_load; synthetic: create only */
 
     size_t len;
     char *text = build_text((size_t)o.mb << 20, &len);
@@ -207,7 +245,8 @@ int main(int argc, char **argv)
         }
     }
     double mb = (double)len / 1e6;
-    printf("model %s: vocab %zu, load %.1f ms\n", o.model, tokenizer_n_vocab(t), 1e3 * load_s);
+    printf("%s: vocab %zu, load %.1f ms\n", o.model ? o.model : "synthetic vocabulary",
+           tokenizer_n_vocab(t), 1e3 * load_s);
 
     int32_t *ids = NULL;
     size_t n_ids = 0;
