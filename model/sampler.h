@@ -1,0 +1,98 @@
+/* Token sampler: penalties, greedy / temperature / top-k / top-p / min-p, a counter-based
+ * RNG, and logprobs. One `sampler` per sequence slot, created once (all scratch allocated
+ * then) and reset per request; nothing is allocated per token. docs/SAMPLER.md has the full
+ * definition (order of operations, RNG, logprob semantics) that the CUDA sampler matches.
+ *
+ * Order of operations in sampler_sample, as llama.cpp and vLLM:
+ *   1. penalties on the logits, in place (repetition, then frequency and presence);
+ *   2. logprobs (if asked): log-softmax of the penalised logits at temperature 1;
+ *   3. temperature 0: greedy argmax (lowest id on ties); done;
+ *   4. temperature, 5. top-k, 6. top-p, 7. min-p, 8. softmax over what is left, 9. draw.
+ *
+ * Per token: penalties cost O(distinct tokens in the penalty window); sampling is O(V)
+ * (selection by partitioning, no sort of the vocabulary). Not thread-safe per sampler;
+ * different samplers are independent. */
+#ifndef DS_MODEL_SAMPLER_H
+#define DS_MODEL_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define SAMPLER_MAX_LOGPROBS 20
+
+/* Sampling parameters of one request. Zero-initialised = greedy decoding with no penalties,
+ * no logprobs: proto3 fields that are absent arrive as 0, and 0 means "default" wherever
+ * that default is the neutral value. */
+typedef struct sampler_params {
+    float temperature;        /* 0 = greedy; > 0 divides the logits. Finite, >= 0. */
+    int32_t top_k;            /* keep the k most likely; 0 = off (all). >= 0 */
+    float top_p;              /* nucleus mass in (0, 1]; 0 = default = 1 (off) */
+    float min_p;              /* drop p < min_p * p_max, in [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; 0 = default = 1 (off). Divides positive logits of
+                                 penalised tokens, multiplies negative ones */
+    float presence_penalty;   /* in [-2, 2]; subtracted once from each penalised token */
+    float frequency_penalty;  /* in [-2, 2]; subtracted count times */
+    bool penalize_prompt;     /* prompt tokens count for the penalties (llama.cpp); false:
+                                 only generated tokens count (vLLM presence/frequency) */
+    int32_t penalty_window;   /* penalties see the last N accepted tokens (prompt and
+                                 generated positions alike); 0 = all. >= 0 */
+    uint64_t seed;            /* RNG key; the engine fills one in when the request has none */
+    int32_t n_logprobs;       /* top alternatives to report, 0..SAMPLER_MAX_LOGPROBS */
+} sampler_params;
+
+/* One reported alternative: token id and its logprob (see sampler_sample). */
+typedef struct sampler_logprob {
+    int32_t token;
+    float logprob;
+} sampler_logprob;
+
+typedef struct sampler sampler;
+
+/* Checks every field; STATUS_INVALID with a message naming the first bad field and value,
+ * e.g. "sampler: top_p = 1.5: must be in (0, 1] (0 = default 1)". st may be NULL. */
+int sampler_params_validate(const sampler_params *p, status *st);
+
+/* p with the defaults filled in (top_p 0 -> 1, repetition_penalty 0 -> 1). */
+sampler_params sampler_params_resolve(const sampler_params *p);
+
+/* Allocates a sampler for a vocabulary of n_vocab tokens and sequences of at most n_ctx_max
+ * tokens (prompt + generated; bounds the penalty bookkeeping), with params p (validated).
+ * STATUS_INVALID for bad params or sizes, STATUS_NOMEM. Memory: about 12 B per vocabulary
+ * entry plus 20 B per context position. */
+int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampler_params *p,
+                   status *st);
+void sampler_destroy(sampler *s);
+
+/* Starts a new request on this sampler: new params (validated), no tokens seen, RNG step 0.
+ * Costs O(distinct tokens seen before). STATUS_INVALID leaves the sampler unchanged. */
+int sampler_reset(sampler *s, const sampler_params *p, status *st);
+
+/* Records prompt tokens (counted for penalties only when penalize_prompt) and generated
+ * tokens (always counted). The caller accepts every token of the sequence in order; ids must
+ * be in [0, n_vocab) and the total at most n_ctx_max (asserted: the engine validates
+ * requests first). */
+void sampler_accept_prompt(sampler *s, const int32_t *ids, int64_t n);
+void sampler_accept(sampler *s, int32_t token);
+
+/* Samples one token from logits [n_vocab] (finite or -inf; at least one finite), which are
+ * modified in place (penalties applied). Does not accept the token: call sampler_accept.
+ * top: when non-NULL, receives params.n_logprobs entries, the highest penalised logits in
+ * descending order (lowest id first on ties). chosen_logprob: when non-NULL, receives the
+ * logprob of the returned token. Logprobs are log-softmax of the penalised logits at
+ * temperature 1, over the whole vocabulary, before top-k/top-p/min-p (vLLM's "processed"
+ * logprobs at temperature 1). Each call advances the RNG step by one, drawn or greedy. */
+int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *chosen_logprob);
+
+/* Number of sampler_sample calls since create/reset: the RNG counter of the next draw. */
+uint64_t sampler_step(const sampler *s);
+
+/* The RNG: Philox-4x32-10 (Salmon et al. 2011, Random123's philox4x32_10: multipliers
+ * 0xD2511F53, 0xCD9E8D57, Weyl key increments 0x9E3779B9, 0xBB67AE85). */
+void sampler_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* The uniform of draw `step` of a request: Philox with key (seed & 0xffffffff, seed >> 32)
+ * and counter (step & 0xffffffff, step >> 32, 0, 0); u = (out[0] >> 8) * 2^-24 in [0, 1). */
+float sampler_uniform(uint64_t seed, uint64_t step);
+
+#endif

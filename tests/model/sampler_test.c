@@ -1,0 +1,530 @@
+/* Unit tests for model/sampler: validation, the Philox RNG, greedy, determinism, the sampled
+ * distribution of every filter combination against a brute-force reference (chi-square with
+ * a fixed seed), penalties with exact values and a sliding window, logprobs, and no
+ * allocation after create (malloc is wrapped at link time: see tests/model/BUILD). */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/sampler.h"
+
+/* ---- allocation counter (linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc) --- */
+
+static long n_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n) { n_allocs++; return __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t m) { n_allocs++; return __real_calloc(n, m); }
+void *__wrap_realloc(void *p, size_t n) { n_allocs++; return __real_realloc(p, n); }
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+
+static sampler *make(int32_t V, int32_t n_ctx, const sampler_params *p) {
+    sampler *s = NULL;
+    status st = {0};
+    int rc = sampler_create(&s, V, n_ctx, p, &st);
+    if (rc) printf("\n  sampler_create: %s\n", st.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, STATUS_OK);
+    return s;
+}
+
+/* The definition of docs/SAMPLER.md, written plainly (sort, double precision): the
+ * probability of each token after temperature, top-k, top-p, min-p. */
+static void ref_dist(const float *z, int V, const sampler_params *p0, double *prob) {
+    sampler_params p = sampler_params_resolve(p0);
+    int order[64];
+    for (int i = 0; i < V; i++) order[i] = i;
+    for (int i = 1; i < V; i++) /* insertion sort: z desc, id asc */
+        for (int j = i; j > 0 && (z[order[j]] > z[order[j - 1]] ||
+                                  (z[order[j]] == z[order[j - 1]] && order[j] < order[j - 1])); j--) {
+            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    for (int i = 0; i < V; i++) prob[i] = 0;
+    if (p.temperature == 0) {
+        prob[order[0]] = 1;
+        return;
+    }
+    int n = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    double w[64], S = 0;
+    for (int r = 0; r < n; r++) S += w[r] = exp(((double)z[order[r]] - z[order[0]]) / p.temperature);
+    if (p.top_p < 1) {
+        double cum = 0;
+        int m = 0;
+        while (m < n && cum < p.top_p * S) cum += w[m++];
+        n = m;
+    }
+    double T = 0;
+    for (int r = 0; r < n; r++) {
+        if (w[r] < p.min_p * w[0]) continue;
+        prob[order[r]] = w[r];
+        T += w[r];
+    }
+    for (int i = 0; i < V; i++) prob[i] /= T;
+}
+
+/* Chi-square critical value for df at upper tail z sigma (Wilson-Hilferty). */
+static double chi2_crit(int df, double z) {
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1 - a + z * sqrt(a), 3);
+}
+
+/* Pearson chi-square of counts against prob; counts where prob is 0 must be 0 (else inf). */
+static double chi2(const long *cnt, const double *prob, int V, long N, int *df) {
+    double c = 0;
+    *df = -1;
+    for (int i = 0; i < V; i++) {
+        if (prob[i] == 0) {
+            if (cnt[i]) return INFINITY;
+            continue;
+        }
+        double e = prob[i] * N;
+        c += (cnt[i] - e) * (cnt[i] - e) / e;
+        (*df)++;
+    }
+    return c;
+}
+
+/* ---- validation ------------------------------------------------------------------------- */
+
+static void expect_invalid(sampler_params p, const char *field) {
+    status st = {0};
+    int rc = sampler_params_validate(&p, &st);
+    CU_ASSERT_EQUAL(rc, STATUS_INVALID);
+    if (!strstr(st.msg, field)) printf("\n  message '%s' does not name %s\n", st.msg, field);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, field));
+}
+
+static void test_validate(void) {
+    sampler_params z = {0};
+    CU_ASSERT_EQUAL(sampler_params_validate(&z, NULL), STATUS_OK);
+    sampler_params ok = {.temperature = 0.7f, .top_k = 40, .top_p = 1, .min_p = 1,
+                         .repetition_penalty = 1.1f, .presence_penalty = -2, .frequency_penalty = 2,
+                         .penalty_window = 64, .seed = ~0ull, .n_logprobs = 20};
+    CU_ASSERT_EQUAL(sampler_params_validate(&ok, NULL), STATUS_OK);
+    sampler_params p;
+    p = z, p.temperature = -0.1f, expect_invalid(p, "temperature");
+    p = z, p.temperature = NAN, expect_invalid(p, "temperature");
+    p = z, p.temperature = INFINITY, expect_invalid(p, "temperature");
+    p = z, p.top_k = -1, expect_invalid(p, "top_k");
+    p = z, p.top_p = 1.5f, expect_invalid(p, "top_p");
+    p = z, p.top_p = -0.1f, expect_invalid(p, "top_p");
+    p = z, p.top_p = NAN, expect_invalid(p, "top_p");
+    p = z, p.min_p = -0.01f, expect_invalid(p, "min_p");
+    p = z, p.min_p = 1.01f, expect_invalid(p, "min_p");
+    p = z, p.repetition_penalty = -1, expect_invalid(p, "repetition_penalty");
+    p = z, p.repetition_penalty = NAN, expect_invalid(p, "repetition_penalty");
+    p = z, p.presence_penalty = 2.5f, expect_invalid(p, "presence_penalty");
+    p = z, p.frequency_penalty = -3, expect_invalid(p, "frequency_penalty");
+    p = z, p.frequency_penalty = NAN, expect_invalid(p, "frequency_penalty");
+    p = z, p.penalty_window = -1, expect_invalid(p, "penalty_window");
+    p = z, p.n_logprobs = 21, expect_invalid(p, "n_logprobs");
+    p = z, p.n_logprobs = -1, expect_invalid(p, "n_logprobs");
+    sampler_params r = sampler_params_resolve(&z);
+    CU_ASSERT(r.top_p == 1 && r.repetition_penalty == 1 && r.temperature == 0);
+    /* create and reset validate too; a failed reset leaves the sampler as it was */
+    sampler *s = NULL;
+    p = z, p.top_k = -2;
+    status st = {0};
+    CU_ASSERT_EQUAL(sampler_create(&s, 10, 10, &p, &st), STATUS_INVALID);
+    CU_ASSERT_PTR_NULL(s);
+    CU_ASSERT_EQUAL(sampler_create(&s, 0, 10, &z, &st), STATUS_INVALID);
+    s = make(10, 10, &z);
+    sampler_accept(s, 3);
+    CU_ASSERT_EQUAL(sampler_reset(s, &p, &st), STATUS_INVALID);
+    float lg[10] = {0};
+    lg[3] = 1;
+    sampler_sample(s, lg, NULL, NULL);
+    CU_ASSERT_EQUAL(sampler_step(s), 1);
+    sampler_destroy(s);
+}
+
+/* ---- RNG -------------------------------------------------------------------------------- */
+
+static void test_philox_kat(void) {
+    /* Random123 kat_vectors, philox4x32 10 */
+    static const uint32_t ctr[3][4] = {{0, 0, 0, 0},
+                                       {~0u, ~0u, ~0u, ~0u},
+                                       {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}};
+    static const uint32_t key[3][2] = {{0, 0}, {~0u, ~0u}, {0xa4093822, 0x299f31d0}};
+    static const uint32_t want[3][4] = {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+                                        {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+                                        {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+    for (int k = 0; k < 3; k++) {
+        uint32_t out[4];
+        sampler_philox4x32_10(ctr[k], key[k], out);
+        CU_ASSERT(memcmp(out, want[k], sizeof out) == 0);
+    }
+    /* the uniform: key = seed halves, counter = step halves */
+    uint32_t out[4];
+    const uint32_t c[4] = {5, 1, 0, 0}, kk[2] = {0x89abcdef, 0x01234567};
+    sampler_philox4x32_10(c, kk, out);
+    CU_ASSERT_EQUAL(sampler_uniform(0x0123456789abcdefull, 0x100000005ull), (float)(out[0] >> 8) * 0x1p-24f);
+    double mean = 0;
+    float lo = 1, hi = 0;
+    for (uint64_t t = 0; t < 100000; t++) {
+        float u = sampler_uniform(42, t);
+        mean += u;
+        lo = fminf(lo, u), hi = fmaxf(hi, u);
+    }
+    mean /= 100000;
+    CU_ASSERT(fabs(mean - 0.5) < 0.005 && lo >= 0 && hi < 1);
+}
+
+/* ---- greedy and determinism ------------------------------------------------------------- */
+
+static void test_greedy(void) {
+    sampler_params p = {0};
+    sampler *s = make(7, 64, &p);
+    float a[7] = {1, 5, -INFINITY, 5, 4.999f, -3, 0};
+    float b[7];
+    memcpy(b, a, sizeof a);
+    CU_ASSERT_EQUAL(sampler_sample(s, b, NULL, NULL), 1); /* tie 1 and 3: lowest id */
+    float c[7] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -7};
+    CU_ASSERT_EQUAL(sampler_sample(s, c, NULL, NULL), 6);
+    /* top_k = 1 and a tiny top_p are greedy at any temperature and seed */
+    uint64_t r = 3;
+    for (int trial = 0; trial < 200; trial++) {
+        float z[7], z2[7];
+        int arg = 0;
+        for (int i = 0; i < 7; i++) {
+            z[i] = (float)(rng_next(&r) % 5); /* many ties */
+            if (z[i] > z[arg]) arg = i;
+        }
+        sampler_params q = {.temperature = 3.0f, .top_k = 1, .seed = (uint64_t)trial};
+        CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+        memcpy(z2, z, sizeof z);
+        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
+        q.top_k = 0, q.top_p = 1e-6f;
+        CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+        memcpy(z2, z, sizeof z);
+        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
+    }
+    sampler_destroy(s);
+}
+
+static void draw_sequence(sampler *s, int n, int32_t *out) {
+    uint64_t r = 11; /* the same logits every run */
+    for (int t = 0; t < n; t++) {
+        float z[100];
+        for (int i = 0; i < 100; i++) z[i] = 3 * rng_uniform(&r);
+        out[t] = sampler_sample(s, z, NULL, NULL);
+    }
+}
+
+static void test_determinism(void) {
+    sampler_params p = {.temperature = 1.0f, .top_p = 0.95f, .seed = 1234};
+    sampler *a = make(100, 1000, &p), *b = make(100, 1000, &p);
+    int32_t sa[300], sb[300], sc[300];
+    draw_sequence(a, 300, sa);
+    /* b interleaves draws of another request between its own: no effect (per-sequence
+     * counter, no shared state) */
+    sampler_params other = {.temperature = 1.0f, .seed = 99};
+    sampler *o = make(100, 1000, &other);
+    uint64_t r = 11;
+    for (int t = 0; t < 300; t++) {
+        float z[100], junk[100];
+        for (int i = 0; i < 100; i++) z[i] = 3 * rng_uniform(&r), junk[i] = (float)i;
+        sampler_sample(o, junk, NULL, NULL);
+        sb[t] = sampler_sample(b, z, NULL, NULL);
+    }
+    CU_ASSERT(memcmp(sa, sb, sizeof sa) == 0);
+    /* reset restarts the stream */
+    CU_ASSERT_EQUAL(sampler_reset(a, &p, NULL), STATUS_OK);
+    draw_sequence(a, 300, sc);
+    CU_ASSERT(memcmp(sa, sc, sizeof sa) == 0);
+    /* another seed gives another sequence */
+    p.seed = 1235;
+    CU_ASSERT_EQUAL(sampler_reset(a, &p, NULL), STATUS_OK);
+    draw_sequence(a, 300, sc);
+    int diff = 0;
+    for (int t = 0; t < 300; t++) diff += sa[t] != sc[t];
+    CU_ASSERT(diff > 200);
+    sampler_destroy(a), sampler_destroy(b), sampler_destroy(o);
+}
+
+/* ---- the sampled distribution ----------------------------------------------------------- */
+
+#define DIST_V 12
+static const float dist_logits[DIST_V] = {2.0f, 1.5f, 1.2f, 0.9f, 0.5f, 0.3f, 0.0f,
+                                          -0.4f, -1.0f, -1.5f, -2.5f, -4.0f};
+
+/* Draws N tokens with p from dist_logits; counts per token. */
+static void draw_counts(const sampler_params *p, long N, long *cnt) {
+    sampler *s = make(DIST_V, 16, p);
+    memset(cnt, 0, DIST_V * sizeof *cnt);
+    for (long t = 0; t < N; t++) {
+        float z[DIST_V];
+        memcpy(z, dist_logits, sizeof z);
+        cnt[sampler_sample(s, z, NULL, NULL)]++;
+    }
+    sampler_destroy(s);
+}
+
+static void test_distribution(void) {
+    static const sampler_params cases[] = {
+        {.temperature = 1.0f, .seed = 1},
+        {.temperature = 0.6f, .seed = 2},
+        {.temperature = 1.7f, .seed = 3},
+        {.temperature = 1.0f, .top_k = 4, .seed = 4},
+        {.temperature = 1.0f, .top_p = 0.8f, .seed = 5},
+        {.temperature = 2.0f, .top_p = 0.5f, .seed = 6},
+        {.temperature = 1.0f, .min_p = 0.2f, .seed = 7},
+        {.temperature = 0.8f, .top_k = 7, .top_p = 0.9f, .min_p = 0.05f, .seed = 8},
+        {.temperature = 1.3f, .top_k = 10, .min_p = 0.1f, .seed = 9},
+        {.temperature = 1.0f, .top_k = 3, .top_p = 0.99f, .seed = 10},
+    };
+    const long N = 100000;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        long cnt[DIST_V];
+        double prob[DIST_V];
+        draw_counts(&cases[c], N, cnt);
+        ref_dist(dist_logits, DIST_V, &cases[c], prob);
+        int df;
+        double x2 = chi2(cnt, prob, DIST_V, N, &df);
+        double crit = chi2_crit(df > 0 ? df : 1, 4.5); /* ~3e-6 upper tail */
+        printf("\n  case %zu: chi2 %.2f df %d (crit %.1f)", c, x2, df, crit);
+        CU_ASSERT(df == 0 ? x2 == 0 : x2 < crit);
+        int support = 0;
+        for (int i = 0; i < DIST_V; i++) support += prob[i] > 0;
+        if (c == 3) CU_ASSERT_EQUAL(support, 4);
+        if (c == 6) CU_ASSERT(support > 1 && support < DIST_V);
+    }
+}
+
+/* The same check must reject near misses: temperature 1 draws against the temperature 1.1
+ * distribution, and top-p 0.8 draws against the unfiltered softmax. */
+static void test_distribution_check_can_fail(void) {
+    const long N = 100000;
+    long cnt[DIST_V];
+    double prob[DIST_V];
+    int df;
+    sampler_params p = {.temperature = 1.0f, .seed = 1}, q = p;
+    draw_counts(&p, N, cnt);
+    q.temperature = 1.1f;
+    ref_dist(dist_logits, DIST_V, &q, prob);
+    CU_ASSERT(chi2(cnt, prob, DIST_V, N, &df) > chi2_crit(df, 4.5));
+    p.top_p = 0.8f;
+    draw_counts(&p, N, cnt);
+    q = p, q.top_p = 1;
+    ref_dist(dist_logits, DIST_V, &q, prob);
+    CU_ASSERT(isinf(chi2(cnt, prob, DIST_V, N, &df)) == 0); /* support differs the other way */
+    CU_ASSERT(chi2(cnt, prob, DIST_V, N, &df) > chi2_crit(df, 4.5));
+}
+
+static void test_ties_and_min_p(void) {
+    /* eight equal logits, top_p 0.5: exactly the four lowest ids, uniformly */
+    sampler_params p = {.temperature = 1.0f, .top_p = 0.5f, .seed = 77};
+    sampler *s = make(8, 8, &p);
+    long cnt[8] = {0};
+    for (int t = 0; t < 40000; t++) {
+        float z[8] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+        cnt[sampler_sample(s, z, NULL, NULL)]++;
+    }
+    for (int i = 0; i < 8; i++) CU_ASSERT(i < 4 ? labs(cnt[i] - 10000) < 600 : cnt[i] == 0);
+    /* top_k 3 with a tie at the boundary: ids 0, 1 (the larger) and 2 (lowest of the tie) */
+    sampler_params q = {.temperature = 1.0f, .top_k = 3, .seed = 5};
+    CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+    memset(cnt, 0, sizeof cnt);
+    for (int t = 0; t < 20000; t++) {
+        float z[8] = {1, 2, 0, 0, 0, -1, 0, -5};
+        cnt[sampler_sample(s, z, NULL, NULL)]++;
+    }
+    CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[2] > 0);
+    CU_ASSERT(cnt[3] + cnt[4] + cnt[5] + cnt[6] + cnt[7] == 0);
+    /* min_p: p_i >= min_p * p_max exactly at the boundary; e^-ln(4) = 0.25 */
+    sampler_params m = {.temperature = 1.0f, .min_p = 0.25f, .seed = 6};
+    CU_ASSERT_EQUAL(sampler_reset(s, &m, NULL), STATUS_OK);
+    memset(cnt, 0, sizeof cnt);
+    for (int t = 0; t < 20000; t++) {
+        float z[8] = {0, -1.0f, -1.3f, -1.4f, -1.5f, -3, -8, 0.1f};
+        cnt[sampler_sample(s, z, NULL, NULL)]++;
+    }
+    /* relative to the max 0.1: -1.0 -> e^-1.1 = .33 kept, -1.3 -> e^-1.4 = .247 dropped */
+    CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[7] > 0);
+    CU_ASSERT(cnt[2] + cnt[3] + cnt[4] + cnt[5] + cnt[6] == 0);
+    sampler_destroy(s);
+}
+
+/* ---- penalties -------------------------------------------------------------------------- */
+
+static void test_penalties_exact(void) {
+    /* prompt 1 1 2, generated 3 3 3 4; rep 2, freq 0.5, presence 0.25 */
+    const int32_t prompt[3] = {1, 1, 2};
+    for (int pp = 0; pp < 2; pp++) {
+        sampler_params p = {.repetition_penalty = 2, .frequency_penalty = 0.5f,
+                            .presence_penalty = 0.25f, .penalize_prompt = pp};
+        sampler *s = make(6, 16, &p);
+        sampler_accept_prompt(s, prompt, 3);
+        for (int i = 0; i < 3; i++) sampler_accept(s, 3);
+        sampler_accept(s, 4);
+        float z[6] = {1, 4, -2, 3, -1, 8};
+        sampler_sample(s, z, NULL, NULL);
+        /* counted: token 1 x2 and 2 x1 (prompt, when penalize_prompt), 3 x3, 4 x1 */
+        CU_ASSERT_EQUAL(z[0], 1.0f);
+        CU_ASSERT_EQUAL(z[1], pp ? 4.0f / 2 - 2 * 0.5f - 0.25f : 4.0f);
+        CU_ASSERT_EQUAL(z[2], pp ? -2.0f * 2 - 0.5f - 0.25f : -2.0f);
+        CU_ASSERT_EQUAL(z[3], 3.0f / 2 - 3 * 0.5f - 0.25f);
+        CU_ASSERT_EQUAL(z[4], -1.0f * 2 - 0.5f - 0.25f);
+        CU_ASSERT_EQUAL(z[5], 8.0f);
+        sampler_destroy(s);
+    }
+    /* window 2: only the last two positions count */
+    sampler_params w = {.frequency_penalty = 1, .penalty_window = 2, .penalize_prompt = true};
+    sampler *s = make(6, 16, &w);
+    const int32_t seq[5] = {5, 5, 2, 5, 1};
+    sampler_accept_prompt(s, seq, 5);
+    float z[6] = {0, 0, 0, 0, 0, 0};
+    sampler_sample(s, z, NULL, NULL);
+    CU_ASSERT(z[1] == -1 && z[5] == -1 && z[2] == 0 && z[0] == 0);
+    /* reset forgets everything */
+    CU_ASSERT_EQUAL(sampler_reset(s, &w, NULL), STATUS_OK);
+    float y[6] = {0, 0, 0, 0, 0, 0};
+    sampler_sample(s, y, NULL, NULL);
+    for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(y[i], 0.0f);
+    sampler_destroy(s);
+}
+
+/* The windowed multiset against brute force, with a large vocabulary (hash collisions,
+ * backward-shift deletions) and a small one (many repeats). */
+static void test_penalty_window_stress(void) {
+    static const struct { int32_t V, n_ctx, window; } cfg[] = {
+        {200000, 6000, 700}, {50, 3000, 37}, {1000, 2000, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        const int32_t V = cfg[c].V, n_ctx = cfg[c].n_ctx, W = cfg[c].window;
+        sampler_params p = {.frequency_penalty = 1, .penalty_window = W};
+        sampler *s = make(V, n_ctx, &p);
+        int32_t *seq = malloc(n_ctx * sizeof *seq);
+        float *z = malloc(V * sizeof *z);
+        int *want = calloc(V, sizeof *want);
+        uint64_t r = 17 + c;
+        int bad = 0;
+        for (int32_t t = 0; t < n_ctx; t++) {
+            seq[t] = (int32_t)(rng_next(&r) % (uint64_t)V);
+            if (t % 3 == 0 && t > 0) seq[t] = seq[t - 1 - (int32_t)(rng_next(&r) % (uint64_t)t)];
+            sampler_accept(s, seq[t]);
+            if (t % 250 != 249 && t != n_ctx - 1) continue;
+            for (int32_t i = 0; i < V; i++) z[i] = 0;
+            sampler_sample(s, z, NULL, NULL);
+            memset(want, 0, V * sizeof *want);
+            for (int32_t k = W > 0 && t + 1 > W ? t + 1 - W : 0; k <= t; k++) want[seq[k]]++;
+            for (int32_t i = 0; i < V; i++) bad += z[i] != -(float)want[i];
+        }
+        if (bad) printf("\n  V %d window %d: %d wrong penalties\n", V, W, bad);
+        CU_ASSERT_EQUAL(bad, 0);
+        free(seq), free(z), free(want);
+        sampler_destroy(s);
+    }
+}
+
+/* ---- logprobs --------------------------------------------------------------------------- */
+
+static void test_logprobs(void) {
+    const int V = 16;
+    float base[16];
+    uint64_t r = 8;
+    for (int i = 0; i < V; i++) base[i] = 4 * rng_uniform(&r) - 2;
+    base[9] = base[4]; /* a tie */
+    sampler_params p = {.temperature = 0.5f, .n_logprobs = 16, .repetition_penalty = 1.5f, .seed = 3};
+    sampler *s = make(V, 32, &p);
+    sampler_accept(s, 2);
+    sampler_logprob top[16], top2[16];
+    float z[16], chosen;
+    memcpy(z, base, sizeof z);
+    int32_t tok = sampler_sample(s, z, top, &chosen);
+    /* normalised over the whole vocabulary, descending, z[] penalised, ties by id */
+    double sum = 0;
+    for (int j = 0; j < V; j++) {
+        sum += exp(top[j].logprob);
+        if (j > 0) CU_ASSERT(top[j].logprob <= top[j - 1].logprob);
+        if (j > 0 && top[j].logprob == top[j - 1].logprob) CU_ASSERT(top[j].token > top[j - 1].token);
+        CU_ASSERT(fabsf(top[j].logprob - (z[top[j].token] - z[top[0].token]) - top[0].logprob) < 1e-5f);
+    }
+    CU_ASSERT(fabs(sum - 1) < 1e-5);
+    for (int j = 0; j < V; j++)
+        if (top[j].token == tok) CU_ASSERT_EQUAL(top[j].logprob, chosen);
+    /* temperature does not change them (temperature 1 semantics); penalty does */
+    sampler_params q = p;
+    q.temperature = 2.0f;
+    CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+    sampler_accept(s, 2);
+    memcpy(z, base, sizeof z);
+    sampler_sample(s, z, top2, NULL);
+    CU_ASSERT(memcmp(top, top2, sizeof top) == 0);
+    /* greedy: chosen logprob is the best one; n_logprobs beyond the vocabulary pads */
+    sampler_params g = {.n_logprobs = 20};
+    sampler *s3 = make(3, 4, &g);
+    sampler_logprob t3[20];
+    float z3[3] = {0, 1, 0};
+    float c3;
+    CU_ASSERT_EQUAL(sampler_sample(s3, z3, t3, &c3), 1);
+    CU_ASSERT_EQUAL(t3[0].token, 1);
+    CU_ASSERT_EQUAL(t3[1].token, 0);
+    CU_ASSERT_EQUAL(t3[2].token, 2);
+    CU_ASSERT(t3[3].token == -1 && isinf(t3[19].logprob));
+    CU_ASSERT(fabsf(c3 - (float)(1 - log(2 + exp(1.0)))) < 1e-6f);
+    sampler_destroy(s), sampler_destroy(s3);
+}
+
+/* ---- no allocation after create --------------------------------------------------------- */
+
+static void test_no_alloc_after_create(void) {
+    const int32_t V = 5000;
+    sampler_params p = {.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .min_p = 0.01f,
+                        .repetition_penalty = 1.2f, .frequency_penalty = 0.3f, .presence_penalty = 0.1f,
+                        .penalize_prompt = true, .penalty_window = 64, .seed = 5, .n_logprobs = 5};
+    long before = n_allocs;
+    sampler *s = make(V, 600, &p);
+    CU_ASSERT(n_allocs > before); /* the counter works: create allocates */
+    float *z = malloc(V * sizeof *z);
+    sampler_logprob top[5];
+    float lp;
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++) prompt[i] = i * 37 % V;
+    uint64_t r = 1;
+    long after_create = n_allocs;
+    for (int req = 0; req < 3; req++) {
+        p.top_k = req == 1 ? 0 : 50; /* also the no-top-k path */
+        CU_ASSERT_EQUAL(sampler_reset(s, &p, NULL), STATUS_OK);
+        sampler_accept_prompt(s, prompt, 100);
+        for (int t = 0; t < 150; t++) {
+            for (int i = 0; i < V; i++) z[i] = 5 * rng_uniform(&r);
+            sampler_accept(s, sampler_sample(s, z, top, &lp));
+        }
+    }
+    CU_ASSERT_EQUAL(n_allocs, after_create);
+    free(z);
+    sampler_destroy(s);
+}
+
+int main(void) {
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("sampler", NULL, NULL);
+    CU_add_test(s, "validate", test_validate);
+    CU_add_test(s, "philox_kat", test_philox_kat);
+    CU_add_test(s, "greedy", test_greedy);
+    CU_add_test(s, "determinism", test_determinism);
+    CU_add_test(s, "distribution", test_distribution);
+    CU_add_test(s, "distribution_check_can_fail", test_distribution_check_can_fail);
+    CU_add_test(s, "ties_and_min_p", test_ties_and_min_p);
+    CU_add_test(s, "penalties_exact", test_penalties_exact);
+    CU_add_test(s, "penalty_window_stress", test_penalty_window_stress);
+    CU_add_test(s, "logprobs", test_logprobs);
+    CU_add_test(s, "no_alloc_after_create", test_no_alloc_after_create);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    int failed = (int)CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed > 0;
+}
