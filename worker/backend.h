@@ -47,6 +47,7 @@ typedef struct worker_batch_item {
     int slot;
     const int32_t *tokens; /* borrowed, [n_tokens] */
     int n_tokens;          /* >= 1 */
+    bool prompt;           /* the tokens are prompt tokens (else the last generated token) */
     bool sample;
     /* out, when sample */
     int32_t token;

@@ -376,6 +376,7 @@ static int build_batch(engine *e, engine_request **active, int na)
         it->slot = r->slot;
         it->tokens = r->p.prompt + r->n_prefilled;
         it->n_tokens = chunk;
+        it->prompt = true;
         it->sample = r->n_prefilled + chunk == r->p.n_prompt;
         e->item_req[n] = r;
         e->item_chunk[n++] = chunk;

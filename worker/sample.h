@@ -4,6 +4,7 @@
 #ifndef DS_WORKER_SAMPLE_H
 #define DS_WORKER_SAMPLE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -17,8 +18,8 @@ void worker_sampler_destroy(worker_sampler *s);
 /* A new sequence with these parameters (validated by worker/request.c). */
 int worker_sampler_start(worker_sampler *s, const worker_sampling *p, status *st);
 
-/* Tokens fed to the sequence (prompt and generated): what the penalties count. */
-void worker_sampler_accept(worker_sampler *s, const int32_t *tokens, int n);
+/* Tokens fed to the sequence, in order: prompt tokens (prompt = true) and generated ones. */
+void worker_sampler_accept(worker_sampler *s, const int32_t *tokens, int n, bool prompt);
 
 /* Samples from logits [vocab] (modified) into it->token, and it->logprob / it->top / it->n_top
  * when the sequence asked for logprobs. */

@@ -185,6 +185,46 @@ static void concurrent_run(int slots, int step_tokens, int copies)
 static void test_batching_does_not_change_tokens(void) { concurrent_run(4, 16, 1); }
 static void test_batching_with_waiting_requests(void) { concurrent_run(3, 24, 2); }
 
+/* Sampled (temperature 0.9, top-k 50, top-p 0.95, penalties), seeded: each request's tokens
+ * are the same alone and in a batch; another seed gives other tokens. */
+static void run_sampled(engine *e, const int *which, int n, uint64_t seed0, collector *c)
+{
+    status st;
+    for (int i = 0; i < n; i++) {
+        col_init(&c[i]);
+        const wt_prompt *pr = &g_prompts[which[i]];
+        engine_params p = greedy_params("sampled", pr, 24);
+        p.sampling.temperature = 0.9f;
+        p.sampling.top_k = 50;
+        p.sampling.top_p = 0.95f;
+        p.sampling.repetition_penalty = 1.1f;
+        p.sampling.presence_penalty = 0.2f;
+        p.sampling.seed = seed0 + (uint64_t)which[i];
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c[i], &st), STATUS_OK);
+    }
+    for (int i = 0; i < n; i++) CU_ASSERT_FATAL(col_wait(&c[i], 0));
+}
+
+static void test_sampling_is_batch_invariant(void)
+{
+    worker_backend *b;
+    engine *e;
+    CU_ASSERT_FATAL(make_cpu_engine(4, 4, 16, &b, &e) == 0);
+    collector alone[4], batch[4], other[1];
+    for (int i = 0; i < g_n_prompts; i++) run_sampled(e, &i, 1, 1000, &alone[i]);
+    int all[4] = {0, 1, 2, 3};
+    run_sampled(e, all, g_n_prompts, 1000, batch);
+    for (int i = 0; i < g_n_prompts; i++) {
+        CU_ASSERT_EQUAL(batch[i].n_tokens, 24);
+        CU_ASSERT(memcmp(batch[i].tokens, alone[i].tokens, 24 * sizeof(int32_t)) == 0);
+    }
+    run_sampled(e, all, 1, 7777, other);
+    CU_ASSERT(memcmp(other[0].tokens, alone[0].tokens, 24 * sizeof(int32_t)) != 0);
+    /* and sampling is not greedy: the seeded run differs from the reference greedy */
+    CU_ASSERT(memcmp(alone[0].tokens, g_prompts[0].greedy, 24 * sizeof(int32_t)) != 0);
+    free_engine(b, e);
+}
+
 static void test_stop_token_and_length(void)
 {
     worker_backend *b;
@@ -591,6 +631,7 @@ int main(void)
     CU_add_test(s, "each_prompt_alone_matches_reference", test_each_prompt_alone_matches_reference);
     CU_add_test(s, "batching_does_not_change_tokens", test_batching_does_not_change_tokens);
     CU_add_test(s, "batching_with_waiting_requests", test_batching_with_waiting_requests);
+    CU_add_test(s, "sampling_is_batch_invariant", test_sampling_is_batch_invariant);
     CU_add_test(s, "stop_token_and_length", test_stop_token_and_length);
     CU_add_test(s, "cancel_frees_slot", test_cancel_frees_slot);
     CU_add_test(s, "queue_full_is_exhausted", test_queue_full_is_exhausted);
