@@ -501,6 +501,58 @@ static void test_detok_roundtrip(void)
     }
 }
 
+/* Random texts from awkward pieces (combining marks in every order, jamo, kana with voicing
+ * marks, CJK, emoji, invalid bytes, special-token fragments): encode never crashes, rejects
+ * exactly the invalid UTF-8, and decode(encode(x)) equals utf8proc's NFC of the whole of x (an
+ * independent check of the encoder's run-wise NFC). */
+static void test_roundtrip_nfc_random(void)
+{
+    static const char *const pieces[] = {
+        "a", "e", "Q", " ", "\n", "<|im_end|>", "<|im_", "|>", "7", "!",
+        "\xCC\x81", "\xCC\x87", "\xCC\xA3", "\xCC\x88", "\xCD\x85", "\xE1\x9C\x94",
+        "\xE1\x84\x80", "\xE1\x85\xA1", "\xE1\x86\xA8", "\xEA\xB0\x80",
+        "\xE3\x81\x8B", "\xE3\x82\x99", "\xE3\x82\x9A", "\xE3\x83\x8F", "\xE4\xB8\x80",
+        "\xE2\x84\xAB", "\xE0\xAD\x87", "\xE0\xAC\xBE", "\xE0\xA5\x98", "\xC3\xA9",
+        "\xF0\x9F\x99\x82", "\xEF\xAC\x81", "\x80", "\xC3", "\xED\xA0\x80",
+    };
+    unsigned seed = 2024;
+    int n_valid = 0, n_invalid = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        char text[256];
+        size_t len = 0;
+        int k = rand_r(&seed) % 16;
+        for (int i = 0; i < k; i++) {
+            const char *p = pieces[rand_r(&seed) % (sizeof pieces / sizeof *pieces)];
+            memcpy(text + len, p, strlen(p));
+            len += strlen(p);
+        }
+        utf8proc_uint8_t *nfc = NULL;
+        utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len,
+                                           &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        status st = {0};
+        int32_t *ids;
+        size_t n;
+        int rc = tokenizer_encode(ref_tok[0], text, len, &ids, &n, &st);
+        if (nl < 0) { /* invalid UTF-8 by utf8proc: the tokenizer must say so too */
+            CU_ASSERT_EQUAL(rc, STATUS_INVALID);
+            n_invalid++;
+            continue;
+        }
+        CU_ASSERT_EQUAL_FATAL(rc, STATUS_OK);
+        n_valid++;
+        char *out;
+        size_t ol;
+        CU_ASSERT_EQUAL_FATAL(tokenizer_decode(ref_tok[0], ids, n, &out, &ol, &st), STATUS_OK);
+        int same = ol == (size_t)nl && !memcmp(out, nfc, ol);
+        if (!same) fprintf(stderr, "NFC round trip differs for '%s'\n", text);
+        CU_ASSERT(same);
+        free(out);
+        free(ids);
+        free(nfc);
+    }
+    CU_ASSERT(n_valid > 500 && n_invalid > 500);
+}
+
 typedef struct job {
     const char *const *texts;
     int n_texts;
@@ -626,6 +678,7 @@ int main(void)
     CU_add_test(s, "detok random ids", test_detok_random);
     CU_add_test(s, "detok holds back", test_detok_holds_back);
     CU_add_test(s, "detok roundtrip", test_detok_roundtrip);
+    CU_add_test(s, "round trip = NFC (random)", test_roundtrip_nfc_random);
     CU_add_test(s, "concurrent encode", test_concurrent_encode);
     CU_add_test(s, "gguf load", test_gguf_load);
     CU_basic_set_mode(CU_BRM_VERBOSE);
