@@ -122,6 +122,16 @@ extern "C" void cuda_copy_async(void *d_dst, const void *d_src, size_t bytes, cu
     cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, s);
 }
 
+extern "C" void cuda_copy_h2d_async(void *d_dst, const void *h_src, size_t bytes, cuda_stream s)
+{
+    cudaMemcpyAsync(d_dst, h_src, bytes, cudaMemcpyHostToDevice, s);
+}
+
+extern "C" void cuda_copy_d2h_async(void *h_dst, const void *d_src, size_t bytes, cuda_stream s)
+{
+    cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, s);
+}
+
 extern "C" int cuda_stream_create(cuda_stream *s, status *st)
 {
     CUDA_TRY(st, cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
@@ -154,6 +164,10 @@ extern "C" float cuda_event_elapsed_ms(cuda_event start, cuda_event end)
     return ms;
 }
 
+static thread_local size_t g_last_kernel_nodes = 0;
+
+extern "C" size_t cuda_graph_last_kernel_nodes(void) { return g_last_kernel_nodes; }
+
 extern "C" int cuda_graph_capture_begin(cuda_stream s, status *st)
 {
     CUDA_TRY(st, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -165,6 +179,19 @@ extern "C" int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, stat
     cudaGraph_t g = NULL;
     *exec = NULL;
     CUDA_TRY(st, cudaStreamEndCapture(s, &g));
+    size_t n = 0;
+    cudaGraphGetNodes(g, NULL, &n);
+    g_last_kernel_nodes = 0;
+    if (n > 0) {
+        cudaGraphNode_t *nodes = new cudaGraphNode_t[n];
+        cudaGraphGetNodes(g, nodes, &n);
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t;
+            if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel)
+                g_last_kernel_nodes++;
+        }
+        delete[] nodes;
+    }
     cudaError_t e = cudaGraphInstantiate(exec, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess)

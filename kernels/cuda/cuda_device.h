@@ -57,8 +57,10 @@ uint64_t cuda_alloc_count(void);
 int cuda_upload(void *d_dst, const void *src, size_t bytes, status *st);
 int cuda_download(void *dst, const void *d_src, size_t bytes, status *st);
 int cuda_memset(void *d_dst, int byte, size_t bytes, status *st);
-/* Asynchronous device-to-device copy on a stream (capturable into a graph). */
+/* Asynchronous copies on a stream (capturable into a graph); host memory should be pinned. */
 void cuda_copy_async(void *d_dst, const void *d_src, size_t bytes, cuda_stream s);
+void cuda_copy_h2d_async(void *d_dst, const void *h_src, size_t bytes, cuda_stream s);
+void cuda_copy_d2h_async(void *h_dst, const void *d_src, size_t bytes, cuda_stream s);
 
 int cuda_stream_create(cuda_stream *s, status *st);
 void cuda_stream_destroy(cuda_stream s);
@@ -72,6 +74,8 @@ float cuda_event_elapsed_ms(cuda_event start, cuda_event end);
  * begin and end into an executable graph; replay it with one call. */
 int cuda_graph_capture_begin(cuda_stream s, status *st);
 int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, status *st);
+/* Kernel nodes in the last graph cuda_graph_capture_end instantiated on this thread. */
+size_t cuda_graph_last_kernel_nodes(void);
 /* Launches the graph on s; returns STATUS_OK or STATUS_DEVICE (no message: launch path). */
 int cuda_graph_launch(cuda_graph_exec exec, cuda_stream s);
 void cuda_graph_exec_destroy(cuda_graph_exec exec);

@@ -3,12 +3,22 @@
 // 16-byte slice of a block and walks the row block by block. Integer dp4a against the Q8 x for
 // quantised types, FP32 FMA for float types. Formulas: shared/QWEN35.md §5.2.
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gdn_conv.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/quant_blocks.cuh"
 
 #define GEMV_WARPS 4
 
-enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3 };
+enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3, EP_CONV = 4 };
+
+// what the epilogues write besides y
+struct ep_args {
+    unsigned long long *best; // EP_ARGMAX
+    const float *conv_w;      // EP_CONV: [n_conv][K]
+    float *conv_state;        // EP_CONV: [n_conv][K-1]
+    int64_t n_conv;
+    int K;
+};
 
 static __host__ __device__ __forceinline__ uint64_t gemv_align256(uint64_t n)
 {
@@ -323,8 +333,7 @@ template <typename TT, int EP, int R>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
-                const float2 *__restrict__ xds, float *__restrict__ y,
-                unsigned long long *__restrict__ best)
+                const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     uint64_t nblk = 0;
@@ -350,10 +359,16 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= n_out) break;
-                if constexpr (EP == EP_ADD)
+                if constexpr (EP == EP_ADD) {
                     y[r0 + r] += a[r];
-                else
+                } else if constexpr (EP == EP_CONV) {
+                    const int64_t c = r0 + r;
+                    y[c] = c < ep.n_conv ? gdn_conv_channel(a[r], ep.conv_w + c * ep.K,
+                                                            ep.conv_state + c * (ep.K - 1), ep.K)
+                                         : a[r];
+                } else {
                     y[r0 + r] = a[r];
+                }
                 if constexpr (EP == EP_ARGMAX) {
                     const unsigned long long k = argmax_key(a[r], r0 + r);
                     my_best = k > my_best ? k : my_best;
@@ -368,7 +383,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         if (threadIdx.x == 0) {
             unsigned long long m = sbest[0];
             for (int w = 1; w < GEMV_WARPS; w++) m = sbest[w] > m ? sbest[w] : m;
-            atomicMax(best, m);
+            atomicMax(ep.best, m);
         }
     }
 }
@@ -486,7 +501,7 @@ extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_st
 
 template <typename TT, int EP, int R>
 static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
-                     const void *xq, float *y, unsigned long long *best, cudaStream_t s)
+                     const void *xq, float *y, const ep_args &best, cudaStream_t s)
 {
     auto k = gemv_kernel<TT, EP, R>;
     int dev = 0, n_sm = 132, per_sm = 8;
@@ -514,7 +529,7 @@ static int rows_per_warp(const gemv_matrix *w)
 
 template <typename TT, int EP>
 static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
-                     const void *xq, float *y, unsigned long long *best, cudaStream_t s)
+                     const void *xq, float *y, const ep_args &best, cudaStream_t s)
 {
     switch (rows_per_warp(w0)) {
     case 4: launch_r<TT, EP, 4>(w0, w1, x, xq, y, best, s); break;
@@ -525,7 +540,7 @@ static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *
 
 template <int EP>
 static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x, const void *xq,
-                   float *y, unsigned long long *best, cudaStream_t s)
+                   float *y, const ep_args &best, cudaStream_t s)
 {
     DS_ASSERT(gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) > 0);
     DS_ASSERT(!w1 || (w1->type == w0->type && w1->n_in == w0->n_in && w1->n_out == w0->n_out));
@@ -544,25 +559,119 @@ static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
 extern "C" void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
                      gemv_epilogue ep, cuda_stream stream)
 {
+    const ep_args none = {};
     if (ep == GEMV_ADD)
-        launch<EP_ADD>(w, nullptr, d_x, d_xq, d_y, nullptr, stream);
+        launch<EP_ADD>(w, nullptr, d_x, d_xq, d_y, none, stream);
     else
-        launch<EP_STORE>(w, nullptr, d_x, d_xq, d_y, nullptr, stream);
+        launch<EP_STORE>(w, nullptr, d_x, d_xq, d_y, none, stream);
 }
 
 extern "C" void gemv_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
                             const void *d_xq, float *d_y, cuda_stream stream)
 {
-    launch<EP_SWIGLU>(gate, up, d_x, d_xq, d_y, nullptr, stream);
+    const ep_args none = {};
+    launch<EP_SWIGLU>(gate, up, d_x, d_xq, d_y, none, stream);
 }
 
 extern "C" void gemv_argmax(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
                             unsigned long long *d_best, cuda_stream stream)
 {
-    launch<EP_ARGMAX>(w, nullptr, d_x, d_xq, d_y, d_best, stream);
+    ep_args ep = {};
+    ep.best = d_best;
+    launch<EP_ARGMAX>(w, nullptr, d_x, d_xq, d_y, ep, stream);
+}
+
+extern "C" void gemv_conv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+                          const float *d_conv_w, float *d_conv_state, int64_t n_conv, int K_conv,
+                          cuda_stream stream)
+{
+    DS_ASSERT(n_conv >= 0 && n_conv <= w->n_out && K_conv >= 1);
+    ep_args ep = {};
+    ep.conv_w = d_conv_w;
+    ep.conv_state = d_conv_state;
+    ep.n_conv = n_conv;
+    ep.K = K_conv;
+    launch<EP_CONV>(w, nullptr, d_x, d_xq, d_y, ep, stream);
 }
 
 extern "C" void gemv_argmax_reset(unsigned long long *d_best, cuda_stream stream)
 {
     cudaMemsetAsync(d_best, 0, sizeof *d_best, stream);
+}
+
+// ---- one row dequantised from the packed layout (embedding lookup) ----
+
+static __device__ float packed_elem(uint32_t type, const uint8_t *W, int64_t n_in, int64_t n_out,
+                                    int64_t row, int64_t e)
+{
+    switch (type) {
+    case QB_F32: return ((const float *)W)[row * n_in + e];
+    case QB_F16: return qb_half(((const uint16_t *)W)[row * n_in + e]);
+    case QB_BF16: return qb_bf16(((const uint16_t *)W)[row * n_in + e]);
+    case QB_Q8_0: {
+        const uint64_t nblk = (uint64_t)n_out * (n_in / 32), ib = row * (n_in / 32) + e / 32;
+        return qb_half(((const uint16_t *)(W + q8_d_off(nblk)))[ib]) *
+               (float)((const int8_t *)W)[ib * 32 + e % 32];
+    }
+    case QB_Q4_K:
+    case QB_Q5_K: {
+        const int64_t ib = row * (n_in / 256) + e / 256;
+        const int l = (int)(e % 256), g = l / 64, hi = (l % 64) >= 32, ll = l % 32;
+        const uint8_t *blk = W + ib * (type == QB_Q4_K ? 144 : 176);
+        const qb_q4_K *b4 = (const qb_q4_K *)blk;
+        int sc, m;
+        qb_scale_min_k4(2 * g + hi, b4->scales, &sc, &m);
+        int q;
+        if (type == QB_Q4_K) {
+            const uint8_t byte = b4->qs[32 * g + ll];
+            q = hi ? byte >> 4 : byte & 0xF;
+        } else {
+            const qb_q5_K *b5 = (const qb_q5_K *)blk;
+            const uint8_t byte = b5->qs[32 * g + ll];
+            q = (hi ? byte >> 4 : byte & 0xF) + ((b5->qh[ll] >> (2 * g + hi)) & 1 ? 16 : 0);
+        }
+        return qb_half(b4->d) * sc * q - qb_half(b4->dmin) * m;
+    }
+    case QB_Q6_K: {
+        const uint64_t nblk = (uint64_t)n_out * (n_in / 256), ib = row * (n_in / 256) + e / 256;
+        const int l = (int)(e % 256), n = l / 128, r = l % 128, k = r / 32, ll = r % 32;
+        const uint8_t *qlh = W + ib * 192;
+        const uint8_t ql = qlh[64 * n + ll + (k & 1) * 32];
+        const int nib = (k & 2) ? ql >> 4 : ql & 0xF;
+        const int h = (qlh[128 + 32 * n + ll] >> (2 * k)) & 3;
+        const int8_t sc = ((const int8_t *)(W + q6_sc_off(nblk)))[ib * 16 + 8 * n + ll / 16 + 2 * k];
+        const float d = qb_half(((const uint16_t *)(W + q6_d_off(nblk)))[ib]);
+        return d * sc * ((nib | (h << 4)) - 32);
+    }
+    default: return 0.0f;
+    }
+}
+
+static __global__ void __launch_bounds__(1024)
+    embed_step_kernel(const uint8_t *__restrict__ W, uint32_t type, int64_t n_in, int64_t n_out,
+                      const int32_t *__restrict__ tok_in, unsigned long long *__restrict__ best,
+                      int32_t *__restrict__ tok_out, int32_t *__restrict__ pos,
+                      float *__restrict__ x)
+{
+    int64_t tok = tok_in ? *tok_in : (int64_t)(int32_t)(~(uint32_t)(*best & 0xffffffffu));
+    if (tok < 0) tok = 0;
+    if (tok >= n_out) tok = n_out - 1;
+    __syncthreads(); // every thread has read *best
+    if (threadIdx.x == 0) {
+        *best = 0;
+        *tok_out = (int32_t)tok;
+        pos[0] = pos[1];
+        pos[1] = pos[1] + 1;
+    }
+    for (int64_t e = threadIdx.x; e < n_in; e += blockDim.x) x[e] = packed_elem(type, W, n_in, n_out, tok, e);
+}
+
+extern "C" void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in,
+                                unsigned long long *d_best, int32_t *d_tok_out, int32_t *d_pos,
+                                float *d_x, cuda_stream stream)
+{
+    DS_ASSERT(gemv_packed_bytes(emb->type, emb->n_in, emb->n_out) > 0);
+    embed_step_kernel<<<1, 1024, 0, stream>>>((const uint8_t *)emb->d_w, emb->type, emb->n_in,
+                                              emb->n_out, d_tok_in, d_best, d_tok_out, d_pos,
+                                              d_x);
 }

@@ -58,12 +58,28 @@ void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
 void gemv_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
                  const void *d_xq, float *d_y, cuda_stream stream);
 
+/* DeltaNet in-projection fused with the causal conv + SiLU (gdn.h gdn_conv): rows r < n_conv
+ * get d_y[r] = silu(conv over [conv_state[r] | W[r]·x]) and their conv window shifted;
+ * rows r >= n_conv (z, β, α rows packed behind qkv at load) get W[r]·x.
+ * conv_w: [n_conv][K_conv]; conv_state: [n_conv][K_conv-1] in/out. */
+void gemv_conv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+               const float *d_conv_w, float *d_conv_state, int64_t n_conv, int K_conv,
+               cuda_stream stream);
+
 /* lm_head fused with greedy argmax: d_y = W·x (the logits, [n_out]) and *d_best = max over rows
  * of (ordered value << 32 | ~row), so ties pick the lowest row. *d_best must be 0 before the
  * launch (gemv_argmax_reset, or any earlier kernel of the step). gemv_argmax_row decodes. */
 void gemv_argmax(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
                  unsigned long long *d_best, cuda_stream stream);
 void gemv_argmax_reset(unsigned long long *d_best, cuda_stream stream);
+
+/* The first kernel of a decode step: takes the token (*d_tok_in when not NULL, else the row
+ * gemv_argmax left in *d_best), resets *d_best to 0, writes the token to *d_tok_out, advances
+ * the position (d_pos[0] = d_pos[1]++, so d_pos[0] is the position of this token), and writes
+ * row `token` of emb (any GEMV layout, dequantised) to d_x [emb->n_in]. */
+void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in,
+                     unsigned long long *d_best, int32_t *d_tok_out, int32_t *d_pos,
+                     float *d_x, cuda_stream stream);
 static inline int32_t gemv_argmax_row(unsigned long long best)
 {
     return (int32_t)(~(uint32_t)(best & 0xffffffffu));

@@ -1,0 +1,32 @@
+// RMSNorm (norm.h): one CTA of 1024 threads per vector; thread t holds elements t, t + 1024, ...
+// so each warp holds 32 consecutive elements per step, which is what the Q8 writer needs.
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/q8.cuh"
+
+#define NORM_THREADS 1024
+
+static __global__ void __launch_bounds__(NORM_THREADS)
+    norm_rms_kernel(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
+                    float *__restrict__ y, void *__restrict__ yq)
+{
+    __shared__ float scratch[32];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += x[i] * x[i];
+    ss = ds_block_sum(ss, scratch);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i0 = 0; i0 < n; i0 += NORM_THREADS) {
+        const int i = i0 + threadIdx.x;
+        if (i0 + (threadIdx.x & ~31) >= n) break; // whole warps past the end leave together
+        const float v = i < n ? x[i] * r * (w ? w[i] : 1.0f) : 0.0f;
+        if (y && i < n) y[i] = v;
+        if (yq) ds_q8_store_warp(v, i0 + (threadIdx.x & ~31), n, yq);
+    }
+}
+
+extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y,
+                         void *d_y_q8, cuda_stream stream)
+{
+    DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0));
+    norm_rms_kernel<<<1, NORM_THREADS, 0, stream>>>(d_x, d_w, n, eps, d_y, d_y_q8);
+}

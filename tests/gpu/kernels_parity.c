@@ -1,0 +1,321 @@
+/* The decode kernels other than the GEMV against their CPU twins (kernels/cpu ref_*), over the
+ * shapes of the reference models and of 0.8B/4B/27B: RMSNorm (+ Q8 output), the DeltaNet conv
+ * (standalone and fused into the qkv GEMV), the delta rule + gated norm over several tokens
+ * (outputs, S and conv state), attention (norms, RoPE, F16 KV append, split softmax crossing
+ * the chunk boundary, sigmoid gate), and the embedding step. One case perturbs an output and
+ * asserts the check fails. */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "gguf/quant.h"
+#include "kernels/cpu/act.h"
+#include "kernels/cpu/attn.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/norm.h"
+#include "tests/gpu/gpu_parity.h"
+
+static bool g_have_gpu;
+static gpu_rng g_rng;
+
+/* device buffer helpers: every failure is a test failure with the message printed */
+static void *dev(size_t bytes)
+{
+    status st;
+    void *p = NULL;
+    if (cuda_alloc(&p, bytes, "test buffer", &st)) printf("  %s\n", st.msg);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    return p;
+}
+static void *dev_from(const void *h, size_t bytes)
+{
+    status st;
+    void *p = dev(bytes);
+    CU_ASSERT_EQUAL(cuda_upload(p, h, bytes, &st), STATUS_OK);
+    return p;
+}
+static void to_host(void *h, const void *d, size_t bytes)
+{
+    status st;
+    CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "kernels", &st), STATUS_OK);
+    CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
+}
+static float *rand_vec(int64_t n, float scale)
+{
+    float *v = malloc((size_t)n * sizeof(float));
+    DS_ASSERT(v);
+    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(&g_rng);
+    return v;
+}
+
+/* ---- RMSNorm ---- */
+static void test_norm(void)
+{
+    if (!g_have_gpu) return;
+    static const int ns[] = {32, 256, 1024, 2560, 5120, 4096 + 32};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int n = ns[c];
+        float *x = rand_vec(n, 3.0f), *w = rand_vec(n, 1.0f), *ref = malloc(n * 4),
+              *got = malloc(n * 4);
+        int8_t *q = malloc(gemv_xq_bytes(n));
+        ref_rmsnorm(x, w, n, 1e-6f, ref);
+        float *d_x = dev_from(x, n * 4), *d_w = dev_from(w, n * 4), *d_y = dev(n * 4);
+        void *d_q = dev(gemv_xq_bytes(n));
+        norm_rms(d_x, d_w, n, 1e-6f, d_y, d_q, NULL);
+        to_host(got, d_y, n * 4);
+        to_host(q, d_q, gemv_xq_bytes(n));
+        char name[64];
+        snprintf(name, sizeof name, "norm_rms n=%d", n);
+        CU_ASSERT_TRUE(gpu_parity_check(name, got, ref, n, 1e-5, 1e-5, 1e-10, false, NULL));
+        /* the Q8 form decodes to the F32 output within half a step */
+        const float *ds = (const float *)(q + n);
+        int64_t bad = 0;
+        for (int i = 0; i < n; i++)
+            bad += fabsf(ds[2 * (i / 32)] * q[i] - got[i]) > 0.5f * ds[2 * (i / 32)] * 1.001f + 1e-7f;
+        CU_ASSERT_EQUAL(bad, 0);
+        cuda_free(d_x), cuda_free(d_w), cuda_free(d_y), cuda_free(d_q);
+        free(x), free(w), free(ref), free(got), free(q);
+    }
+}
+
+/* ---- DeltaNet ---- */
+typedef struct gdn_shape {
+    int n_k, n_v, d_k, d_v;
+} gdn_shape;
+
+static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
+{
+    const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
+    const int64_t nS = (int64_t)sh.n_v * sh.d_v * sh.d_k;
+    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
+    float *ssm_a = rand_vec(sh.n_v, 1.0f), *norm_w = rand_vec(sh.d_v, 1.0f);
+    for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]); /* -exp(A_log) */
+    float *cs = calloc((size_t)C * (K - 1), 4), *S = rand_vec(nS, 0.05f);
+    float *y = malloc(D_v * 4), *got = malloc(D_v * 4), *scratch =
+        malloc(ref_gdn_decode_scratch_floats(C, sh.n_v) * 4);
+    float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
+    float *d_sa = dev_from(ssm_a, sh.n_v * 4), *d_nw = dev_from(norm_w, sh.d_v * 4);
+    float *d_cs = dev_from(cs, (size_t)C * (K - 1) * 4), *d_S = dev_from(S, nS * 4);
+    float *d_mixed = dev(C * 4), *d_conv = dev(C * 4), *d_z = dev(D_v * 4);
+    float *d_b = dev(sh.n_v * 4), *d_a = dev(sh.n_v * 4), *d_o = dev(D_v * 4), *d_y = dev(D_v * 4);
+    void *d_yq = dev(gemv_xq_bytes(D_v));
+    bool ok = true;
+    char name[96];
+    for (int t = 0; t < n_tokens; t++) {
+        float *mixed = rand_vec(C, 1.0f), *z = rand_vec(D_v, 1.0f), *b = rand_vec(sh.n_v, 1.0f),
+              *a = rand_vec(sh.n_v, 1.0f);
+        status st;
+        cuda_upload(d_mixed, mixed, C * 4, &st), cuda_upload(d_z, z, D_v * 4, &st);
+        cuda_upload(d_b, b, sh.n_v * 4, &st), cuda_upload(d_a, a, sh.n_v * 4, &st);
+        gdn_conv(d_mixed, d_cw, d_cs, C, K, d_conv, NULL);
+        gdn_decode(d_conv, d_b, d_a, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, 1e-6f, d_S, d_o, NULL);
+        gdn_norm_gated(d_o, d_z, d_nw, sh.n_v, sh.d_v, 1e-6f, d_y, d_yq, NULL);
+        ref_gdn_decode(mixed, z, b, a, conv_w, dt, ssm_a, norm_w, sh.n_k, sh.n_v, sh.d_k, sh.d_v,
+                       K, 1e-6f, cs, S, y, scratch);
+        to_host(got, d_y, D_v * 4);
+        if (perturb) got[D_v / 3] += 0.01f;
+        snprintf(name, sizeof name, "gdn n_k %d n_v %d d_k %d d_v %d token %d%s", sh.n_k, sh.n_v,
+                 sh.d_k, sh.d_v, t, perturb ? " (perturbed)" : "");
+        ok &= gpu_parity_check(name, got, y, D_v, 2e-4, 2e-4, 1e-8, !perturb, NULL);
+        free(mixed), free(z), free(b), free(a);
+    }
+    float *gS = malloc(nS * 4), *gcs = malloc((size_t)C * (K - 1) * 4);
+    to_host(gS, d_S, nS * 4);
+    to_host(gcs, d_cs, (size_t)C * (K - 1) * 4);
+    snprintf(name, sizeof name, "  state S after %d tokens", n_tokens);
+    ok &= gpu_parity_check(name, gS, S, nS, 1e-5, 1e-4, 1e-9, true, NULL);
+    ok &= gpu_parity_check("  conv state", gcs, cs, (int64_t)C * (K - 1), 0, 0, 0, true, NULL);
+    cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_nw), cuda_free(d_cs);
+    cuda_free(d_S), cuda_free(d_mixed), cuda_free(d_conv), cuda_free(d_z), cuda_free(d_b);
+    cuda_free(d_a), cuda_free(d_o), cuda_free(d_y), cuda_free(d_yq);
+    free(conv_w), free(dt), free(ssm_a), free(norm_w), free(cs), free(S), free(y), free(got);
+    free(scratch), free(gS), free(gcs);
+    return ok;
+}
+
+static void test_gdn(void)
+{
+    if (!g_have_gpu) return;
+    static const gdn_shape shapes[] = {{2, 4, 64, 64}, {4, 4, 32, 32}, {16, 16, 128, 128},
+                                       {16, 32, 128, 128}, {16, 48, 128, 128}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        CU_ASSERT_TRUE(gdn_case(shapes[i], 5, false));
+}
+
+/* qkv GEMV with the conv fused: rows < n_conv conv'd, the rest plain */
+static void test_gemv_conv(void)
+{
+    if (!g_have_gpu) return;
+    const int n_in = 512, n_conv = 96, n_out = 130, K = 4;
+    const uint64_t raw = quant_row_bytes(GGML_TYPE_Q4_K, (uint64_t)n_in * n_out);
+    void *host = malloc(raw);
+    gpu_random_tensor(GGML_TYPE_Q4_K, (int64_t)n_in * n_out, 0.1f, &g_rng, host);
+    float *x = rand_vec(n_in, 1.0f), *xd = malloc(n_in * 4), *cw = rand_vec(n_conv * K, 0.5f);
+    float *cs = rand_vec(n_conv * (K - 1), 1.0f), *mixed = malloc(n_out * 4), *ref = malloc(n_out * 4);
+    float *got = malloc(n_out * 4), *gcs = malloc(n_conv * (K - 1) * 4);
+    int8_t *qs = malloc(n_in);
+    float *qd = malloc(n_in / 32 * 4), *qsum = malloc(n_in / 32 * 4);
+    gpu_twin_q8_quantize(x, n_in, qs, qd, qsum, xd);
+    void *d_raw = dev_from(host, raw), *d_w = dev(gemv_packed_bytes(GGML_TYPE_Q4_K, n_in, n_out));
+    gemv_pack(GGML_TYPE_Q4_K, d_raw, d_w, n_in, n_out, NULL);
+    float *d_x = dev_from(x, n_in * 4), *d_cw = dev_from(cw, n_conv * K * 4);
+    float *d_cs = dev_from(cs, n_conv * (K - 1) * 4), *d_y = dev(n_out * 4);
+    void *d_xq = dev(gemv_xq_bytes(n_in));
+    gemv_quantize_x(d_x, d_xq, n_in, NULL);
+    const gemv_matrix m = {GGML_TYPE_Q4_K, n_in, n_out, d_w, 0};
+    gemv_conv(&m, d_x, d_xq, d_y, d_cw, d_cs, n_conv, K, NULL);
+    to_host(got, d_y, n_out * 4);
+    to_host(gcs, d_cs, n_conv * (K - 1) * 4);
+    quant_matvec(GGML_TYPE_Q4_K, host, quant_row_bytes(GGML_TYPE_Q4_K, n_in), n_in, xd, mixed, 0, n_out);
+    ref_gdn_conv(mixed, n_conv, 1, n_conv, K, cw, cs, ref);
+    memcpy(ref + n_conv, mixed + n_conv, (n_out - n_conv) * 4);
+    CU_ASSERT_TRUE(gpu_parity_check("gemv_conv q4_K 130x512 (96 conv rows)", got, ref, n_out,
+                                    2e-4, 2e-4, 1e-8, false, NULL));
+    CU_ASSERT_TRUE(gpu_parity_check("  conv state", gcs, cs, n_conv * (K - 1), 1e-4, 1e-4, 1e-8, true, NULL));
+    cuda_free(d_raw), cuda_free(d_w), cuda_free(d_x), cuda_free(d_cw), cuda_free(d_cs);
+    cuda_free(d_y), cuda_free(d_xq);
+    free(host), free(x), free(xd), free(cw), free(cs), free(mixed), free(ref), free(got);
+    free(gcs), free(qs), free(qd), free(qsum);
+}
+
+/* ---- attention ---- */
+typedef struct attn_shape {
+    int n_h, n_kv, d_h, n_rot;
+} attn_shape;
+
+static float f16_round(float v) { return quant_f16_to_f32(quant_f32_to_f16(v)); }
+
+static bool attn_case(attn_shape sh, int P, int n_ctx)
+{
+    const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
+    const float base = 1e7f, eps = 1e-6f;
+    float *qw = rand_vec(sh.d_h, 1.0f), *kw = rand_vec(sh.d_h, 1.0f);
+    float *kc = malloc((size_t)P * KVA * 4), *vc = malloc((size_t)P * KVA * 4);
+    float *q = malloc(HA * 4), *o = malloc(HA * 4), *got = malloc(HA * 4), *scores =
+        malloc(REF_ATTN_BLOCK * 4), *qg = NULL;
+    float *d_qw = dev_from(qw, sh.d_h * 4), *d_kw = dev_from(kw, sh.d_h * 4);
+    float *d_qg = dev(2 * HA * 4), *d_k = dev(KVA * 4), *d_v = dev(KVA * 4), *d_q = dev(HA * 4);
+    void *d_kc = dev((size_t)n_ctx * KVA * 2), *d_vc = dev((size_t)n_ctx * KVA * 2);
+    float *d_part = dev(attn_partial_floats(sh.n_h, sh.d_h, n_ctx) * 4), *d_o = dev(HA * 4);
+    void *d_oq = dev(gemv_xq_bytes(HA));
+    int32_t *d_pos = dev(4);
+    status st;
+    for (int t = 0; t < P; t++) {
+        free(qg);
+        qg = rand_vec(2 * HA, 1.0f);
+        float *k = rand_vec(KVA, 1.0f), *v = rand_vec(KVA, 1.0f);
+        cuda_upload(d_qg, qg, 2 * HA * 4, &st), cuda_upload(d_k, k, KVA * 4, &st);
+        cuda_upload(d_v, v, KVA * 4, &st), cuda_upload(d_pos, &t, 4, &st);
+        attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps, d_pos,
+                  d_kc, d_vc, d_q, NULL);
+        /* CPU: the same per-token steps; the cache holds F16-rounded values as the GPU's */
+        ref_rmsnorm_heads(k, kw, sh.n_kv, sh.d_h, eps);
+        ref_rope(k, sh.n_kv, sh.d_h, sh.n_rot, t, base);
+        for (int i = 0; i < KVA; i++) {
+            kc[(size_t)t * KVA + i] = f16_round(k[i]);
+            vc[(size_t)t * KVA + i] = f16_round(v[i]);
+        }
+        free(k), free(v);
+    }
+    attn_decode(d_q, d_qg, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o, d_oq, NULL);
+    to_host(got, d_o, HA * 4);
+    for (int h = 0; h < sh.n_h; h++) memcpy(q + h * sh.d_h, qg + h * 2 * sh.d_h, sh.d_h * 4);
+    ref_rmsnorm_heads(q, qw, sh.n_h, sh.d_h, eps);
+    ref_rope(q, sh.n_h, sh.d_h, sh.n_rot, P - 1, base);
+    ref_attn_decode(q, kc, vc, P, sh.n_h, sh.n_kv, sh.d_h, 1.0f / sqrtf((float)sh.d_h), scores, o);
+    for (int h = 0; h < sh.n_h; h++) ref_sigmoid_gate(o + h * sh.d_h, qg + h * 2 * sh.d_h + sh.d_h, sh.d_h);
+    char name[96];
+    snprintf(name, sizeof name, "attn n_h %d n_kv %d d_h %d, %d positions", sh.n_h, sh.n_kv, sh.d_h, P);
+    const bool ok = gpu_parity_check(name, got, o, HA, 1e-4, 1e-3, 1e-8, false, NULL);
+    cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_qg), cuda_free(d_k), cuda_free(d_v);
+    cuda_free(d_q), cuda_free(d_kc), cuda_free(d_vc), cuda_free(d_part), cuda_free(d_o);
+    cuda_free(d_oq), cuda_free(d_pos);
+    free(qw), free(kw), free(kc), free(vc), free(q), free(o), free(got), free(scores), free(qg);
+    return ok;
+}
+
+static void test_attn(void)
+{
+    if (!g_have_gpu) return;
+    static const attn_shape shapes[] = {{4, 2, 64, 16}, {2, 1, 64, 16}, {8, 2, 256, 64},
+                                        {24, 4, 256, 64}};
+    static const int Ps[] = {1, 5, 257, 300};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
+            CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600));
+    CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100)); /* 5 chunks */
+}
+
+/* ---- embedding step ---- */
+static void test_embed_step(void)
+{
+    if (!g_have_gpu) return;
+    static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+                                     GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const int n_in = 512, n_out = 37, tok = 29;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const quant_traits *tr = quant_get(types[t]);
+        const uint64_t rb = quant_row_bytes(types[t], n_in), raw = rb * n_out;
+        void *host = malloc(raw);
+        gpu_random_tensor(types[t], (int64_t)n_in * n_out, 0.5f, &g_rng, host);
+        float *ref = malloc(n_in * 4), *got = malloc(n_in * 4);
+        tr->dequant((const uint8_t *)host + tok * rb, ref, n_in);
+        void *d_raw = dev_from(host, raw), *d_w = dev(gemv_packed_bytes(types[t], n_in, n_out));
+        gemv_pack(types[t], d_raw, d_w, n_in, n_out, NULL);
+        const gemv_matrix m = {types[t], n_in, n_out, d_w, 0};
+        const int32_t pos[2] = {0, 41};
+        const unsigned long long best = 0x1234ull << 32 | (uint32_t)~(uint32_t)tok;
+        int32_t *d_pos = dev_from(pos, 8), *d_tok_out = dev(4);
+        unsigned long long *d_best = dev_from(&best, 8);
+        float *d_x = dev(n_in * 4);
+        gemv_embed_step(&m, NULL, d_best, d_tok_out, d_pos, d_x, NULL); /* token from argmax */
+        to_host(got, d_x, n_in * 4);
+        int32_t gpos[2], gtok;
+        unsigned long long gbest;
+        to_host(gpos, d_pos, 8), to_host(&gtok, d_tok_out, 4), to_host(&gbest, d_best, 8);
+        char name[64];
+        snprintf(name, sizeof name, "embed_step %s row %d", tr->name, tok);
+        CU_ASSERT_TRUE(gpu_parity_check(name, got, ref, n_in, 1e-6, 1e-5, 1e-10, false, NULL));
+        CU_ASSERT_EQUAL(gtok, tok);
+        CU_ASSERT_EQUAL(gpos[0], 41);
+        CU_ASSERT_EQUAL(gpos[1], 42);
+        CU_ASSERT_EQUAL(gbest, 0);
+        cuda_free(d_raw), cuda_free(d_w), cuda_free(d_pos), cuda_free(d_tok_out);
+        cuda_free(d_best), cuda_free(d_x);
+        free(host), free(ref), free(got);
+    }
+}
+
+static void test_perturbed_fails(void)
+{
+    if (!g_have_gpu) return;
+    CU_ASSERT_FALSE(gdn_case((gdn_shape){2, 4, 64, 64}, 1, true));
+}
+
+int main(void)
+{
+    g_have_gpu = gpu_test_have_gpu("decode kernel parity on the GPU");
+    gpu_rng_seed(&g_rng, 7);
+    if (CU_initialize_registry() != CUE_SUCCESS) return 2;
+    CU_pSuite s = CU_add_suite("kernels_parity", NULL, NULL);
+    CU_add_test(s, "norm", test_norm);
+    CU_add_test(s, "gdn", test_gdn);
+    CU_add_test(s, "gemv_conv", test_gemv_conv);
+    CU_add_test(s, "attn", test_attn);
+    CU_add_test(s, "embed_step", test_embed_step);
+    CU_add_test(s, "perturbed_fails", test_perturbed_fails);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,504 @@
+/* The CUDA engine (cuda_backend.h): upload, buffers, the step graph, and the host side of a
+ * token (one graph launch, one sync). Device memory is taken only at create (cuda_alloc). */
+#include "worker/cuda_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "gguf/quant.h"
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/norm.h"
+
+#define CB_MAX_GROUPS 4
+
+/* Matrices of one layer that read the same input, packed row after row when of one type. */
+typedef struct cb_group {
+    gemv_matrix m;   /* d_w into the weight arena */
+    int64_t y_off;   /* first output row in the projection buffer */
+} cb_group;
+
+typedef struct cb_layer {
+    bool gdn;
+    int slot; /* index among layers of its kind */
+    const float *d_attn_norm, *d_post_norm;
+    cb_group in[CB_MAX_GROUPS]; /* DeltaNet: qkv|z|beta|alpha; attention: q|k|v */
+    int n_in;
+    gemv_matrix out; /* ssm_out or attn_output */
+    gemv_matrix gate, up, down;
+    const float *d_conv_w, *d_dt_bias, *d_ssm_a, *d_ssm_norm; /* DeltaNet */
+    const float *d_q_norm, *d_k_norm;                         /* attention */
+} cb_layer;
+
+struct cuda_backend {
+    const qwen35_model *model; /* borrowed */
+    qwen35_config cfg;
+    int n_ctx;
+    cuda_device_props props;
+    cuda_stream stream;
+    cb_layer layers[QWEN35_MAX_LAYERS];
+    gemv_matrix embd, head; /* head.d_w == embd.d_w when tied */
+    const float *d_out_norm;
+    /* device memory: one arena each, owned */
+    void *d_weights;  /* all matrices and norm vectors */
+    void *d_state;    /* conv windows, S, K and V caches */
+    void *d_act;      /* activations and scratch */
+    uint64_t weight_bytes, state_bytes, act_bytes;
+    /* state views */
+    float *d_conv;  /* [n_gdn][C][K_conv-1] */
+    float *d_S;     /* [n_gdn][n_v][d_v][d_k] */
+    void *d_kc, *d_vc; /* [n_attn][n_ctx][n_kv][d_h] F16 */
+    /* activation views */
+    float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_ffn, *d_q, *d_part, *d_logits;
+    void *d_hq, *d_yq, *d_ffnq;
+    unsigned long long *d_best;
+    int32_t *d_tok_in, *d_tok_out, *d_pos;
+    /* pinned host views */
+    void *h_pinned; /* owned */
+    int32_t *h_tok;
+    unsigned long long *h_best;
+    /* graphs: forced (token from the host) and greedy (token = last argmax) */
+    cuda_graph_exec g_forced, g_greedy;
+    int n_past;
+    cuda_backend_stats stats;
+};
+
+/* ---- arena helper: 256-byte aligned bump allocation inside one cuda_alloc ---- */
+typedef struct cb_arena {
+    uint8_t *base;
+    uint64_t used, cap;
+} cb_arena;
+
+static void *arena_take(cb_arena *a, uint64_t bytes)
+{
+    const uint64_t off = (a->used + 255) & ~(uint64_t)255;
+    a->used = off + bytes;
+    if (!a->base) return NULL; /* sizing pass */
+    DS_ASSERT(a->used <= a->cap);
+    return a->base + off;
+}
+
+/* ---- weights ---- */
+
+typedef struct cb_upload {
+    cb_arena *w;
+    void *d_stage;      /* device staging for GGUF bytes before gemv_pack */
+    uint64_t stage_cap; /* bytes */
+    uint8_t *h_cat;     /* host staging for packing matrices together */
+    uint64_t done, total;
+    bool verbose;
+    cuda_stream s;
+} cb_upload;
+
+static int upload_vec(cb_upload *u, const float *src, int64_t n, const float **out, status *st)
+{
+    float *d = arena_take(u->w, (uint64_t)n * sizeof(float));
+    *out = d;
+    if (!d) return STATUS_OK;
+    return cuda_upload(d, src, (uint64_t)n * sizeof(float), st);
+}
+
+/* Uploads matrices mats[0..n) (same type and n_in) as one packed GEMV matrix. */
+static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_matrix *out,
+                       status *st)
+{
+    const qwen35_mat *m0 = mats[0];
+    int64_t n_out = 0;
+    for (int i = 0; i < n; i++) {
+        DS_ASSERT(mats[i]->type == m0->type && mats[i]->n_in == m0->n_in);
+        n_out += mats[i]->n_out;
+    }
+    if (!gemv_supported(m0->type))
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: weight type %u not supported",
+                           m0->type);
+    const uint64_t rb = quant_row_bytes(m0->type, (uint64_t)m0->n_in);
+    const uint64_t raw = rb * (uint64_t)n_out, packed = gemv_packed_bytes(m0->type, m0->n_in, n_out);
+    if (!packed)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: %lld-wide rows of type %u",
+                           (long long)m0->n_in, m0->type);
+    void *d = arena_take(u->w, packed);
+    *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0};
+    if (!d) { /* sizing pass: the largest staging needs */
+        if (raw > u->stage_cap) u->stage_cap = raw;
+        u->total += raw;
+        return STATUS_OK;
+    }
+    /* GGUF rows -> device staging (concatenated on the host when several), then repacked */
+    const void *src = m0->data;
+    for (int i = 0; i < n; i++) DS_ASSERT(mats[i]->row_bytes == rb);
+    if (n > 1) {
+        uint64_t off = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(u->h_cat + off, mats[i]->data, rb * (uint64_t)mats[i]->n_out);
+            off += rb * (uint64_t)mats[i]->n_out;
+        }
+        src = u->h_cat;
+    }
+    if (cuda_upload(u->d_stage, src, raw, st)) return st->code;
+    gemv_pack(m0->type, u->d_stage, d, m0->n_in, n_out, u->s);
+    if (cuda_sync(u->s, "gemv_pack", st)) return st->code;
+    const uint64_t before = u->done * 10 / (u->total ? u->total : 1);
+    u->done += raw;
+    if (u->verbose && u->done * 10 / u->total != before)
+        fprintf(stderr, "cuda: uploading weights %3d%% (%.2f GB)\n",
+                (int)(100 * u->done / u->total), u->done / 1e9);
+    return STATUS_OK;
+}
+
+/* Groups consecutive same-type matrices of one input into packed GEMVs; y offsets follow. */
+static int upload_groups(cb_upload *u, const qwen35_mat *const *mats, int n, cb_layer *L,
+                         status *st)
+{
+    L->n_in = 0;
+    int64_t y_off = 0;
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && mats[j]->type == mats[i]->type) j++;
+        DS_ASSERT(L->n_in < CB_MAX_GROUPS);
+        cb_group *g = &L->in[L->n_in++];
+        if (upload_mats(u, mats + i, j - i, &g->m, st)) return st->code;
+        g->y_off = y_off;
+        y_off += g->m.n_out;
+        i = j;
+    }
+    return STATUS_OK;
+}
+
+static int upload_model(cuda_backend *b, cb_upload *u, status *st)
+{
+    const qwen35_model *m = b->model;
+    const qwen35_config *c = &b->cfg;
+    for (int il = 0; il < c->n_layer; il++) {
+        const qwen35_layer *W = &m->layers[il];
+        cb_layer *L = &b->layers[il];
+        L->gdn = c->recurrent[il];
+        if (upload_vec(u, W->attn_norm, c->H, &L->d_attn_norm, st) ||
+            upload_vec(u, W->post_norm, c->H, &L->d_post_norm, st))
+            return st->code;
+        if (L->gdn) {
+            const qwen35_mat *in[4] = {&W->qkv, &W->gate, &W->beta, &W->alpha};
+            if (upload_groups(u, in, 4, L, st) ||
+                upload_mats(u, (const qwen35_mat *[]){&W->ssm_out}, 1, &L->out, st) ||
+                upload_vec(u, W->conv1d, (int64_t)c->C * c->K_conv, &L->d_conv_w, st) ||
+                upload_vec(u, W->dt_bias, c->n_v, &L->d_dt_bias, st) ||
+                upload_vec(u, W->ssm_a, c->n_v, &L->d_ssm_a, st) ||
+                upload_vec(u, W->ssm_norm, c->d_v, &L->d_ssm_norm, st))
+                return st->code;
+        } else {
+            const qwen35_mat *in[3] = {&W->q, &W->k, &W->v};
+            if (upload_groups(u, in, 3, L, st) ||
+                upload_mats(u, (const qwen35_mat *[]){&W->o}, 1, &L->out, st) ||
+                upload_vec(u, W->q_norm, c->d_h, &L->d_q_norm, st) ||
+                upload_vec(u, W->k_norm, c->d_h, &L->d_k_norm, st))
+                return st->code;
+        }
+        if (W->ffn_gate.type != W->ffn_up.type)
+            return status_fail(st, STATUS_UNSUPPORTED,
+                               "cuda: layer %d: ffn_gate and ffn_up of different types", il);
+        if (upload_mats(u, (const qwen35_mat *[]){&W->ffn_gate}, 1, &L->gate, st) ||
+            upload_mats(u, (const qwen35_mat *[]){&W->ffn_up}, 1, &L->up, st) ||
+            upload_mats(u, (const qwen35_mat *[]){&W->ffn_down}, 1, &L->down, st))
+            return st->code;
+    }
+    if (upload_mats(u, (const qwen35_mat *[]){&m->tok_embd}, 1, &b->embd, st) ||
+        upload_vec(u, m->output_norm, c->H, &b->d_out_norm, st))
+        return st->code;
+    if (c->tied)
+        b->head = b->embd;
+    else if (upload_mats(u, (const qwen35_mat *[]){&m->output}, 1, &b->head, st))
+        return st->code;
+    return STATUS_OK;
+}
+
+/* ---- state and activations ---- */
+
+static void layout_state(cuda_backend *b, cb_arena *a)
+{
+    const qwen35_config *c = &b->cfg;
+    b->d_conv = arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
+    b->d_S = arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
+    const uint64_t kv = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2;
+    b->d_kc = arena_take(a, kv);
+    b->d_vc = arena_take(a, kv);
+}
+
+static void layout_act(cuda_backend *b, cb_arena *a)
+{
+    const qwen35_config *c = &b->cfg;
+    const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
+    int64_t proj = c->C + D_v + 2 * c->n_v;
+    const int64_t proj_attn = 2 * HA + 2 * (int64_t)c->n_kv * c->d_h;
+    if (proj_attn > proj) proj = proj_attn;
+    const int64_t ymax = D_v > HA ? D_v : HA;
+    b->d_x = arena_take(a, c->H * 4);
+    b->d_h = arena_take(a, c->H * 4);
+    b->d_hq = arena_take(a, gemv_xq_bytes(c->H));
+    b->d_proj = arena_take(a, proj * 4);
+    b->d_o = arena_take(a, D_v * 4);
+    b->d_y = arena_take(a, ymax * 4);
+    b->d_yq = arena_take(a, gemv_xq_bytes(ymax));
+    b->d_ffn = arena_take(a, (int64_t)c->F * 4);
+    b->d_ffnq = arena_take(a, gemv_xq_bytes(c->F));
+    b->d_q = arena_take(a, HA * 4);
+    b->d_part = arena_take(a, attn_partial_floats(c->n_h, c->d_h, b->n_ctx) * 4);
+    b->d_logits = arena_take(a, (int64_t)c->V * 4);
+    b->d_best = arena_take(a, 8);
+    b->d_tok_in = arena_take(a, 4);
+    b->d_tok_out = arena_take(a, 4);
+    b->d_pos = arena_take(a, 8);
+}
+
+/* ---- one token, as launched into the graph ---- */
+
+static void record_ffn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    norm_rms(b->d_x, L->d_post_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    gemv_swiglu(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, s);
+    gemv_quantize_x(b->d_ffn, b->d_ffnq, c->F, s);
+    gemv(&L->down, b->d_ffn, b->d_ffnq, b->d_x, GEMV_ADD, s);
+}
+
+static void record_gdn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    const int64_t D_v = (int64_t)c->n_v * c->d_v;
+    float *conv = b->d_conv + (int64_t)L->slot * c->C * (c->K_conv - 1);
+    float *S = b->d_S + (int64_t)L->slot * c->n_v * c->d_v * c->d_k;
+    norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    for (int g = 0; g < L->n_in; g++) {
+        float *y = b->d_proj + L->in[g].y_off;
+        if (g == 0) /* the group holding qkv: conv + SiLU fused on its first C rows */
+            gemv_conv(&L->in[g].m, b->d_h, b->d_hq, y, L->d_conv_w, conv, c->C, c->K_conv, s);
+        else
+            gemv(&L->in[g].m, b->d_h, b->d_hq, y, GEMV_STORE, s);
+    }
+    const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
+    gdn_decode(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k, c->d_v,
+               c->eps, S, b->d_o, s);
+    gdn_norm_gated(b->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y, b->d_yq, s);
+    gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
+}
+
+static void record_attn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
+    const uint64_t kv_layer = (uint64_t)b->n_ctx * c->n_kv * c->d_h * 2;
+    void *kc = (uint8_t *)b->d_kc + L->slot * kv_layer, *vc = (uint8_t *)b->d_vc + L->slot * kv_layer;
+    norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    for (int g = 0; g < L->n_in; g++)
+        gemv(&L->in[g].m, b->d_h, b->d_hq, b->d_proj + L->in[g].y_off, GEMV_STORE, s);
+    const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
+    attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot,
+              c->rope_base, c->eps, b->d_pos, kc, vc, b->d_q, s);
+    attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, b->d_pos, b->d_part,
+                b->d_y, b->d_yq, s);
+    gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
+}
+
+static void record_step(cuda_backend *b, bool forced, cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    if (forced) cuda_copy_h2d_async(b->d_tok_in, b->h_tok, 4, s);
+    gemv_embed_step(&b->embd, forced ? b->d_tok_in : NULL, b->d_best, b->d_tok_out, b->d_pos,
+                    b->d_x, s);
+    for (int il = 0; il < c->n_layer; il++) {
+        const cb_layer *L = &b->layers[il];
+        if (L->gdn)
+            record_gdn(b, L, s);
+        else
+            record_attn(b, L, s);
+        record_ffn(b, L, s);
+    }
+    norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    gemv_argmax(&b->head, b->d_h, b->d_hq, b->d_logits, b->d_best, s);
+    cuda_copy_d2h_async(b->h_best, b->d_best, 8, s);
+}
+
+/* ---- create / destroy ---- */
+
+static int check_shapes(const qwen35_config *c, status *st)
+{
+    if (c->d_k != 32 && c->d_k != 64 && c->d_k != 128)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: DeltaNet d_k %d (32, 64, 128)", c->d_k);
+    if (c->d_v % 32 || c->d_v > 1024)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: DeltaNet d_v %d", c->d_v);
+    if (c->d_h % 32 || c->d_h > 256 || c->n_h % c->n_kv || c->n_h / c->n_kv > ATTN_MAX_GROUP)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: attention d_h %d, heads %d/%d",
+                           c->d_h, c->n_h, c->n_kv);
+    if (c->H % 32 || c->F % 32 || (c->n_v * c->d_v) % 32)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: H, F and D_v must be multiples of 32");
+    return STATUS_OK;
+}
+
+int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_backend **out,
+                        status *st)
+{
+    *out = NULL;
+    if (!cuda_device_available(st)) return st->code;
+    cuda_backend *b = calloc(1, sizeof *b);
+    if (!b) return status_fail(st, STATUS_NOMEM, "cuda backend");
+    b->model = m;
+    b->cfg = m->cfg;
+    b->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : 4096;
+    const bool verbose = o && o->verbose;
+    const qwen35_config *c = &b->cfg;
+    cb_upload u = {0};
+    if (check_shapes(c, st) || cuda_device_props_get(o ? o->device : 0, &b->props, st) ||
+        cuda_stream_create(&b->stream, st))
+        goto fail;
+    for (int il = 0, ng = 0, na = 0; il < c->n_layer; il++)
+        b->layers[il].slot = c->recurrent[il] ? ng++ : na++;
+
+    /* sizing passes (NULL arenas), then one allocation per arena */
+    cb_arena wa = {0}, sa = {0}, aa = {0};
+    u.w = &wa;
+    u.verbose = verbose;
+    if (upload_model(b, &u, st)) goto fail;
+    layout_state(b, &sa);
+    layout_act(b, &aa);
+    b->weight_bytes = wa.used, b->state_bytes = sa.used, b->act_bytes = aa.used;
+    if (verbose)
+        fprintf(stderr, "cuda: %s: weights %.2f GB, state+KV %.2f GB (n_ctx %d), scratch %.1f MB\n",
+                b->props.name, wa.used / 1e9, sa.used / 1e9, b->n_ctx, aa.used / 1e6);
+    if (cuda_alloc(&b->d_weights, wa.used, "weights", st) ||
+        cuda_alloc(&b->d_state, sa.used, "state and KV cache", st) ||
+        cuda_alloc(&b->d_act, aa.used, "activations", st) ||
+        cuda_alloc(&u.d_stage, u.stage_cap, "upload staging", st) ||
+        cuda_host_alloc(&b->h_pinned, 64, "pinned step buffers", st))
+        goto fail;
+    u.h_cat = malloc(u.stage_cap);
+    if (!u.h_cat) {
+        status_fail(st, STATUS_NOMEM, "upload staging (%llu bytes)", (unsigned long long)u.stage_cap);
+        goto fail;
+    }
+    b->h_tok = (int32_t *)b->h_pinned;
+    b->h_best = (unsigned long long *)((uint8_t *)b->h_pinned + 8);
+    wa = (cb_arena){b->d_weights, 0, b->weight_bytes};
+    sa = (cb_arena){b->d_state, 0, b->state_bytes};
+    aa = (cb_arena){b->d_act, 0, b->act_bytes};
+    u.w = &wa;
+    u.s = b->stream;
+    u.done = 0;
+    if (upload_model(b, &u, st)) goto fail;
+    layout_state(b, &sa);
+    layout_act(b, &aa);
+    cuda_free(u.d_stage);
+    u.d_stage = NULL;
+    free(u.h_cat);
+    u.h_cat = NULL;
+    if (cuda_memset(b->d_act, 0, b->act_bytes, st) || cuda_backend_reset(b, st)) goto fail;
+
+    /* the step, recorded once per mode */
+    if (cuda_graph_capture_begin(b->stream, st)) goto fail;
+    record_step(b, true, b->stream);
+    if (cuda_graph_capture_end(b->stream, &b->g_forced, st)) goto fail;
+    b->stats.kernels_per_token = cuda_graph_last_kernel_nodes();
+    if (cuda_graph_capture_begin(b->stream, st)) goto fail;
+    record_step(b, false, b->stream);
+    if (cuda_graph_capture_end(b->stream, &b->g_greedy, st)) goto fail;
+    if (cuda_check("graph capture", st)) goto fail;
+
+    b->stats.weight_bytes = b->weight_bytes;
+    b->stats.state_bytes = b->state_bytes;
+    const uint64_t kv_read = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2 * 2;
+    const uint64_t S_rw = 2ull * c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4;
+    b->stats.bytes_per_token = b->weight_bytes + S_rw + kv_read;
+    *out = b;
+    return STATUS_OK;
+fail:
+    cuda_free(u.d_stage);
+    free(u.h_cat);
+    cuda_backend_destroy(b);
+    return st->code;
+}
+
+void cuda_backend_destroy(cuda_backend *b)
+{
+    if (!b) return;
+    cuda_graph_exec_destroy(b->g_forced);
+    cuda_graph_exec_destroy(b->g_greedy);
+    cuda_free(b->d_weights);
+    cuda_free(b->d_state);
+    cuda_free(b->d_act);
+    cuda_host_free(b->h_pinned);
+    cuda_stream_destroy(b->stream);
+    free(b);
+}
+
+int cuda_backend_reset(cuda_backend *b, status *st)
+{
+    b->n_past = 0;
+    const int32_t pos[2] = {0, 0};
+    if (cuda_memset(b->d_state, 0, b->state_bytes, st) ||
+        cuda_upload(b->d_pos, pos, sizeof pos, st) || cuda_memset(b->d_best, 0, 8, st))
+        return st->code;
+    return STATUS_OK;
+}
+
+int cuda_backend_n_past(const cuda_backend *b) { return b->n_past; }
+
+int cuda_backend_set_position(cuda_backend *b, int n_past, status *st)
+{
+    if (n_past < 0 || n_past >= b->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, b->n_ctx);
+    const qwen35_config *c = &b->cfg;
+    const uint64_t kv = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2;
+    /* 0x2c2c: F16 0.0659, finite; the values do not change the speed */
+    if (cuda_memset(b->d_kc, 0x2c, kv, st) || cuda_memset(b->d_vc, 0x2c, kv, st)) return st->code;
+    const int32_t pos[2] = {n_past > 0 ? n_past - 1 : 0, n_past};
+    if (cuda_upload(b->d_pos, pos, sizeof pos, st)) return st->code;
+    b->n_past = n_past;
+    return STATUS_OK;
+}
+
+static int run_step(cuda_backend *b, cuda_graph_exec g, status *st)
+{
+    if (b->n_past >= b->n_ctx)
+        return status_fail(st, STATUS_RANGE, "context full (%d positions)", b->n_ctx);
+    if (cuda_graph_launch(g, b->stream)) return cuda_check("cudaGraphLaunch", st);
+    if (cuda_sync(b->stream, "decode step", st)) return st->code;
+    b->n_past++;
+    b->stats.tokens++;
+    b->stats.graph_launches++;
+    b->stats.d2h_bytes += 8;
+    return STATUS_OK;
+}
+
+int cuda_backend_decode(cuda_backend *b, int32_t token, float *logits, int32_t *next, status *st)
+{
+    if (token < 0 || token >= b->cfg.V)
+        return status_fail(st, STATUS_RANGE, "token id %d outside [0, %d)", token, b->cfg.V);
+    *b->h_tok = token;
+    b->stats.h2d_bytes += 4;
+    if (run_step(b, b->g_forced, st)) return st->code;
+    if (logits) {
+        if (cuda_download(logits, b->d_logits, (size_t)b->cfg.V * 4, st)) return st->code;
+        b->stats.d2h_bytes += (uint64_t)b->cfg.V * 4;
+    }
+    if (next) *next = gemv_argmax_row(*b->h_best);
+    return STATUS_OK;
+}
+
+int cuda_backend_generate(cuda_backend *b, int32_t first, int n, int32_t *out, status *st)
+{
+    int32_t next;
+    if (n <= 0) return STATUS_OK;
+    if (cuda_backend_decode(b, first, NULL, &next, st)) return st->code;
+    out[0] = next;
+    for (int i = 1; i < n; i++) {
+        if (run_step(b, b->g_greedy, st)) return st->code;
+        out[i] = gemv_argmax_row(*b->h_best);
+    }
+    return STATUS_OK;
+}
+
+void cuda_backend_get_stats(const cuda_backend *b, cuda_backend_stats *s) { *s = b->stats; }
+
+const char *cuda_backend_device_name(const cuda_backend *b) { return b->props.name; }

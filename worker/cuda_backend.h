@@ -1,0 +1,66 @@
+/* The CUDA engine for one Qwen3.5 sequence on one GPU (batch 1 decode): weights uploaded once
+ * (GEMV layout, same-type in-projections packed together), recurrent state and an F16 KV cache
+ * resident, and the whole token recorded once as a CUDA graph and replayed: one graph launch
+ * and one host sync per token, reading back only the 8-byte argmax (greedy) or the logits when
+ * asked. Op for op the CPU forward (model/forward.h) fused: kernels/cuda/{norm,gemv,gdn,attn}.h.
+ *
+ *   cuda_backend *e; cuda_backend_create(model, &(cuda_backend_opts){.n_ctx = 4096}, &e, &st);
+ *   cuda_backend_decode(e, token, logits_or_NULL, &next, &st);      teacher-forced / prompt
+ *   cuda_backend_generate(e, first, n, out_ids, &st);              greedy, argmax on the GPU
+ *
+ * Counters (cuda_backend_stats) let tests assert that after warm-up a token costs no host or
+ * device allocation and at most 8 device-to-host bytes (greedy). */
+#ifndef DS_WORKER_CUDA_BACKEND_H
+#define DS_WORKER_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "model/qwen35.h"
+
+typedef struct cuda_backend_opts {
+    int n_ctx;    /* KV positions (prompt + generated); 0 -> 4096 */
+    int device;   /* CUDA device index */
+    bool verbose; /* print upload progress and sizes to stderr */
+} cuda_backend_opts;
+
+typedef struct cuda_backend_stats {
+    uint64_t tokens;            /* decode steps run */
+    uint64_t d2h_bytes;         /* device -> host bytes copied by steps */
+    uint64_t h2d_bytes;         /* host -> device bytes copied by steps */
+    uint64_t graph_launches;
+    uint64_t kernels_per_token; /* kernel nodes in the step graph */
+    uint64_t weight_bytes;      /* device bytes of weights */
+    uint64_t state_bytes;       /* recurrent state + KV cache */
+    uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
+} cuda_backend_stats;
+
+typedef struct cuda_backend cuda_backend;
+
+/* Uploads the model (progress on stderr when verbose) and captures the step graphs.
+ * STATUS_UNAVAILABLE without a GPU, STATUS_UNSUPPORTED for a shape or type mix the kernels do
+ * not handle (named), STATUS_NOMEM / STATUS_DEVICE from the device. */
+int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_backend **out,
+                       status *st);
+void cuda_backend_destroy(cuda_backend *e);
+
+/* Forgets the sequence: position 0, state zeroed. */
+int cuda_backend_reset(cuda_backend *e, status *st);
+int cuda_backend_n_past(const cuda_backend *e);
+
+/* Benchmarks: jump to position n_past as if a context had been consumed (KV rows filled with a
+ * constant finite pattern, recurrent state kept). */
+int cuda_backend_set_position(cuda_backend *e, int n_past, status *st);
+
+/* Feeds `token` at the next position; logits ([V]) copied back when not NULL; *next (may be
+ * NULL) = argmax of the logits (lowest id on ties). STATUS_RANGE: bad id or full context. */
+int cuda_backend_decode(cuda_backend *e, int32_t token, float *logits, int32_t *next, status *st);
+
+/* Greedy: feeds `first`, then each argmax, n times; out[i] = the i-th generated id. */
+int cuda_backend_generate(cuda_backend *e, int32_t first, int n, int32_t *out, status *st);
+
+void cuda_backend_get_stats(const cuda_backend *e, cuda_backend_stats *s);
+const char *cuda_backend_device_name(const cuda_backend *e);
+
+#endif
