@@ -16,20 +16,24 @@ void ref_gdn_conv(const float *x, long ldx, int T, int C, int K_conv, const floa
 {
     DS_ASSERT(K_conv >= 1 && K_conv <= MAX_K_CONV && T >= 1);
     int ks = K_conv - 1; /* state columns */
-    for (int c = 0; c < C; c++) {
-        const float *wc = w + (long)c * K_conv;
-        float *sc = state + (long)c * ks;
-        /* window index m in [0, ks + T): m < ks -> state, else token m - ks */
-        for (int t = 0; t < T; t++) {
-            float acc = 0;
-            for (int i = 0; i < K_conv; i++) {
-                int m = t + i;
-                float xv = m < ks ? sc[m] : x[(long)(m - ks) * ldx + c];
-                acc += wc[i] * xv;
+    /* window index m in [0, ks + T): m < ks -> state column m, else token m - ks. Token-major
+     * loops so that x and y rows are read and written contiguously. */
+    for (int t = 0; t < T; t++) {
+        float *yt = y + (long)t * C;
+        for (int c = 0; c < C; c++) yt[c] = 0;
+        for (int i = 0; i < K_conv; i++) {
+            int m = t + i;
+            if (m < ks) {
+                for (int c = 0; c < C; c++) yt[c] += w[(long)c * K_conv + i] * state[(long)c * ks + m];
+            } else {
+                const float *xm = x + (long)(m - ks) * ldx;
+                for (int c = 0; c < C; c++) yt[c] += w[(long)c * K_conv + i] * xm[c];
             }
-            y[(long)t * C + c] = ref_silu(acc);
         }
-        float ns[MAX_K_CONV];
+        for (int c = 0; c < C; c++) yt[c] = ref_silu(yt[c]);
+    }
+    for (int c = 0; c < C; c++) {
+        float *sc = state + (long)c * ks, ns[MAX_K_CONV];
         for (int m = 0; m < ks; m++) {
             int src = T + m;
             ns[m] = src < ks ? sc[src] : x[(long)(src - ks) * ldx + c];
@@ -61,19 +65,10 @@ void ref_gdn_step(const float *q, const float *k, const float *v, float beta, fl
 {
     float decay = expf(g);
     for (int j = 0; j < d_v; j++) {
-        float *s = S + (long)j * d_k; /* column j of HF's S: s[i] = S[i][j] */
-        float u = 0;
-        for (int i = 0; i < d_k; i++) {
-            s[i] *= decay;
-            u += s[i] * k[i];
-        }
+        float *s = S + (long)j * d_k;               /* column j of HF's S: s[i] = S[i][j] */
+        float u = ref_scale_dot_f32(s, decay, k, d_k); /* s *= e^g; u = s·k */
         float delta = beta * (v[j] - u);
-        float out = 0;
-        for (int i = 0; i < d_k; i++) {
-            s[i] += k[i] * delta;
-            out += s[i] * q[i];
-        }
-        o[j] = out;
+        o[j] = ref_axpy_dot_f32(s, delta, k, q, d_k); /* s += δ k; o = s·q */
     }
 }
 
@@ -125,9 +120,8 @@ static void gdn_chunk(int n, const float *q, const float *k, long ld_qk, const f
         for (int c = 0; c < d_k; c++) Wi[c] = be * ki[c];
         for (int j = 0; j < i; j++) {
             float m = M[i * L + j];
-            const float *Uj = U + (long)j * d_v, *Wj = W + (long)j * d_k;
-            for (int c = 0; c < d_v; c++) Ui[c] -= m * Uj[c];
-            for (int c = 0; c < d_k; c++) Wi[c] -= m * Wj[c];
+            ref_axpy_f32(Ui, -m, U + (long)j * d_v, d_v);
+            ref_axpy_f32(Wi, -m, W + (long)j * d_k, d_k);
         }
     }
     /* Ũ_i = U_i − W_i·S and the inter-chunk output e^{γ_i} q_i·S, both with the incoming S. */
@@ -144,11 +138,7 @@ static void gdn_chunk(int n, const float *q, const float *k, long ld_qk, const f
     /* Intra-chunk part: O_i += Σ_{j<=i} A_ij Ũ_j. */
     for (int i = 0; i < n; i++) {
         float *oi = o + i * ld_o;
-        for (int j = 0; j <= i; j++) {
-            float a = A[i * L + j];
-            const float *Uj = U + (long)j * d_v;
-            for (int c = 0; c < d_v; c++) oi[c] += a * Uj[c];
-        }
+        for (int j = 0; j <= i; j++) ref_axpy_f32(oi, A[i * L + j], U + (long)j * d_v, d_v);
     }
     /* S ← e^{γ_last} S + Σ_i (e^{γ_last−γ_i} k_i) Ũ_iᵀ   (column c of S: s[a] += kd_i[a] Ũ_i[c]) */
     float glast = gam[n - 1], elast = expf(glast);
@@ -160,12 +150,8 @@ static void gdn_chunk(int n, const float *q, const float *k, long ld_qk, const f
     }
     for (int c = 0; c < d_v; c++) {
         float *s = S + (long)c * d_k;
-        for (int a = 0; a < d_k; a++) s[a] *= elast;
-        for (int i = 0; i < n; i++) {
-            float u = U[(long)i * d_v + c];
-            const float *kd = W + (long)i * d_k;
-            for (int a = 0; a < d_k; a++) s[a] += kd[a] * u;
-        }
+        ref_scale_f32(s, elast, d_k);
+        for (int i = 0; i < n; i++) ref_axpy_f32(s, U[(long)i * d_v + c], W + (long)i * d_k, d_k);
     }
 }
 

@@ -20,12 +20,34 @@ static float dot_f32_scalar(const float *a, const float *b, int64_t n)
     return r;
 }
 
-/* acc[r][t] = w[r]·x[t] for 4 rows (stride ldw) and 2 inputs (stride ldx). */
-static void kernel_4x2_scalar(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t n,
-                              float acc[4][2])
+/* acc[r][t] = w[r]·x[t] for 4 rows (stride ldw) and 3 inputs (stride ldx). */
+static void kernel_4x3_scalar(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t n,
+                              float acc[4][3])
 {
     for (int r = 0; r < 4; r++)
-        for (int t = 0; t < 2; t++) acc[r][t] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
+        for (int t = 0; t < 3; t++) acc[r][t] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_scalar(float *y, float a, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] *= a;
+}
+
+static float scale_dot_scalar(float *s, float a, const float *k, int64_t n)
+{
+    scale_scalar(s, a, n);
+    return dot_f32_scalar(s, k, n);
+}
+
+static float axpy_dot_scalar(float *s, float d, const float *k, const float *q, int64_t n)
+{
+    axpy_scalar(s, d, k, n);
+    return dot_f32_scalar(s, q, n);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -56,47 +78,90 @@ __attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *a, co
     return r;
 }
 
-__attribute__((target("avx2,fma"))) static void kernel_4x2_avx2(const float *w, int64_t ldw,
+__attribute__((target("avx2,fma"))) static void kernel_4x3_avx2(const float *w, int64_t ldw,
                                                                 const float *x, int64_t ldx,
-                                                                int64_t n, float acc[4][2])
+                                                                int64_t n, float acc[4][3])
 {
     const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
-    const float *x0 = x, *x1 = x + ldx;
-    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
-    __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
-    __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
-    __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx;
+    __m256 a[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 3; t++) a[r][t] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
-        __m256 r = _mm256_loadu_ps(w0 + i);
-        a00 = _mm256_fmadd_ps(r, v0, a00);
-        a01 = _mm256_fmadd_ps(r, v1, a01);
-        r = _mm256_loadu_ps(w1 + i);
-        a10 = _mm256_fmadd_ps(r, v0, a10);
-        a11 = _mm256_fmadd_ps(r, v1, a11);
-        r = _mm256_loadu_ps(w2 + i);
-        a20 = _mm256_fmadd_ps(r, v0, a20);
-        a21 = _mm256_fmadd_ps(r, v1, a21);
-        r = _mm256_loadu_ps(w3 + i);
-        a30 = _mm256_fmadd_ps(r, v0, a30);
-        a31 = _mm256_fmadd_ps(r, v1, a31);
+        __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i), v2 = _mm256_loadu_ps(x2 + i);
+        __m256 r0 = _mm256_loadu_ps(w0 + i), r1 = _mm256_loadu_ps(w1 + i);
+        a[0][0] = _mm256_fmadd_ps(r0, v0, a[0][0]);
+        a[0][1] = _mm256_fmadd_ps(r0, v1, a[0][1]);
+        a[0][2] = _mm256_fmadd_ps(r0, v2, a[0][2]);
+        a[1][0] = _mm256_fmadd_ps(r1, v0, a[1][0]);
+        a[1][1] = _mm256_fmadd_ps(r1, v1, a[1][1]);
+        a[1][2] = _mm256_fmadd_ps(r1, v2, a[1][2]);
+        __m256 r2 = _mm256_loadu_ps(w2 + i), r3 = _mm256_loadu_ps(w3 + i);
+        a[2][0] = _mm256_fmadd_ps(r2, v0, a[2][0]);
+        a[2][1] = _mm256_fmadd_ps(r2, v1, a[2][1]);
+        a[2][2] = _mm256_fmadd_ps(r2, v2, a[2][2]);
+        a[3][0] = _mm256_fmadd_ps(r3, v0, a[3][0]);
+        a[3][1] = _mm256_fmadd_ps(r3, v1, a[3][1]);
+        a[3][2] = _mm256_fmadd_ps(r3, v2, a[3][2]);
     }
-    acc[0][0] = hsum256(a00), acc[0][1] = hsum256(a01);
-    acc[1][0] = hsum256(a10), acc[1][1] = hsum256(a11);
-    acc[2][0] = hsum256(a20), acc[2][1] = hsum256(a21);
-    acc[3][0] = hsum256(a30), acc[3][1] = hsum256(a31);
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 3; t++) acc[r][t] = hsum256(a[r][t]);
     for (; i < n; i++)
-        for (int r = 0; r < 4; r++) {
-            acc[r][0] += w[r * ldw + i] * x0[i];
-            acc[r][1] += w[r * ldw + i] * x1[i];
-        }
+        for (int r = 0; r < 4; r++)
+            for (int t = 0; t < 3; t++) acc[r][t] += w[r * ldw + i] * x[t * ldx + i];
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+__attribute__((target("avx2,fma"))) static void scale_avx2(float *y, float a, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] *= a;
+}
+
+__attribute__((target("avx2,fma"))) static float scale_dot_avx2(float *s, float a, const float *k, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a), acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(va, _mm256_loadu_ps(s + i));
+        _mm256_storeu_ps(s + i, v);
+        acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(k + i), acc);
+    }
+    float r = hsum256(acc);
+    for (; i < n; i++) r += (s[i] *= a) * k[i];
+    return r;
+}
+
+__attribute__((target("avx2,fma"))) static float axpy_dot_avx2(float *s, float d, const float *k,
+                                                              const float *q, int64_t n)
+{
+    __m256 vd = _mm256_set1_ps(d), acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+        _mm256_storeu_ps(s + i, v);
+        acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(q + i), acc);
+    }
+    float r = hsum256(acc);
+    for (; i < n; i++) r += (s[i] += d * k[i]) * q[i];
+    return r;
 }
 #endif
 
 typedef float (*dot_f32_fn)(const float *, const float *, int64_t);
-typedef void (*kernel_4x2_fn)(const float *, int64_t, const float *, int64_t, int64_t,
-                              float[4][2]);
+typedef void (*kernel_4x3_fn)(const float *, int64_t, const float *, int64_t, int64_t,
+                              float[4][3]);
 
 static bool have_avx2(void)
 {
@@ -120,6 +185,38 @@ float ref_dot_f32(const float *a, const float *b, int64_t n)
     return dot_f32_scalar(a, b, n);
 }
 
+void ref_axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+#ifdef HAVE_X86
+    if (have_avx2()) return axpy_avx2(y, a, x, n);
+#endif
+    axpy_scalar(y, a, x, n);
+}
+
+void ref_scale_f32(float *y, float a, int64_t n)
+{
+#ifdef HAVE_X86
+    if (have_avx2()) return scale_avx2(y, a, n);
+#endif
+    scale_scalar(y, a, n);
+}
+
+float ref_scale_dot_f32(float *s, float a, const float *k, int64_t n)
+{
+#ifdef HAVE_X86
+    if (have_avx2()) return scale_dot_avx2(s, a, k, n);
+#endif
+    return scale_dot_scalar(s, a, k, n);
+}
+
+float ref_axpy_dot_f32(float *s, float d, const float *k, const float *q, int64_t n)
+{
+#ifdef HAVE_X86
+    if (have_avx2()) return axpy_dot_avx2(s, d, k, q, n);
+#endif
+    return axpy_dot_scalar(s, d, k, q, n);
+}
+
 /* ---- the threaded matmul ---- */
 
 typedef struct mm_job {
@@ -133,25 +230,37 @@ typedef struct mm_job {
     int T;
     float *y;
     int64_t ldy;
-    float *scratch; /* [n_threads][REF_MATMUL_TILE][n_in] */
+    float *scratch; /* [n_threads][tile_rows][n_in] */
+    int tile_rows;
     int64_t rows_per_task;
     int n_threads;
     dot_f32_fn dot;
-    kernel_4x2_fn k4x2;
+    kernel_4x3_fn k4x3;
 } mm_job;
+
+static int tile_rows_for(int64_t n_in)
+{
+    int64_t r = REF_MATMUL_TILE_FLOATS / n_in / 4 * 4;
+    return r < 4 ? 4 : r > 64 ? 64 : (int)r;
+}
 
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads)
 {
-    return (size_t)n_threads * REF_MATMUL_TILE * (size_t)n_in_max;
+    size_t per = REF_MATMUL_TILE_FLOATS > 4 * n_in_max ? REF_MATMUL_TILE_FLOATS : 4 * (size_t)n_in_max;
+    return (size_t)n_threads * per;
 }
 
-/* Decode path: each row dotted against every input while it is in L1. */
+/* Decode path: blocks of rows, each block dotted against every input while it is hot. */
 static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
 {
     quant_dot_fn dot = j->qt->dot;
-    for (int64_t r = r0; r < r1; r++) {
-        const void *row = j->w + (uint64_t)r * j->row_bytes;
-        for (int t = 0; t < j->T; t++) j->y[t * j->ldy + r] = dot(row, j->x + t * j->ldx, j->n_in);
+    for (int64_t b = r0; b < r1; b += REF_MATMUL_DOT_BLOCK) {
+        int64_t e = b + REF_MATMUL_DOT_BLOCK < r1 ? b + REF_MATMUL_DOT_BLOCK : r1;
+        for (int t = 0; t < j->T; t++) {
+            const float *x = j->x + t * j->ldx;
+            float *y = j->y + t * j->ldy;
+            for (int64_t r = b; r < e; r++) y[r] = dot(j->w + (uint64_t)r * j->row_bytes, x, j->n_in);
+        }
     }
 }
 
@@ -159,23 +268,21 @@ static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
 static void mm_tile_f32(const mm_job *j, const float *w, int64_t r0, int n)
 {
     int64_t n_in = j->n_in;
-    int r = 0;
-    for (; r + 4 <= n; r += 4) {
-        int t = 0;
-        for (; t + 2 <= j->T; t += 2) {
-            float acc[4][2];
-            j->k4x2(w + r * n_in, n_in, j->x + t * j->ldx, j->ldx, n_in, acc);
-            for (int a = 0; a < 4; a++) {
-                j->y[t * j->ldy + r0 + r + a] = acc[a][0];
-                j->y[(t + 1) * j->ldy + r0 + r + a] = acc[a][1];
-            }
+    int t = 0;
+    for (; t + 3 <= j->T; t += 3) {
+        const float *x = j->x + t * j->ldx;
+        float *y0 = j->y + t * j->ldy + r0, *y1 = y0 + j->ldy, *y2 = y1 + j->ldy;
+        int r = 0;
+        for (; r + 4 <= n; r += 4) {
+            float acc[4][3];
+            j->k4x3(w + r * n_in, n_in, x, j->ldx, n_in, acc);
+            for (int a = 0; a < 4; a++) y0[r + a] = acc[a][0], y1[r + a] = acc[a][1], y2[r + a] = acc[a][2];
         }
-        for (; t < j->T; t++)
-            for (int a = 0; a < 4; a++)
-                j->y[t * j->ldy + r0 + r + a] = j->dot(w + (r + a) * n_in, j->x + t * j->ldx, n_in);
+        for (; r < n; r++)
+            for (int u = 0; u < 3; u++) j->y[(t + u) * j->ldy + r0 + r] = j->dot(w + r * n_in, x + u * j->ldx, n_in);
     }
-    for (; r < n; r++)
-        for (int t = 0; t < j->T; t++)
+    for (; t < j->T; t++)
+        for (int r = 0; r < n; r++)
             j->y[t * j->ldy + r0 + r] = j->dot(w + r * n_in, j->x + t * j->ldx, n_in);
 }
 
@@ -188,18 +295,18 @@ static void mm_task(void *arg, int task)
         mm_rows_dot(j, r0, r1);
         return;
     }
-    if (j->type == GGML_TYPE_F32 && j->row_bytes == (uint64_t)j->n_in * 4) {
-        mm_tile_f32(j, (const float *)(j->w + (uint64_t)r0 * j->row_bytes), r0, (int)(r1 - r0));
-        return;
-    }
+    bool f32 = j->type == GGML_TYPE_F32 && j->row_bytes == (uint64_t)j->n_in * 4;
     int ti = cpu_pool_thread_index();
     DS_ASSERT(ti < j->n_threads);
-    float *tile = j->scratch + (size_t)ti * REF_MATMUL_TILE * j->n_in;
-    for (int64_t r = r0; r < r1; r += REF_MATMUL_TILE) {
-        int n = r1 - r < REF_MATMUL_TILE ? (int)(r1 - r) : REF_MATMUL_TILE;
-        for (int a = 0; a < n; a++)
-            j->qt->dequant(j->w + (uint64_t)(r + a) * j->row_bytes, tile + a * j->n_in, j->n_in);
-        mm_tile_f32(j, tile, r, n);
+    float *tile = j->scratch + (size_t)ti * (ref_matmul_scratch_floats(j->n_in, 1));
+    for (int64_t r = r0; r < r1; r += j->tile_rows) {
+        int n = r1 - r < j->tile_rows ? (int)(r1 - r) : j->tile_rows;
+        const float *w = tile;
+        if (f32) w = (const float *)(j->w + (uint64_t)r * j->row_bytes);
+        else
+            for (int a = 0; a < n; a++)
+                j->qt->dequant(j->w + (uint64_t)(r + a) * j->row_bytes, tile + a * j->n_in, j->n_in);
+        mm_tile_f32(j, w, r, n);
     }
 }
 
@@ -213,14 +320,17 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
     int n_threads = cpu_pool_n_threads(pool);
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
                 .n_out = n_out, .x = x, .ldx = ldx, .T = T, .y = y, .ldy = ldy,
-                .scratch = scratch, .n_threads = n_threads, .dot = dot_f32_scalar, .k4x2 = kernel_4x2_scalar};
+                .scratch = scratch, .tile_rows = tile_rows_for(n_in), .n_threads = n_threads,
+                .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar};
 #ifdef HAVE_X86
-    if (have_avx2()) j.dot = dot_f32_avx2, j.k4x2 = kernel_4x2_avx2;
+    if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2;
 #endif
-    /* ~4 tasks per thread for balance, each a multiple of the tile, at least 16 rows. */
+    /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
+     * the dot block (decode), at least 16 rows. */
+    int64_t unit = T < REF_MATMUL_TILE_MIN_T ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
     int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
     if (per < 16) per = 16;
-    per = (per + REF_MATMUL_TILE - 1) / REF_MATMUL_TILE * REF_MATMUL_TILE;
+    if (per > unit) per = (per + unit - 1) / unit * unit;
     j.rows_per_task = per;
     int n_tasks = (int)((n_out + per - 1) / per);
     cpu_pool_run(pool, mm_task, &j, n_tasks);

@@ -16,10 +16,14 @@
 
 #include "kernels/cpu/cpu_pool.h"
 
-/* Rows dequantised at a time per thread on the prefill path. */
-#define REF_MATMUL_TILE 8
-/* From this many input rows on, the dequantise-a-tile path is used. */
-#define REF_MATMUL_TILE_MIN_T 4
+/* Floats of one thread's dequantised row tile on the prefill path (256 KiB: sits in L2 while
+ * all T inputs stream past it); the tile holds max(4, this / n_in) rows, a multiple of 4. */
+#define REF_MATMUL_TILE_FLOATS 65536
+/* From this many input rows on, the dequantise-a-tile path is used (below it, dotting the
+ * quantised blocks directly per input is cheaper than dequantising with the scalar kernels). */
+#define REF_MATMUL_TILE_MIN_T 16
+/* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
+#define REF_MATMUL_DOT_BLOCK 32
 
 /* Floats of scratch ref_matmul needs for rows up to n_in_max with n_threads threads. */
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
@@ -31,7 +35,12 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                 float *scratch);
 
-/* FP32 dot of n elements (AVX2+FMA when the CPU has it). */
-float ref_dot_f32(const float *a, const float *b, int64_t n);
+/* FP32 vector helpers (AVX2+FMA when the CPU has it). */
+float ref_dot_f32(const float *a, const float *b, int64_t n);          /* a·b */
+void ref_axpy_f32(float *y, float a, const float *x, int64_t n);       /* y += a x */
+void ref_scale_f32(float *y, float a, int64_t n);                      /* y *= a */
+float ref_scale_dot_f32(float *s, float a, const float *k, int64_t n); /* s *= a; return s·k */
+float ref_axpy_dot_f32(float *s, float d, const float *k, const float *q, int64_t n);
+                                                                       /* s += d k; return s·q */
 
 #endif

@@ -60,7 +60,7 @@ static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, 
 
 static void run_types(cpu_pool *pool)
 {
-    static const int Ts[] = {1, 2, 3, 4, 5, 9};
+    static const int Ts[] = {1, 2, 3, 5, 15, 16, 17, 35}; /* both sides of REF_MATMUL_TILE_MIN_T */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         int64_t n_in = quant_get(type)->block_size == QK_K ? 512 : 96;
@@ -85,6 +85,7 @@ static void test_threaded(void)
 static void test_check_can_fail(void)
 {
     CU_ASSERT_NOT_EQUAL(mm_case(NULL, GGML_TYPE_Q4_K, 256, 37, 5, 1), 0);
+    CU_ASSERT_NOT_EQUAL(mm_case(NULL, GGML_TYPE_Q4_K, 256, 37, 20, 1), 0);
 }
 
 static void test_dot_f32(void)
@@ -97,6 +98,30 @@ static void test_dot_f32(void)
         for (int i = 0; i < n; i++) ref += (double)a[i] * b[i], mag += fabs((double)a[i] * b[i]);
         CU_ASSERT(fabs(ref_dot_f32(a, b, n) - ref) <= 1e-6 * mag + 1e-7);
     }
+}
+
+static void test_vec_helpers(void)
+{
+    enum { N = 203 };
+    kc_rng r = {6};
+    float x[N], y[N], k[N], q[N], ref[N];
+    kc_fill(&r, x, N, 1), kc_fill(&r, y, N, 1), kc_fill(&r, k, N, 1), kc_fill(&r, q, N, 1);
+    for (int i = 0; i < N; i++) ref[i] = y[i] + 0.7f * x[i];
+    ref_axpy_f32(y, 0.7f, x, N);
+    CU_ASSERT_EQUAL(kernel_check("axpy", y, ref, N, 1e-6, 1e-6), 0);
+    for (int i = 0; i < N; i++) ref[i] = y[i] * -1.3f;
+    ref_scale_f32(y, -1.3f, N);
+    CU_ASSERT_EQUAL(kernel_check("scale", y, ref, N, 1e-6, 1e-6), 0);
+    double d = 0;
+    for (int i = 0; i < N; i++) ref[i] = y[i] * 0.5f, d += (double)ref[i] * k[i];
+    float got = ref_scale_dot_f32(y, 0.5f, k, N);
+    CU_ASSERT_EQUAL(kernel_check("scale_dot s", y, ref, N, 1e-6, 1e-6), 0);
+    CU_ASSERT(fabs(got - d) < 1e-4);
+    d = 0;
+    for (int i = 0; i < N; i++) ref[i] = y[i] + 0.25f * k[i], d += (double)ref[i] * q[i];
+    got = ref_axpy_dot_f32(y, 0.25f, k, q, N);
+    CU_ASSERT_EQUAL(kernel_check("axpy_dot s", y, ref, N, 1e-6, 1e-6), 0);
+    CU_ASSERT(fabs(got - d) < 1e-4);
 }
 
 typedef struct pool_count {
@@ -147,6 +172,7 @@ int main(void)
     CU_add_test(s, "threaded", test_threaded);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
     CU_add_test(s, "dot_f32", test_dot_f32);
+    CU_add_test(s, "vec_helpers", test_vec_helpers);
     CU_add_test(s, "pool", test_pool);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

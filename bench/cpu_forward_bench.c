@@ -1,0 +1,120 @@
+/* CPU forward benchmark: prefill tok/s of a P-token prompt, single-sequence decode tok/s, and
+ * batched decode (B sequences, one token each per step) tok/s, on any qwen35 GGUF.
+ *
+ *   cpu_forward_bench --model F [--prompt 512] [--decode 32] [--batch 4] [--threads 0] [--reps 2]
+ *
+ * Token ids are pseudo-random (the values do not change the speed). Times are wall-clock
+ * (CLOCK_MONOTONIC); the best of --reps runs is reported, with the weight bytes streamed per
+ * decode step turned into GB/s. One line per measurement, stable for docs/BENCH.md. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/forward.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mat_bytes(const qwen35_mat *m) { return m->data ? m->row_bytes * (uint64_t)m->n_out : 0; }
+
+/* Weight bytes read by one decode step (every matrix once; the embedding row is negligible). */
+static uint64_t step_bytes(const qwen35_model *m)
+{
+    uint64_t b = mat_bytes(&m->output);
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        const qwen35_layer *l = &m->layers[il];
+        const qwen35_mat *ms[] = {&l->qkv, &l->gate, &l->beta, &l->alpha, &l->ssm_out, &l->q, &l->k,
+                                  &l->v, &l->o, &l->ffn_gate, &l->ffn_up, &l->ffn_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) b += mat_bytes(ms[i]);
+    }
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL;
+    int P = 512, D = 32, B = 4, threads = 0, reps = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--prompt")) P = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--decode")) D = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batch")) B = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "unknown flag %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!model || P < 1 || D < 1 || B < 1 || reps < 1) {
+        fprintf(stderr, "usage: cpu_forward_bench --model F [--prompt 512] [--decode 32] [--batch 4] [--threads 0] [--reps 2]\n");
+        return 2;
+    }
+    status st;
+    qwen35_model *m;
+    qwen35_ctx *ctx;
+    if (qwen35_model_load(&m, model, &st) ||
+        qwen35_ctx_create(m, &(qwen35_ctx_opts){.max_batch = B, .max_tokens = P, .n_threads = threads}, &ctx, &st)) {
+        fprintf(stderr, "cpu_forward_bench: %s\n", st.msg);
+        return 1;
+    }
+    int V = m->cfg.V, n_ctx = P + D + 1;
+    qwen35_state **s = calloc((size_t)B, sizeof *s);
+    for (int b = 0; b < B; b++)
+        if (qwen35_state_create(m, n_ctx, &s[b], &st)) {
+            fprintf(stderr, "cpu_forward_bench: %s\n", st.msg);
+            return 1;
+        }
+    int32_t *ids = malloc(sizeof(int32_t) * (P + D) * B);
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < (P + D) * B; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+    float *logits = malloc(sizeof(float) * V * B);
+    double best_pre = 1e30, best_dec = 1e30, best_bat = 1e30;
+    for (int r = 0; r < reps; r++) {
+        for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
+        double t0 = now();
+        if (qwen35_prefill(ctx, s[0], ids, P, logits, false, &st)) goto fail;
+        double t1 = now();
+        for (int d = 0; d < D; d++)
+            if (qwen35_decode_batch(ctx, &s[0], ids + P + d, 1, logits, &st)) goto fail;
+        double t2 = now();
+        if (B > 1) {
+            for (int b = 1; b < B; b++) /* short prompts for the other sequences */
+                if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
+            for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
+            for (int b = 0; b < B; b++)
+                if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
+            double t3 = now();
+            for (int d = 0; d < D; d++) {
+                int32_t tok[64];
+                for (int b = 0; b < B && b < 64; b++) tok[b] = ids[(P + D) * b + 8 + d];
+                if (qwen35_decode_batch(ctx, s, tok, B, logits, &st)) goto fail;
+            }
+            double t4 = now();
+            if (t4 - t3 < best_bat) best_bat = t4 - t3;
+        }
+        if (t1 - t0 < best_pre) best_pre = t1 - t0;
+        if (t2 - t1 < best_dec) best_dec = t2 - t1;
+    }
+    double gb = step_bytes(m) / 1e9;
+    printf("model %s: H %d L %d V %d, weights read per decode step %.3f GB, threads %d\n", model,
+           m->cfg.H, m->cfg.n_layer, V, gb, qwen35_ctx_n_threads(ctx));
+    printf("prefill %d tokens: %.3f s, %.1f tok/s\n", P, best_pre, P / best_pre);
+    printf("decode 1 seq, %d steps after the prompt: %.2f ms/token, %.2f tok/s, %.2f GB/s of weights\n", D,
+           1e3 * best_dec / D, D / best_dec, gb * D / best_dec);
+    if (B > 1)
+        printf("decode %d seqs, %d steps: %.2f ms/step, %.2f tok/s aggregate\n", B, D,
+               1e3 * best_bat / D, (double)B * D / best_bat);
+    return 0;
+fail:
+    fprintf(stderr, "cpu_forward_bench: %s\n", st.msg);
+    return 1;
+}
