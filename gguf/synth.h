@@ -130,8 +130,8 @@ int synth_plan(const synth_preset *p, synth_quant q, synth_tensor **out, int *n_
 
 /* Fills rows [row0, row0 + n_rows) of tensor t (2D: ne[0]-element rows; 1D: one row) into dst
  * (n_rows * t->row_bytes bytes). Values depend only on (key, element/block index); key comes
- * from synth_tensor_key. */
-uint64_t synth_tensor_key(uint64_t seed, const char *name);
+ * from synth_fill_key. */
+uint64_t synth_fill_key(uint64_t seed, const char *name);
 void synth_fill_rows(const synth_tensor *t, uint64_t key, uint64_t row0, uint64_t n_rows,
                      void *dst);
 

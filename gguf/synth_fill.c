@@ -34,7 +34,7 @@ static inline float rng_gauss(uint64_t w)
 /* Uniform in [0, 1) from the top 24 bits of a word. */
 static inline float rng_unit(uint64_t w) { return (float)(w >> 40) * (1.0f / 16777216.0f); }
 
-uint64_t synth_tensor_key(uint64_t seed, const char *name)
+uint64_t synth_fill_key(uint64_t seed, const char *name)
 {
     uint64_t h = 1469598103934665603ull;
     for (const char *c = name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;

@@ -211,7 +211,7 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
         int idx = gguf_writer_add_tensor(w, plan[i].name, plan[i].n_dims, plan[i].ne,
                                          plan[i].type);
         DS_ASSERT(idx == i || idx < 0); /* on -1 begin_data reports the reason */
-        keys[i] = synth_tensor_key(o->seed, plan[i].name);
+        keys[i] = synth_fill_key(o->seed, plan[i].name);
         tensor_bytes += plan[i].n_bytes;
     }
     if ((rc = gguf_writer_begin_data(w, st))) goto fail;

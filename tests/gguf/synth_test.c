@@ -634,7 +634,7 @@ static void test_fill_rows_independent(void)
         status st;
         CU_ASSERT_EQUAL_FATAL(synth_plan(p, (synth_quant)q, &t, &n, &st), 0);
         for (int i = 0; i < n; i++) {
-            uint64_t key = synth_tensor_key(3, t[i].name);
+            uint64_t key = synth_fill_key(3, t[i].name);
             uint8_t *whole = malloc(t[i].n_bytes), *parts = malloc(t[i].n_bytes);
             synth_fill_rows(&t[i], key, 0, t[i].ne[1], whole);
             for (uint64_t r = 0; r < t[i].ne[1]; r += 3) {
