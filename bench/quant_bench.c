@@ -4,7 +4,7 @@
  *
  *   quant_bench [--n-in N] [--hot-mib M] [--cold-mib M] [--seconds S]
  *
- * One thread. Each figure is the best of 15 repetitions of at least S/5/15 seconds each. */
+ * One thread. Each figure is the fastest single pass over the matrix within S/5 seconds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,39 +12,33 @@
 
 #include "gguf/quant.h"
 
+typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC } bench_kind;
+
 static double bench_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best of many short repetitions: on a shared machine the best one is the least disturbed. */
-enum { BENCH_REPS = 15 };
-
-typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC } bench_kind;
-
-/* Runs KIND over all rows until min_s passed; returns GB/s of weight bytes. */
+/* Runs KIND over all rows (one pass) repeatedly until min_s passed, at least 3 passes;
+ * returns GB/s of weight bytes for the fastest pass. On a shared machine the fastest pass is
+ * the least disturbed one, so passes are kept short (one pass over the matrix each). */
 static double bench_run(const quant_traits *t, uint32_t type, bench_kind kind, const uint8_t *w,
                         uint64_t row_bytes, int64_t n_in, int64_t n_rows, const float *x,
                         float *y, double min_s) {
-    double best = 0;
-    for (int rep = 0; rep < BENCH_REPS; rep++) {
-        double t0 = bench_now(), t1;
-        int64_t passes = 0;
-        do {
-            if (kind == BENCH_MATVEC) {
-                quant_matvec(type, w, row_bytes, n_in, x, y, 0, n_rows);
-            } else {
-                quant_dot_fn f = kind == BENCH_REF ? t->dot_ref : t->dot;
-                for (int64_t r = 0; r < n_rows; r++) y[r] = f(w + (uint64_t)r * row_bytes, x, n_in);
-            }
-            passes++;
-            t1 = bench_now();
-        } while (t1 - t0 < min_s / BENCH_REPS);
-        double gbs = (double)passes * (double)n_rows * (double)row_bytes / (t1 - t0) / 1e9;
-        if (gbs > best) best = gbs;
+    double best = 1e30, start = bench_now();
+    for (int pass = 0; pass < 3 || bench_now() - start < min_s; pass++) {
+        double t0 = bench_now();
+        if (kind == BENCH_MATVEC) {
+            quant_matvec(type, w, row_bytes, n_in, x, y, 0, n_rows);
+        } else {
+            quant_dot_fn f = kind == BENCH_REF ? t->dot_ref : t->dot;
+            for (int64_t r = 0; r < n_rows; r++) y[r] = f(w + (uint64_t)r * row_bytes, x, n_in);
+        }
+        double dt = bench_now() - t0;
+        if (dt < best) best = dt;
     }
-    return best;
+    return (double)n_rows * (double)row_bytes / best / 1e9;
 }
 
 int main(int argc, char **argv) {

@@ -7,6 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+
+/* top-k up to this uses insertion behind a threshold; above it, selection by partitioning */
+#define SAMPLER_TOPK_INSERT 128
+/* Buckets of the top-p histogram: weights in [0, 1] keyed by their float bits >> 20. */
+#define SAMPLER_HIST ((0x3F800000 >> 20) + 1)
+
 struct sampler {
     sampler_params p; /* resolved (defaults filled) */
     int32_t n_vocab;  /* V */
@@ -31,6 +37,7 @@ struct sampler {
     int32_t *cand_id; /* owned, [V] candidate ids, ascending */
     float *cand_w;    /* owned, [V] their weights exp((z - z_max) / T) */
     float *sel;       /* owned, [V] copy permuted by the selections */
+    double hist_mass[4][SAMPLER_HIST]; /* top-p histograms: weight mass per bucket */
 };
 
 /* ---- params ----------------------------------------------------------------------------- */
@@ -258,7 +265,156 @@ static void sampler_apply_penalties(const sampler *s, float *logits) {
     }
 }
 
-/* ---- selection -------------------------------------------------------------------------- */
+/* ---- numeric helpers -------------------------------------------------------------------- */
+
+/* The O(V) loops (exp, sums, argmax) are written on GCC/Clang generic vectors of 8 lanes
+ * because -O2 does not vectorise them; each lane computes exactly what the scalar code
+ * computes, so the results do not depend on the instruction set. They are compiled twice
+ * (target_clones): for AVX2 (one ymm per vector) and the x86-64 baseline (two xmm). */
+typedef float sampler_v8f __attribute__((vector_size(32)));
+typedef int32_t sampler_v8i __attribute__((vector_size(32)));
+typedef float sampler_v4f __attribute__((vector_size(16)));
+typedef double sampler_v4d __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SAMPLER_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SAMPLER_CLONES
+#endif
+
+#define SAMPLER_SPLAT(x) ((sampler_v8f){x, x, x, x, x, x, x, x})
+
+/* Helpers are macros, not functions: functions passing 32-byte vectors draw GCC ABI notes
+ * when compiled without AVX. */
+#define SAMPLER_LOAD8(dst, p) memcpy(&(dst), (p), sizeof(dst))
+#define SAMPLER_SELECT(m, a, b) ((sampler_v8f)(((sampler_v8i)(a) & (m)) | ((sampler_v8i)(b) & ~(m))))
+
+/* e^x for x <= 0; 0 below -87 (e^-87 = 1.6e-38) and for -inf. Cephes expf: Cody-Waite
+ * reduction by ln 2 (ln2_hi = 0.693359375, ln2_lo = -2.12194440e-4), degree-5 polynomial,
+ * about 1 ulp, no branches. Every softmax weight goes through it (docs/SAMPLER.md). */
+static inline float sampler_exp(float x) {
+    const bool small = x < -87.0f;
+    const float xc = small ? -87.0f : x;
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    const float r2 = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r2 + r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return small ? 0.0f : y * scale;
+}
+
+/* sampler_exp on 8 lanes, operation for operation: out[0..7] = exp(in[0..7]). */
+static inline void sampler_exp8(const float *in, float *out) {
+    sampler_v8f x;
+    SAMPLER_LOAD8(x, in);
+    const sampler_v8i small = x < SAMPLER_SPLAT(-87.0f);
+    const sampler_v8f xc = SAMPLER_SELECT(small, SAMPLER_SPLAT(-87.0f), x);
+    const sampler_v8f n = (xc * SAMPLER_SPLAT(1.44269504088896341f) + SAMPLER_SPLAT(12582912.0f)) -
+                          SAMPLER_SPLAT(12582912.0f);
+    const sampler_v8f r = (xc - n * SAMPLER_SPLAT(0.693359375f)) - n * SAMPLER_SPLAT(-2.12194440e-4f);
+    const sampler_v8f r2 = r * r;
+    sampler_v8f y = SAMPLER_SPLAT(1.9875691500e-4f);
+    y = y * r + SAMPLER_SPLAT(1.3981999507e-3f);
+    y = y * r + SAMPLER_SPLAT(8.3334519073e-3f);
+    y = y * r + SAMPLER_SPLAT(4.1665795894e-2f);
+    y = y * r + SAMPLER_SPLAT(1.6666665459e-1f);
+    y = y * r + SAMPLER_SPLAT(5.0000001201e-1f);
+    y = y * r2 + r + SAMPLER_SPLAT(1.0f);
+    const sampler_v8i bits = (__builtin_convertvector(n, sampler_v8i) + 127) << 23;
+    const sampler_v8f res = SAMPLER_SELECT(small, SAMPLER_SPLAT(0.0f), y * (sampler_v8f)bits);
+    memcpy(out, &res, sizeof res);
+}
+
+/* w[i] = exp((z[i] - zmax) * inv_t) for i < n. */
+SAMPLER_CLONES static void sampler_exp_array(const float *z, float zmax, float inv_t, float *w, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        sampler_v8f v;
+        SAMPLER_LOAD8(v, z + i);
+        v = (v - SAMPLER_SPLAT(zmax)) * SAMPLER_SPLAT(inv_t);
+        memcpy(w + i, &v, sizeof v);
+        sampler_exp8(w + i, w + i);
+    }
+    for (; i < n; i++) w[i] = sampler_exp((z[i] - zmax) * inv_t);
+}
+
+/* Sum of w[0, n), n <= SAMPLER_BLOCK, as 8 interleaved double lanes (lane l holds elements
+ * l, l+8, ...) added ((0+1)+(2+3))+((4+5)+(6+7)). */
+#define SAMPLER_BLOCK 256
+SAMPLER_CLONES static double sampler_block_sum(const float *w, int64_t n) {
+    sampler_v4d a = {0, 0, 0, 0}, b = {0, 0, 0, 0}; /* lanes 0-3, 4-7 */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        sampler_v4f x, y;
+        memcpy(&x, w + i, sizeof x);
+        memcpy(&y, w + i + 4, sizeof y);
+        a += __builtin_convertvector(x, sampler_v4d);
+        b += __builtin_convertvector(y, sampler_v4d);
+    }
+    double lane[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+    for (; i < n; i++) lane[i & 7] += w[i];
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+/* The softmax normaliser of weights w[0, n): block sums of SAMPLER_BLOCK added in order. */
+static double sampler_sum(const float *w, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i += SAMPLER_BLOCK)
+        s += sampler_block_sum(w + i, n - i < SAMPLER_BLOCK ? n - i : SAMPLER_BLOCK);
+    return s;
+}
+
+/* The largest of z[0, n) and its lowest index (8 lanes, each keeping its first maximum);
+ * nan is never larger. *idx = -1 when nothing is > -inf. */
+SAMPLER_CLONES static float sampler_argmax(const float *z, int64_t n, int64_t *idx) {
+    sampler_v8f best = SAMPLER_SPLAT(-INFINITY);
+    sampler_v8i bi = {-1, -1, -1, -1, -1, -1, -1, -1}, cur = {0, 1, 2, 3, 4, 5, 6, 7};
+    int64_t i = 0;
+    for (; i + 8 <= n && i + 8 <= INT32_MAX; i += 8) {
+        sampler_v8f x;
+        SAMPLER_LOAD8(x, z + i);
+        const sampler_v8i gt = x > best;
+        best = SAMPLER_SELECT(gt, x, best);
+        bi = (gt & cur) | (~gt & bi);
+        cur += 8;
+    }
+    float m = -INFINITY;
+    int64_t mi = -1;
+    for (int l = 0; l < 8; l++)
+        if (best[l] > m || (best[l] == m && bi[l] >= 0 && bi[l] < mi)) m = best[l], mi = bi[l];
+    for (; i < n; i++)
+        if (z[i] > m) m = z[i], mi = i;
+    *idx = mi;
+    return m;
+}
+
+/* The n best of z[0, V) in (value desc, id asc) order into bv/bi (n <= V), by insertion
+ * behind a threshold test: O(V) compares plus O(n log(V/n)) expected insertions. */
+static void sampler_best(const float *z, int32_t V, int32_t n, float *bv, int32_t *bi) {
+    int32_t cnt = 0;
+    for (int32_t i = 0; i < V; i++) {
+        const float v = z[i];
+        if (cnt == n && !(v > bv[n - 1])) continue;
+        int32_t j = cnt < n ? cnt++ : n - 1;
+        while (j > 0 && v > bv[j - 1]) {
+            bv[j] = bv[j - 1];
+            bi[j] = bi[j - 1];
+            j--;
+        }
+        bv[j] = v;
+        bi[j] = i;
+    }
+}
+
+/* ---- selection by partitioning ---------------------------------------------------------- */
 
 /* Three-way partition of a[lo, hi) in descending order around v: on return a[lo, *g) > v,
  * a[*g, *e) == v, a[*e, hi) < v. Returns the sum of the elements > v. */
@@ -309,9 +465,10 @@ static float sampler_kth_largest(float *a, int64_t n, int64_t k) {
     }
 }
 
-/* Nucleus threshold over weights a[0, n) (all >= 0, permuted): the smallest set of largest
- * weights whose sum reaches target is {w > *tau} plus *n_eq of the weights == *tau.
- * Sums in double. If rounding leaves target unreached, everything is kept (*tau = -1). */
+/* Nucleus threshold over weights a[0, n) (all >= 0, permuted): taking the weights in
+ * descending order, the shortest prefix whose sum reaches target is {w > *tau} plus *n_eq of
+ * the weights == *tau. Sums in double. If rounding leaves target unreached, everything is
+ * kept (*tau = -1). */
 static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int64_t *n_eq) {
     int64_t lo = 0, hi = n;
     double above = 0; /* mass of the weights known to be larger than all of a[lo, hi) */
@@ -339,18 +496,84 @@ static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int6
 }
 
 /* Keeps the candidates with w > tau plus the first n_eq (lowest ids) with w == tau; the list
- * stays in ascending id order. Returns the new count. */
-static int64_t sampler_keep(sampler *s, int64_t n, float tau, int64_t n_eq) {
+ * stays in ascending id order. dense: the list is the whole vocabulary (cand_id[i] == i,
+ * not stored). Returns the new count. */
+static int64_t sampler_keep(sampler *s, int64_t n, bool dense, float tau, int64_t n_eq) {
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         float w = s->cand_w[i];
         if (w > tau || (w == tau && n_eq-- > 0)) {
-            s->cand_id[m] = s->cand_id[i];
+            s->cand_id[m] = dense ? (int32_t)i : s->cand_id[i];
             s->cand_w[m] = w;
             m++;
         }
     }
     return m;
+}
+
+/* ---- the filters ------------------------------------------------------------------------ */
+
+/* top-k into cand_id (ascending ids): the k best of z by (value desc, id asc). */
+static int64_t sampler_top_k(sampler *s, const float *z, int32_t k) {
+    const int32_t V = s->n_vocab;
+    if (k <= SAMPLER_TOPK_INSERT) { /* insertion behind a threshold, then ids sorted */
+        int32_t *ids = s->cand_id;
+        sampler_best(z, V, k, s->sel, ids);
+        for (int32_t i = 1; i < k; i++)
+            for (int32_t j = i; j > 0 && ids[j] < ids[j - 1]; j--) {
+                int32_t t = ids[j];
+                ids[j] = ids[j - 1];
+                ids[j - 1] = t;
+            }
+        return k;
+    }
+    /* large k: the k-th largest value by selection, then z > tau and the lowest ids of
+     * z == tau up to k in all */
+    memcpy(s->sel, z, (size_t)V * sizeof *z);
+    float tau = sampler_kth_largest(s->sel, V, k);
+    int64_t n_gt = 0, n = 0;
+    for (int32_t i = 0; i < V; i++) n_gt += z[i] > tau;
+    int64_t n_eq = k - n_gt;
+    for (int32_t i = 0; i < V; i++)
+        if (z[i] > tau || (z[i] == tau && n_eq-- > 0)) s->cand_id[n++] = i;
+    return n;
+}
+
+/* top-p over the n candidates (weights in (0, 1] or 0, ascending ids): a histogram of the
+ * weights by their top 12 bits (exponent and 3 mantissa bits: 8 buckets per octave) finds
+ * the bucket where the nucleus ends; only that bucket is selected by partitioning. */
+static int64_t sampler_top_p(sampler *s, int64_t n, bool dense, double target) {
+    /* four interleaved histograms (element i into copy i & 3): neighbours often share a
+     * bucket, and one copy would make every add wait for the previous one */
+    double(*h)[SAMPLER_HIST] = s->hist_mass;
+    memset(h, 0, sizeof s->hist_mass);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int c = 0; c < 4; c++) {
+            uint32_t b;
+            memcpy(&b, &s->cand_w[i + c], sizeof b);
+            h[c][b >> 20] += s->cand_w[i + c];
+        }
+    for (; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &s->cand_w[i], sizeof b);
+        h[0][b >> 20] += s->cand_w[i];
+    }
+    for (int b = 0; b < SAMPLER_HIST; b++) h[0][b] += (h[1][b] + h[2][b]) + h[3][b];
+    double above = 0;
+    int b = SAMPLER_HIST - 1;
+    for (; b > 0 && above + h[0][b] < target; b--) above += h[0][b];
+    int64_t m = 0; /* the boundary bucket's weights */
+    for (i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &s->cand_w[i], sizeof bits);
+        if ((int)(bits >> 20) == b) s->sel[m++] = s->cand_w[i];
+    }
+    float tau;
+    int64_t n_eq;
+    sampler_nucleus(s->sel, m, target - above, &tau, &n_eq);
+    if (tau < 0) tau = 0, n_eq = 0; /* rounding: keep every positive weight */
+    return sampler_keep(s, n, dense, tau, n_eq);
 }
 
 /* ---- sample ----------------------------------------------------------------------------- */
@@ -359,76 +582,49 @@ static int64_t sampler_keep(sampler *s, int64_t n, float tau, int64_t n_eq) {
 static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t step) {
     const sampler_params *p = &s->p;
     const int32_t V = s->n_vocab;
-    const float T = p->temperature;
-    int64_t n = 0;
-    /* top-k: z > tau_k, plus the lowest ids of z == tau_k up to k in all */
+    const float inv_t = 1.0f / p->temperature;
+    int64_t n;
+    bool dense; /* candidates = the whole vocabulary, ids implicit */
     if (p->top_k > 0 && p->top_k < V) {
-        memcpy(s->sel, z, (size_t)V * sizeof *z);
-        float tau = sampler_kth_largest(s->sel, V, p->top_k);
-        int64_t n_gt = 0;
-        for (int32_t i = 0; i < V; i++) n_gt += z[i] > tau;
-        int64_t n_eq = p->top_k - n_gt;
-        for (int32_t i = 0; i < V; i++)
-            if (z[i] > tau || (z[i] == tau && n_eq-- > 0)) s->cand_id[n++] = i;
+        n = sampler_top_k(s, z, p->top_k);
+        dense = false;
+        for (int64_t i = 0; i < n; i++) s->cand_w[i] = sampler_exp((z[s->cand_id[i]] - zmax) * inv_t);
     } else {
-        for (int32_t i = 0; i < V; i++)
-            if (z[i] > -INFINITY) s->cand_id[n++] = i;
+        n = V;
+        dense = true;
+        sampler_exp_array(z, zmax, inv_t, s->cand_w, n); /* -inf logits get weight 0 */
     }
-    /* temperature and the unnormalised softmax: the largest weight is exactly 1 */
-    for (int64_t i = 0; i < n; i++) s->cand_w[i] = expf((z[s->cand_id[i]] - zmax) / T);
-    /* top-p */
+    /* the largest weight is exactly 1 */
     if (p->top_p < 1) {
-        double sum = 0;
-        for (int64_t i = 0; i < n; i++) sum += s->cand_w[i];
-        memcpy(s->sel, s->cand_w, (size_t)n * sizeof *s->sel);
-        float tau;
-        int64_t n_eq;
-        sampler_nucleus(s->sel, n, (double)p->top_p * sum, &tau, &n_eq);
-        n = sampler_keep(s, n, tau, n_eq);
+        n = sampler_top_p(s, n, dense, (double)p->top_p * sampler_sum(s->cand_w, n));
+        dense = false;
     }
     /* min-p: p_i >= min_p * p_max, i.e. w_i >= min_p (w_max = 1 survives every filter) */
     if (p->min_p > 0) {
-        int64_t m = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (s->cand_w[i] >= p->min_p) {
-                s->cand_id[m] = s->cand_id[i];
-                s->cand_w[m++] = s->cand_w[i];
-            }
-        n = m;
+        n = sampler_keep(s, n, dense, p->min_p, 0);
+        dense = false;
     }
     DS_ASSERT(n > 0);
-    /* softmax normaliser and the draw, both summed in ascending id order in double */
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += s->cand_w[i];
-    double target = (double)sampler_uniform(p->seed, step) * sum;
+    /* the draw: target = u * S; the first candidate (ascending ids) whose running sum
+     * exceeds it, found block by block with the same block sums as S */
+    const double target = (double)sampler_uniform(p->seed, step) * sampler_sum(s->cand_w, n);
     double acc = 0;
-    for (int64_t i = 0; i < n; i++) {
-        acc += s->cand_w[i];
-        if (acc > target) return s->cand_id[i];
-    }
-    for (int64_t i = n - 1; i > 0; i--) /* rounding: the last token with weight */
-        if (s->cand_w[i] > 0) return s->cand_id[i];
-    return s->cand_id[0];
-}
-
-/* The n highest logits, descending, lowest id first on ties; lse the log normaliser. Entries
- * beyond the vocabulary (n > V) are token -1, logprob -inf. */
-static void sampler_top_logprobs(const float *z, int32_t V, int32_t n, double lse,
-                                 sampler_logprob *top) {
-    for (int32_t j = V; j < n; j++) top[j] = (sampler_logprob){.token = -1, .logprob = -INFINITY};
-    if (n > V) n = V;
-    int32_t cnt = 0;
-    for (int32_t i = 0; i < V; i++) {
-        if (cnt == n && !(z[i] > top[n - 1].logprob)) continue;
-        int32_t j = cnt < n ? cnt++ : n - 1; /* insertion: shift smaller ones down */
-        while (j > 0 && z[i] > top[j - 1].logprob) {
-            top[j] = top[j - 1];
-            j--;
+    int64_t pick = -1;
+    for (int64_t b = 0; b < n && pick < 0; b += SAMPLER_BLOCK) {
+        const int64_t nb = n - b < SAMPLER_BLOCK ? n - b : SAMPLER_BLOCK;
+        const double bs = sampler_block_sum(s->cand_w + b, nb);
+        if (acc + bs <= target) {
+            acc += bs;
+            continue;
         }
-        top[j].token = i;
-        top[j].logprob = z[i]; /* the logit until the end */
+        for (int64_t i = b; i < b + nb && pick < 0; i++) {
+            acc += s->cand_w[i];
+            if (acc > target) pick = i;
+        }
     }
-    for (int32_t j = 0; j < n; j++) top[j].logprob = (float)((double)top[j].logprob - lse);
+    if (pick < 0) /* rounding: the last candidate with weight */
+        for (pick = n - 1; pick > 0 && !(s->cand_w[pick] > 0); pick--) {}
+    return dense ? (int32_t)pick : s->cand_id[pick];
 }
 
 int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *chosen_logprob) {
@@ -436,20 +632,29 @@ int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *c
     const int32_t V = s->n_vocab;
     uint64_t step = s->step++;
     sampler_apply_penalties(s, logits);
-    float zmax = logits[0];
-    int32_t argmax = 0;
-    for (int32_t i = 1; i < V; i++)
-        if (logits[i] > zmax) zmax = logits[i], argmax = i;
-    DS_ASSERT(zmax > -INFINITY); /* at least one finite logit (and no nan in front) */
+    int64_t argmax;
+    const float zmax = sampler_argmax(logits, V, &argmax);
+    DS_ASSERT(zmax > -INFINITY); /* at least one finite logit */
     double lse = 0;
-    bool want_top = top && p->n_logprobs > 0;
-    if (want_top || chosen_logprob) {
-        double sum = 0;
-        for (int32_t i = 0; i < V; i++) sum += expf(logits[i] - zmax);
-        lse = (double)zmax + log(sum);
+    const bool want_top = top && p->n_logprobs > 0;
+    if (want_top || chosen_logprob) { /* log-softmax at temperature 1 over the vocabulary */
+        sampler_exp_array(logits, zmax, 1.0f, s->cand_w, V);
+        lse = (double)zmax + log(sampler_sum(s->cand_w, V));
     }
-    if (want_top) sampler_top_logprobs(logits, V, p->n_logprobs, lse, top);
-    int32_t tok = p->temperature == 0 ? argmax : sampler_draw(s, logits, zmax, step);
+    if (want_top) {
+        int32_t n = p->n_logprobs < V ? p->n_logprobs : V;
+        float bv[SAMPLER_MAX_LOGPROBS];
+        int32_t bi[SAMPLER_MAX_LOGPROBS];
+        sampler_best(logits, V, n, bv, bi);
+        for (int32_t j = 0; j < p->n_logprobs; j++)
+            top[j] = j < n ? (sampler_logprob){bi[j], (float)((double)bv[j] - lse)}
+                           : (sampler_logprob){-1, -INFINITY};
+    }
+    int32_t tok;
+    if (p->temperature == 0)
+        tok = (int32_t)argmax; /* lowest id of the maximum */
+    else
+        tok = sampler_draw(s, logits, zmax, step);
     if (chosen_logprob) *chosen_logprob = (float)((double)logits[tok] - lse);
     return tok;
 }

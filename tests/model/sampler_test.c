@@ -323,6 +323,78 @@ static void test_distribution_check_can_fail(void) {
     CU_ASSERT(chi2(cnt, prob, DIST_V, N, &df) > chi2_crit(df, 4.5));
 }
 
+/* A larger vocabulary (not a multiple of 8, with ties) through the other code paths: top-k
+ * above the insertion limit (selection by partitioning), the dense top-p histogram, min-p.
+ * Tokens are grouped into bins of about equal reference mass for the chi-square; a token
+ * outside the reference support must never be drawn. */
+static void test_distribution_large_vocab(void) {
+    enum { V = 1003, BINS = 16 };
+    static float z[V];
+    uint64_t r = 2024;
+    for (int i = 0; i < V; i++) z[i] = 3 * rng_uniform(&r) - 2;
+    for (int i = 0; i < V; i += 7) z[i] = z[(i * 13) % V]; /* ties */
+    static const sampler_params cases[] = {
+        {.temperature = 1.0f, .top_k = 300, .seed = 21},
+        {.temperature = 0.9f, .top_p = 0.7f, .seed = 22},
+        {.temperature = 1.2f, .top_p = 0.9f, .min_p = 0.3f, .seed = 23},
+        {.temperature = 1.0f, .top_k = 200, .top_p = 0.8f, .seed = 24},
+    };
+    const long N = 100000;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* reference: sort ids by (z desc, id asc), then the plain definition */
+        static int order[V];
+        static double w[V], prob[V];
+        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 1; i < V; i++)
+            for (int j = i; j > 0 && (z[order[j]] > z[order[j - 1]] ||
+                                      (z[order[j]] == z[order[j - 1]] && order[j] < order[j - 1])); j--) {
+                int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+            }
+        sampler_params p = sampler_params_resolve(&cases[c]);
+        int n = p.top_k > 0 ? p.top_k : V;
+        double S = 0, cum = 0, T = 0;
+        for (int k = 0; k < n; k++) S += w[k] = exp(((double)z[order[k]] - z[order[0]]) / p.temperature);
+        int m = 0;
+        while (m < n && cum < p.top_p * S) cum += w[m++];
+        for (int i = 0; i < V; i++) prob[i] = 0;
+        for (int k = 0; k < m; k++)
+            if (w[k] >= p.min_p * w[0]) T += prob[order[k]] = w[k];
+        int support = 0;
+        for (int i = 0; i < V; i++) support += (prob[i] /= T) > 0;
+        /* draws */
+        sampler *s = make(V, 16, &cases[c]);
+        static long cnt[V];
+        memset(cnt, 0, sizeof cnt);
+        static float zz[V];
+        for (long t = 0; t < N; t++) {
+            memcpy(zz, z, sizeof z);
+            cnt[sampler_sample(s, zz, NULL, NULL)]++;
+        }
+        sampler_destroy(s);
+        long outside = 0;
+        for (int i = 0; i < V; i++) outside += prob[i] == 0 ? cnt[i] : 0;
+        /* bins of ~1/BINS of the mass, in reference order */
+        long bc[BINS] = {0};
+        double bp[BINS] = {0}, acc = 0;
+        for (int k = 0; k < V; k++) {
+            int i = order[k];
+            if (prob[i] == 0) continue;
+            int b = (int)(acc * BINS);
+            if (b >= BINS) b = BINS - 1;
+            bc[b] += cnt[i];
+            bp[b] += prob[i];
+            acc += prob[i];
+        }
+        int df;
+        double x2 = chi2(bc, bp, BINS, N, &df);
+        printf("\n  large vocab case %zu: support %d, chi2 %.2f df %d (crit %.1f), outside %ld", c,
+               support, x2, df, chi2_crit(df, 4.5), outside);
+        CU_ASSERT_EQUAL(outside, 0);
+        CU_ASSERT(x2 < chi2_crit(df, 4.5));
+        CU_ASSERT(support > 20 && support < V);
+    }
+}
+
 static void test_ties_and_min_p(void) {
     /* eight equal logits, top_p 0.5: exactly the four lowest ids, uniformly */
     sampler_params p = {.temperature = 1.0f, .top_p = 0.5f, .seed = 77};
@@ -517,6 +589,7 @@ int main(void) {
     CU_add_test(s, "determinism", test_determinism);
     CU_add_test(s, "distribution", test_distribution);
     CU_add_test(s, "distribution_check_can_fail", test_distribution_check_can_fail);
+    CU_add_test(s, "distribution_large_vocab", test_distribution_large_vocab);
     CU_add_test(s, "ties_and_min_p", test_ties_and_min_p);
     CU_add_test(s, "penalties_exact", test_penalties_exact);
     CU_add_test(s, "penalty_window_stress", test_penalty_window_stress);
