@@ -12,14 +12,9 @@
 #include "gguf/quant.h"
 #include "gguf/synth.h"
 #include "gguf/synth_vocab.h"
+#include "tests/gguf/gguf_craft.h"
 
 static const char *const real_presets[] = {"0.8b", "2b", "4b", "9b", "27b"};
-
-static void tmp_path(char *out, size_t cap, const char *name)
-{
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(out, cap, "%s/synth_test_%d_%s", dir && *dir ? dir : "/tmp", (int)getpid(), name);
-}
 
 /* ---- presets and plan ------------------------------------------------------------- */
 
@@ -444,7 +439,7 @@ static void check_tiny_file(synth_quant q)
     char path[512];
     char name[32];
     snprintf(name, sizeof name, "tiny_%s.gguf", synth_quant_name(q));
-    tmp_path(path, sizeof path, name);
+    gguf_craft_tmp_path(path, sizeof path, name);
     const synth_preset *p = synth_preset_find("tiny");
     synth_options o = {.preset = p, .quant = q, .seed = 42, .n_threads = 2};
     synth_stats s;
@@ -557,19 +552,6 @@ static void test_tiny_q4_k_m(void) { check_tiny_file(SYNTH_QUANT_Q4_K_M); }
 
 /* ---- determinism ------------------------------------------------------------------------ */
 
-static uint8_t *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(len > 0 ? (size_t)len : 1);
-    *n = fread(p, 1, (size_t)len, f);
-    fclose(f);
-    return p;
-}
-
 static uint64_t fnv64(const uint8_t *p, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -582,7 +564,7 @@ static uint64_t write_hash(const char *preset, synth_quant q, uint64_t seed, int
                            uint64_t chunk, const char *tag, uint8_t **bytes, size_t *n_bytes)
 {
     char path[512];
-    tmp_path(path, sizeof path, tag);
+    gguf_craft_tmp_path(path, sizeof path, tag);
     synth_options o = {.preset = synth_preset_find(preset), .quant = q, .seed = seed,
                        .n_threads = threads, .chunk_bytes = chunk};
     status st;
@@ -590,7 +572,7 @@ static uint64_t write_hash(const char *preset, synth_quant q, uint64_t seed, int
     CU_ASSERT_EQUAL(rc, 0);
     if (rc) printf("\n  %s\n", st.msg);
     size_t n = 0;
-    uint8_t *p = read_all(path, &n);
+    uint8_t *p = gguf_craft_read_file(path, &n);
     CU_ASSERT_PTR_NOT_NULL(p);
     unlink(path);
     uint64_t h = p ? fnv64(p, n) : 0;
