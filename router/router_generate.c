@@ -290,11 +290,12 @@ nomem:
     return -2;
 }
 
+/* Worker failures worth another worker: it is gone or busy. Not INTERNAL (a bug that the
+ * same request would hit anywhere) nor the request's own errors. */
 static int retryable(int code)
 {
     return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_RESOURCE_EXHAUSTED ||
-           code == GRPC_STATUS_UNKNOWN || code == GRPC_STATUS_INTERNAL ||
-           code == GRPC_STATUS_ABORTED;
+           code == GRPC_STATUS_UNKNOWN || code == GRPC_STATUS_ABORTED;
 }
 
 /* Ends the call after the client went away or its deadline passed. */

@@ -13,6 +13,8 @@ struct router_worker {
     int refs;                  /* the set's own reference + snapshots + requests */
     int64_t local_outstanding; /* tokens routed here by this router, not yet finished */
     router_worker_load polled; /* last GetLoad */
+    int64_t others;            /* other routers' outstanding tokens: min of the last two polls */
+    int64_t others_last;       /* the last poll's estimate */
 };
 
 struct router_pool {
@@ -146,6 +148,14 @@ void router_pool_report_load(router_pool *p, router_worker *w, const router_work
 {
     pthread_mutex_lock(&p->mu);
     w->polled = *load;
+    /* the worker's count includes ours: what is left over is other routers' traffic. One poll
+     * can also catch requests we already ended that the worker has not dropped yet (a
+     * cancel takes effect at its next step): the smaller of two consecutive estimates filters
+     * such one-poll spikes while sustained foreign load persists. */
+    int64_t est = load->outstanding_tokens - w->local_outstanding;
+    if (est < 0) est = 0;
+    w->others = est < w->others_last ? est : w->others_last;
+    w->others_last = est;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -154,11 +164,7 @@ void router_pool_report_failure(router_pool *p, router_worker *w)
     router_pool_report_health(p, w, 0);
 }
 
-static int64_t load_of(const router_worker *w)
-{
-    return w->local_outstanding > w->polled.outstanding_tokens ? w->local_outstanding
-                                                               : w->polled.outstanding_tokens;
-}
+static int64_t load_of(const router_worker *w) { return w->local_outstanding + w->others; }
 
 router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t cost,
                                    router_worker *const *exclude, int n_exclude, uint64_t *rng)

@@ -8,9 +8,11 @@
  * Workers are reference counted: a retired worker's connection is closed when the last request
  * using it releases it.
  *
- * Load of a worker = max(outstanding tokens the router itself has routed there and not yet
- * seen finish, outstanding tokens the worker last reported in GetLoad); the second term sees
- * the traffic of other router replicas. All functions are thread-safe (one mutex). */
+ * Load of a worker = outstanding tokens this router has routed there and not yet seen finish
+ * (exact and current) + the traffic of other router replicas, estimated at each poll as the
+ * worker's reported outstanding tokens minus ours at that moment, the smaller of the last two
+ * such estimates (so a poll that still sees our just-cancelled requests adds nothing).
+ * All functions are thread-safe (one mutex). */
 #ifndef DS_ROUTER_ROUTER_POOL_H
 #define DS_ROUTER_ROUTER_POOL_H
 

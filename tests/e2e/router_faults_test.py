@@ -262,14 +262,14 @@ class Discovery(unittest.TestCase):
         c = h.Client(r.addr)
         try:
             seen = {}
-            for k in range(8):
+            for k in range(24):  # all 24 on one worker by chance: p = 2^-23
                 prompt = [100 + k] * 40
-                for rep in range(4):
+                for rep in range(3):
                     _, _, _, final = c.generate(ids=prompt + [rep], max_tokens=1)
                     seen.setdefault(k, set()).add(final.served_by)
             for k, s in seen.items():
                 self.assertEqual(len(s), 1, (k, s))
-            self.assertEqual(set().union(*seen.values()), {"a", "b"})  # 8 prefixes spread
+            self.assertEqual(set().union(*seen.values()), {"a", "b"})  # prefixes spread
             # ids-only router refuses text prompts and stop strings, naming --model
             code, msg = code_of(lambda: c.generate(text="hi"))
             self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT)

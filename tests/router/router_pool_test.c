@@ -176,10 +176,25 @@ static void test_pool_set_and_eligibility(void)
     router_pool_release(p, w3, 1);
     router_pool_release(p, w2, 50);
     CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 0);
-    /* polled load counts when larger than the local one */
+    /* polled load beyond our own is other routers' traffic and counts once two polls agree */
     router_worker_load l = {.outstanding_tokens = 700, .waiting = 0};
     router_pool_report_load(p, w2, &l);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 0); /* one poll: maybe a spike */
+    router_pool_report_load(p, w2, &l);
     CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 700);
+    /* a poll that only saw our own requests adds nothing once they finish */
+    router_worker *w4 = router_pool_acquire(p, 0, 300, ex, 1, &rng); /* not w1: w2 */
+    CU_ASSERT_PTR_EQUAL_FATAL(w4, w2);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 1000);
+    router_worker_load l2 = {.outstanding_tokens = 300};
+    router_pool_report_load(p, w2, &l2);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 300);
+    router_pool_release(p, w4, 300);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 0);
+    /* a poll that still sees our ended requests (the worker drops them at its next step) */
+    router_worker_load l3 = {.outstanding_tokens = 5000};
+    router_pool_report_load(p, w2, &l3);
+    CU_ASSERT_EQUAL(router_pool_worker_load(p, w2), 0);
     router_pool_release(p, w1, 100);
     router_pool_destroy(p);
     CU_ASSERT_EQUAL(n_close, 2);
