@@ -59,8 +59,8 @@ sampler_params sampler_params_resolve(const sampler_params *p);
 
 /* Allocates a sampler for a vocabulary of n_vocab tokens and sequences of at most n_ctx_max
  * tokens (prompt + generated; bounds the penalty bookkeeping), with params p (validated).
- * STATUS_INVALID for bad params or sizes, STATUS_NOMEM. Memory: about 12 B per vocabulary
- * entry plus 20 B per context position. */
+ * STATUS_INVALID for bad params or sizes, STATUS_NOMEM. Memory: 12 B per vocabulary entry
+ * and 29-45 B per context position (about 4 MB for V = 248320, 32 k context). */
 int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampler_params *p,
                    status *st);
 void sampler_destroy(sampler *s);
