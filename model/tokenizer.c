@@ -35,7 +35,7 @@ uint64_t tokenizer_hash_bytes(const void *p, size_t n)
     const uint8_t *b = p;
     uint64_t h = 14695981039346656037ull;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h ^ (h >> 29);
+    return tokenizer_hash_u64(h);
 }
 
 static size_t pow2_at_least(size_t n)
@@ -47,11 +47,14 @@ static size_t pow2_at_least(size_t n)
 
 int32_t tokenizer_text_find(const tokenizer *t, const char *p, size_t n)
 {
-    size_t i = tokenizer_hash_bytes(p, n) & t->text_map_mask;
-    for (;; i = (i + 1) & t->text_map_mask) {
-        int32_t id = t->text_map[i];
+    uint64_t h = tokenizer_hash_bytes(p, n);
+    uint32_t hi = (uint32_t)(h >> 32);
+    for (size_t i = h & t->text_map_mask;; i = (i + 1) & t->text_map_mask) {
+        int32_t id = t->text_map[i].id;
         if (id < 0) return -1;
-        if (t->text_len[id] == n && !memcmp(t->text + t->text_off[id], p, n)) return id;
+        if (t->text_map[i].hash == hi && t->text_len[id] == n &&
+            !memcmp(t->text + t->text_off[id], p, n))
+            return id;
     }
 }
 
@@ -132,14 +135,16 @@ static int vocab_build(tokenizer *t, const tokenizer_spec *spec, status *st)
         off += s->len + 1;
         boff += nb;
 
-        size_t h = tokenizer_hash_bytes(s->ptr, s->len) & t->text_map_mask;
-        for (;; h = (h + 1) & t->text_map_mask) {
-            int32_t id = t->text_map[h];
+        uint64_t hash = tokenizer_hash_bytes(s->ptr, s->len);
+        uint32_t hi = (uint32_t)(hash >> 32);
+        for (size_t h = hash & t->text_map_mask;; h = (h + 1) & t->text_map_mask) {
+            int32_t id = t->text_map[h].id;
             if (id < 0) {
-                t->text_map[h] = (int32_t)i;
+                t->text_map[h] = (struct tokenizer_slot){hi, (int32_t)i};
                 break;
             }
-            if (t->text_len[id] == s->len && !memcmp(t->text + t->text_off[id], s->ptr, s->len))
+            if (t->text_map[h].hash == hi && t->text_len[id] == s->len &&
+                !memcmp(t->text + t->text_off[id], s->ptr, s->len))
                 break; /* duplicate text: the first id wins */
         }
     }

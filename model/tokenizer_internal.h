@@ -27,7 +27,10 @@ struct tokenizer {
     uint32_t *bytes_len;  /* owned, [n_vocab] */
     size_t max_token_bytes;
 
-    int32_t *text_map;    /* owned, [text_map_mask + 1] open addressing: token id or -1 */
+    struct tokenizer_slot {
+        uint32_t hash;    /* high half of the text's hash: most misses end here */
+        int32_t id;       /* token id, -1 when the slot is free */
+    } *text_map;          /* owned, [text_map_mask + 1] open addressing */
     size_t text_map_mask;
     tokenizer_pair *pairs; /* owned, [pair_mask + 1] open addressing */
     size_t pair_mask;

@@ -33,7 +33,11 @@ def build_hf(path):
     types = [int(f.parts[i][0]) for i in f.data]
     merges = [tuple(m.split(' ', 1)) for m in field_strs(r, 'tokenizer.ggml.merges')]
     special = {i for i, ty in enumerate(types) if ty in (3, 4)}
-    vocab = {t: i for i, t in enumerate(toks) if i not in special}
+    # Specials stay in the model vocabulary so that add_special_tokens keeps their GGUF ids
+    # (HF would give tokens it has to add new ids after the vocabulary).
+    vocab = {}
+    for i, t in enumerate(toks):
+        vocab.setdefault(t, i)
     tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
