@@ -126,7 +126,8 @@ int cmd_worker(int argc, char **argv)
     {
         const char *colon = strrchr(o.listen, ':');
         int hn = colon ? (int)(colon - o.listen) : (int)strlen(o.listen);
-        LOG_INFO("listening on %.*s:%d", hn, o.listen, worker_service_port(ws));
+        /* always logged, whatever --log-level: scripts and tests wait for this line */
+        log_write(LOG_LEVEL_INFO, "listening on %.*s:%d", hn, o.listen, worker_service_port(ws));
     }
     if (o.metrics_listen) {
         if (metrics_serve(mx, o.metrics_listen, &st)) goto fail;
@@ -149,7 +150,7 @@ int cmd_worker(int argc, char **argv)
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;
     worker_service_attach(ws, model, backend, eng, &desc);
-    LOG_INFO("ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
+    log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
              "queue %d, step %d tokens, loaded in %.0f ms",
              o.model, model->cfg.n_layer, model->cfg.V, backend->device, o.slots, n_ctx,
              (double)backend->state_bytes / (1 << 20), o.queue, o.step_tokens,
