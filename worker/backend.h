@@ -71,6 +71,9 @@ typedef struct worker_backend_vt {
      * STATUS_DEVICE: the device failed (sticky: the worker should exit). */
     int (*step)(worker_backend *b, worker_batch_item *items, int n, status *st);
     void (*destroy)(worker_backend *b);
+    /* Optional (NULL: no paged KV cache, reported as 0/0). Called from any thread (GetLoad on
+     * the gRPC CQ thread): must be thread-safe and must not block. */
+    void (*kv_blocks)(worker_backend *b, uint32_t *free_blocks, uint32_t *total_blocks);
 } worker_backend_vt;
 
 struct worker_backend {

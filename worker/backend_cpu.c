@@ -82,7 +82,7 @@ static void cpu_destroy(worker_backend *b)
     free(c);
 }
 
-static const worker_backend_vt cpu_vt = {cpu_seq_start, cpu_step, cpu_destroy};
+static const worker_backend_vt cpu_vt = {cpu_seq_start, cpu_step, cpu_destroy, NULL};
 
 int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
                               worker_backend **out, status *st)

@@ -187,8 +187,10 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
     Deltaserve__V1__Load l = DELTASERVE__V1__LOAD__INIT;
     pthread_mutex_lock(&ws->mu);
     engine *e = ws->engine;
+    worker_backend *b = ws->backend;
     bool draining = ws->state == WS_DRAINING;
     pthread_mutex_unlock(&ws->mu);
+    if (b && b->vt->kv_blocks) b->vt->kv_blocks(b, &l.free_kv_blocks, &l.total_kv_blocks);
     if (e) {
         engine_load el;
         engine_get_load(e, &el);

@@ -363,7 +363,7 @@ static int fake_step(worker_backend *b, worker_batch_item *items, int n, status 
 
 static void fake_destroy(worker_backend *b) { (void)b; }
 
-static const worker_backend_vt fake_vt = {fake_seq_start, fake_step, fake_destroy};
+static const worker_backend_vt fake_vt = {fake_seq_start, fake_step, fake_destroy, NULL};
 
 static void fake_init(fake_backend *f, int slots)
 {
