@@ -316,6 +316,19 @@ static void reply_services(rpc_call *call, const rpc_reflection *r, refl_resp *r
     rpc_call_send(call, &resp->base);
 }
 
+/* The file (and its dependencies) for a lookup result fi, or a NOT_FOUND error response. */
+static void reply_lookup(rpc_call *call, const rpc_reflection *r, refl_resp *resp, int fi,
+                         const char *what, const char *name)
+{
+    if (fi >= 0) {
+        reply_file(call, r, resp, fi);
+        return;
+    }
+    char m[REFL_NAME_MAX + 64];
+    snprintf(m, sizeof m, "%s not found: %.256s", what, name);
+    reply_error(call, resp, GRPC_STATUS_NOT_FOUND, m);
+}
+
 static void on_info(rpc_call *call, const ProtobufCMessage *msg, void *user)
 {
     const rpc_reflection *r = user;
@@ -327,29 +340,17 @@ static void on_info(rpc_call *call, const ProtobufCMessage *msg, void *user)
     refl_resp resp = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__INIT;
     resp.valid_host = req->host;
     resp.original_request = (refl_req *)req;
-    char m[REFL_NAME_MAX + 64];
-    int fi;
     switch (req->message_request_case) {
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
         reply_services(call, r, &resp);
         break;
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
-        fi = rpc_reflection_find_file(r, req->file_by_filename);
-        if (fi >= 0) {
-            reply_file(call, r, &resp, fi);
-        } else {
-            snprintf(m, sizeof m, "file not found: %.256s", req->file_by_filename);
-            reply_error(call, &resp, GRPC_STATUS_NOT_FOUND, m);
-        }
+        reply_lookup(call, r, &resp, rpc_reflection_find_file(r, req->file_by_filename), "file",
+                     req->file_by_filename);
         break;
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
-        fi = rpc_reflection_find_symbol(r, req->file_containing_symbol);
-        if (fi >= 0) {
-            reply_file(call, r, &resp, fi);
-        } else {
-            snprintf(m, sizeof m, "symbol not found: %.256s", req->file_containing_symbol);
-            reply_error(call, &resp, GRPC_STATUS_NOT_FOUND, m);
-        }
+        reply_lookup(call, r, &resp, rpc_reflection_find_symbol(r, req->file_containing_symbol),
+                     "symbol", req->file_containing_symbol);
         break;
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
         reply_error(call, &resp, GRPC_STATUS_NOT_FOUND, "no extensions");
