@@ -314,6 +314,7 @@ int cmd_client(int argc, char **argv)
     size_t n_out = 0, cap_out = 256;
     int32_t *out_ids = malloc(cap_out * sizeof *out_ids);
     int ends_nl = 1, wrote_text = 0;
+    char summary[1024] = "";
     ProtobufCMessage *pm;
     rpc_client_result res;
     while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &pm, &res)) {
@@ -336,19 +337,27 @@ int cmd_client(int argc, char **argv)
             wrote_text = 1;
         }
         if (m->finish_reason && o.verbose) {
-            fprintf(stderr, "finish_reason=%s", finish_str(m->finish_reason));
+            size_t k = 0;
+            k += (size_t)snprintf(summary + k, sizeof summary - k, "finish_reason=%s",
+                                  finish_str(m->finish_reason));
             if (m->matched_stop_case == DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_STRING)
-                fprintf(stderr, " stop_string=\"%s\"", m->stop_string);
+                k += (size_t)snprintf(summary + k, sizeof summary - k, " stop_string=\"%s\"",
+                                      m->stop_string);
             if (m->matched_stop_case == DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID)
-                fprintf(stderr, " stop_token_id=%d", m->stop_token_id);
-            if (m->usage)
-                fprintf(stderr, " prompt_tokens=%u completion_tokens=%u", m->usage->prompt_tokens,
-                        m->usage->completion_tokens);
-            if (m->timings)
-                fprintf(stderr, " ttft_ms=%.1f total_ms=%.1f mean_itl_ms=%.2f",
-                        m->timings->ttft_ms, m->timings->total_ms, m->timings->mean_itl_ms);
-            fprintf(stderr, " seed=%llu served_by=%s request_id=%s\n",
-                    (unsigned long long)m->seed, m->served_by, m->request_id);
+                k += (size_t)snprintf(summary + k, sizeof summary - k, " stop_token_id=%d",
+                                      m->stop_token_id);
+            if (m->usage && k < sizeof summary)
+                k += (size_t)snprintf(summary + k, sizeof summary - k,
+                                      " prompt_tokens=%u completion_tokens=%u",
+                                      m->usage->prompt_tokens, m->usage->completion_tokens);
+            if (m->timings && k < sizeof summary)
+                k += (size_t)snprintf(summary + k, sizeof summary - k,
+                                      " ttft_ms=%.1f total_ms=%.1f mean_itl_ms=%.2f",
+                                      m->timings->ttft_ms, m->timings->total_ms,
+                                      m->timings->mean_itl_ms);
+            if (k < sizeof summary)
+                snprintf(summary + k, sizeof summary - k, " seed=%llu served_by=%s request_id=%s",
+                         (unsigned long long)m->seed, m->served_by, m->request_id);
         }
         protobuf_c_message_free_unpacked(pm, NULL);
     }
@@ -356,10 +365,11 @@ int cmd_client(int argc, char **argv)
         fputc('[', stdout);
         for (size_t i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out_ids[i]);
         fputs("]\n", stdout);
-    } else if (wrote_text && !ends_nl && isatty(STDOUT_FILENO)) {
-        fputc('\n', stdout);
+    } else if (wrote_text && !ends_nl && (o.verbose || isatty(STDOUT_FILENO))) {
+        fputc('\n', stdout); /* end the text's line before a summary or the shell prompt */
     }
     fflush(stdout);
+    if (summary[0]) fprintf(stderr, "%s\n", summary);
     free(out_ids);
     rpc_client_stream_destroy(s);
     rpc_client_channel_destroy(ch);

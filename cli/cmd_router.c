@@ -86,7 +86,11 @@ int cmd_router(int argc, char **argv)
     ro.max_inflight = o.max_inflight;
     ro.max_attempts = o.max_attempts;
 
-    /* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts */
+    /* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts. Reset
+     * their disposition first: a shell starts background jobs with SIGINT ignored, and an
+     * ignored signal never becomes pending for sigwait. */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
