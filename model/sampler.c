@@ -6,6 +6,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 
 /* top-k up to this uses insertion behind a threshold; above it, selection by partitioning */
@@ -346,6 +349,19 @@ SAMPLER_CLONES static void sampler_exp_array(const float *z, float zmax, float i
     for (; i < n; i++) w[i] = sampler_exp((z[i] - zmax) * inv_t);
 }
 
+/* w[i] = w[i] >= tau ? w[i] : 0: a filter on the whole vocabulary without compaction (a
+ * zero weight is never drawn). */
+SAMPLER_CLONES static void sampler_zero_below(float *w, int64_t n, float tau) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        sampler_v8f v;
+        SAMPLER_LOAD8(v, w + i);
+        v = SAMPLER_SELECT(v >= SAMPLER_SPLAT(tau), v, SAMPLER_SPLAT(0.0f));
+        memcpy(w + i, &v, sizeof v);
+    }
+    for (; i < n; i++) w[i] = w[i] >= tau ? w[i] : 0.0f;
+}
+
 /* Sum of w[0, n), n <= SAMPLER_BLOCK, as 8 interleaved double lanes (lane l holds elements
  * l, l+8, ...) added ((0+1)+(2+3))+((4+5)+(6+7)). */
 #define SAMPLER_BLOCK 256
@@ -400,17 +416,31 @@ SAMPLER_CLONES static float sampler_argmax(const float *z, int64_t n, int64_t *i
  * behind a threshold test: O(V) compares plus O(n log(V/n)) expected insertions. */
 static void sampler_best(const float *z, int32_t V, int32_t n, float *bv, int32_t *bi) {
     int32_t cnt = 0;
-    for (int32_t i = 0; i < V; i++) {
-        const float v = z[i];
-        if (cnt == n && !(v > bv[n - 1])) continue;
-        int32_t j = cnt < n ? cnt++ : n - 1;
-        while (j > 0 && v > bv[j - 1]) {
-            bv[j] = bv[j - 1];
-            bi[j] = bi[j - 1];
-            j--;
+    int32_t i = 0;
+    while (i < V) {
+#ifdef __SSE2__
+        if (cnt == n && i + 8 <= V) { /* full: skip 8 at a time while none beats the last */
+            const __m128 t = _mm_set1_ps(bv[n - 1]);
+            if (_mm_movemask_ps(_mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(z + i), t),
+                                          _mm_cmpgt_ps(_mm_loadu_ps(z + i + 4), t))) == 0) {
+                i += 8;
+                continue;
+            }
         }
-        bv[j] = v;
-        bi[j] = i;
+#endif
+        const int32_t end = i + 8 < V ? i + 8 : V;
+        for (; i < end; i++) {
+            const float v = z[i];
+            if (cnt == n && !(v > bv[n - 1])) continue;
+            int32_t j = cnt < n ? cnt++ : n - 1;
+            while (j > 0 && v > bv[j - 1]) {
+                bv[j] = bv[j - 1];
+                bi[j] = bi[j - 1];
+                j--;
+            }
+            bv[j] = v;
+            bi[j] = i;
+        }
     }
 }
 
@@ -467,9 +497,10 @@ static float sampler_kth_largest(float *a, int64_t n, int64_t k) {
 
 /* Nucleus threshold over weights a[0, n) (all >= 0, permuted): taking the weights in
  * descending order, the shortest prefix whose sum reaches target is {w > *tau} plus *n_eq of
- * the weights == *tau. Sums in double. If rounding leaves target unreached, everything is
- * kept (*tau = -1). */
-static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int64_t *n_eq) {
+ * the weights == *tau (of *n_eq_all equal ones). Sums in double. If rounding leaves target
+ * unreached, everything is kept (*tau = -1). */
+static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int64_t *n_eq,
+                            int64_t *n_eq_all) {
     int64_t lo = 0, hi = n;
     double above = 0; /* mass of the weights known to be larger than all of a[lo, hi) */
     while (lo < hi) {
@@ -485,6 +516,7 @@ static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int6
             if (need > e - g) need = e - g;
             *tau = v;
             *n_eq = need;
+            *n_eq_all = e - g;
             return;
         } else {
             above += m_gt + m_eq;
@@ -492,7 +524,7 @@ static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int6
         }
     }
     *tau = -1;
-    *n_eq = 0;
+    *n_eq = *n_eq_all = 0;
 }
 
 /* Keeps the candidates with w > tau plus the first n_eq (lowest ids) with w == tau; the list
@@ -500,13 +532,13 @@ static void sampler_nucleus(float *a, int64_t n, double target, float *tau, int6
  * not stored). Returns the new count. */
 static int64_t sampler_keep(sampler *s, int64_t n, bool dense, float tau, int64_t n_eq) {
     int64_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float w = s->cand_w[i];
-        if (w > tau || (w == tau && n_eq-- > 0)) {
-            s->cand_id[m] = dense ? (int32_t)i : s->cand_id[i];
-            s->cand_w[m] = w;
-            m++;
-        }
+    for (int64_t i = 0; i < n; i++) { /* branch-free: the outcome is often a coin toss */
+        const float w = s->cand_w[i];
+        const int64_t eq = (w == tau) & (n_eq > 0);
+        n_eq -= eq;
+        s->cand_id[m] = dense ? (int32_t)i : s->cand_id[i]; /* m <= i: reads before writes */
+        s->cand_w[m] = w;
+        m += (w > tau) | eq;
     }
     return m;
 }
@@ -539,41 +571,75 @@ static int64_t sampler_top_k(sampler *s, const float *z, int32_t k) {
     return n;
 }
 
-/* top-p over the n candidates (weights in (0, 1] or 0, ascending ids): a histogram of the
- * weights by their top 12 bits (exponent and 3 mantissa bits: 8 buckets per octave) finds
- * the bucket where the nucleus ends; only that bucket is selected by partitioning. */
-static int64_t sampler_top_p(sampler *s, int64_t n, bool dense, double target) {
+/* top-p over the n candidates (weights in [0, 1], ascending ids) with target = top_p * S.
+ * 1. Weights below eps = (1 - top_p) * S / n are never in the nucleus (everything they could
+ *    precede weighs less than (1 - top_p) * S together), so only the others are looked at;
+ *    for a peaked distribution that drops most of the vocabulary in one branch-free pass.
+ * 2. A histogram of the survivors by the top 12 bits of the float (exponent and 3 mantissa
+ *    bits: 8 buckets per octave) finds the bucket where the nucleus ends.
+ * 3. Selection by partitioning inside that bucket gives the exact threshold.
+ * On the whole vocabulary (*dense) without a tie to split at the threshold, the weights
+ * below it are zeroed in place; otherwise the list is compacted (and *dense cleared). */
+static int64_t sampler_top_p(sampler *s, int64_t n, bool *dense, double S, double target) {
+    const float eps = (float)((S - target) / (double)n * 0.999);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n;) {
+#ifdef __SSE2__
+        if (i + 8 <= n) { /* most weights of a peaked distribution: skip 8 at a time */
+            const __m128 e = _mm_set1_ps(eps);
+            if (_mm_movemask_ps(_mm_or_ps(_mm_cmpge_ps(_mm_loadu_ps(s->cand_w + i), e),
+                                          _mm_cmpge_ps(_mm_loadu_ps(s->cand_w + i + 4), e))) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+#endif
+        const int64_t end = i + 8 < n ? i + 8 : n;
+        for (; i < end; i++) {
+            const float w = s->cand_w[i];
+            s->sel[m] = w;
+            m += w >= eps;
+        }
+    }
     /* four interleaved histograms (element i into copy i & 3): neighbours often share a
      * bucket, and one copy would make every add wait for the previous one */
     double(*h)[SAMPLER_HIST] = s->hist_mass;
     memset(h, 0, sizeof s->hist_mass);
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
+    for (; i + 4 <= m; i += 4)
         for (int c = 0; c < 4; c++) {
-            uint32_t b;
-            memcpy(&b, &s->cand_w[i + c], sizeof b);
-            h[c][b >> 20] += s->cand_w[i + c];
+            uint32_t bits;
+            memcpy(&bits, &s->sel[i + c], sizeof bits);
+            h[c][bits >> 20] += s->sel[i + c];
         }
-    for (; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, &s->cand_w[i], sizeof b);
-        h[0][b >> 20] += s->cand_w[i];
+    for (; i < m; i++) {
+        uint32_t bits;
+        memcpy(&bits, &s->sel[i], sizeof bits);
+        h[0][bits >> 20] += s->sel[i];
     }
     for (int b = 0; b < SAMPLER_HIST; b++) h[0][b] += (h[1][b] + h[2][b]) + h[3][b];
     double above = 0;
     int b = SAMPLER_HIST - 1;
     for (; b > 0 && above + h[0][b] < target; b--) above += h[0][b];
-    int64_t m = 0; /* the boundary bucket's weights */
-    for (i = 0; i < n; i++) {
+    int64_t k = 0; /* the boundary bucket's weights, moved to the front of sel */
+    for (i = 0; i < m; i++) {
+        const float w = s->sel[i];
         uint32_t bits;
-        memcpy(&bits, &s->cand_w[i], sizeof bits);
-        if ((int)(bits >> 20) == b) s->sel[m++] = s->cand_w[i];
+        memcpy(&bits, &w, sizeof bits);
+        s->sel[k] = w;
+        k += (int)(bits >> 20) == b;
     }
     float tau;
-    int64_t n_eq;
-    sampler_nucleus(s->sel, m, target - above, &tau, &n_eq);
-    if (tau < 0) tau = 0, n_eq = 0; /* rounding: keep every positive weight */
-    return sampler_keep(s, n, dense, tau, n_eq);
+    int64_t n_eq, n_eq_all;
+    sampler_nucleus(s->sel, k, target - above, &tau, &n_eq, &n_eq_all);
+    if (tau < 0) tau = 0, n_eq = n_eq_all = 0; /* rounding: keep every positive weight */
+    if (*dense && n_eq == n_eq_all) { /* no tie to split: zero the weights below tau */
+        sampler_zero_below(s->cand_w, n, tau);
+        return n;
+    }
+    n = sampler_keep(s, n, *dense, tau, n_eq);
+    *dense = false;
+    return n;
 }
 
 /* ---- sample ----------------------------------------------------------------------------- */
@@ -596,13 +662,16 @@ static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t ste
     }
     /* the largest weight is exactly 1 */
     if (p->top_p < 1) {
-        n = sampler_top_p(s, n, dense, (double)p->top_p * sampler_sum(s->cand_w, n));
-        dense = false;
+        const double S = sampler_sum(s->cand_w, n);
+        n = sampler_top_p(s, n, &dense, S, (double)p->top_p * S);
     }
     /* min-p: p_i >= min_p * p_max, i.e. w_i >= min_p (w_max = 1 survives every filter) */
     if (p->min_p > 0) {
-        n = sampler_keep(s, n, dense, p->min_p, 0);
-        dense = false;
+        if (dense) {
+            sampler_zero_below(s->cand_w, n, p->min_p);
+        } else {
+            n = sampler_keep(s, n, dense, p->min_p, 0);
+        }
     }
     DS_ASSERT(n > 0);
     /* the draw: target = u * S; the first candidate (ascending ids) whose running sum
