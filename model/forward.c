@@ -11,6 +11,7 @@
 #include "gguf/quant.h"
 #include "kernels/cpu/act.h"
 #include "kernels/cpu/attn.h"
+#include "kernels/cpu/dequant.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
@@ -109,10 +110,9 @@ void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode) { ctx->gdn_m
 static void embed(qwen35_ctx *ctx, const int32_t *tokens)
 {
     const qwen35_mat *e = &ctx->m->tok_embd;
-    const quant_traits *qt = quant_get(e->type);
     for (int r = 0; r < ctx->n_rows; r++)
-        qt->dequant((const uint8_t *)e->data + (uint64_t)tokens[r] * e->row_bytes,
-                    ctx->x + (long)r * e->n_in, e->n_in);
+        ref_dequant_row(e->type, (const uint8_t *)e->data + (uint64_t)tokens[r] * e->row_bytes,
+                        ctx->x + (long)r * e->n_in, e->n_in);
 }
 
 static void norm_rows(qwen35_ctx *ctx, const float *w)

@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "gguf/quant.h"
+#include "kernels/cpu/dequant.h"
 
 /* ---- FP32 kernels: scalar and AVX2+FMA, picked once at run time ---- */
 
@@ -219,6 +220,17 @@ float ref_axpy_dot_f32(float *s, float d, const float *k, const float *q, int64_
 
 /* ---- the threaded matmul ---- */
 
+static int tile_min_t(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K: return REF_MATMUL_TILE_MIN_T_KQUANT;
+    default: return REF_MATMUL_TILE_MIN_T_OTHER;
+    }
+}
+
 typedef struct mm_job {
     const uint8_t *w;
     const quant_traits *qt;
@@ -232,10 +244,12 @@ typedef struct mm_job {
     int64_t ldy;
     float *scratch; /* [n_threads][tile_rows][n_in] */
     int tile_rows;
+    int tile_min_t;        /* T from which the tile path runs */
     int64_t rows_per_task;
     int n_threads;
     dot_f32_fn dot;
     kernel_4x3_fn k4x3;
+    ref_dequant_fn dequant;
 } mm_job;
 
 static int tile_rows_for(int64_t n_in)
@@ -291,7 +305,7 @@ static void mm_task(void *arg, int task)
     const mm_job *j = arg;
     int64_t r0 = task * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->n_out ? r0 + j->rows_per_task : j->n_out;
-    if (j->T < REF_MATMUL_TILE_MIN_T) {
+    if (j->T < j->tile_min_t) {
         mm_rows_dot(j, r0, r1);
         return;
     }
@@ -305,7 +319,7 @@ static void mm_task(void *arg, int task)
         if (f32) w = (const float *)(j->w + (uint64_t)r * j->row_bytes);
         else
             for (int a = 0; a < n; a++)
-                j->qt->dequant(j->w + (uint64_t)(r + a) * j->row_bytes, tile + a * j->n_in, j->n_in);
+                j->dequant(j->w + (uint64_t)(r + a) * j->row_bytes, tile + a * j->n_in, j->n_in);
         mm_tile_f32(j, w, r, n);
     }
 }
@@ -316,18 +330,18 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
 {
     const quant_traits *qt = quant_get(type);
     DS_ASSERT(qt && qt->supported && T >= 1 && n_out >= 1);
-    DS_ASSERT(T < REF_MATMUL_TILE_MIN_T || type == GGML_TYPE_F32 || scratch);
+    DS_ASSERT(T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
     int n_threads = cpu_pool_n_threads(pool);
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
                 .n_out = n_out, .x = x, .ldx = ldx, .T = T, .y = y, .ldy = ldy,
-                .scratch = scratch, .tile_rows = tile_rows_for(n_in), .n_threads = n_threads,
-                .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar};
+                .scratch = scratch, .tile_rows = tile_rows_for(n_in), .tile_min_t = tile_min_t(type), .n_threads = n_threads,
+                .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar, .dequant = ref_dequant_get(type)};
 #ifdef HAVE_X86
     if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2;
 #endif
     /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
      * the dot block (decode), at least 16 rows. */
-    int64_t unit = T < REF_MATMUL_TILE_MIN_T ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
+    int64_t unit = T < j.tile_min_t ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
     int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
     if (per < 16) per = 16;
     if (per > unit) per = (per + unit - 1) / unit * unit;

@@ -4,10 +4,11 @@
  * ne=[n_in, n_out]). x holds T input rows of n_in floats (row stride ldx), y gets T output rows
  * of n_out floats (row stride ldy):  y[t][o] = W[o] · x[t].
  *
- * Small T (decode, B columns): each weight row is dotted against all T inputs while it is hot
- * in L1 (quant_get(type)->dot on the blocks), so the weights stream from memory once per call.
- * Larger T (prefill): a tile of rows is dequantised into per-thread scratch once and multiplied
- * against all T inputs with an FP32 register-blocked kernel. Never a whole tensor. */
+ * Small T (decode, B columns): blocks of rows are dotted against all T inputs while they are
+ * hot in L1/L2 (quant_get(type)->dot on the blocks), so the weights stream from memory once
+ * per call. Larger T (prefill, batched decode): a tile of rows is dequantised (kernels/cpu/
+ * dequant.h, AVX2) into per-thread scratch once and multiplied against all T inputs with an
+ * FP32 register-blocked 4x3 kernel. Never a whole tensor. */
 #ifndef DS_KERNELS_CPU_MATMUL_H
 #define DS_KERNELS_CPU_MATMUL_H
 
@@ -19,9 +20,11 @@
 /* Floats of one thread's dequantised row tile on the prefill path (256 KiB: sits in L2 while
  * all T inputs stream past it); the tile holds max(4, this / n_in) rows, a multiple of 4. */
 #define REF_MATMUL_TILE_FLOATS 65536
-/* From this many input rows on, the dequantise-a-tile path is used (below it, dotting the
- * quantised blocks directly per input is cheaper than dequantising with the scalar kernels). */
-#define REF_MATMUL_TILE_MIN_T 16
+/* From this many input rows on, the dequantise-a-tile path is used: 3 for the K-quants and
+ * F32, 6 for F16/BF16/Q8_0 (measured: below it, dotting the blocks directly per input is
+ * cheaper than dequantising; above it the FP32 micro-kernel wins). */
+#define REF_MATMUL_TILE_MIN_T_KQUANT 3
+#define REF_MATMUL_TILE_MIN_T_OTHER 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
 #define REF_MATMUL_DOT_BLOCK 32
 
@@ -29,7 +32,7 @@
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
 
 /* y = x · Wᵀ as above. pool may be NULL (serial). scratch: ref_matmul_scratch_floats(n_in,
- * cpu_pool_n_threads(pool)) floats (only touched when T >= REF_MATMUL_TILE_MIN_T). The type
+ * cpu_pool_n_threads(pool)) floats (may be NULL when T < 3). The type
  * must be supported by gguf/quant.h and n_in a multiple of its block size (checked at load). */
 void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,

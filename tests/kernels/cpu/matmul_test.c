@@ -60,7 +60,7 @@ static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, 
 
 static void run_types(cpu_pool *pool)
 {
-    static const int Ts[] = {1, 2, 3, 5, 15, 16, 17, 35}; /* both sides of REF_MATMUL_TILE_MIN_T */
+    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 17, 35}; /* both sides of the tile thresholds */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         int64_t n_in = quant_get(type)->block_size == QK_K ? 512 : 96;
