@@ -17,12 +17,15 @@ alwayslink and carry cudart_static; link them into cc_test/cc_binary with linkst
 
 _NVCC = "/usr/local/cuda/bin/nvcc"
 
-# sm_90 machine code + compute_90 PTX (for a newer driver / chip); sm_90a when asked for.
-_GENCODE = "-gencode=arch=compute_90,code=[sm_90,compute_90]"
+# sm_90 machine code; with ptx = True also compute_90 PTX (a newer chip's driver can JIT it, at
+# the price of much larger binaries); sm_90a when asked for.
+_GENCODE = "-gencode=arch=compute_90,code=sm_90"
+_GENCODE_PTX = "-gencode=arch=compute_90,code=[sm_90,compute_90]"
 _GENCODE_90A = "-gencode=arch=compute_90a,code=sm_90a"
 
-def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], sm90a = False, **kwargs):
-    gencode = _GENCODE + (" " + _GENCODE_90A if sm90a else "")
+def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], sm90a = False,
+                 ptx = False, **kwargs):
+    gencode = (_GENCODE_PTX if ptx else _GENCODE) + (" " + _GENCODE_90A if sm90a else "")
     objs = []
     for src in srcs:
         stem = src.rsplit("/", 1)[-1].rsplit(".", 1)[0]
