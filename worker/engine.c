@@ -143,6 +143,21 @@ static void admit(engine *e, engine_request *r, int slot, int64_t now)
     e->n_running++;
 }
 
+/* Waiting requests take free slots, oldest first. After every locked section that frees a
+ * slot this runs, so "a slot is free" implies "nobody waits" (submit relies on it). */
+static void admit_waiting(engine *e, int64_t now)
+{
+    int slot;
+    while (e->wait_head && (slot = free_slot(e)) >= 0) {
+        engine_request *r = e->wait_head;
+        e->wait_head = r->next;
+        if (!e->wait_head) e->wait_tail = NULL;
+        e->n_waiting--;
+        r->next = NULL;
+        admit(e, r, slot, now);
+    }
+}
+
 static uint64_t request_tokens_left(const engine_request *r)
 {
     return (uint64_t)(r->p.n_prompt - r->n_prefilled) + (uint64_t)(r->p.max_new_tokens - r->n_generated);
@@ -161,7 +176,8 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
 
     pthread_mutex_lock(&e->mu);
     int rc = STATUS_OK;
-    int slot = free_slot(e);
+    int slot = free_slot(e); /* free slot => nobody waits (admit_waiting): FIFO holds */
+    DS_ASSERT(slot < 0 || e->n_waiting == 0);
     if (e->draining || e->stop) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker is draining");
         if (e->have_metrics) metrics_inc(e->m.rejected_draining, 1);
@@ -300,15 +316,7 @@ static int collect_step(engine *e, int *n_done)
         prev = r;
         pp = &r->next;
     }
-    int slot;
-    while (e->wait_head && (slot = free_slot(e)) >= 0) {
-        engine_request *r = e->wait_head;
-        e->wait_head = r->next;
-        if (!e->wait_head) e->wait_tail = NULL;
-        e->n_waiting--;
-        r->next = NULL;
-        admit(e, r, slot, now);
-    }
+    admit_waiting(e, now);
     int na = 0;
     for (int s = 0; s < e->n_slots; s++) {
         engine_request *r = e->running[s];
@@ -463,6 +471,7 @@ static void retire(engine *e, engine_request **done, int nd)
         e->free_list = r;
         e->n_finished++;
     }
+    admit_waiting(e, engine_now_us());
     uint64_t out = 0; /* recount: exact and cheap (<= slots + queue requests) */
     for (int s = 0; s < e->n_slots; s++)
         if (e->running[s]) out += request_tokens_left(e->running[s]);
