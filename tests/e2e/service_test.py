@@ -44,11 +44,13 @@ def err(fn):
     return grpc.StatusCode.OK, ""
 
 
-def generate_cli(ids, n):
-    """`deltaserve generate` greedy ids, or None while that command is not built."""
-    rc, out, errs = h.run_cli(["generate", "--model", h.tiny_model(), "--ids",
-                               ",".join(map(str, ids)), "--max-tokens", str(n),
-                               "--temperature", "0", "--print-ids"])
+def generate_cli(ids, n, *flags, prompt_flags=None):
+    """`deltaserve generate` ids (greedy unless flags say otherwise), or None while that
+    command is not built."""
+    prompt = prompt_flags or ["--ids", ",".join(map(str, ids))]
+    rc, out, errs = h.run_cli(["generate", "--model", h.tiny_model()] + prompt +
+                              ["--max-tokens", str(n), "--print-ids", "--threads", "1"] +
+                              (list(flags) or ["--temperature", "0"]))
     if rc != 0 and "not built yet" in errs:
         return None
     if rc != 0:
@@ -76,6 +78,21 @@ class Scenarios:
         if want is None:
             self.skipTest("deltaserve generate is not built yet")
         _, ids, _, _ = self.gen(ids=p["ids"], max_tokens=16)
+        self.assertEqual(ids, want)
+
+    def test_sampled_matches_deltaserve_generate(self):
+        """Same seed, same sampling flags: the same tokens as the local command."""
+        want = generate_cli([5, 6, 7], 12, "--temperature", "0.9", "--top-k", "40",
+                            "--top-p", "0.95", "--seed", "1234")
+        if want is None:
+            self.skipTest("deltaserve generate is not built yet")
+        try:
+            _, ids, _, _ = self.gen(ids=[5, 6, 7], max_tokens=12, temperature=0.9, top_k=40,
+                                    top_p=0.95, seed=1234)
+        except grpc.RpcError as e:
+            if "not built yet" in e.details():
+                self.skipTest(e.details())
+            raise
         self.assertEqual(ids, want)
 
     def test_same_seed_same_tokens(self):
@@ -242,6 +259,14 @@ class RouterTwo(Scenarios, unittest.TestCase):
         _, b, _, _ = self.gen(ids=want_prompt, max_tokens=8, ignore_eos=True)
         self.assertEqual(fa.usage.prompt_tokens, len(want_prompt))
         self.assertEqual(a, b)
+
+    def test_chat_matches_deltaserve_generate_chat(self):
+        want = generate_cli(None, 10, "--temperature", "0",
+                            prompt_flags=["--chat", "--prompt", "Hello there"])
+        if want is None:
+            self.skipTest("deltaserve generate is not built yet")
+        _, ids, _, _ = self.gen(chat=[("user", "Hello there")], max_tokens=10)
+        self.assertEqual(ids, want)
 
     def test_stop_string(self):
         p = REF["prompts"][2]
