@@ -29,6 +29,14 @@ static void kernel_4x3_scalar(const float *w, int64_t ldw, const float *x, int64
         for (int t = 0; t < 3; t++) acc[r][t] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
 }
 
+/* acc[r][t] for 4 rows and nt < 3 inputs (the remainder columns of the tile path). */
+static void kernel_4xn_scalar(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t n,
+                              int nt, float acc[4][3])
+{
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < nt; t++) acc[r][t] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
+}
+
 static void axpy_scalar(float *y, float a, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
@@ -113,6 +121,41 @@ __attribute__((target("avx2,fma"))) static void kernel_4x3_avx2(const float *w, 
             for (int t = 0; t < 3; t++) acc[r][t] += w[r * ldw + i] * x[t * ldx + i];
 }
 
+__attribute__((target("avx2,fma"))) static void kernel_4xn_avx2(const float *w, int64_t ldw,
+                                                                const float *x, int64_t ldx,
+                                                                int64_t n, int nt, float acc[4][3])
+{
+    if (nt == 1) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), v, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + ldw + i), v, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 2 * ldw + i), v, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 3 * ldw + i), v, a3);
+        }
+        acc[0][0] = hsum256(a0), acc[1][0] = hsum256(a1), acc[2][0] = hsum256(a2), acc[3][0] = hsum256(a3);
+        for (; i < n; i++)
+            for (int r = 0; r < 4; r++) acc[r][0] += w[r * ldw + i] * x[i];
+        return;
+    }
+    __m256 a[4][2];
+    for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + ldx + i);
+        for (int r = 0; r < 4; r++) {
+            __m256 wr = _mm256_loadu_ps(w + r * ldw + i);
+            a[r][0] = _mm256_fmadd_ps(wr, v0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(wr, v1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < 4; r++) acc[r][0] = hsum256(a[r][0]), acc[r][1] = hsum256(a[r][1]);
+    for (; i < n; i++)
+        for (int r = 0; r < 4; r++) acc[r][0] += w[r * ldw + i] * x[i], acc[r][1] += w[r * ldw + i] * x[ldx + i];
+}
+
 __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, int64_t n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -162,6 +205,8 @@ __attribute__((target("avx2,fma"))) static float axpy_dot_avx2(float *s, float d
 
 typedef float (*dot_f32_fn)(const float *, const float *, int64_t);
 typedef void (*kernel_4x3_fn)(const float *, int64_t, const float *, int64_t, int64_t,
+                              float[4][3]);
+typedef void (*kernel_4xn_fn)(const float *, int64_t, const float *, int64_t, int64_t, int,
                               float[4][3]);
 
 static bool have_avx2(void)
@@ -249,6 +294,7 @@ typedef struct mm_job {
     int n_threads;
     dot_f32_fn dot;
     kernel_4x3_fn k4x3;
+    kernel_4xn_fn k4xn;
     ref_dequant_fn dequant;
 } mm_job;
 
@@ -278,26 +324,26 @@ static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
     }
 }
 
-/* rows [r0, r0+n) given as FP32 rows `w` (stride n_in) times every input. */
+/* rows [r0, r0+n) given as FP32 rows `w` (stride n_in) times every input: 4 rows x 3 inputs
+ * per micro-kernel call, the last 1-2 inputs by a 4x1 / 4x2 kernel, the last <4 rows by dots. */
 static void mm_tile_f32(const mm_job *j, const float *w, int64_t r0, int n)
 {
     int64_t n_in = j->n_in;
-    int t = 0;
-    for (; t + 3 <= j->T; t += 3) {
+    for (int t = 0; t < j->T; t += 3) {
+        int nt = j->T - t < 3 ? j->T - t : 3;
         const float *x = j->x + t * j->ldx;
-        float *y0 = j->y + t * j->ldy + r0, *y1 = y0 + j->ldy, *y2 = y1 + j->ldy;
+        float *y = j->y + t * j->ldy + r0;
         int r = 0;
         for (; r + 4 <= n; r += 4) {
             float acc[4][3];
-            j->k4x3(w + r * n_in, n_in, x, j->ldx, n_in, acc);
-            for (int a = 0; a < 4; a++) y0[r + a] = acc[a][0], y1[r + a] = acc[a][1], y2[r + a] = acc[a][2];
+            if (nt == 3) j->k4x3(w + r * n_in, n_in, x, j->ldx, n_in, acc);
+            else j->k4xn(w + r * n_in, n_in, x, j->ldx, n_in, nt, acc);
+            for (int u = 0; u < nt; u++)
+                for (int a = 0; a < 4; a++) y[u * j->ldy + r + a] = acc[a][u];
         }
         for (; r < n; r++)
-            for (int u = 0; u < 3; u++) j->y[(t + u) * j->ldy + r0 + r] = j->dot(w + r * n_in, x + u * j->ldx, n_in);
+            for (int u = 0; u < nt; u++) y[u * j->ldy + r] = j->dot(w + r * n_in, x + u * j->ldx, n_in);
     }
-    for (; t < j->T; t++)
-        for (int r = 0; r < n; r++)
-            j->y[t * j->ldy + r0 + r] = j->dot(w + r * n_in, j->x + t * j->ldx, n_in);
 }
 
 static void mm_task(void *arg, int task)
@@ -335,9 +381,9 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
                 .n_out = n_out, .x = x, .ldx = ldx, .T = T, .y = y, .ldy = ldy,
                 .scratch = scratch, .tile_rows = tile_rows_for(n_in), .tile_min_t = tile_min_t(type), .n_threads = n_threads,
-                .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar, .dequant = ref_dequant_get(type)};
+                .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar, .k4xn = kernel_4xn_scalar, .dequant = ref_dequant_get(type)};
 #ifdef HAVE_X86
-    if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2;
+    if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2, j.k4xn = kernel_4xn_avx2;
 #endif
     /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
      * the dot block (decode), at least 16 rows. */
