@@ -9,6 +9,8 @@
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_client.h"
 
+#define ROUTER_DRAIN_LINGER_MS 300
+
 static void *pool_connect(const char *addr, void *ctx)
 {
     (void)ctx;
@@ -184,6 +186,20 @@ int router_drain(router *r, int grace_ms)
     pthread_mutex_unlock(&r->mu);
     if (left) LOG_WARN("router: drain: %d request%s still running after %d ms: cancelling", left,
                        left == 1 ? "" : "s", grace_ms);
+    /* Linger before closing the connections: a client may still be reading the last messages,
+     * and the flow-control updates it sends meanwhile would hit a closed socket, which resets
+     * the connection and discards what the client had not read yet. There is no event for
+     * "the client has read everything", so this is a bounded wait (ROUTER_DRAIN_LINGER_MS). */
+    if (!left) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ns = ts.tv_nsec + (int64_t)ROUTER_DRAIN_LINGER_MS * 1000000;
+        ts.tv_sec += ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_mutex_lock(&r->mu);
+        while (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0) {
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
     if (r->srv) rpc_server_shutdown(r->srv); /* cancels what is left, waits for every call */
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
