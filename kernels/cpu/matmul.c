@@ -2,6 +2,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "common/status.h"
@@ -212,12 +213,15 @@ typedef void (*kernel_4xn_fn)(const float *, int64_t, const float *, int64_t, in
 static bool have_avx2(void)
 {
 #ifdef HAVE_X86
-    static int cached = -1;
-    if (cached < 0) {
+    /* computed once; racing first calls compute the same value (atomic: no data race) */
+    static _Atomic int cached = -1;
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&cached, c, memory_order_relaxed);
     }
-    return cached;
+    return c;
 #else
     return false;
 #endif
