@@ -55,6 +55,18 @@ class Reflection(unittest.TestCase):
             with self.assertRaises(KeyError):
                 pool.FindMessageTypeByName("deltaserve.v1.NoSuchMessage")
 
+    def test_worker_reflection(self):
+        w = h.start_worker("refl_real_w", extra=["--threads", "1"])
+        try:
+            with grpc.insecure_channel(w.addr) as ch:
+                db = ProtoReflectionDescriptorDatabase(ch)
+                self.assertIn("deltaserve.v1.Worker", set(db.get_services()))
+                pool = descriptor_pool.DescriptorPool(db)
+                m = pool.FindServiceByName("deltaserve.v1.Worker").FindMethodByName("GetLoad")
+                self.assertEqual(m.output_type.full_name, "deltaserve.v1.Load")
+        finally:
+            w.stop()
+
     def test_standard_health_checker(self):
         with grpc.insecure_channel(self.r.addr) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
