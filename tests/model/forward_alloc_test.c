@@ -1,0 +1,84 @@
+/* No allocation per token: after qwen35_ctx_create / qwen35_state_create, prefill (in several
+ * internal steps, chunked and recurrent) and batched decode call malloc/calloc/realloc zero
+ * times. malloc, calloc and realloc are wrapped (-Wl,--wrap) to count calls. */
+#include <CUnit/Basic.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "forward_test_util.h"
+#include "model/forward.h"
+
+static atomic_long n_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_malloc(n); }
+void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
+void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
+
+static void test_no_alloc_per_token(void)
+{
+    char path[4096];
+    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    status st;
+    qwen35_model *m;
+    CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
+    qwen35_ctx *ctx;
+    qwen35_state *s[3];
+    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.max_batch = 3, .max_tokens = 48, .n_threads = 2}, &ctx, &st) == 0);
+    for (int b = 0; b < 3; b++) CU_ASSERT_FATAL(qwen35_state_create(m, 256, &s[b], &st) == 0);
+    int V = m->cfg.V;
+    float *logits = malloc(sizeof(float) * 130 * V);
+    int32_t ids[130];
+    for (int i = 0; i < 130; i++) ids[i] = (i * 37) % V;
+
+    long before = atomic_load(&n_allocs);
+    CU_ASSERT(qwen35_prefill(ctx, s[0], ids, 130, logits, true, &st) == 0); /* 3 steps of <= 48 */
+    qwen35_ctx_set_gdn_mode(ctx, QWEN35_GDN_RECURRENT);
+    CU_ASSERT(qwen35_prefill(ctx, s[1], ids, 70, logits, false, &st) == 0);
+    qwen35_ctx_set_gdn_mode(ctx, QWEN35_GDN_CHUNKED);
+    CU_ASSERT(qwen35_prefill(ctx, s[2], ids, 5, NULL, false, &st) == 0);
+    for (int step = 0; step < 40; step++) {
+        CU_ASSERT(qwen35_decode_batch(ctx, s, ids + step, 3, logits, &st) == 0);
+        CU_ASSERT(qwen35_decode_batch(ctx, s + 1, ids + step, 1, logits, &st) == 0);
+    }
+    qwen35_state_reset(s[0]);
+    qwen35_state_copy(s[0], s[1]);
+    long during = atomic_load(&n_allocs) - before;
+    printf("\n    allocations during 205 prefill tokens and 160 decoded tokens: %ld", during);
+    CU_ASSERT_EQUAL(during, 0);
+
+    free(logits);
+    for (int b = 0; b < 3; b++) qwen35_state_destroy(s[b]);
+    qwen35_ctx_destroy(ctx);
+    qwen35_model_free(m);
+}
+
+/* The counter counts: creating a state allocates. */
+static void test_counter_counts(void)
+{
+    char path[4096];
+    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    status st;
+    qwen35_model *m;
+    CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
+    long before = atomic_load(&n_allocs);
+    qwen35_state *s;
+    CU_ASSERT_FATAL(qwen35_state_create(m, 16, &s, &st) == 0);
+    CU_ASSERT(atomic_load(&n_allocs) - before >= 4);
+    qwen35_state_destroy(s);
+    qwen35_model_free(m);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite su = CU_add_suite("forward_alloc", NULL, NULL);
+    CU_add_test(su, "no_alloc_per_token", test_no_alloc_per_token);
+    CU_add_test(su, "counter_counts", test_counter_counts);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    int failed = (int)CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
