@@ -20,6 +20,15 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (all threads): with the wall time it shows how many cores
+ * the run really had on a shared machine. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static uint64_t mat_bytes(const qwen35_mat *m) { return m->data ? m->row_bytes * (uint64_t)m->n_out : 0; }
 
 /* Weight bytes read by one decode step (every matrix once; the embedding row is negligible). */
@@ -77,42 +86,45 @@ int main(int argc, char **argv)
         ids[i] = (int32_t)(x % (uint64_t)V);
     }
     float *logits = malloc(sizeof(float) * V * B);
-    double best_pre = 1e30, best_dec = 1e30, best_bat = 1e30;
+    double best_pre = 1e30, best_dec = 1e30, best_bat = 1e30, cpu_pre = 0, cpu_dec = 0, cpu_bat = 0;
     for (int r = 0; r < reps; r++) {
         for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
-        double t0 = now();
+        double c0 = cpu_now(), t0 = now();
         if (qwen35_prefill(ctx, s[0], ids, P, logits, false, &st)) goto fail;
-        double t1 = now();
+        double c1 = cpu_now(), t1 = now();
         for (int d = 0; d < D; d++)
             if (qwen35_decode_batch(ctx, &s[0], ids + P + d, 1, logits, &st)) goto fail;
-        double t2 = now();
+        double c2 = cpu_now(), t2 = now();
         if (B > 1) {
             for (int b = 1; b < B; b++) /* short prompts for the other sequences */
                 if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
             for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
             for (int b = 0; b < B; b++)
                 if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
-            double t3 = now();
+            double c3 = cpu_now(), t3 = now();
             for (int d = 0; d < D; d++) {
                 int32_t tok[64];
                 for (int b = 0; b < B && b < 64; b++) tok[b] = ids[(P + D) * b + 8 + d];
                 if (qwen35_decode_batch(ctx, s, tok, B, logits, &st)) goto fail;
             }
-            double t4 = now();
-            if (t4 - t3 < best_bat) best_bat = t4 - t3;
+            double c4 = cpu_now(), t4 = now();
+            if (t4 - t3 < best_bat) best_bat = t4 - t3, cpu_bat = c4 - c3;
         }
-        if (t1 - t0 < best_pre) best_pre = t1 - t0;
-        if (t2 - t1 < best_dec) best_dec = t2 - t1;
+        if (t1 - t0 < best_pre) best_pre = t1 - t0, cpu_pre = c1 - c0;
+        if (t2 - t1 < best_dec) best_dec = t2 - t1, cpu_dec = c2 - c1;
     }
     double gb = step_bytes(m) / 1e9;
     printf("model %s: H %d L %d V %d, weights read per decode step %.3f GB, threads %d\n", model,
            m->cfg.H, m->cfg.n_layer, V, gb, qwen35_ctx_n_threads(ctx));
-    printf("prefill %d tokens: %.3f s, %.1f tok/s\n", P, best_pre, P / best_pre);
-    printf("decode 1 seq, %d steps after the prompt: %.2f ms/token, %.2f tok/s, %.2f GB/s of weights\n", D,
-           1e3 * best_dec / D, D / best_dec, gb * D / best_dec);
+    /* "cores busy" = CPU seconds / wall seconds: below the thread count, the machine was shared */
+    printf("prefill %d tokens: %.3f s, %.1f tok/s (%.2f cores busy; %.1f tok per CPU-second)\n", P,
+           best_pre, P / best_pre, cpu_pre / best_pre, P / cpu_pre);
+    printf("decode 1 seq, %d steps after the prompt: %.2f ms/token, %.2f tok/s, %.2f GB/s of weights "
+           "(%.2f cores busy; %.2f tok per CPU-second)\n",
+           D, 1e3 * best_dec / D, D / best_dec, gb * D / best_dec, cpu_dec / best_dec, D / cpu_dec);
     if (B > 1)
-        printf("decode %d seqs, %d steps: %.2f ms/step, %.2f tok/s aggregate\n", B, D,
-               1e3 * best_bat / D, (double)B * D / best_bat);
+        printf("decode %d seqs, %d steps: %.2f ms/step, %.2f tok/s aggregate (%.2f cores busy; %.2f tok per CPU-second)\n",
+               B, D, 1e3 * best_bat / D, (double)B * D / best_bat, cpu_bat / best_bat, (double)B * D / cpu_bat);
     return 0;
 fail:
     fprintf(stderr, "cpu_forward_bench: %s\n", st.msg);
