@@ -384,7 +384,7 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     sa = (cb_arena){b->d_state, 0, b->state_bytes};
     aa = (cb_arena){b->d_act, 0, b->act_bytes};
     u.w = &wa;
-    u.s = b->stream;
+    u.s = NULL; /* the legacy stream: ordered after each synchronous upload */
     u.done = 0;
     if (upload_model(b, &u, st)) goto fail;
     layout_state(b, &sa);

@@ -98,6 +98,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         for (int e = 0; e < EPL; e++)
             qr[g][e] = g < G ? q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale : 0.0f;
     // scores
+#pragma unroll 4
     for (int t = t0 + warp; t < t1; t += nw) {
         const __half *kr = kc + ((int64_t)t * n_kv + j) * d_h + lane * EPL;
         float kf[EPL];
@@ -136,8 +137,11 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     // o_g[t] = Σ_p p v_p[t]
     for (int c = threadIdx.x; c < d_h; c += ATTN_THREADS) {
         float acc[ATTN_MAX_GROUP] = {0};
+        const __half *vp = vc + ((int64_t)t0 * n_kv + j) * d_h + c;
+        const int64_t vs = (int64_t)n_kv * d_h;
+#pragma unroll 8
         for (int t = t0; t < t1; t++) {
-            const float vv = __half2float(vc[((int64_t)t * n_kv + j) * d_h + c]);
+            const float vv = __half2float(vp[(t - t0) * vs]);
 #pragma unroll
             for (int g = 0; g < ATTN_MAX_GROUP; g++) acc[g] += sc[g < G ? g : 0][t - t0] * vv;
         }

@@ -99,9 +99,12 @@ extern "C" void cuda_host_free(void *h_ptr)
 
 extern "C" uint64_t cuda_alloc_count(void) { return g_alloc_count.load(); }
 
+// Setup copies and memsets are complete when these return (cudaMemcpy from pageable memory may
+// return before its DMA lands, and the legacy stream does not order non-blocking streams).
 extern "C" int cuda_upload(void *d_dst, const void *src, size_t bytes, status *st)
 {
     CUDA_TRY(st, cudaMemcpy(d_dst, src, bytes, cudaMemcpyHostToDevice));
+    CUDA_TRY(st, cudaDeviceSynchronize());
     return STATUS_OK;
 }
 
@@ -114,6 +117,7 @@ extern "C" int cuda_download(void *dst, const void *d_src, size_t bytes, status 
 extern "C" int cuda_memset(void *d_dst, int byte, size_t bytes, status *st)
 {
     CUDA_TRY(st, cudaMemset(d_dst, byte, bytes));
+    CUDA_TRY(st, cudaDeviceSynchronize());
     return STATUS_OK;
 }
 

@@ -53,7 +53,8 @@ int cuda_host_alloc(void **h_ptr, size_t bytes, const char *what, status *st); /
 void cuda_host_free(void *h_ptr);
 uint64_t cuda_alloc_count(void);
 
-/* Synchronous copies (setup and tests only, never on the per-token path). */
+/* Synchronous copies and memset: complete on the device when they return, whatever stream
+ * runs next (setup and tests only, never on the per-token path). */
 int cuda_upload(void *d_dst, const void *src, size_t bytes, status *st);
 int cuda_download(void *dst, const void *d_src, size_t bytes, status *st);
 int cuda_memset(void *d_dst, int byte, size_t bytes, status *st);

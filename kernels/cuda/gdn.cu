@@ -66,6 +66,7 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     const float eg = expf(g);
     const float *v = conv + 2 * D_k + (int64_t)hv * d_v;
     const int j0 = blockIdx.y * cols, j1 = min(j0 + cols, d_v);
+#pragma unroll 2
     for (int j = j0 + warp; j < j1; j += GDN_WARPS) {
         float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
         float s[EPL];

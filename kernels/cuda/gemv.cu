@@ -519,12 +519,14 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
                                        w0->n_out, x, xqs, xds, y, best);
 }
 
-// rows per warp: the matrix's choice, else 2 for tall matrices (x loads shared by two rows)
+// rows per warp: the matrix's choice, else what the H200 measured best (docs/BENCH.md
+// gemv_bench): 4 for tall Q6_K/Q5_K matrices, 1 otherwise
 static int rows_per_warp(const gemv_matrix *w)
 {
     if (w->rows_per_warp == 1 || w->rows_per_warp == 2 || w->rows_per_warp == 4)
         return w->rows_per_warp;
-    return w->n_out >= 4096 ? 2 : 1;
+    if ((w->type == QB_Q6_K || w->type == QB_Q5_K) && w->n_out >= 4096) return 4;
+    return 1;
 }
 
 template <typename TT, int EP>

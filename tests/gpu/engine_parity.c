@@ -86,6 +86,10 @@ static int compare_model(const char *path, int T, double bound, cmp_result *res)
         double maxabs = 0, maxd = 0;
         int a1 = 0, a2 = -1;
         for (int i = 0; i < V; i++) {
+            if (!isfinite(lg[i])) {
+                maxd = INFINITY; /* a NaN or Inf logit fails any bound */
+                continue;
+            }
             maxabs = fmax(maxabs, fabs(lc[i]));
             maxd = fmax(maxd, fabs((double)lc[i] - lg[i]));
             if (lc[i] > lc[a1]) a2 = a1, a1 = i;
@@ -195,8 +199,12 @@ fail:
     qwen35_model_free(m);
 }
 
-/* Synthetic models from DS_ENGINE_GGUF: logits reported; a loose bound asserted (Q8
- * activations on the GPU, F32 on the CPU: see docs/GPU.md). */
+/* Synthetic models from DS_ENGINE_GGUF: logits reported; a loose bound asserted. The GPU dots
+ * quantised weights with Q8 activations, the CPU with F32 ones, and a random-weight network
+ * amplifies that: the CPU forward itself, given Q8-rounded activations, moves the 0.8B's
+ * logits by 0.14 of max|logit| at the first token and 0.24 by the third (docs/GPU.md), which
+ * is what the GPU shows. The bound (0.5) still catches garbage (wrong wiring gave 1.7-26) and
+ * any NaN. */
 static void test_synthetic(void)
 {
     const char *list = getenv("DS_ENGINE_GGUF");
@@ -206,8 +214,8 @@ static void test_synthetic(void)
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *p = strtok_r(buf, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
         cmp_result r;
-        CU_ASSERT_EQUAL(compare_model(p, T, 5e-2, &r), STATUS_OK);
-        CU_ASSERT(r.worst_rel <= 5e-2);
+        CU_ASSERT_EQUAL(compare_model(p, T, 0.5, &r), STATUS_OK);
+        CU_ASSERT(r.worst_rel <= 0.5);
     }
 }
 
