@@ -52,14 +52,14 @@ static int bench_cuda(const qwen35_model *m, const bench_opts *o, status *st)
     if (!out) return status_fail(st, STATUS_NOMEM, "bench buffers");
     if (cuda_backend_create(m, &(cuda_backend_opts){.n_ctx = o->ctx + o->warmup + o->tokens + 2,
                                                     .verbose = true}, &g, st) ||
-        cuda_backend_set_position(g, o->ctx, st))
+        cuda_backend_set_position(g, 0, o->ctx, st))
         goto fail;
     fprintf(stderr, "cuda: ready in %.1f s\n", now_s() - t_load);
-    if (cuda_backend_generate(g, 1, o->warmup, out, st)) goto fail;
+    if (cuda_backend_generate(g, 0, 1, o->warmup, out, st)) goto fail;
     cuda_backend_stats s0, s1;
     cuda_backend_get_stats(g, &s0);
     const double t0 = now_s();
-    if (cuda_backend_generate(g, out[o->warmup > 0 ? o->warmup - 1 : 0], o->tokens, out, st))
+    if (cuda_backend_generate(g, 0, out[o->warmup > 0 ? o->warmup - 1 : 0], o->tokens, out, st))
         goto fail;
     const double dt = now_s() - t0;
     cuda_backend_get_stats(g, &s1);

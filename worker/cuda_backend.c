@@ -35,6 +35,16 @@ typedef struct cb_layer {
     const float *d_q_norm, *d_k_norm;                         /* attention */
 } cb_layer;
 
+/* One sequence: its state views in the state arena, its position on the device, its graphs. */
+typedef struct cb_slot {
+    float *d_conv;      /* [n_gdn][C][K_conv-1] */
+    float *d_S;         /* [n_gdn][n_v][d_v][d_k] */
+    void *d_kc, *d_vc;  /* [n_attn][n_ctx][n_kv][d_h] F16 */
+    int32_t *d_pos;     /* [2]: position of the current token, next position */
+    cuda_graph_exec g_forced, g_greedy; /* owned */
+    int n_past;
+} cb_slot;
+
 struct cuda_backend {
     const qwen35_model *model; /* borrowed */
     qwen35_config cfg;
@@ -49,22 +59,17 @@ struct cuda_backend {
     void *d_state;    /* conv windows, S, K and V caches */
     void *d_act;      /* activations and scratch */
     uint64_t weight_bytes, state_bytes, act_bytes;
-    /* state views */
-    float *d_conv;  /* [n_gdn][C][K_conv-1] */
-    float *d_S;     /* [n_gdn][n_v][d_v][d_k] */
-    void *d_kc, *d_vc; /* [n_attn][n_ctx][n_kv][d_h] F16 */
+    int n_slots;
+    cb_slot *slots; /* owned, [n_slots] */
     /* activation views */
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_ffn, *d_q, *d_part, *d_logits;
     void *d_hq, *d_yq, *d_ffnq;
     unsigned long long *d_best;
-    int32_t *d_tok_in, *d_tok_out, *d_pos;
+    int32_t *d_tok_in, *d_tok_out;
     /* pinned host views */
     void *h_pinned; /* owned */
     int32_t *h_tok;
     unsigned long long *h_best;
-    /* graphs: forced (token from the host) and greedy (token = last argmax) */
-    cuda_graph_exec g_forced, g_greedy;
-    int n_past;
     cuda_backend_stats stats;
 };
 
@@ -220,11 +225,15 @@ static int upload_model(cuda_backend *b, cb_upload *u, status *st)
 static void layout_state(cuda_backend *b, cb_arena *a)
 {
     const qwen35_config *c = &b->cfg;
-    b->d_conv = arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
-    b->d_S = arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
     const uint64_t kv = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2;
-    b->d_kc = arena_take(a, kv);
-    b->d_vc = arena_take(a, kv);
+    for (int i = 0; i < b->n_slots; i++) {
+        cb_slot *sl = &b->slots[i];
+        sl->d_conv = arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
+        sl->d_S = arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
+        sl->d_kc = arena_take(a, kv);
+        sl->d_vc = arena_take(a, kv);
+        sl->d_pos = arena_take(a, 8);
+    }
 }
 
 static void layout_act(cuda_backend *b, cb_arena *a)
@@ -250,7 +259,6 @@ static void layout_act(cuda_backend *b, cb_arena *a)
     b->d_best = arena_take(a, 8);
     b->d_tok_in = arena_take(a, 4);
     b->d_tok_out = arena_take(a, 4);
-    b->d_pos = arena_take(a, 8);
 }
 
 /* ---- one token, as launched into the graph ---- */
@@ -264,12 +272,12 @@ static void record_ffn(cuda_backend *b, const cb_layer *L, cuda_stream s)
     gemv(&L->down, b->d_ffn, b->d_ffnq, b->d_x, GEMV_ADD, s);
 }
 
-static void record_gdn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+static void record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
     const int64_t D_v = (int64_t)c->n_v * c->d_v;
-    float *conv = b->d_conv + (int64_t)L->slot * c->C * (c->K_conv - 1);
-    float *S = b->d_S + (int64_t)L->slot * c->n_v * c->d_v * c->d_k;
+    float *conv = sl->d_conv + (int64_t)L->slot * c->C * (c->K_conv - 1);
+    float *S = sl->d_S + (int64_t)L->slot * c->n_v * c->d_v * c->d_k;
     norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     for (int g = 0; g < L->n_in; g++) {
         float *y = b->d_proj + L->in[g].y_off;
@@ -285,35 +293,35 @@ static void record_gdn(cuda_backend *b, const cb_layer *L, cuda_stream s)
     gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
 }
 
-static void record_attn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+static void record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     const uint64_t kv_layer = (uint64_t)b->n_ctx * c->n_kv * c->d_h * 2;
-    void *kc = (uint8_t *)b->d_kc + L->slot * kv_layer, *vc = (uint8_t *)b->d_vc + L->slot * kv_layer;
+    void *kc = (uint8_t *)sl->d_kc + L->slot * kv_layer, *vc = (uint8_t *)sl->d_vc + L->slot * kv_layer;
     norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     for (int g = 0; g < L->n_in; g++)
         gemv(&L->in[g].m, b->d_h, b->d_hq, b->d_proj + L->in[g].y_off, GEMV_STORE, s);
     const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot,
-              c->rope_base, c->eps, b->d_pos, kc, vc, b->d_q, s);
-    attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, b->d_pos, b->d_part,
+              c->rope_base, c->eps, sl->d_pos, kc, vc, b->d_q, s);
+    attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, sl->d_pos, b->d_part,
                 b->d_y, b->d_yq, s);
     gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
 }
 
-static void record_step(cuda_backend *b, bool forced, cuda_stream s)
+static void record_step(cuda_backend *b, const cb_slot *sl, bool forced, cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
     if (forced) cuda_copy_h2d_async(b->d_tok_in, b->h_tok, 4, s);
-    gemv_embed_step(&b->embd, forced ? b->d_tok_in : NULL, b->d_best, b->d_tok_out, b->d_pos,
+    gemv_embed_step(&b->embd, forced ? b->d_tok_in : NULL, b->d_best, b->d_tok_out, sl->d_pos,
                     b->d_x, s);
     for (int il = 0; il < c->n_layer; il++) {
         const cb_layer *L = &b->layers[il];
         if (L->gdn)
-            record_gdn(b, L, s);
+            record_gdn(b, sl, L, s);
         else
-            record_attn(b, L, s);
+            record_attn(b, sl, L, s);
         record_ffn(b, L, s);
     }
     norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
@@ -347,6 +355,12 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     b->model = m;
     b->cfg = m->cfg;
     b->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : 4096;
+    b->n_slots = o && o->n_slots > 0 ? o->n_slots : 1;
+    b->slots = calloc((size_t)b->n_slots, sizeof *b->slots);
+    if (!b->slots) {
+        free(b);
+        return status_fail(st, STATUS_NOMEM, "cuda backend: %d slots", o->n_slots);
+    }
     const bool verbose = o && o->verbose;
     const qwen35_config *c = &b->cfg;
     cb_upload u = {0};
@@ -393,17 +407,25 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     u.d_stage = NULL;
     free(u.h_cat);
     u.h_cat = NULL;
-    if (cuda_memset(b->d_act, 0, b->act_bytes, st) || cuda_backend_reset(b, st)) goto fail;
+    if (cuda_memset(b->d_act, 0, b->act_bytes, st)) goto fail;
+    for (int i = 0; i < b->n_slots; i++)
+        if (cuda_backend_reset(b, i, st)) goto fail;
 
-    /* the step, recorded once per mode */
-    if (cuda_graph_capture_begin(b->stream, st)) goto fail;
-    record_step(b, true, b->stream);
-    if (cuda_graph_capture_end(b->stream, &b->g_forced, st)) goto fail;
-    b->stats.kernels_per_token = cuda_graph_last_kernel_nodes();
-    if (cuda_graph_capture_begin(b->stream, st)) goto fail;
-    record_step(b, false, b->stream);
-    if (cuda_graph_capture_end(b->stream, &b->g_greedy, st)) goto fail;
+    /* the step, recorded once per slot and mode */
+    for (int i = 0; i < b->n_slots; i++) {
+        cb_slot *sl = &b->slots[i];
+        if (cuda_graph_capture_begin(b->stream, st)) goto fail;
+        record_step(b, sl, true, b->stream);
+        if (cuda_graph_capture_end(b->stream, &sl->g_forced, st)) goto fail;
+        b->stats.kernels_per_token = cuda_graph_last_kernel_nodes();
+        if (cuda_graph_capture_begin(b->stream, st)) goto fail;
+        record_step(b, sl, false, b->stream);
+        if (cuda_graph_capture_end(b->stream, &sl->g_greedy, st)) goto fail;
+    }
     if (cuda_check("graph capture", st)) goto fail;
+    if (verbose)
+        fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token\n",
+                b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token);
 
     b->stats.weight_bytes = b->weight_bytes;
     b->stats.state_bytes = b->state_bytes;
@@ -422,8 +444,11 @@ fail:
 void cuda_backend_destroy(cuda_backend *b)
 {
     if (!b) return;
-    cuda_graph_exec_destroy(b->g_forced);
-    cuda_graph_exec_destroy(b->g_greedy);
+    for (int i = 0; b->slots && i < b->n_slots; i++) {
+        cuda_graph_exec_destroy(b->slots[i].g_forced);
+        cuda_graph_exec_destroy(b->slots[i].g_greedy);
+    }
+    free(b->slots);
     cuda_free(b->d_weights);
     cuda_free(b->d_state);
     cuda_free(b->d_act);
@@ -432,52 +457,66 @@ void cuda_backend_destroy(cuda_backend *b)
     free(b);
 }
 
-int cuda_backend_reset(cuda_backend *b, status *st)
+int cuda_backend_n_slots(const cuda_backend *b) { return b->n_slots; }
+
+int cuda_backend_reset(cuda_backend *b, int slot, status *st)
 {
-    b->n_past = 0;
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    cb_slot *sl = &b->slots[slot];
     const int32_t pos[2] = {0, 0};
-    if (cuda_memset(b->d_state, 0, b->state_bytes, st) ||
-        cuda_upload(b->d_pos, pos, sizeof pos, st) || cuda_memset(b->d_best, 0, 8, st))
+    /* conv windows, S and the KV cache lie back to back before d_pos (layout_state) */
+    if (cuda_memset(sl->d_conv, 0, (size_t)((uint8_t *)sl->d_pos - (uint8_t *)sl->d_conv), st) ||
+        cuda_upload(sl->d_pos, pos, sizeof pos, st) || cuda_memset(b->d_best, 0, 8, st))
         return st->code;
+    sl->n_past = 0;
     return STATUS_OK;
 }
 
-int cuda_backend_n_past(const cuda_backend *b) { return b->n_past; }
-
-int cuda_backend_set_position(cuda_backend *b, int n_past, status *st)
+int cuda_backend_n_past(const cuda_backend *b, int slot)
 {
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    return b->slots[slot].n_past;
+}
+
+int cuda_backend_set_position(cuda_backend *b, int slot, int n_past, status *st)
+{
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    cb_slot *sl = &b->slots[slot];
     if (n_past < 0 || n_past >= b->n_ctx)
         return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, b->n_ctx);
     const qwen35_config *c = &b->cfg;
     const uint64_t kv = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2;
     /* 0x2c2c: F16 0.0659, finite; the values do not change the speed */
-    if (cuda_memset(b->d_kc, 0x2c, kv, st) || cuda_memset(b->d_vc, 0x2c, kv, st)) return st->code;
+    if (cuda_memset(sl->d_kc, 0x2c, kv, st) || cuda_memset(sl->d_vc, 0x2c, kv, st))
+        return st->code;
     const int32_t pos[2] = {n_past > 0 ? n_past - 1 : 0, n_past};
-    if (cuda_upload(b->d_pos, pos, sizeof pos, st)) return st->code;
-    b->n_past = n_past;
+    if (cuda_upload(sl->d_pos, pos, sizeof pos, st)) return st->code;
+    sl->n_past = n_past;
     return STATUS_OK;
 }
 
-static int run_step(cuda_backend *b, cuda_graph_exec g, status *st)
+static int run_step(cuda_backend *b, cb_slot *sl, cuda_graph_exec g, status *st)
 {
-    if (b->n_past >= b->n_ctx)
+    if (sl->n_past >= b->n_ctx)
         return status_fail(st, STATUS_RANGE, "context full (%d positions)", b->n_ctx);
     if (cuda_graph_launch(g, b->stream)) return cuda_check("cudaGraphLaunch", st);
     if (cuda_sync(b->stream, "decode step", st)) return st->code;
-    b->n_past++;
+    sl->n_past++;
     b->stats.tokens++;
     b->stats.graph_launches++;
     b->stats.d2h_bytes += 8;
     return STATUS_OK;
 }
 
-int cuda_backend_decode(cuda_backend *b, int32_t token, float *logits, int32_t *next, status *st)
+int cuda_backend_decode(cuda_backend *b, int slot, int32_t token, float *logits, int32_t *next,
+                        status *st)
 {
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
     if (token < 0 || token >= b->cfg.V)
         return status_fail(st, STATUS_RANGE, "token id %d outside [0, %d)", token, b->cfg.V);
     *b->h_tok = token;
     b->stats.h2d_bytes += 4;
-    if (run_step(b, b->g_forced, st)) return st->code;
+    if (run_step(b, &b->slots[slot], b->slots[slot].g_forced, st)) return st->code;
     if (logits) {
         if (cuda_download(logits, b->d_logits, (size_t)b->cfg.V * 4, st)) return st->code;
         b->stats.d2h_bytes += (uint64_t)b->cfg.V * 4;
@@ -486,14 +525,15 @@ int cuda_backend_decode(cuda_backend *b, int32_t token, float *logits, int32_t *
     return STATUS_OK;
 }
 
-int cuda_backend_generate(cuda_backend *b, int32_t first, int n, int32_t *out, status *st)
+int cuda_backend_generate(cuda_backend *b, int slot, int32_t first, int n, int32_t *out,
+                          status *st)
 {
     int32_t next;
     if (n <= 0) return STATUS_OK;
-    if (cuda_backend_decode(b, first, NULL, &next, st)) return st->code;
+    if (cuda_backend_decode(b, slot, first, NULL, &next, st)) return st->code;
     out[0] = next;
     for (int i = 1; i < n; i++) {
-        if (run_step(b, b->g_greedy, st)) return st->code;
+        if (run_step(b, &b->slots[slot], b->slots[slot].g_greedy, st)) return st->code;
         out[i] = gemv_argmax_row(*b->h_best);
     }
     return STATUS_OK;

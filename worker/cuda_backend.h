@@ -1,12 +1,13 @@
-/* The CUDA engine for one Qwen3.5 sequence on one GPU (batch 1 decode): weights uploaded once
+/* The CUDA engine for Qwen3.5 on one GPU, batch-1 decode of n_slots sequences (one at a time,
+ * each with its own resident state and graphs): weights uploaded once
  * (GEMV layout, same-type in-projections packed together), recurrent state and an F16 KV cache
- * resident, and the whole token recorded once as a CUDA graph and replayed: one graph launch
+ * resident, and the whole token recorded once per slot as a CUDA graph and replayed: one graph launch
  * and one host sync per token, reading back only the 8-byte argmax (greedy) or the logits when
  * asked. Op for op the CPU forward (model/forward.h) fused: kernels/cuda/{norm,gemv,gdn,attn}.h.
  *
  *   cuda_backend *e; cuda_backend_create(model, &(cuda_backend_opts){.n_ctx = 4096}, &e, &st);
- *   cuda_backend_decode(e, token, logits_or_NULL, &next, &st);      teacher-forced / prompt
- *   cuda_backend_generate(e, first, n, out_ids, &st);              greedy, argmax on the GPU
+ *   cuda_backend_decode(e, slot, token, logits_or_NULL, &next, &st);  teacher-forced / prompt
+ *   cuda_backend_generate(e, slot, first, n, out_ids, &st);          greedy, argmax on the GPU
  *
  * Counters (cuda_backend_stats) let tests assert that after warm-up a token costs no host or
  * device allocation and at most 8 device-to-host bytes (greedy). */
@@ -20,7 +21,8 @@
 #include "model/qwen35.h"
 
 typedef struct cuda_backend_opts {
-    int n_ctx;    /* KV positions (prompt + generated); 0 -> 4096 */
+    int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
+    int n_slots;  /* sequences with resident state; 0 -> 1 */
     int device;   /* CUDA device index */
     bool verbose; /* print upload progress and sizes to stderr */
 } cuda_backend_opts;
@@ -32,7 +34,7 @@ typedef struct cuda_backend_stats {
     uint64_t graph_launches;
     uint64_t kernels_per_token; /* kernel nodes in the step graph */
     uint64_t weight_bytes;      /* device bytes of weights */
-    uint64_t state_bytes;       /* recurrent state + KV cache */
+    uint64_t state_bytes;       /* recurrent state + KV cache, all slots */
     uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
 } cuda_backend_stats;
 
@@ -45,22 +47,35 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
                        status *st);
 void cuda_backend_destroy(cuda_backend *e);
 
-/* Forgets the sequence: position 0, state zeroed. */
-int cuda_backend_reset(cuda_backend *e, status *st);
-int cuda_backend_n_past(const cuda_backend *e);
+int cuda_backend_n_slots(const cuda_backend *e);
 
-/* Benchmarks: jump to position n_past as if a context had been consumed (KV rows filled with a
- * constant finite pattern, recurrent state kept). */
-int cuda_backend_set_position(cuda_backend *e, int n_past, status *st);
+/* Forgets the sequence of a slot: position 0, state zeroed. */
+int cuda_backend_reset(cuda_backend *e, int slot, status *st);
+int cuda_backend_n_past(const cuda_backend *e, int slot);
 
-/* Feeds `token` at the next position; logits ([V]) copied back when not NULL; *next (may be
- * NULL) = argmax of the logits (lowest id on ties). STATUS_RANGE: bad id or full context. */
-int cuda_backend_decode(cuda_backend *e, int32_t token, float *logits, int32_t *next, status *st);
+/* Benchmarks: jump to position n_past as if a context had been consumed (the slot's KV rows
+ * filled with a constant finite pattern, recurrent state kept). */
+int cuda_backend_set_position(cuda_backend *e, int slot, int n_past, status *st);
+
+/* Feeds `token` to a slot at its next position; logits ([V]) copied back when not NULL; *next
+ * (may be NULL) = argmax of the logits (lowest id on ties). STATUS_RANGE: bad id or full
+ * context. */
+int cuda_backend_decode(cuda_backend *e, int slot, int32_t token, float *logits, int32_t *next,
+                        status *st);
 
 /* Greedy: feeds `first`, then each argmax, n times; out[i] = the i-th generated id. */
-int cuda_backend_generate(cuda_backend *e, int32_t first, int n, int32_t *out, status *st);
+int cuda_backend_generate(cuda_backend *e, int slot, int32_t first, int n, int32_t *out,
+                          status *st);
 
 void cuda_backend_get_stats(const cuda_backend *e, cuda_backend_stats *s);
+
+/* The engine behind worker/backend.h (worker/cuda_backend_worker.c, target
+ * //worker:cuda_worker): n_slots engine slots, greedy on the GPU, other sampling on the host.
+ * STATUS_UNAVAILABLE without a GPU (the caller falls back to the CPU backend). */
+struct worker_backend;
+struct worker_backend_opts;
+int worker_backend_cuda_create(const qwen35_model *m, const struct worker_backend_opts *o,
+                               struct worker_backend **out, status *st);
 const char *cuda_backend_device_name(const cuda_backend *e);
 
 #endif

@@ -16,6 +16,7 @@
 #include "model/forward.h"
 #include "model/qwen35.h"
 #include "tests/gpu/gpu_parity.h"
+#include "worker/backend.h"
 #include "worker/cuda_backend.h"
 
 /* Counting allocator: every malloc/calloc/realloc of the process while g_counting is set. */
@@ -82,7 +83,7 @@ static int compare_model(const char *path, int T, double bound, cmp_result *res)
     for (int t = 0; t < T; t++) {
         if (qwen35_decode_batch(ctx, &s, &tok, 1, lc, &st)) goto fail;
         int32_t next;
-        if (cuda_backend_decode(g, tok, lg, &next, &st)) goto fail;
+        if (cuda_backend_decode(g, 0, tok, lg, &next, &st)) goto fail;
         double maxabs = 0, maxd = 0;
         int a1 = 0, a2 = -1;
         for (int i = 0; i < V; i++) {
@@ -165,14 +166,14 @@ static void test_greedy_and_counters(void)
     }
     /* GPU: prompt token by token, then greedy with the argmax on the GPU */
     for (int i = 0; i < P - 1; i++)
-        if (cuda_backend_decode(g, prompt[i], NULL, NULL, &st)) goto fail;
-    if (cuda_backend_generate(g, prompt[P - 1], 8, gpu_out, &st)) goto fail; /* warm-up */
+        if (cuda_backend_decode(g, 0, prompt[i], NULL, NULL, &st)) goto fail;
+    if (cuda_backend_generate(g, 0, prompt[P - 1], 8, gpu_out, &st)) goto fail; /* warm-up */
     cuda_backend_stats s0, s1;
     cuda_backend_get_stats(g, &s0);
     const uint64_t dev0 = cuda_alloc_count();
     atomic_store(&g_allocs, 0);
     atomic_store(&g_counting, 1);
-    const int rc = cuda_backend_generate(g, gpu_out[7], N - 8, gpu_out + 8, &st);
+    const int rc = cuda_backend_generate(g, 0, gpu_out[7], N - 8, gpu_out + 8, &st);
     atomic_store(&g_counting, 0);
     if (rc) goto fail;
     cuda_backend_get_stats(g, &s1);
@@ -219,6 +220,55 @@ static void test_synthetic(void)
     }
 }
 
+/* The worker backend interface on the GPU: two slots, prompts then greedy decode steps with both
+ * sequences in one step, equal to the CPU backend's tokens (worker/backend.h). */
+static int run_worker(worker_backend *b, int32_t out[2][12], status *st)
+{
+    static const int32_t p0[] = {3, 17, 200, 5}, p1[] = {900, 2, 44};
+    worker_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    for (int s = 0; s < 2; s++)
+        if (b->vt->seq_start(b, s, &greedy, st)) return st->code;
+    worker_batch_item it[2] = {{.slot = 0, .tokens = p0, .n_tokens = 4, .prompt = true, .sample = true},
+                               {.slot = 1, .tokens = p1, .n_tokens = 3, .prompt = true, .sample = true}};
+    if (b->vt->step(b, it, 2, st)) return st->code;
+    for (int k = 0; k < 12; k++) {
+        out[0][k] = it[0].token, out[1][k] = it[1].token;
+        for (int s = 0; s < 2; s++) {
+            it[s].tokens = &out[s][k];
+            it[s].n_tokens = 1;
+            it[s].prompt = false;
+        }
+        if (k + 1 < 12 && b->vt->step(b, it, 2, st)) return st->code;
+    }
+    return STATUS_OK;
+}
+
+static void test_worker_backend(void)
+{
+    if (!g_have_gpu) return;
+    char path[1024];
+    ref_path("tiny-r1-untied.gguf", path, sizeof path);
+    status st;
+    status_clear(&st);
+    qwen35_model *m = NULL;
+    worker_backend *cpu = NULL, *gpu = NULL;
+    int32_t a[2][12], g[2][12];
+    const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
+    if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
+        worker_backend_cuda_create(m, &o, &gpu, &st) || run_worker(cpu, a, &st) ||
+        run_worker(gpu, g, &st))
+        goto fail;
+    printf("  worker backend (%s), 2 slots x 12 greedy tokens: %s\n", gpu->device,
+           memcmp(a, g, sizeof a) ? "DIFFER from the CPU backend" : "same as the CPU backend");
+    CU_ASSERT_EQUAL(memcmp(a, g, sizeof a), 0);
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    worker_backend_destroy(cpu);
+    worker_backend_destroy(gpu);
+    qwen35_model_free(m);
+}
+
 int main(void)
 {
     g_have_gpu = gpu_test_have_gpu("CUDA engine parity");
@@ -226,6 +276,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("engine_parity", NULL, NULL);
     CU_add_test(s, "reference_logits", test_reference_logits);
     CU_add_test(s, "greedy_and_counters", test_greedy_and_counters);
+    CU_add_test(s, "worker_backend", test_worker_backend);
     CU_add_test(s, "synthetic", test_synthetic);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
