@@ -2,10 +2,14 @@
  * batched decode (B sequences, one token each per step) tok/s, on any qwen35 GGUF.
  *
  *   cpu_forward_bench --model F [--prompt 512] [--decode 32] [--batch 4] [--threads 0] [--reps 2]
+ *                     [--dot default|q8|exact|both]
  *
  * Token ids are pseudo-random (the values do not change the speed). Times are wall-clock
  * (CLOCK_MONOTONIC); the best of --reps runs is reported, with the weight bytes streamed per
- * decode step turned into GB/s. One line per measurement, stable for docs/BENCH.md. */
+ * decode step turned into GB/s. One line per measurement, stable for docs/BENCH.md.
+ * --dot picks how quantised weights are dotted (qwen35_dot_mode); "both" interleaves the
+ * integer and exact modes rep by rep (alternating which goes first) so that a shared, noisy
+ * machine disturbs both alike, and reports each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +50,7 @@ static uint64_t step_bytes(const qwen35_model *m)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL;
+    const char *model = NULL, *dot = "default";
     int P = 512, D = 32, B = 4, threads = 0, reps = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -55,13 +59,26 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--batch")) B = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dot")) dot = argv[i + 1];
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;
         }
     }
+    /* the modes to run, in the order of the first rep */
+    qwen35_dot_mode modes[2];
+    const char *mode_names[2];
+    int n_modes = 1;
+    if (!strcmp(dot, "default")) modes[0] = QWEN35_DOT_DEFAULT, mode_names[0] = "default";
+    else if (!strcmp(dot, "q8")) modes[0] = QWEN35_DOT_Q8, mode_names[0] = "q8";
+    else if (!strcmp(dot, "exact")) modes[0] = QWEN35_DOT_EXACT, mode_names[0] = "exact";
+    else if (!strcmp(dot, "both")) {
+        modes[0] = QWEN35_DOT_Q8, mode_names[0] = "q8";
+        modes[1] = QWEN35_DOT_EXACT, mode_names[1] = "exact";
+        n_modes = 2;
+    } else model = NULL;
     if (!model || P < 1 || D < 1 || B < 1 || reps < 1) {
-        fprintf(stderr, "usage: cpu_forward_bench --model F [--prompt 512] [--decode 32] [--batch 4] [--threads 0] [--reps 2]\n");
+        fprintf(stderr, "usage: cpu_forward_bench --model F [--prompt 512] [--decode 32] [--batch 4] [--threads 0] [--reps 2] [--dot default|q8|exact|both]\n");
         return 2;
     }
     status st;
@@ -86,45 +103,54 @@ int main(int argc, char **argv)
         ids[i] = (int32_t)(x % (uint64_t)V);
     }
     float *logits = malloc(sizeof(float) * V * B);
-    double best_pre = 1e30, best_dec = 1e30, best_bat = 1e30, cpu_pre = 0, cpu_dec = 0, cpu_bat = 0;
+    double best_pre[2] = {1e30, 1e30}, best_dec[2] = {1e30, 1e30}, best_bat[2] = {1e30, 1e30};
+    double cpu_pre[2] = {0}, cpu_dec[2] = {0}, cpu_bat[2] = {0};
     for (int r = 0; r < reps; r++) {
-        for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
-        double c0 = cpu_now(), t0 = now();
-        if (qwen35_prefill(ctx, s[0], ids, P, logits, false, &st)) goto fail;
-        double c1 = cpu_now(), t1 = now();
-        for (int d = 0; d < D; d++)
-            if (qwen35_decode_batch(ctx, &s[0], ids + P + d, 1, logits, &st)) goto fail;
-        double c2 = cpu_now(), t2 = now();
-        if (B > 1) {
-            for (int b = 1; b < B; b++) /* short prompts for the other sequences */
-                if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
+        for (int k = 0; k < n_modes; k++) {
+            const int mi = (k + r) % n_modes; /* alternate which mode goes first */
+            qwen35_ctx_set_dot_mode(ctx, modes[mi]);
             for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
-            for (int b = 0; b < B; b++)
-                if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
-            double c3 = cpu_now(), t3 = now();
-            for (int d = 0; d < D; d++) {
-                int32_t tok[64];
-                for (int b = 0; b < B && b < 64; b++) tok[b] = ids[(P + D) * b + 8 + d];
-                if (qwen35_decode_batch(ctx, s, tok, B, logits, &st)) goto fail;
+            double c0 = cpu_now(), t0 = now();
+            if (qwen35_prefill(ctx, s[0], ids, P, logits, false, &st)) goto fail;
+            double c1 = cpu_now(), t1 = now();
+            for (int d = 0; d < D; d++)
+                if (qwen35_decode_batch(ctx, &s[0], ids + P + d, 1, logits, &st)) goto fail;
+            double c2 = cpu_now(), t2 = now();
+            if (B > 1) {
+                for (int b = 0; b < B; b++) qwen35_state_reset(s[b]);
+                for (int b = 0; b < B; b++) /* short prompts for every sequence */
+                    if (qwen35_prefill(ctx, s[b], ids + (P + D) * b, 8, NULL, false, &st)) goto fail;
+                double c3 = cpu_now(), t3 = now();
+                for (int d = 0; d < D; d++) {
+                    int32_t tok[64];
+                    for (int b = 0; b < B && b < 64; b++) tok[b] = ids[(P + D) * b + 8 + d];
+                    if (qwen35_decode_batch(ctx, s, tok, B, logits, &st)) goto fail;
+                }
+                double c4 = cpu_now(), t4 = now();
+                if (t4 - t3 < best_bat[mi]) best_bat[mi] = t4 - t3, cpu_bat[mi] = c4 - c3;
             }
-            double c4 = cpu_now(), t4 = now();
-            if (t4 - t3 < best_bat) best_bat = t4 - t3, cpu_bat = c4 - c3;
+            if (t1 - t0 < best_pre[mi]) best_pre[mi] = t1 - t0, cpu_pre[mi] = c1 - c0;
+            if (t2 - t1 < best_dec[mi]) best_dec[mi] = t2 - t1, cpu_dec[mi] = c2 - c1;
         }
-        if (t1 - t0 < best_pre) best_pre = t1 - t0, cpu_pre = c1 - c0;
-        if (t2 - t1 < best_dec) best_dec = t2 - t1, cpu_dec = c2 - c1;
     }
     double gb = step_bytes(m) / 1e9;
     printf("model %s: H %d L %d V %d, weights read per decode step %.3f GB, threads %d\n", model,
            m->cfg.H, m->cfg.n_layer, V, gb, qwen35_ctx_n_threads(ctx));
-    /* "cores busy" = CPU seconds / wall seconds: below the thread count, the machine was shared */
-    printf("prefill %d tokens: %.3f s, %.1f tok/s (%.2f cores busy; %.1f tok per CPU-second)\n", P,
-           best_pre, P / best_pre, cpu_pre / best_pre, P / cpu_pre);
-    printf("decode 1 seq, %d steps after the prompt: %.2f ms/token, %.2f tok/s, %.2f GB/s of weights "
-           "(%.2f cores busy; %.2f tok per CPU-second)\n",
-           D, 1e3 * best_dec / D, D / best_dec, gb * D / best_dec, cpu_dec / best_dec, D / cpu_dec);
-    if (B > 1)
-        printf("decode %d seqs, %d steps: %.2f ms/step, %.2f tok/s aggregate (%.2f cores busy; %.2f tok per CPU-second)\n",
-               B, D, 1e3 * best_bat / D, (double)B * D / best_bat, cpu_bat / best_bat, (double)B * D / cpu_bat);
+    for (int mi = 0; mi < n_modes; mi++) {
+        const char *tag = mode_names[mi];
+        /* "cores busy" = CPU seconds / wall seconds: below the thread count, the machine was shared */
+        printf("[dot %s] prefill %d tokens: %.3f s, %.1f tok/s (%.2f cores busy; %.1f tok per CPU-second)\n",
+               tag, P, best_pre[mi], P / best_pre[mi], cpu_pre[mi] / best_pre[mi], P / cpu_pre[mi]);
+        printf("[dot %s] decode 1 seq, %d steps after the prompt: %.2f ms/token, %.2f tok/s, %.2f GB/s of "
+               "weights (%.2f cores busy; %.2f tok per CPU-second)\n",
+               tag, D, 1e3 * best_dec[mi] / D, D / best_dec[mi], gb * D / best_dec[mi],
+               cpu_dec[mi] / best_dec[mi], D / cpu_dec[mi]);
+        if (B > 1)
+            printf("[dot %s] decode %d seqs, %d steps: %.2f ms/step, %.2f tok/s aggregate (%.2f cores busy; "
+                   "%.2f tok per CPU-second)\n",
+                   tag, B, D, 1e3 * best_bat[mi] / D, (double)B * D / best_bat[mi],
+                   cpu_bat[mi] / best_bat[mi], (double)B * D / cpu_bat[mi]);
+    }
     return 0;
 fail:
     fprintf(stderr, "cpu_forward_bench: %s\n", st.msg);

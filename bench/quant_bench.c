@@ -1,10 +1,12 @@
-/* quant_bench: GB/s of the quantised-row dot kernels (scalar reference, AVX2 dot, matvec)
- * per supported type, over a weight matrix that fits in L2 ("hot") and one far larger than
- * L2 ("cold"). Bytes counted are the weight bytes read (x stays in cache).
+/* quant_bench: GB/s of the quantised-row dot kernels (scalar reference, AVX2 dot, matvec, and
+ * the integer path: x quantised to Q8_K / Q8_0 once per pass, then integer dots) per supported
+ * type, over a weight matrix that fits in L2 ("hot") and one far larger than L2 ("cold").
+ * Bytes counted are the weight bytes read (x stays in cache).
  *
  *   quant_bench [--n-in N] [--hot-mib M] [--cold-mib M] [--seconds S]
  *
- * One thread. Each figure is the fastest single pass over the matrix within S/5 seconds. */
+ * One thread. Each figure is the fastest single pass over the matrix within S/8 seconds. 0.00 = the type
+ * has no integer path (F32/F16/BF16). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +14,7 @@
 
 #include "gguf/quant.h"
 
-typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC } bench_kind;
+typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC, BENCH_Q8, BENCH_Q8_REF } bench_kind;
 
 static double bench_now(void) {
     struct timespec ts;
@@ -25,12 +27,18 @@ static double bench_now(void) {
  * the least disturbed one, so passes are kept short (one pass over the matrix each). */
 static double bench_run(const quant_traits *t, uint32_t type, bench_kind kind, const uint8_t *w,
                         uint64_t row_bytes, int64_t n_in, int64_t n_rows, const float *x,
-                        float *y, double min_s) {
+                        float *y, void *xq, double min_s) {
     double best = 1e30, start = bench_now();
     for (int pass = 0; pass < 3 || bench_now() - start < min_s; pass++) {
         double t0 = bench_now();
         if (kind == BENCH_MATVEC) {
             quant_matvec(type, w, row_bytes, n_in, x, y, 0, n_rows);
+        } else if (kind == BENCH_Q8) {
+            quant_quantize_act(type, x, xq, n_in); /* once per matvec, as the engine does */
+            quant_matvec_q8(type, w, row_bytes, n_in, xq, y, 0, n_rows);
+        } else if (kind == BENCH_Q8_REF) {
+            quant_quantize_act(type, x, xq, n_in);
+            for (int64_t r = 0; r < n_rows; r++) y[r] = t->dot_q8_ref(w + (uint64_t)r * row_bytes, xq, n_in);
         } else {
             quant_dot_fn f = kind == BENCH_REF ? t->dot_ref : t->dot;
             for (int64_t r = 0; r < n_rows; r++) y[r] = f(w + (uint64_t)r * row_bytes, x, n_in);
@@ -60,12 +68,13 @@ int main(int argc, char **argv) {
     }
     printf("quant_bench: n_in %lld, avx2 %s, hot %.1f MiB, cold %.0f MiB, one thread\n",
            (long long)n_in, quant_cpu_has_avx2() ? "yes" : "no", hot_mib, cold_mib);
-    printf("%-6s %9s | %9s %9s %9s | %9s %9s   (GB/s of weights)\n", "type", "B/weight", "hot ref",
-           "hot dot", "hot mv", "cold dot", "cold mv");
+    printf("%-6s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s   (GB/s of weights)\n", "type", "B/weight",
+           "hot ref", "hot dot", "hot mv", "hot q8ref", "hot q8", "cold dot", "cold mv", "cold q8");
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                               GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     float *x = malloc((size_t)n_in * sizeof(float));
     float *src = malloc((size_t)n_in * sizeof(float));
+    void *xq = malloc((size_t)n_in * 2); /* >= quant_act_bytes of any type */
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     for (int64_t i = 0; i < n_in; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -87,18 +96,23 @@ int main(int argc, char **argv) {
         }
         t->quantize(src, w, n_in); /* one real row, copied: values do not change the speed */
         for (int64_t r = 1; r < cold_rows; r++) memcpy(w + r * row_bytes, w, row_bytes);
-        double s = seconds / 5;
-        double hr = bench_run(t, types[k], BENCH_REF, w, row_bytes, n_in, hot_rows, x, y, s);
-        double hd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, hot_rows, x, y, s);
-        double hm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, hot_rows, x, y, s);
-        double cd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, cold_rows, x, y, s);
-        double cm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, cold_rows, x, y, s);
-        printf("%-6s %9.4f | %9.2f %9.2f %9.2f | %9.2f %9.2f\n", t->name,
-               (double)t->type_size / t->block_size, hr, hd, hm, cd, cm);
+        double s = seconds / 8;
+        const int q8 = t->dot_q8 != NULL;
+        double hr = bench_run(t, types[k], BENCH_REF, w, row_bytes, n_in, hot_rows, x, y, xq, s);
+        double hd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, hot_rows, x, y, xq, s);
+        double hm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, hot_rows, x, y, xq, s);
+        double hqr = q8 ? bench_run(t, types[k], BENCH_Q8_REF, w, row_bytes, n_in, hot_rows, x, y, xq, s) : 0;
+        double hq = q8 ? bench_run(t, types[k], BENCH_Q8, w, row_bytes, n_in, hot_rows, x, y, xq, s) : 0;
+        double cd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, cold_rows, x, y, xq, s);
+        double cm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, cold_rows, x, y, xq, s);
+        double cq = q8 ? bench_run(t, types[k], BENCH_Q8, w, row_bytes, n_in, cold_rows, x, y, xq, s) : 0;
+        printf("%-6s %9.4f | %9.2f %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", t->name,
+               (double)t->type_size / t->block_size, hr, hd, hm, hqr, hq, cd, cm, cq);
         free(w);
         free(y);
     }
     free(x);
     free(src);
+    free(xq);
     return 0;
 }

@@ -81,15 +81,26 @@ typedef struct block_q6_K {
     ggml_half d;
 } block_q6_K;
 
+/* Activation format of the K-quant integer dots (ggml's block_q8_K; never a weight type):
+ * x[i] ~ d * qs[i], bsums[j] = sum of qs[16j .. 16j+15]. */
+typedef struct block_q8_K {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 
 /* Row kernels. n is the row length in elements, a multiple of the block size. */
 typedef void (*quant_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef float (*quant_dot_fn)(const void *row, const float *x, int64_t n);
 typedef void (*quant_quantize_fn)(const float *src, void *dst, int64_t n);
+/* Integer dot of a quantised row with a quantised activation row (vec_dot_type blocks). */
+typedef float (*quant_dot_q8_fn)(const void *row, const void *xq, int64_t n);
 
 typedef struct quant_traits {
     const char *name;         /* "q4_K" as ggml names it */
@@ -100,6 +111,12 @@ typedef struct quant_traits {
     quant_dot_fn dot;         /* fastest available (AVX2 when the CPU has it) */
     quant_dot_fn dot_ref;     /* scalar reference */
     quant_quantize_fn quantize;
+    /* The integer path (quantised weight types only; F32/F16/BF16: vec_dot_type F32, NULLs):
+     * x is quantised once per matvec to vec_dot_type (Q8_K for the K-quants, Q8_0 for Q8_0)
+     * and every row is dotted in integers, as ggml's ggml_vec_dot_<type>_q8_K. */
+    uint32_t vec_dot_type;
+    quant_dot_q8_fn dot_q8;     /* fastest available (AVX2 when the CPU has it) */
+    quant_dot_q8_fn dot_q8_ref; /* scalar reference; bit-identical to dot_q8 (see below) */
 } quant_traits;
 
 /* Traits for a type id; NULL if the id is not a ggml type this program knows. */
@@ -120,6 +137,42 @@ bool quant_cpu_has_avx2(void);
  * supported and n_in a multiple of its block size (asserted). */
 void quant_matvec(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in,
                   const float *x, float *y, int64_t row_begin, int64_t row_end);
+
+/* ---- the integer (Q8 activation) path ----------------------------------------------------
+ *
+ * Activation quantisers (n a multiple of the block; bit-identical AVX2 and scalar versions):
+ *   Q8_K (ggml quantize_row_q8_K_ref): per 256, the element of largest |x| (the first one on a
+ *     tie) maps to -127: iscale = -127/max, qs = min(127, round-half-even(iscale*x)),
+ *     d = 1/iscale, bsums; an all-zero block is d = 0, qs = bsums = 0.
+ *   Q8_0 (ggml's x86 quantize_row_q8_0): per 32, d = fp16(amax/127), qs =
+ *     round-half-even(x * 127/amax).
+ *   A block holding a NaN or an infinity gets d = NaN and zero levels, so non-finite
+ *   activations give NaN outputs (ggml would drop NaNs silently; finite inputs are unaffected).
+ * Both keep every level in [-127, 127], which the dots rely on (AVX2 sign trick, int16 pair
+ * sums of maddubs, int16 bsums pairs): pass only blocks these functions wrote.
+ *
+ * Dots (quant_dot_q8_fn): per block the integer sums are exact (int32; each lane partial sum
+ * stays below 2^24, so its conversion to float is exact too), then scaled by
+ * fp16(w.d) * x.d and accumulated in float in a fixed lane order that the scalar reference
+ * and the AVX2 kernel share operation for operation (no FMA): dot_q8 == dot_q8_ref bit for
+ * bit on every input. Against the exact real-number dot of the dequantised weights and the
+ * dequantised activation the float part errs by at most ~(n/256 + 6) * 2^-24 * sum over
+ * terms |scale * integer sum| (tests/gguf/quant_q8_test.c states and checks the bound). */
+void quant_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t n);
+void quant_quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t n);
+/* Scalar references of the two (tests). */
+void quant_quantize_row_q8_K_ref(const float *x, block_q8_K *y, int64_t n);
+void quant_quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t n);
+
+/* Bytes of the quantised activation of n elements for weights of this type (its
+ * vec_dot_type); 0 when the type has no integer path or n is not a multiple of the block. */
+uint64_t quant_act_bytes(uint32_t type, int64_t n);
+/* Quantises x[0..n) into xq (quant_act_bytes(type, n) bytes) for dots with weights of type. */
+void quant_quantize_act(uint32_t type, const float *x, void *xq, int64_t n);
+
+/* quant_matvec with the activation already quantised (quant_quantize_act): integer dots. */
+void quant_matvec_q8(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in,
+                     const void *xq, float *y, int64_t row_begin, int64_t row_end);
 
 float quant_f16_to_f32(ggml_half h);
 ggml_half quant_f32_to_f16(float f);  /* round to nearest even */

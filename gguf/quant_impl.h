@@ -26,7 +26,27 @@ void quant_quantize_q4_K(const float *src, void *dst, int64_t n);
 void quant_quantize_q5_K(const float *src, void *dst, int64_t n);
 void quant_quantize_q6_K(const float *src, void *dst, int64_t n);
 
+/* quant_q8.c: the integer path's scalar references. */
+float quant_dot_q8_ref_q8_0(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_ref_q4_K(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_ref_q5_K(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_ref_q6_K(const void *row, const void *xq, int64_t n);
+
+/* Horizontal sums in the order of the AVX2 reductions (the scalar twins use these). */
+static inline float quant_hsum8_order(const float a[8]) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+static inline float quant_hsum4_order(const float a[4]) { return (a[0] + a[2]) + (a[1] + a[3]); }
+
 #if QUANT_HAVE_AVX2
+/* quant_q8_avx2.c: callable only when quant_cpu_has_avx2(). */
+float quant_dot_q8_avx2_q8_0(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_avx2_q4_K(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_avx2_q5_K(const void *row, const void *xq, int64_t n);
+float quant_dot_q8_avx2_q6_K(const void *row, const void *xq, int64_t n);
+void quant_quantize_row_q8_K_avx2(const float *x, block_q8_K *y, int64_t n);
+void quant_quantize_row_q8_0_avx2(const float *x, block_q8_0 *y, int64_t n);
+
 /* quant_avx2.c: callable only when quant_cpu_has_avx2(). */
 float quant_dot_avx2_f32(const void *row, const float *x, int64_t n);
 float quant_dot_avx2_f16(const void *row, const float *x, int64_t n);

@@ -19,10 +19,15 @@
 
 #define MAXL(a, b) ((a) > (b) ? (a) : (b))
 
+_Static_assert((int)QWEN35_DOT_DEFAULT == (int)REF_MATMUL_DOT_DEFAULT &&
+                   (int)QWEN35_DOT_Q8 == (int)REF_MATMUL_DOT_Q8 &&
+                   (int)QWEN35_DOT_EXACT == (int)REF_MATMUL_DOT_EXACT,
+               "qwen35_dot_mode mirrors ref_matmul_dot");
+
 void fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
 {
     ref_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
-               ctx->n_rows, y, w->n_out, ctx->mm_scratch);
+               ctx->n_rows, y, w->n_out, ctx->mm_scratch, (ref_matmul_dot)ctx->dot_mode);
 }
 
 /* ---- workspace ---- */
@@ -42,6 +47,8 @@ int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35
     if (o.max_batch < 0 || o.max_tokens < 0 || o.max_batch > 65536 || o.max_tokens > 65536)
         return status_fail(st, STATUS_INVALID, "qwen35_ctx: max_batch %d / max_tokens %d out of range",
                            o.max_batch, o.max_tokens);
+    if ((int)o.dot_mode < 0 || (int)o.dot_mode > (int)QWEN35_DOT_EXACT)
+        return status_fail(st, STATUS_INVALID, "qwen35_ctx: dot_mode %d out of range", (int)o.dot_mode);
     if (o.max_batch == 0) o.max_batch = 1;
     if (o.max_tokens == 0) o.max_tokens = 512;
     qwen35_ctx *ctx = calloc(1, sizeof *ctx);
@@ -58,6 +65,7 @@ int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35
     ctx->max_tokens = o.max_tokens;
     ctx->max_rows = MAXL(o.max_batch, o.max_tokens);
     ctx->gdn_mode = o.gdn_mode;
+    ctx->dot_mode = o.dot_mode;
     long R = ctx->max_rows, H = c->H, Dv = (long)c->n_v * c->d_v, qd = (long)c->n_h * c->d_h;
     long kvd = (long)c->n_kv * c->d_h;
     ctx->n_p1 = MAXL(MAXL(c->C, 2 * qd), c->F);
@@ -104,6 +112,7 @@ void qwen35_ctx_destroy(qwen35_ctx *ctx)
 int qwen35_ctx_n_threads(const qwen35_ctx *ctx) { return ctx->n_threads; }
 int qwen35_ctx_max_batch(const qwen35_ctx *ctx) { return ctx->max_batch; }
 void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode) { ctx->gdn_mode = mode; }
+void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode) { ctx->dot_mode = mode; }
 
 /* ---- one step over ctx->n_rows rows ---- */
 

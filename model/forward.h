@@ -77,11 +77,21 @@ typedef enum qwen35_gdn_mode {
 
 #define QWEN35_GDN_CHUNK 64
 
+/* How matmuls dot quantised weights (kernels/cpu/matmul.h ref_matmul_dot). F32/F16/BF16
+ * weights always take the float path, so the reference-model tests do not depend on this. */
+typedef enum qwen35_dot_mode {
+    QWEN35_DOT_DEFAULT = 0, /* EXACT when $DS_EXACT_DOT is set (not "0"), else Q8 */
+    QWEN35_DOT_Q8,          /* decode (and small steps): input quantised to Q8_K/Q8_0 once per
+                               matmul, integer dots (llama.cpp's CPU path; ~2x faster) */
+    QWEN35_DOT_EXACT,       /* float dots of the quantised rows with the F32 input */
+} qwen35_dot_mode;
+
 typedef struct qwen35_ctx_opts {
     int max_batch;  /* most sequences per qwen35_decode_batch; 0 -> 1 */
     int max_tokens; /* tokens per internal prefill step; longer prefills are split; 0 -> 512 */
     int n_threads;  /* 0 -> $DS_THREADS, else the number of online CPUs */
     qwen35_gdn_mode gdn_mode;
+    qwen35_dot_mode dot_mode;
 } qwen35_ctx_opts;
 
 typedef struct qwen35_ctx qwen35_ctx;
@@ -94,6 +104,8 @@ int qwen35_ctx_n_threads(const qwen35_ctx *ctx);
 int qwen35_ctx_max_batch(const qwen35_ctx *ctx);
 /* Changes how later prefills run the delta rule (tests compare the two). */
 void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode);
+/* Changes how later steps dot quantised weights (tests and benchmarks compare the two). */
+void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode);
 
 /* Feeds T >= 1 tokens to sequence s at positions s->n_past .. s->n_past+T-1 and advances
  * n_past. logits: NULL (none wanted), [V] for the last token, or [T][V] when all_logits.

@@ -11,6 +11,7 @@ struct qwen35_ctx {
     int n_threads, max_batch, max_tokens;
     int max_rows;          /* max(max_batch, max_tokens): rows of every activation buffer */
     qwen35_gdn_mode gdn_mode;
+    qwen35_dot_mode dot_mode;
     float *x;              /* owned, [max_rows][H] residual stream */
     float *xn;             /* owned, [max_rows][H] normed input of the current sub-block */
     float *out;            /* owned, [max_rows][H] sub-block output before the residual add */
@@ -19,7 +20,8 @@ struct qwen35_ctx {
     float *p3;             /* owned, [max_rows][n_p3] conv output (C) | v (n_kv d_h) */
     float *mix;            /* owned, [max_rows][n_mix] mixer output: D_v | n_h d_h */
     float *b, *a;          /* owned, [max_rows][n_v] beta / alpha projections, then β / g */
-    float *mm_scratch;     /* owned, ref_matmul scratch for n_in up to max(H, F, D_v, n_h d_h) */
+    float *mm_scratch;     /* owned, ref_matmul scratch for n_in up to max(H, F, D_v, n_h d_h):
+                              the dequantised row tiles, or the Q8-quantised inputs */
     float *gdn_scratch;    /* owned, [n_threads][ref_gdn_chunked_scratch_floats(d_k, d_v)] */
     float *attn_scratch;   /* owned, [n_threads][REF_ATTN_BLOCK] */
     long n_p1, n_p2, n_p3, n_mix, gdn_scratch_n;

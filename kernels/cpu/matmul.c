@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/status.h"
 #include "gguf/quant.h"
@@ -280,6 +282,19 @@ static int tile_min_t(uint32_t type)
     }
 }
 
+ref_matmul_dot ref_matmul_dot_default(void)
+{
+    /* read once; racing first calls compute the same value (atomic: no data race) */
+    static _Atomic int cached = -1;
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c < 0) {
+        const char *v = getenv("DS_EXACT_DOT");
+        c = v && *v && strcmp(v, "0") != 0 ? REF_MATMUL_DOT_EXACT : REF_MATMUL_DOT_Q8;
+        atomic_store_explicit(&cached, c, memory_order_relaxed);
+    }
+    return (ref_matmul_dot)c;
+}
+
 typedef struct mm_job {
     const uint8_t *w;
     const quant_traits *qt;
@@ -292,6 +307,8 @@ typedef struct mm_job {
     float *y;
     int64_t ldy;
     float *scratch; /* [n_threads][tile_rows][n_in] */
+    const uint8_t *xq; /* integer path: [T][xq_bytes] quantised inputs (in scratch), else NULL */
+    uint64_t xq_bytes;
     int tile_rows;
     int tile_min_t;        /* T from which the tile path runs */
     int64_t rows_per_task;
@@ -328,6 +345,20 @@ static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
     }
 }
 
+/* Integer path: the same blocking, integer dots against the quantised inputs. */
+static void mm_rows_dot_q8(const mm_job *j, int64_t r0, int64_t r1)
+{
+    quant_dot_q8_fn dot = j->qt->dot_q8;
+    for (int64_t b = r0; b < r1; b += REF_MATMUL_DOT_BLOCK) {
+        int64_t e = b + REF_MATMUL_DOT_BLOCK < r1 ? b + REF_MATMUL_DOT_BLOCK : r1;
+        for (int t = 0; t < j->T; t++) {
+            const uint8_t *xq = j->xq + (uint64_t)t * j->xq_bytes;
+            float *y = j->y + t * j->ldy;
+            for (int64_t r = b; r < e; r++) y[r] = dot(j->w + (uint64_t)r * j->row_bytes, xq, j->n_in);
+        }
+    }
+}
+
 /* rows [r0, r0+n) given as FP32 rows `w` (stride n_in) times every input: 4 rows x 3 inputs
  * per micro-kernel call, the last 1-2 inputs by a 4x1 / 4x2 kernel, the last <4 rows by dots. */
 static void mm_tile_f32(const mm_job *j, const float *w, int64_t r0, int n)
@@ -355,6 +386,10 @@ static void mm_task(void *arg, int task)
     const mm_job *j = arg;
     int64_t r0 = task * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->n_out ? r0 + j->rows_per_task : j->n_out;
+    if (j->xq) {
+        mm_rows_dot_q8(j, r0, r1);
+        return;
+    }
     if (j->T < j->tile_min_t) {
         mm_rows_dot(j, r0, r1);
         return;
@@ -376,11 +411,13 @@ static void mm_task(void *arg, int task)
 
 void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
-                float *scratch)
+                float *scratch, ref_matmul_dot dot)
 {
     const quant_traits *qt = quant_get(type);
     DS_ASSERT(qt && qt->supported && T >= 1 && n_out >= 1);
-    DS_ASSERT(T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
+    if (dot == REF_MATMUL_DOT_DEFAULT) dot = ref_matmul_dot_default();
+    const bool q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8 && T < REF_MATMUL_Q8_MAX_T;
+    DS_ASSERT(q8 || T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
     int n_threads = cpu_pool_n_threads(pool);
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
                 .n_out = n_out, .x = x, .ldx = ldx, .T = T, .y = y, .ldy = ldy,
@@ -389,9 +426,18 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
 #ifdef HAVE_X86
     if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2, j.k4xn = kernel_4xn_avx2;
 #endif
+    if (q8) {
+        /* each input quantised once, on this thread, into the scratch (no tile is needed) */
+        j.xq_bytes = quant_act_bytes(type, n_in);
+        DS_ASSERT(scratch && j.xq_bytes > 0);
+        DS_ASSERT((uint64_t)T * j.xq_bytes <= ref_matmul_scratch_floats(n_in, 1) * sizeof(float));
+        uint8_t *xq = (uint8_t *)scratch;
+        for (int t = 0; t < T; t++) quant_quantize_act(type, x + t * ldx, xq + (uint64_t)t * j.xq_bytes, n_in);
+        j.xq = xq;
+    }
     /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
      * the dot block (decode), at least 16 rows. */
-    int64_t unit = T < j.tile_min_t ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
+    int64_t unit = q8 || T < j.tile_min_t ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
     int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
     if (per < 16) per = 16;
     if (per > unit) per = (per + unit - 1) / unit * unit;

@@ -5,10 +5,19 @@
  * of n_out floats (row stride ldy):  y[t][o] = W[o] · x[t].
  *
  * Small T (decode, B columns): blocks of rows are dotted against all T inputs while they are
- * hot in L1/L2 (quant_get(type)->dot on the blocks), so the weights stream from memory once
- * per call. Larger T (prefill, batched decode): a tile of rows is dequantised (kernels/cpu/
- * dequant.h, AVX2) into per-thread scratch once and multiplied against all T inputs with an
- * FP32 register-blocked 4x3 kernel. Never a whole tensor. */
+ * hot in L1/L2, so the weights stream from memory once per call. For quantised weights (Q8_0,
+ * Q4_K, Q5_K, Q6_K) the default is the integer path, as llama.cpp's: each input row is
+ * quantised once per call (Q8_K / Q8_0, gguf/quant.h quant_quantize_act) into the scratch and
+ * every weight row is dotted with it in integers (quant_get(type)->dot_q8, AVX2). Otherwise
+ * (F32/F16/BF16 weights, or the exact mode) the float dots quant_get(type)->dot against the F32
+ * inputs. Larger T (prefill, batched decode beyond the integer path's columns): a tile of rows
+ * is dequantised (kernels/cpu/dequant.h, AVX2) into per-thread scratch once and multiplied
+ * against all T inputs with an FP32 register-blocked 4x3 kernel. Never a whole tensor.
+ *
+ * Exact vs integer path: the integer path quantises the input (about 0.2% relative error of a
+ * dot on random data, |error| <= sum_i |w_i| d_block(i) / 2; tests/gguf/quant_q8_test.c); the
+ * exact mode computes the F32 math on the dequantised weights (1e-5 relative), which is the
+ * specification's. REF_MATMUL_DOT_EXACT, or $DS_EXACT_DOT=1 for the default, selects it. */
 #ifndef DS_KERNELS_CPU_MATMUL_H
 #define DS_KERNELS_CPU_MATMUL_H
 
@@ -27,16 +36,30 @@
 #define REF_MATMUL_TILE_MIN_T_OTHER 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
 #define REF_MATMUL_DOT_BLOCK 32
+/* The integer path runs for T below this (measured: docs/BENCH.md); larger T take the tile
+ * path. Its quantised inputs (T x ~1.14 n_in bytes) live in the scratch. */
+#define REF_MATMUL_Q8_MAX_T 8
+
+/* How quantised weights are dotted (F32/F16/BF16 weights always take the float path). */
+typedef enum ref_matmul_dot {
+    REF_MATMUL_DOT_DEFAULT = 0, /* EXACT when $DS_EXACT_DOT is set and not "0", else Q8 */
+    REF_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised input (T < Q8_MAX_T) */
+    REF_MATMUL_DOT_EXACT,       /* float dots against the F32 input */
+} ref_matmul_dot;
+
+/* DEFAULT resolved from the environment (read once per process). */
+ref_matmul_dot ref_matmul_dot_default(void);
 
 /* Floats of scratch ref_matmul needs for rows up to n_in_max with n_threads threads. */
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
 
 /* y = x · Wᵀ as above. pool may be NULL (serial). scratch: ref_matmul_scratch_floats(n_in,
- * cpu_pool_n_threads(pool)) floats (may be NULL when T < 3). The type
- * must be supported by gguf/quant.h and n_in a multiple of its block size (checked at load). */
+ * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights with T < 3, or
+ * in the exact mode with T < 3). The type must be supported by gguf/quant.h and n_in a
+ * multiple of its block size (checked at load). */
 void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
-                float *scratch);
+                float *scratch, ref_matmul_dot dot);
 
 /* FP32 vector helpers (AVX2+FMA when the CPU has it). */
 float ref_dot_f32(const float *a, const float *b, int64_t n);          /* a·b */

@@ -1,11 +1,15 @@
 /* No allocation per token: after qwen35_ctx_create / qwen35_state_create, prefill (in several
  * internal steps, chunked and recurrent) and batched decode call malloc/calloc/realloc zero
- * times. malloc, calloc and realloc are wrapped (-Wl,--wrap) to count calls. */
+ * times, on the F32 reference model and on a Q4_K_M copy of it in both dot modes (the integer
+ * path quantises each matmul input into the ctx's scratch). malloc, calloc and realloc are
+ * wrapped (-Wl,--wrap) to count calls. */
 #include <CUnit/Basic.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "forward_test_util.h"
+#include "gguf_rewrite.h"
 #include "model/forward.h"
 
 static atomic_long n_allocs;
@@ -16,16 +20,14 @@ void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_ma
 void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
 void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
 
-static void test_no_alloc_per_token(void)
+static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
 {
-    char path[4096];
-    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
     status st;
     qwen35_model *m;
     CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
     qwen35_ctx *ctx;
     qwen35_state *s[3];
-    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.max_batch = 3, .max_tokens = 48, .n_threads = 2}, &ctx, &st) == 0);
+    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.max_batch = 3, .max_tokens = 48, .n_threads = 2, .dot_mode = dot}, &ctx, &st) == 0);
     for (int b = 0; b < 3; b++) CU_ASSERT_FATAL(qwen35_state_create(m, 256, &s[b], &st) == 0);
     int V = m->cfg.V;
     float *logits = malloc(sizeof(float) * 130 * V);
@@ -54,6 +56,26 @@ static void test_no_alloc_per_token(void)
     qwen35_model_free(m);
 }
 
+static void test_no_alloc_per_token(void)
+{
+    char path[4096];
+    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    no_alloc_per_token(path, QWEN35_DOT_DEFAULT);
+}
+
+static void test_no_alloc_per_token_q4_k_m(void)
+{
+    char src[4096], dst[4300];
+    forward_test_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
+    const char *t = getenv("TEST_TMPDIR");
+    snprintf(dst, sizeof dst, "%s/alloc.q4_k_m.%d.gguf", t && *t ? t : "/tmp", (int)getpid());
+    status st;
+    CU_ASSERT_FATAL(requant_file(src, dst, REQUANT_Q4_K_M, 0, &st) == 0);
+    no_alloc_per_token(dst, QWEN35_DOT_Q8);
+    no_alloc_per_token(dst, QWEN35_DOT_EXACT);
+    unlink(dst);
+}
+
 /* The counter counts: creating a state allocates. */
 static void test_counter_counts(void)
 {
@@ -75,6 +97,7 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite su = CU_add_suite("forward_alloc", NULL, NULL);
     CU_add_test(su, "no_alloc_per_token", test_no_alloc_per_token);
+    CU_add_test(su, "no_alloc_per_token_q4_k_m", test_no_alloc_per_token_q4_k_m);
     CU_add_test(su, "counter_counts", test_counter_counts);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

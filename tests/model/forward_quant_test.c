@@ -1,9 +1,12 @@
 /* Quantised copies of the reference models (written by requant_file: Q8_0, the llama-quantize
  * Q4_K_M mix, and every weight type alone):
- *  1. the engine on the quantised file computes exactly the F32 math on the dequantised
- *     weights: same logits (1e-4 relative) as an all-F32 file holding those dequantised values;
- *  2. the logits stay close to the F32 originals. Measured over every teacher-forced row
- *     (prompt by prefill + greedy by decode) of both models; bounds keep ~2x headroom.
+ *  1. in the exact dot mode the engine on the quantised file computes exactly the F32 math on
+ *     the dequantised weights: same logits (1e-4 relative) as an all-F32 file holding those
+ *     dequantised values;
+ *  2. the logits stay close to the F32 originals, in the exact mode and in the default integer
+ *     mode (decode steps quantise each matmul input to Q8_K/Q8_0, kernels/cpu/matmul.h), which
+ *     must also stay close to the exact mode. Measured over every teacher-forced row (prompt by
+ *     prefill + greedy by decode) of both models; bounds keep ~2x headroom.
  * The reference models are random-weight and ill-conditioned: a DeltaNet head's output before
  * its gated RMSNorm is β(k·q)v with k·q a cancelling dot product of near-orthogonal unit
  * vectors, and the RMSNorm removes its scale, so weight noise is amplified ~10-20x (F16 weights
@@ -31,20 +34,27 @@ typedef struct qcase {
     double max_nmse;  /* bound on Σ(Δ²)/Σ(logit²) over all rows */
     double max_rel;   /* bound on the worst row's max|Δ| / max|logit| */
     double min_top1;  /* bound on the fraction of rows whose argmax agrees with F32 */
+    /* the same three in the integer (Q8) dot mode, and its nmse against the exact mode */
+    double max_nmse_q8, max_rel_q8, min_top1_q8, max_nmse_q8_exact;
 } qcase;
 
 /* measured (worst of the two models): nmse / worst row rel / top-1
  *   f16   3.1e-5 / 0.035 / 0.995    bf16   1.9e-3 / 0.145 / 0.971   q8_0 1.9e-2 / 0.65 / 0.857
  *   q6_k  0.104  / 0.97  / 0.600    q5_k   0.237  / 1.42  / 0.457   q4_k 0.505  / 1.52 / 0.236
- *   q4_k_m 0.364 / 1.36  / 0.271 */
+ *   q4_k_m 0.364 / 1.36  / 0.271
+ * integer mode (the same bounds apply): q8_0 1.6e-2 / 0.80 / 0.829, q6_k 0.105 / 1.0 / 0.557,
+ *   q5_k 0.22 / 1.42 / 0.447, q4_k 0.508 / 1.53 / 0.229, q4_k_m 0.364 / 1.36 / 0.271; against
+ *   the exact mode nmse 0.005-0.019 (top-1 0.83-0.96): the activation quantisation noise,
+ *   amplified by these models like the weight noise. F16/BF16: the integer mode is the float
+ *   path, bit for bit. */
 static const qcase qcases[] = {
-    {"f16", REQUANT_ALL, GGML_TYPE_F16, 1e-4, 0.08, 0.95},
-    {"bf16", REQUANT_ALL, GGML_TYPE_BF16, 5e-3, 0.3, 0.9},
-    {"q8_0", REQUANT_Q8_0, 0, 0.05, 1.3, 0.7},
-    {"q6_k", REQUANT_ALL, GGML_TYPE_Q6_K, 0.25, 2.0, 0.4},
-    {"q5_k", REQUANT_ALL, GGML_TYPE_Q5_K, 0.5, 3.0, 0.25},
-    {"q4_k", REQUANT_ALL, GGML_TYPE_Q4_K, 1.0, 3.0, 0.1},
-    {"q4_k_m", REQUANT_Q4_K_M, 0, 0.8, 3.0, 0.12},
+    {"f16", REQUANT_ALL, GGML_TYPE_F16, 1e-4, 0.08, 0.95, 1e-4, 0.08, 0.95, 0},
+    {"bf16", REQUANT_ALL, GGML_TYPE_BF16, 5e-3, 0.3, 0.9, 5e-3, 0.3, 0.9, 0},
+    {"q8_0", REQUANT_Q8_0, 0, 0.05, 1.3, 0.7, 0.05, 1.3, 0.7, 0.05},
+    {"q6_k", REQUANT_ALL, GGML_TYPE_Q6_K, 0.25, 2.0, 0.4, 0.25, 2.0, 0.4, 0.05},
+    {"q5_k", REQUANT_ALL, GGML_TYPE_Q5_K, 0.5, 3.0, 0.25, 0.5, 3.0, 0.25, 0.05},
+    {"q4_k", REQUANT_ALL, GGML_TYPE_Q4_K, 1.0, 3.0, 0.1, 1.0, 3.0, 0.1, 0.05},
+    {"q4_k_m", REQUANT_Q4_K_M, 0, 0.8, 3.0, 0.12, 0.8, 3.0, 0.12, 0.05},
 };
 #define N_Q (sizeof qcases / sizeof qcases[0])
 
@@ -67,7 +77,7 @@ static int argmax(const float *x, int n)
 
 /* All-rows logits of every prompt of case c through the model at path, concatenated. */
 static float *run_all(const char *path, int c, const ref_prompt *ps, int np, long *n_rows,
-                      qwen35_model **keep)
+                      qwen35_model **keep, qwen35_dot_mode dot)
 {
     qwen35_model *m;
     status st;
@@ -80,7 +90,7 @@ static float *run_all(const char *path, int c, const ref_prompt *ps, int np, lon
     int V = m->cfg.V;
     float *lg = malloc(sizeof(float) * rows * V);
     qwen35_ctx *ctx;
-    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.n_threads = 2}, &ctx, &st) == 0);
+    CU_ASSERT_FATAL(qwen35_ctx_create(m, &(qwen35_ctx_opts){.n_threads = 2, .dot_mode = dot}, &ctx, &st) == 0);
     long r0 = 0;
     for (int i = 0; i < np; i++) {
         qwen35_state *s;
@@ -101,6 +111,27 @@ static float *run_all(const char *path, int c, const ref_prompt *ps, int np, lon
     return lg;
 }
 
+/* Closeness of got to ref over all rows: nmse, worst row max|Δ|/max|ref|, top-1 agreement. */
+static void compare(const float *got, const float *ref, long rows, int V, double *nmse,
+                    double *worst, double *top1)
+{
+    double se = 0, sr = 0, w = 0;
+    long agree = 0;
+    for (long r = 0; r < rows; r++) {
+        double md = 0, mr = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)got[r * V + v] - ref[r * V + v]);
+            if (!(d <= md)) md = d;
+            mr = fmax(mr, fabs(ref[r * V + v]));
+            se += d * d;
+            sr += (double)ref[r * V + v] * ref[r * V + v];
+        }
+        if (!(md / mr <= w)) w = md / mr;
+        agree += argmax(got + r * V, V) == argmax(ref + r * V, V);
+    }
+    *nmse = se / sr, *worst = w, *top1 = (double)agree / rows;
+}
+
 static void test_quantised_copies(void)
 {
     for (int c = 0; c < N_CASES; c++) {
@@ -110,7 +141,7 @@ static void test_quantised_copies(void)
         char src[4096];
         forward_test_reference_path(src, sizeof src, cases[c], ".gguf");
         long rows;
-        float *ref = run_all(src, c, ps, np, &rows, NULL);
+        float *ref = run_all(src, c, ps, np, &rows, NULL, QWEN35_DOT_EXACT);
         CU_ASSERT_FATAL(ref != NULL);
         int V = ps[0].V;
         for (size_t q = 0; q < N_Q; q++) {
@@ -120,15 +151,17 @@ static void test_quantised_copies(void)
             int rc = requant_file(src, dst, qcases[q].kind, qcases[q].type, &st);
             if (rc) fprintf(stderr, "requant %s: %s\n", dst, st.msg);
             CU_ASSERT_FATAL(rc == 0);
-            long rows_q, rows_d;
+            long rows_q, rows_d, rows_i;
             qwen35_model *m = NULL;
-            float *got = run_all(dst, c, ps, np, &rows_q, &m);
+            float *got = run_all(dst, c, ps, np, &rows_q, &m, QWEN35_DOT_EXACT);
             CU_ASSERT_FATAL(got != NULL && rows_q == rows);
+            float *gi = run_all(dst, c, ps, np, &rows_i, NULL, QWEN35_DOT_Q8);
+            CU_ASSERT_FATAL(gi != NULL && rows_i == rows);
             /* 1. the same file dequantised to F32 gives the same logits */
             char deq[4300];
             snprintf(deq, sizeof deq, "%s.f32", dst);
             CU_ASSERT_FATAL(requant_file(dst, deq, REQUANT_ALL, GGML_TYPE_F32, &st) == 0);
-            float *dq = run_all(deq, c, ps, np, &rows_d, NULL);
+            float *dq = run_all(deq, c, ps, np, &rows_d, NULL, QWEN35_DOT_EXACT);
             CU_ASSERT_FATAL(dq != NULL && rows_d == rows);
             double worst_dq = 0;
             for (long r = 0; r < rows; r++) {
@@ -140,30 +173,30 @@ static void test_quantised_copies(void)
                 }
                 if (!(md / mr <= worst_dq)) worst_dq = md / mr;
             }
-            /* 2. close to the F32 original */
-            double worst = 0, se = 0, sr = 0;
-            long agree = 0;
-            for (long r = 0; r < rows; r++) {
-                double md = 0, mr = 0;
-                for (int v = 0; v < V; v++) {
-                    double d = fabs((double)got[r * V + v] - ref[r * V + v]);
-                    if (!(d <= md)) md = d;
-                    mr = fmax(mr, fabs(ref[r * V + v]));
-                    se += d * d;
-                    sr += (double)ref[r * V + v] * ref[r * V + v];
-                }
-                if (!(md / mr <= worst)) worst = md / mr;
-                agree += argmax(got + r * V, V) == argmax(ref + r * V, V);
-            }
-            double top1 = (double)agree / rows, nmse = se / sr;
+            /* 2. close to the F32 original, in both modes; the integer mode close to the exact */
+            double nmse, worst, top1, nmse_i, worst_i, top1_i, nmse_ie, worst_ie, top1_ie;
+            compare(got, ref, rows, V, &nmse, &worst, &top1);
+            compare(gi, ref, rows, V, &nmse_i, &worst_i, &top1_i);
+            compare(gi, got, rows, V, &nmse_ie, &worst_ie, &top1_ie);
             printf("\n    %-15s %-7s vs dequantised-F32 %.2g | vs F32: nmse %.3g (bound %g), worst row rel %.3g (bound %g), top-1 %.3f (bound %.2f)",
                    cases[c], qcases[q].name, worst_dq, nmse, qcases[q].max_nmse, worst,
                    qcases[q].max_rel, top1, qcases[q].min_top1);
+            printf("\n    %-15s %-7s integer mode vs F32: nmse %.3g, worst row rel %.3g, top-1 %.3f | vs exact mode: nmse %.3g, worst row rel %.3g, top-1 %.3f",
+                   cases[c], qcases[q].name, nmse_i, worst_i, top1_i, nmse_ie, worst_ie, top1_ie);
             CU_ASSERT(worst_dq <= 1e-4);
             CU_ASSERT(nmse <= qcases[q].max_nmse);
             CU_ASSERT(worst <= qcases[q].max_rel);
             CU_ASSERT(top1 >= qcases[q].min_top1);
             CU_ASSERT(worst > 0); /* the copy really is quantised */
+            CU_ASSERT(nmse_i <= qcases[q].max_nmse_q8);
+            CU_ASSERT(worst_i <= qcases[q].max_rel_q8);
+            CU_ASSERT(top1_i >= qcases[q].min_top1_q8);
+            CU_ASSERT(nmse_ie <= qcases[q].max_nmse_q8_exact);
+            if (quant_get(qcases[q].type)->dot_q8 == NULL && qcases[q].kind == REQUANT_ALL) {
+                CU_ASSERT(memcmp(gi, got, sizeof(float) * rows * V) == 0); /* float types: one path */
+            } else {
+                CU_ASSERT(nmse_ie > 0); /* the integer path really ran */
+            }
             free(dq);
             unlink(deq);
             if (qcases[q].kind == REQUANT_Q4_K_M) { /* the llama-quantize mix (QWEN35.md §5.3) */
@@ -176,6 +209,7 @@ static void test_quantised_copies(void)
             if (qcases[q].kind == REQUANT_Q8_0) CU_ASSERT_EQUAL(m->layers[0].ffn_up.type, GGML_TYPE_Q8_0);
             qwen35_model_free(m);
             free(got);
+            free(gi);
             unlink(dst);
         }
         free(ref);

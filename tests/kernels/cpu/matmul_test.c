@@ -1,5 +1,7 @@
 /* ref_matmul on every supported weight type against dequantise-then-double-dot, on both the
- * decode (dot) and prefill (tile) paths, serial and threaded; and the pool itself. */
+ * decode (dot) and prefill (tile) paths, serial and threaded, in the exact mode; in the
+ * integer (Q8) mode, bit for bit against the scalar references of gguf/quant (quantise each
+ * input, integer dot per row) where the integer path runs; and the pool itself. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -14,8 +16,11 @@
 static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                                  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
-/* Returns failures. n_in must fit the type's block. */
-static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb)
+/* Returns failures. n_in must fit the type's block. dot: the ref_matmul mode; in the Q8 mode
+ * the integer path's outputs must equal the scalar references exactly, the rest (float types,
+ * T >= REF_MATMUL_Q8_MAX_T) the double dot within 1e-5 relative. */
+static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb,
+                         ref_matmul_dot dot)
 {
     const quant_traits *qt = quant_get(type);
     kc_rng r = {77 + type * 131 + (uint64_t)T};
@@ -40,13 +45,24 @@ static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, 
     for (long i = 0; i < T * ldy; i++) y[i] = ref[i] = -7; /* padding must stay untouched */
     for (int t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) ref[t * ldy + o] = (float)acc[t * n_out + o];
-    ref_matmul(pool, w, type, rb, n_in, n_out, x, ldx, T, y, ldy, scratch);
-    if (perturb) y[ldy * (T - 1) + n_out / 2] += 0.5f;
+    const int q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8 && T < REF_MATMUL_Q8_MAX_T;
+    if (q8) { /* the integer path's exact expectation */
+        uint64_t xb = quant_act_bytes(type, n_in);
+        uint8_t *xq = malloc(xb);
+        for (int t = 0; t < T; t++) {
+            if (qt->vec_dot_type == GGML_TYPE_Q8_K) quant_quantize_row_q8_K_ref(x + t * ldx, (block_q8_K *)xq, n_in);
+            else quant_quantize_row_q8_0_ref(x + t * ldx, (block_q8_0 *)xq, n_in);
+            for (int64_t o = 0; o < n_out; o++) ref[t * ldy + o] = qt->dot_q8_ref(w + o * rb, xq, n_in);
+        }
+        free(xq);
+    }
+    ref_matmul(pool, w, type, rb, n_in, n_out, x, ldx, T, y, ldy, scratch, dot);
+    if (perturb) y[ldy * (T - 1) + n_out / 2] += q8 ? 1e-6f * fabsf(y[ldy * (T - 1) + n_out / 2]) + 1e-30f : 0.5f;
     long bad = 0;
     for (int t = 0; t < T; t++)
         for (int64_t o = 0; o < ldy; o++) {
             long i = t * ldy + o;
-            double tol = o < n_out ? 1e-5 * mag[t * n_out + o] + 1e-6 : 0;
+            double tol = o < n_out && !q8 ? 1e-5 * mag[t * n_out + o] + 1e-6 : 0;
             if (!(fabs((double)y[i] - ref[i]) <= tol)) {
                 if (bad < 5)
                     fprintf(stderr, "  %s T=%d n_out=%lld [%d][%lld]: got %g ref %g\n", qt->name, T,
@@ -58,9 +74,15 @@ static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, 
     return bad;
 }
 
+static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb)
+{
+    return mm_case_mode(pool, type, n_in, n_out, T, perturb, REF_MATMUL_DOT_EXACT) +
+           mm_case_mode(pool, type, n_in, n_out, T, perturb, REF_MATMUL_DOT_Q8);
+}
+
 static void run_types(cpu_pool *pool)
 {
-    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 17, 35}; /* both sides of the tile thresholds */
+    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 17, 35}; /* both sides of the thresholds */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         int64_t n_in = quant_get(type)->block_size == QK_K ? 512 : 96;
@@ -84,8 +106,34 @@ static void test_threaded(void)
 
 static void test_check_can_fail(void)
 {
-    CU_ASSERT_NOT_EQUAL(mm_case(NULL, GGML_TYPE_Q4_K, 256, 37, 5, 1), 0);
-    CU_ASSERT_NOT_EQUAL(mm_case(NULL, GGML_TYPE_Q4_K, 256, 37, 20, 1), 0);
+    for (int m = REF_MATMUL_DOT_Q8; m <= REF_MATMUL_DOT_EXACT; m++) {
+        CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q4_K, 256, 37, 5, 1, m), 0);
+        CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q4_K, 256, 37, 20, 1, m), 0);
+        CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q8_0, 256, 37, 1, 1, m), 0);
+    }
+}
+
+/* The integer path is really used (the exact mode differs from it) and $DS_EXACT_DOT is
+ * honoured by the default mode (the test runs without it set). */
+static void test_modes_differ(void)
+{
+    const int64_t n_in = 512, n_out = 40;
+    kc_rng r = {9};
+    uint64_t rb = quant_row_bytes(GGML_TYPE_Q4_K, n_in);
+    uint8_t *w = malloc(rb * n_out);
+    float row[512], x[512], a[40], b[40], c[40];
+    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(n_in, 1));
+    for (int64_t o = 0; o < n_out; o++) kc_fill(&r, row, n_in, 1), quant_get(GGML_TYPE_Q4_K)->quantize(row, w + o * rb, n_in);
+    kc_fill(&r, x, n_in, 1);
+    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, a, n_out, scratch, REF_MATMUL_DOT_Q8);
+    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, b, n_out, scratch, REF_MATMUL_DOT_EXACT);
+    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, c, n_out, scratch, REF_MATMUL_DOT_DEFAULT);
+    CU_ASSERT(memcmp(a, b, sizeof a) != 0);
+    const char *e = getenv("DS_EXACT_DOT");
+    int exact = e && *e && strcmp(e, "0") != 0;
+    CU_ASSERT_EQUAL(ref_matmul_dot_default(), exact ? REF_MATMUL_DOT_EXACT : REF_MATMUL_DOT_Q8);
+    CU_ASSERT(memcmp(c, exact ? b : a, sizeof a) == 0);
+    free(w), free(scratch);
 }
 
 static void test_dot_f32(void)
@@ -171,6 +219,7 @@ int main(void)
     CU_add_test(s, "serial", test_serial);
     CU_add_test(s, "threaded", test_threaded);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
+    CU_add_test(s, "modes_differ", test_modes_differ);
     CU_add_test(s, "dot_f32", test_dot_f32);
     CU_add_test(s, "vec_helpers", test_vec_helpers);
     CU_add_test(s, "pool", test_pool);
