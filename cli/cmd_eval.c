@@ -12,6 +12,7 @@
 #include "cli/cli_ids.h"
 #include "common/flags.h"
 #include "model/forward.h"
+#include "worker/cuda_backend.h"
 
 typedef struct eval_opts {
     const char *model, *ids, *logits_out, *mode, *device;
@@ -25,7 +26,7 @@ static const flag_spec eval_flags[] = {
     {"logits-out", NULL, NULL, FLAG_STR, offsetof(eval_opts, logits_out), "output file: float32 [T][V]"},
     {"mode", NULL, "prefill", FLAG_STR, offsetof(eval_opts, mode), "prefill | decode"},
     {"prompt-len", NULL, "0", FLAG_INT, offsetof(eval_opts, prompt_len), "decode mode: tokens prefilled first"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu (cuda: not in this build)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda (token by token on the GPU; no GPU: the CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
     {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(eval_opts, ctx), "context length (0: the model's)"},
@@ -52,8 +53,8 @@ int cmd_eval(int argc, char **argv)
         fprintf(stderr, "deltaserve eval: --mode must be prefill or decode, not '%s'\n", o.mode);
         return 2;
     }
-    if (strcmp(o.device, "cpu")) {
-        fprintf(stderr, "deltaserve eval: --device %s is not available in this build (cpu only)\n", o.device);
+    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) {
+        fprintf(stderr, "deltaserve eval: --device must be cpu or cuda, not '%s'\n", o.device);
         return 2;
     }
     if (o.batch_tokens < 1 || o.prompt_len < 0 || o.ctx < 0) {
@@ -87,6 +88,21 @@ int cmd_eval(int argc, char **argv)
         status_fail(&st, STATUS_NOMEM, "out of memory for %d x %ld logits", T, V);
         goto fail;
     }
+    if (!strcmp(o.device, "cuda")) { /* the CUDA engine feeds every token through its step graph */
+        cuda_backend *g = NULL;
+        int rc = cuda_backend_create(m, &(cuda_backend_opts){.n_ctx = T + 1}, &g, &st);
+        for (int t = 0; !rc && t < T; t++)
+            rc = cuda_backend_decode(g, 0, ids[t], logits + t * V, NULL, &st);
+        cuda_backend_destroy(g);
+        if (rc == STATUS_UNAVAILABLE) {
+            fprintf(stderr, "deltaserve eval: %s; no GPU, using CPU\n", st.msg);
+            status_clear(&st);
+        } else if (rc) {
+            goto fail;
+        } else {
+            goto write;
+        }
+    }
     qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = o.batch_tokens, .n_threads = o.threads,
                           .gdn_mode = o.recurrent ? QWEN35_GDN_RECURRENT : QWEN35_GDN_CHUNKED};
     if (qwen35_ctx_create(m, &co, &ctx, &st) || qwen35_state_create(m, T, &s, &st)) goto fail;
@@ -94,6 +110,7 @@ int cmd_eval(int argc, char **argv)
     if (n_pre > 0 && qwen35_prefill(ctx, s, ids, n_pre, logits, true, &st)) goto fail;
     for (int t = n_pre; t < T; t++)
         if (qwen35_decode_batch(ctx, &s, ids + t, 1, logits + t * V, &st)) goto fail;
+write:
     out = fopen(o.logits_out, "wb");
     if (!out) {
         status_fail(&st, STATUS_IO, "cannot open %s for writing", o.logits_out);
