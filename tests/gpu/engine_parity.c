@@ -201,8 +201,9 @@ fail:
 }
 
 /* Synthetic models from DS_ENGINE_GGUF: logits reported; a loose bound asserted. The GPU dots
- * quantised weights with Q8 activations, the CPU with F32 ones, and a random-weight network
- * amplifies that: the CPU forward itself, given Q8-rounded activations, moves the 0.8B's
+ * quantised weights with Q8 activations per 32 values; the CPU decode (since 71f7340) with Q8_K
+ * per 256 (Q8_0 per 32 for Q8_0 weights), before that with F32; a random-weight network
+ * amplifies either rounding: the CPU forward itself, given Q8-rounded activations, moves the 0.8B's
  * logits by 0.14 of max|logit| at the first token and 0.24 by the third (docs/GPU.md), which
  * is what the GPU shows. The bound (0.5) still catches garbage (wrong wiring gave 1.7-26) and
  * any NaN. */
