@@ -1,17 +1,36 @@
-/* Backend selection by device name. The CUDA backend registers here when it is built. */
+/* Backend selection by device name. The CUDA backend is found at link time: binaries that link
+ * //worker:cuda_worker (alwayslink) define worker_backend_cuda_create, which this file references
+ * weakly, so //worker:engine and CPU-only binaries need no CUDA and simply fall back. */
 #include <string.h>
 
 #include "common/log.h"
 #include "worker/backend.h"
 
+/* Defined by worker/cuda_backend_worker.c when linked; NULL otherwise. */
+extern int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts *o,
+                                      worker_backend **out, status *st) __attribute__((weak));
+
+bool worker_backend_have_cuda(void) { return worker_backend_cuda_create != NULL; }
+
 int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
                           worker_backend **out, status *st)
 {
+    *out = NULL;
     if (!device || strcmp(device, "cpu") == 0) return worker_backend_cpu_create(m, o, out, st);
     if (strcmp(device, "cuda") == 0) {
-        /* No CUDA backend in this build yet: the service still runs, on the CPU. */
-        LOG_WARN("no GPU, using CPU (this build has no CUDA backend)");
-        return worker_backend_cpu_create(m, o, out, st);
+        if (!worker_backend_have_cuda()) {
+            LOG_WARN("no GPU, using CPU (this build has no CUDA backend)");
+            return worker_backend_cpu_create(m, o, out, st);
+        }
+        status cst;
+        status_clear(&cst);
+        if (worker_backend_cuda_create(m, o, out, &cst) == STATUS_OK) return STATUS_OK;
+        if (cst.code == STATUS_UNAVAILABLE) { /* no driver or no device: serve on the CPU */
+            LOG_WARN("no GPU, using CPU (%s)", cst.msg);
+            return worker_backend_cpu_create(m, o, out, st);
+        }
+        /* a GPU is there but the model does not fit or is not supported: say so, do not hide it */
+        return status_fail(st, cst.code, "--device cuda: %s", cst.msg);
     }
     return status_fail(st, STATUS_INVALID, "--device: unknown device '%s' (cpu or cuda)", device);
 }

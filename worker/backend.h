@@ -88,11 +88,17 @@ struct worker_backend {
 int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
                               worker_backend **out, status *st);
 
-/* Picks a backend by device name: "cpu", or "cuda" (falls back to the CPU, saying so in one log
- * line, when this build has no CUDA backend or the machine no GPU). STATUS_INVALID for an
- * unknown device name. */
+/* Picks a backend by device name: "cpu", or "cuda" (falls back to the CPU, saying "no GPU, using
+ * CPU" in one log line, when this build has no CUDA backend or the machine no GPU; other CUDA
+ * failures, e.g. an unsupported weight type or too little device memory, are returned).
+ * STATUS_INVALID for an unknown device name. The CUDA backend is the one of
+ * worker/cuda_backend_worker.c (//worker:cuda_worker): a binary gets it by linking that library
+ * (alwayslink; backend.c references it weakly), so CPU-only builds stay free of CUDA. */
 int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
                           worker_backend **out, status *st);
+
+/* true when this binary links the CUDA backend (//worker:cuda_worker) */
+bool worker_backend_have_cuda(void);
 
 static inline void worker_backend_destroy(worker_backend *b)
 {

@@ -221,7 +221,7 @@ static void test_synthetic(void)
     }
 }
 
-/* The worker backend interface on the GPU: two slots, prompts then greedy decode steps with both
+/* The worker backend interface on the GPU, chosen by worker_backend_create("cuda"): two slots, prompts then greedy decode steps with both
  * sequences in one step, equal to the CPU backend's tokens (worker/backend.h). */
 static int run_worker(worker_backend *b, int32_t out[2][12], status *st)
 {
@@ -256,9 +256,12 @@ static void test_worker_backend(void)
     int32_t a[2][12], g[2][12];
     const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
     if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
-        worker_backend_cuda_create(m, &o, &gpu, &st) || run_worker(cpu, a, &st) ||
-        run_worker(gpu, g, &st))
+        worker_backend_create("cuda", m, &o, &gpu, &st))
         goto fail;
+    /* the dispatch the worker binary uses must pick the GPU here (//worker:cuda_worker linked) */
+    CU_ASSERT(worker_backend_have_cuda());
+    CU_ASSERT_EQUAL(strncmp(gpu->device, "cuda:", 5), 0);
+    if (run_worker(cpu, a, &st) || run_worker(gpu, g, &st)) goto fail;
     printf("  worker backend (%s), 2 slots x 12 greedy tokens: %s\n", gpu->device,
            memcmp(a, g, sizeof a) ? "DIFFER from the CPU backend" : "same as the CPU backend");
     CU_ASSERT_EQUAL(memcmp(a, g, sizeof a), 0);
