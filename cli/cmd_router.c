@@ -120,6 +120,7 @@ int cmd_router(int argc, char **argv)
     }
     int sig = 0;
     sigwait(&sigs, &sig);
+    router_begin_drain(r); /* new calls are refused from here: then say so */
     LOG_INFO("router: %s: draining (grace %d s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
              o.grace_seconds);
     int left = router_drain(r, o.grace_seconds * 1000);

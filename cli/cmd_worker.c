@@ -158,6 +158,7 @@ int cmd_worker(int argc, char **argv)
 
     int sig = 0;
     sigwait(&sigs, &sig);
+    worker_service_begin_drain(ws); /* new requests are refused from here: then say so */
     if (sig == SIGUSR1) {
         LOG_ERROR("device failed: exiting with code %d", EXIT_DEVICE_FAILED);
         worker_service_drain(ws, 0);
@@ -169,6 +170,9 @@ int cmd_worker(int argc, char **argv)
                  n == 1 ? "" : "s");
         ret = 0;
     }
+    /* every stream has its final message and status queued: let them reach the clients */
+    if (!worker_service_shutdown(ws, WORKER_SERVICE_FLUSH_MS))
+        LOG_WARN("some final statuses could not be delivered within %d ms", WORKER_SERVICE_FLUSH_MS);
     worker_service_destroy(ws);
     engine_destroy(eng);
     worker_backend_destroy(backend);

@@ -9,8 +9,6 @@
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_client.h"
 
-#define ROUTER_DRAIN_LINGER_MS 300
-
 static void *pool_connect(const char *addr, void *ctx)
 {
     (void)ctx;
@@ -168,12 +166,17 @@ int router_metrics_port(const router *r)
     return r->opts.metrics_listen && r->metrics ? metrics_port(r->metrics) : 0;
 }
 
-int router_drain(router *r, int grace_ms)
+void router_begin_drain(router *r)
 {
     pthread_mutex_lock(&r->mu);
     r->draining = 1;
     pthread_mutex_unlock(&r->mu);
     if (r->health) rpc_health_set_ready(r->health, false);
+}
+
+int router_drain(router *r, int grace_ms)
+{
+    router_begin_drain(r);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     int64_t ns = ts.tv_nsec + (int64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000;
@@ -184,23 +187,14 @@ int router_drain(router *r, int grace_ms)
     }
     int left = r->inflight;
     pthread_mutex_unlock(&r->mu);
-    if (left) LOG_WARN("router: drain: %d request%s still running after %d ms: cancelling", left,
-                       left == 1 ? "" : "s", grace_ms);
-    /* Linger before closing the connections: a client may still be reading the last messages,
-     * and the flow-control updates it sends meanwhile would hit a closed socket, which resets
-     * the connection and discards what the client had not read yet. There is no event for
-     * "the client has read everything", so this is a bounded wait (ROUTER_DRAIN_LINGER_MS). */
-    if (!left) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ns = ts.tv_nsec + (int64_t)ROUTER_DRAIN_LINGER_MS * 1000000;
-        ts.tv_sec += ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
-        pthread_mutex_lock(&r->mu);
-        while (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0) {
-        }
-        pthread_mutex_unlock(&r->mu);
-    }
-    if (r->srv) rpc_server_shutdown(r->srv); /* cancels what is left, waits for every call */
+    if (left) LOG_WARN("router: drain: %d request%s still running after %d ms: ending them with "
+                       "UNAVAILABLE", left, left == 1 ? "" : "s", grace_ms);
+    /* Every Generate call is released (its status batch completed: no fixed linger needed)
+     * unless some are left. The graceful stop then lets the other calls end and the connections
+     * close after their last frames; Generate calls left are cancelled with UNAVAILABLE at once
+     * (their relays see on_cancel). */
+    if (r->srv && !rpc_server_shutdown_grace(r->srv, left ? 0 : ROUTER_DRAIN_FLUSH_MS) && !left)
+        LOG_WARN("router: drain: some calls could not end within %d ms", ROUTER_DRAIN_FLUSH_MS);
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
     pthread_cond_broadcast(&r->cv);

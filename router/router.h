@@ -43,9 +43,19 @@ int router_start(router *r, status *st);
 int router_port(const router *r);
 int router_metrics_port(const router *r);
 
+/* Readiness NOT_SERVING; new Generate calls are refused with UNAVAILABLE "router is draining"
+ * from the moment it returns (router_drain does it too; this is for logging "draining" only
+ * once it is true). */
+void router_begin_drain(router *r);
+
+/* After the Generate calls of a drain ended: how long the other calls still open (refusals,
+ * health checks in flight) get to end before they are cancelled (rpc_server_shutdown_grace). */
+#define ROUTER_DRAIN_FLUSH_MS 10000
+
 /* Drains: readiness NOT_SERVING, new calls are refused with UNAVAILABLE, in-flight calls run
- * until they end or grace_ms passes; then stops the server (cancelling what is left) and the
- * poller. Blocks. Returns the number of calls that had to be cancelled. */
+ * until they end or grace_ms passes; then stops the server gracefully (the calls left are
+ * ended with UNAVAILABLE; the others' final frames are written before their connections
+ * close) and the poller. Blocks. Returns the number of calls that had to be cancelled. */
 int router_drain(router *r, int grace_ms);
 
 /* After router_drain (or if never started). */

@@ -36,7 +36,7 @@ bool rpc_health_serving(rpc_health *h, const char *service);
 /* Watch streams open right now. */
 int rpc_health_n_watchers(rpc_health *h);
 
-/* After rpc_server_shutdown (which ends every Watch). */
+/* After rpc_server_shutdown[_grace] (which ends every Watch with UNAVAILABLE at once). */
 void rpc_health_destroy(rpc_health *h);
 
 #endif

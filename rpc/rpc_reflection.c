@@ -375,7 +375,8 @@ int rpc_reflection_add_methods(rpc_reflection *r, rpc_server *srv, status *st)
     };
     for (int i = 0; i < 2; i++) {
         const rpc_method m = {paths[i], &grpc__reflection__v1alpha__server_reflection_request__descriptor,
-                              RPC_METHOD_BIDI_STREAM, on_info, on_info_cancel, NULL, r};
+                              RPC_METHOD_BIDI_STREAM, on_info, on_info_cancel, NULL, r,
+                              .end_at_shutdown = true};
         if (rpc_server_add_method(srv, &m, st)) return st->code;
     }
     return STATUS_OK;

@@ -9,7 +9,15 @@
  *   status {SEND_STATUS_FROM_SERVER}             once the owner finished and sends drained
  * The call is released (grpc_call_unref, back to the pool) on the CQ thread once the status
  * batch completed and nothing else is in flight. The pool's free list and the request_call
- * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists). */
+ * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists).
+ *
+ * Graceful shutdown (rpc_server_shutdown_grace) follows grpc.h: grpc_server_shutdown_and_notify
+ * first (no new calls, GOAWAY on open connections, in-flight calls continue), then wait for the
+ * notification (every call destroyed, every connection closed after its last frames were
+ * written) and for every call to be released, up to the grace period; only then are the
+ * calls left cancelled. Cancelling earlier (grpc_server_cancel_all_calls right after the
+ * notify request) kills calls whose final message and status are queued but not yet written:
+ * the client sees "Cancelling all calls" instead of the status. */
 #include "rpc/rpc_server.h"
 
 #include <pthread.h>
@@ -49,6 +57,7 @@ struct rpc_call {
     grpc_byte_buffer *recv_buf; /* owned, written by gRPC on recv */
     int close_cancelled;        /* written by gRPC on close */
     atomic_bool cancelled;
+    bool in_use; /* under mu: accepted and not yet released (gcall valid) */
     int64_t deadline_ms;
     char path[160];
     char peer[80];
@@ -83,10 +92,14 @@ struct rpc_server {
     int n_requested;     /* CQ thread only: request_call outstanding */
     atomic_int live;     /* accepted and not released */
     atomic_bool shutting_down;
+    atomic_bool cancelling; /* the grace ran out: calls accepted from now on are cancelled */
     bool shutdown_seen; /* CQ thread only */
     bool started, stopped;
     pthread_t thread;
     rpc_tag t_shutdown;
+    pthread_mutex_t done_mu; /* guards cq_done */
+    pthread_cond_t done_cv;  /* CLOCK_MONOTONIC */
+    bool cq_done;            /* the CQ thread has seen the shutdown and released every call */
 };
 
 int64_t rpc_now_ms(void)
@@ -197,11 +210,18 @@ static void release_call(rpc_call *c)
     rpc_server *s = c->srv;
     if (c->handed && c->method && c->method->on_release)
         c->method->on_release(c, c->method->user);
+    pthread_mutex_lock(&c->mu);
+    c->in_use = false; /* cancel_calls no longer touches gcall */
+    pthread_mutex_unlock(&c->mu);
     grpc_call_unref(c->gcall);
     c->gcall = NULL;
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     c->recv_buf = NULL;
-    atomic_fetch_sub(&s->live, 1);
+    if (atomic_fetch_sub(&s->live, 1) == 1 && atomic_load(&s->shutting_down)) {
+        pthread_mutex_lock(&s->done_mu); /* wake rpc_server_shutdown_grace */
+        pthread_cond_broadcast(&s->done_cv);
+        pthread_mutex_unlock(&s->done_mu);
+    }
     return_to_pool(s, c);
     request_calls(s);
 }
@@ -258,6 +278,7 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     c->dead = c->cancel_pending = false;
 
     pthread_mutex_lock(&c->mu);
+    c->in_use = true;
     grpc_op close_op;
     memset(&close_op, 0, sizeof close_op);
     close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -265,7 +286,14 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     start_batch(c, &close_op, 1, &c->t_close);
     start_recv(c, true);
     pthread_mutex_unlock(&c->mu);
-    if (atomic_load(&s->shutting_down)) grpc_call_cancel(c->gcall, NULL);
+    /* Accepted while a graceful shutdown runs: it is served like the others (its owner refuses
+     * it, e.g. "draining"), unless it is open-ended or the grace is over. cancel_calls sets the
+     * flags first and then looks at in_use under mu; here in_use was set under mu before
+     * the flags are read: one of the two sees the other. */
+    if (atomic_load(&s->cancelling) ||
+        (atomic_load(&s->shutting_down) && c->method && c->method->end_at_shutdown))
+        grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, "server shutting down",
+                                     NULL);
     request_calls(s);
 }
 
@@ -409,7 +437,13 @@ static void *cq_thread(void *arg)
 {
     rpc_server *s = arg;
     for (;;) {
-        if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) break;
+        if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) {
+            pthread_mutex_lock(&s->done_mu);
+            s->cq_done = true;
+            pthread_cond_broadcast(&s->done_cv);
+            pthread_mutex_unlock(&s->done_mu);
+            break;
+        }
         grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
@@ -456,6 +490,12 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
         return_to_pool(s, c);
     }
     s->t_shutdown = (rpc_tag){NULL, TAG_SHUTDOWN};
+    pthread_mutex_init(&s->done_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
 
     grpc_init();
     grpc_arg args[2];
@@ -517,23 +557,95 @@ static void drain_cq(grpc_completion_queue *cq)
     }
 }
 
-void rpc_server_shutdown(rpc_server *srv)
+/* Cancels calls in use with UNAVAILABLE msg (their owners hear it through on_cancel): the
+ * open-ended ones only, or all. */
+static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
 {
-    if (!srv || srv->stopped) return;
+    int n = 0;
+    for (int i = 0; i < srv->n_calls; i++) {
+        rpc_call *c = &srv->calls[i];
+        pthread_mutex_lock(&c->mu);
+        if (c->in_use && (!open_ended_only || (c->method && c->method->end_at_shutdown)) &&
+            !c->status_done) {
+            grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, msg, NULL);
+            n++;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    return n;
+}
+
+/* Waits at most timeout_ms (< 0: no limit) until every call is released (calls_only) or the
+ * CQ thread is done (the shutdown notified too: every connection closed). */
+static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
+{
+    int64_t end = timeout_ms < 0 ? INT64_MAX : rpc_now_ms() + timeout_ms;
+    pthread_mutex_lock(&srv->done_mu);
+    for (;;) {
+        if (srv->cq_done || (calls_only && atomic_load(&srv->live) == 0)) break;
+        if (end == INT64_MAX) {
+            pthread_cond_wait(&srv->done_cv, &srv->done_mu);
+            continue;
+        }
+        int64_t left = end - rpc_now_ms();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = ts.tv_nsec + left % 1000 * 1000000;
+        ts.tv_sec += left / 1000 + ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&srv->done_cv, &srv->done_mu, &ts);
+    }
+    bool done = srv->cq_done || (calls_only && atomic_load(&srv->live) == 0);
+    pthread_mutex_unlock(&srv->done_mu);
+    return done;
+}
+
+bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
+{
+    if (!srv || srv->stopped) return true;
     srv->stopped = true;
     atomic_store(&srv->shutting_down, true);
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
-    grpc_server_cancel_all_calls(srv->server);
-    if (srv->started) {
-        pthread_join(srv->thread, NULL);
-    } else { /* nobody runs the CQ: wait for the notification here */
+    if (!srv->started) { /* nobody runs the CQ and no call exists: wait for the notification */
         for (;;) {
             grpc_event ev =
                 grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
             if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown) break;
         }
+        return true;
     }
+    cancel_calls(srv, true, "server shutting down");
+    /* 1. every call finished by its owner, its status batch completed (the status is written
+     *    to the connection) and released */
+    bool clean = wait_done(srv, true, grace_ms > 0 ? grace_ms : 0);
+    bool dropped = false;
+    if (!clean) {
+        atomic_store(&srv->cancelling, true);
+        int n = cancel_calls(srv, false, "server shutting down: grace period over");
+        if (grace_ms > 0)
+            LOG_WARN("rpc server: %d call%s still open after the %lld ms grace period: cancelled",
+                     n, n == 1 ? "" : "s", (long long)grace_ms);
+        /* The owners finish the cancelled calls; gRPC writes their status. Connections that
+         * cannot take even that (a client that stopped reading) are dropped after a while. */
+        if (!wait_done(srv, true, RPC_SERVER_CANCEL_MS)) {
+            grpc_server_cancel_all_calls(srv->server);
+            dropped = true;
+        }
+    }
+    /* 2. the connections close: gRPC's graceful GOAWAY waits for the client to answer a ping
+     *    (proof that it has read everything before), then closes. An idle client may answer
+     *    late (an idle grpcio channel polls its socket only every few seconds): its calls are
+     *    all complete, so after RPC_SERVER_CLOSE_MS its connection is closed anyway (FIN after
+     *    the data already written). */
+    if (!dropped && !wait_done(srv, false, RPC_SERVER_CLOSE_MS))
+        grpc_server_cancel_all_calls(srv->server);
+    wait_done(srv, false, -1);
+    pthread_join(srv->thread, NULL);
+    return clean;
 }
+
+void rpc_server_shutdown(rpc_server *srv) { rpc_server_shutdown_grace(srv, 0); }
 
 void rpc_server_destroy(rpc_server *srv)
 {
@@ -550,6 +662,8 @@ void rpc_server_destroy(rpc_server *srv)
         pthread_mutex_destroy(&srv->calls[i].mu);
         free(srv->calls[i].ring);
     }
+    pthread_mutex_destroy(&srv->done_mu);
+    pthread_cond_destroy(&srv->done_cv);
     free(srv->calls);
     free(srv);
     grpc_shutdown();

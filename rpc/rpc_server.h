@@ -10,7 +10,7 @@
  *   rpc_server_add_method(srv, &(rpc_method){"/deltaserve.v1.Worker/GetLoad",
  *       &deltaserve__v1__get_load_request__descriptor, RPC_METHOD_UNARY, on_get_load}, &st);
  *   rpc_server_start(srv, &st);            // spawns the CQ thread
- *   ... rpc_server_shutdown(srv); rpc_server_destroy(srv);
+ *   ... rpc_server_shutdown_grace(srv, 10000); rpc_server_destroy(srv);
  *
  * Handler contract (on_request): runs on the CQ thread and must not block (short mutexes are
  * fine; no waiting on work, no sleeping). From then on the handler owns the call and must call
@@ -35,9 +35,18 @@
  * rpc_call_set_data must therefore stay valid until on_release, which runs once on the CQ
  * thread when the call is completely done; no callback runs for the call after it.
  *
- * Shutdown (rpc_server_shutdown): stops accepting, cancels every call (on_cancel runs), waits
- * until every call has been finished by its owner and released, stops the CQ thread. Owners
- * must therefore finish their calls when cancelled (e.g. the engine at its next step). */
+ * Shutdown (rpc_server_shutdown_grace): stops accepting calls (open connections get a GOAWAY;
+ * a call the server had already accepted is still handed to its owner), ends the open-ended
+ * streams (methods with end_at_shutdown: health Watch, reflection) with UNAVAILABLE, and waits
+ * up to the grace period for every other call to be finished by its owner, its final messages
+ * and status handed to the transport, released, and every connection closed after its last
+ * frames. A call still open then is cancelled with UNAVAILABLE "server shutting down: grace
+ * period over" (on_cancel runs); owners must therefore finish their calls when cancelled (e.g.
+ * the engine at its next step). Calls that still cannot end after RPC_SERVER_CANCEL_MS more
+ * (a client that stopped reading) have their connections dropped
+ * (grpc_server_cancel_all_calls). Once every call has ended, connections get
+ * RPC_SERVER_CLOSE_MS to close gracefully before they are closed anyway.
+ * rpc_server_shutdown = a grace of 0: cancel at once. */
 #ifndef DS_RPC_RPC_SERVER_H
 #define DS_RPC_RPC_SERVER_H
 
@@ -71,6 +80,9 @@ typedef struct rpc_method {
      * may be NULL. Free per-call data here if on_cancel uses it. */
     void (*on_release)(rpc_call *call, void *user);
     void *user; /* borrowed; passed to the callbacks */
+    /* A stream with no natural end (health Watch, reflection): a graceful shutdown ends it
+     * (UNAVAILABLE, through on_cancel) at once instead of waiting the grace period for it. */
+    bool end_at_shutdown;
 } rpc_method;
 
 typedef struct rpc_server_opts {
@@ -93,8 +105,20 @@ int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st);
 /* Starts serving: spawns the CQ thread. */
 int rpc_server_start(rpc_server *srv, status *st);
 
-/* See "Shutdown" above. Blocks until done; call from a thread that owns no unfinished call.
- * Idempotent. */
+/* After the grace period of a shutdown, how long cancelled calls get to end before their
+ * connections are dropped. */
+#define RPC_SERVER_CANCEL_MS 2000
+/* Once every call has ended, how long a connection gets to close by gRPC's graceful GOAWAY (the
+ * client answers a ping, proving it read everything) before it is closed anyway. */
+#define RPC_SERVER_CLOSE_MS 1000
+
+/* See "Shutdown" above. Blocks until every call is released and the CQ thread has stopped;
+ * call from a thread that owns no unfinished call. Returns true when every call ended within
+ * grace_ms (nothing was cancelled but the open-ended streams). Idempotent (later calls return
+ * true at once). */
+bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms);
+
+/* rpc_server_shutdown_grace(srv, 0): every call still open is cancelled at once. */
 void rpc_server_shutdown(rpc_server *srv);
 
 /* Frees the server (after rpc_server_shutdown, or if never started) and shuts gRPC down. */

@@ -39,6 +39,7 @@ struct engine {
     int n_waiting;
     engine_request **running; /* owned, [n_slots]: slot -> request or NULL */
     int n_running;
+    int n_retiring; /* ended and out of the pool, sinks not told yet (engine thread) */
     uint64_t next_admit_seq;
     bool draining, stop, failed;
     uint64_t outstanding; /* prompt tokens to feed + tokens to generate, all requests */
@@ -55,6 +56,7 @@ struct engine {
     engine_request **item_req; /* owned, [n_slots] */
     int *item_chunk;          /* owned, [n_slots]: prompt tokens fed by the item */
     engine_request **done;    /* owned, [n_slots + queue] requests ending this step */
+    engine_request *retired;  /* owned, [n_slots + queue] copies of done[] for the sinks */
 
     engine_metrics m;
     bool have_metrics;
@@ -442,21 +444,12 @@ static void log_request(const engine_request *r)
              r->result.msg);
 }
 
-/* Tells the sinks, then returns the requests to the pool and frees their slots. */
+/* Frees the slots of the ended requests and returns them to the pool, then tells the sinks
+ * (from copies). In this order, whoever sees the end of a stream (the client, after on_finish
+ * sent the status) also sees its slot free: a request sent right after is admitted, and GetLoad
+ * no longer counts it. Idle (engine_drain, engine_wait_idle) waits for the sinks too. */
 static void retire(engine *e, engine_request **done, int nd)
 {
-    for (int i = 0; i < nd; i++) {
-        engine_request *r = done[i];
-        log_request(r);
-        if (e->have_metrics) {
-            int k = r->finish == ENGINE_FINISH_STOP ? 0 : r->finish == ENGINE_FINISH_LENGTH ? 1
-                  : r->finish == ENGINE_FINISH_CANCELLED ? 2 : 3;
-            metrics_inc(e->m.finished[k], 1);
-            metrics_observe(e->m.e2e, (double)(r->t_end - r->t_arrival) / 1e6);
-            if (r->t_admit) metrics_observe(e->m.queue_time, (double)(r->t_admit - r->t_arrival) / 1e6);
-        }
-        r->sink->on_finish(r->sink_arg, r);
-    }
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < nd; i++) {
         engine_request *r = done[i];
@@ -467,10 +460,13 @@ static void retire(engine *e, engine_request **done, int nd)
         }
         free(r->prompt_copy);
         r->prompt_copy = NULL;
+        r->p.prompt = NULL;
+        e->retired[i] = *r; /* r may be reused by a submit as soon as the lock is released */
         r->next = e->free_list;
         e->free_list = r;
         e->n_finished++;
     }
+    e->n_retiring += nd;
     admit_waiting(e, engine_now_us());
     uint64_t out = 0; /* recount: exact and cheap (<= slots + queue requests) */
     for (int s = 0; s < e->n_slots; s++)
@@ -478,7 +474,24 @@ static void retire(engine *e, engine_request **done, int nd)
     for (engine_request *r = e->wait_head; r; r = r->next) out += request_tokens_left(r);
     e->outstanding = out;
     metrics_gauges(e);
-    if (nd) pthread_cond_broadcast(&e->idle_cv);
+    pthread_mutex_unlock(&e->mu);
+
+    for (int i = 0; i < nd; i++) {
+        const engine_request *r = &e->retired[i];
+        log_request(r);
+        if (e->have_metrics) {
+            int k = r->finish == ENGINE_FINISH_STOP ? 0 : r->finish == ENGINE_FINISH_LENGTH ? 1
+                  : r->finish == ENGINE_FINISH_CANCELLED ? 2 : 3;
+            metrics_inc(e->m.finished[k], 1);
+            metrics_observe(e->m.e2e, (double)(r->t_end - r->t_arrival) / 1e6);
+            if (r->t_admit) metrics_observe(e->m.queue_time, (double)(r->t_admit - r->t_arrival) / 1e6);
+        }
+        r->sink->on_finish(r->sink_arg, r);
+    }
+    if (!nd) return;
+    pthread_mutex_lock(&e->mu);
+    e->n_retiring -= nd;
+    pthread_cond_broadcast(&e->idle_cv);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -594,8 +607,9 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     e->item_req = calloc((size_t)e->n_slots, sizeof *e->item_req);
     e->item_chunk = calloc((size_t)e->n_slots, sizeof *e->item_chunk);
     e->done = calloc((size_t)n_pool, sizeof *e->done);
+    e->retired = calloc((size_t)n_pool, sizeof *e->retired);
     if (!e->pool || !e->running || !e->active || !e->items || !e->item_req || !e->item_chunk ||
-        !e->done) {
+        !e->done || !e->retired) {
         engine_destroy(e);
         return status_fail(st, STATUS_NOMEM, "engine: out of memory for %d requests", n_pool);
     }
@@ -639,9 +653,9 @@ bool engine_wait_idle(engine *e, int64_t timeout_ms)
     struct timespec dl = deadline_after(timeout_ms);
     pthread_mutex_lock(&e->mu);
     int rc = 0;
-    while ((e->n_running || e->n_waiting) && rc != ETIMEDOUT)
+    while ((e->n_running || e->n_waiting || e->n_retiring) && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&e->idle_cv, &e->mu, &dl);
-    bool idle = !e->n_running && !e->n_waiting;
+    bool idle = !e->n_running && !e->n_waiting && !e->n_retiring;
     pthread_mutex_unlock(&e->mu);
     return idle;
 }
@@ -670,10 +684,11 @@ int engine_drain(engine *e, int64_t grace_ms)
     pthread_mutex_lock(&e->mu);
     e->draining = true;
     int rc = 0;
-    while ((e->n_running || e->n_waiting) && rc != ETIMEDOUT)
+    while ((e->n_running || e->n_waiting || e->n_retiring) && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&e->idle_cv, &e->mu, &dl);
     int n = abort_all(e, "worker draining: grace period over");
-    while (e->n_running || e->n_waiting) pthread_cond_wait(&e->idle_cv, &e->mu);
+    /* idle includes the sinks told: every call has its final message and status queued */
+    while (e->n_running || e->n_waiting || e->n_retiring) pthread_cond_wait(&e->idle_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     return n;
 }
@@ -699,5 +714,6 @@ void engine_destroy(engine *e)
     free(e->item_req);
     free(e->item_chunk);
     free(e->done);
+    free(e->retired);
     free(e);
 }

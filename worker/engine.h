@@ -76,7 +76,9 @@ typedef struct engine_sink {
     bool (*cancelled)(void *arg);
     /* a generated token; item holds the logprobs when asked. */
     void (*on_token)(void *arg, const engine_request *r, const worker_batch_item *item);
-    /* the end: r->finish, r->stop_token, r->result, timings. Last call for r. */
+    /* the end: r->finish, r->stop_token, r->result, timings. Last call for r. r is a copy
+     * (r->p.prompt is NULL): the request's slot is already free and counted so in GetLoad, so
+     * whoever sees the stream end sees the slot free. */
     void (*on_finish)(void *arg, const engine_request *r);
 } engine_sink;
 

@@ -336,13 +336,13 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
                                                "reason=\"invalid\"", "Requests refused at admission.");
     const rpc_method methods[] = {
         {"/deltaserve.v1.Worker/Generate", &deltaserve__v1__worker_generate_request__descriptor,
-         RPC_METHOD_SERVER_STREAM, on_generate, NULL, NULL, ws},
+         RPC_METHOD_SERVER_STREAM, on_generate, NULL, NULL, ws, false},
         {"/deltaserve.v1.Worker/Abort", &deltaserve__v1__abort_request__descriptor,
-         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws},
+         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws, false},
         {"/deltaserve.v1.Worker/GetLoad", &deltaserve__v1__get_load_request__descriptor,
-         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws},
+         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false},
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
-         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws},
+         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false},
     };
     if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls},
                           &ws->srv, st))
@@ -372,20 +372,33 @@ fail:
 int worker_service_port(const worker_service *ws) { return rpc_server_port(ws->srv); }
 const char *worker_service_name(const worker_service *ws) { return ws->name; }
 
-int worker_service_drain(worker_service *ws, int64_t grace_ms)
+void worker_service_begin_drain(worker_service *ws)
 {
     pthread_mutex_lock(&ws->mu);
     ws->state = WS_DRAINING;
-    engine *e = ws->engine;
     pthread_mutex_unlock(&ws->mu);
     rpc_health_set_ready(ws->health, false);
+}
+
+int worker_service_drain(worker_service *ws, int64_t grace_ms)
+{
+    worker_service_begin_drain(ws);
+    pthread_mutex_lock(&ws->mu);
+    engine *e = ws->engine;
+    pthread_mutex_unlock(&ws->mu);
     return e ? engine_drain(e, grace_ms) : 0;
+}
+
+bool worker_service_shutdown(worker_service *ws, int64_t flush_ms)
+{
+    return !ws->srv || rpc_server_shutdown_grace(ws->srv, flush_ms);
 }
 
 void worker_service_destroy(worker_service *ws)
 {
     if (!ws) return;
-    if (ws->srv) rpc_server_shutdown(ws->srv); /* every call ended: no handler runs after */
+    /* a no-op after worker_service_shutdown; every call ended: no handler runs after */
+    if (ws->srv) worker_service_shutdown(ws, WORKER_SERVICE_FLUSH_MS);
     rpc_health_destroy(ws->health);
     rpc_reflection_destroy(ws->refl);
     rpc_server_destroy(ws->srv);

@@ -7,9 +7,13 @@
  *                           ("deltaserve.v1.Worker") NOT_SERVING, Generate UNAVAILABLE "loading";
  *   worker_service_attach   after the model, backend and engine exist: readiness SERVING;
  *   worker_service_drain    readiness NOT_SERVING, new Generate UNAVAILABLE, in-flight streams
- *                           get grace_ms to finish, the rest end UNAVAILABLE;
- *   worker_service_destroy  shuts the server down (every call ended) and frees it; the engine
- *                           and backend are the caller's and are destroyed after. */
+ *                           get grace_ms to finish, the rest end UNAVAILABLE; when it returns
+ *                           every stream has its final message and status queued;
+ *   worker_service_shutdown stops the gRPC server gracefully: the queued messages and statuses
+ *                           get up to flush_ms to be written, then the connections close;
+ *   worker_service_destroy  shuts the server down (as above with WORKER_SERVICE_FLUSH_MS if not
+ *                           done yet) and frees it; the engine and backend are the caller's and
+ *                           are destroyed after. */
 #ifndef DS_WORKER_SERVICE_H
 #define DS_WORKER_SERVICE_H
 
@@ -48,8 +52,21 @@ const char *worker_service_name(const worker_service *ws);
 void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_backend *b,
                            engine *e, const worker_model_desc *desc);
 
+/* How long the final messages and statuses get to reach their clients after the engine ended
+ * every request, when the caller does not say (worker_service_destroy). */
+#define WORKER_SERVICE_FLUSH_MS 10000
+
+/* Readiness NOT_SERVING, new Generate UNAVAILABLE "worker is draining" from the moment it
+ * returns (worker_service_drain does it too; this is for logging "draining" only once true). */
+void worker_service_begin_drain(worker_service *ws);
+
 /* Returns the number of requests cancelled when the grace period ran out. */
 int worker_service_drain(worker_service *ws, int64_t grace_ms);
+
+/* Graceful stop of the gRPC server (after worker_service_drain): no new calls, every call's
+ * final message and status written within flush_ms (then the rest are cancelled). Returns
+ * false when some had to be cancelled. Idempotent. */
+bool worker_service_shutdown(worker_service *ws, int64_t flush_ms);
 
 void worker_service_destroy(worker_service *ws);
 

@@ -1,7 +1,10 @@
 /* rpc_server + health + reflection over loopback with a raw gRPC C core client: streams in
  * order, cancellation and deadlines reach the producer, errors always reach the client (with
  * initial metadata), unknown methods are UNIMPLEMENTED, health Check/Watch, reflection v1 and
- * v1alpha, every call released afterwards, shutdown with open streams. */
+ * v1alpha, every call released afterwards, shutdown with open streams; graceful shutdown: a
+ * stream whose final messages and status are queued but not yet written still ends OK with
+ * every message, open-ended streams (Watch) end at once, a stream that outlives the grace is
+ * ended UNAVAILABLE. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -41,8 +44,12 @@ typedef struct producer {
     rpc_call *call;
     int n;
     bool hold; /* send one message, then wait for cancellation */
+    bool big;  /* every message carries BIG_TEXT bytes of text */
     bool cancelled; /* set by on_cancel under g_mu */
 } producer;
+
+#define BIG_TEXT (64 << 10)
+static char g_big_text[BIG_TEXT + 1];
 
 static void *produce(void *arg)
 {
@@ -53,6 +60,7 @@ static void *produce(void *arg)
         int32_t id = i;
         r.n_token_ids = 1;
         r.token_ids = &id;
+        if (p->big) r.text = g_big_text;
         if (i == p->n - 1) r.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH;
         rc = rpc_call_send(p->call, &r.base);
         if (p->hold) {
@@ -80,6 +88,7 @@ static void on_stream(rpc_call *call, const ProtobufCMessage *msg, void *user)
     p->call = call;
     p->n = req->stopping ? (int)req->stopping->max_new_tokens : 1;
     p->hold = strcmp(req->request_id, "hold") == 0;
+    p->big = strcmp(req->request_id, "big") == 0;
     rpc_call_set_data(call, p); /* freed in on_release: on_cancel may use it until then */
     pthread_t t;
     pthread_create(&t, NULL, produce, p);
@@ -151,9 +160,9 @@ static int start_server(rpc_server **srv, rpc_health **h, rpc_reflection **r)
         return fprintf(stderr, "%s\n", st.msg), -1;
     rpc_method stream = {STREAM_PATH, &deltaserve__v1__worker_generate_request__descriptor,
                          RPC_METHOD_SERVER_STREAM, on_stream, on_stream_cancel, on_stream_release,
-                         NULL};
+                         NULL, false};
     rpc_method unary = {UNARY_PATH, &deltaserve__v1__abort_request__descriptor, RPC_METHOD_UNARY,
-                        on_unary, NULL, NULL, NULL};
+                        on_unary, NULL, NULL, NULL, false};
     if (rpc_server_add_method(*srv, &stream, &st) || rpc_server_add_method(*srv, &unary, &st) ||
         rpc_health_create(ready, 1, h, &st) || rpc_health_add_methods(*h, *srv, &st) ||
         rpc_reflection_create(proto_descriptors_data, proto_descriptors_bytes, services, 3, r, &st) ||
@@ -481,6 +490,128 @@ static void test_shutdown_with_open_streams(void)
     rpc_server_destroy(srv);
 }
 
+typedef struct shutdown_job {
+    rpc_server *srv;
+    int64_t grace_ms;
+    bool clean;        /* what rpc_server_shutdown_grace returned */
+    int64_t took_ms;
+} shutdown_job;
+
+static void *shutdown_thread(void *arg)
+{
+    shutdown_job *j = arg;
+    int64_t t0 = rpc_now_ms();
+    j->clean = rpc_server_shutdown_grace(j->srv, j->grace_ms);
+    j->took_ms = rpc_now_ms() - t0;
+    return NULL;
+}
+
+/* The drain race: the producer has queued every message and finished the call, but the client
+ * has not read them yet (200 x 64 KiB: far more than the flow-control window, so most are still
+ * in the server's queue). A graceful shutdown started now must let the client read every
+ * message and the OK status (cancelling at once gave "Cancelling all calls"), and return true
+ * only after the call is released. */
+static void test_graceful_shutdown_delivers_queued_status(void)
+{
+    rpc_server *srv;
+    rpc_health *h;
+    rpc_reflection *r;
+    CU_ASSERT_FATAL(start_server(&srv, &h, &r) == 0);
+    grpc_channel *ch = tc_channel(rpc_server_port(srv));
+    Deltaserve__V1__StoppingCriteria stop;
+    tcall s;
+    int before = wait_producers(0);
+    CU_ASSERT_FATAL(tc_start(&s, ch, STREAM_PATH, &stream_req("big", 200, &stop)->base, 60000, true));
+    CU_ASSERT_EQUAL_FATAL(wait_producers(before + 1), before + 1); /* finished: all queued */
+    CU_ASSERT(rpc_server_live_calls(srv) == 1);
+
+    shutdown_job j = {srv, 30000, false, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, &j);
+    int n = 0, last_finish = -1, in_order = 1;
+    Deltaserve__V1__GenerateResponse *m;
+    while ((m = (void *)tc_recv(&s, &deltaserve__v1__generate_response__descriptor))) {
+        if (m->n_token_ids != 1 || m->token_ids[0] != n || strlen(m->text) != BIG_TEXT) in_order = 0;
+        last_finish = m->finish_reason;
+        n++;
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    int code = tc_status(&s);
+    CU_ASSERT_EQUAL(n, 200);
+    CU_ASSERT(in_order);
+    CU_ASSERT_EQUAL(last_finish, DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+    CU_ASSERT_EQUAL(code, GRPC_STATUS_OK);
+    if (code != GRPC_STATUS_OK) printf("status %d '%s' after %d messages\n", code, s.message, n);
+    pthread_join(t, NULL);
+    CU_ASSERT(j.clean);
+    CU_ASSERT(j.took_ms < 20000);
+    CU_ASSERT_EQUAL(rpc_server_live_calls(srv), 0);
+    tc_destroy(&s);
+    grpc_channel_destroy(ch);
+    rpc_health_destroy(h);
+    rpc_reflection_destroy(r);
+    rpc_server_destroy(srv);
+}
+
+/* A health Watch has no end: a graceful shutdown ends it at once with UNAVAILABLE instead of
+ * waiting the whole grace period for it; a stream that does not end within the grace is then
+ * cancelled with UNAVAILABLE (its producer sees it) and the shutdown says so. */
+static void test_graceful_shutdown_ends_watch_and_cancels_after_grace(void)
+{
+    rpc_server *srv;
+    rpc_health *h;
+    rpc_reflection *r;
+    CU_ASSERT_FATAL(start_server(&srv, &h, &r) == 0);
+    grpc_channel *ch = tc_channel(rpc_server_port(srv));
+    tcall w, s;
+    Grpc__Health__V1__HealthCheckRequest hreq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    CU_ASSERT_FATAL(tc_start(&w, ch, "/grpc.health.v1.Health/Watch", &hreq.base, 60000, true));
+    CU_ASSERT_EQUAL(watch_next(&w), 1);
+
+    /* only the Watch open: a long grace, but the shutdown returns as soon as the Watch ended */
+    shutdown_job j = {srv, 60000, false, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, &j);
+    CU_ASSERT_EQUAL(tc_status(&w), GRPC_STATUS_UNAVAILABLE);
+    pthread_join(t, NULL);
+    CU_ASSERT(j.clean);
+    CU_ASSERT(j.took_ms < 30000); /* the 60 s grace was not waited for */
+    tc_destroy(&w);
+    grpc_channel_destroy(ch);
+    rpc_health_destroy(h);
+    rpc_reflection_destroy(r);
+    rpc_server_destroy(srv);
+
+    /* a held stream outlives a short grace */
+    CU_ASSERT_FATAL(start_server(&srv, &h, &r) == 0);
+    ch = tc_channel(rpc_server_port(srv));
+    Deltaserve__V1__StoppingCriteria stop;
+    int before = wait_producers(0);
+    CU_ASSERT_FATAL(tc_start(&s, ch, STREAM_PATH, &stream_req("hold", 3, &stop)->base, 60000, true));
+    Deltaserve__V1__GenerateResponse *m = (void *)tc_recv(&s, &deltaserve__v1__generate_response__descriptor);
+    CU_ASSERT_PTR_NOT_NULL(m);
+    if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+    j = (shutdown_job){srv, 200, true, 0};
+    pthread_create(&t, NULL, shutdown_thread, &j);
+    CU_ASSERT_PTR_NULL(tc_recv(&s, &deltaserve__v1__generate_response__descriptor));
+    /* UNAVAILABLE: "server shutting down: grace period over", or "Socket closed" when gRPC
+     * closes the connection (it had sent GOAWAY) as this last stream ends, before writing the
+     * cancel's trailers */
+    int code = tc_status(&s);
+    CU_ASSERT_EQUAL(code, GRPC_STATUS_UNAVAILABLE);
+    if (code != GRPC_STATUS_UNAVAILABLE) printf("status %d '%s'\n", code, s.message);
+    pthread_join(t, NULL);
+    CU_ASSERT(!j.clean);
+    CU_ASSERT(j.took_ms >= 200);
+    CU_ASSERT_EQUAL(wait_producers(before + 1), before + 1);
+    CU_ASSERT_EQUAL(rpc_server_live_calls(srv), 0);
+    tc_destroy(&s);
+    grpc_channel_destroy(ch);
+    rpc_health_destroy(h);
+    rpc_reflection_destroy(r);
+    rpc_server_destroy(srv);
+}
+
 static void test_bind_failure_names_address(void)
 {
     rpc_server *srv = NULL;
@@ -494,6 +625,7 @@ static void test_bind_failure_names_address(void)
 
 int main(void)
 {
+    memset(g_big_text, 'x', BIG_TEXT);
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("rpc_server", suite_init, suite_clean);
     CU_add_test(s, "stream_in_order", test_stream_in_order);
@@ -506,6 +638,10 @@ int main(void)
     CU_add_test(s, "reflection_v1alpha", test_reflection_v1alpha);
     CU_add_test(s, "reflection_v1", test_reflection_v1);
     CU_add_test(s, "shutdown_with_open_streams", test_shutdown_with_open_streams);
+    CU_add_test(s, "graceful_shutdown_delivers_queued_status",
+                test_graceful_shutdown_delivers_queued_status);
+    CU_add_test(s, "graceful_shutdown_ends_watch_and_cancels_after_grace",
+                test_graceful_shutdown_ends_watch_and_cancels_after_grace);
     CU_add_test(s, "bind_failure_names_address", test_bind_failure_names_address);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
