@@ -5,7 +5,9 @@
  *
  *   quant_bench [--n-in N] [--hot-mib M] [--cold-mib M] [--seconds S]
  *
- * One thread. Each figure is the fastest single pass over the matrix within S/8 seconds. 0.00 = the type
+ * One thread. Each figure is the fastest single pass over the matrix within S/8 seconds.
+ * "q8" quantises x once per pass and dots every row in integers; "q8x4" dots every row with 4
+ * quantised inputs at once (dot_q8_cols) and counts the row's bytes 4 times; 0.00 = the type
  * has no integer path (F32/F16/BF16). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +16,7 @@
 
 #include "gguf/quant.h"
 
-typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC, BENCH_Q8, BENCH_Q8_REF } bench_kind;
+typedef enum { BENCH_REF, BENCH_DOT, BENCH_MATVEC, BENCH_Q8, BENCH_Q8_REF, BENCH_Q8X4 } bench_kind;
 
 static double bench_now(void) {
     struct timespec ts;
@@ -36,6 +38,14 @@ static double bench_run(const quant_traits *t, uint32_t type, bench_kind kind, c
         } else if (kind == BENCH_Q8) {
             quant_quantize_act(type, x, xq, n_in); /* once per matvec, as the engine does */
             quant_matvec_q8(type, w, row_bytes, n_in, xq, y, 0, n_rows);
+        } else if (kind == BENCH_Q8X4) { /* 4 inputs per row (batched decode / prefill) */
+            const uint64_t xb = quant_act_bytes(type, n_in);
+            for (int c = 0; c < 4; c++) quant_quantize_act(type, x, (uint8_t *)xq + c * xb, n_in);
+            float out[4];
+            for (int64_t r = 0; r < n_rows; r++) {
+                t->dot_q8_cols(w + (uint64_t)r * row_bytes, xq, xb, 4, n_in, out);
+                y[r] = out[0] + out[3];
+            }
         } else if (kind == BENCH_Q8_REF) {
             quant_quantize_act(type, x, xq, n_in);
             for (int64_t r = 0; r < n_rows; r++) y[r] = t->dot_q8_ref(w + (uint64_t)r * row_bytes, xq, n_in);
@@ -46,7 +56,8 @@ static double bench_run(const quant_traits *t, uint32_t type, bench_kind kind, c
         double dt = bench_now() - t0;
         if (dt < best) best = dt;
     }
-    return (double)n_rows * (double)row_bytes / best / 1e9;
+    /* q8x4 counts each row once per input: GB/s of weight bytes dotted */
+    return (kind == BENCH_Q8X4 ? 4.0 : 1.0) * (double)n_rows * (double)row_bytes / best / 1e9;
 }
 
 int main(int argc, char **argv) {
@@ -68,13 +79,13 @@ int main(int argc, char **argv) {
     }
     printf("quant_bench: n_in %lld, avx2 %s, hot %.1f MiB, cold %.0f MiB, one thread\n",
            (long long)n_in, quant_cpu_has_avx2() ? "yes" : "no", hot_mib, cold_mib);
-    printf("%-6s %9s | %9s %9s %9s %9s %9s | %9s %9s %9s   (GB/s of weights)\n", "type", "B/weight",
-           "hot ref", "hot dot", "hot mv", "hot q8ref", "hot q8", "cold dot", "cold mv", "cold q8");
+    printf("%-6s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s %9s   (GB/s of weights)\n", "type", "B/weight",
+           "hot ref", "hot dot", "hot mv", "hot q8ref", "hot q8", "hot q8x4", "cold dot", "cold mv", "cold q8");
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                               GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     float *x = malloc((size_t)n_in * sizeof(float));
     float *src = malloc((size_t)n_in * sizeof(float));
-    void *xq = malloc((size_t)n_in * 2); /* >= quant_act_bytes of any type */
+    void *xq = malloc((size_t)n_in * 8); /* >= 4 x quant_act_bytes of any type */
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     for (int64_t i = 0; i < n_in; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -103,11 +114,12 @@ int main(int argc, char **argv) {
         double hm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, hot_rows, x, y, xq, s);
         double hqr = q8 ? bench_run(t, types[k], BENCH_Q8_REF, w, row_bytes, n_in, hot_rows, x, y, xq, s) : 0;
         double hq = q8 ? bench_run(t, types[k], BENCH_Q8, w, row_bytes, n_in, hot_rows, x, y, xq, s) : 0;
+        double hq4 = q8 ? bench_run(t, types[k], BENCH_Q8X4, w, row_bytes, n_in, hot_rows, x, y, xq, s) : 0;
         double cd = bench_run(t, types[k], BENCH_DOT, w, row_bytes, n_in, cold_rows, x, y, xq, s);
         double cm = bench_run(t, types[k], BENCH_MATVEC, w, row_bytes, n_in, cold_rows, x, y, xq, s);
         double cq = q8 ? bench_run(t, types[k], BENCH_Q8, w, row_bytes, n_in, cold_rows, x, y, xq, s) : 0;
-        printf("%-6s %9.4f | %9.2f %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", t->name,
-               (double)t->type_size / t->block_size, hr, hd, hm, hqr, hq, cd, cm, cq);
+        printf("%-6s %9.4f | %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f\n", t->name,
+               (double)t->type_size / t->block_size, hr, hd, hm, hqr, hq, hq4, cd, cm, cq);
         free(w);
         free(y);
     }

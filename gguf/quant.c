@@ -241,11 +241,13 @@ QUANT_DOT_REF(q6_K, QK_K, sizeof(block_q6_K))
 #define QUANT_SUPQ(id, nm, bs, ts, fn, dotfn, vdt, dq8fn)                                 \
     [id] = {.name = nm, .block_size = bs, .type_size = ts, .supported = true,            \
             .dequant = quant_dequant_##fn, .dot = dotfn, .dot_ref = quant_dot_ref_##fn,  \
-            .quantize = quant_quantize_##fn, .vec_dot_type = vdt, .dot_q8 = dq8fn,       \
-            .dot_q8_ref = quant_dot_q8_ref_##fn}
+            .quantize = quant_quantize_##fn, .vec_dot_type = vdt, .dot_q8 = dq8fn##_##fn, \
+            .dot_q8_ref = quant_dot_q8_ref_##fn, .dot_q8_cols = dq8fn##_cols_##fn,       \
+            .dot_q8_cols_ref = quant_dot_q8_ref_cols_##fn}
 
-#define QUANT_TABLE(DOT_F32, DOT_F16, DOT_BF16, DOT_Q8_0, DOT_Q4_K, DOT_Q5_K, DOT_Q6_K,      \
-                    DQ8_Q8_0, DQ8_Q4_K, DQ8_Q5_K, DQ8_Q6_K)                                \
+/* DQ8: the integer-path kernel family, quant_dot_q8_ref or quant_dot_q8_avx2: the table
+ * takes DQ8_<type> and DQ8_cols_<type> (quant_q8.c, quant_q8_avx2.c). */
+#define QUANT_TABLE(DOT_F32, DOT_F16, DOT_BF16, DOT_Q8_0, DOT_Q4_K, DOT_Q5_K, DOT_Q6_K, DQ8)   \
     {                                                                                      \
         QUANT_SUP(0, "f32", 1, 4, f32, DOT_F32),                                           \
         QUANT_SUP(1, "f16", 1, 2, f16, DOT_F16),                                           \
@@ -253,13 +255,13 @@ QUANT_DOT_REF(q6_K, QK_K, sizeof(block_q6_K))
         QUANT_KNOWN(3, "q4_1", 32, 20),                                                    \
         QUANT_KNOWN(6, "q5_0", 32, 22),                                                    \
         QUANT_KNOWN(7, "q5_1", 32, 24),                                                    \
-        QUANT_SUPQ(8, "q8_0", 32, 34, q8_0, DOT_Q8_0, GGML_TYPE_Q8_0, DQ8_Q8_0),           \
+        QUANT_SUPQ(8, "q8_0", 32, 34, q8_0, DOT_Q8_0, GGML_TYPE_Q8_0, DQ8),                \
         QUANT_KNOWN(9, "q8_1", 32, 36),                                                    \
         QUANT_KNOWN(10, "q2_K", 256, 84),                                                  \
         QUANT_KNOWN(11, "q3_K", 256, 110),                                                 \
-        QUANT_SUPQ(12, "q4_K", 256, 144, q4_K, DOT_Q4_K, GGML_TYPE_Q8_K, DQ8_Q4_K),        \
-        QUANT_SUPQ(13, "q5_K", 256, 176, q5_K, DOT_Q5_K, GGML_TYPE_Q8_K, DQ8_Q5_K),        \
-        QUANT_SUPQ(14, "q6_K", 256, 210, q6_K, DOT_Q6_K, GGML_TYPE_Q8_K, DQ8_Q6_K),        \
+        QUANT_SUPQ(12, "q4_K", 256, 144, q4_K, DOT_Q4_K, GGML_TYPE_Q8_K, DQ8),             \
+        QUANT_SUPQ(13, "q5_K", 256, 176, q5_K, DOT_Q5_K, GGML_TYPE_Q8_K, DQ8),             \
+        QUANT_SUPQ(14, "q6_K", 256, 210, q6_K, DOT_Q6_K, GGML_TYPE_Q8_K, DQ8),             \
         QUANT_KNOWN(15, "q8_K", 256, 292),                                                 \
         QUANT_KNOWN(16, "iq2_xxs", 256, 66),                                               \
         QUANT_KNOWN(17, "iq2_xs", 256, 74),                                                \
@@ -283,16 +285,12 @@ QUANT_DOT_REF(q6_K, QK_K, sizeof(block_q6_K))
 
 static const quant_traits quant_table_ref[GGML_TYPE_MAX_ID] =
     QUANT_TABLE(quant_dot_ref_f32, quant_dot_ref_f16, quant_dot_ref_bf16, quant_dot_ref_q8_0,
-                quant_dot_ref_q4_K, quant_dot_ref_q5_K, quant_dot_ref_q6_K,
-                quant_dot_q8_ref_q8_0, quant_dot_q8_ref_q4_K, quant_dot_q8_ref_q5_K,
-                quant_dot_q8_ref_q6_K);
+                quant_dot_ref_q4_K, quant_dot_ref_q5_K, quant_dot_ref_q6_K, quant_dot_q8_ref);
 
 #if QUANT_HAVE_AVX2
 static const quant_traits quant_table_avx2[GGML_TYPE_MAX_ID] =
     QUANT_TABLE(quant_dot_avx2_f32, quant_dot_avx2_f16, quant_dot_avx2_bf16, quant_dot_avx2_q8_0,
-                quant_dot_avx2_q4_K, quant_dot_avx2_q5_K, quant_dot_avx2_q6_K,
-                quant_dot_q8_avx2_q8_0, quant_dot_q8_avx2_q4_K, quant_dot_q8_avx2_q5_K,
-                quant_dot_q8_avx2_q6_K);
+                quant_dot_avx2_q4_K, quant_dot_avx2_q5_K, quant_dot_avx2_q6_K, quant_dot_q8_avx2);
 #endif
 
 bool quant_cpu_has_avx2(void) {

@@ -101,6 +101,12 @@ typedef float (*quant_dot_fn)(const void *row, const float *x, int64_t n);
 typedef void (*quant_quantize_fn)(const float *src, void *dst, int64_t n);
 /* Integer dot of a quantised row with a quantised activation row (vec_dot_type blocks). */
 typedef float (*quant_dot_q8_fn)(const void *row, const void *xq, int64_t n);
+/* The same row against nc (1..QUANT_Q8_MAX_COLS) activation rows at once, the c-th starting
+ * xq_stride bytes after the (c-1)-th: out[c] == dot_q8(row, xq + c * xq_stride, n) bit for bit
+ * (the row's levels are unpacked once for all columns). */
+#define QUANT_Q8_MAX_COLS 4
+typedef void (*quant_dot_q8_cols_fn)(const void *row, const void *xq, uint64_t xq_stride, int nc,
+                                     int64_t n, float *out);
 
 typedef struct quant_traits {
     const char *name;         /* "q4_K" as ggml names it */
@@ -117,6 +123,8 @@ typedef struct quant_traits {
     uint32_t vec_dot_type;
     quant_dot_q8_fn dot_q8;     /* fastest available (AVX2 when the CPU has it) */
     quant_dot_q8_fn dot_q8_ref; /* scalar reference; bit-identical to dot_q8 (see below) */
+    quant_dot_q8_cols_fn dot_q8_cols;     /* fastest available */
+    quant_dot_q8_cols_fn dot_q8_cols_ref; /* scalar: dot_q8_ref per column */
 } quant_traits;
 
 /* Traits for a type id; NULL if the id is not a ggml type this program knows. */
@@ -151,13 +159,14 @@ void quant_matvec(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in
  * Both keep every level in [-127, 127], which the dots rely on (AVX2 sign trick, int16 pair
  * sums of maddubs, int16 bsums pairs): pass only blocks these functions wrote.
  *
- * Dots (quant_dot_q8_fn): per block the integer sums are exact (int32; each lane partial sum
- * stays below 2^24, so its conversion to float is exact too), then scaled by
- * fp16(w.d) * x.d and accumulated in float in a fixed lane order that the scalar reference
- * and the AVX2 kernel share operation for operation (no FMA): dot_q8 == dot_q8_ref bit for
- * bit on every input. Against the exact real-number dot of the dequantised weights and the
- * dequantised activation the float part errs by at most ~(n/256 + 6) * 2^-24 * sum over
- * terms |scale * integer sum| (tests/gguf/quant_q8_test.c states and checks the bound). */
+ * Dots (quant_dot_q8_fn): per block the integer sums are exact (int32 lanes), then converted
+ * to float (exact below 2^24, which Q4_K/Q5_K/Q8_0 lanes always are; a Q6_K lane can reach
+ * ~2^25.6 and round by 2^-24 relative), scaled by fp16(w.d) * x.d and accumulated in float in
+ * a fixed lane order that the scalar reference and the AVX2 kernel share operation for
+ * operation (no FMA): dot_q8 == dot_q8_ref bit for bit on every input. Against the exact
+ * real-number dot of the dequantised weights and the dequantised activation the float part
+ * errs by at most ~(n/block + 6) * 2^-23 * sum of |weight_i * x_i| (terms taken with the
+ * K-quant min separately; tests/gguf/quant_q8_test.c states and checks the bound). */
 void quant_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t n);
 void quant_quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t n);
 /* Scalar references of the two (tests). */

@@ -31,6 +31,10 @@ float quant_dot_q8_ref_q8_0(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_ref_q4_K(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_ref_q5_K(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_ref_q6_K(const void *row, const void *xq, int64_t n);
+void quant_dot_q8_ref_cols_q8_0(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_ref_cols_q4_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_ref_cols_q5_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_ref_cols_q6_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
 
 /* Horizontal sums in the order of the AVX2 reductions (the scalar twins use these). */
 static inline float quant_hsum8_order(const float a[8]) {
@@ -44,6 +48,10 @@ float quant_dot_q8_avx2_q8_0(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_avx2_q4_K(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_avx2_q5_K(const void *row, const void *xq, int64_t n);
 float quant_dot_q8_avx2_q6_K(const void *row, const void *xq, int64_t n);
+void quant_dot_q8_avx2_cols_q8_0(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_avx2_cols_q4_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_avx2_cols_q5_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
+void quant_dot_q8_avx2_cols_q6_K(const void *row, const void *xq, uint64_t stride, int nc, int64_t n, float *out);
 void quant_quantize_row_q8_K_avx2(const float *x, block_q8_K *y, int64_t n);
 void quant_quantize_row_q8_0_avx2(const float *x, block_q8_0 *y, int64_t n);
 

@@ -10,7 +10,8 @@
  *   Q8_0:      dot = sum_blocks fp16(w.d)*fp16(x.d) * sum_i qw_i*qx_i.
  * The float part is laid out as the AVX2 kernels (quant_q8_avx2.c) compute it, so the two are
  * bit-identical: integer lane l (0..7) of a block holds the terms of the elements whose index
- * mod 32 lies in [4l, 4l+4) (that is what maddubs + madd produce on 32-byte vectors); each
+ * mod 32 lies in [4l, 4l+4) (that is what maddubs + madd produce on 32-byte vectors; Q6_K's
+ * -32 offset enters lane l as -32 * the scaled bsums of 16-groups 2l and 2l+1); each
  * lane is converted to float, multiplied by the block's scale and added to float lane l; the
  * K-quant mins go to 4 float lanes (lane k: sub-blocks 2k, 2k+1); the lanes are summed at the
  * end in the order of the AVX2 horizontal sums. No FMA on either side (plain C11 does not
@@ -193,20 +194,35 @@ float quant_dot_q8_ref_q6_K(const void *row, const void *xq, int64_t n) {
     const block_q8_K *x = xq;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / QK_K; b++) {
-        int32_t isum[8] = {0};
+        /* the levels 0..63 times x; the -32 offset from the bsums: lane l takes
+         * -32 * (sc[2l] * bsums[2l] + sc[2l+1] * bsums[2l+1]) */
+        int32_t isum[8];
+        for (int l = 0; l < 8; l++)
+            isum[l] = -32 * (w[b].scales[2 * l] * x[b].bsums[2 * l] + w[b].scales[2 * l + 1] * x[b].bsums[2 * l + 1]);
         for (int e = 0; e < QK_K; e++) {
             /* QWEN35.md §5.2: half h, l = e % 32, quarter q = (e % 128) / 32 */
             const int h = e / 128, q = (e % 128) / 32, l = e % 32;
             const uint8_t lb = w[b].ql[64 * h + l + (q & 1) * 32];
             const int lo = (q >> 1) ? lb >> 4 : lb & 0xF;
             const int hi = (w[b].qh[32 * h + l] >> (2 * q)) & 3;
-            isum[l / 4] += w[b].scales[e / 16] * ((lo | hi << 4) - 32) * x[b].qs[e];
+            isum[l / 4] += w[b].scales[e / 16] * (lo | hi << 4) * x[b].qs[e];
         }
         const float dd = quant_f16_to_f32(w[b].d) * x[b].d;
         for (int l = 0; l < 8; l++) acc[l] = acc[l] + dd * (float)isum[l];
     }
     return quant_hsum8_order(acc);
 }
+
+/* nc columns: the single-column reference per column. */
+#define QUANT_Q8_REF_COLS(name)                                                                    \
+    void quant_dot_q8_ref_cols_##name(const void *row, const void *xq, uint64_t stride, int nc,   \
+                                      int64_t n, float *out) {                                    \
+        for (int c = 0; c < nc; c++) out[c] = quant_dot_q8_ref_##name(row, (const uint8_t *)xq + c * stride, n); \
+    }
+QUANT_Q8_REF_COLS(q8_0)
+QUANT_Q8_REF_COLS(q4_K)
+QUANT_Q8_REF_COLS(q5_K)
+QUANT_Q8_REF_COLS(q6_K)
 
 /* ---- matvec ----------------------------------------------------------------------------- */
 

@@ -155,37 +155,52 @@ QUANT_AVX2 void quant_quantize_row_q8_0_avx2(const float *x, block_q8_0 *y, int6
     }
 }
 
+/* ---- the dots: one weight row against NC (1..4) activation rows ------------------------
+ * Each kernel is written once for NC columns (a compile-time constant after inlining): the
+ * row's levels are unpacked once and multiplied with every column, and column c gets exactly
+ * the operations the NC = 1 kernel performs, so dot_q8_cols == dot_q8 per column bit for bit.
+ * Column c's blocks start at xq + c * stride bytes. */
+
+#define QUANT_Q8_INLINE QUANT_AVX2 static inline __attribute__((always_inline))
+/* The column, group and quarter loops must be unrolled for the accumulators to live in
+ * registers (GCC does not unroll them at -O2 by itself). */
+#define QUANT_UNROLL _Pragma("GCC unroll 8")
+
 /* ---- Q8_0 x Q8_0 ------------------------------------------------------------------------ */
 
-/* int32 lane l = sum_{k<4} a[4l+k] * b[4l+k] for 32 signed bytes (b in [-127, 127]). */
-QUANT_AVX2 static inline __m256i quant_q8_dot_i8(__m256i a, __m256i b) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-QUANT_AVX2 float quant_dot_q8_avx2_q8_0(const void *row, const void *xq, int64_t n) {
-    const block_q8_0 *w = row, *x = xq;
+QUANT_Q8_INLINE void quant_q8_0_cols(const block_q8_0 *w, const uint8_t *xq, uint64_t stride,
+                                     int64_t n, const int NC, float *out) {
     const int64_t nb = n / QK8_0;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0[QUANT_Q8_MAX_COLS], acc1[QUANT_Q8_MAX_COLS];
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
         quant_q8_prefetch(w + b, 2 * sizeof(block_q8_0));
-        const __m256i s0 = quant_q8_dot_i8(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                                           _mm256_loadu_si256((const __m256i *)x[b].qs));
-        const __m256i s1 = quant_q8_dot_i8(_mm256_loadu_si256((const __m256i *)w[b + 1].qs),
-                                           _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
-        const float d0 = quant_q8_h2f(w[b].d) * quant_q8_h2f(x[b].d);
-        const float d1 = quant_q8_h2f(w[b + 1].d) * quant_q8_h2f(x[b + 1].d);
-        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0)));
-        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(s1)));
+        const int two = b + 1 < nb; /* block b goes to acc0, block b+1 to acc1 */
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const __m256i a0 = _mm256_sign_epi8(w0, w0);
+        const float fw0 = quant_q8_h2f(w[b].d);
+        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)w[b + 1].qs) : w0;
+        const __m256i a1 = _mm256_sign_epi8(w1, w1);
+        const float fw1 = two ? quant_q8_h2f(w[b + 1].d) : 0.0f;
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++) {
+            const block_q8_0 *x = (const block_q8_0 *)(xq + c * stride) + b;
+            const __m256i s0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(a0, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[0].qs), w0)), ones);
+            acc0[c] = _mm256_add_ps(acc0[c], _mm256_mul_ps(_mm256_set1_ps(fw0 * quant_q8_h2f(x[0].d)),
+                                                           _mm256_cvtepi32_ps(s0)));
+            if (two) {
+                const __m256i s1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(a1, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[1].qs), w1)), ones);
+                acc1[c] = _mm256_add_ps(acc1[c], _mm256_mul_ps(_mm256_set1_ps(fw1 * quant_q8_h2f(x[1].d)),
+                                                               _mm256_cvtepi32_ps(s1)));
+            }
+        }
     }
-    if (b < nb) { /* b is even: block b goes to acc0 */
-        const __m256i s0 = quant_q8_dot_i8(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                                           _mm256_loadu_si256((const __m256i *)x[b].qs));
-        const float d0 = quant_q8_h2f(w[b].d) * quant_q8_h2f(x[b].d);
-        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(s0)));
-    }
-    return quant_q8_hsum8(_mm256_add_ps(acc0, acc1));
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) out[c] = quant_q8_hsum8(_mm256_add_ps(acc0[c], acc1[c]));
 }
 
 /* ---- Q4_K / Q5_K x Q8_K ----------------------------------------------------------------- */
@@ -209,32 +224,42 @@ QUANT_AVX2 static inline __m256i quant_q8_bcast16_mask(int s) {
     return _mm256_set1_epi16((short)((2 * s) | ((2 * s + 1) << 8)));
 }
 
-QUANT_AVX2 static inline float quant_dot_q8_k45(const uint8_t *row, const block_q8_K *x,
-                                                int64_t n, const int q5) {
+/* Per block: mins lane k = m[2k] * S[2k] + m[2k+1] * S[2k+1] with S[s] = bsums[2s] +
+ * bsums[2s+1] (one vpmaddwd); levels lane l as described in quant_q8.c. */
+QUANT_Q8_INLINE void quant_q8_k45_cols(const uint8_t *row, const uint8_t *xq, uint64_t stride,
+                                       int64_t n, const int q5, const int NC, float *out) {
     const size_t bsize = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
     const __m256i m4 = _mm256_set1_epi8(0xF), m16 = _mm256_set1_epi8(0x10);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    __m256 acc[QUANT_Q8_MAX_COLS];
+    __m128 accm[QUANT_Q8_MAX_COLS];
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), accm[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++, row += bsize) {
         quant_q8_prefetch(row, bsize);
         ggml_half hd, hdmin;
         memcpy(&hd, row, 2);
         memcpy(&hdmin, row + 2, 2);
+        const float fd = quant_q8_h2f(hd), fdmin = quant_q8_h2f(hdmin);
         uint8_t sm[16];
         quant_q8_unpack_k4_scales(row + 4, sm);
         const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
-        /* mins: lane k = m[2k] * S[2k] + m[2k+1] * S[2k+1], S[s] = bsums[2s] + bsums[2s+1] */
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)x[b].bsums);
-        const __m128i s8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), s8);
-        const float dm = quant_q8_h2f(hdmin) * x[b].d;
-        accm = _mm_add_ps(accm, _mm_mul_ps(_mm_set1_ps(dm), _mm_cvtepi32_ps(prodm)));
-        /* scales as int16 in both halves */
-        const __m256i sc = _mm256_permute2x128_si256(sm16, sm16, 0x00);
+        const __m128i mins = _mm256_extracti128_si256(sm16, 1);
+        const block_q8_K *x[QUANT_Q8_MAX_COLS];
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++) {
+            x[c] = (const block_q8_K *)(xq + c * stride) + b;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)x[c]->bsums);
+            const __m128i s8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const __m128i prodm = _mm_madd_epi16(mins, s8);
+            accm[c] = _mm_add_ps(accm[c], _mm_mul_ps(_mm_set1_ps(fdmin * x[c]->d), _mm_cvtepi32_ps(prodm)));
+        }
+        const __m256i sc = _mm256_permute2x128_si256(sm16, sm16, 0x00); /* scales, both halves */
         const uint8_t *qs = row + 16 + (q5 ? 32 : 0);
-        const int8_t *q8 = x[b].qs;
         __m256i hb = q5 ? _mm256_loadu_si256((const __m256i *)(row + 16)) : _mm256_setzero_si256();
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i sumi[QUANT_Q8_MAX_COLS];
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        QUANT_UNROLL
         for (int g = 0; g < 4; g++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
             __m256i lo = _mm256_and_si256(v, m4);
@@ -244,24 +269,22 @@ QUANT_AVX2 static inline float quant_dot_q8_k45(const uint8_t *row, const block_
                 hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
                 hb = _mm256_srli_epi16(hb, 2); /* bits shifted in from the next byte are masked */
             }
-            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * g)));
-            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * g + 32)));
             const __m256i scl = _mm256_shuffle_epi8(sc, quant_q8_bcast16_mask(2 * g));
             const __m256i sch = _mm256_shuffle_epi8(sc, quant_q8_bcast16_mask(2 * g + 1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(scl, pl), _mm256_madd_epi16(sch, ph)));
+            QUANT_UNROLL
+            for (int c = 0; c < NC; c++) {
+                const int8_t *q8 = x[c]->qs + 64 * g;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(scl, pl), _mm256_madd_epi16(sch, ph)));
+            }
         }
-        const float dd = quant_q8_h2f(hd) * x[b].d;
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi)));
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(fd * x[c]->d), _mm256_cvtepi32_ps(sumi[c])));
     }
-    return quant_q8_hsum8(acc) - quant_q8_hsum4(accm);
-}
-
-QUANT_AVX2 float quant_dot_q8_avx2_q4_K(const void *row, const void *xq, int64_t n) {
-    return quant_dot_q8_k45(row, xq, n, 0);
-}
-
-QUANT_AVX2 float quant_dot_q8_avx2_q5_K(const void *row, const void *xq, int64_t n) {
-    return quant_dot_q8_k45(row, xq, n, 1);
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) out[c] = quant_q8_hsum8(acc[c]) - quant_q8_hsum4(accm[c]);
 }
 
 /* ---- Q6_K x Q8_K ------------------------------------------------------------------------
@@ -270,12 +293,11 @@ QUANT_AVX2 float quant_dot_q8_avx2_q5_K(const void *row, const void *xq, int64_t
  *   q2 (weights l+32) = (ql[l+32] & 15) | (qh[l] >> 2 & 3) << 4
  *   q3 (weights l+64) = (ql[l]    >> 4) | (qh[l] >> 4 & 3) << 4
  *   q4 (weights l+96) = (ql[l+32] >> 4) | (qh[l] >> 6) << 4
- * levels 0..63 go into maddubs unsigned; the -32 is subtracted as 32 * (pair sums of x). */
-QUANT_AVX2 float quant_dot_q8_avx2_q6_K(const void *row, const void *xq, int64_t n) {
-    const block_q6_K *w = row;
-    const block_q8_K *x = xq;
+ * The levels 0..63 go into maddubs unsigned; the -32 offset is applied once per block from
+ * the activation's bsums: lane l -= 32 * (sc[2l] bsums[2l] + sc[2l+1] bsums[2l+1]). */
+QUANT_Q8_INLINE void quant_q8_q6_K_cols(const block_q6_K *w, const uint8_t *xq, uint64_t stride,
+                                        int64_t n, const int NC, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    const __m256i c32 = _mm256_set1_epi8(32);
     /* quarter k of a half: scale 2k in the low 128-bit half, 2k+1 in the high one */
     const __m256i shuf[4] = {
         _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3),
@@ -283,35 +305,76 @@ QUANT_AVX2 float quant_dot_q8_avx2_q6_K(const void *row, const void *xq, int64_t
         _mm256_setr_epi8(8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11),
         _mm256_setr_epi8(12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15),
     };
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[QUANT_Q8_MAX_COLS];
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         quant_q8_prefetch(w + b, sizeof(block_q6_K));
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
-        const int8_t *q8 = x[b].qs;
-        __m256i sumi = _mm256_setzero_si256();
+        const block_q8_K *x[QUANT_Q8_MAX_COLS];
+        __m256i sumi[QUANT_Q8_MAX_COLS];
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++) {
+            x[c] = (const block_q8_K *)(xq + c * stride) + b;
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x[c]->bsums));
+            sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        }
+        QUANT_UNROLL
         for (int h = 0; h < 2; h++) {
             /* scales 8h..8h+7 as int16 in both halves */
             const __m256i sc = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i a = _mm256_loadu_si256((const __m256i *)(w[b].ql + 64 * h));
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(w[b].ql + 64 * h + 32));
+            const __m256i cc = _mm256_loadu_si256((const __m256i *)(w[b].ql + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h));
             __m256i q[4];
             q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(cc, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(cc, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            QUANT_UNROLL
             for (int k = 0; k < 4; k++) {
-                const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y8), _mm256_maddubs_epi16(c32, y8));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuf[k]), p));
+                const __m256i sck = _mm256_shuffle_epi8(sc, shuf[k]);
+                QUANT_UNROLL
+                for (int c = 0; c < NC; c++) {
+                    const __m256i y8 = _mm256_loadu_si256((const __m256i *)(x[c]->qs + 128 * h + 32 * k));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sck, _mm256_maddubs_epi16(q[k], y8)));
+                }
             }
         }
-        const float dd = quant_q8_h2f(w[b].d) * x[b].d;
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi)));
+        const float fd = quant_q8_h2f(w[b].d);
+        QUANT_UNROLL
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_set1_ps(fd * x[c]->d), _mm256_cvtepi32_ps(sumi[c])));
     }
-    return quant_q8_hsum8(acc);
+    QUANT_UNROLL
+    for (int c = 0; c < NC; c++) out[c] = quant_q8_hsum8(acc[c]);
 }
+
+/* ---- entry points: NC specialised --------------------------------------------------------- */
+
+#define QUANT_Q8_ENTRY(name, CALL)                                                               \
+    QUANT_AVX2 float quant_dot_q8_avx2_##name(const void *row, const void *xq, int64_t n) {     \
+        float out[1];                                                                            \
+        const uint64_t stride = 0;                                                               \
+        const int NC = 1;                                                                        \
+        CALL;                                                                                    \
+        return out[0];                                                                           \
+    }                                                                                            \
+    QUANT_AVX2 void quant_dot_q8_avx2_cols_##name(const void *row, const void *xq, uint64_t stride, \
+                                                  int nc, int64_t n, float *out) {               \
+        switch (nc) {                                                                            \
+        case 1: { const int NC = 1; CALL; break; }                                               \
+        case 2: { const int NC = 2; CALL; break; }                                               \
+        case 3: { const int NC = 3; CALL; break; }                                               \
+        default: { const int NC = 4; CALL; break; }                                              \
+        }                                                                                        \
+    }
+
+QUANT_Q8_ENTRY(q8_0, quant_q8_0_cols(row, xq, stride, n, NC, out))
+QUANT_Q8_ENTRY(q4_K, quant_q8_k45_cols(row, xq, stride, n, 0, NC, out))
+QUANT_Q8_ENTRY(q5_K, quant_q8_k45_cols(row, xq, stride, n, 1, NC, out))
+QUANT_Q8_ENTRY(q6_K, quant_q8_q6_K_cols(row, xq, stride, n, NC, out))
 
 #endif

@@ -345,16 +345,22 @@ static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
     }
 }
 
-/* Integer path: the same blocking, integer dots against the quantised inputs. */
+/* Integer path: blocks of rows, each dotted against the quantised inputs 4 at a time (the row
+ * is unpacked once per 4 columns, dot_q8_cols), while the block is hot in L1/L2. */
 static void mm_rows_dot_q8(const mm_job *j, int64_t r0, int64_t r1)
 {
-    quant_dot_q8_fn dot = j->qt->dot_q8;
+    quant_dot_q8_cols_fn dot = j->qt->dot_q8_cols;
+    float out[QUANT_Q8_MAX_COLS];
     for (int64_t b = r0; b < r1; b += REF_MATMUL_DOT_BLOCK) {
         int64_t e = b + REF_MATMUL_DOT_BLOCK < r1 ? b + REF_MATMUL_DOT_BLOCK : r1;
-        for (int t = 0; t < j->T; t++) {
+        for (int t = 0; t < j->T; t += QUANT_Q8_MAX_COLS) {
+            const int nc = j->T - t < QUANT_Q8_MAX_COLS ? j->T - t : QUANT_Q8_MAX_COLS;
             const uint8_t *xq = j->xq + (uint64_t)t * j->xq_bytes;
             float *y = j->y + t * j->ldy;
-            for (int64_t r = b; r < e; r++) y[r] = dot(j->w + (uint64_t)r * j->row_bytes, xq, j->n_in);
+            for (int64_t r = b; r < e; r++) {
+                dot(j->w + (uint64_t)r * j->row_bytes, xq, j->xq_bytes, nc, j->n_in, out);
+                for (int c = 0; c < nc; c++) y[c * j->ldy + r] = out[c];
+            }
         }
     }
 }
@@ -409,6 +415,20 @@ static void mm_task(void *arg, int task)
     }
 }
 
+/* Runs the row tasks of one call (or of one chunk of input columns on the integer path). */
+static void mm_run(cpu_pool *pool, mm_job *j, bool rows_dot)
+{
+    /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
+     * the dot block (decode, integer path), at least 16 rows. */
+    int64_t unit = rows_dot ? REF_MATMUL_DOT_BLOCK : j->tile_rows;
+    int64_t per = (j->n_out + 4 * j->n_threads - 1) / (4 * j->n_threads);
+    if (per < 16) per = 16;
+    if (per > unit) per = (per + unit - 1) / unit * unit;
+    j->rows_per_task = per;
+    int n_tasks = (int)((j->n_out + per - 1) / per);
+    cpu_pool_run(pool, mm_task, j, n_tasks);
+}
+
 void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                 float *scratch, ref_matmul_dot dot)
@@ -416,7 +436,7 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
     const quant_traits *qt = quant_get(type);
     DS_ASSERT(qt && qt->supported && T >= 1 && n_out >= 1);
     if (dot == REF_MATMUL_DOT_DEFAULT) dot = ref_matmul_dot_default();
-    const bool q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8 && T < REF_MATMUL_Q8_MAX_T;
+    const bool q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8_cols;
     DS_ASSERT(q8 || T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
     int n_threads = cpu_pool_n_threads(pool);
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
@@ -426,22 +446,26 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
 #ifdef HAVE_X86
     if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2, j.k4xn = kernel_4xn_avx2;
 #endif
-    if (q8) {
-        /* each input quantised once, on this thread, into the scratch (no tile is needed) */
-        j.xq_bytes = quant_act_bytes(type, n_in);
-        DS_ASSERT(scratch && j.xq_bytes > 0);
-        DS_ASSERT((uint64_t)T * j.xq_bytes <= ref_matmul_scratch_floats(n_in, 1) * sizeof(float));
-        uint8_t *xq = (uint8_t *)scratch;
-        for (int t = 0; t < T; t++) quant_quantize_act(type, x + t * ldx, xq + (uint64_t)t * j.xq_bytes, n_in);
-        j.xq = xq;
+    if (!q8) {
+        mm_run(pool, &j, T < j.tile_min_t);
+        return;
     }
-    /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
-     * the dot block (decode), at least 16 rows. */
-    int64_t unit = q8 || T < j.tile_min_t ? REF_MATMUL_DOT_BLOCK : j.tile_rows;
-    int64_t per = (n_out + 4 * n_threads - 1) / (4 * n_threads);
-    if (per < 16) per = 16;
-    if (per > unit) per = (per + unit - 1) / unit * unit;
-    j.rows_per_task = per;
-    int n_tasks = (int)((n_out + per - 1) / per);
-    cpu_pool_run(pool, mm_task, &j, n_tasks);
+    /* Integer path: the inputs are quantised on this thread into the scratch (no tile is
+     * needed), as many columns at a time as fit (at least 14: see REF_MATMUL_Q8_MIN_COLS),
+     * then every thread dots its rows with them. */
+    DS_ASSERT(scratch);
+    j.xq_bytes = quant_act_bytes(type, n_in);
+    DS_ASSERT(j.xq_bytes > 0);
+    const uint64_t cap = ref_matmul_scratch_floats(n_in, n_threads) * sizeof(float) / j.xq_bytes;
+    DS_ASSERT(cap >= REF_MATMUL_Q8_MIN_COLS);
+    uint8_t *xq = (uint8_t *)scratch;
+    j.xq = xq;
+    for (int t0 = 0; t0 < T; t0 += (int)cap) {
+        const int nt = (uint64_t)(T - t0) < cap ? T - t0 : (int)cap;
+        for (int t = 0; t < nt; t++)
+            quant_quantize_act(type, x + (t0 + t) * ldx, xq + (uint64_t)t * j.xq_bytes, n_in);
+        j.T = nt;
+        j.y = y + t0 * ldy;
+        mm_run(pool, &j, true);
+    }
 }

@@ -4,15 +4,17 @@
  * ne=[n_in, n_out]). x holds T input rows of n_in floats (row stride ldx), y gets T output rows
  * of n_out floats (row stride ldy):  y[t][o] = W[o] · x[t].
  *
- * Small T (decode, B columns): blocks of rows are dotted against all T inputs while they are
- * hot in L1/L2, so the weights stream from memory once per call. For quantised weights (Q8_0,
- * Q4_K, Q5_K, Q6_K) the default is the integer path, as llama.cpp's: each input row is
- * quantised once per call (Q8_K / Q8_0, gguf/quant.h quant_quantize_act) into the scratch and
- * every weight row is dotted with it in integers (quant_get(type)->dot_q8, AVX2). Otherwise
- * (F32/F16/BF16 weights, or the exact mode) the float dots quant_get(type)->dot against the F32
- * inputs. Larger T (prefill, batched decode beyond the integer path's columns): a tile of rows
- * is dequantised (kernels/cpu/dequant.h, AVX2) into per-thread scratch once and multiplied
- * against all T inputs with an FP32 register-blocked 4x3 kernel. Never a whole tensor.
+ * Quantised weights (Q8_0, Q4_K, Q5_K, Q6_K), default (integer) mode, any T, as llama.cpp's CPU
+ * path: each input row is quantised once per call (Q8_K / Q8_0, gguf/quant.h
+ * quant_quantize_act) into the scratch, and blocks of weight rows are dotted in integers with
+ * the inputs 4 at a time while they are hot in L1/L2 (quant_get(type)->dot_q8_cols, AVX2: the
+ * row is unpacked once per 4 inputs). An output depends only on its weight row and its input
+ * row: the same bits whatever T, the batch or the prefill step size.
+ * F32/F16/BF16 weights, or the exact mode: small T (decode) dots the rows with the F32 inputs
+ * (quant_get(type)->dot), the weights streamed once per call; larger T (prefill, batched
+ * decode) dequantises a tile of rows (kernels/cpu/dequant.h, AVX2) into per-thread scratch once
+ * and multiplies it against all T inputs with an FP32 register-blocked 4x3 kernel. Never a
+ * whole tensor.
  *
  * Exact vs integer path: the integer path quantises the input (about 0.2% relative error of a
  * dot on random data, |error| <= sum_i |w_i| d_block(i) / 2; tests/gguf/quant_q8_test.c); the
@@ -36,14 +38,14 @@
 #define REF_MATMUL_TILE_MIN_T_OTHER 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
 #define REF_MATMUL_DOT_BLOCK 32
-/* The integer path runs for T below this (measured: docs/BENCH.md); larger T take the tile
- * path. Its quantised inputs (T x ~1.14 n_in bytes) live in the scratch. */
-#define REF_MATMUL_Q8_MAX_T 8
+/* The integer path quantises the inputs into the scratch (~1.14 n_in bytes each), as many as
+ * fit at a time, at least this many (the scratch holds >= 16 n_in bytes). */
+#define REF_MATMUL_Q8_MIN_COLS 14
 
 /* How quantised weights are dotted (F32/F16/BF16 weights always take the float path). */
 typedef enum ref_matmul_dot {
     REF_MATMUL_DOT_DEFAULT = 0, /* EXACT when $DS_EXACT_DOT is set and not "0", else Q8 */
-    REF_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised input (T < Q8_MAX_T) */
+    REF_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised inputs */
     REF_MATMUL_DOT_EXACT,       /* float dots against the F32 input */
 } ref_matmul_dot;
 
@@ -54,9 +56,9 @@ ref_matmul_dot ref_matmul_dot_default(void);
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
 
 /* y = x · Wᵀ as above. pool may be NULL (serial). scratch: ref_matmul_scratch_floats(n_in,
- * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights with T < 3, or
- * in the exact mode with T < 3). The type must be supported by gguf/quant.h and n_in a
- * multiple of its block size (checked at load). */
+ * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights, or in the
+ * exact mode, with T < 3). The type must be supported by gguf/quant.h and n_in a multiple of
+ * its block size (checked at load). */
 void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
                 float *scratch, ref_matmul_dot dot);

@@ -3,7 +3,7 @@
  *    non-finite blocks); the scalar one's semantics (max element -> -127, |x - d q| <= d/2,
  *    bsums);
  *  - integer dots: dot_q8 (AVX2) == dot_q8_ref bit for bit, on random blocks with random
- *    scales, extreme scales included;
+ *    scales, extreme scales included; dot_q8_cols (1..4 columns) == dot_q8 per column;
  *  - against the real-number dot of the dequantised weights and the dequantised activation,
  *    computed exactly in double: |err| <= (n_blocks + 6) * 2^-23 * M, M the sum of the
  *    absolute per-element terms (float rounding of the block scale products, the lane
@@ -99,8 +99,9 @@ static double act_scale(uint32_t vdt, const void *xq, int64_t i) {
     return fabs((double)quant_f16_to_f32(((const block_q8_0 *)xq)[i / QK8_0].d));
 }
 
-/* Element i of a weight row as the exact real a*q - b (a = d*sc, b = dmin*m; b = 0 except
- * Q4_K/Q5_K). Exact in double: at most 11+8+6 significant bits. */
+/* Element i of a weight row as the exact real a*q - b: Q4_K/Q5_K a = d*sc, b = dmin*m; Q6_K
+ * a = d*sc with the level 0..63, b = 32*d*sc (the kernels apply the offset separately, from
+ * the bsums); Q8_0 b = 0. Exact in double: at most 11+8+6 significant bits. */
 static void weight_terms(uint32_t type, const uint8_t *row, int64_t i, double *a_q, double *b) {
     const quant_traits *t = quant_get(type);
     const uint8_t *blk = row + (i / t->block_size) * t->type_size;
@@ -114,7 +115,8 @@ static void weight_terms(uint32_t type, const uint8_t *row, int64_t i, double *a
         int h = e / 128, qq = (e % 128) / 32, l = e % 32;
         uint8_t lb = q->ql[64 * h + l + (qq & 1) * 32];
         int lv = ((qq >> 1) ? lb >> 4 : lb & 0xF) | (((q->qh[32 * h + l] >> (2 * qq)) & 3) << 4);
-        *a_q = (double)quant_f16_to_f32(q->d) * q->scales[e / 16] * (lv - 32);
+        *a_q = (double)quant_f16_to_f32(q->d) * q->scales[e / 16] * lv;
+        *b = 32.0 * quant_f16_to_f32(q->d) * q->scales[e / 16];
     } else {
         const int q5 = type == GGML_TYPE_Q5_K;
         ggml_half hd, hdm;
@@ -452,6 +454,42 @@ static void test_dot_q8_exact_when_representable(void) {
     }
 }
 
+/* dot_q8_cols over 1..4 columns == dot_q8 per column, bit for bit; the scalar version too. */
+static void test_dot_q8_cols(void) {
+    uint64_t s = 51;
+    int bad = 0;
+    for (int k = 0; k < N_QTYPES; k++) {
+        const uint32_t type = q_types[k];
+        const quant_traits *t = quant_get(type);
+        CU_ASSERT(t->dot_q8_cols && t->dot_q8_cols_ref);
+        CU_ASSERT_EQUAL(quant_cpu_has_avx2(), t->dot_q8_cols != t->dot_q8_cols_ref);
+        for (int li = 0; li < 3; li++) {
+            const int64_t n = type == GGML_TYPE_Q8_0 && li == 0 ? 96 : dot_lens[li + 1];
+            const uint64_t xb = quant_act_bytes(type, n), stride = xb + 64; /* padded columns */
+            uint8_t *row = malloc(quant_row_bytes(type, n)), *xq = malloc(stride * QUANT_Q8_MAX_COLS);
+            float *x = malloc(n * sizeof(float));
+            fill_blocks(type, row, n, &s, -10, -4);
+            for (int c = 0; c < QUANT_Q8_MAX_COLS; c++) {
+                fill_act(x, n, &s, c - 2, c == 3);
+                quant_quantize_act(type, x, xq + c * stride, n);
+            }
+            for (int nc = 1; nc <= QUANT_Q8_MAX_COLS; nc++) {
+                float got[QUANT_Q8_MAX_COLS + 1], gref[QUANT_Q8_MAX_COLS + 1];
+                got[nc] = gref[nc] = -7.0f;
+                t->dot_q8_cols(row, xq, stride, nc, n, got);
+                t->dot_q8_cols_ref(row, xq, stride, nc, n, gref);
+                bad += got[nc] != -7.0f || gref[nc] != -7.0f; /* nothing beyond nc written */
+                for (int c = 0; c < nc; c++) {
+                    const float one = t->dot_q8(row, xq + c * stride, n);
+                    bad += !same_float(got[c], one) || !same_float(gref[c], one);
+                }
+            }
+            free(row), free(xq), free(x);
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 static void test_matvec_q8(void) {
     uint64_t s = 41;
     for (int k = 0; k < N_QTYPES; k++) {
@@ -484,6 +522,7 @@ int main(void) {
     CU_add_test(s, "dot_q8", test_dot_q8);
     CU_add_test(s, "dot_q8_checks_can_fail", test_dot_q8_checks_can_fail);
     CU_add_test(s, "dot_q8_exact_when_representable", test_dot_q8_exact_when_representable);
+    CU_add_test(s, "dot_q8_cols", test_dot_q8_cols);
     CU_add_test(s, "matvec_q8", test_matvec_q8);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

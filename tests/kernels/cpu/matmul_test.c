@@ -17,8 +17,8 @@ static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, G
                                  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
 /* Returns failures. n_in must fit the type's block. dot: the ref_matmul mode; in the Q8 mode
- * the integer path's outputs must equal the scalar references exactly, the rest (float types,
- * T >= REF_MATMUL_Q8_MAX_T) the double dot within 1e-5 relative. */
+ * the integer path's outputs (quantised types, any T) must equal the scalar references exactly,
+ * float types the double dot within 1e-5 relative. */
 static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb,
                          ref_matmul_dot dot)
 {
@@ -45,7 +45,7 @@ static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_
     for (long i = 0; i < T * ldy; i++) y[i] = ref[i] = -7; /* padding must stay untouched */
     for (int t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) ref[t * ldy + o] = (float)acc[t * n_out + o];
-    const int q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8 && T < REF_MATMUL_Q8_MAX_T;
+    const int q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8;
     if (q8) { /* the integer path's exact expectation */
         uint64_t xb = quant_act_bytes(type, n_in);
         uint8_t *xq = malloc(xb);
@@ -91,6 +91,10 @@ static void run_types(cpu_pool *pool)
             CU_ASSERT_EQUAL(mm_case(pool, type, 256, 301, Ts[k], 0), 0);
         }
     }
+    /* long rows: the integer path's inputs do not all fit the scratch at once (chunks of
+     * REF_MATMUL_Q8_MIN_COLS = 14 at n_in 16384 with one thread's scratch) */
+    CU_ASSERT_EQUAL(mm_case(pool, GGML_TYPE_Q4_K, 16384, 9, 35, 0), 0);
+    CU_ASSERT_EQUAL(mm_case(pool, GGML_TYPE_Q8_0, 16384, 9, 31, 0), 0);
 }
 
 static void test_serial(void) { run_types(NULL); }
