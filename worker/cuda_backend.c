@@ -64,6 +64,9 @@ struct cuda_backend {
     /* activation views */
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_ffn, *d_q, *d_part, *d_logits;
     void *d_hq, *d_yq, *d_ffnq;
+    unsigned *d_sync; /* counters of the fused epilogues (zero between launches) */
+    bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=warp: the old graph) */
+    int gemv_kernel;  /* gemv_matrix.kernel of every matrix */
     unsigned long long *d_best;
     int32_t *d_tok_in, *d_tok_out;
     /* pinned host views */
@@ -97,6 +100,7 @@ typedef struct cb_upload {
     uint8_t *h_cat;     /* host staging for packing matrices together */
     uint64_t done, total;
     bool verbose;
+    int gemv_kernel;
     cuda_stream s;
 } cb_upload;
 
@@ -127,7 +131,7 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
         return status_fail(st, STATUS_UNSUPPORTED, "cuda: %lld-wide rows of type %u",
                            (long long)m0->n_in, m0->type);
     void *d = arena_take(u->w, packed);
-    *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0};
+    *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, u->gemv_kernel, 0};
     if (!d) { /* sizing pass: the largest staging needs */
         if (raw > u->stage_cap) u->stage_cap = raw;
         u->total += raw;
@@ -256,6 +260,9 @@ static void layout_act(cuda_backend *b, cb_arena *a)
     b->d_q = arena_take(a, HA * 4);
     b->d_part = arena_take(a, attn_partial_floats(c->n_h, c->d_h, b->n_ctx) * 4);
     b->d_logits = arena_take(a, (int64_t)c->V * 4);
+    int64_t nsync = (int64_t)gemv_sync_words(c->F > c->H ? c->F : c->H);
+    if (nsync < c->n_v) nsync = c->n_v;
+    b->d_sync = arena_take(a, (uint64_t)nsync * 4);
     b->d_best = arena_take(a, 8);
     b->d_tok_in = arena_take(a, 4);
     b->d_tok_out = arena_take(a, 4);
@@ -263,22 +270,50 @@ static void layout_act(cuda_backend *b, cb_arena *a)
 
 /* ---- one token, as launched into the graph ---- */
 
-static void record_ffn(cuda_backend *b, const cb_layer *L, cuda_stream s)
+/* The step. With b->fuse, a residual-add GEMV also computes the norm that follows it (the
+ * next sublayer's input, d_h/d_hq), so the next sublayer skips its norm_rms: `normed` says
+ * that d_h/d_hq already hold it. Each record_* returns whether it left the next norm done. */
+
+static bool can_fuse(const cuda_backend *b, const gemv_matrix *m)
 {
-    const qwen35_config *c = &b->cfg;
-    norm_rms(b->d_x, L->d_post_norm, c->H, c->eps, b->d_h, b->d_hq, s);
-    gemv_swiglu(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, s);
-    gemv_quantize_x(b->d_ffn, b->d_ffnq, c->F, s);
-    gemv(&L->down, b->d_ffn, b->d_ffnq, b->d_x, GEMV_ADD, s);
+    return b->fuse && gemv_flat_supported(m->type, m->n_in);
 }
 
-static void record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, cuda_stream s)
+/* x += W·y, then (fused when possible) h = norm(x)·next_norm_w; returns true when fused */
+static bool record_residual(cuda_backend *b, const gemv_matrix *W, const float *y, const void *yq,
+                            const float *next_norm_w, cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    if (next_norm_w && can_fuse(b, W)) {
+        gemv_add_norm(W, y, yq, b->d_x, next_norm_w, c->eps, b->d_h, b->d_hq, b->d_sync, s);
+        return true;
+    }
+    gemv(W, y, yq, b->d_x, GEMV_ADD, s);
+    return false;
+}
+
+static bool record_ffn(cuda_backend *b, const cb_layer *L, bool normed, const float *next_norm_w,
+                       cuda_stream s)
+{
+    const qwen35_config *c = &b->cfg;
+    if (!normed) norm_rms(b->d_x, L->d_post_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    if (can_fuse(b, &L->gate)) {
+        gemv_swiglu_q8(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, b->d_ffnq, b->d_sync, s);
+    } else {
+        gemv_swiglu(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, s);
+        gemv_quantize_x(b->d_ffn, b->d_ffnq, c->F, s);
+    }
+    return record_residual(b, &L->down, b->d_ffn, b->d_ffnq, next_norm_w, s);
+}
+
+static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bool normed,
+                       cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
     const int64_t D_v = (int64_t)c->n_v * c->d_v;
     float *conv = sl->d_conv + (int64_t)L->slot * c->C * (c->K_conv - 1);
     float *S = sl->d_S + (int64_t)L->slot * c->n_v * c->d_v * c->d_k;
-    norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    if (!normed) norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     for (int g = 0; g < L->n_in; g++) {
         float *y = b->d_proj + L->in[g].y_off;
         if (g == 0) /* the group holding qkv: conv + SiLU fused on its first C rows */
@@ -287,19 +322,26 @@ static void record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, cu
             gemv(&L->in[g].m, b->d_h, b->d_hq, y, GEMV_STORE, s);
     }
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    gdn_decode(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k, c->d_v,
-               c->eps, S, b->d_o, s);
-    gdn_norm_gated(b->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y, b->d_yq, s);
-    gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
+    if (b->fuse) {
+        gdn_decode_norm(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
+                        c->d_v, c->eps, S, b->d_o, z, L->d_ssm_norm, b->d_y, b->d_yq, b->d_sync,
+                        s);
+    } else {
+        gdn_decode(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
+                   c->d_v, c->eps, S, b->d_o, s);
+        gdn_norm_gated(b->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y, b->d_yq, s);
+    }
+    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, s);
 }
 
-static void record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, cuda_stream s)
+static bool record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bool normed,
+                        cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     const uint64_t kv_layer = (uint64_t)b->n_ctx * c->n_kv * c->d_h * 2;
     void *kc = (uint8_t *)sl->d_kc + L->slot * kv_layer, *vc = (uint8_t *)sl->d_vc + L->slot * kv_layer;
-    norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    if (!normed) norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     for (int g = 0; g < L->n_in; g++)
         gemv(&L->in[g].m, b->d_h, b->d_hq, b->d_proj + L->in[g].y_off, GEMV_STORE, s);
     const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
@@ -307,7 +349,7 @@ static void record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, c
               c->rope_base, c->eps, sl->d_pos, kc, vc, b->d_q, s);
     attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, sl->d_pos, b->d_part,
                 b->d_y, b->d_yq, s);
-    gemv(&L->out, b->d_y, b->d_yq, b->d_x, GEMV_ADD, s);
+    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, s);
 }
 
 static void record_step(cuda_backend *b, const cb_slot *sl, bool forced, cuda_stream s)
@@ -316,15 +358,15 @@ static void record_step(cuda_backend *b, const cb_slot *sl, bool forced, cuda_st
     if (forced) cuda_copy_h2d_async(b->d_tok_in, b->h_tok, 4, s);
     gemv_embed_step(&b->embd, forced ? b->d_tok_in : NULL, b->d_best, b->d_tok_out, sl->d_pos,
                     b->d_x, s);
+    bool normed = false;
     for (int il = 0; il < c->n_layer; il++) {
         const cb_layer *L = &b->layers[il];
-        if (L->gdn)
-            record_gdn(b, sl, L, s);
-        else
-            record_attn(b, sl, L, s);
-        record_ffn(b, L, s);
+        const bool post_normed =
+            L->gdn ? record_gdn(b, sl, L, normed, s) : record_attn(b, sl, L, normed, s);
+        const float *next = il + 1 < c->n_layer ? b->layers[il + 1].d_attn_norm : b->d_out_norm;
+        normed = record_ffn(b, L, post_normed, next, s);
     }
-    norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    if (!normed) norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     gemv_argmax(&b->head, b->d_h, b->d_hq, b->d_logits, b->d_best, s);
     cuda_copy_d2h_async(b->h_best, b->d_best, 8, s);
 }
@@ -364,6 +406,12 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     const bool verbose = o && o->verbose;
     const qwen35_config *c = &b->cfg;
     cb_upload u = {0};
+    /* DS_GEMV_KERNEL=warp: the warp-per-row GEMV and no fused epilogues (the graph before the
+     * flat kernel, for comparisons); =flat or unset: the flat kernel and the fusions */
+    const char *gk = getenv("DS_GEMV_KERNEL");
+    const bool warp = gk && strcmp(gk, "warp") == 0;
+    b->gemv_kernel = u.gemv_kernel = warp ? GEMV_KERNEL_WARP : GEMV_KERNEL_AUTO;
+    b->fuse = !warp;
     if (check_shapes(c, st) || cuda_device_props_get(o ? o->device : 0, &b->props, st) ||
         cuda_stream_create(&b->stream, st))
         goto fail;
@@ -398,6 +446,7 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     sa = (cb_arena){b->d_state, 0, b->state_bytes};
     aa = (cb_arena){b->d_act, 0, b->act_bytes};
     u.w = &wa;
+    u.gemv_kernel = b->gemv_kernel;
     u.s = NULL; /* the legacy stream: ordered after each synchronous upload */
     u.done = 0;
     if (upload_model(b, &u, st)) goto fail;
@@ -424,8 +473,9 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     }
     if (cuda_check("graph capture", st)) goto fail;
     if (verbose)
-        fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token\n",
-                b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token);
+        fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token (%s)\n",
+                b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token,
+                b->fuse ? "flat GEMV, fused epilogues" : "warp GEMV, DS_GEMV_KERNEL=warp");
 
     b->stats.weight_bytes = b->weight_bytes;
     b->stats.state_bytes = b->state_bytes;

@@ -2,14 +2,23 @@
 // that strides over rows (sized to fill the GPU once, so no tail wave); each lane owns a fixed
 // 16-byte slice of a block and walks the row block by block. Integer dp4a against the Q8 x for
 // quantised types, FP32 FMA for float types. Formulas: shared/QWEN35.md §5.2.
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn_conv.cuh"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/q8.cuh"
 #include "kernels/cuda/quant_blocks.cuh"
 
 #define GEMV_WARPS 4
 
-enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3, EP_CONV = 4 };
+enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3, EP_CONV = 4, EP_SWIGLU_Q8 = 5,
+       EP_ADD_NORM = 6 };
+
+// the flat kernel's CTA size and its shared partials (floats) per CTA at most
+#define FLAT_THREADS 256
+#define FLAT_PART_CAP 12288
 
 // what the epilogues write besides y
 struct ep_args {
@@ -18,6 +27,11 @@ struct ep_args {
     float *conv_state;        // EP_CONV: [n_conv][K-1]
     int64_t n_conv;
     int K;
+    unsigned *sync;       // EP_SWIGLU_Q8: [n_out/32] unit counters; EP_ADD_NORM: [1]
+    void *yq;             // EP_SWIGLU_Q8: Q8 of y; EP_ADD_NORM: Q8 of the norm
+    const float *norm_w;  // EP_ADD_NORM: [n_out]
+    float *norm_y;        // EP_ADD_NORM: [n_out] F32 norm (may be NULL)
+    float eps;
 };
 
 static __host__ __device__ __forceinline__ uint64_t gemv_align256(uint64_t n)
@@ -38,20 +52,36 @@ static __host__ __device__ __forceinline__ uint64_t q8_d_off(uint64_t nblk)
     return gemv_align256(nblk * 32);
 }
 
-template <typename T> static __device__ __forceinline__ T ldg(const void *p)
+// The slice helpers below are __host__ __device__ so the host emulator of the flat kernel
+// (gemv_flat_emulate, run by the parity test's CPU-side part) executes the very same code.
+template <typename T> static __host__ __device__ __forceinline__ T ldg(const void *p)
 {
+#ifdef __CUDA_ARCH__
     return __ldg((const T *)p);
+#else
+    return *(const T *)p;
+#endif
 }
 
-static __device__ __forceinline__ int dot4(int4 a, int4 b)
+static __host__ __device__ __forceinline__ int dp4a(int a, int b, int c)
 {
-    return __dp4a(a.w, b.w, __dp4a(a.z, b.z, __dp4a(a.y, b.y, __dp4a(a.x, b.x, 0))));
+#ifdef __CUDA_ARCH__
+    return __dp4a(a, b, c);
+#else
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i);
+    return c;
+#endif
+}
+
+static __host__ __device__ __forceinline__ int dot4(int4 a, int4 b, int c = 0)
+{
+    return dp4a(a.w, b.w, dp4a(a.z, b.z, dp4a(a.y, b.y, dp4a(a.x, b.x, c))));
 }
 
 // Scales and mins of sub-blocks 2g and 2g+1 of a K-quant block from its scales bytes
 // s0|s1|s2 (ggml get_scale_min_k4 for the pair, branch-free and without indexing a byte array,
 // so nothing goes to local memory). g is fixed per lane, so the selects are loop-invariant.
-static __device__ __forceinline__ void scale_min_pair(int g, uint32_t s0, uint32_t s1,
+static __host__ __device__ __forceinline__ void scale_min_pair(int g, uint32_t s0, uint32_t s1,
                                                       uint32_t s2, float *sc0, float *sc1,
                                                       float *m0, float *m1)
 {
@@ -80,25 +110,25 @@ struct xk45 {
     int4 xl, xh;
     float2 dl, dh;
 };
-static __device__ __forceinline__ xk45 load_xk45(int b, int c, const int8_t *xqs,
+static __host__ __device__ __forceinline__ xk45 load_xk45(int b, int c, const int8_t *xqs,
                                                  const float2 *xds)
 {
     const int g = c >> 1, h = c & 1, e = b * 256 + 64 * g + 16 * h;
     return {ldg<int4>(xqs + e), ldg<int4>(xqs + e + 32), ldg<float2>(xds + b * 8 + 2 * g),
             ldg<float2>(xds + b * 8 + 2 * g + 1)};
 }
-static __device__ __forceinline__ xk45 load_x(q4k_t, int b, int c, const int8_t *q,
+static __host__ __device__ __forceinline__ xk45 load_x(q4k_t, int b, int c, const int8_t *q,
                                               const float2 *d)
 {
     return load_xk45(b, c, q, d);
 }
-static __device__ __forceinline__ xk45 load_x(q5k_t, int b, int c, const int8_t *q,
+static __host__ __device__ __forceinline__ xk45 load_x(q5k_t, int b, int c, const int8_t *q,
                                               const float2 *d)
 {
     return load_xk45(b, c, q, d);
 }
 
-static __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int4 lo, int4 hi,
+static __host__ __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int4 lo, int4 hi,
                                                    const xk45 &x)
 {
     const int g = c >> 1, h = c & 1;
@@ -111,7 +141,7 @@ static __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int4 lo, in
 }
 
 // Q4_K: qs bytes [32g + 16h, +16): low nibbles then high nibbles
-static __device__ __forceinline__ float slice_dot(q4k_t, const uint8_t *W, uint64_t nblk,
+static __host__ __device__ __forceinline__ float slice_dot(q4k_t, const uint8_t *W, uint64_t nblk,
                                                   uint64_t ib, int c, const xk45 &x)
 {
     (void)nblk;
@@ -125,7 +155,7 @@ static __device__ __forceinline__ float slice_dot(q4k_t, const uint8_t *W, uint6
 }
 
 // Q5_K: as Q4_K plus the fifth bit from qh[16h + l], bit 2g (low) / 2g + 1 (high)
-static __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint64_t nblk,
+static __host__ __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint64_t nblk,
                                                   uint64_t ib, int c, const xk45 &x)
 {
     (void)nblk;
@@ -151,7 +181,7 @@ struct xk6 {
     int sumx[4];
     float dx[4];
 };
-static __device__ __forceinline__ xk6 load_x(q6k_t, int b, int c, const int8_t *xqs,
+static __host__ __device__ __forceinline__ xk6 load_x(q6k_t, int b, int c, const int8_t *xqs,
                                              const float2 *xds)
 {
     const int n = c >> 2, l0 = 8 * (c & 3), e = b * 256 + 128 * n + l0;
@@ -159,12 +189,12 @@ static __device__ __forceinline__ xk6 load_x(q6k_t, int b, int c, const int8_t *
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         x.xv[k] = ldg<int2>(xqs + e + 32 * k);
-        x.sumx[k] = 32 * __dp4a(0x01010101, x.xv[k].y, __dp4a(0x01010101, x.xv[k].x, 0));
+        x.sumx[k] = 32 * dp4a(0x01010101, x.xv[k].y, dp4a(0x01010101, x.xv[k].x, 0));
         x.dx[k] = ldg<float2>(xds + b * 8 + 4 * n + k).x;
     }
     return x;
 }
-static __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint64_t nblk,
+static __host__ __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint64_t nblk,
                                                   uint64_t ib, int c, const xk6 &x)
 {
     const int n = c >> 2, l0 = 8 * (c & 3);
@@ -182,7 +212,7 @@ static __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint6
         const int shq = (k & 2) ? 4 : 0, shh = 2 * k;
         const int v0 = (int)(((a0 >> shq) & 0x0F0F0F0F) | (((qh.x >> shh) & 0x03030303) << 4));
         const int v1 = (int)(((a1 >> shq) & 0x0F0F0F0F) | (((qh.y >> shh) & 0x03030303) << 4));
-        const int sumq = __dp4a(v1, x.xv[k].y, __dp4a(v0, x.xv[k].x, 0));
+        const int sumq = dp4a(v1, x.xv[k].y, dp4a(v0, x.xv[k].x, 0));
         const uint32_t w = (k & 2) ? sw.y : sw.x;
         const float sc = (float)(int8_t)(w >> (ss + 16 * (k & 1)));
         acc += sc * x.dx[k] * (float)(sumq - x.sumx[k]);
@@ -195,17 +225,198 @@ struct x80 {
     int4 xv;
     float dx;
 };
-static __device__ __forceinline__ x80 load_x(q80_t, int b, int c, const int8_t *xqs,
+static __host__ __device__ __forceinline__ x80 load_x(q80_t, int b, int c, const int8_t *xqs,
                                              const float2 *xds)
 {
     return {ldg<int4>(xqs + b * 32 + 16 * c), ldg<float2>(xds + b).x};
 }
-static __device__ __forceinline__ float slice_dot(q80_t, const uint8_t *W, uint64_t nblk,
+static __host__ __device__ __forceinline__ float slice_dot(q80_t, const uint8_t *W, uint64_t nblk,
                                                   uint64_t ib, int c, const x80 &x)
 {
     const int4 q = ldg<int4>(W + ib * 32 + 16 * c);
     const float d = __half2float(ldg<__half>(W + q8_d_off(nblk) + ib * 2));
     return d * x.dx * (float)dot4(q, x.xv);
+}
+
+// ---- slices of the flat kernel (gemv_flat_kernel) where they differ from the warp kernel's:
+// Q4_K and Q6_K with 4 lanes per block (each lane 32 bytes of quants: the header, scales and
+// address arithmetic are paid once per 32 bytes instead of per 16), and the float types in
+// 128-byte "blocks" of 8 lanes.
+
+struct q4k4_t { static constexpr int TPB = 4, QK = 256; };
+struct q6k4_t { static constexpr int TPB = 4, QK = 256; };
+struct f32f_t { static constexpr int TPB = 8, QK = 32; };
+struct f16f_t { static constexpr int TPB = 8, QK = 64; };
+struct bf16f_t { static constexpr int TPB = 8, QK = 64; };
+
+// Q4_K, lane c: qs bytes [32c, 32c + 32) = sub-block 2c (low nibbles, weights 64c + [0, 32))
+// and 2c + 1 (high nibbles, weights 64c + 32 + [0, 32)); x: those 64 int8 and (d, d·Σq) of
+// both sub-blocks.
+struct xk4w {
+    int4 l0, l1, h0, h1;
+    float4 ds; // d(2c), s(2c), d(2c+1), s(2c+1)
+};
+static __host__ __device__ __forceinline__ xk4w load_x(q4k4_t, int b, int c, const int8_t *xqs,
+                                                       const float2 *xds)
+{
+    const int e = b * 256 + 64 * c;
+    return {ldg<int4>(xqs + e), ldg<int4>(xqs + e + 16), ldg<int4>(xqs + e + 32),
+            ldg<int4>(xqs + e + 48), ldg<float4>(xds + b * 8 + 2 * c)};
+}
+static __host__ __device__ __forceinline__ int4 nib_lo(int4 q)
+{
+    return {q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F};
+}
+static __host__ __device__ __forceinline__ int4 nib_hi(int4 q)
+{
+    return {(q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F,
+            (q.w >> 4) & 0x0F0F0F0F};
+}
+static __host__ __device__ __forceinline__ float slice_dot(q4k4_t, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const xk4w &x)
+{
+    (void)nblk;
+    const uint8_t *blk = W + ib * 144;
+    const uint4 hdr = ldg<uint4>(blk);
+    const int4 q0 = ldg<int4>(blk + 16 + 32 * c), q1 = ldg<int4>(blk + 32 + 32 * c);
+    const int dl = dot4(nib_lo(q1), x.l1, dot4(nib_lo(q0), x.l0));
+    const int dh = dot4(nib_hi(q1), x.h1, dot4(nib_hi(q0), x.h0));
+    const float2 dm = __half22float2(*(const __half2 *)&hdr.x);
+    float sc0, sc1, m0, m1;
+    scale_min_pair(c, hdr.y, hdr.z, hdr.w, &sc0, &sc1, &m0, &m1);
+    return dm.x * (sc0 * x.ds.x * (float)dl + sc1 * x.ds.z * (float)dh) -
+           dm.y * (m0 * x.ds.y + m1 * x.ds.w);
+}
+
+// Q6_K (packed), lane c: half n = c/2, l0 = 16·(c%2): ql[64n + l0 + [0,16)], ql[64n + 32 + l0 ..],
+// qh[32n + l0 ..] give weights 128n + 32k + l0 + [0,16) for k = 0..3 with scale
+// sc[8n + c%2 + 2k]; the -32 offset is one more dp4a against -32 per word.
+struct xk6w {
+    int4 xv[4];
+    float4 d01, d23; // (d, s) of the 32-groups 4n + k
+};
+static __host__ __device__ __forceinline__ xk6w load_x(q6k4_t, int b, int c, const int8_t *xqs,
+                                                       const float2 *xds)
+{
+    const int n = c >> 1, e = b * 256 + 128 * n + 16 * (c & 1);
+    xk6w x;
+#pragma unroll
+    for (int k = 0; k < 4; k++) x.xv[k] = ldg<int4>(xqs + e + 32 * k);
+    x.d01 = ldg<float4>(xds + b * 8 + 4 * n);
+    x.d23 = ldg<float4>(xds + b * 8 + 4 * n + 2);
+    return x;
+}
+static __host__ __device__ __forceinline__ float slice_dot(q6k4_t, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const xk6w &x)
+{
+    const int n = c >> 1, l0 = 16 * (c & 1);
+    const uint8_t *qlh = W + ib * 192;
+    const uint4 qa = ldg<uint4>(qlh + 64 * n + l0);
+    const uint4 qb = ldg<uint4>(qlh + 64 * n + 32 + l0);
+    const uint4 qh = ldg<uint4>(qlh + 128 + 32 * n + l0);
+    const uint2 sw = ldg<uint2>(W + q6_sc_off(nblk) + ib * 16 + 8 * n);
+    const float d = __half2float(ldg<__half>(W + q6_d_off(nblk) + ib * 2));
+    const uint32_t A[4] = {qa.x, qa.y, qa.z, qa.w}, B[4] = {qb.x, qb.y, qb.z, qb.w};
+    const uint32_t H[4] = {qh.x, qh.y, qh.z, qh.w};
+    const float dx[4] = {x.d01.x, x.d01.z, x.d23.x, x.d23.z};
+    const int ss = 8 * (c & 1);
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int shq = (k & 2) ? 4 : 0, shh = 2 * k;
+        const int X[4] = {x.xv[k].x, x.xv[k].y, x.xv[k].z, x.xv[k].w};
+        int sumq = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t a = (k & 1) ? B[j] : A[j];
+            const int v = (int)(((a >> shq) & 0x0F0F0F0Fu) | (((H[j] >> shh) & 0x03030303u) << 4));
+            sumq = dp4a(v, X[j], dp4a((int)0xE0E0E0E0u, X[j], sumq));
+        }
+        const uint32_t w = (k & 2) ? sw.y : sw.x;
+        const float sc = (float)(int8_t)(w >> (ss + 16 * (k & 1)));
+        acc += sc * dx[k] * (float)sumq;
+    }
+    return d * acc;
+}
+
+// floats: "block" b = elements [QK·b, QK·(b+1)) of a row, lane c its 16 bytes
+static __host__ __device__ __forceinline__ float4 load_x(f32f_t, int b, int c, const float *x)
+{
+    return ldg<float4>(x + b * 32 + 4 * c);
+}
+static __host__ __device__ __forceinline__ float slice_dot(f32f_t, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const float4 &v)
+{
+    (void)nblk;
+    const float4 a = ldg<float4>((const float *)W + ib * 32 + 4 * c);
+    return a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+}
+struct xf8 {
+    float4 a, b;
+};
+static __host__ __device__ __forceinline__ xf8 load_x(f16f_t, int b, int c, const float *x)
+{
+    return {ldg<float4>(x + b * 64 + 8 * c), ldg<float4>(x + b * 64 + 8 * c + 4)};
+}
+static __host__ __device__ __forceinline__ xf8 load_x(bf16f_t, int b, int c, const float *x)
+{
+    return load_x(f16f_t(), b, c, x);
+}
+template <bool BF>
+static __host__ __device__ __forceinline__ float dot_h8(const uint8_t *W, uint64_t ib, int c,
+                                                        const xf8 &v)
+{
+    const uint4 a = ldg<uint4>((const uint16_t *)W + ib * 64 + 8 * c);
+    const uint32_t u[4] = {a.x, a.y, a.z, a.w};
+    const float xs[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float lo, hi;
+        if (BF) {
+            union { uint32_t u; float f; } l = {u[k] << 16}, h = {u[k] & 0xffff0000u};
+            lo = l.f;
+            hi = h.f;
+        } else {
+#ifdef __CUDA_ARCH__
+            const float2 f = __half22float2(*(const __half2 *)&u[k]);
+            lo = f.x;
+            hi = f.y;
+#else // no type punning through __half2 on the host (the emulator)
+            lo = __half2float(__ushort_as_half((unsigned short)(u[k] & 0xffffu)));
+            hi = __half2float(__ushort_as_half((unsigned short)(u[k] >> 16)));
+#endif
+        }
+        acc += lo * xs[2 * k] + hi * xs[2 * k + 1];
+    }
+    return acc;
+}
+static __host__ __device__ __forceinline__ float slice_dot(f16f_t, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const xf8 &v)
+{
+    (void)nblk;
+    return dot_h8<false>(W, ib, c, v);
+}
+static __host__ __device__ __forceinline__ float slice_dot(bf16f_t, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const xf8 &v)
+{
+    (void)nblk;
+    return dot_h8<true>(W, ib, c, v);
+}
+
+// the x part of a flat slice: quantised types read the Q8 x, float types the F32 x
+template <typename TT> struct flat_is_float { static constexpr bool v = false; };
+template <> struct flat_is_float<f32f_t> { static constexpr bool v = true; };
+template <> struct flat_is_float<f16f_t> { static constexpr bool v = true; };
+template <> struct flat_is_float<bf16f_t> { static constexpr bool v = true; };
+template <typename TT>
+static __host__ __device__ __forceinline__ auto flat_load_x(int b, int c, const float *x,
+                                                            const int8_t *xqs, const float2 *xds)
+{
+    if constexpr (flat_is_float<TT>::v)
+        return load_x(TT(), b, c, x);
+    else
+        return load_x(TT(), b, c, xqs, xds);
 }
 
 // R rows of one matrix against x: acc[r] = partial (this lane's) dot of row rows[r]. The x
@@ -388,6 +599,198 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
+// ---- the flat kernel: CTA k owns rows [k·n_out/grid, (k+1)·n_out/grid) (a contiguous stretch
+// of the packed matrix) and its groups of TPB lanes walk the stretch's blocks in order, group g
+// taking blocks g, g + G, g + 2G, ... whatever row they belong to. Every CTA gets the same work
+// to one row, every group the same to one block, so the grid (one wave) finishes together.
+// Each block's partial goes to shared memory (s_part[f], f = block within the stretch); then a
+// warp per row sums its partials in a fixed order (deterministic) and applies the epilogue.
+// U blocks per group are in flight per step.
+//
+// Fused epilogues: EP_SWIGLU_Q8 also writes the Q8 form of y: the CTA that completes a 32-row
+// unit (unit counters in ep.sync, back to 0 after) quantises it. EP_ADD_NORM: after y += W·x,
+// the last CTA to finish (counter ep.sync[0], back to 0 after) computes the RMSNorm of the
+// whole y (F32 into ep.norm_y when not NULL, Q8 into ep.yq).
+
+template <typename TT, int EP, int U>
+static __global__ void __launch_bounds__(FLAT_THREADS)
+    gemv_flat_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
+                     int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
+                     const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
+{
+    constexpr int TPB = TT::TPB, G = FLAT_THREADS / TPB, STEP = U * G, NW = FLAT_THREADS / 32;
+    constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
+    extern __shared__ float s_part[]; // [nf] partials (then [nf] of W1 when TWO)
+    __shared__ unsigned long long s_best[NW];
+    __shared__ float s_scratch[32];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nb = (int)(n_in / TT::QK);
+    const int64_t r0 = (int64_t)blockIdx.x * n_out / gridDim.x;
+    const int64_t r1 = (int64_t)(blockIdx.x + 1) * n_out / gridDim.x;
+    const int nr = (int)(r1 - r0), nf = nr * nb;
+    const uint64_t nblk = (uint64_t)n_out * (uint64_t)nb, fb = (uint64_t)r0 * (uint64_t)nb;
+    float *s_up = s_part + nf;
+
+    const int grp = tid / TPB, c = tid % TPB;
+    const int grp_w = (warp * 32) / TPB; // the warp's first group: keeps the loop warp-uniform
+    const int dr = STEP % nb;
+    int bb[U]; // block within its row of this group's u-th block
+#pragma unroll
+    for (int u = 0; u < U; u++) bb[u] = (grp + u * G) % nb;
+    for (int f = grp, fw = grp_w; fw < nf; f += STEP, fw += STEP) {
+        float v[U], w[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int fu = f + u * G;
+            const uint64_t ib = fb + (uint64_t)(fu < nf ? fu : nf - 1); // past the end: redo the last
+            const auto xv = flat_load_x<TT>(bb[u], c, x, xqs, xds);
+            v[u] = slice_dot(TT(), W0, nblk, ib, c, xv);
+            if constexpr (TWO) w[u] = slice_dot(TT(), W1, nblk, ib, c, xv);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int o = TPB / 2; o > 0; o >>= 1) {
+                v[u] += __shfl_xor_sync(0xffffffffu, v[u], o);
+                if constexpr (TWO) w[u] += __shfl_xor_sync(0xffffffffu, w[u], o);
+            }
+            const int fu = f + u * G;
+            if (c == 0 && fu < nf) {
+                s_part[fu] = v[u];
+                if constexpr (TWO) s_up[fu] = w[u];
+            }
+            bb[u] += dr;
+            if (bb[u] >= nb) bb[u] -= nb;
+        }
+    }
+    __syncthreads();
+
+    unsigned long long my_best = 0;
+    for (int i = warp; i < nr; i += NW) {
+        float a = 0.0f, up = 0.0f;
+        for (int j = lane; j < nb; j += 32) {
+            a += s_part[i * nb + j];
+            if constexpr (TWO) up += s_up[i * nb + j];
+        }
+        a = warp_sum(a);
+        if constexpr (TWO) up = warp_sum(up);
+        if (lane == 0) {
+            const int64_t row = r0 + i;
+            if constexpr (EP == EP_ADD || EP == EP_ADD_NORM) {
+                y[row] += a;
+            } else if constexpr (TWO) {
+                y[row] = a / (1.0f + __expf(-a)) * up;
+            } else if constexpr (EP == EP_CONV) {
+                y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
+                                                            ep.conv_state + row * (ep.K - 1), ep.K)
+                                         : a;
+            } else {
+                y[row] = a;
+            }
+            if constexpr (EP == EP_ARGMAX) {
+                const unsigned long long k = argmax_key(a, row);
+                my_best = k > my_best ? k : my_best;
+            }
+        }
+    }
+
+    if constexpr (EP == EP_ARGMAX) {
+        if (lane == 0) s_best[warp] = my_best;
+        __syncthreads();
+        if (tid == 0) {
+            unsigned long long m = s_best[0];
+            for (int k = 1; k < NW; k++) m = s_best[k] > m ? s_best[k] : m;
+            atomicMax(ep.best, m);
+        }
+    } else if constexpr (EP == EP_SWIGLU_Q8) {
+        __threadfence(); // this CTA's y rows, before its unit counters move
+        __syncthreads();
+        const int64_t u0 = r0 / 32, u1 = (r1 - 1) / 32;
+        for (int64_t k = u0 + warp; k <= u1; k += NW) {
+            int last = 0;
+            if (lane == 0) {
+                const int64_t lo = r0 > 32 * k ? r0 : 32 * k, hi = r1 < 32 * k + 32 ? r1 : 32 * k + 32;
+                const unsigned mine = (unsigned)(hi - lo);
+                last = atomicAdd(&ep.sync[k], mine) + mine == 32u;
+            }
+            last = __shfl_sync(0xffffffffu, last, 0);
+            if (last) { // every row of unit k is written: quantise it, reset its counter
+                __threadfence();
+                const float v = __ldcg(y + 32 * k + lane);
+                ds_q8_store_warp(v, 32 * k, n_out, ep.yq);
+                if (lane == 0) atomicExch(&ep.sync[k], 0u);
+            }
+        }
+    } else if constexpr (EP == EP_ADD_NORM) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(&ep.sync[0], 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence(); // every CTA's rows are in; read them from L2 (__ldcg), not L1
+        const int n = (int)n_out;
+        float ss = 0.0f;
+        for (int i = tid; i < n; i += FLAT_THREADS) {
+            const float v = __ldcg(y + i);
+            ss += v * v;
+        }
+        ss = ds_block_sum(ss, s_scratch);
+        const float r = 1.0f / sqrtf(ss / (float)n + ep.eps);
+        for (int i0 = 0; i0 < n; i0 += FLAT_THREADS) {
+            const int i = i0 + tid;
+            if (i0 + (tid & ~31) >= n) break; // whole warps past the end leave together
+            const float v = i < n ? __ldcg(y + i) * r * ep.norm_w[i] : 0.0f;
+            if (ep.norm_y && i < n) ep.norm_y[i] = v;
+            ds_q8_store_warp(v, i0 + (tid & ~31), n, ep.yq);
+        }
+        if (tid == 0) atomicExch(&ep.sync[0], 0u);
+    }
+}
+
+// The host emulator of gemv_flat_kernel's STORE epilogue: the same partition, the same walk
+// (group, block, lane) and the same slice code, run serially. Used by gemv_parity's CPU-side
+// part to check the flat kernel's indexing and the new slices without a GPU.
+template <typename TT>
+static void flat_emulate(const uint8_t *W, int64_t n_in, int64_t n_out, const float *x,
+                         const int8_t *xqs, const float2 *xds, float *y, int grid)
+{
+    constexpr int TPB = TT::TPB, G = FLAT_THREADS / TPB, U = 2, STEP = U * G;
+    const int nb = (int)(n_in / TT::QK);
+    for (int k = 0; k < grid; k++) {
+        const int64_t r0 = (int64_t)k * n_out / grid, r1 = (int64_t)(k + 1) * n_out / grid;
+        const int nr = (int)(r1 - r0), nf = nr * nb;
+        const uint64_t nblk = (uint64_t)n_out * (uint64_t)nb, fb = (uint64_t)r0 * (uint64_t)nb;
+        float *part = (float *)calloc((size_t)nf + 1, sizeof(float));
+        const int dr = STEP % nb;
+        for (int grp = 0; grp < G; grp++) {
+            const int grp_w = ((grp * TPB) / 32) * 32 / TPB;
+            int bb[U];
+            for (int u = 0; u < U; u++) bb[u] = (grp + u * G) % nb;
+            for (int f = grp, fw = grp_w; fw < nf; f += STEP, fw += STEP) {
+                for (int u = 0; u < U; u++) {
+                    const int fu = f + u * G;
+                    const uint64_t ib = fb + (uint64_t)(fu < nf ? fu : nf - 1);
+                    float v = 0.0f;
+                    for (int c = 0; c < TPB; c++) {
+                        const auto xv = flat_load_x<TT>(bb[u], c, x, xqs, xds);
+                        v += slice_dot(TT(), W, nblk, ib, c, xv);
+                    }
+                    if (fu < nf) part[fu] = v;
+                    bb[u] += dr;
+                    if (bb[u] >= nb) bb[u] -= nb;
+                }
+            }
+        }
+        for (int i = 0; i < nr; i++) {
+            float a = 0.0f;
+            for (int j = 0; j < nb; j++) a += part[i * nb + j];
+            y[r0 + i] = a;
+        }
+        free(part);
+    }
+}
+
 // ---- host side ----
 
 extern "C" bool gemv_supported(uint32_t type)
@@ -540,12 +943,94 @@ static void launch_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     }
 }
 
-template <int EP>
-static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x, const void *xq,
-                   float *y, const ep_args &best, cudaStream_t s)
+// ---- flat kernel launch ----
+
+static int64_t flat_qk(uint32_t type)
 {
-    DS_ASSERT(gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) > 0);
-    DS_ASSERT(!w1 || (w1->type == w0->type && w1->n_in == w0->n_in && w1->n_out == w0->n_out));
+    switch (type) {
+    case QB_Q4_K: case QB_Q5_K: case QB_Q6_K: return 256;
+    case QB_Q8_0: case QB_F32: return 32;
+    case QB_F16: case QB_BF16: return 64;
+    default: return 0;
+    }
+}
+
+extern "C" bool gemv_flat_supported(uint32_t type, int64_t n_in)
+{
+    const int64_t qk = flat_qk(type);
+    return qk > 0 && n_in > 0 && n_in % qk == 0 && (n_in / qk) * 2 <= FLAT_PART_CAP;
+}
+
+static bool use_flat(const gemv_matrix *w)
+{
+    return w->kernel != GEMV_KERNEL_WARP && gemv_flat_supported(w->type, w->n_in);
+}
+
+// One wave of CTAs (as many as fit at the occupancy their shared partials allow), unless the
+// partials of a stretch would exceed FLAT_PART_CAP (very tall matrices): then more.
+template <typename TT, int EP, int U>
+static void launch_flat_u(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+                          const void *xq, float *y, const ep_args &ep, cudaStream_t s)
+{
+    auto k = gemv_flat_kernel<TT, EP, U>;
+    constexpr int64_t arrays = (EP == EP_SWIGLU || EP == EP_SWIGLU_Q8) ? 2 : 1;
+    const int64_t n_out = w0->n_out, nb = w0->n_in / TT::QK;
+    const int64_t cap_rows = FLAT_PART_CAP / (nb * arrays);
+    DS_ASSERT(cap_rows >= 1);
+    int dev = 0, n_sm = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    int64_t grid = n_out;
+    for (int it = 0; it < 4; it++) {
+        const int64_t rows = (n_out + grid - 1) / grid;
+        int per_sm = 1;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, FLAT_THREADS,
+                                                      (size_t)(rows * nb * arrays * 4));
+        if (per_sm < 1) per_sm = 1;
+        int64_t g = (int64_t)n_sm * per_sm;
+        if (g > n_out) g = n_out;
+        if ((n_out + g - 1) / g > cap_rows) g = (n_out + cap_rows - 1) / cap_rows;
+        if (g == grid) break;
+        grid = g;
+    }
+    const size_t smem = (size_t)(((n_out + grid - 1) / grid) * nb * arrays * 4);
+    const int8_t *xqs = (const int8_t *)xq;
+    const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
+    k<<<(unsigned)grid, FLAT_THREADS, smem, s>>>((const uint8_t *)w0->d_w,
+                                                 (const uint8_t *)(w1 ? w1->d_w : nullptr),
+                                                 w0->n_in, n_out, x, xqs, xds, y, ep);
+}
+
+template <typename TT, int EP>
+static void launch_flat_t(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+                          const void *xq, float *y, const ep_args &ep, cudaStream_t s)
+{
+    if constexpr (EP == EP_STORE) // the bench compares 1 and 2 blocks in flight per group
+        if (w0->unroll == 1) return launch_flat_u<TT, EP, 1>(w0, w1, x, xq, y, ep, s);
+    launch_flat_u<TT, EP, 2>(w0, w1, x, xq, y, ep, s);
+}
+
+template <int EP>
+static void launch_flat(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+                        const void *xq, float *y, const ep_args &ep, cudaStream_t s)
+{
+    DS_ASSERT(gemv_flat_supported(w0->type, w0->n_in));
+    switch (w0->type) {
+    case QB_F32: DS_ASSERT(x); launch_flat_t<f32f_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_F16: DS_ASSERT(x); launch_flat_t<f16f_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_BF16: DS_ASSERT(x); launch_flat_t<bf16f_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_Q8_0: DS_ASSERT(xq); launch_flat_t<q80_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_Q4_K: DS_ASSERT(xq); launch_flat_t<q4k4_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_Q5_K: DS_ASSERT(xq); launch_flat_t<q5k_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    case QB_Q6_K: DS_ASSERT(xq); launch_flat_t<q6k4_t, EP>(w0, w1, x, xq, y, ep, s); break;
+    default: DS_ASSERT(!"gemv: unsupported type");
+    }
+}
+
+template <int EP>
+static void launch_warp(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
+                        const void *xq, float *y, const ep_args &best, cudaStream_t s)
+{
     switch (w0->type) {
     case QB_F32: DS_ASSERT(x); launch_t<f32_t, EP>(w0, w1, x, xq, y, best, s); break;
     case QB_F16: DS_ASSERT(x); launch_t<f16_t, EP>(w0, w1, x, xq, y, best, s); break;
@@ -556,6 +1041,94 @@ static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
     case QB_Q6_K: DS_ASSERT(xq); launch_t<q6k_t, EP>(w0, w1, x, xq, y, best, s); break;
     default: DS_ASSERT(!"gemv: unsupported type");
     }
+}
+
+template <int EP>
+static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x, const void *xq,
+                   float *y, const ep_args &ep, cudaStream_t s)
+{
+    DS_ASSERT(gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) > 0);
+    DS_ASSERT(!w1 || (w1->type == w0->type && w1->n_in == w0->n_in && w1->n_out == w0->n_out));
+    if (use_flat(w0))
+        launch_flat<EP>(w0, w1, x, xq, y, ep, s);
+    else
+        launch_warp<EP>(w0, w1, x, xq, y, ep, s);
+}
+
+extern "C" uint64_t gemv_sync_words(int64_t n_out) { return (uint64_t)(n_out / 32 + 1); }
+
+extern "C" void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
+                               const void *d_xq, float *d_y, void *d_yq, unsigned *d_sync,
+                               cuda_stream stream)
+{
+    DS_ASSERT(gate->n_out % 32 == 0 && d_yq && d_sync);
+    DS_ASSERT(up->type == gate->type && up->n_in == gate->n_in && up->n_out == gate->n_out);
+    ep_args ep = {};
+    ep.sync = d_sync;
+    ep.yq = d_yq;
+    launch_flat<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
+}
+
+extern "C" void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+                              const float *d_norm_w, float eps, float *d_norm_y, void *d_norm_yq,
+                              unsigned *d_sync, cuda_stream stream)
+{
+    DS_ASSERT(w->n_out % 32 == 0 && d_norm_w && d_norm_yq && d_sync);
+    ep_args ep = {};
+    ep.sync = d_sync;
+    ep.yq = d_norm_yq;
+    ep.norm_w = d_norm_w;
+    ep.norm_y = d_norm_y;
+    ep.eps = eps;
+    launch_flat<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
+}
+
+// ---- host twins for the CPU-side checks (gemv_parity): packing and the flat kernel ----
+
+extern "C" void gemv_pack_host(uint32_t type, const void *src, void *dst, int64_t n_in,
+                               int64_t n_out)
+{
+    const uint64_t n = (uint64_t)n_in * (uint64_t)n_out;
+    if (type == QB_Q6_K) {
+        const uint64_t nblk = n / 256;
+        for (uint64_t i = 0; i < nblk; i++) {
+            const qb_q6_K *b = (const qb_q6_K *)src + i;
+            uint8_t *d = (uint8_t *)dst;
+            memcpy(d + i * 192, b->ql, 128);
+            memcpy(d + i * 192 + 128, b->qh, 64);
+            memcpy(d + q6_sc_off(nblk) + i * 16, b->scales, 16);
+            memcpy(d + q6_d_off(nblk) + i * 2, &b->d, 2);
+        }
+    } else if (type == QB_Q8_0) {
+        const uint64_t nblk = n / 32;
+        for (uint64_t i = 0; i < nblk; i++) {
+            const qb_q8_0 *b = (const qb_q8_0 *)src + i;
+            memcpy((uint8_t *)dst + i * 32, b->qs, 32);
+            memcpy((uint8_t *)dst + q8_d_off(nblk) + i * 2, &b->d, 2);
+        }
+    } else {
+        memcpy(dst, src, gemv_packed_bytes(type, n_in, n_out));
+    }
+}
+
+extern "C" int gemv_flat_emulate(uint32_t type, const void *h_w, int64_t n_in, int64_t n_out,
+                                 const float *x, const void *xq, float *y, int grid)
+{
+    if (!gemv_flat_supported(type, n_in) || grid < 1 || grid > n_out) return -1;
+    const uint8_t *W = (const uint8_t *)h_w;
+    const int8_t *xqs = (const int8_t *)xq;
+    const float2 *xds = xq ? (const float2 *)(xqs + n_in) : nullptr;
+    switch (type) {
+    case QB_F32: flat_emulate<f32f_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_F16: flat_emulate<f16f_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_BF16: flat_emulate<bf16f_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_Q8_0: flat_emulate<q80_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_Q4_K: flat_emulate<q4k4_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_Q5_K: flat_emulate<q5k_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    case QB_Q6_K: flat_emulate<q6k4_t>(W, n_in, n_out, x, xqs, xds, y, grid); break;
+    default: return -1;
+    }
+    return 0;
 }
 
 extern "C" void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,

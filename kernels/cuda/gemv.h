@@ -29,8 +29,22 @@ typedef struct gemv_matrix {
     uint32_t type;  /* ggml type id */
     int64_t n_in, n_out;
     const void *d_w; /* borrowed, device, gemv_packed_bytes(type, n_in, n_out) bytes */
-    int rows_per_warp; /* 1, 2 or 4 rows per warp sharing x loads; 0: chosen by shape */
+    int rows_per_warp; /* warp kernel: 1, 2 or 4 rows per warp sharing x loads; 0: by shape */
+    int kernel;        /* gemv_kernel: GEMV_KERNEL_AUTO (0) = flat where gemv_flat_supported */
+    int unroll;        /* flat kernel, GEMV_STORE only: blocks in flight per lane group, 1 or
+                          2 (0: 2); the bench compares them */
 } gemv_matrix;
+
+/* The two kernels. Warp: one warp per row (rows_per_warp rows), a grid that strides over rows.
+ * Flat: CTA k owns the k-th contiguous stretch of rows (equal to a row), its lane groups walk the
+ * stretch's blocks in order whatever row they are in (equal to a block), partials summed per
+ * row in shared memory in a fixed order (deterministic); Q4_K and Q6_K with 32 bytes of quants
+ * per lane. The fused epilogues (gemv_swiglu_q8, gemv_add_norm) exist only in the flat one. */
+typedef enum gemv_kernel_kind {
+    GEMV_KERNEL_AUTO = 0,
+    GEMV_KERNEL_WARP = 1,
+    GEMV_KERNEL_FLAT = 2,
+} gemv_kernel_kind;
 
 typedef enum gemv_epilogue {
     GEMV_STORE = 0, /* y[r] = W[r]·x */
@@ -53,6 +67,37 @@ void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_stream stream
  * float types read d_x, quantised types d_xq); d_y: [n_out]. */
 void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
           gemv_epilogue ep, cuda_stream stream);
+
+/* true when the flat kernel handles this type and row width (K-quants: n_in % 256, Q8_0/F32:
+ * % 32, F16/BF16: % 64) */
+bool gemv_flat_supported(uint32_t type, int64_t n_in);
+
+/* Counters the fused epilogues below need (uint32 words, zero before the first launch; every
+ * launch leaves them zero): gemv_sync_words(n_out) for a matrix of n_out rows. Launches on one
+ * stream may share one buffer. */
+uint64_t gemv_sync_words(int64_t n_out);
+
+/* gemv_swiglu that also writes the Q8 form of d_y (n_out % 32 == 0): the input of the down
+ * projection, without a gemv_quantize_x launch. Flat kernel only (gemv_flat_supported). */
+void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
+                    const void *d_xq, float *d_y, void *d_yq, unsigned *d_sync,
+                    cuda_stream stream);
+
+/* d_y += W·x (GEMV_ADD: the residual stream), then the RMSNorm of the whole updated d_y
+ * (n_out % 32 == 0) times d_norm_w into d_norm_y (F32, may be NULL) and d_norm_yq (Q8):
+ * residual add + the next norm in one launch (the last CTA to finish normalises). Same result
+ * as gemv(GEMV_ADD) + norm_rms up to float summation order. Flat kernel only. */
+void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
+                   const float *d_norm_w, float eps, float *d_norm_y, void *d_norm_yq,
+                   unsigned *d_sync, cuda_stream stream);
+
+/* Host twins for tests without a GPU: gemv_pack on host memory, and the flat kernel's STORE
+ * path run serially on the host (same partition into `grid` CTAs, same block walk, same slice
+ * code). h_w: packed; x: F32 (float types) or NULL; xq: Q8 x (quantised types) or NULL.
+ * Returns 0, or -1 when the flat kernel does not support the type/shape/grid. */
+void gemv_pack_host(uint32_t type, const void *src, void *dst, int64_t n_in, int64_t n_out);
+int gemv_flat_emulate(uint32_t type, const void *h_w, int64_t n_in, int64_t n_out,
+                      const float *x, const void *xq, float *y, int grid);
 
 /* FFN up half fused: d_y[r] = silu(gate[r]·x) * (up[r]·x); gate and up of one type and shape. */
 void gemv_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,

@@ -2,7 +2,8 @@
  * to exceed the L2 many times over are rotated, each GEMV timed with CUDA events over many
  * repetitions after a warm-up; prints µs per GEMV, achieved GB/s (weight + activation bytes)
  * and % of 4.6 TB/s. Also the device-to-device copy bandwidth (the practical ceiling) and the
- * cost of a tiny GEMV (launch-bound). Usage: gemv_bench [reps] */
+ * cost of a tiny GEMV (launch-bound). Each shape: the warp kernel, the flat kernel with 1 and 2
+ * blocks in flight per lane group. Usage: gemv_bench [reps] [key] (key: the short list) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,27 +20,27 @@ typedef struct bench_shape {
     const char *what;
     uint32_t type;
     int64_t n_out, n_in;
-    int variants; /* also time rows_per_warp 1, 2, 4 */
+    int key; /* in the short list (gemv_bench REPS key) */
 } bench_shape;
 
 static const bench_shape k_shapes[] = {
     {"27B ffn_gate/up", GGML_TYPE_Q4_K, 17408, 5120, 1},
     {"27B ffn_down", GGML_TYPE_Q4_K, 5120, 17408, 1},
     {"27B ffn_down (q6)", GGML_TYPE_Q6_K, 5120, 17408, 1},
-    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120, 1},
-    {"27B attn_qkv (q6)", GGML_TYPE_Q6_K, 10240, 5120, 0},
-    {"27B lm_head", GGML_TYPE_Q6_K, 248320, 5120, 0},
+    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120, 0},
+    {"27B attn_qkv (q6)", GGML_TYPE_Q6_K, 10240, 5120, 1},
+    {"27B lm_head", GGML_TYPE_Q6_K, 248320, 5120, 1},
     {"27B ssm_alpha (q8)", GGML_TYPE_Q8_0, 48, 5120, 0},
     {"q8_0 big", GGML_TYPE_Q8_0, 17408, 5120, 1},
-    {"bf16 big", GGML_TYPE_BF16, 17408, 5120, 0},
+    {"bf16 big", GGML_TYPE_BF16, 17408, 5120, 1},
     {"f16 big", GGML_TYPE_F16, 17408, 5120, 0},
     {"f32 big", GGML_TYPE_F32, 8192, 5120, 0},
     {"4B ffn_gate/up", GGML_TYPE_Q4_K, 9216, 2560, 1},
     {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560, 0},
     {"0.8B ffn_gate/up", GGML_TYPE_Q4_K, 3584, 1024, 1},
-    {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584, 0},
+    {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584, 1},
     {"0.8B lm_head", GGML_TYPE_Q6_K, 248320, 1024, 0},
-    {"tiny 1024x1024", GGML_TYPE_Q4_K, 1024, 1024, 0},
+    {"tiny 1024x1024", GGML_TYPE_Q4_K, 1024, 1024, 1},
 };
 
 static int bench_copy(int reps, status *st)
@@ -105,15 +106,20 @@ static int bench_one(const bench_shape *s, int reps, status *st)
                    s->type != GGML_TYPE_BF16;
     const double bytes = (double)raw + (q ? (double)gemv_xq_bytes(n_in) : 4.0 * n_in) +
                          4.0 * n_out;
-    static const int k_rpw[] = {0, 1, 2, 4};
-    for (int v = 0; !rc && v < (s->variants ? 4 : 1); v++) {
+    /* the warp kernel (rows per warp by shape), the flat kernel with 1 and 2 blocks in flight */
+    static const int k_kern[] = {GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT, GEMV_KERNEL_FLAT};
+    static const int k_unroll[] = {0, 1, 2};
+    static const char *k_vname[] = {"warp", "flat u1", "flat u2"};
+    for (int v = 0; !rc && v < 3; v++) {
+        if (v > 0 && !gemv_flat_supported(s->type, n_in)) break;
+#define BENCH_M(i) {s->type, n_in, n_out, d_w[i], 0, k_kern[v], k_unroll[v]}
         for (int i = 0; i < 2 * copies; i++) {
-            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies], k_rpw[v]};
+            gemv_matrix m = BENCH_M(i % copies);
             gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
         }
         cuda_event_record(e0, stream);
         for (int i = 0; i < reps; i++) {
-            gemv_matrix m = {s->type, n_in, n_out, d_w[i % copies], k_rpw[v]};
+            gemv_matrix m = BENCH_M(i % copies);
             gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
         }
         cuda_event_record(e1, stream);
@@ -123,7 +129,7 @@ static int bench_one(const bench_shape *s, int reps, status *st)
         cuda_graph_exec g = NULL;
         if ((rc = cuda_graph_capture_begin(stream, st))) break;
         for (int i = 0; i < copies; i++) {
-            gemv_matrix m = {s->type, n_in, n_out, d_w[i], k_rpw[v]};
+            gemv_matrix m = BENCH_M(i);
             gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
         }
         if ((rc = cuda_graph_capture_end(stream, &g, st))) break;
@@ -136,9 +142,9 @@ static int bench_one(const bench_shape *s, int reps, status *st)
         const double gus = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
         cuda_graph_exec_destroy(g);
         const double gbs = bytes / (gus * 1e-6) / 1e9;
-        printf("%-20s %-5s %6lldx%-6lld rpw %d %8.1f MB  launch %8.2f us  graph %8.2f us "
+        printf("%-20s %-5s %6lldx%-6lld %-7s %8.1f MB  launch %8.2f us  graph %8.2f us "
                "%6.0f GB/s %5.1f%% of 4.6 TB/s\n",
-               s->what, quant_get(s->type)->name, (long long)n_out, (long long)n_in, k_rpw[v],
+               s->what, quant_get(s->type)->name, (long long)n_out, (long long)n_in, k_vname[v],
                bytes / 1e6, us, gus, gbs, 100.0 * gbs / PEAK_GBS);
     }
     for (int c = 0; c < copies; c++) cuda_free(d_w[c]);
@@ -157,6 +163,7 @@ static int bench_one(const bench_shape *s, int reps, status *st)
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
+    const bool key_only = argc > 2 && strcmp(argv[2], "key") == 0;
     if (!gpu_test_have_gpu("gemv bench")) return 0;
     status st;
     status_clear(&st);
@@ -170,7 +177,7 @@ int main(int argc, char **argv)
     if (bench_copy(50, &st)) fprintf(stderr, "copy: %s\n", st.msg);
     int fails = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
-        if (bench_one(&k_shapes[i], reps, &st)) {
+        if ((!key_only || k_shapes[i].key) && bench_one(&k_shapes[i], reps, &st)) {
             fprintf(stderr, "%s: %s\n", k_shapes[i].what, st.msg);
             fails++;
         }

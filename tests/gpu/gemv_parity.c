@@ -45,7 +45,7 @@ static int matrix_make(dev_matrix *dm, uint32_t type, int64_t n_in, int64_t n_ou
         rc = cuda_sync(NULL, "gemv_pack", st);
     }
     cuda_free(d_raw);
-    dm->m = (gemv_matrix){type, n_in, n_out, dm->d_w, 0};
+    dm->m = (gemv_matrix){type, n_in, n_out, dm->d_w, 0, 0, 0};
     return rc;
 }
 
@@ -68,11 +68,31 @@ static double rms(const float *v, int64_t n)
     return sqrt(s / (n > 0 ? n : 1));
 }
 
-typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX } mode;
-static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax"};
+typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX, MODE_SWIGLU_Q8, MODE_ADD_NORM } mode;
+static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax", "swiglu+q8", "add+norm"};
+static const char *k_kernel_names[] = {"auto", "warp", "flat"};
 
-/* One case; returns true when the GPU matches. perturb: corrupt one GPU output first. */
-static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb)
+/* The Q8 form the fused epilogues wrote (d_q) against the twin quantiser applied to the F32
+ * values the GPU wrote (v): the same arithmetic, so the same bytes (s to float rounding). */
+static bool check_q8_of(const char *what, const float *v, const int8_t *gq, int64_t n)
+{
+    int8_t *qs = malloc(n);
+    float *qd = malloc(n / 32 * sizeof(float)), *qsum = malloc(n / 32 * sizeof(float));
+    DS_ASSERT(qs && qd && qsum);
+    gpu_twin_q8_quantize(v, n, qs, qd, qsum, NULL);
+    const float *gds = (const float *)(gq + n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += gq[i] != qs[i];
+    for (int64_t b = 0; b < n / 32; b++)
+        bad += gds[2 * b] != qd[b] || fabsf(gds[2 * b + 1] - qsum[b]) > 1e-5f * (1 + fabsf(qsum[b]));
+    if (bad) printf("  %s: Q8 of the output: %lld mismatches\n", what, (long long)bad);
+    free(qs), free(qd), free(qsum);
+    return bad == 0;
+}
+
+/* One case; returns true when the GPU matches. perturb: corrupt one GPU output first. kernel:
+ * GEMV_KERNEL_AUTO / WARP / FLAT (the fused modes are flat only). */
+static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb, int kernel)
 {
     status st;
     status_clear(&st);
@@ -93,12 +113,29 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
     if (!q) memcpy(xd, x, n_in * sizeof(float));
 
     dev_matrix W = {0}, U = {0};
-    float *d_x = NULL, *d_y = NULL;
-    void *d_xq = NULL;
+    float *d_x = NULL, *d_y = NULL, *d_nw = NULL, *d_ny = NULL;
+    void *d_xq = NULL, *d_yq = NULL;
+    unsigned *d_sync = NULL;
     unsigned long long *d_best = NULL, best = 0;
+    const bool swiglu = md == MODE_SWIGLU || md == MODE_SWIGLU_Q8;
+    const bool fused = md == MODE_SWIGLU_Q8 || md == MODE_ADD_NORM;
+    const uint64_t nsync = gemv_sync_words(n_out);
+    float *nw = malloc(n_out * sizeof(float)), *ny = malloc(n_out * sizeof(float));
+    int8_t *yq = malloc(gemv_xq_bytes(n_out));
+    unsigned *sync = malloc(nsync * sizeof(unsigned));
+    DS_ASSERT(nw && ny && yq && sync);
+    for (int64_t i = 0; i < n_out; i++) nw[i] = 0.5f + gpu_rng_uniform(&rng);
     bool ok = false;
     if (matrix_make(&W, type, n_in, n_out, 11 + n_out, &st)) goto fail;
-    if (md == MODE_SWIGLU && matrix_make(&U, type, n_in, n_out, 12 + n_out, &st)) goto fail;
+    if (swiglu && matrix_make(&U, type, n_in, n_out, 12 + n_out, &st)) goto fail;
+    W.m.kernel = U.m.kernel = kernel;
+    if (fused && (cuda_alloc((void **)&d_nw, n_out * sizeof(float), "norm w", &st) ||
+                  cuda_alloc((void **)&d_ny, n_out * sizeof(float), "norm y", &st) ||
+                  cuda_alloc(&d_yq, gemv_xq_bytes(n_out), "yq", &st) ||
+                  cuda_alloc((void **)&d_sync, nsync * sizeof(unsigned), "sync", &st) ||
+                  cuda_upload(d_nw, nw, n_out * sizeof(float), &st) ||
+                  cuda_memset(d_sync, 0, nsync * sizeof(unsigned), &st)))
+        goto fail;
     if (cuda_alloc((void **)&d_x, n_in * sizeof(float), "x", &st) ||
         cuda_alloc(&d_xq, gemv_xq_bytes(n_in), "xq", &st) ||
         cuda_alloc((void **)&d_y, n_out * sizeof(float), "y", &st) ||
@@ -106,7 +143,8 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
         cuda_upload(d_x, x, n_in * sizeof(float), &st) ||
         cuda_upload(d_y, y0, n_out * sizeof(float), &st))
         goto fail;
-    if (md != MODE_ADD && cuda_memset(d_y, 0xff, n_out * sizeof(float), &st)) goto fail; /* NaN */
+    if (md != MODE_ADD && md != MODE_ADD_NORM && cuda_memset(d_y, 0xff, n_out * sizeof(float), &st))
+        goto fail; /* NaN */
     if (n_in % 32 == 0) {
         gemv_quantize_x(d_x, d_xq, n_in, NULL);
         if (cuda_sync(NULL, "gemv_quantize_x", &st) ||
@@ -129,15 +167,44 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
         gemv_argmax_reset(d_best, NULL);
         gemv_argmax(&W.m, d_x, d_xq, d_y, d_best, NULL);
         break;
+    case MODE_SWIGLU_Q8:
+        gemv_swiglu_q8(&W.m, &U.m, d_x, d_xq, d_y, d_yq, d_sync, NULL);
+        break;
+    case MODE_ADD_NORM:
+        gemv_add_norm(&W.m, d_x, d_xq, d_y, d_nw, 1e-6f, d_ny, d_yq, d_sync, NULL);
+        break;
     }
     if (cuda_sync(NULL, "gemv", &st) || cuda_download(got, d_y, n_out * sizeof(float), &st) ||
         cuda_download(&best, d_best, sizeof best, &st))
         goto fail;
+    bool fused_ok = true;
+    if (fused) {
+        if (cuda_download(yq, d_yq, gemv_xq_bytes(n_out), &st) ||
+            cuda_download(ny, d_ny, n_out * sizeof(float), &st) ||
+            cuda_download(sync, d_sync, nsync * sizeof(unsigned), &st))
+            goto fail;
+        uint64_t nz = 0;
+        for (uint64_t i = 0; i < nsync; i++) nz += sync[i] != 0;
+        if (nz) printf("  %llu sync counters left non-zero\n", (unsigned long long)nz);
+        fused_ok &= nz == 0;
+        if (md == MODE_SWIGLU_Q8) {
+            fused_ok &= check_q8_of("swiglu_q8", got, yq, n_out);
+        } else { /* the norm of the GPU's own y, in double */
+            double ss = 0;
+            for (int64_t i = 0; i < n_out; i++) ss += (double)got[i] * got[i];
+            const double r = 1.0 / sqrt(ss / n_out + 1e-6);
+            float *nref = malloc(n_out * sizeof(float));
+            for (int64_t i = 0; i < n_out; i++) nref[i] = (float)(got[i] * r * nw[i]);
+            fused_ok &= gpu_parity_check("  add_norm: the norm", ny, nref, n_out, 1e-6, 1e-5, 1e-10, true, NULL);
+            fused_ok &= check_q8_of("add_norm", ny, yq, n_out);
+            free(nref);
+        }
+    }
 
     const uint64_t rb = quant_row_bytes(type, n_in);
     quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
     quant_matvec(type, W.host, rb, n_in, x, ref_exact, 0, n_out);
-    if (md == MODE_SWIGLU) {
+    if (swiglu) {
         quant_matvec(type, U.host, rb, n_in, xd, up, 0, n_out);
         quant_matvec(type, U.host, rb, n_in, x, up_exact, 0, n_out);
         for (int64_t i = 0; i < n_out; i++) {
@@ -145,13 +212,13 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
             ref_exact[i] = ref_exact[i] / (1.0f + expf(-ref_exact[i])) * up_exact[i];
         }
     }
-    if (md == MODE_ADD)
+    if (md == MODE_ADD || md == MODE_ADD_NORM)
         for (int64_t i = 0; i < n_out; i++) ref[i] += y0[i], ref_exact[i] += y0[i];
     if (perturb) got[n_out / 2] += 0.05f * (float)(rms(ref, n_out) + 1e-3);
 
     char name[128];
-    snprintf(name, sizeof name, "gemv %s %s %lldx%lld%s", tr->name, k_mode_names[md],
-             (long long)n_out, (long long)n_in, perturb ? " (perturbed)" : "");
+    snprintf(name, sizeof name, "gemv %s %s %lldx%lld %s%s", tr->name, k_mode_names[md],
+             (long long)n_out, (long long)n_in, k_kernel_names[kernel], perturb ? " (perturbed)" : "");
     /* Error scales per row from the dequantised weights: A = max_r sqrt(sum (w x')^2) (float
      * rounding of a sum of n terms ~ eps sqrt(n) A) and N = max_r ||w_r|| (quantising x to 8
      * bits adds sum w d with |d| <= step/2: std ||w|| step / sqrt(12)). */
@@ -172,11 +239,12 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
         free(wr);
         for (int64_t b = 0; q && b < n_in / 32; b++) dmax = fmax(dmax, qd[b]);
     }
-    const double up_scale = md == MODE_SWIGLU ? 1.0 + rms(up, n_out) : 1.0;
+    const double up_scale = swiglu ? 1.0 + rms(up, n_out) : 1.0;
     /* same products, another summation order: float rounding only */
     ok = gpu_parity_check(name, got, ref, n_out, 2e-6 * sqrt((double)n_in) * A * up_scale, 1e-4,
                           n_out >= 16 ? 1e-8 : 1.0, false, NULL);
-    if (q && !perturb && md != MODE_SWIGLU) { /* what quantising x to 8 bits costs */
+    ok &= fused_ok;
+    if (q && !perturb && !swiglu) { /* what quantising x to 8 bits costs */
         snprintf(name, sizeof name, "  vs float x (Q8 activation error)");
         ok &= gpu_parity_check(name, got, ref_exact, n_out, 6.0 * N * dmax / sqrt(12.0), 1e-3,
                                n_out >= 16 ? 1e-3 : 1.0, false, NULL);
@@ -200,9 +268,26 @@ fail:
     cuda_free(d_xq);
     cuda_free(d_y);
     cuda_free(d_best);
+    cuda_free(d_nw);
+    cuda_free(d_ny);
+    cuda_free(d_yq);
+    cuda_free(d_sync);
+    free(nw), free(ny), free(yq), free(sync);
     free(x), free(xd), free(y0), free(ref), free(ref_exact), free(got), free(up), free(up_exact);
     free(qs), free(gq), free(qd), free(qsum);
     return ok && st.code == STATUS_OK;
+}
+
+/* Both kernels (the warp one, and the flat one where it applies); the fused modes: flat only. */
+static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb)
+{
+    if (md == MODE_SWIGLU_Q8 || md == MODE_ADD_NORM)
+        return run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT);
+    bool ok = run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP);
+    if (gemv_flat_supported(type, n_in))
+        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT)
+                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT);
+    return ok;
 }
 
 static const uint32_t k_types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
@@ -242,6 +327,83 @@ static void test_epilogues(void)
         CU_ASSERT_TRUE(run_case(k_types[t], 256, 5003, MODE_ARGMAX, false));
     }
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 248320, MODE_ARGMAX, false)); /* lm_head rows */
+    /* the fused epilogues (flat kernel): odd stretches across 32-row units, many CTAs */
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
+        CU_ASSERT_TRUE(run_case(k_types[t], 1024, 352, MODE_SWIGLU_Q8, false));
+        CU_ASSERT_TRUE(run_case(k_types[t], 512, 1024, MODE_ADD_NORM, false));
+    }
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 5120, 17408, MODE_SWIGLU_Q8, false)); /* 27B up */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 17408, 5120, MODE_ADD_NORM, false));  /* 27B down */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 17408, 5120, MODE_ADD_NORM, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_F32, 128, 64, MODE_ADD_NORM, false)); /* one CTA */
+}
+
+/* Runs without a GPU: the flat kernel's walk and slices executed on the host
+ * (gemv_flat_emulate) against quant_matvec on the Q8-rounded x, for every type, awkward shapes
+ * and several grids (one CTA, a few, one CTA per row); plus one perturbed case that must fail. */
+static bool emulate_case(uint32_t type, int64_t n_in, int64_t n_out, int grid, bool perturb)
+{
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n_in * 131 + n_out * 7 + type + grid));
+    const uint64_t raw = quant_row_bytes(type, (uint64_t)(n_in * n_out));
+    const uint64_t packed = gemv_packed_bytes(type, n_in, n_out);
+    void *host = malloc(raw), *pk = calloc(1, packed);
+    float *x = malloc(n_in * sizeof(float)), *xd = malloc(n_in * sizeof(float));
+    float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+    int8_t *xq = malloc(gemv_xq_bytes(n_in));
+    float *qd = malloc((n_in / 32 + 1) * sizeof(float)), *qsum = malloc((n_in / 32 + 1) * sizeof(float));
+    DS_ASSERT(host && pk && x && xd && ref && got && xq && qd && qsum);
+    gpu_random_tensor(type, n_in * n_out, 0.1f, &rng, host);
+    for (int64_t i = 0; i < n_in; i++) x[i] = gpu_rng_normal(&rng);
+    const bool q = is_quant(type);
+    if (q) {
+        gpu_twin_q8_quantize(x, n_in, xq, qd, qsum, xd);
+        float *ds = (float *)(xq + n_in);
+        for (int64_t b = 0; b < n_in / 32; b++) ds[2 * b] = qd[b], ds[2 * b + 1] = qsum[b];
+    } else {
+        memcpy(xd, x, n_in * sizeof(float));
+    }
+    gemv_pack_host(type, host, pk, n_in, n_out);
+    const int rc = gemv_flat_emulate(type, pk, n_in, n_out, q ? NULL : x, q ? xq : NULL, got, grid);
+    CU_ASSERT_EQUAL(rc, 0);
+    const uint64_t rb = quant_row_bytes(type, n_in);
+    quant_matvec(type, host, rb, n_in, xd, ref, 0, n_out);
+    double A = 0;
+    float *wr = malloc(n_in * sizeof(float));
+    for (int64_t r = 0; r < n_out; r++) {
+        quant_get(type)->dequant((const uint8_t *)host + r * rb, wr, n_in);
+        double a = 0;
+        for (int64_t i = 0; i < n_in; i++) a += (double)wr[i] * wr[i] * xd[i] * xd[i];
+        A = fmax(A, sqrt(a));
+    }
+    free(wr);
+    if (perturb) got[n_out / 2] += 0.05f * (float)(rms(ref, n_out) + 1e-3);
+    char name[128];
+    snprintf(name, sizeof name, "flat (host) %s %lldx%lld grid %d%s", quant_get(type)->name,
+             (long long)n_out, (long long)n_in, grid, perturb ? " (perturbed)" : "");
+    const bool ok = rc == 0 && gpu_parity_check(name, got, ref, n_out, 2e-6 * sqrt((double)n_in) * A,
+                                                1e-4, n_out >= 16 ? 1e-8 : 1.0, !perturb, NULL);
+    free(host), free(pk), free(x), free(xd), free(ref), free(got), free(xq), free(qd), free(qsum);
+    return ok;
+}
+
+static void test_flat_emulated(void)
+{
+    static const int64_t shapes[][2] = {{1, 1}, {3, 1}, {17, 2}, {33, 3}, {129, 4}, {257, 20}, {5, 68}};
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
+        const int64_t unit = (k_types[t] == GGML_TYPE_Q4_K || k_types[t] == GGML_TYPE_Q5_K ||
+                              k_types[t] == GGML_TYPE_Q6_K) ? 256 : 64;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int64_t n_out = shapes[s][0], n_in = shapes[s][1] * unit;
+            const int grids[] = {1, 2, 7, (int)n_out};
+            for (int g = 0; g < 4; g++) {
+                if (grids[g] > n_out) continue;
+                CU_ASSERT_TRUE(emulate_case(k_types[t], n_in, n_out, grids[g], false));
+            }
+        }
+    }
+    CU_ASSERT_FALSE(emulate_case(GGML_TYPE_Q4_K, 512, 64, 3, true));
+    CU_ASSERT_FALSE(emulate_case(GGML_TYPE_Q6_K, 512, 64, 3, true));
 }
 
 static void test_perturbed_fails(void)
@@ -249,6 +411,8 @@ static void test_perturbed_fails(void)
     if (!g_have_gpu) return;
     CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 512, 64, MODE_STORE, true));
     CU_ASSERT_FALSE(run_case(GGML_TYPE_F16, 256, 9, MODE_ADD, true));
+    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q6_K, 512, 64, MODE_STORE, true));
+    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 512, 64, MODE_ADD_NORM, true));
 }
 
 int main(void)
@@ -256,6 +420,7 @@ int main(void)
     g_have_gpu = gpu_test_have_gpu("gemv parity on the GPU");
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite("gemv_parity", NULL, NULL);
+    CU_add_test(s, "flat_emulated", test_flat_emulated);
     CU_add_test(s, "shapes", test_shapes);
     CU_add_test(s, "float_odd_widths", test_float_odd_widths);
     CU_add_test(s, "epilogues", test_epilogues);

@@ -92,7 +92,8 @@ typedef struct gdn_shape {
     int n_k, n_v, d_k, d_v;
 } gdn_shape;
 
-static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
+/* fused: gdn_decode_norm instead of gdn_decode + gdn_norm_gated */
+static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb, bool fused)
 {
     const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
     const int64_t nS = (int64_t)sh.n_v * sh.d_v * sh.d_k;
@@ -108,6 +109,8 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
     float *d_mixed = dev(C * 4), *d_conv = dev(C * 4), *d_z = dev(D_v * 4);
     float *d_b = dev(sh.n_v * 4), *d_a = dev(sh.n_v * 4), *d_o = dev(D_v * 4), *d_y = dev(D_v * 4);
     void *d_yq = dev(gemv_xq_bytes(D_v));
+    unsigned *d_sync = dev(sh.n_v * 4), *sync = malloc(sh.n_v * 4);
+    { status st0; cuda_memset(d_sync, 0, sh.n_v * 4, &st0); }
     bool ok = true;
     char name[96];
     for (int t = 0; t < n_tokens; t++) {
@@ -117,14 +120,20 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
         cuda_upload(d_mixed, mixed, C * 4, &st), cuda_upload(d_z, z, D_v * 4, &st);
         cuda_upload(d_b, b, sh.n_v * 4, &st), cuda_upload(d_a, a, sh.n_v * 4, &st);
         gdn_conv(d_mixed, d_cw, d_cs, C, K, d_conv, NULL);
-        gdn_decode(d_conv, d_b, d_a, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, 1e-6f, d_S, d_o, NULL);
-        gdn_norm_gated(d_o, d_z, d_nw, sh.n_v, sh.d_v, 1e-6f, d_y, d_yq, NULL);
+        if (fused) {
+            gdn_decode_norm(d_conv, d_b, d_a, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, 1e-6f,
+                            d_S, d_o, d_z, d_nw, d_y, d_yq, d_sync, NULL);
+        } else {
+            gdn_decode(d_conv, d_b, d_a, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, 1e-6f, d_S, d_o, NULL);
+            gdn_norm_gated(d_o, d_z, d_nw, sh.n_v, sh.d_v, 1e-6f, d_y, d_yq, NULL);
+        }
         ref_gdn_decode(mixed, z, b, a, conv_w, dt, ssm_a, norm_w, sh.n_k, sh.n_v, sh.d_k, sh.d_v,
                        K, 1e-6f, cs, S, y, scratch);
         to_host(got, d_y, D_v * 4);
         if (perturb) got[D_v / 3] += 0.01f;
-        snprintf(name, sizeof name, "gdn n_k %d n_v %d d_k %d d_v %d token %d%s", sh.n_k, sh.n_v,
-                 sh.d_k, sh.d_v, t, perturb ? " (perturbed)" : "");
+        snprintf(name, sizeof name, "gdn%s n_k %d n_v %d d_k %d d_v %d token %d%s",
+                 fused ? " (decode+norm fused)" : "", sh.n_k, sh.n_v, sh.d_k, sh.d_v, t,
+                 perturb ? " (perturbed)" : "");
         ok &= gpu_parity_check(name, got, y, D_v, 2e-4, 2e-4, 1e-8, !perturb, NULL);
         free(mixed), free(z), free(b), free(a);
     }
@@ -134,6 +143,9 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
     snprintf(name, sizeof name, "  state S after %d tokens", n_tokens);
     ok &= gpu_parity_check(name, gS, S, nS, 1e-5, 1e-4, 1e-9, true, NULL);
     ok &= gpu_parity_check("  conv state", gcs, cs, (int64_t)C * (K - 1), 0, 0, 0, true, NULL);
+    to_host(sync, d_sync, sh.n_v * 4);
+    for (int h = 0; h < sh.n_v; h++) ok &= sync[h] == 0; /* the per-head counters are back to 0 */
+    cuda_free(d_sync), free(sync);
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_nw), cuda_free(d_cs);
     cuda_free(d_S), cuda_free(d_mixed), cuda_free(d_conv), cuda_free(d_z), cuda_free(d_b);
     cuda_free(d_a), cuda_free(d_o), cuda_free(d_y), cuda_free(d_yq);
@@ -148,7 +160,7 @@ static void test_gdn(void)
     static const gdn_shape shapes[] = {{2, 4, 64, 64}, {4, 4, 32, 32}, {16, 16, 128, 128},
                                        {16, 32, 128, 128}, {16, 48, 128, 128}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        CU_ASSERT_TRUE(gdn_case(shapes[i], 5, false));
+        for (int fused = 0; fused < 2; fused++) CU_ASSERT_TRUE(gdn_case(shapes[i], 5, false, fused));
 }
 
 /* qkv GEMV with the conv fused: rows < n_conv conv'd, the rest plain */
@@ -298,7 +310,8 @@ static void test_embed_step(void)
 static void test_perturbed_fails(void)
 {
     if (!g_have_gpu) return;
-    CU_ASSERT_FALSE(gdn_case((gdn_shape){2, 4, 64, 64}, 1, true));
+    CU_ASSERT_FALSE(gdn_case((gdn_shape){2, 4, 64, 64}, 1, true, false));
+    CU_ASSERT_FALSE(gdn_case((gdn_shape){16, 32, 128, 128}, 1, true, true));
 }
 
 int main(void)
