@@ -66,6 +66,7 @@ struct cuda_backend {
     void *d_hq, *d_yq, *d_ffnq;
     unsigned *d_sync; /* counters of the fused epilogues (zero between launches) */
     bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=warp: the old graph) */
+    bool pdl;         /* the step graph uses programmatic dependent launch (DS_PDL=0: not) */
     int gemv_kernel;  /* gemv_matrix.kernel of every matrix */
     unsigned long long *d_best;
     int32_t *d_tok_in, *d_tok_out;
@@ -460,22 +461,44 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     for (int i = 0; i < b->n_slots; i++)
         if (cuda_backend_reset(b, i, st)) goto fail;
 
-    /* the step, recorded once per slot and mode */
-    for (int i = 0; i < b->n_slots; i++) {
-        cb_slot *sl = &b->slots[i];
-        if (cuda_graph_capture_begin(b->stream, st)) goto fail;
-        record_step(b, sl, true, b->stream);
-        if (cuda_graph_capture_end(b->stream, &sl->g_forced, st)) goto fail;
-        b->stats.kernels_per_token = cuda_graph_last_kernel_nodes();
-        if (cuda_graph_capture_begin(b->stream, st)) goto fail;
-        record_step(b, sl, false, b->stream);
-        if (cuda_graph_capture_end(b->stream, &sl->g_greedy, st)) goto fail;
+    /* the step, recorded once per slot and mode; with programmatic dependent launch unless
+     * DS_PDL=0 or the warp GEMV (then, or if a capture with it fails, without) */
+    const char *pdl_env = getenv("DS_PDL");
+    b->pdl = b->fuse && !(pdl_env && strcmp(pdl_env, "0") == 0);
+    for (;;) {
+        int rc = STATUS_OK;
+        cuda_set_pdl(b->pdl);
+        for (int i = 0; i < b->n_slots && !rc; i++) {
+            cb_slot *sl = &b->slots[i];
+            rc = cuda_graph_capture_begin(b->stream, st);
+            if (!rc) record_step(b, sl, true, b->stream);
+            if (!rc) rc = cuda_graph_capture_end(b->stream, &sl->g_forced, st);
+            if (!rc) b->stats.kernels_per_token = cuda_graph_last_kernel_nodes();
+            if (!rc) rc = cuda_graph_capture_begin(b->stream, st);
+            if (!rc) record_step(b, sl, false, b->stream);
+            if (!rc) rc = cuda_graph_capture_end(b->stream, &sl->g_greedy, st);
+        }
+        cuda_set_pdl(false);
+        if (!rc) rc = cuda_check("graph capture", st);
+        if (!rc) break;
+        if (!b->pdl) goto fail;
+        fprintf(stderr, "cuda: capture with programmatic dependent launch failed (%s); "
+                        "capturing without\n", st->msg);
+        for (int i = 0; i < b->n_slots; i++) {
+            cuda_graph_exec_destroy(b->slots[i].g_forced);
+            cuda_graph_exec_destroy(b->slots[i].g_greedy);
+            b->slots[i].g_forced = b->slots[i].g_greedy = NULL;
+        }
+        status_clear(st);
+        (void)cuda_check("clearing the capture error", st);
+        status_clear(st);
+        b->pdl = false;
     }
-    if (cuda_check("graph capture", st)) goto fail;
     if (verbose)
         fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token (%s)\n",
                 b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token,
-                b->fuse ? "flat GEMV, fused epilogues" : "warp GEMV, DS_GEMV_KERNEL=warp");
+                b->fuse ? (b->pdl ? "flat GEMV, fused epilogues, PDL" : "flat GEMV, fused epilogues")
+                        : "warp GEMV, DS_GEMV_KERNEL=warp");
 
     b->stats.weight_bytes = b->weight_bytes;
     b->stats.state_bytes = b->state_bytes;

@@ -22,6 +22,7 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
                                         __half *__restrict__ kc, __half *__restrict__ vc,
                                         float *__restrict__ q_out)
 {
+    ds_grid_dep();
     __shared__ float xs[256], scratch[32];
     const int hd = blockIdx.x, t = threadIdx.x; // blockDim.x == d_h
     const bool is_q = hd < n_h;
@@ -57,7 +58,7 @@ extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                           void *d_k_cache, void *d_v_cache, float *d_q_out, cuda_stream stream)
 {
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
-    attn_prep_kernel<<<n_h + n_kv, d_h, 0, stream>>>(
+    ds_launch(attn_prep_kernel, n_h + n_kv, d_h, 0, stream, 
         d_qg, d_k, d_v, d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos,
         (__half *)d_k_cache, (__half *)d_v_cache, d_q_out);
 }
@@ -75,6 +76,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
                       const __half *__restrict__ vc, int n_h, int n_kv,
                       const int32_t *__restrict__ d_pos, float *__restrict__ part, int n_split)
 {
+    ds_grid_dep();
     constexpr int d_h = 32 * EPL;
     __shared__ float sc[ATTN_MAX_GROUP][ATTN_CHUNK];
     __shared__ float stat[ATTN_MAX_GROUP][2];
@@ -159,6 +161,7 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
                                            int n_split, float *__restrict__ o,
                                            void *__restrict__ oq)
 {
+    ds_grid_dep();
     const int h = blockIdx.x, t = threadIdx.x;
     const float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     float M = -INFINITY;
@@ -190,11 +193,11 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
     const dim3 grid(n_kv, n_split);
     const __half *kc = (const __half *)d_k_cache, *vc = (const __half *)d_v_cache;
     switch (d_h / 32) {
-    case 1: attn_split_kernel<1><<<grid, ATTN_THREADS, 0, stream>>>(d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 2: attn_split_kernel<2><<<grid, ATTN_THREADS, 0, stream>>>(d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 4: attn_split_kernel<4><<<grid, ATTN_THREADS, 0, stream>>>(d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 8: attn_split_kernel<8><<<grid, ATTN_THREADS, 0, stream>>>(d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
+    case 1: ds_launch(attn_split_kernel<1>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
+    case 2: ds_launch(attn_split_kernel<2>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
+    case 4: ds_launch(attn_split_kernel<4>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
+    case 8: ds_launch(attn_split_kernel<8>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
     default: DS_ASSERT(!"attn_decode: d_h must be 32, 64, 128 or 256");
     }
-    attn_combine_kernel<<<n_h, d_h, 0, stream>>>(d_partial, d_qg, n_h, d_h, n_split, d_o, d_o_q8);
+    ds_launch(attn_combine_kernel, n_h, d_h, 0, stream, d_partial, d_qg, n_h, d_h, n_split, d_o, d_o_q8);
 }

@@ -60,6 +60,10 @@ extern "C" int cuda_sync(cuda_stream s, const char *what, status *st)
     return STATUS_OK;
 }
 
+thread_local bool ds_pdl_enabled = false;
+
+extern "C" void cuda_set_pdl(bool on) { ds_pdl_enabled = on; }
+
 extern "C" int cuda_alloc(void **d_ptr, size_t bytes, const char *what, status *st)
 {
     *d_ptr = NULL;

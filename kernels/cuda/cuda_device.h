@@ -34,6 +34,12 @@ typedef struct cuda_device_props {
     uint64_t l2_bytes;
 } cuda_device_props;
 
+/* Programmatic dependent launch for the kernel launchers of kernels/cuda called from this
+ * thread (default off): each launch lets the next kernel start its CTAs while this one drains;
+ * every kernel waits for its predecessor before touching memory, so results are unchanged. The
+ * engine turns it on while it captures its step graph. */
+void cuda_set_pdl(bool on);
+
 /* true when at least one CUDA device is usable; false (st says why: no driver, no device) */
 bool cuda_device_available(status *st);
 

@@ -17,6 +17,7 @@ static __global__ void gdn_conv_kernel(const float *__restrict__ mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
                                        int C, int K, float *__restrict__ out)
 {
+    ds_grid_dep();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     out[c] = gdn_conv_channel(mixed[c], w + (int64_t)c * K, state + (int64_t)c * (K - 1), K);
@@ -26,7 +27,7 @@ extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_c
                          int K_conv, float *d_out, cuda_stream stream)
 {
     DS_ASSERT(C > 0 && K_conv >= 1);
-    gdn_conv_kernel<<<ds_div_up(C, 256), 256, 0, stream>>>(d_mixed, d_conv_w, d_conv_state, C,
+    ds_launch(gdn_conv_kernel, ds_div_up(C, 256), 256, 0, stream, d_mixed, d_conv_w, d_conv_state, C,
                                                            K_conv, d_out);
 }
 
@@ -45,6 +46,7 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                       const float *__restrict__ ssm_a, int n_k, int d_v, float eps,
                       float *__restrict__ S, float *__restrict__ o, int cols, gdn_norm_args na)
 {
+    ds_grid_dep();
     constexpr int d_k = 32 * EPL;
     __shared__ float sq[d_k], sk[d_k], scratch[32];
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
@@ -151,15 +153,15 @@ static void gdn_decode_launch(const float *d_conv, const float *d_b, const float
     const dim3 grid(n_v, splits);
     switch (d_k) {
     case 32:
-        gdn_decode_kernel<1, NORM><<<grid, GDN_WARPS * 32, 0, stream>>>(
+        ds_launch(gdn_decode_kernel<1, NORM>, grid, GDN_WARPS * 32, 0, stream, 
             d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
         break;
     case 64:
-        gdn_decode_kernel<2, NORM><<<grid, GDN_WARPS * 32, 0, stream>>>(
+        ds_launch(gdn_decode_kernel<2, NORM>, grid, GDN_WARPS * 32, 0, stream, 
             d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
         break;
     case 128:
-        gdn_decode_kernel<4, NORM><<<grid, GDN_WARPS * 32, 0, stream>>>(
+        ds_launch(gdn_decode_kernel<4, NORM>, grid, GDN_WARPS * 32, 0, stream, 
             d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
         break;
     default:
@@ -194,6 +196,7 @@ static __global__ void gdn_norm_gated_kernel(const float *__restrict__ o,
                                              const float *__restrict__ w, int d_v, float eps,
                                              float *__restrict__ y, void *__restrict__ yq, int n)
 {
+    ds_grid_dep();
     __shared__ float scratch[32];
     const int64_t i = (int64_t)blockIdx.x * d_v + threadIdx.x;
     const float v = o[i];
@@ -208,6 +211,6 @@ extern "C" void gdn_norm_gated(const float *d_o, const float *d_z, const float *
                                int d_v, float eps, float *d_y, void *d_y_q8, cuda_stream stream)
 {
     DS_ASSERT(d_v % 32 == 0 && d_v <= 1024);
-    gdn_norm_gated_kernel<<<n_v, d_v, 0, stream>>>(d_o, d_z, d_norm_w, d_v, eps, d_y, d_y_q8,
+    ds_launch(gdn_norm_gated_kernel, n_v, d_v, 0, stream, d_o, d_z, d_norm_w, d_v, eps, d_y, d_y_q8,
                                                    n_v * d_v);
 }

@@ -546,6 +546,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                 const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
+    ds_grid_dep();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
@@ -618,6 +619,7 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
                      int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                      const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
+    ds_grid_dep();
     constexpr int TPB = TT::TPB, G = FLAT_THREADS / TPB, STEP = U * G, NW = FLAT_THREADS / 32;
     constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
     extern __shared__ float s_part[]; // [nf] partials (then [nf] of W1 when TWO)
@@ -880,6 +882,7 @@ extern "C" uint64_t gemv_xq_bytes(int64_t n) { return (uint64_t)n + (uint64_t)n 
 static __global__ void quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ qs,
                                          float2 *__restrict__ ds, int64_t n)
 {
+    ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return; // n % 32 == 0: whole warps leave together
     const float v = x[i];
@@ -898,7 +901,7 @@ static __global__ void quantize_x_kernel(const float *__restrict__ x, int8_t *__
 extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_stream stream)
 {
     DS_ASSERT(n > 0 && n % 32 == 0);
-    quantize_x_kernel<<<ds_div_up(n, 256), 256, 0, stream>>>(
+    ds_launch(quantize_x_kernel, ds_div_up(n, 256), 256, 0, stream, 
         d_x, (int8_t *)d_xq, (float2 *)((int8_t *)d_xq + n), n);
 }
 
@@ -917,7 +920,7 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     const unsigned grid = (unsigned)(need < full ? need : full);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
-    k<<<grid, GEMV_WARPS * 32, 0, s>>>((const uint8_t *)w0->d_w,
+    ds_launch(k, grid, GEMV_WARPS * 32, 0, s, (const uint8_t *)w0->d_w,
                                        (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in,
                                        w0->n_out, x, xqs, xds, y, best);
 }
@@ -996,7 +999,7 @@ static void launch_flat_u(const gemv_matrix *w0, const gemv_matrix *w1, const fl
     const size_t smem = (size_t)(((n_out + grid - 1) / grid) * nb * arrays * 4);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
-    k<<<(unsigned)grid, FLAT_THREADS, smem, s>>>((const uint8_t *)w0->d_w,
+    ds_launch(k, (unsigned)grid, FLAT_THREADS, smem, s, (const uint8_t *)w0->d_w,
                                                  (const uint8_t *)(w1 ? w1->d_w : nullptr),
                                                  w0->n_in, n_out, x, xqs, xds, y, ep);
 }
@@ -1228,6 +1231,7 @@ static __global__ void __launch_bounds__(1024)
                       int32_t *__restrict__ tok_out, int32_t *__restrict__ pos,
                       float *__restrict__ x)
 {
+    ds_grid_dep();
     int64_t tok = tok_in ? *tok_in : (int64_t)(int32_t)(~(uint32_t)(*best & 0xffffffffu));
     if (tok < 0) tok = 0;
     if (tok >= n_out) tok = n_out - 1;
@@ -1246,7 +1250,7 @@ extern "C" void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in,
                                 float *d_x, cuda_stream stream)
 {
     DS_ASSERT(gemv_packed_bytes(emb->type, emb->n_in, emb->n_out) > 0);
-    embed_step_kernel<<<1, 1024, 0, stream>>>((const uint8_t *)emb->d_w, emb->type, emb->n_in,
+    ds_launch(embed_step_kernel, 1, 1024, 0, stream, (const uint8_t *)emb->d_w, emb->type, emb->n_in,
                                               emb->n_out, d_tok_in, d_best, d_tok_out, d_pos,
                                               d_x);
 }

@@ -10,6 +10,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     norm_rms_kernel(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
                     float *__restrict__ y, void *__restrict__ yq)
 {
+    ds_grid_dep();
     __shared__ float scratch[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += x[i] * x[i];
@@ -28,5 +29,5 @@ extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, f
                          void *d_y_q8, cuda_stream stream)
 {
     DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0));
-    norm_rms_kernel<<<1, NORM_THREADS, 0, stream>>>(d_x, d_w, n, eps, d_y, d_y_q8);
+    ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
 }
