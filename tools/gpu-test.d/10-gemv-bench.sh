@@ -1,1 +1,0 @@
-step gemv_bench 240 "$here/bin/gemv_bench" 200

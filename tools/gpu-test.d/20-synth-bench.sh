@@ -1,9 +1,0 @@
-# Synthetic Q4_K_M models of the real shapes, then the decode benchmark on each at 4K context.
-if [ -x "$here/bin/deltaserve" ]; then
-    for p in 0.8b 4b 27b; do
-        step "synth_$p" 240 "$here/bin/deltaserve" gguf synth --preset $p --quant q4_k_m --seed 1 --threads 4 -o /tmp/synth-$p.gguf
-    done
-    for p in 0.8b 4b 27b; do
-        [ -s /tmp/synth-$p.gguf ] && step "bench_decode_$p" 240 "$here/bin/deltaserve" bench decode --model /tmp/synth-$p.gguf --ctx 4096 --tokens 256
-    done
-fi
