@@ -15,6 +15,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "gguf/quant.h"
+#include "kernels/cpu/cpu_pool.h"
+#include "kernels/cpu/matmul.h"
 #include "model/forward.h"
 
 static double now(void)
@@ -136,6 +139,41 @@ int main(int argc, char **argv)
     double gb = step_bytes(m) / 1e9;
     printf("model %s: H %d L %d V %d, weights read per decode step %.3f GB, threads %d\n", model,
            m->cfg.H, m->cfg.n_layer, V, gb, qwen35_ctx_n_threads(ctx));
+    /* The output layer (lm_head) alone, the largest single matmul of a decode step: T = 1 and
+     * T = B inputs through ref_matmul with the ctx's thread count, best of 5 per mode. */
+    const qwen35_mat *out = &m->output;
+    cpu_pool *pool = NULL;
+    if (cpu_pool_create(&pool, qwen35_ctx_n_threads(ctx), &st)) goto fail;
+    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(out->n_in, qwen35_ctx_n_threads(ctx)));
+    float *xin = malloc(sizeof(float) * out->n_in * B), *yout = malloc(sizeof(float) * out->n_out * B);
+    for (long i = 0; i < out->n_in * B; i++) xin[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
+    double lm_best[2][2] = {{1e30, 1e30}, {1e30, 1e30}}, lm_cpu[2][2] = {{0}};
+    for (int r = 0; r < 5; r++)
+        for (int k = 0; k < n_modes; k++) {
+            const int mi = (k + r) % n_modes;
+            for (int bi = 0; bi < (B > 1 ? 2 : 1); bi++) {
+                const int T = bi ? B : 1;
+                double c0 = cpu_now(), t0 = now();
+                ref_matmul(pool, out->data, out->type, out->row_bytes, out->n_in, out->n_out, xin, out->n_in, T,
+                           yout, out->n_out, scratch, (ref_matmul_dot)modes[mi]);
+                double dt = now() - t0;
+                if (dt < lm_best[mi][bi]) lm_best[mi][bi] = dt, lm_cpu[mi][bi] = cpu_now() - c0;
+            }
+        }
+    cpu_pool_destroy(pool);
+    free(scratch), free(xin), free(yout);
+    for (int mi = 0; mi < n_modes; mi++) {
+        const char *tag = mode_names[mi];
+        const double ob = (double)mat_bytes(out) / 1e9;
+        printf("[dot %s] output layer %s %lldx%lld (%.3f GB): T=1 %.2f ms (%.2f GB/s, %.2f cores busy, %.0f%% of a "
+               "decode step)", tag, quant_get(out->type) ? quant_get(out->type)->name : "?", (long long)out->n_out,
+               (long long)out->n_in, ob, 1e3 * lm_best[mi][0], ob / lm_best[mi][0], lm_cpu[mi][0] / lm_best[mi][0],
+               100.0 * lm_best[mi][0] / (best_dec[mi] / D));
+        if (B > 1)
+            printf("; T=%d %.2f ms (%.0f%% of a batched step)", B, 1e3 * lm_best[mi][1],
+                   100.0 * lm_best[mi][1] / (best_bat[mi] / D));
+        printf("\n");
+    }
     for (int mi = 0; mi < n_modes; mi++) {
         const char *tag = mode_names[mi];
         /* "cores busy" = CPU seconds / wall seconds: below the thread count, the machine was shared */

@@ -19,7 +19,8 @@
 
 #define QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* Same prefetch distance as the float kernels (quant_avx2.c, measured in docs/BENCH.md). */
+/* Same prefetch distance as the float kernels (quant_avx2.c, measured in docs/BENCH.md); for
+ * these kernels distances 0..16384 and hints T0/T1/T2/NTA measured alike (docs/BENCH.md). */
 #ifndef QUANT_PREFETCH_DISTANCE
 #define QUANT_PREFETCH_DISTANCE 1024
 #endif
