@@ -11,13 +11,27 @@
  * batch completed and nothing else is in flight. The pool's free list and the request_call
  * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists).
  *
- * Graceful shutdown (rpc_server_shutdown_grace) follows grpc.h: grpc_server_shutdown_and_notify
- * first (no new calls, GOAWAY on open connections, in-flight calls continue), then wait for the
- * notification (every call destroyed, every connection closed after its last frames were
- * written) and for every call to be released, up to the grace period; only then are the
- * calls left cancelled. Cancelling earlier (grpc_server_cancel_all_calls right after the
- * notify request) kills calls whose final message and status are queued but not yet written:
- * the client sees "Cancelling all calls" instead of the status. */
+ * Graceful shutdown (rpc_server_shutdown_grace), in this order, and why:
+ *  1. wait (grace) until every call is finished by its owner, its status batch completed and
+ *     the call released. Cancelling earlier (grpc_server_cancel_all_calls at once, the old
+ *     rpc_server_shutdown) kills calls whose final message and status are queued but not yet
+ *     written: the client sees "Cancelling all calls" instead of its status.
+ *  2. wait until the clients' kernels have acknowledged every byte written to them (SIOCOUTQ
+ *     of each accepted socket is 0). A completed status batch only means the frames are in our
+ *     socket's send buffer. gRPC closes a connection as soon as its last stream is written
+ *     after a GOAWAY, and a close() with unread input (the client's WINDOW_UPDATEs) sends a
+ *     RST that throws away whatever the send buffer still held: a slow client then loses the
+ *     tail of its stream ("recvmsg: Connection reset by peer" after 194 of 200 messages, seen
+ *     under load when grpc_server_shutdown_and_notify came first). Bytes already acknowledged
+ *     stay readable on the client after a RST.
+ *  3. only then grpc_server_shutdown_and_notify (GOAWAY; idle connections close) and wait for
+ *     the notification, RPC_SERVER_CLOSE_MS at most: gRPC's graceful GOAWAY waits for the
+ *     client to answer a ping, which an idle client (grpcio polls an idle channel every few
+ *     seconds) answers late; everything it was sent is acknowledged by then, so its connection
+ *     is closed anyway (grpc_server_cancel_all_calls).
+ * During 1 and 2 new calls are still accepted and handed to their owners (who refuse them
+ * while draining: "worker is draining"); open-ended streams (end_at_shutdown) are ended at
+ * once. After the grace, calls still open are cancelled with UNAVAILABLE. */
 #include "rpc/rpc_server.h"
 
 #include <pthread.h>
@@ -25,6 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <dirent.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -91,8 +111,9 @@ struct rpc_server {
     rpc_call *free_list; /* CQ thread only */
     int n_requested;     /* CQ thread only: request_call outstanding */
     atomic_int live;     /* accepted and not released */
-    atomic_bool shutting_down;
-    atomic_bool cancelling; /* the grace ran out: calls accepted from now on are cancelled */
+    atomic_bool draining;      /* a graceful shutdown runs (calls are still accepted) */
+    atomic_bool cancelling;    /* its grace ran out: calls accepted from now on are cancelled */
+    atomic_bool shutting_down; /* grpc_server_shutdown_and_notify was called */
     bool shutdown_seen; /* CQ thread only */
     bool started, stopped;
     pthread_t thread;
@@ -217,7 +238,7 @@ static void release_call(rpc_call *c)
     c->gcall = NULL;
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     c->recv_buf = NULL;
-    if (atomic_fetch_sub(&s->live, 1) == 1 && atomic_load(&s->shutting_down)) {
+    if (atomic_fetch_sub(&s->live, 1) == 1 && atomic_load(&s->draining)) {
         pthread_mutex_lock(&s->done_mu); /* wake rpc_server_shutdown_grace */
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->done_mu);
@@ -291,7 +312,7 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
      * flags first and then looks at in_use under mu; here in_use was set under mu before
      * the flags are read: one of the two sees the other. */
     if (atomic_load(&s->cancelling) ||
-        (atomic_load(&s->shutting_down) && c->method && c->method->end_at_shutdown))
+        (atomic_load(&s->draining) && c->method && c->method->end_at_shutdown))
         grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, "server shutting down",
                                      NULL);
     request_calls(s);
@@ -575,11 +596,14 @@ static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
     return n;
 }
 
-/* Waits at most timeout_ms (< 0: no limit) until every call is released (calls_only) or the
- * CQ thread is done (the shutdown notified too: every connection closed). */
+#define WAIT_FOREVER INT64_MAX
+
+/* Waits at most timeout_ms (<= 0: just look; WAIT_FOREVER: no limit) until every call is
+ * released (calls_only) or the CQ thread is done (the shutdown notified too: every connection
+ * closed). */
 static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
 {
-    int64_t end = timeout_ms < 0 ? INT64_MAX : rpc_now_ms() + timeout_ms;
+    int64_t end = timeout_ms == WAIT_FOREVER ? INT64_MAX : rpc_now_ms() + timeout_ms;
     pthread_mutex_lock(&srv->done_mu);
     for (;;) {
         if (srv->cq_done || (calls_only && atomic_load(&srv->live) == 0)) break;
@@ -601,13 +625,60 @@ static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
     return done;
 }
 
+/* Bytes written to this server's connections and not yet acknowledged by the clients' kernels
+ * (unsent + unacked, SIOCOUTQ), summed over the accepted sockets: the process's TCP sockets
+ * whose local port is the server's and that have a peer. -1 if /proc/self/fd is unreadable. */
+static long unacked_bytes(const rpc_server *srv)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end || fd == dirfd(d)) continue;
+        struct sockaddr_storage a;
+        socklen_t n = sizeof a;
+        int type = 0;
+        socklen_t tn = sizeof type;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &tn) != 0 || type != SOCK_STREAM ||
+            getsockname((int)fd, (struct sockaddr *)&a, &n) != 0)
+            continue; /* not a stream socket */
+        int port = a.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&a)->sin_port)
+                   : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
+                                             : -1;
+        n = sizeof a;
+        if (port != srv->port || getpeername((int)fd, (struct sockaddr *)&a, &n) != 0)
+            continue; /* another socket, or the listener */
+        int q = 0;
+        if (ioctl((int)fd, SIOCOUTQ, &q) == 0 && q > 0) total += q;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Waits at most timeout_ms until every byte written to the clients is acknowledged (true at
+ * once when that cannot be known). There is no event for it: the condition is polled every
+ * 2 ms. */
+static bool wait_acknowledged(const rpc_server *srv, int64_t timeout_ms)
+{
+    int64_t end = rpc_now_ms() + timeout_ms;
+    for (;;) {
+        long n = unacked_bytes(srv);
+        if (n <= 0) return true;
+        if (rpc_now_ms() >= end) return false;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+}
+
 bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
 {
     if (!srv || srv->stopped) return true;
     srv->stopped = true;
-    atomic_store(&srv->shutting_down, true);
-    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
     if (!srv->started) { /* nobody runs the CQ and no call exists: wait for the notification */
+        atomic_store(&srv->shutting_down, true);
+        grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
         for (;;) {
             grpc_event ev =
                 grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -615,32 +686,33 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
         }
         return true;
     }
+    int64_t end = rpc_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+    atomic_store(&srv->draining, true);
     cancel_calls(srv, true, "server shutting down");
-    /* 1. every call finished by its owner, its status batch completed (the status is written
-     *    to the connection) and released */
-    bool clean = wait_done(srv, true, grace_ms > 0 ? grace_ms : 0);
-    bool dropped = false;
+    /* 1. every call finished by its owner, its status batch completed, released */
+    bool clean = wait_done(srv, true, end - rpc_now_ms());
+    bool ended = clean;
     if (!clean) {
         atomic_store(&srv->cancelling, true);
         int n = cancel_calls(srv, false, "server shutting down: grace period over");
         if (grace_ms > 0)
             LOG_WARN("rpc server: %d call%s still open after the %lld ms grace period: cancelled",
                      n, n == 1 ? "" : "s", (long long)grace_ms);
-        /* The owners finish the cancelled calls; gRPC writes their status. Connections that
-         * cannot take even that (a client that stopped reading) are dropped after a while. */
-        if (!wait_done(srv, true, RPC_SERVER_CANCEL_MS)) {
-            grpc_server_cancel_all_calls(srv->server);
-            dropped = true;
-        }
+        ended = wait_done(srv, true, RPC_SERVER_CANCEL_MS); /* the owners finish them */
     }
-    /* 2. the connections close: gRPC's graceful GOAWAY waits for the client to answer a ping
-     *    (proof that it has read everything before), then closes. An idle client may answer
-     *    late (an idle grpcio channel polls its socket only every few seconds): its calls are
-     *    all complete, so after RPC_SERVER_CLOSE_MS its connection is closed anyway (FIN after
-     *    the data already written). */
-    if (!dropped && !wait_done(srv, false, RPC_SERVER_CLOSE_MS))
+    /* 2. everything written is acknowledged by the clients (a client that stopped reading
+     *    gets the rest of the grace, at least RPC_SERVER_CANCEL_MS) */
+    if (ended) {
+        int64_t left = end - rpc_now_ms();
+        if (!wait_acknowledged(srv, left > RPC_SERVER_CANCEL_MS ? left : RPC_SERVER_CANCEL_MS))
+            LOG_WARN("rpc server: some clients did not acknowledge their last frames: closing");
+    }
+    /* 3. GOAWAY, connections close; what is left is dropped */
+    atomic_store(&srv->shutting_down, true);
+    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+    if (!ended || !wait_done(srv, false, RPC_SERVER_CLOSE_MS))
         grpc_server_cancel_all_calls(srv->server);
-    wait_done(srv, false, -1);
+    wait_done(srv, false, WAIT_FOREVER);
     pthread_join(srv->thread, NULL);
     return clean;
 }

@@ -35,18 +35,18 @@
  * rpc_call_set_data must therefore stay valid until on_release, which runs once on the CQ
  * thread when the call is completely done; no callback runs for the call after it.
  *
- * Shutdown (rpc_server_shutdown_grace): stops accepting calls (open connections get a GOAWAY;
- * a call the server had already accepted is still handed to its owner), ends the open-ended
- * streams (methods with end_at_shutdown: health Watch, reflection) with UNAVAILABLE, and waits
- * up to the grace period for every other call to be finished by its owner, its final messages
- * and status handed to the transport, released, and every connection closed after its last
- * frames. A call still open then is cancelled with UNAVAILABLE "server shutting down: grace
- * period over" (on_cancel runs); owners must therefore finish their calls when cancelled (e.g.
- * the engine at its next step). Calls that still cannot end after RPC_SERVER_CANCEL_MS more
- * (a client that stopped reading) have their connections dropped
- * (grpc_server_cancel_all_calls). Once every call has ended, connections get
- * RPC_SERVER_CLOSE_MS to close gracefully before they are closed anyway.
- * rpc_server_shutdown = a grace of 0: cancel at once. */
+ * Shutdown (rpc_server_shutdown_grace): open-ended streams (methods with end_at_shutdown: health
+ * Watch, reflection) end at once with UNAVAILABLE; every other call gets up to the grace period
+ * to be finished by its owner, its final messages and status written and the call released;
+ * then the server waits until the clients have acknowledged every byte written to them, and
+ * only then stops accepting (grpc_server_shutdown_and_notify: GOAWAY) and closes the
+ * connections (RPC_SERVER_CLOSE_MS at most for gRPC's graceful GOAWAY). Until then new calls
+ * are still handed to their owners, who should refuse them while draining. A call still open
+ * after the grace is cancelled with UNAVAILABLE "server shutting down: grace period over"
+ * (on_cancel runs); owners must therefore finish their calls when cancelled (e.g. the engine at
+ * its next step); what cannot end RPC_SERVER_CANCEL_MS later (a client that stopped reading)
+ * has its connection dropped (grpc_server_cancel_all_calls). rpc_server_shutdown = a grace of
+ * 0: cancel at once. See rpc_server.c for why this order. */
 #ifndef DS_RPC_RPC_SERVER_H
 #define DS_RPC_RPC_SERVER_H
 
