@@ -433,9 +433,16 @@ static void mm_task(void *arg, int task)
 static void mm_run(cpu_pool *pool, mm_job *j, bool rows_dot)
 {
     /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
-     * the dot block (decode, integer path), at least 16 rows. */
+     * the dot block (decode, integer path), at least 16 rows. Dotted rows are also capped at
+     * REF_MATMUL_TASK_BYTES of weights per task, so that a thread the OS preempts holds up at
+     * most a small task (the output layer: ~750 tasks, not 8). */
     int64_t unit = rows_dot ? REF_MATMUL_DOT_BLOCK : j->tile_rows;
     int64_t per = (j->n_out + 4 * j->n_threads - 1) / (4 * j->n_threads);
+    if (rows_dot && j->n_threads > 1) {
+        int64_t cap = (int64_t)(REF_MATMUL_TASK_BYTES / j->row_bytes) / unit * unit;
+        if (cap < unit) cap = unit;
+        if (per > cap) per = cap;
+    }
     if (per < 16) per = 16;
     if (per > unit) per = (per + unit - 1) / unit * unit;
     j->rows_per_task = per;

@@ -38,6 +38,8 @@
 #define REF_MATMUL_TILE_MIN_T_OTHER 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
 #define REF_MATMUL_DOT_BLOCK 32
+/* Most weight bytes one task of the dot paths reads (threads claim tasks dynamically). */
+#define REF_MATMUL_TASK_BYTES (256 * 1024)
 /* The integer path quantises the inputs into the scratch (~1.14 n_in bytes each), as many as
  * fit at a time, at least this many (the scratch holds >= 16 n_in bytes). */
 #define REF_MATMUL_Q8_MIN_COLS 14
