@@ -165,8 +165,9 @@ void quant_matvec(uint32_t type, const void *w, uint64_t row_bytes, int64_t n_in
  * a fixed lane order that the scalar reference and the AVX2 kernel share operation for
  * operation (no FMA): dot_q8 == dot_q8_ref bit for bit on every input. Against the exact
  * real-number dot of the dequantised weights and the dequantised activation the float part
- * errs by at most ~(n/block + 6) * 2^-23 * sum of |weight_i * x_i| (terms taken with the
- * K-quant min separately; tests/gguf/quant_q8_test.c states and checks the bound). */
+ * errs by at most (n/block + 6) * 2^-23 * M, M = sum_i |x_i| (|d sc q_i| + |m_i|) with the
+ * weight written as d*sc*q - m (m: the Q4_K/Q5_K min, Q6_K's 32*d*sc offset, 0 for Q8_0);
+ * tests/gguf/quant_q8_test.c checks it. */
 void quant_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t n);
 void quant_quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t n);
 /* Scalar references of the two (tests). */
