@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "tests/testutil/testutil.h"
 
 static void test_fail_sets_code_and_message(void)
 {
@@ -31,9 +32,5 @@ int main(void)
     CU_pSuite s = CU_add_suite("common/status", NULL, NULL);
     CU_add_test(s, "fail sets code and message", test_fail_sets_code_and_message);
     CU_add_test(s, "long message truncated", test_long_message_truncated);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

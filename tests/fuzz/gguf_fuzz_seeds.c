@@ -13,6 +13,7 @@
 #include "gguf/gguf_writer.h"
 #include "gguf/quant.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/testutil/testutil.h"
 
 static const char *g_dir;
 static int g_count;
@@ -75,7 +76,7 @@ static uint8_t *writer_file(uint32_t alignment, bool with_tensors, size_t *n)
     }
     if (gguf_writer_finish(w, &st)) goto fail;
     gguf_writer_destroy(w);
-    uint8_t *p = gguf_craft_read_file(path, n);
+    uint8_t *p = (uint8_t *)testutil_read_file(path, n);
     unlink(path);
     if (p) return p;
 fail:
@@ -186,7 +187,7 @@ int main(int argc, char **argv)
     if (argc > 2)
         snprintf(ref, sizeof ref, "%s", argv[2]);
     else
-        gguf_craft_reference_dir(ref, sizeof ref);
+        testutil_reference_dir(ref, sizeof ref);
     static const char *const models[] = {"tiny-r1-untied", "tiny-r2-tied"};
     for (int m = 0; m < 2; m++) {
         char path[4200], name[128];

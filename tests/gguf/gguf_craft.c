@@ -1,12 +1,12 @@
 #include "tests/gguf/gguf_craft.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/status.h"
+#include "tests/testutil/testutil.h"
 
 void gguf_craft_bytes(gguf_craft *c, const void *data, size_t n)
 {
@@ -84,66 +84,9 @@ void gguf_craft_free(gguf_craft *c)
     c->n = c->cap = 0;
 }
 
-uint8_t *gguf_craft_read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(sz > 0 ? (size_t)sz : 1);
-    DS_ASSERT(p);
-    if (sz < 0 || fread(p, 1, (size_t)sz, f) != (size_t)sz) {
-        free(p);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    *n = (size_t)sz;
-    return p;
-}
-
-/* The repo root from a runfiles symlink to one of this folder's sources. */
-static int repo_root_from_runfiles(char *out, size_t cap)
-{
-    const char *srcdir = getenv("TEST_SRCDIR");
-    const char *ws = getenv("TEST_WORKSPACE");
-    char link[PATH_MAX], real[PATH_MAX];
-    const char *rel = "tests/gguf/gguf_craft.h";
-    if (!srcdir || !ws) return -1;
-    snprintf(link, sizeof link, "%s/%s/%s", srcdir, ws, rel);
-    if (!realpath(link, real)) return -1;
-    size_t n = strlen(real), r = strlen(rel);
-    if (n <= r + 1 || strcmp(real + n - r, rel) != 0) return -1;
-    real[n - r - 1] = '\0';
-    snprintf(out, cap, "%s", real);
-    return 0;
-}
-
-void gguf_craft_reference_dir(char *out, size_t cap)
-{
-    char root[PATH_MAX];
-    const char *e = getenv("DS_REFERENCE_DIR");
-    if (e && *e) {
-        snprintf(out, cap, "%s", e);
-        return;
-    }
-    e = getenv("DS_REPO_ROOT");
-    if (e && *e) {
-        snprintf(out, cap, "%s/../shared/reference", e);
-        return;
-    }
-    if (repo_root_from_runfiles(root, sizeof root) == 0) {
-        snprintf(out, cap, "%s/../shared/reference", root);
-        return;
-    }
-    snprintf(out, cap, "/work/shared/reference");
-}
-
 void gguf_craft_tmp_path(char *out, size_t cap, const char *suffix)
 {
     static int counter;
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(out, cap, "%s/gguf_test_%d_%d%s", dir && *dir ? dir : "/tmp", (int)getpid(),
-             counter++, suffix);
+    snprintf(out, cap, "%s/gguf_test_%d_%d%s", testutil_tmp_dir(), (int)getpid(), counter++,
+             suffix);
 }

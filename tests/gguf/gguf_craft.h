@@ -1,5 +1,6 @@
-/* Test helpers: hand-craft GGUF bytes (valid or deliberately broken), read files, find the
- * shared reference models. Test code: allocation failures abort. */
+/* Test helpers: hand-craft GGUF bytes (valid or deliberately broken), name temporary files
+ * (file reads and the reference folder: tests/testutil/testutil.h). Test code: allocation
+ * failures abort. */
 #ifndef DS_TESTS_GGUF_GGUF_CRAFT_H
 #define DS_TESTS_GGUF_GGUF_CRAFT_H
 
@@ -23,14 +24,6 @@ void gguf_craft_tensor(gguf_craft *c, const char *name, uint32_t n_dims, const u
 void gguf_craft_pad(gguf_craft *c, size_t alignment); /* zeros up to a multiple */
 void gguf_craft_zeros(gguf_craft *c, size_t n);
 void gguf_craft_free(gguf_craft *c);
-
-/* Whole file in memory (malloc'd; NULL on error). */
-uint8_t *gguf_craft_read_file(const char *path, size_t *n);
-
-/* The reference model folder: $DS_REFERENCE_DIR, else $DS_REPO_ROOT/../shared/reference, else
- * <repo root found from this test's runfiles>/../shared/reference, else
- * /work/shared/reference. Writes into out. */
-void gguf_craft_reference_dir(char *out, size_t cap);
 
 /* A fresh temporary path (under $TEST_TMPDIR or /tmp) with the given suffix. */
 void gguf_craft_tmp_path(char *out, size_t cap, const char *suffix);

@@ -9,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/testutil/testutil.h"
 
 typedef struct spec_tensor {
     const char *name;
@@ -491,9 +492,5 @@ int main(void)
     CU_add_test(s, "bad alignment", test_bad_alignment);
     CU_add_test(s, "bad tensor infos", test_bad_tensor_infos);
     CU_add_test(s, "open errors", test_open_errors);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -10,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/testutil/testutil.h"
 
 typedef struct ref_case {
     const char *name;
@@ -27,7 +28,7 @@ static const ref_case k_refs[] = {
 static void ref_path(char *out, size_t cap, const char *name)
 {
     char dir[PATH_MAX];
-    gguf_craft_reference_dir(dir, sizeof dir);
+    testutil_reference_dir(dir, sizeof dir);
     snprintf(out, cap, "%s/%s.gguf", dir, name);
 }
 
@@ -116,7 +117,7 @@ static void test_reference_truncations(void)
     char path[PATH_MAX + 64];
     size_t n;
     ref_path(path, sizeof path, k_refs[1].name);
-    uint8_t *buf = gguf_craft_read_file(path, &n);
+    uint8_t *buf = (uint8_t *)testutil_read_file(path, &n);
     CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
     gguf_file *f;
     status st;
@@ -142,9 +143,5 @@ int main(void)
     CU_add_test(s, "tiny-r1-untied", test_tiny_r1_untied);
     CU_add_test(s, "tiny-r2-tied", test_tiny_r2_tied);
     CU_add_test(s, "truncations of a reference header", test_reference_truncations);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

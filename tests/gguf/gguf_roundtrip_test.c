@@ -14,6 +14,7 @@
 #include "gguf/gguf_writer.h"
 #include "gguf/quant.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/testutil/testutil.h"
 
 typedef struct test_tensor {
     const char *name;
@@ -306,7 +307,8 @@ static void test_stream_and_pwrite_identical(void)
     gguf_craft_tmp_path(b, sizeof b, ".gguf");
     write_file(a, 0, MODE_STREAM);
     write_file(b, 0, MODE_PWRITE);
-    uint8_t *pa = gguf_craft_read_file(a, &na), *pb = gguf_craft_read_file(b, &nb);
+    uint8_t *pa = (uint8_t *)testutil_read_file(a, &na);
+    uint8_t *pb = (uint8_t *)testutil_read_file(b, &nb);
     CU_ASSERT_FATAL(pa && pb);
     CU_ASSERT_EQUAL(na, nb);
     CU_ASSERT_EQUAL(memcmp(pa, pb, na < nb ? na : nb), 0);
@@ -565,9 +567,5 @@ int main(void)
     CU_add_test(s, "writer rejects bad tensors", test_writer_rejects_bad_tensors);
     CU_add_test(s, "writer rejects bad KVs", test_writer_rejects_bad_kvs);
     CU_add_test(s, "writer data errors", test_writer_data_errors);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

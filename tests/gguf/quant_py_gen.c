@@ -14,21 +14,7 @@
 #include <string.h>
 
 #include "gguf/quant.h"
-
-static uint64_t gen_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float gen_uniform(uint64_t *s) { return (float)((gen_next(s) >> 40) * (1.0 / 8388608.0)) - 1.0f; }
-
-static float gen_gauss(uint64_t *s) {
-    double u = ((gen_next(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-    double v = (gen_next(s) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
+#include "tests/testutil/testutil.h"
 
 static int gen_write(const char *dir, const char *name, const char *ext, const void *p, size_t n) {
     char path[4096];
@@ -46,15 +32,16 @@ static int gen_write(const char *dir, const char *name, const char *ext, const v
 static void gen_blocks(uint32_t type, uint8_t *p, int64_t n, uint64_t *s) {
     const quant_traits *t = quant_get(type);
     uint64_t bytes = quant_row_bytes(type, (uint64_t)n);
-    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)gen_next(s);
+    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)testutil_rng_next(s);
     for (int64_t b = 0; b < n / t->block_size; b++) {
         uint8_t *blk = p + b * t->type_size;
-        float mag = ldexpf(1.0f + 0.5f * gen_uniform(s), -4 - (int)(gen_next(s) % 7));
-        ggml_half hs = quant_f32_to_f16(gen_next(s) & 1 ? -mag : mag);
-        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * gen_uniform(s)));
+        float mag =
+            ldexpf(1.0f + 0.5f * testutil_rng_uniform(s), -4 - (int)(testutil_rng_next(s) % 7));
+        ggml_half hs = quant_f32_to_f16(testutil_rng_next(s) & 1 ? -mag : mag);
+        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * testutil_rng_uniform(s)));
         switch (type) {
         case GGML_TYPE_F32: {
-            float v = ldexpf(gen_uniform(s), (int)(gen_next(s) % 40) - 20);
+            float v = ldexpf(testutil_rng_uniform(s), (int)(testutil_rng_next(s) % 40) - 20);
             memcpy(blk, &v, 4);
             break;
         }
@@ -115,7 +102,7 @@ int main(int argc, char **argv) {
         gen_blocks(types[k], blocks, n, &s);
         t->dequant(blocks, deq, n);
         for (int64_t i = 0; i < n; i++) {
-            src[i] = 0.03f * gen_gauss(&s);
+            src[i] = 0.03f * testutil_rng_gauss(&s);
             if (i % 61 == 0) src[i] *= 6.0f;                     /* outliers */
             if (i >= n / 2 && i < n / 2 + 256) src[i] = 0.0f;    /* a zero block */
             if (i >= n / 4 && i < n / 4 + 256) src[i] = fabsf(src[i]); /* all positive */

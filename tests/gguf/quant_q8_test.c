@@ -19,25 +19,9 @@
 #include <string.h>
 
 #include "gguf/quant.h"
+#include "tests/testutil/testutil.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(uint64_t *s) { /* [-1, 1) */
-    return (float)((rng_next(s) >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-
-static float rng_gauss(uint64_t *s) {
-    double u = ((rng_next(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-    double v = (rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 static const uint32_t q_types[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 #define N_QTYPES 4
@@ -54,12 +38,14 @@ static void fill_blocks(uint32_t type, void *dst, int64_t n, uint64_t *s, int lo
     const quant_traits *t = quant_get(type);
     uint8_t *p = dst;
     uint64_t bytes = quant_row_bytes(type, (uint64_t)n);
-    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)rng_next(s);
+    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)testutil_rng_next(s);
     for (int64_t b = 0; b < n / t->block_size; b++) {
         uint8_t *blk = p + b * t->type_size;
-        float mag = ldexpf(1.0f + 0.5f * rng_uniform(s), lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1)));
-        ggml_half h = quant_f32_to_f16(mag), hneg = quant_f32_to_f16(rng_next(s) & 1 ? -mag : mag);
-        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * rng_uniform(s)));
+        float mag = ldexpf(1.0f + 0.5f * testutil_rng_uniform(s),
+                           lo + (int)(testutil_rng_next(s) % (uint64_t)(hi - lo + 1)));
+        ggml_half h = quant_f32_to_f16(mag);
+        ggml_half hneg = quant_f32_to_f16(testutil_rng_next(s) & 1 ? -mag : mag);
+        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * testutil_rng_uniform(s)));
         switch (type) {
         case GGML_TYPE_Q8_0: memcpy(blk, &hneg, 2); break;
         case GGML_TYPE_Q4_K:
@@ -77,7 +63,7 @@ static void fill_blocks(uint32_t type, void *dst, int64_t n, uint64_t *s, int lo
  * and, when extreme, blocks of wildly different magnitude. */
 static void fill_act(float *x, int64_t n, uint64_t *s, int scale_exp, int extreme) {
     for (int64_t i = 0; i < n; i++) {
-        float v = ldexpf(rng_gauss(s), scale_exp);
+        float v = ldexpf(testutil_rng_gauss(s), scale_exp);
         if (i % 61 == 7) v *= 16;
         if (extreme) v = ldexpf(v, ((int)(i / 256) % 5) * 9 - 18); /* 2^-18 .. 2^18 per block */
         x[i] = v;
@@ -195,11 +181,13 @@ static void quant_case(int c, float *x, int64_t n, uint64_t *s) {
         for (int64_t i = 3; i < n; i += 41) x[i] = 1.5f;
         break;
     case 4: /* halves: values exactly on rounding ties */
-        for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(rng_next(s) % 255) - 127) * 0.5f;
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (float)((int)(testutil_rng_next(s) % 255) - 127) * 0.5f;
         for (int64_t i = 0; i < n; i += 32) x[i] = 127.0f;
         break;
     case 5: /* subnormals and huge values in separate blocks */
-        for (int64_t i = 0; i < n; i++) x[i] = (i / 256) % 2 ? rng_uniform(s) * 1e-40f : rng_uniform(s) * 1e37f;
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (i / 256) % 2 ? testutil_rng_uniform(s) * 1e-40f : testutil_rng_uniform(s) * 1e37f;
         break;
     case 6: /* non-finite in some blocks */
         fill_act(x, n, s, 0, 0);
@@ -442,7 +430,7 @@ static void test_dot_q8_exact_when_representable(void) {
             else memcpy(blk, &h, 2);
             if (q_types[k] == GGML_TYPE_Q4_K || q_types[k] == GGML_TYPE_Q5_K) memcpy(blk + 2, &h, 2);
         }
-        for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(rng_next(&s) % 11) - 5);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(testutil_rng_next(&s) % 11) - 5);
         /* the max element of each activation block -> -127: d = 1 */
         for (int64_t i = 0; i < n; i += (int64_t)(t->vec_dot_type == GGML_TYPE_Q8_K ? QK_K : QK8_0)) x[i] = -127;
         quant_quantize_act(q_types[k], x, xq, n);
@@ -524,9 +512,5 @@ int main(void) {
     CU_add_test(s, "dot_q8_exact_when_representable", test_dot_q8_exact_when_representable);
     CU_add_test(s, "dot_q8_cols", test_dot_q8_cols);
     CU_add_test(s, "matvec_q8", test_matvec_q8);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -8,25 +8,9 @@
 #include <string.h>
 
 #include "gguf/quant.h"
+#include "tests/testutil/testutil.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(uint64_t *s) { /* [-1, 1) */
-    return (float)((rng_next(s) >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-
-static float rng_gauss(uint64_t *s) {
-    double u = ((rng_next(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-    double v = (rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
 
 static uint32_t f32_bits(float f) {
     uint32_t u;
@@ -52,22 +36,24 @@ static void fill_random_blocks(uint32_t type, void *dst, int64_t n, uint64_t *s)
     const quant_traits *t = quant_get(type);
     uint8_t *p = dst;
     uint64_t bytes = quant_row_bytes(type, (uint64_t)n);
-    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)rng_next(s);
+    for (uint64_t i = 0; i < bytes; i++) p[i] = (uint8_t)testutil_rng_next(s);
     int64_t nb = n / t->block_size;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *blk = p + b * t->type_size;
-        float mag = ldexpf(1.0f + 0.5f * rng_uniform(s), -4 - (int)(rng_next(s) % 7));
-        ggml_half h = quant_f32_to_f16(mag), hneg = quant_f32_to_f16(rng_next(s) & 1 ? -mag : mag);
-        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * rng_uniform(s)));
+        float mag =
+            ldexpf(1.0f + 0.5f * testutil_rng_uniform(s), -4 - (int)(testutil_rng_next(s) % 7));
+        ggml_half h = quant_f32_to_f16(mag);
+        ggml_half hneg = quant_f32_to_f16(testutil_rng_next(s) & 1 ? -mag : mag);
+        ggml_half hm = quant_f32_to_f16(mag * (0.5f + 0.5f * testutil_rng_uniform(s)));
         switch (type) {
         case GGML_TYPE_F32: {
-            float v = rng_uniform(s);
+            float v = testutil_rng_uniform(s);
             memcpy(blk, &v, 4);
             break;
         }
         case GGML_TYPE_F16: memcpy(blk, &hneg, 2); break;
         case GGML_TYPE_BF16: {
-            ggml_bf16 v = quant_f32_to_bf16(rng_uniform(s));
+            ggml_bf16 v = quant_f32_to_bf16(testutil_rng_uniform(s));
             memcpy(blk, &v, 2);
             break;
         }
@@ -244,8 +230,9 @@ static void test_f16_random(void) {
     int bad = 0;
     for (int i = 0; i < 200000; i++) {
         /* bits in the interesting range: subnormal halves to overflow */
-        uint32_t u = 0x33000000u - 0x200000u + (uint32_t)(rng_next(&s) % (0x47800000u - 0x33000000u + 0x400000u));
-        if (rng_next(&s) & 1) u |= 0x80000000u;
+        uint32_t u = 0x33000000u - 0x200000u +
+                     (uint32_t)(testutil_rng_next(&s) % (0x47800000u - 0x33000000u + 0x400000u));
+        if (testutil_rng_next(&s) & 1) u |= 0x80000000u;
         float f = bits_f32(u);
         ggml_half got = quant_f32_to_f16(f), want = f16_slow(f);
         if (got != want && bad++ < 5) printf("\n  f32_to_f16(%a) = %04x, want %04x\n", f, got, want);
@@ -366,7 +353,7 @@ static int dot_cases_check(double rel, int perturb) {
             uint8_t *row = malloc(quant_row_bytes(type, (uint64_t)n));
             float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)n * sizeof(float));
             fill_random_blocks(type, row, n, &s);
-            for (int64_t i = 0; i < n; i++) x[i] = rng_uniform(&s);
+            for (int64_t i = 0; i < n; i++) x[i] = testutil_rng_uniform(&s);
             t->dequant(row, w, n);
             double direct = 0;
             for (int64_t i = 0; i < n; i++) direct += (double)w[i] * x[i];
@@ -407,7 +394,7 @@ static void test_matvec(void) {
         float *x = malloc(n_in * sizeof(float)), *y = malloc(n_out * sizeof(float));
         float *wf = malloc(n_in * sizeof(float));
         for (int64_t r = 0; r < n_out; r++) fill_random_blocks(type, w + r * stride, n_in, &s);
-        for (int64_t i = 0; i < n_in; i++) x[i] = rng_uniform(&s);
+        for (int64_t i = 0; i < n_in; i++) x[i] = testutil_rng_uniform(&s);
         for (int64_t r = 0; r < n_out; r++) y[r] = -12345.0f;
         quant_matvec(type, w, stride, n_in, x, y, 5, 30);
         int bad = 0;
@@ -435,7 +422,7 @@ static double roundtrip_rel_rmse(uint32_t type, int outliers) {
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     void *q = malloc(quant_row_bytes(type, n));
     uint64_t s = 1234 + type;
-    for (int64_t i = 0; i < n; i++) x[i] = 0.02f * rng_gauss(&s);
+    for (int64_t i = 0; i < n; i++) x[i] = 0.02f * testutil_rng_gauss(&s);
     if (outliers)
         for (int64_t i = 0; i < n; i += 97) x[i] *= 8.0f;
     t->quantize(x, q, n);
@@ -497,7 +484,8 @@ static void test_quantize_q8_0_fixed_point(void) {
     uint64_t s = 5;
     for (int i = 0; i < 4; i++) {
         b[i].d = quant_f32_to_f16(0.01f * (i + 1));
-        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)((int)(rng_next(&s) % 255) - 127);
+        for (int j = 0; j < 32; j++)
+            b[i].qs[j] = (int8_t)((int)(testutil_rng_next(&s) % 255) - 127);
         b[i].qs[i] = 127;
     }
     float y[128], y2[128];
@@ -525,9 +513,5 @@ int main(void) {
     CU_add_test(s, "quantize_error_bounds", test_quantize_error_bounds);
     CU_add_test(s, "quantize_special_blocks", test_quantize_special_blocks);
     CU_add_test(s, "quantize_q8_0_fixed_point", test_quantize_q8_0_fixed_point);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed > 0;
+    return testutil_cunit_run();
 }

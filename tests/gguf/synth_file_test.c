@@ -10,13 +10,12 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "gguf/synth.h"
+#include "tests/testutil/testutil.h"
 
 static void test_0_8b_q4_k_m(void)
 {
     char path[512];
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(path, sizeof path, "%s/synth_file_test_%d.gguf", dir && *dir ? dir : "/tmp",
-             (int)getpid());
+    snprintf(path, sizeof path, "%s/synth_file_test_%d.gguf", testutil_tmp_dir(), (int)getpid());
     synth_options o = {.preset = synth_preset_find("0.8b"), .quant = SYNTH_QUANT_Q4_K_M,
                        .seed = 1};
     synth_stats s;
@@ -68,9 +67,5 @@ int main(void)
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("gguf/synth 0.8b file", NULL, NULL);
     CU_add_test(s, "0.8b q4_k_m size and read back", test_0_8b_q4_k_m);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

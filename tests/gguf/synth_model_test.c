@@ -13,12 +13,11 @@
 #include "model/forward.h"
 #include "model/qwen35.h"
 #include "model/tokenizer.h"
+#include "tests/testutil/testutil.h"
 
 static void tmp_path(char *out, size_t cap, const char *name)
 {
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(out, cap, "%s/synth_model_test_%d_%s", dir && *dir ? dir : "/tmp", (int)getpid(),
-             name);
+    snprintf(out, cap, "%s/synth_model_test_%d_%s", testutil_tmp_dir(), (int)getpid(), name);
 }
 
 static const char *const texts[] = {
@@ -211,9 +210,5 @@ int main(void)
     CU_add_test(s, "forward tiny f32/f16/bf16 agree", test_forward_plain_types_agree);
     CU_add_test(s, "forward tiny q8_0", test_forward_q8_0);
     CU_add_test(s, "forward tiny q4_k_m", test_forward_q4_k_m);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

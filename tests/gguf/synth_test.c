@@ -13,6 +13,7 @@
 #include "gguf/synth.h"
 #include "gguf/synth_vocab.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/testutil/testutil.h"
 
 static const char *const real_presets[] = {"0.8b", "2b", "4b", "9b", "27b"};
 
@@ -572,7 +573,7 @@ static uint64_t write_hash(const char *preset, synth_quant q, uint64_t seed, int
     CU_ASSERT_EQUAL(rc, 0);
     if (rc) printf("\n  %s\n", st.msg);
     size_t n = 0;
-    uint8_t *p = gguf_craft_read_file(path, &n);
+    uint8_t *p = (uint8_t *)testutil_read_file(path, &n);
     CU_ASSERT_PTR_NOT_NULL(p);
     unlink(path);
     uint64_t h = p ? fnv64(p, n) : 0;
@@ -666,9 +667,5 @@ int main(void)
     CU_add_test(s, "same seed same bytes, any threads", test_deterministic);
     CU_add_test(s, "row ranges independent", test_fill_rows_independent);
     CU_add_test(s, "write errors", test_write_errors);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

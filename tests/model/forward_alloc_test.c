@@ -11,6 +11,7 @@
 #include "forward_test_util.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/testutil/testutil.h"
 
 static atomic_long n_allocs;
 void *__real_malloc(size_t n);
@@ -59,16 +60,15 @@ static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
 static void test_no_alloc_per_token(void)
 {
     char path[4096];
-    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    testutil_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
     no_alloc_per_token(path, QWEN35_DOT_DEFAULT);
 }
 
 static void test_no_alloc_per_token_q4_k_m(void)
 {
     char src[4096], dst[4300];
-    forward_test_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
-    const char *t = getenv("TEST_TMPDIR");
-    snprintf(dst, sizeof dst, "%s/alloc.q4_k_m.%d.gguf", t && *t ? t : "/tmp", (int)getpid());
+    testutil_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
+    snprintf(dst, sizeof dst, "%s/alloc.q4_k_m.%d.gguf", testutil_tmp_dir(), (int)getpid());
     status st;
     CU_ASSERT_FATAL(requant_file(src, dst, REQUANT_Q4_K_M, 0, &st) == 0);
     no_alloc_per_token(dst, QWEN35_DOT_Q8);
@@ -80,7 +80,7 @@ static void test_no_alloc_per_token_q4_k_m(void)
 static void test_counter_counts(void)
 {
     char path[4096];
-    forward_test_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    testutil_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
     status st;
     qwen35_model *m;
     CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
@@ -99,9 +99,5 @@ int main(void)
     CU_add_test(su, "no_alloc_per_token", test_no_alloc_per_token);
     CU_add_test(su, "no_alloc_per_token_q4_k_m", test_no_alloc_per_token_q4_k_m);
     CU_add_test(su, "counter_counts", test_counter_counts);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -11,6 +11,7 @@
 #include "gguf/quant.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/testutil/testutil.h"
 
 static char src_tied[4096], src_untied[4096], tmp[4096];
 static ref_prompt *prompts;
@@ -18,10 +19,9 @@ static int n_prompts;
 
 static int setup(void)
 {
-    forward_test_reference_path(src_tied, sizeof src_tied, "tiny-r2-tied", ".gguf");
-    forward_test_reference_path(src_untied, sizeof src_untied, "tiny-r1-untied", ".gguf");
-    const char *t = getenv("TEST_TMPDIR");
-    snprintf(tmp, sizeof tmp, "%s/forward_load_%d.gguf", t && *t ? t : "/tmp", (int)getpid());
+    testutil_reference_path(src_tied, sizeof src_tied, "tiny-r2-tied", ".gguf");
+    testutil_reference_path(src_untied, sizeof src_untied, "tiny-r1-untied", ".gguf");
+    snprintf(tmp, sizeof tmp, "%s/forward_load_%d.gguf", testutil_tmp_dir(), (int)getpid());
     n_prompts = forward_test_read_prompts("tiny-r2-tied", &prompts);
     return n_prompts > 0 ? 0 : 1;
 }
@@ -207,9 +207,5 @@ int main(void)
     CU_add_test(s, "variant_recurrent_layers", test_variant_recurrent_layers);
     CU_add_test(s, "errors", test_errors);
     CU_add_test(s, "retype_matrix_ok", test_retype_matrix_ok);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -23,6 +23,7 @@
 #include "gguf/quant.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/testutil/testutil.h"
 
 static const char *const cases[] = {"tiny-r2-tied", "tiny-r1-untied"};
 #define N_CASES 2
@@ -62,8 +63,7 @@ static char tmpdir[4096];
 
 static int setup(void)
 {
-    const char *t = getenv("TEST_TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s", t && *t ? t : "/tmp");
+    snprintf(tmpdir, sizeof tmpdir, "%s", testutil_tmp_dir());
     return 0;
 }
 
@@ -139,7 +139,7 @@ static void test_quantised_copies(void)
         int np = forward_test_read_prompts(cases[c], &ps);
         CU_ASSERT_FATAL(np > 0);
         char src[4096];
-        forward_test_reference_path(src, sizeof src, cases[c], ".gguf");
+        testutil_reference_path(src, sizeof src, cases[c], ".gguf");
         long rows;
         float *ref = run_all(src, c, ps, np, &rows, NULL, QWEN35_DOT_EXACT);
         CU_ASSERT_FATAL(ref != NULL);
@@ -222,7 +222,7 @@ static void test_quantised_copies(void)
 static void test_batch_invariance_q8(void)
 {
     char src[4096], dst[4300];
-    forward_test_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
+    testutil_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
     snprintf(dst, sizeof dst, "%s/batch.q4_k_m.%d.gguf", tmpdir, (int)getpid());
     status st;
     CU_ASSERT_FATAL(requant_file(src, dst, REQUANT_Q4_K_M, 0, &st) == 0);
@@ -267,9 +267,5 @@ int main(void)
     CU_pSuite s = CU_add_suite("forward_quant", setup, NULL);
     CU_add_test(s, "quantised_copies", test_quantised_copies);
     CU_add_test(s, "batch_invariance_q8", test_batch_invariance_q8);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

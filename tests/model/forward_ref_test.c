@@ -12,6 +12,7 @@
 
 #include "forward_test_util.h"
 #include "model/forward.h"
+#include "tests/testutil/testutil.h"
 
 #define REF_TOL 1e-3 /* the reference criterion: max|Δ| <= 1e-3 · max|logit| per row */
 #define SELF_TOL 1e-4
@@ -30,7 +31,7 @@ static int setup(void)
     for (int c = 0; c < N_CASES; c++) {
         char path[4096];
         status st;
-        forward_test_reference_path(path, sizeof path, cases[c], ".gguf");
+        testutil_reference_path(path, sizeof path, cases[c], ".gguf");
         if (qwen35_model_load(&models[c], path, &st)) {
             fprintf(stderr, "load %s: %s\n", path, st.msg);
             return 1;
@@ -358,10 +359,5 @@ int main(void)
     CU_add_test(s, "batch_decode", test_batch_decode);
     CU_add_test(s, "state_copy_and_errors", test_state_copy_and_errors);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    int suite_failed = (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed || suite_failed ? 1 : 0;
+    return testutil_cunit_run();
 }

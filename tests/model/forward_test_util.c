@@ -7,51 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void forward_test_reference_dir(char *out, size_t cap)
-{
-    const char *e = getenv("DS_REFERENCE_DIR");
-    if (e && *e) {
-        snprintf(out, cap, "%s", e);
-        return;
-    }
-    e = getenv("DS_REPO_ROOT");
-    if (e && *e) {
-        snprintf(out, cap, "%s/../shared/reference", e);
-        return;
-    }
-    static const char rel[] = "tests/model/forward_test_util.c"; /* a data dep of the tests */
-    char real[PATH_MAX];
-    if (realpath(rel, real)) {
-        size_t n = strlen(real), r = strlen(rel);
-        if (n > r && !strcmp(real + n - r, rel)) {
-            real[n - r] = 0;
-            snprintf(out, cap, "%s../shared/reference", real);
-            return;
-        }
-    }
-    snprintf(out, cap, "/work/shared/reference");
-}
-
-void forward_test_reference_path(char *out, size_t cap, const char *name, const char *suffix)
-{
-    char dir[PATH_MAX - 256];
-    forward_test_reference_dir(dir, sizeof dir);
-    snprintf(out, cap, "%s/%s%s", dir, name, suffix);
-}
-
-static char *read_file(const char *path, long *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)*n + 1);
-    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) free(b), b = NULL;
-    fclose(f);
-    if (b) b[*n] = 0;
-    return b;
-}
+#include "tests/testutil/testutil.h"
 
 /* ---- a minimal JSON scanner: enough to walk objects/arrays and skip what we do not need ---- */
 
@@ -163,9 +119,9 @@ static int parse_prompt(const char *p, ref_prompt *r)
 int forward_test_read_prompts(const char *name, ref_prompt **out)
 {
     char path[PATH_MAX];
-    forward_test_reference_path(path, sizeof path, name, ".json");
-    long n;
-    char *js = read_file(path, &n);
+    testutil_reference_path(path, sizeof path, name, ".json");
+    size_t n;
+    char *js = testutil_read_file(path, &n);
     if (!js) {
         fprintf(stderr, "cannot read %s\n", path);
         return -1;
@@ -192,11 +148,11 @@ int forward_test_read_prompts(const char *name, ref_prompt **out)
         free(arr);
         return -1;
     }
-    forward_test_reference_path(path, sizeof path, name, ".logits.f32");
-    char *lg = read_file(path, &n);
+    testutil_reference_path(path, sizeof path, name, ".logits.f32");
+    char *lg = testutil_read_file(path, &n);
     for (int i = 0; i < cnt; i++) {
         long need = arr[i].logits_offset + (long)arr[i].rows * arr[i].V;
-        if (!lg || need * 4 > n) {
+        if (!lg || need * 4 > (long)n) {
             fprintf(stderr, "%s: prompt %d logits out of range\n", path, i);
             free(lg);
             forward_test_free_prompts(arr, cnt);

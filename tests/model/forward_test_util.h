@@ -1,5 +1,5 @@
-/* Helpers for the forward-pass tests: where the reference models are, the `prompts` of a
- * reference NAME.json (read with a small purpose-written JSON scanner) and their logits. */
+/* Helpers for the forward-pass tests: the `prompts` of a reference NAME.json (read with a small
+ * purpose-written JSON scanner) and their logits; the folder is testutil_reference_dir. */
 #ifndef DS_TESTS_MODEL_FORWARD_TEST_UTIL_H
 #define DS_TESTS_MODEL_FORWARD_TEST_UTIL_H
 
@@ -15,13 +15,6 @@ typedef struct ref_prompt {
     int rows, V;      /* logits_shape: rows = n_ids + n_greedy */
     float *logits;    /* owned, [rows][V] reference logits (teacher forced) */
 } ref_prompt;
-
-/* $DS_REFERENCE_DIR, else $DS_REPO_ROOT/../shared/reference, else <repository found through the
- * runfiles symlink of this file>/../shared/reference, else /work/shared/reference. */
-void forward_test_reference_dir(char *out, size_t cap);
-
-/* "<reference dir>/<name><suffix>" */
-void forward_test_reference_path(char *out, size_t cap, const char *name, const char *suffix);
 
 /* Reads the prompts of reference case `name` (e.g. "tiny-r2-tied") with their logits.
  * Returns the count (> 0) and *out, or -1 with a message on stderr. */

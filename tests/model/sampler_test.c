@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/sampler.h"
+#include "tests/testutil/testutil.h"
 
 /* ---- allocation counter (linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc) --- */
 
@@ -22,14 +23,9 @@ void *__wrap_realloc(void *p, size_t n) { n_allocs++; return __real_realloc(p, n
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+static float rng_uniform(uint64_t *s) { /* [0, 1) */
+    return (float)((testutil_rng_next(s) >> 40) * (1.0 / 16777216.0));
 }
-
-static float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)); }
 
 static sampler *make(int32_t V, int32_t n_ctx, const sampler_params *p) {
     sampler *s = NULL;
@@ -199,7 +195,7 @@ static void test_greedy(void) {
         float z[7], z2[7];
         int arg = 0;
         for (int i = 0; i < 7; i++) {
-            z[i] = (float)(rng_next(&r) % 5); /* many ties */
+            z[i] = (float)(testutil_rng_next(&r) % 5); /* many ties */
             if (z[i] > z[arg]) arg = i;
         }
         sampler_params q = {.temperature = 3.0f, .top_k = 1, .seed = (uint64_t)trial};
@@ -483,8 +479,9 @@ static void test_penalty_window_stress(void) {
         uint64_t r = 17 + c;
         int bad = 0;
         for (int32_t t = 0; t < n_ctx; t++) {
-            seq[t] = (int32_t)(rng_next(&r) % (uint64_t)V);
-            if (t % 3 == 0 && t > 0) seq[t] = seq[t - 1 - (int32_t)(rng_next(&r) % (uint64_t)t)];
+            seq[t] = (int32_t)(testutil_rng_next(&r) % (uint64_t)V);
+            if (t % 3 == 0 && t > 0)
+                seq[t] = seq[t - 1 - (int32_t)(testutil_rng_next(&r) % (uint64_t)t)];
             sampler_accept(s, seq[t]);
             if (t % 250 != 249 && t != n_ctx - 1) continue;
             for (int32_t i = 0; i < V; i++) z[i] = 0;
@@ -595,9 +592,5 @@ int main(void) {
     CU_add_test(s, "penalty_window_stress", test_penalty_window_stress);
     CU_add_test(s, "logprobs", test_logprobs);
     CU_add_test(s, "no_alloc_after_create", test_no_alloc_after_create);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed > 0;
+    return testutil_cunit_run();
 }

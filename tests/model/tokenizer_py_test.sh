@@ -7,12 +7,5 @@ script=$(readlink -f "$1")
 binary=$(readlink -f "$2")
 shift 2
 
-root=${DS_REPO_ROOT:-}
-if [ -z "$root" ]; then # walk up from this script's real path to the folder holding .venv
-    d=$(dirname "$(readlink -f "$0")")
-    while [ "$d" != / ] && [ ! -x "$d/.venv/bin/python" ]; do d=$(dirname "$d"); done
-    root=$d
-fi
-py="$root/.venv/bin/python"
-[ -x "$py" ] || { echo "no $py: run tools/setup" >&2; exit 1; }
-exec "$py" "$script" "$binary" "${DS_REFERENCE_DIR:-$root/../shared/reference}" "$@"
+. "$(dirname "$0")/../testutil/venv.sh" # sets ds_root, ds_py
+exec "$ds_py" "$script" "$binary" "${DS_REFERENCE_DIR:-$ds_root/../shared/reference}" "$@"

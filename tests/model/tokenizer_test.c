@@ -13,6 +13,7 @@
 #include "gguf/gguf_writer.h"
 #include "model/tokenizer.h"
 #include "tests/model/tokenizer_test_util.h"
+#include "tests/testutil/testutil.h"
 
 static const char *const models[] = {"tiny-r2-tied", "tiny-r1-untied"};
 static tokenizer *ref_tok[2]; /* loaded once by the suite init */
@@ -20,7 +21,7 @@ static tokenizer *ref_tok[2]; /* loaded once by the suite init */
 static int suite_init(void)
 {
     char dir[4096], path[4200];
-    tokenizer_test_reference_dir(dir, sizeof dir);
+    testutil_reference_dir(dir, sizeof dir);
     for (int m = 0; m < 2; m++) {
         status st = {0};
         snprintf(path, sizeof path, "%s/%s.gguf", dir, models[m]);
@@ -84,7 +85,7 @@ static char *stream_decode(const tokenizer *t, const int32_t *ids, size_t n, siz
 static void test_reference_cases(void)
 {
     char dir[4096], path[4200];
-    tokenizer_test_reference_dir(dir, sizeof dir);
+    testutil_reference_dir(dir, sizeof dir);
     for (int m = 0; m < 2; m++) {
         tokenizer_test_case *cs;
         snprintf(path, sizeof path, "%s/%s.json", dir, models[m]);
@@ -633,9 +634,7 @@ static int write_gguf(const char *path, const char *model, const char *pre, int 
 static void test_gguf_load(void)
 {
     char path[4200];
-    const char *tmp = getenv("TEST_TMPDIR");
-    snprintf(path, sizeof path, "%s/tokenizer_test_%d.gguf", tmp && *tmp ? tmp : "/tmp",
-             (int)getpid());
+    snprintf(path, sizeof path, "%s/tokenizer_test_%d.gguf", testutil_tmp_dir(), (int)getpid());
     status st = {0};
     tokenizer *t;
 
@@ -681,12 +680,5 @@ int main(void)
     CU_add_test(s, "round trip = NFC (random)", test_roundtrip_nfc_random);
     CU_add_test(s, "concurrent encode", test_concurrent_encode);
     CU_add_test(s, "gguf load", test_gguf_load);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
-    if (CU_get_error() != CUE_SUCCESS) failed++;
-    /* A failed suite init leaves every test unrun. */
-    if (CU_get_run_summary()->nSuitesFailed) failed++;
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -1,66 +1,12 @@
-/* Test helpers: reference folder lookup and a minimal JSON reader (objects, arrays, strings
- * with \u escapes and surrogate pairs, numbers, literals) that keeps only what the tokenizer
- * cases need. */
+/* Test helpers: a minimal JSON reader (objects, arrays, strings with \u escapes and surrogate
+ * pairs, numbers, literals) that keeps only what the tokenizer cases need. */
 #include "tests/model/tokenizer_test_util.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-char *tokenizer_test_read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t cap = 0, len = 0;
-    for (;;) {
-        if (len + 65536 + 1 > cap) {
-            cap = 2 * cap + 65536 + 1;
-            char *p = realloc(buf, cap);
-            if (!p) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = p;
-        }
-        size_t r = fread(buf + len, 1, 65536, f);
-        len += r;
-        if (r == 0) break;
-    }
-    fclose(f);
-    buf[len] = 0;
-    if (n) *n = len;
-    return buf;
-}
-
-void tokenizer_test_reference_dir(char *out, size_t cap)
-{
-    const char *e = getenv("DS_REFERENCE_DIR");
-    if (e && *e) {
-        snprintf(out, cap, "%s", e);
-        return;
-    }
-    e = getenv("DS_REPO_ROOT");
-    if (e && *e) {
-        snprintf(out, cap, "%s/../shared/reference", e);
-        return;
-    }
-    /* Under bazel the working directory is the runfiles tree, where sources are symlinks into
-     * the repository. */
-    static const char rel[] = "tests/model/tokenizer_test_util.c";
-    char real[PATH_MAX];
-    if (realpath(rel, real)) {
-        size_t n = strlen(real), r = strlen(rel);
-        if (n > r && !strcmp(real + n - r, rel)) {
-            real[n - r - 1] = 0;
-            snprintf(out, cap, "%s/../shared/reference", real);
-            return;
-        }
-    }
-    snprintf(out, cap, "/work/shared/reference");
-}
+#include "tests/testutil/testutil.h"
 
 /* ---- minimal JSON ---- */
 
@@ -266,7 +212,7 @@ static int jcase(jp *j, tokenizer_test_case *c)
 int tokenizer_test_read_cases(const char *json_path, tokenizer_test_case **cases)
 {
     size_t n;
-    char *buf = tokenizer_test_read_file(json_path, &n);
+    char *buf = testutil_read_file(json_path, &n);
     *cases = NULL;
     if (!buf) {
         fprintf(stderr, "cannot read %s\n", json_path);

@@ -1,5 +1,5 @@
-/* Test helpers for the tokenizer tests: where the reference models are, and the `tokenizer`
- * entries of a reference NAME.json ({text, ids, decoded}) read with a small JSON parser. */
+/* Test helpers for the tokenizer tests: the `tokenizer` entries of a reference NAME.json
+ * ({text, ids, decoded}) read with a small JSON parser. */
 #ifndef DS_TESTS_MODEL_TOKENIZER_TEST_UTIL_H
 #define DS_TESTS_MODEL_TOKENIZER_TEST_UTIL_H
 
@@ -15,16 +15,9 @@ typedef struct tokenizer_test_case {
     size_t decoded_len;
 } tokenizer_test_case;
 
-/* $DS_REFERENCE_DIR, else $DS_REPO_ROOT/../shared/reference, else <repo root found through the
- * runfiles symlink of this test's own source>/../shared/reference, else /work/shared/reference. */
-void tokenizer_test_reference_dir(char *out, size_t cap);
-
 /* Reads the "tokenizer" array of a reference JSON file. Returns the number of cases (>= 0) and
  * a malloc'd array in *cases, or -1 (message on stderr). */
 int tokenizer_test_read_cases(const char *json_path, tokenizer_test_case **cases);
 void tokenizer_test_free_cases(tokenizer_test_case *cases, int n);
-
-/* Whole file, malloc'd and NUL-terminated; NULL on error. */
-char *tokenizer_test_read_file(const char *path, size_t *n);
 
 #endif

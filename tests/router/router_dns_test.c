@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "router/router_dns.h"
+#include "tests/testutil/testutil.h"
 
 static router_dns_list L; /* large: static */
 
@@ -43,9 +44,5 @@ int main(void)
     CU_pSuite s = CU_add_suite("router/dns", NULL, NULL);
     CU_add_test(s, "parse list", test_parse_list);
     CU_add_test(s, "resolve localhost", test_resolve_localhost);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -4,6 +4,7 @@
 
 #include "router/router_policy.h"
 #include "router/router_pool.h"
+#include "tests/testutil/testutil.h"
 
 /* ---- policy ---- */
 
@@ -244,9 +245,5 @@ int main(void)
     CU_pSuite s2 = CU_add_suite("router/pool", NULL, NULL);
     CU_add_test(s2, "set and eligibility", test_pool_set_and_eligibility);
     CU_add_test(s2, "retire waits for requests", test_pool_retire_waits_for_requests);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -1,6 +1,5 @@
 /* router_request: validation names the field; ChatML rendering; prompt ids with the tiny
- * reference tokenizer (DS_REFERENCE_DIR, else <repo>/../shared/reference found from this
- * file's runfiles symlink). */
+ * reference tokenizer (testutil_reference_dir). */
 #include <CUnit/Basic.h>
 #include <limits.h>
 #include <math.h>
@@ -9,33 +8,14 @@
 #include <string.h>
 
 #include "router/router_request.h"
+#include "tests/testutil/testutil.h"
 
 static tokenizer *tok;
 
-static void reference_dir(char *out, size_t cap)
-{
-    const char *e = getenv("DS_REFERENCE_DIR");
-    if (e && *e) { snprintf(out, cap, "%s", e); return; }
-    e = getenv("DS_REPO_ROOT");
-    if (e && *e) { snprintf(out, cap, "%s/../shared/reference", e); return; }
-    static const char rel[] = "tests/router/router_request_test.c";
-    char real[PATH_MAX];
-    if (realpath(rel, real)) {
-        size_t n = strlen(real), r = strlen(rel);
-        if (n > r && !strcmp(real + n - r, rel)) {
-            real[n - r - 1] = 0;
-            snprintf(out, cap, "%s/../shared/reference", real);
-            return;
-        }
-    }
-    snprintf(out, cap, "/work/shared/reference");
-}
-
 static int setup(void)
 {
-    char dir[PATH_MAX], path[PATH_MAX + 32];
-    reference_dir(dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/tiny-r2-tied.gguf", dir);
+    char path[PATH_MAX + 32];
+    testutil_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
     status st;
     if (tokenizer_load_path(&tok, path, &st)) {
         fprintf(stderr, "cannot load %s: %s\n", path, st.msg);
@@ -191,9 +171,5 @@ int main(void)
     CU_pSuite s = CU_add_suite("router/request", setup, teardown);
     CU_add_test(s, "validation names the field", test_validation);
     CU_add_test(s, "chatml and prompt ids", test_chatml_and_prompt_ids);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "router/router_stop.h"
+#include "tests/testutil/testutil.h"
 
 /* Feeds pieces, concatenates what is released; returns the matched index (-1 = none, flushed). */
 static int run(const char *const *stops, int n_stops, const char *const *pieces, int n_pieces,
@@ -215,9 +216,5 @@ int main(void)
     CU_add_test(s, "validation", test_validation);
     CU_add_test(s, "utf8 validator", test_utf8_validator);
     CU_add_test(s, "random against naive", test_random_against_naive);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -12,6 +12,7 @@
 #include <CUnit/Basic.h>
 
 #include "rpc/metrics.h"
+#include "tests/testutil/testutil.h"
 
 static void test_format_exact(void)
 {
@@ -160,9 +161,5 @@ int main(void)
     CU_add_test(s, "format_exact", test_format_exact);
     CU_add_test(s, "concurrent_updates", test_concurrent_updates);
     CU_add_test(s, "http_endpoint", test_http_endpoint);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

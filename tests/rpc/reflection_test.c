@@ -7,6 +7,7 @@
 
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_reflection.h"
+#include "tests/testutil/testutil.h"
 
 static const char *services[] = {"deltaserve.v1.Worker"};
 
@@ -99,9 +100,5 @@ int main(void)
     CU_add_test(s, "parse_and_lookup", test_parse_and_lookup);
     CU_add_test(s, "damaged_set_rejected", test_damaged_set_rejected);
     CU_add_test(s, "closure_with_dependencies", test_closure_with_dependencies);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -23,6 +23,7 @@
 #include "rpc/rpc_server.h"
 #include "rpc/rpc_status.h"
 #include "tests/rpc/rpc_test_client.h"
+#include "tests/testutil/testutil.h"
 
 #define STREAM_PATH "/deltaserve.v1.Worker/Generate"
 #define UNARY_PATH "/deltaserve.v1.Worker/Abort"
@@ -647,10 +648,5 @@ int main(void)
     CU_add_test(s, "graceful_shutdown_ends_watch_and_cancels_after_grace",
                 test_graceful_shutdown_ends_watch_and_cancels_after_grace);
     CU_add_test(s, "bind_failure_names_address", test_bind_failure_names_address);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_failures();
-    int suite_fail = (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed || suite_fail ? 1 : 0;
+    return testutil_cunit_run();
 }

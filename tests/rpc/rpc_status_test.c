@@ -3,6 +3,7 @@
 #include <CUnit/Basic.h>
 
 #include "rpc/rpc_status.h"
+#include "tests/testutil/testutil.h"
 
 static void test_to_grpc(void)
 {
@@ -51,9 +52,5 @@ int main(void)
     CU_add_test(s, "to_grpc", test_to_grpc);
     CU_add_test(s, "round_trip", test_round_trip);
     CU_add_test(s, "names", test_names);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -20,6 +20,7 @@
 #include "tests/worker/worker_test_util.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
+#include "tests/testutil/testutil.h"
 
 static qwen35_model *g_model;
 static wt_prompt g_prompts[WT_MAX_PROMPTS];
@@ -639,9 +640,5 @@ int main(void)
     CU_add_test(s, "prefill_chunks_within_budget", test_prefill_chunks_within_budget);
     CU_add_test(s, "drain", test_drain);
     CU_add_test(s, "device_failure_is_fatal", test_device_failure_is_fatal);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

@@ -6,6 +6,7 @@
 #include <CUnit/Basic.h>
 
 #include "worker/request.h"
+#include "tests/testutil/testutil.h"
 
 static const worker_limits lim = {.vocab = 1000, .n_ctx = 64};
 static int32_t ids[100];
@@ -164,9 +165,5 @@ int main(void)
     CU_add_test(s, "prompt_errors", test_prompt_errors);
     CU_add_test(s, "sampling_errors", test_sampling_errors);
     CU_add_test(s, "stopping_errors", test_stopping_errors);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

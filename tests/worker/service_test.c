@@ -17,6 +17,7 @@
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/service.h"
+#include "tests/testutil/testutil.h"
 
 #define GEN "/deltaserve.v1.Worker/Generate"
 
@@ -359,9 +360,5 @@ int main(void)
     CU_add_test(s, "invalid_request", test_invalid_request);
     CU_add_test(s, "cancel_frees_slot_and_abort", test_cancel_frees_slot_and_abort);
     CU_add_test(s, "queue_full_then_drain", test_queue_full_then_drain);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed() + (int)CU_get_number_of_suites_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

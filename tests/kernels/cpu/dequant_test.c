@@ -7,6 +7,7 @@
 #include "gguf/quant.h"
 #include "kernel_check.h"
 #include "kernels/cpu/dequant.h"
+#include "tests/testutil/testutil.h"
 
 static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                                  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
@@ -99,9 +100,5 @@ int main(void)
     CU_pSuite s = CU_add_suite("dequant", NULL, NULL);
     CU_add_test(s, "bit_identical", test_bit_identical);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

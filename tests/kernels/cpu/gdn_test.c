@@ -10,6 +10,7 @@
 #include "kernels/cpu/act.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/norm.h"
+#include "tests/testutil/testutil.h"
 
 /* Random inputs shaped like the real ones: q, k unit-norm (q also / sqrt(d_k)), β in (0,1),
  * g <= 0, v ~ U(-1, 1). Token t of head-local arrays at stride d. */
@@ -237,9 +238,5 @@ int main(void)
     CU_add_test(s, "conv", test_conv);
     CU_add_test(s, "decode_fused", test_decode_fused);
     CU_add_test(s, "gates", test_gates);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

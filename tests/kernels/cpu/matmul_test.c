@@ -12,6 +12,7 @@
 #include "kernel_check.h"
 #include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/matmul.h"
+#include "tests/testutil/testutil.h"
 
 static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                                  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
@@ -227,9 +228,5 @@ int main(void)
     CU_add_test(s, "dot_f32", test_dot_f32);
     CU_add_test(s, "vec_helpers", test_vec_helpers);
     CU_add_test(s, "pool", test_pool);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }

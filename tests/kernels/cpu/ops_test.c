@@ -9,6 +9,7 @@
 #include "kernels/cpu/attn.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "tests/testutil/testutil.h"
 
 static void test_rmsnorm(void)
 {
@@ -152,9 +153,5 @@ int main(void)
     CU_add_test(s, "rope", test_rope);
     CU_add_test(s, "attn", test_attn);
     CU_add_test(s, "attn_gqa", test_attn_gqa);
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    int failed = (int)CU_get_number_of_tests_failed();
-    CU_cleanup_registry();
-    return failed ? 1 : 0;
+    return testutil_cunit_run();
 }
