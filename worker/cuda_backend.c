@@ -408,10 +408,9 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     const qwen35_config *c = &b->cfg;
     cb_upload u = {0};
     /* DS_GEMV_KERNEL=flat: the flat GEMV kernel with the fused epilogues and programmatic
-     * dependent launch; unset or =warp: the warp-per-row GEMV without fusions. The warp graph
-     * is the default because it is the one whose parity and speed were measured on an H200
-     * (docs/BENCH.md run 4); the flat graph passed its host-emulated parity only and becomes
-     * the default once its GPU parity run passes (docs/GPU.md). */
+     * dependent launch; unset or =warp: the warp-per-row GEMV without fusions. Both pass the
+     * H200 parity tests; the warp graph is the default because it decoded 12-16% faster there
+     * (docs/BENCH.md run 5, docs/GPU.md). */
     const char *gk = getenv("DS_GEMV_KERNEL");
     const bool warp = !(gk && strcmp(gk, "flat") == 0);
     b->gemv_kernel = u.gemv_kernel = warp ? GEMV_KERNEL_WARP : GEMV_KERNEL_AUTO;
