@@ -617,3 +617,7 @@ int cuda_backend_generate(cuda_backend *b, int slot, int32_t first, int n, int32
 void cuda_backend_get_stats(const cuda_backend *b, cuda_backend_stats *s) { *s = b->stats; }
 
 const char *cuda_backend_device_name(const cuda_backend *b) { return b->props.name; }
+
+const float *cuda_backend_device_logits(const cuda_backend *b) { return b->d_logits; }
+
+cuda_stream cuda_backend_stream(const cuda_backend *b) { return b->stream; }

@@ -78,4 +78,10 @@ int worker_backend_cuda_create(const qwen35_model *m, const struct worker_backen
                                struct worker_backend **out, status *st);
 const char *cuda_backend_device_name(const cuda_backend *e);
 
+/* For on-device sampling after a step (cuda_backend_decode with logits NULL): the device
+ * logits of the last step ([V] F32, valid until the next step) and the engine's stream (work
+ * queued on it runs after the step). */
+const float *cuda_backend_device_logits(const cuda_backend *e);
+cuda_stream cuda_backend_stream(const cuda_backend *e);
+
 #endif
