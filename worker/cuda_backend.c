@@ -620,4 +620,4 @@ const char *cuda_backend_device_name(const cuda_backend *b) { return b->props.na
 
 const float *cuda_backend_device_logits(const cuda_backend *b) { return b->d_logits; }
 
-cuda_stream cuda_backend_stream(const cuda_backend *b) { return b->stream; }
+struct CUstream_st *cuda_backend_stream(const cuda_backend *b) { return b->stream; }

@@ -82,6 +82,6 @@ const char *cuda_backend_device_name(const cuda_backend *e);
  * logits of the last step ([V] F32, valid until the next step) and the engine's stream (work
  * queued on it runs after the step). */
 const float *cuda_backend_device_logits(const cuda_backend *e);
-cuda_stream cuda_backend_stream(const cuda_backend *e);
+struct CUstream_st *cuda_backend_stream(const cuda_backend *e);
 
 #endif
