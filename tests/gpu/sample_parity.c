@@ -7,7 +7,9 @@
  * alternatives within 1e-4, except where the CPU's top-p threshold lies within double rounding
  * of the target (the only place where docs/SAMPLER.md leaves the order of additions open):
  * those steps are detected from the GPU's top-p diagnostics, counted and must be rare. One case
- * perturbs the GPU result and asserts the check fails. Timing at V = 248320 at the end. */
+ * perturbs the GPU result and asserts the check fails. The worker's CUDA backend, which samples
+ * with it, must give the CPU backend's tokens for the same seeds (reference model). Timing at
+ * V = 248320 at the end. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,8 +20,10 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/sample.h"
+#include "model/qwen35.h"
 #include "model/sampler.h"
 #include "tests/gpu/gpu_parity.h"
+#include "worker/backend.h"
 
 #define V_BIG 248320
 #define N_CTX 256
@@ -252,6 +256,73 @@ static void test_checker_can_fail(void)
     CU_ASSERT_FALSE(near_topp_boundary(&b, &p));
 }
 
+/* The worker's CUDA backend samples on the GPU: with the same seeds it must produce the CPU
+ * backend's tokens (the F32 reference model: both forwards agree to ~1e-4 of max|logit|, far
+ * from moving a draw) and logprobs within 1e-3. Two slots in one step, sampled with
+ * penalties, top-p / top-k / min-p and logprobs. */
+static int run_worker(worker_backend *b, int32_t out[2][12], float lp[2][12], status *st)
+{
+    static const int32_t p0[] = {3, 17, 200, 5, 17, 3}, p1[] = {500, 2, 44}; /* ids < 773 */
+    const worker_sampling sp[2] = {
+        {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.2f, .frequency_penalty = 0.3f,
+         .seed = 42, .n_logprobs = 5},
+        {.temperature = 1.0f, .top_k = 20, .top_p = 1, .min_p = 0.05f, .repetition_penalty = 1,
+         .presence_penalty = 0.5f, .seed = 7},
+    };
+    for (int s = 0; s < 2; s++)
+        if (b->vt->seq_start(b, s, &sp[s], st)) return st->code;
+    worker_batch_item it[2] = {{.slot = 0, .tokens = p0, .n_tokens = 6, .prompt = true, .sample = true},
+                               {.slot = 1, .tokens = p1, .n_tokens = 3, .prompt = true, .sample = true}};
+    if (b->vt->step(b, it, 2, st)) return st->code;
+    for (int k = 0; k < 12; k++) {
+        for (int s = 0; s < 2; s++) {
+            out[s][k] = it[s].token;
+            lp[s][k] = it[s].logprob;
+            it[s].tokens = &out[s][k];
+            it[s].n_tokens = 1;
+            it[s].prompt = false;
+        }
+        if (k + 1 < 12 && b->vt->step(b, it, 2, st)) return st->code;
+    }
+    return STATUS_OK;
+}
+
+static void test_worker_backend(void)
+{
+    if (!g_have_gpu) return;
+    char path[1024];
+    const char *dir = getenv("DS_REFERENCE_DIR"), *root = getenv("DS_REPO_ROOT");
+    if (dir && *dir)
+        snprintf(path, sizeof path, "%s/tiny-r1-untied.gguf", dir);
+    else
+        snprintf(path, sizeof path, "%s/../shared/reference/tiny-r1-untied.gguf", root ? root : ".");
+    status st;
+    status_clear(&st);
+    qwen35_model *m = NULL;
+    worker_backend *cpu = NULL, *gpu = NULL;
+    int32_t a[2][12], g[2][12];
+    float la[2][12], lg[2][12];
+    const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
+    if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
+        worker_backend_create("cuda", m, &o, &gpu, &st))
+        goto fail;
+    CU_ASSERT_EQUAL(strncmp(gpu->device, "cuda:", 5), 0);
+    if (run_worker(cpu, a, la, &st) || run_worker(gpu, g, lg, &st)) goto fail;
+    double worst = 0;
+    for (int k = 0; k < 12; k++) worst = fmax(worst, fabs((double)la[0][k] - lg[0][k]));
+    printf("\n  worker backend (%s), 2 slots x 12 sampled tokens: %s; slot 0 logprobs max |diff| %.2g\n",
+           gpu->device, memcmp(a, g, sizeof a) ? "DIFFER from the CPU backend" : "same as the CPU backend",
+           worst);
+    CU_ASSERT_EQUAL(memcmp(a, g, sizeof a), 0);
+    CU_ASSERT(worst <= 1e-3);
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    worker_backend_destroy(cpu);
+    worker_backend_destroy(gpu);
+    qwen35_model_free(m);
+}
+
 /* µs per sample at V = 248320 (launch to launch, the kernel alone) and per sample with the
  * host's sync and result read, as the worker pays it. */
 static void test_timing(void)
@@ -325,6 +396,7 @@ int main(void)
     CU_add_test(s, "checker_can_fail", test_checker_can_fail);
     CU_add_test(s, "parity", test_parity);
     CU_add_test(s, "perturbed_result_fails", test_perturbed_result_fails);
+    CU_add_test(s, "worker_backend", test_worker_backend);
     CU_add_test(s, "timing", test_timing);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
