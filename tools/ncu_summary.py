@@ -20,8 +20,8 @@ def main():
     for r in rd:
         try:
             name = r[col["Kernel Name"]]
-            t = float(r[col["gpu__time_duration.sum"]])
-            b = float(r[col["dram__bytes_read.sum"]]) if "dram__bytes_read.sum" in col else 0.0
+            t = float(r[col["gpu__time_duration.sum"]].replace(",", ""))
+            b = float(r[col["dram__bytes_read.sum"]].replace(",", "")) if "dram__bytes_read.sum" in col else 0.0
             grid = r[col["Grid Size"]] if "Grid Size" in col else ""
             blk = r[col["Block Size"]] if "Block Size" in col else ""
         except (KeyError, ValueError, IndexError):

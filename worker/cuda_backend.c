@@ -271,6 +271,13 @@ static void layout_act(cuda_backend *b, cb_arena *a)
 
 /* ---- one token, as launched into the graph ---- */
 
+/* true when the environment variable is set to 0 (an A/B switch read at graph capture) */
+static bool getenv_flag_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "0") == 0;
+}
+
 /* The step. With b->fuse, a residual-add GEMV also computes the norm that follows it (the
  * next sublayer's input, d_h/d_hq), so the next sublayer skips its norm_rms: `normed` says
  * that d_h/d_hq already hold it. Each record_* returns whether it left the next norm done. */
@@ -323,7 +330,7 @@ static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bo
             gemv(&L->in[g].m, b->d_h, b->d_hq, y, GEMV_STORE, s);
     }
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    if (b->fuse) {
+    if (!getenv_flag_off("DS_GDN_FUSED")) { /* the gated norm in the head's last CTA */
         gdn_decode_norm(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
                         c->d_v, c->eps, S, b->d_o, z, L->d_ssm_norm, b->d_y, b->d_yq, b->d_sync,
                         s);
@@ -464,9 +471,10 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
         if (cuda_backend_reset(b, i, st)) goto fail;
 
     /* the step, recorded once per slot and mode; with programmatic dependent launch unless
-     * DS_PDL=0 or the warp GEMV (then, or if a capture with it fails, without) */
+     * DS_PDL=0 or the warp GEMV without DS_PDL=1 (then, or if a capture with it fails,
+     * without) */
     const char *pdl_env = getenv("DS_PDL");
-    b->pdl = b->fuse && !(pdl_env && strcmp(pdl_env, "0") == 0);
+    b->pdl = pdl_env ? strcmp(pdl_env, "0") != 0 : b->fuse; /* DS_PDL=1: the warp graph too */
     for (;;) {
         int rc = STATUS_OK;
         cuda_set_pdl(b->pdl);
@@ -500,7 +508,7 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
         fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token (%s)\n",
                 b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token,
                 b->fuse ? (b->pdl ? "flat GEMV, fused epilogues, PDL" : "flat GEMV, fused epilogues")
-                        : "warp GEMV (default; DS_GEMV_KERNEL=flat for the flat graph)");
+                        : (b->pdl ? "warp GEMV, PDL" : "warp GEMV (default; DS_GEMV_KERNEL=flat for the flat graph)"));
 
     b->stats.weight_bytes = b->weight_bytes;
     b->stats.state_bytes = b->state_bytes;

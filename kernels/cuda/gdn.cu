@@ -12,6 +12,7 @@
 #include "kernels/cuda/q8.cuh"
 
 #define GDN_WARPS 4
+#define GDN_CPW 8 // S columns in flight per warp
 
 static __global__ void gdn_conv_kernel(const float *__restrict__ mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
@@ -51,6 +52,30 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     __shared__ float sq[d_k], sk[d_k], scratch[32];
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int j0 = blockIdx.y * cols, j1 = min(j0 + cols, d_v);
+    // batches of GDN_WARPS * GDN_CPW columns: every S column of a batch is loaded before the
+    // first is used (one memory latency per batch, not one per column); the first batch's loads
+    // are issued before the q/k norms so they overlap them
+    const float *v = conv + 2 * D_k + (int64_t)hv * d_v;
+    float s[GDN_CPW][EPL], vj[GDN_CPW];
+    auto load_batch = [&](int jb) {
+#pragma unroll
+        for (int c = 0; c < GDN_CPW; c++) {
+            const int j = jb + warp + GDN_WARPS * c;
+            if (j >= j1) break;
+            const float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
+            vj[c] = v[j];
+            if constexpr (EPL == 4) {
+                const float4 t = *(const float4 *)Sj;
+                s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
+            }
+        }
+    };
+    load_batch(j0);
+    const float b_hv = b[hv], a_hv = a[hv], dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
     // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
     float qv = 0.0f, kv = 0.0f;
     for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
@@ -71,45 +96,40 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
         k[e] = sk[lane * EPL + e] * rk;
     }
     // gates: β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)
-    const float beta = 1.0f / (1.0f + expf(-b[hv]));
-    const float x = a[hv] + dt_bias[hv];
-    const float g = ssm_a[hv] * (x > 20.0f ? x : log1pf(expf(x)));
+    const float beta = 1.0f / (1.0f + expf(-b_hv));
+    const float x = a_hv + dt_hv;
+    const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
     const float eg = expf(g);
-    const float *v = conv + 2 * D_k + (int64_t)hv * d_v;
-    const int j0 = blockIdx.y * cols, j1 = min(j0 + cols, d_v);
-#pragma unroll 2
-    for (int j = j0 + warp; j < j1; j += GDN_WARPS) {
-        float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
-        float s[EPL];
-        if constexpr (EPL == 4) {
-            const float4 t = *(const float4 *)Sj;
-            s[0] = t.x, s[1] = t.y, s[2] = t.z, s[3] = t.w;
-        } else {
+    for (int jb = j0; jb < j1; jb += GDN_WARPS * GDN_CPW) {
+        if (jb != j0) load_batch(jb);
 #pragma unroll
-            for (int e = 0; e < EPL; e++) s[e] = Sj[e];
-        }
-        float u = 0.0f;
+        for (int c = 0; c < GDN_CPW; c++) {
+            const int j = jb + warp + GDN_WARPS * c;
+            if (j >= j1) break;
+            float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
+            float u = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            s[e] *= eg;
-            u += s[e] * k[e];
-        }
-        u = ds_warp_sum(u);
-        const float delta = beta * (v[j] - u);
-        float oj = 0.0f;
+            for (int e = 0; e < EPL; e++) {
+                s[c][e] *= eg;
+                u += s[c][e] * k[e];
+            }
+            u = ds_warp_sum(u);
+            const float delta = beta * (vj[c] - u);
+            float oj = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            s[e] += k[e] * delta;
-            oj += s[e] * q[e];
-        }
-        oj = ds_warp_sum(oj);
-        if constexpr (EPL == 4) {
-            *(float4 *)Sj = make_float4(s[0], s[1], s[2], s[3]);
-        } else {
+            for (int e = 0; e < EPL; e++) {
+                s[c][e] += k[e] * delta;
+                oj += s[c][e] * q[e];
+            }
+            oj = ds_warp_sum(oj);
+            if constexpr (EPL == 4) {
+                *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
+            } else {
 #pragma unroll
-            for (int e = 0; e < EPL; e++) Sj[e] = s[e];
+                for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
+            }
+            if (lane == 0) o[(int64_t)hv * d_v + j] = oj;
         }
-        if (lane == 0) o[(int64_t)hv * d_v + j] = oj;
     }
     if constexpr (NORM) { // the head's last CTA: y = RMSNorm(o_hv) · w · silu(z_hv), + Q8
         __shared__ int s_last;

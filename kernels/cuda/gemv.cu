@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn_conv.cuh"
 #include "kernels/cuda/gemv.h"
@@ -18,10 +20,12 @@ enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3, EP_CONV = 4, EP_S
 
 // the flat kernel's CTA size and its shared partials (floats) per CTA at most
 #define FLAT_THREADS 256
+#define GEMV_PREFETCH_CAP (24ull << 20) // bytes prefetched ahead by one wave of the warp kernel, at most
 #define FLAT_PART_CAP 12000 // 48000 bytes: with the static shared arrays, under the 48 KiB default
 
 // what the epilogues write besides y
 struct ep_args {
+    int pf;                   // warp kernel: row groups prefetched into L2 ahead (0, 1, 2)
     unsigned long long *best; // EP_ARGMAX
     const float *conv_w;      // EP_CONV: [n_conv][K]
     float *conv_state;        // EP_CONV: [n_conv][K-1]
@@ -538,6 +542,41 @@ static __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t
     return ((unsigned long long)k << 32) | (uint32_t)~(uint32_t)row;
 }
 
+// L2 prefetch of rows [r0, r0 + R) (consecutive) of a matrix in the GEMV layout: the lanes
+// of a warp each touch one 128-byte line of every array the rows live in, so all of a row
+// group's DRAM requests are in flight before the dot loop asks for the first block. The loop
+// then reads from L2. Rows past n_out are not prefetched (prefetch never faults anyway).
+static __device__ __forceinline__ void l2_prefetch_span(const uint8_t *p, uint64_t bytes, int lane)
+{
+    for (uint64_t off = (uint64_t)lane * 128; off < bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
+template <typename TT>
+static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n_in,
+                                                     int64_t n_out, uint64_t nblk, int64_t r0,
+                                                     int R, int lane)
+{
+    if (r0 >= n_out) return;
+    const int64_t nr = r0 + R <= n_out ? R : n_out - r0;
+    if constexpr (is_float_type<TT>::v) {
+        const uint64_t es = std::is_same<TT, f32_t>::value ? 4 : 2;
+        l2_prefetch_span(W + (uint64_t)r0 * n_in * es, (uint64_t)nr * n_in * es, lane);
+    } else {
+        const uint64_t nb = (uint64_t)(n_in / TT::QK), b0 = (uint64_t)r0 * nb, n = (uint64_t)nr * nb;
+        if constexpr (std::is_same<TT, q4k_t>::value) {
+            l2_prefetch_span(W + b0 * 144, n * 144, lane);
+        } else if constexpr (std::is_same<TT, q5k_t>::value) {
+            l2_prefetch_span(W + b0 * 176, n * 176, lane);
+        } else if constexpr (std::is_same<TT, q6k_t>::value) {
+            l2_prefetch_span(W + b0 * 192, n * 192, lane);
+            l2_prefetch_span(W + q6_sc_off(nblk) + b0 * 16, n * 16, lane);
+        } else if constexpr (std::is_same<TT, q80_t>::value) {
+            l2_prefetch_span(W + b0 * 32, n * 32, lane);
+        }
+    }
+}
+
 // Warp w of CTA k handles rows [R*(k*GEMV_WARPS + w), +R), then strides by the grid. Rows
 // past n_out (the last group) are computed on row n_out-1 and not stored.
 template <typename TT, int EP, int R>
@@ -546,13 +585,27 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                 const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
-    ds_grid_dep();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
     unsigned long long my_best = 0;
-    for (int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * R; r0 < n_out;
-         r0 += (int64_t)gridDim.x * GEMV_WARPS * R) {
+    const int64_t rstride = (int64_t)gridDim.x * GEMV_WARPS * R;
+    // ep.pf row groups ahead in L2: the first group(s) now, then group i + pf while doing group
+    // i. The weights do not depend on the preceding kernel, so the first prefetches go out
+    // before ds_grid_dep(): under programmatic dependent launch they overlap its tail.
+    const int64_t rfirst = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * R;
+    for (int k = 0; k < ep.pf; k++) {
+        prefetch_rows<TT>(W0, n_in, n_out, nblk, rfirst + k * rstride, R, lane);
+        if constexpr (EP == EP_SWIGLU)
+            prefetch_rows<TT>(W1, n_in, n_out, nblk, rfirst + k * rstride, R, lane);
+    }
+    ds_grid_dep();
+    for (int64_t r0 = rfirst; r0 < n_out; r0 += rstride) {
+        if (ep.pf > 0) {
+            prefetch_rows<TT>(W0, n_in, n_out, nblk, r0 + ep.pf * rstride, R, lane);
+            if constexpr (EP == EP_SWIGLU)
+                prefetch_rows<TT>(W1, n_in, n_out, nblk, r0 + ep.pf * rstride, R, lane);
+        }
         int64_t rows[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rows[r] = r0 + r < n_out ? r0 + r : n_out - 1;
@@ -920,9 +973,19 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     const unsigned grid = (unsigned)(need < full ? need : full);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
+    // L2 prefetch depth (DS_GEMV_PREFETCH, default 1), lowered until what one wave keeps in
+    // flight ahead fits GEMV_PREFETCH_CAP: deeper prefetch of a large matrix evicts lines before
+    // they are read (H200: 2 groups ahead read the 27B lm_head 1.8x from DRAM)
+    ep_args ep = best;
+    const char *pe = getenv("DS_GEMV_PREFETCH");
+    ep.pf = pe ? atoi(pe) : 1;
+    ep.pf = ep.pf < 0 ? 0 : ep.pf > 2 ? 2 : ep.pf;
+    const uint64_t row_bytes = gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) / (uint64_t)w0->n_out;
+    const uint64_t group = (uint64_t)grid * GEMV_WARPS * R * row_bytes * (EP == EP_SWIGLU ? 2 : 1);
+    while (ep.pf > 0 && group * (uint64_t)(ep.pf + 1) > GEMV_PREFETCH_CAP) ep.pf--;
     ds_launch(k, grid, GEMV_WARPS * 32, 0, s, (const uint8_t *)w0->d_w,
                                        (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in,
-                                       w0->n_out, x, xqs, xds, y, best);
+                                       w0->n_out, x, xqs, xds, y, ep);
 }
 
 // rows per warp: the matrix's choice, else what the H200 measured best (docs/BENCH.md

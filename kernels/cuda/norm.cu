@@ -6,9 +6,42 @@
 
 #define NORM_THREADS 1024
 
+// n <= NORM_THREADS * NORM_EPT (every hidden size up to 8192): x and w are read once into
+// registers, all loads issued before the first use (one memory latency, not two passes).
+#define NORM_EPT 8
+
 static __global__ void __launch_bounds__(NORM_THREADS)
     norm_rms_kernel(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
                     float *__restrict__ y, void *__restrict__ yq)
+{
+    ds_grid_dep();
+    __shared__ float scratch[32];
+    float xv[NORM_EPT], wv[NORM_EPT];
+#pragma unroll
+    for (int e = 0; e < NORM_EPT; e++) {
+        const int i = e * NORM_THREADS + threadIdx.x;
+        xv[e] = i < n ? x[i] : 0.0f;
+        wv[e] = w && i < n ? w[i] : 1.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < NORM_EPT; e++) ss += xv[e] * xv[e];
+    ss = ds_block_sum(ss, scratch);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int e = 0; e < NORM_EPT; e++) {
+        const int i0 = e * NORM_THREADS, i = i0 + threadIdx.x;
+        if (i0 + (int)(threadIdx.x & ~31) >= n) break; // whole warps past the end leave together
+        const float v = i < n ? xv[e] * r * wv[e] : 0.0f;
+        if (y && i < n) y[i] = v;
+        if (yq) ds_q8_store_warp(v, i0 + (threadIdx.x & ~31), n, yq);
+    }
+}
+
+// any n: two passes over x
+static __global__ void __launch_bounds__(NORM_THREADS)
+    norm_rms_long_kernel(const float *__restrict__ x, const float *__restrict__ w, int n,
+                         float eps, float *__restrict__ y, void *__restrict__ yq)
 {
     ds_grid_dep();
     __shared__ float scratch[32];
@@ -29,5 +62,8 @@ extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, f
                          void *d_y_q8, cuda_stream stream)
 {
     DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0));
-    ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
+    if (n <= NORM_THREADS * NORM_EPT)
+        ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
+    else
+        ds_launch(norm_rms_long_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
 }
