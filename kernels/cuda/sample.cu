@@ -901,7 +901,7 @@ extern "C" void sample_run(sample_slot *s, const float *d_logits, cuda_stream st
     a.bsum = s->d_bsum;
     a.res = s->d_res;
     a.V = s->V;
-    a.top_k = s->p.top_k > 0 && s->p.top_k < s->V ? s->p.top_k : 0;
+    a.top_k = s->p.temperature > 0 && s->p.top_k > 0 && s->p.top_k < s->V ? s->p.top_k : 0; /* greedy ignores it */
     a.temperature = s->p.temperature;
     a.inv_t = s->inv_t;
     a.top_p = s->p.top_p;
