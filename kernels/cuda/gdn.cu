@@ -47,7 +47,6 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                       const float *__restrict__ ssm_a, int n_k, int d_v, float eps,
                       float *__restrict__ S, float *__restrict__ o, int cols, gdn_norm_args na)
 {
-    ds_grid_dep();
     constexpr int d_k = 32 * EPL;
     __shared__ float sq[d_k], sk[d_k], scratch[32];
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
@@ -64,7 +63,6 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
             const int j = jb + warp + GDN_WARPS * c;
             if (j >= j1) break;
             const float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
-            vj[c] = v[j];
             if constexpr (EPL == 4) {
                 const float4 t = *(const float4 *)Sj;
                 s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
@@ -74,8 +72,22 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
             }
         }
     };
+    auto load_v = [&](int jb) {
+#pragma unroll
+        for (int c = 0; c < GDN_CPW; c++) {
+            const int j = jb + warp + GDN_WARPS * c;
+            if (j >= j1) break;
+            vj[c] = v[j];
+        }
+    };
+    // S (this layer's state, last written by this kernel one token ago) and the weights do not
+    // depend on the preceding kernel: under programmatic dependent launch their loads go out
+    // before griddepcontrol.wait and overlap the in-projection GEMV's tail
     load_batch(j0);
-    const float b_hv = b[hv], a_hv = a[hv], dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
+    const float dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
+    ds_grid_dep();
+    load_v(j0);
+    const float b_hv = b[hv], a_hv = a[hv];
     // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
     float qv = 0.0f, kv = 0.0f;
     for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
@@ -101,7 +113,7 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
     const float eg = expf(g);
     for (int jb = j0; jb < j1; jb += GDN_WARPS * GDN_CPW) {
-        if (jb != j0) load_batch(jb);
+        if (jb != j0) load_batch(jb), load_v(jb);
 #pragma unroll
         for (int c = 0; c < GDN_CPW; c++) {
             const int j = jb + warp + GDN_WARPS * c;

@@ -2,8 +2,9 @@
  * to exceed the L2 many times over are rotated, each GEMV timed with CUDA events over many
  * repetitions after a warm-up; prints µs per GEMV, achieved GB/s (weight + activation bytes)
  * and % of 4.6 TB/s. Also the device-to-device copy bandwidth (the practical ceiling) and the
- * cost of a tiny GEMV (launch-bound). Each shape: the warp kernel, the flat kernel with 1 and 2
- * blocks in flight per lane group. Usage: gemv_bench [reps] [key] (key: the short list) */
+ * cost of a tiny GEMV (launch-bound). Each shape: the warp kernel with rows per warp by shape
+ * and with 1, 2 and 4, and the flat kernel (1 block in flight per lane group). The warp
+ * kernel's L2 prefetch depth follows DS_GEMV_PREFETCH (default 1). Usage: gemv_bench [reps] [key] (key: the short list) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,19 +28,19 @@ static const bench_shape k_shapes[] = {
     {"27B ffn_gate/up", GGML_TYPE_Q4_K, 17408, 5120, 1},
     {"27B ffn_down", GGML_TYPE_Q4_K, 5120, 17408, 1},
     {"27B ffn_down (q6)", GGML_TYPE_Q6_K, 5120, 17408, 1},
-    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120, 0},
+    {"27B attn_qkv", GGML_TYPE_Q5_K, 10240, 5120, 1},
     {"27B attn_qkv (q6)", GGML_TYPE_Q6_K, 10240, 5120, 1},
     {"27B lm_head", GGML_TYPE_Q6_K, 248320, 5120, 1},
     {"27B ssm_alpha (q8)", GGML_TYPE_Q8_0, 48, 5120, 0},
-    {"q8_0 big", GGML_TYPE_Q8_0, 17408, 5120, 1},
-    {"bf16 big", GGML_TYPE_BF16, 17408, 5120, 1},
+    {"q8_0 big", GGML_TYPE_Q8_0, 17408, 5120, 0},
+    {"bf16 big", GGML_TYPE_BF16, 17408, 5120, 0},
     {"f16 big", GGML_TYPE_F16, 17408, 5120, 0},
     {"f32 big", GGML_TYPE_F32, 8192, 5120, 0},
     {"4B ffn_gate/up", GGML_TYPE_Q4_K, 9216, 2560, 1},
-    {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560, 0},
+    {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560, 1},
     {"0.8B ffn_gate/up", GGML_TYPE_Q4_K, 3584, 1024, 1},
     {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584, 1},
-    {"0.8B lm_head", GGML_TYPE_Q6_K, 248320, 1024, 0},
+    {"0.8B lm_head", GGML_TYPE_Q6_K, 248320, 1024, 1},
     {"tiny 1024x1024", GGML_TYPE_Q4_K, 1024, 1024, 1},
 };
 
@@ -106,13 +107,15 @@ static int bench_one(const bench_shape *s, int reps, status *st)
                    s->type != GGML_TYPE_BF16;
     const double bytes = (double)raw + (q ? (double)gemv_xq_bytes(n_in) : 4.0 * n_in) +
                          4.0 * n_out;
-    /* the warp kernel (rows per warp by shape), the flat kernel with 1 and 2 blocks in flight */
-    static const int k_kern[] = {GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT, GEMV_KERNEL_FLAT};
-    static const int k_unroll[] = {0, 1, 2};
-    static const char *k_vname[] = {"warp", "flat u1", "flat u2"};
-    for (int v = 0; !rc && v < 3; v++) {
-        if (v > 0 && !gemv_flat_supported(s->type, n_in)) break;
-#define BENCH_M(i) {s->type, n_in, n_out, d_w[i], 0, k_kern[v], k_unroll[v]}
+    /* the warp kernel (rows per warp by shape, then 1, 2, 4), the flat kernel */
+    static const int k_kern[] = {GEMV_KERNEL_WARP, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
+                                 GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
+    static const int k_rpw[] = {0, 1, 2, 4, 0};
+    static const int k_unroll[] = {0, 0, 0, 0, 1};
+    static const char *k_vname[] = {"warp", "warp r1", "warp r2", "warp r4", "flat u1"};
+    for (int v = 0; !rc && v < 5; v++) {
+        if (k_kern[v] == GEMV_KERNEL_FLAT && !gemv_flat_supported(s->type, n_in)) break;
+#define BENCH_M(i) {s->type, n_in, n_out, d_w[i], k_rpw[v], k_kern[v], k_unroll[v]}
         for (int i = 0; i < 2 * copies; i++) {
             gemv_matrix m = BENCH_M(i % copies);
             gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
