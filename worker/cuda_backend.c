@@ -77,6 +77,13 @@ struct cuda_backend {
     cuda_backend_stats stats;
 };
 
+/* true when the environment variable is set and not "0" (an A/B switch read at create) */
+static bool getenv_flag_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 /* ---- arena helper: 256-byte aligned bump allocation inside one cuda_alloc ---- */
 typedef struct cb_arena {
     uint8_t *base;
@@ -132,7 +139,15 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
         return status_fail(st, STATUS_UNSUPPORTED, "cuda: %lld-wide rows of type %u",
                            (long long)m0->n_in, m0->type);
     void *d = arena_take(u->w, packed);
-    *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, u->gemv_kernel, 0};
+    /* DS_GEMV_SHORT_FLAT=1: the warp graph takes the flat kernel for short, wide matrices
+     * (alone, the 0.8B's down projection 1024 x 3584 ran 3.3 us flat vs 4.8-5.7 us warp on the
+     * H200, docs/BENCH.md run 8; but in the PDL step graph the 0.8B decoded 3% slower with it,
+     * run 9, so it is off by default) */
+    int kernel = u->gemv_kernel;
+    if (kernel == GEMV_KERNEL_WARP && n_out <= 2048 && m0->n_in >= 2 * n_out &&
+        gemv_flat_supported(m0->type, m0->n_in) && getenv_flag_on("DS_GEMV_SHORT_FLAT"))
+        kernel = GEMV_KERNEL_FLAT;
+    *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, kernel, 0};
     if (!d) { /* sizing pass: the largest staging needs */
         if (raw > u->stage_cap) u->stage_cap = raw;
         u->total += raw;
@@ -271,12 +286,6 @@ static void layout_act(cuda_backend *b, cb_arena *a)
 
 /* ---- one token, as launched into the graph ---- */
 
-/* true when the environment variable is set to 0 (an A/B switch read at graph capture) */
-static bool getenv_flag_off(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "0") == 0;
-}
 
 /* The step. With b->fuse, a residual-add GEMV also computes the norm that follows it (the
  * next sublayer's input, d_h/d_hq), so the next sublayer skips its norm_rms: `normed` says
@@ -330,7 +339,9 @@ static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bo
             gemv(&L->in[g].m, b->d_h, b->d_hq, y, GEMV_STORE, s);
     }
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    if (!getenv_flag_off("DS_GDN_FUSED")) { /* the gated norm in the head's last CTA */
+    /* DS_GDN_FUSED=1 (or the flat graph): the gated norm in the head's last CTA; the warp graph
+     * runs it as its own kernel by default (H200 run 9: 1-2% faster on all three sizes) */
+    if (b->fuse || getenv_flag_on("DS_GDN_FUSED")) {
         gdn_decode_norm(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
                         c->d_v, c->eps, S, b->d_o, z, L->d_ssm_norm, b->d_y, b->d_yq, b->d_sync,
                         s);

@@ -988,13 +988,14 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
                                        w0->n_out, x, xqs, xds, y, ep);
 }
 
-// rows per warp: the matrix's choice, else what the H200 measured best (docs/BENCH.md
-// gemv_bench): 4 for tall Q6_K/Q5_K matrices, 1 otherwise
+// rows per warp: the matrix's choice, else what the H200 measured best (docs/BENCH.md run 8
+// gemv_bench sweep): 2 for Q6_K (lm_head 248320 x 1024/2560/5120: 74/75/80% of 4.6 TB/s with
+// 2, 36/35/75% with 4), 1 otherwise (Q4_K/Q5_K: 1 beat 2 and 4 at every shape)
 static int rows_per_warp(const gemv_matrix *w)
 {
     if (w->rows_per_warp == 1 || w->rows_per_warp == 2 || w->rows_per_warp == 4)
         return w->rows_per_warp;
-    if ((w->type == QB_Q6_K || w->type == QB_Q5_K) && w->n_out >= 4096) return 4;
+    if (w->type == QB_Q6_K && w->n_out >= 4096) return 2;
     return 1;
 }
 
