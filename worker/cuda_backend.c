@@ -67,6 +67,9 @@ struct cuda_backend {
     unsigned *d_sync; /* counters of the fused epilogues (zero between launches) */
     bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=flat; default: warp) */
     bool pdl;         /* the step graph uses programmatic dependent launch (DS_PDL=0: not) */
+    unsigned repeat;  /* DS_STEP_REPEAT: kernel kinds recorded twice (timing only, wrong output) */
+    uint64_t next_pf; /* bytes of the next GEMV's weights each GEMV prefetches (DS_GEMV_NEXT_MB) */
+    bool xnorm;       /* GEMVs normalise x in their prologue instead of a norm_rms (DS_GEMV_XNORM) */
     int gemv_kernel;  /* gemv_matrix.kernel of every matrix */
     unsigned long long *d_best;
     int32_t *d_tok_in, *d_tok_out;
@@ -296,31 +299,88 @@ static bool can_fuse(const cuda_backend *b, const gemv_matrix *m)
     return b->fuse && gemv_flat_supported(m->type, m->n_in);
 }
 
+/* DS_STEP_REPEAT="norm gdn ..." (a measurement aid, never for serving: the output is wrong):
+ * each kernel of the named kinds is recorded twice, so `bench decode` against the plain step
+ * gives what one kind costs inside the real graph (docs/GPU.md, BENCH.md run 12). */
+enum { RP_NORM, RP_QUANT, RP_IN, RP_GDN, RP_GDNNORM, RP_PREP, RP_ATTN, RP_OUT, RP_FFN, RP_DOWN,
+       RP_HEAD, RP_N };
+static const char *const k_repeat_names[RP_N] = {"norm", "quant", "in", "gdn", "gdnnorm", "prep",
+                                                 "attn", "out", "ffn", "down", "head"};
+
+static unsigned parse_repeat(const char *env)
+{
+    unsigned m = 0;
+    for (int k = 0; env && k < RP_N; k++) {
+        const size_t n = strlen(k_repeat_names[k]);
+        for (const char *p = env; (p = strstr(p, k_repeat_names[k])) != NULL; p += n)
+            if ((p == env || p[-1] == ' ' || p[-1] == ',') && (p[n] == 0 || p[n] == ' ' || p[n] == ','))
+                m |= 1u << k;
+    }
+    return m;
+}
+
+static int reps(const cuda_backend *b, int kind) { return (b->repeat >> kind & 1u) ? 2 : 1; }
+
+/* With b->xnorm, a sublayer whose input GEMVs are all quantised warp-kernel matrices skips its
+ * norm_rms: each of those GEMVs normalises x itself (gemv_x_norm). */
+static bool xnorm_ok(const cuda_backend *b, const gemv_matrix *m)
+{
+    const bool q = m->type == GGML_TYPE_Q4_K || m->type == GGML_TYPE_Q5_K ||
+                   m->type == GGML_TYPE_Q6_K || m->type == GGML_TYPE_Q8_0;
+    return b->xnorm && !b->fuse && q && m->kernel == GEMV_KERNEL_WARP;
+}
+
+static bool xnorm_in(const cuda_backend *b, const cb_layer *L)
+{
+    for (int g = 0; g < L->n_in; g++)
+        if (!xnorm_ok(b, &L->in[g].m)) return false;
+    return true;
+}
+
+/* the next GEMV takes x = norm(d_x)·w itself when xn (then its d_h/d_hq arguments are NULL) */
+static void xn_set(const cuda_backend *b, bool xn, const float *w)
+{
+    if (xn) gemv_x_norm(b->d_x, w, b->cfg.eps);
+}
+
+/* the GEMV recorded next prefetches m's first weights into L2 in its tail (gemv_prefetch_next) */
+static void pf_next(const cuda_backend *b, const gemv_matrix *m) { gemv_prefetch_next(m, b->next_pf); }
+
 /* x += W·y, then (fused when possible) h = norm(x)·next_norm_w; returns true when fused */
 static bool record_residual(cuda_backend *b, const gemv_matrix *W, const float *y, const void *yq,
-                            const float *next_norm_w, cuda_stream s)
+                            const float *next_norm_w, int kind, const gemv_matrix *next,
+                            cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
+    pf_next(b, next);
     if (next_norm_w && can_fuse(b, W)) {
         gemv_add_norm(W, y, yq, b->d_x, next_norm_w, c->eps, b->d_h, b->d_hq, b->d_sync, s);
         return true;
     }
-    gemv(W, y, yq, b->d_x, GEMV_ADD, s);
+    for (int k = 0; k < reps(b, kind); k++) gemv(W, y, yq, b->d_x, GEMV_ADD, s);
     return false;
 }
 
 static bool record_ffn(cuda_backend *b, const cb_layer *L, bool normed, const float *next_norm_w,
-                       cuda_stream s)
+                       const gemv_matrix *next, cuda_stream s)
 {
     const qwen35_config *c = &b->cfg;
-    if (!normed) norm_rms(b->d_x, L->d_post_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    const bool xn = !normed && !can_fuse(b, &L->gate) && xnorm_ok(b, &L->gate);
+    for (int k = 0; !normed && !xn && k < reps(b, RP_NORM); k++)
+        norm_rms(b->d_x, L->d_post_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    const float *h = xn ? NULL : b->d_h;
+    const void *hq = xn ? NULL : b->d_hq;
     if (can_fuse(b, &L->gate)) {
         gemv_swiglu_q8(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, b->d_ffnq, b->d_sync, s);
     } else {
-        gemv_swiglu(&L->gate, &L->up, b->d_h, b->d_hq, b->d_ffn, s);
-        gemv_quantize_x(b->d_ffn, b->d_ffnq, c->F, s);
+        pf_next(b, &L->down);
+        for (int k = 0; k < reps(b, RP_FFN); k++) {
+            xn_set(b, xn, L->d_post_norm);
+            gemv_swiglu(&L->gate, &L->up, h, hq, b->d_ffn, s);
+        }
+        for (int k = 0; k < reps(b, RP_QUANT); k++) gemv_quantize_x(b->d_ffn, b->d_ffnq, c->F, s);
     }
-    return record_residual(b, &L->down, b->d_ffn, b->d_ffnq, next_norm_w, s);
+    return record_residual(b, &L->down, b->d_ffn, b->d_ffnq, next_norm_w, RP_DOWN, next, s);
 }
 
 static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bool normed,
@@ -330,13 +390,21 @@ static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bo
     const int64_t D_v = (int64_t)c->n_v * c->d_v;
     float *conv = sl->d_conv + (int64_t)L->slot * c->C * (c->K_conv - 1);
     float *S = sl->d_S + (int64_t)L->slot * c->n_v * c->d_v * c->d_k;
-    if (!normed) norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    const bool xn = !normed && xnorm_in(b, L);
+    for (int k = 0; !normed && !xn && k < reps(b, RP_NORM); k++)
+        norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    const float *h = xn ? NULL : b->d_h;
+    const void *hq = xn ? NULL : b->d_hq;
     for (int g = 0; g < L->n_in; g++) {
         float *y = b->d_proj + L->in[g].y_off;
-        if (g == 0) /* the group holding qkv: conv + SiLU fused on its first C rows */
-            gemv_conv(&L->in[g].m, b->d_h, b->d_hq, y, L->d_conv_w, conv, c->C, c->K_conv, s);
-        else
-            gemv(&L->in[g].m, b->d_h, b->d_hq, y, GEMV_STORE, s);
+        pf_next(b, g + 1 < L->n_in ? &L->in[g + 1].m : &L->out);
+        for (int k = 0; k < reps(b, RP_IN); k++) {
+            xn_set(b, xn, L->d_attn_norm);
+            if (g == 0) /* the group holding qkv: conv + SiLU fused on its first C rows */
+                gemv_conv(&L->in[g].m, h, hq, y, L->d_conv_w, conv, c->C, c->K_conv, s);
+            else
+                gemv(&L->in[g].m, h, hq, y, GEMV_STORE, s);
+        }
     }
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
     /* DS_GDN_FUSED=1 (or the flat graph): the gated norm in the head's last CTA; the warp graph
@@ -346,11 +414,13 @@ static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bo
                         c->d_v, c->eps, S, b->d_o, z, L->d_ssm_norm, b->d_y, b->d_yq, b->d_sync,
                         s);
     } else {
-        gdn_decode(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
-                   c->d_v, c->eps, S, b->d_o, s);
-        gdn_norm_gated(b->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y, b->d_yq, s);
+        for (int k = 0; k < reps(b, RP_GDN); k++)
+            gdn_decode(b->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k,
+                       c->d_v, c->eps, S, b->d_o, s);
+        for (int k = 0; k < reps(b, RP_GDNNORM); k++)
+            gdn_norm_gated(b->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y, b->d_yq, s);
     }
-    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, s);
+    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, RP_OUT, &L->gate, s);
 }
 
 static bool record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bool normed,
@@ -360,15 +430,25 @@ static bool record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, b
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     const uint64_t kv_layer = (uint64_t)b->n_ctx * c->n_kv * c->d_h * 2;
     void *kc = (uint8_t *)sl->d_kc + L->slot * kv_layer, *vc = (uint8_t *)sl->d_vc + L->slot * kv_layer;
-    if (!normed) norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
-    for (int g = 0; g < L->n_in; g++)
-        gemv(&L->in[g].m, b->d_h, b->d_hq, b->d_proj + L->in[g].y_off, GEMV_STORE, s);
+    const bool xn = !normed && xnorm_in(b, L);
+    for (int k = 0; !normed && !xn && k < reps(b, RP_NORM); k++)
+        norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    for (int g = 0; g < L->n_in; g++) {
+        pf_next(b, g + 1 < L->n_in ? &L->in[g + 1].m : &L->out);
+        for (int k = 0; k < reps(b, RP_IN); k++) {
+            xn_set(b, xn, L->d_attn_norm);
+            gemv(&L->in[g].m, xn ? NULL : b->d_h, xn ? NULL : b->d_hq,
+                 b->d_proj + L->in[g].y_off, GEMV_STORE, s);
+        }
+    }
     const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
-    attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot,
-              c->rope_base, c->eps, sl->d_pos, kc, vc, b->d_q, s);
-    attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, sl->d_pos, b->d_part,
-                b->d_y, b->d_yq, s);
-    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, s);
+    for (int r = 0; r < reps(b, RP_PREP); r++)
+        attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot,
+                  c->rope_base, c->eps, sl->d_pos, kc, vc, b->d_q, s);
+    for (int r = 0; r < reps(b, RP_ATTN); r++)
+        attn_decode(b->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, b->n_ctx, sl->d_pos, b->d_part,
+                    b->d_y, b->d_yq, s);
+    return record_residual(b, &L->out, b->d_y, b->d_yq, L->d_post_norm, RP_OUT, &L->gate, s);
 }
 
 static void record_step(cuda_backend *b, const cb_slot *sl, bool forced, cuda_stream s)
@@ -383,10 +463,16 @@ static void record_step(cuda_backend *b, const cb_slot *sl, bool forced, cuda_st
         const bool post_normed =
             L->gdn ? record_gdn(b, sl, L, normed, s) : record_attn(b, sl, L, normed, s);
         const float *next = il + 1 < c->n_layer ? b->layers[il + 1].d_attn_norm : b->d_out_norm;
-        normed = record_ffn(b, L, post_normed, next, s);
+        const gemv_matrix *next_m = il + 1 < c->n_layer ? &b->layers[il + 1].in[0].m : &b->head;
+        normed = record_ffn(b, L, post_normed, next, next_m, s);
     }
-    if (!normed) norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
-    gemv_argmax(&b->head, b->d_h, b->d_hq, b->d_logits, b->d_best, s);
+    gemv_prefetch_next(NULL, 0);
+    const bool xn = !normed && xnorm_ok(b, &b->head);
+    if (!normed && !xn) norm_rms(b->d_x, b->d_out_norm, c->H, c->eps, b->d_h, b->d_hq, s);
+    for (int k = 0; k < reps(b, RP_HEAD); k++) {
+        xn_set(b, xn, b->d_out_norm);
+        gemv_argmax(&b->head, xn ? NULL : b->d_h, xn ? NULL : b->d_hq, b->d_logits, b->d_best, s);
+    }
     cuda_copy_d2h_async(b->h_best, b->d_best, 8, s);
 }
 
@@ -485,6 +571,19 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
      * DS_PDL=0 (then, or if a capture with it fails, without). H200 run 7: PDL made the warp
      * graph 12% / 6% / 1.3% faster on the 0.8B / 4B / 27B (the GEMV's first L2 prefetches and
      * the GDN state loads run before griddepcontrol.wait, overlapping the previous kernel) */
+    b->repeat = parse_repeat(getenv("DS_STEP_REPEAT"));
+    /* DS_GEMV_NEXT_MB (default 0 = off; H200 run 15: 16 MB made all three sizes 2-4% slower):
+     * each GEMV prefetches that much of the next GEMV's weights into L2 in its tail */
+    const char *nx = getenv("DS_GEMV_NEXT_MB");
+    /* DS_GEMV_XNORM=1 (default 0 = off): the GEMVs after each RMSNorm compute it in their
+     * prologue (every CTA re-reads x and the norm weight). H200 run 16: on, the 0.8B / 4B / 27B
+     * decoded at 1013 / 370 / 92.5 tok/s against 1325 / 530 / 135 off (docs/GPU.md) */
+    const char *xnv = getenv("DS_GEMV_XNORM");
+    b->xnorm = xnv && strcmp(xnv, "1") == 0;
+    b->next_pf = (uint64_t)(nx ? atoi(nx) : 0) << 20;
+    if (b->repeat)
+        fprintf(stderr, "cuda: DS_STEP_REPEAT=%s: kernels recorded twice, for timing only; "
+                        "the output is wrong\n", getenv("DS_STEP_REPEAT"));
     const char *pdl_env = getenv("DS_PDL");
     b->pdl = !(pdl_env && strcmp(pdl_env, "0") == 0);
     for (;;) {

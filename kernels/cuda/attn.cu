@@ -1,17 +1,15 @@
 // Gated attention decode kernels (attn.h).
 //
-// attn_split: grid (n_kv, n_split), 256 threads. A CTA takes ATTN_CHUNK positions of one KV head
-// and all G = n_h/n_kv query heads that read it, so K and V are read once. Scores: warp per
-// position, lanes over d_h (coalesced F16 row), one warp sum per query head; softmax within the
-// chunk; then thread t < d_h accumulates Σ p_t v_t[t] for the G heads. Partials (o unnormalised,
-// max m, sum l) are merged by attn_combine, which also applies the sigmoid gate.
+// attn_split: grid (n_kv, n_split). A CTA takes ATTN_CHUNK positions of one KV head and all
+// G = n_h/n_kv query heads that read it, so K and V are read once; its warps split the chunk and
+// run an online softmax each (below). Partials (o unnormalised, max m, sum l) are merged by
+// attn_combine, which also applies the sigmoid gate.
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/q8.cuh"
 
-#define ATTN_THREADS 256
 
 // ---- prep: norms, rope, cache append ----
 static __global__ void attn_prep_kernel(const float *__restrict__ qg, const float *__restrict__ k,
@@ -71,28 +69,61 @@ extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
 
 // partial layout: o [n_h][n_split][d_h], then m [n_h][n_split], then l [n_h][n_split]
 //
-// attn_split: the CTA first queues its chunk of V (ATTN_CHUNK rows of d_h F16) into shared
-// memory with cp.async, then each warp loads all of its K rows (ATTN_CHUNK / 8 positions, 16
-// bytes a lane) before the first dot, so the chunk costs about one memory latency, not one per
-// position.
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+// attn_split: grid (n_kv, n_split), ATTN_SPLIT_WARPS warps. The CTA takes chunk `split` of
+// ATTN_CHUNK positions of KV head j for its G = n_h/n_kv query heads; each warp takes
+// ATTN_CHUNK/ATTN_SPLIT_WARPS consecutive positions of it, lanes over d_h (lane l holds dims
+// [EPL·l, EPL·l + EPL)). Per batch of ATTN_BATCH positions the warp first loads every K and V
+// row (16 bytes a lane at d_h 256: all of a batch's DRAM requests in flight at once), then per
+// position and head: score = warp sum of q·k, online softmax (running max m, sum l, the o
+// accumulator rescaled), o += p·v in registers. The warps' (m, l, o) are merged through shared
+// memory into the chunk's partial. Registers hold q and o for exactly G heads (G is a template
+// parameter), which is what keeps the kernel at several CTAs per SM.
+#define ATTN_SPLIT_WARPS 4
+#define ATTN_BATCH 8
+
+template <int EPL> struct kv_raw; // EPL halves of one row, as loaded
+template <> struct kv_raw<1> { unsigned short v; };
+template <> struct kv_raw<2> { unsigned v; };
+template <> struct kv_raw<4> { uint2 v; };
+template <> struct kv_raw<8> { uint4 v; };
+
+template <int EPL>
+static __device__ __forceinline__ kv_raw<EPL> load_kv(const __half *p)
 {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+    kv_raw<EPL> r;
+    r.v = *(const decltype(r.v) *)p;
+    return r;
+}
+// element e (a compile-time constant after unrolling) by shifts, so nothing goes to local memory
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<8> &r, int k)
+{
+    return k == 0 ? r.v.x : k == 1 ? r.v.y : k == 2 ? r.v.z : r.v.w;
+}
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<4> &r, int k)
+{
+    return k == 0 ? r.v.x : r.v.y;
+}
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<2> &r, int) { return r.v; }
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<1> &r, int) { return r.v; }
+template <int EPL>
+static __device__ __forceinline__ float kv_at(const kv_raw<EPL> &r, int e)
+{
+    const unsigned w = kv_word(r, e >> 1);
+    return __half2float(__ushort_as_half((unsigned short)((e & 1) ? w >> 16 : w & 0xffffu)));
 }
 
-template <int EPL> // d_h = 32 * EPL
-static __global__ void __launch_bounds__(ATTN_THREADS)
+template <int EPL, int G> // d_h = 32 * EPL, G = n_h / n_kv
+static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     attn_split_kernel(const float *__restrict__ q, const __half *__restrict__ kc,
                       const __half *__restrict__ vc, int n_h, int n_kv,
                       const int32_t *__restrict__ d_pos, float *__restrict__ part, int n_split)
 {
     ds_grid_dep();
-    constexpr int d_h = 32 * EPL, NW = ATTN_THREADS / 32, PPW = ATTN_CHUNK / NW;
-    __shared__ float sc[ATTN_MAX_GROUP][ATTN_CHUNK];
-    __shared__ float stat[ATTN_MAX_GROUP][2];
-    __shared__ __align__(16) __half sv[ATTN_CHUNK][d_h];
-    const int j = blockIdx.x, split = blockIdx.y, G = n_h / n_kv;
+    constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
+    constexpr int B = G * EPL > 32 ? ATTN_BATCH / 2 : ATTN_BATCH; // registers: q, o for G heads
+    __shared__ float s_m[NW][G], s_l[NW][G];
+    __shared__ float s_o[NW][G][d_h];
+    const int j = blockIdx.x, split = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = *d_pos + 1;
     const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
@@ -105,87 +136,92 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         return;
     }
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
-    // V chunk -> shared memory (16-byte pieces; rows past t1 are not read)
-    constexpr int PIECES = d_h / 8; // 16-byte pieces per row
-    for (int i = threadIdx.x; i < (t1 - t0) * PIECES; i += ATTN_THREADS) {
-        const int t = i / PIECES, c = i % PIECES;
-        cp_async16(&sv[t][c * 8], vc + (int64_t)(t0 + t) * rs + (int64_t)j * d_h + c * 8);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    // K rows of this warp's positions t0 + warp + NW*p, all loads first
-    float kf[PPW][EPL];
-#pragma unroll
-    for (int p = 0; p < PPW; p++) {
-        const int t = t0 + warp + NW * p;
-        const __half *kr = kc + (int64_t)(t < t1 ? t : t0) * rs + (int64_t)j * d_h + lane * EPL;
-#pragma unroll
-        for (int e = 0; e < EPL; e += 2) {
-            const float2 f = __half22float2(*(const __half2 *)(kr + e));
-            kf[p][e] = f.x;
-            kf[p][e + 1] = f.y;
-        }
-    }
+    const __half *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
     const float scale = rsqrtf((float)d_h);
-    float qr[ATTN_MAX_GROUP][EPL];
+    float qr[G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
-    for (int g = 0; g < ATTN_MAX_GROUP; g++)
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++)
-            qr[g][e] = g < G ? q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale : 0.0f;
-    // scores
-#pragma unroll
-    for (int p = 0; p < PPW; p++) {
-        const int t = t0 + warp + NW * p;
-#pragma unroll
-        for (int g = 0; g < ATTN_MAX_GROUP; g++) {
-            if (g >= G) break;
-            float s = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) s += qr[g][e] * kf[p][e];
-            s = ds_warp_sum(s);
-            if (lane == 0 && t < t1) sc[g][t - t0] = s;
+        for (int e = 0; e < EPL; e++) {
+            qr[g][e] = q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale;
+            o[g][e] = 0.0f;
         }
+    }
+    const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
+    for (int tb = w0; tb < w1; tb += B) {
+        kv_raw<EPL> kr[B], vr[B];
+#pragma unroll
+        for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
+            const int64_t t = tb + b < w1 ? tb + b : tb;
+            kr[b] = load_kv<EPL>(kh + t * rs);
+            vr[b] = load_kv<EPL>(vh + t * rs);
+        }
+        // every score of the batch first (B x G independent warp sums, interleaved), then one
+        // online-softmax step per head for the whole batch
+        float sc[B][G];
+#pragma unroll
+        for (int b = 0; b < B; b++)
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at<EPL>(kr[b], e);
+                sc[b][g] = a;
+            }
+        ds_warp_sum_n<B * G>(&sc[0][0]);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mn = m[g];
+#pragma unroll
+            for (int b = 0; b < B; b++)
+                if (tb + b < w1) mn = fmaxf(mn, sc[b][g]);
+            const float r = __expf(m[g] - mn);
+            m[g] = mn;
+            l[g] *= r;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) o[g][e] *= r;
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at<EPL>(vr[b], e);
+            }
+        }
+    }
+    // merge the warps (a warp without positions has m = -inf, l = 0, o = 0)
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) s_m[warp][g] = m[g], s_l[warp][g] = l[g];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) s_o[warp][g][lane * EPL + e] = o[g][e];
     }
     __syncthreads();
-    // softmax within the chunk: warp g handles head g
-    for (int g = warp; g < G; g += NW) {
-        float m = -INFINITY;
-        for (int t = lane; t < t1 - t0; t += 32) m = fmaxf(m, sc[g][t]);
-        m = ds_warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < t1 - t0; t += 32) {
-            const float p = expf(sc[g][t] - m);
-            sc[g][t] = p;
-            l += p;
-        }
-        l = ds_warp_sum(l);
-        if (lane == 0) stat[g][0] = m, stat[g][1] = l;
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();
-    // o_g[c] = Σ_p p v_p[c], V from shared memory
-    for (int c = threadIdx.x; c < d_h; c += ATTN_THREADS) {
-        float acc[ATTN_MAX_GROUP] = {0};
-#pragma unroll 8
-        for (int t = 0; t < t1 - t0; t++) {
-            const float vv = __half2float(sv[t][c]);
+    for (int i = threadIdx.x; i < G * d_h; i += NW * 32) {
+        const int g = i / d_h, c = i % d_h;
+        float M = -INFINITY;
 #pragma unroll
-            for (int g = 0; g < ATTN_MAX_GROUP; g++) acc[g] += sc[g < G ? g : 0][t] * vv;
-        }
+        for (int w = 0; w < NW; w++) M = fmaxf(M, s_m[w][g]);
+        float acc = 0.0f, L = 0.0f;
 #pragma unroll
-        for (int g = 0; g < ATTN_MAX_GROUP; g++)
-            if (g < G) po[((int64_t)(j * G + g) * n_split + split) * d_h + c] = acc[g];
-    }
-    if (threadIdx.x < G) {
-        pm[(int64_t)(j * G + threadIdx.x) * n_split + split] = stat[threadIdx.x][0];
-        pl[(int64_t)(j * G + threadIdx.x) * n_split + split] = stat[threadIdx.x][1];
+        for (int w = 0; w < NW; w++) {
+            const float f = s_l[w][g] > 0.0f ? __expf(s_m[w][g] - M) : 0.0f;
+            acc += f * s_o[w][g][c];
+            L += f * s_l[w][g];
+        }
+        const int64_t hs = (int64_t)(j * G + g) * n_split + split;
+        po[hs * d_h + c] = acc;
+        if (c == 0) {
+            pm[hs] = M;
+            pl[hs] = L;
+        }
     }
 }
 
-// one CTA per query head, d_h threads: merge the splits that hold positions (the others are
-// skipped), divide, gate, write F32 + Q8. The threads share the per-split work: block max of m,
-// the weights exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum of
-// w_s l_s; then thread t sums w_s o_s[t] with independent loads.
+// attn_combine: merge the splits that hold positions (the others are skipped), divide, gate,
+// write F32 + Q8.
 #define COMBINE_TILE 1024
 
 static __device__ __forceinline__ float block_max(float v, float *scratch)
@@ -199,47 +235,67 @@ static __device__ __forceinline__ float block_max(float v, float *scratch)
     return ds_warp_max(v);
 }
 
+// one CTA per query head, d_h threads = d_h/32 warps. Block max M of the valid splits' m, the
+// weights w_s = exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum
+// L = Σ w_s l_s; then warp k sums w_s o_s over splits s = k, k + d_h/32, ... for all d_h dims
+// (lane l: dims [EPL·l, EPL·l + EPL), EPL·4 bytes per load, 4 splits in flight), and the
+// warps' sums are added in a fixed order through shared memory.
+template <int EPL> // d_h = 32 * EPL
 static __global__ void attn_combine_kernel(const float *__restrict__ part,
-                                           const float *__restrict__ qg, int n_h, int d_h,
-                                           int n_split, const int32_t *__restrict__ d_pos,
+                                           const float *__restrict__ qg, int n_h, int n_split,
+                                           const int32_t *__restrict__ d_pos,
                                            float *__restrict__ o, void *__restrict__ oq)
 {
     ds_grid_dep();
+    constexpr int d_h = 32 * EPL, NW = EPL;
     __shared__ float sw[COMBINE_TILE], scratch[32];
-    const int h = blockIdx.x, t = threadIdx.x;
+    __shared__ float red[NW][d_h];
+    const int h = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     pm += (int64_t)h * n_split;
     pl += (int64_t)h * n_split;
-    po += (int64_t)h * n_split * d_h;
+    po += (int64_t)h * n_split * d_h + lane * EPL;
     const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
     float M = -INFINITY;
-    for (int s = t; s < ns; s += blockDim.x)
+    for (int s = t; s < ns; s += d_h)
         if (pl[s] > 0.0f) M = fmaxf(M, pm[s]);
     M = block_max(M, scratch);
     float L = 0.0f;
-    for (int s = t; s < ns; s += blockDim.x)
+    for (int s = t; s < ns; s += d_h)
         if (pl[s] > 0.0f) L += expf(pm[s] - M) * pl[s];
     L = ds_block_sum(L, scratch);
-    float acc = 0.0f;
+    float acc[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) acc[e] = 0.0f;
     for (int s0 = 0; s0 < ns; s0 += COMBINE_TILE) {
         const int s1 = min(ns, s0 + COMBINE_TILE);
         __syncthreads();
-        for (int s = s0 + t; s < s1; s += blockDim.x)
-            sw[s - s0] = pl[s] > 0.0f ? expf(pm[s] - M) : 0.0f;
+        for (int s = s0 + t; s < s1; s += d_h) sw[s - s0] = pl[s] > 0.0f ? expf(pm[s] - M) : 0.0f;
         __syncthreads();
-        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        int s = s0;
-        for (; s + 4 <= s1; s += 4) {
-            a0 += sw[s - s0] * po[(int64_t)s * d_h + t];
-            a1 += sw[s + 1 - s0] * po[(int64_t)(s + 1) * d_h + t];
-            a2 += sw[s + 2 - s0] * po[(int64_t)(s + 2) * d_h + t];
-            a3 += sw[s + 3 - s0] * po[(int64_t)(s + 3) * d_h + t];
+#pragma unroll 4
+        for (int s = s0 + warp; s < s1; s += NW) {
+            const float w = sw[s - s0];
+            const float *ps = po + (int64_t)s * d_h;
+            if constexpr (EPL % 4 == 0) {
+#pragma unroll
+                for (int e = 0; e < EPL; e += 4) {
+                    const float4 v = *(const float4 *)(ps + e);
+                    acc[e] += w * v.x, acc[e + 1] += w * v.y, acc[e + 2] += w * v.z, acc[e + 3] += w * v.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[e] += w * ps[e];
+            }
         }
-        for (; s < s1; s++) a0 += sw[s - s0] * po[(int64_t)s * d_h + t];
-        acc += (a0 + a1) + (a2 + a3);
     }
+#pragma unroll
+    for (int e = 0; e < EPL; e++) red[warp][lane * EPL + e] = acc[e];
+    __syncthreads();
+    float r = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NW; k++) r += red[k][t];
     const float gate = qg[(int64_t)h * 2 * d_h + d_h + t];
-    const float r = acc / L * (1.0f / (1.0f + expf(-gate)));
+    r = r / L * (1.0f / (1.0f + expf(-gate)));
     const int64_t i = (int64_t)h * d_h + t;
     if (o) o[i] = r;
     if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
@@ -255,12 +311,31 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
     const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const dim3 grid(n_kv, n_split);
     const __half *kc = (const __half *)d_k_cache, *vc = (const __half *)d_v_cache;
+    const int G = n_h / n_kv;
+#define ATTN_SPLIT_G(E, GG)                                                                     \
+    case GG:                                                                                     \
+        ds_launch(attn_split_kernel<E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, stream, d_q, kc, vc, \
+                  n_h, n_kv, d_pos, d_partial, n_split);                                         \
+        break;
+#define ATTN_SPLIT_E(E)                                                                         \
+    switch (G) {                                                                                 \
+        ATTN_SPLIT_G(E, 1) ATTN_SPLIT_G(E, 2) ATTN_SPLIT_G(E, 3) ATTN_SPLIT_G(E, 4)              \
+        ATTN_SPLIT_G(E, 5) ATTN_SPLIT_G(E, 6) ATTN_SPLIT_G(E, 7) ATTN_SPLIT_G(E, 8)              \
+    default: DS_ASSERT(!"attn_decode: n_h / n_kv must be 1..8");                                 \
+    }
     switch (d_h / 32) {
-    case 1: ds_launch(attn_split_kernel<1>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 2: ds_launch(attn_split_kernel<2>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 4: ds_launch(attn_split_kernel<4>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
-    case 8: ds_launch(attn_split_kernel<8>, grid, ATTN_THREADS, 0, stream, d_q, kc, vc, n_h, n_kv, d_pos, d_partial, n_split); break;
+    case 1: ATTN_SPLIT_E(1) break;
+    case 2: ATTN_SPLIT_E(2) break;
+    case 4: ATTN_SPLIT_E(4) break;
+    case 8: ATTN_SPLIT_E(8) break;
     default: DS_ASSERT(!"attn_decode: d_h must be 32, 64, 128 or 256");
     }
-    ds_launch(attn_combine_kernel, n_h, d_h, 0, stream, d_partial, d_qg, n_h, d_h, n_split, d_pos, d_o, d_o_q8);
+#undef ATTN_SPLIT_E
+#undef ATTN_SPLIT_G
+    switch (d_h / 32) {
+    case 1: ds_launch(attn_combine_kernel<1>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 2: ds_launch(attn_combine_kernel<2>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 4: ds_launch(attn_combine_kernel<4>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 8: ds_launch(attn_combine_kernel<8>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    }
 }

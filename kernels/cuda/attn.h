@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define ATTN_CHUNK 64
+#define ATTN_CHUNK 32
 #define ATTN_MAX_GROUP 8 /* n_h / n_kv */
 
 /* qg: [n_h][2][d_h] (attn_q output: per head the query then the gate); k, v: [n_kv][d_h];

@@ -56,7 +56,7 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     // first is used (one memory latency per batch, not one per column); the first batch's loads
     // are issued before the q/k norms so they overlap them
     const float *v = conv + 2 * D_k + (int64_t)hv * d_v;
-    float s[GDN_CPW][EPL], vj[GDN_CPW];
+    float s[GDN_CPW][EPL] = {}, vj[GDN_CPW] = {};
     auto load_batch = [&](int jb) {
 #pragma unroll
         for (int c = 0; c < GDN_CPW; c++) {
@@ -112,35 +112,45 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     const float x = a_hv + dt_hv;
     const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
     const float eg = expf(g);
+    // the batch's GDN_CPW columns of a warp are independent: each step below runs over all of
+    // them before the next, so their warp sums interleave (two shuffle chains per batch, not
+    // two per column). Columns past j1 compute on stale registers and are not stored.
     for (int jb = j0; jb < j1; jb += GDN_WARPS * GDN_CPW) {
         if (jb != j0) load_batch(jb), load_v(jb);
+        float u[GDN_CPW], oj[GDN_CPW];
+#pragma unroll
+        for (int c = 0; c < GDN_CPW; c++) {
+            u[c] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                s[c][e] *= eg;
+                u[c] += s[c][e] * k[e];
+            }
+        }
+        ds_warp_sum_n<GDN_CPW>(u);
+#pragma unroll
+        for (int c = 0; c < GDN_CPW; c++) {
+            const float delta = beta * (vj[c] - u[c]);
+            oj[c] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                s[c][e] += k[e] * delta;
+                oj[c] += s[c][e] * q[e];
+            }
+        }
+        ds_warp_sum_n<GDN_CPW>(oj);
 #pragma unroll
         for (int c = 0; c < GDN_CPW; c++) {
             const int j = jb + warp + GDN_WARPS * c;
             if (j >= j1) break;
             float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
-            float u = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                s[c][e] *= eg;
-                u += s[c][e] * k[e];
-            }
-            u = ds_warp_sum(u);
-            const float delta = beta * (vj[c] - u);
-            float oj = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                s[c][e] += k[e] * delta;
-                oj += s[c][e] * q[e];
-            }
-            oj = ds_warp_sum(oj);
             if constexpr (EPL == 4) {
                 *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
             } else {
 #pragma unroll
                 for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
             }
-            if (lane == 0) o[(int64_t)hv * d_v + j] = oj;
+            if (lane == 0) o[(int64_t)hv * d_v + j] = oj[c];
         }
     }
     if constexpr (NORM) { // the head's last CTA: y = RMSNorm(o_hv) · w · silu(z_hv), + Q8

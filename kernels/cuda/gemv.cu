@@ -26,6 +26,12 @@ enum { EP_STORE = 0, EP_ADD = 1, EP_SWIGLU = 2, EP_ARGMAX = 3, EP_CONV = 4, EP_S
 // what the epilogues write besides y
 struct ep_args {
     int pf;                   // warp kernel: row groups prefetched into L2 ahead (0, 1, 2)
+    int wpr;                  // warp kernel: warps per row (1, 2, 4): they split its blocks
+    const float *xn_x;        // warp kernel, quantised types: x = RMSNorm(xn_x) * xn_w, computed and
+    const float *xn_w;        //   quantised into shared memory by every CTA (gemv_x_norm), instead
+    float xn_eps;             //   of reading xqs/xds
+    const uint8_t *nx_w;      // warp kernel: the next GEMV's weights, nx_bytes of them prefetched
+    uint64_t nx_bytes;        //   into L2 by each warp once its rows are done (gemv_prefetch_next)
     unsigned long long *best; // EP_ARGMAX
     const float *conv_w;      // EP_CONV: [n_conv][K]
     float *conv_state;        // EP_CONV: [n_conv][K-1]
@@ -65,6 +71,12 @@ template <typename T> static __host__ __device__ __forceinline__ T ldg(const voi
 #else
     return *(const T *)p;
 #endif
+}
+
+// x loads of the warp kernel: generic, because x may sit in shared memory (the norm prologue)
+template <typename T> static __host__ __device__ __forceinline__ T ldx(const void *p)
+{
+    return *(const T *)p;
 }
 
 static __host__ __device__ __forceinline__ int dp4a(int a, int b, int c)
@@ -118,8 +130,8 @@ static __host__ __device__ __forceinline__ xk45 load_xk45(int b, int c, const in
                                                  const float2 *xds)
 {
     const int g = c >> 1, h = c & 1, e = b * 256 + 64 * g + 16 * h;
-    return {ldg<int4>(xqs + e), ldg<int4>(xqs + e + 32), ldg<float2>(xds + b * 8 + 2 * g),
-            ldg<float2>(xds + b * 8 + 2 * g + 1)};
+    return {ldx<int4>(xqs + e), ldx<int4>(xqs + e + 32), ldx<float2>(xds + b * 8 + 2 * g),
+            ldx<float2>(xds + b * 8 + 2 * g + 1)};
 }
 static __host__ __device__ __forceinline__ xk45 load_x(q4k_t, int b, int c, const int8_t *q,
                                               const float2 *d)
@@ -144,30 +156,49 @@ static __host__ __device__ __forceinline__ float k45_finish(uint4 hdr, int c, in
     return h == 0 ? r - dm.y * (m0 * x.dl.y + m1 * x.dh.y) : r;
 }
 
+// Each warp-kernel slice is split into its loads (slice_load: the raw weight words, issued for
+// several blocks before the first is used) and its arithmetic (slice_compute); slice_dot is both.
+
 // Q4_K: qs bytes [32g + 16h, +16): low nibbles then high nibbles
-static __host__ __device__ __forceinline__ float slice_dot(q4k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int c, const xk45 &x)
+struct w4k {
+    uint4 hdr;
+    int4 q;
+};
+static __host__ __device__ __forceinline__ w4k slice_load(q4k_t, const uint8_t *W, uint64_t nblk,
+                                                          uint64_t ib, int c)
 {
     (void)nblk;
     const uint8_t *blk = W + ib * 144;
-    const uint4 hdr = ldg<uint4>(blk);
-    const int4 q = ldg<int4>(blk + 16 + 16 * c);
+    return {ldg<uint4>(blk), ldg<int4>(blk + 16 + 16 * c)};
+}
+static __host__ __device__ __forceinline__ float slice_compute(q4k_t, const w4k &w, int c,
+                                                               const xk45 &x)
+{
+    const int4 q = w.q;
     const int4 lo = {q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F};
     const int4 hi = {(q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F,
                      (q.w >> 4) & 0x0F0F0F0F};
-    return k45_finish(hdr, c, lo, hi, x);
+    return k45_finish(w.hdr, c, lo, hi, x);
 }
 
 // Q5_K: as Q4_K plus the fifth bit from qh[16h + l], bit 2g (low) / 2g + 1 (high)
-static __host__ __device__ __forceinline__ float slice_dot(q5k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int c, const xk45 &x)
+struct w5k {
+    uint4 hdr;
+    int4 qh, q;
+};
+static __host__ __device__ __forceinline__ w5k slice_load(q5k_t, const uint8_t *W, uint64_t nblk,
+                                                          uint64_t ib, int c)
 {
     (void)nblk;
     const uint8_t *blk = W + ib * 176;
-    const uint4 hdr = ldg<uint4>(blk);
-    const int g = c >> 1, h = c & 1;
-    const int4 qh = ldg<int4>(blk + 16 + 16 * h);
-    const int4 q = ldg<int4>(blk + 48 + 16 * c);
+    return {ldg<uint4>(blk), ldg<int4>(blk + 16 + 16 * (c & 1)), ldg<int4>(blk + 48 + 16 * c)};
+}
+static __host__ __device__ __forceinline__ float slice_compute(q5k_t, const w5k &w, int c,
+                                                               const xk45 &x)
+{
+    const uint4 hdr = w.hdr;
+    const int g = c >> 1;
+    const int4 qh = w.qh, q = w.q;
     const int sl = 2 * g, sh = 2 * g + 1;
 #define Q5LO(v, u) (((v) & 0x0F0F0F0F) | ((((u) >> sl) & 0x01010101) << 4))
 #define Q5HI(v, u) ((((v) >> 4) & 0x0F0F0F0F) | ((((u) >> sh) & 0x01010101) << 4))
@@ -192,22 +223,31 @@ static __host__ __device__ __forceinline__ xk6 load_x(q6k_t, int b, int c, const
     xk6 x;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        x.xv[k] = ldg<int2>(xqs + e + 32 * k);
+        x.xv[k] = ldx<int2>(xqs + e + 32 * k);
         x.sumx[k] = 32 * dp4a(0x01010101, x.xv[k].y, dp4a(0x01010101, x.xv[k].x, 0));
-        x.dx[k] = ldg<float2>(xds + b * 8 + 4 * n + k).x;
+        x.dx[k] = ldx<float2>(xds + b * 8 + 4 * n + k).x;
     }
     return x;
 }
-static __host__ __device__ __forceinline__ float slice_dot(q6k_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int c, const xk6 &x)
+struct w6k {
+    uint2 qa, qb, qh, sw;
+    __half d;
+};
+static __host__ __device__ __forceinline__ w6k slice_load(q6k_t, const uint8_t *W, uint64_t nblk,
+                                                          uint64_t ib, int c)
 {
     const int n = c >> 2, l0 = 8 * (c & 3);
     const uint8_t *qlh = W + ib * 192;
-    const uint2 qa = ldg<uint2>(qlh + 64 * n + l0);
-    const uint2 qb = ldg<uint2>(qlh + 64 * n + 32 + l0);
-    const uint2 qh = ldg<uint2>(qlh + 128 + 32 * n + l0);
-    const uint2 sw = ldg<uint2>(W + q6_sc_off(nblk) + ib * 16 + 8 * n);
-    const float d = __half2float(ldg<__half>(W + q6_d_off(nblk) + ib * 2));
+    return {ldg<uint2>(qlh + 64 * n + l0), ldg<uint2>(qlh + 64 * n + 32 + l0),
+            ldg<uint2>(qlh + 128 + 32 * n + l0), ldg<uint2>(W + q6_sc_off(nblk) + ib * 16 + 8 * n),
+            ldg<__half>(W + q6_d_off(nblk) + ib * 2)};
+}
+static __host__ __device__ __forceinline__ float slice_compute(q6k_t, const w6k &w, int c,
+                                                               const xk6 &x)
+{
+    const int l0 = 8 * (c & 3);
+    const uint2 qa = w.qa, qb = w.qb, qh = w.qh, sw = w.sw;
+    const float d = __half2float(w.d);
     const int ss = 8 * (l0 >> 4);
     float acc = 0.0f;
 #pragma unroll
@@ -232,14 +272,30 @@ struct x80 {
 static __host__ __device__ __forceinline__ x80 load_x(q80_t, int b, int c, const int8_t *xqs,
                                              const float2 *xds)
 {
-    return {ldg<int4>(xqs + b * 32 + 16 * c), ldg<float2>(xds + b).x};
+    return {ldx<int4>(xqs + b * 32 + 16 * c), ldx<float2>(xds + b).x};
 }
-static __host__ __device__ __forceinline__ float slice_dot(q80_t, const uint8_t *W, uint64_t nblk,
-                                                  uint64_t ib, int c, const x80 &x)
+struct w80 {
+    int4 q;
+    __half d;
+};
+static __host__ __device__ __forceinline__ w80 slice_load(q80_t, const uint8_t *W, uint64_t nblk,
+                                                          uint64_t ib, int c)
 {
-    const int4 q = ldg<int4>(W + ib * 32 + 16 * c);
-    const float d = __half2float(ldg<__half>(W + q8_d_off(nblk) + ib * 2));
-    return d * x.dx * (float)dot4(q, x.xv);
+    return {ldg<int4>(W + ib * 32 + 16 * c), ldg<__half>(W + q8_d_off(nblk) + ib * 2)};
+}
+static __host__ __device__ __forceinline__ float slice_compute(q80_t, const w80 &w, int c,
+                                                               const x80 &x)
+{
+    (void)c;
+    return __half2float(w.d) * x.dx * (float)dot4(w.q, x.xv);
+}
+
+// slice_dot of the warp-kernel types: load and compute together (the flat kernel, the emulator)
+template <typename TT, typename XT>
+static __host__ __device__ __forceinline__ float slice_dot(TT, const uint8_t *W, uint64_t nblk,
+                                                           uint64_t ib, int c, const XT &x)
+{
+    return slice_compute(TT(), slice_load(TT(), W, nblk, ib, c), c, x);
 }
 
 // ---- slices of the flat kernel (gemv_flat_kernel) where they differ from the warp kernel's:
@@ -423,21 +479,51 @@ static __host__ __device__ __forceinline__ auto flat_load_x(int b, int c, const 
         return load_x(TT(), b, c, xqs, xds);
 }
 
-// R rows of one matrix against x: acc[r] = partial (this lane's) dot of row rows[r]. The x
-// loads of a block are the same for every row, so they are loaded once (CSE) for R rows.
+// R rows of one matrix against x: acc[r] = partial (this lane's) dot of row rows[r]. The nl
+// lanes of a row group (one warp, or the wpr warps that split a row) are numbered lr; lane lr
+// takes slice lr % TPB of blocks lr / TPB + i * (nl / TPB). The x loads of a block are loaded
+// once for the R rows. UB > 1 issues the weight loads of UB blocks before the first is used
+// (H200 run 12: slower at every shape but the Q6_K lm_head with R = 4 - the raw words held in
+// registers cost occupancy - so UB = 1, the loop the compiler schedules itself).
+template <typename TT, int R> struct rows_ub { static constexpr int v = 1; };
 template <typename TT, int R>
 static __device__ __forceinline__ void rows_dot_q(const uint8_t *W, const int64_t *rows, int nb,
                                                   uint64_t nblk, const int8_t *xqs,
-                                                  const float2 *xds, int lane, float *acc)
+                                                  const float2 *xds, int lr, int nl, float *acc)
 {
-    constexpr int BPI = 32 / TT::TPB;
-    const int c = lane % TT::TPB;
+    constexpr int UB = rows_ub<TT, R>::v;
+    const int bpi = nl / TT::TPB;
+    const int c = lr % TT::TPB;
+    if constexpr (UB == 1) {
 #pragma unroll 4
-    for (int b = lane / TT::TPB; b < nb; b += BPI) {
-        const auto xv = load_x(TT(), b, c, xqs, xds);
+        for (int b = lr / TT::TPB; b < nb; b += bpi) {
+            const auto xv = load_x(TT(), b, c, xqs, xds);
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            acc[r] += slice_dot(TT(), W, nblk, (uint64_t)rows[r] * nb + b, c, xv);
+            for (int r = 0; r < R; r++)
+                acc[r] += slice_dot(TT(), W, nblk, (uint64_t)rows[r] * nb + b, c, xv);
+        }
+        return;
+    }
+    for (int b = lr / TT::TPB; b < nb; b += bpi * UB) {
+        decltype(slice_load(TT(), W, nblk, 0, c)) w[UB][R];
+#pragma unroll
+        for (int u = 0; u < UB; u++) {
+            const int bb = b + u * bpi;
+            if (bb < nb) {
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    w[u][r] = slice_load(TT(), W, nblk, (uint64_t)rows[r] * nb + bb, c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UB; u++) {
+            const int bb = b + u * bpi;
+            if (bb < nb) {
+                const auto xv = load_x(TT(), bb, c, xqs, xds);
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] += slice_compute(TT(), w[u][r], c, xv);
+            }
+        }
     }
 }
 
@@ -514,18 +600,19 @@ template <> struct is_float_type<f16_t> { static constexpr bool v = true; };
 template <> struct is_float_type<bf16_t> { static constexpr bool v = true; };
 
 // nblk (blocks in the whole tensor) is only needed by the packed layouts; pass it through.
+// (float types: one warp per row, lr = the lane)
 template <typename TT, int R>
 static __device__ __forceinline__ void rows_dot(const uint8_t *W, const int64_t *rows,
                                                 int64_t n_in, uint64_t nblk, const float *x,
-                                                const int8_t *xqs, const float2 *xds, int lane,
-                                                float *acc)
+                                                const int8_t *xqs, const float2 *xds, int lr,
+                                                int nl, float *acc)
 {
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     if constexpr (is_float_type<TT>::v)
-        rows_dot_f<R>(TT(), W, rows, n_in, x, lane, acc);
+        rows_dot_f<R>(TT(), W, rows, n_in, x, lr, acc);
     else
-        rows_dot_q<TT, R>(W, rows, (int)(n_in / TT::QK), nblk, xqs, xds, lane, acc);
+        rows_dot_q<TT, R>(W, rows, (int)(n_in / TT::QK), nblk, xqs, xds, lr, nl, acc);
 }
 
 static __device__ __forceinline__ float warp_sum(float v)
@@ -577,53 +664,95 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
     }
 }
 
-// Warp w of CTA k handles rows [R*(k*GEMV_WARPS + w), +R), then strides by the grid. Rows
-// past n_out (the last group) are computed on row n_out-1 and not stored.
+// The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of wpr warps; group g of CTA k
+// handles rows [R*(k*G + g), +R) (G groups per CTA), then strides by the grid. The wpr warps of
+// a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
+// and add their sums through shared memory in a fixed order. Rows past n_out (the last group)
+// are computed on row n_out-1 and not stored. Every warp of a CTA runs the same iterations.
 template <typename TT, int EP, int R>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                 const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
+    constexpr bool TWO = EP == EP_SWIGLU;
+    __shared__ float s_part[GEMV_WARPS][2 * R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wpr = ep.wpr, groups = GEMV_WARPS / wpr, grp = warp / wpr, wk = warp % wpr;
+    const int lr = wk * 32 + lane, nl = wpr * 32;
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
     unsigned long long my_best = 0;
-    const int64_t rstride = (int64_t)gridDim.x * GEMV_WARPS * R;
+    const int64_t cta_rows = (int64_t)groups * R, rstride = (int64_t)gridDim.x * cta_rows;
     // ep.pf row groups ahead in L2: the first group(s) now, then group i + pf while doing group
     // i. The weights do not depend on the preceding kernel, so the first prefetches go out
     // before ds_grid_dep(): under programmatic dependent launch they overlap its tail.
-    const int64_t rfirst = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * R;
-    for (int k = 0; k < ep.pf; k++) {
-        prefetch_rows<TT>(W0, n_in, n_out, nblk, rfirst + k * rstride, R, lane);
-        if constexpr (EP == EP_SWIGLU)
-            prefetch_rows<TT>(W1, n_in, n_out, nblk, rfirst + k * rstride, R, lane);
-    }
+    const int64_t cfirst = (int64_t)blockIdx.x * cta_rows, goff = (int64_t)grp * R;
+    if (wk == 0)
+        for (int k = 0; k < ep.pf; k++) {
+            prefetch_rows<TT>(W0, n_in, n_out, nblk, cfirst + goff + k * rstride, R, lane);
+            if constexpr (TWO)
+                prefetch_rows<TT>(W1, n_in, n_out, nblk, cfirst + goff + k * rstride, R, lane);
+        }
     ds_grid_dep();
-    for (int64_t r0 = rfirst; r0 < n_out; r0 += rstride) {
-        if (ep.pf > 0) {
+    if constexpr (!is_float_type<TT>::v) {
+        if (ep.xn_x) { // x = RMSNorm(xn_x)·xn_w in Q8, in this CTA's shared memory
+            extern __shared__ __align__(16) int8_t s_xq[];
+            __shared__ float s_scratch[32];
+            const int n = (int)n_in;
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < n; i += GEMV_WARPS * 32) {
+                const float v = ep.xn_x[i];
+                ss += v * v;
+            }
+            ss = ds_block_sum(ss, s_scratch);
+            const float rn = 1.0f / sqrtf(ss / (float)n + ep.xn_eps);
+            for (int i0 = warp * 32; i0 < n; i0 += GEMV_WARPS * 32)
+                ds_q8_store_warp(ep.xn_x[i0 + lane] * rn * ep.xn_w[i0 + lane], i0, n, s_xq);
+            __syncthreads();
+            xqs = s_xq;
+            xds = (const float2 *)(s_xq + n);
+        }
+    }
+    for (int64_t c0 = cfirst; c0 < n_out; c0 += rstride) {
+        const int64_t r0 = c0 + goff;
+        if (ep.pf > 0 && wk == 0) {
             prefetch_rows<TT>(W0, n_in, n_out, nblk, r0 + ep.pf * rstride, R, lane);
-            if constexpr (EP == EP_SWIGLU)
-                prefetch_rows<TT>(W1, n_in, n_out, nblk, r0 + ep.pf * rstride, R, lane);
+            if constexpr (TWO) prefetch_rows<TT>(W1, n_in, n_out, nblk, r0 + ep.pf * rstride, R, lane);
         }
         int64_t rows[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rows[r] = r0 + r < n_out ? r0 + r : n_out - 1;
         float a[R], u[R];
-        rows_dot<TT, R>(W0, rows, n_in, nblk, x, xqs, xds, lane, a);
-        if constexpr (EP == EP_SWIGLU) rows_dot<TT, R>(W1, rows, n_in, nblk, x, xqs, xds, lane, u);
+        rows_dot<TT, R>(W0, rows, n_in, nblk, x, xqs, xds, lr, nl, a);
+        if constexpr (TWO) rows_dot<TT, R>(W1, rows, n_in, nblk, x, xqs, xds, lr, nl, u);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             a[r] = warp_sum(a[r]);
-            if constexpr (EP == EP_SWIGLU) {
-                const float up = warp_sum(u[r]);
-                a[r] = a[r] / (1.0f + __expf(-a[r])) * up;
-            }
+            if constexpr (TWO) u[r] = warp_sum(u[r]);
         }
-        if (lane == 0) {
+        if (wpr > 1) { // the group's warps: partial sums through shared memory, added in order
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    s_part[warp][r] = a[r];
+                    if constexpr (TWO) s_part[warp][R + r] = u[r];
+                }
+            __syncthreads();
+            if (wk == 0)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    for (int k = 1; k < wpr; k++) {
+                        a[r] += s_part[warp + k][r];
+                        if constexpr (TWO) u[r] += s_part[warp + k][R + r];
+                    }
+            __syncthreads();
+        }
+        if (lane == 0 && wk == 0) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= n_out) break;
+                if constexpr (TWO) a[r] = a[r] / (1.0f + __expf(-a[r])) * u[r];
                 if constexpr (EP == EP_ADD) {
                     y[r0 + r] += a[r];
                 } else if constexpr (EP == EP_CONV) {
@@ -640,6 +769,14 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 }
             }
         }
+    }
+    // this warp's rows are done: its share of the next GEMV's first weights into L2, so they
+    // stream while this kernel's last rows, its tail and the small kernels in between run
+    if (ep.nx_bytes) {
+        const uint64_t th = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+        const uint64_t nth = (uint64_t)gridDim.x * blockDim.x;
+        for (uint64_t off = th * 128; off < ep.nx_bytes; off += nth * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(ep.nx_w + off));
     }
     if constexpr (EP == EP_ARGMAX) {
         __shared__ unsigned long long sbest[GEMV_WARPS];
@@ -958,6 +1095,33 @@ extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_st
         d_x, (int8_t *)d_xq, (float2 *)((int8_t *)d_xq + n), n);
 }
 
+// gemv_prefetch_next: what the next warp-kernel launch of this thread prefetches in its tail
+struct next_pf {
+    const void *w;
+    uint64_t bytes;
+};
+static thread_local next_pf ds_next_pf = {};
+
+// gemv_x_norm: the next warp-kernel launch of this thread normalises x itself
+struct x_norm {
+    const float *x, *w;
+    float eps;
+};
+static thread_local x_norm ds_x_norm = {};
+
+extern "C" void gemv_x_norm(const float *d_x, const float *d_w, float eps)
+{
+    ds_x_norm = {d_x, d_w, eps};
+}
+
+extern "C" void gemv_prefetch_next(const gemv_matrix *m, uint64_t max_bytes)
+{
+    ds_next_pf = {};
+    if (!m || !m->d_w || max_bytes == 0) return;
+    const uint64_t b = gemv_packed_bytes(m->type, m->n_in, m->n_out);
+    ds_next_pf = {m->d_w, (b < max_bytes ? b : max_bytes) & ~(uint64_t)127};
+}
+
 template <typename TT, int EP, int R>
 static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
                      const void *xq, float *y, const ep_args &best, cudaStream_t s)
@@ -968,8 +1132,24 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, GEMV_WARPS * 32, 0);
     if (per_sm < 1) per_sm = 1;
-    const int64_t need = (w0->n_out + GEMV_WARPS * R - 1) / (GEMV_WARPS * R);
     const int64_t full = (int64_t)n_sm * per_sm;
+    // warps per row: split a row's blocks over 2 or 4 warps while the rows alone leave the GPU
+    // less than half full and each warp keeps a whole block step (32/TPB blocks) to do
+    // (DS_GEMV_WPR=1/2/4 forces it)
+    int wpr = 1;
+    if constexpr (!is_float_type<TT>::v) {
+        const char *pw = getenv("DS_GEMV_WPR");
+        const int want = pw ? atoi(pw) : 0;
+        const int64_t steps = (w0->n_in / TT::QK + 32 / TT::TPB - 1) / (32 / TT::TPB);
+        const int64_t row_warps = (w0->n_out + R - 1) / R;
+        if (want == 1 || want == 2 || want == 4)
+            wpr = want;
+        else
+            while (wpr < GEMV_WARPS && row_warps * wpr * 2 <= full * GEMV_WARPS && steps >= wpr * 2)
+                wpr *= 2;
+    }
+    const int64_t cta_rows = (int64_t)(GEMV_WARPS / wpr) * R;
+    const int64_t need = (w0->n_out + cta_rows - 1) / cta_rows;
     const unsigned grid = (unsigned)(need < full ? need : full);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
@@ -981,9 +1161,22 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     ep.pf = pe ? atoi(pe) : 1;
     ep.pf = ep.pf < 0 ? 0 : ep.pf > 2 ? 2 : ep.pf;
     const uint64_t row_bytes = gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) / (uint64_t)w0->n_out;
-    const uint64_t group = (uint64_t)grid * GEMV_WARPS * R * row_bytes * (EP == EP_SWIGLU ? 2 : 1);
+    const uint64_t group = (uint64_t)grid * cta_rows * row_bytes * (EP == EP_SWIGLU ? 2 : 1);
+    ep.wpr = wpr;
+    ep.nx_w = (const uint8_t *)ds_next_pf.w;
+    ep.nx_bytes = ds_next_pf.bytes;
+    ds_next_pf = {};
     while (ep.pf > 0 && group * (uint64_t)(ep.pf + 1) > GEMV_PREFETCH_CAP) ep.pf--;
-    ds_launch(k, grid, GEMV_WARPS * 32, 0, s, (const uint8_t *)w0->d_w,
+    size_t smem = 0;
+    if (ds_x_norm.x) {
+        DS_ASSERT(!is_float_type<TT>::v && w0->n_in % 32 == 0);
+        ep.xn_x = ds_x_norm.x;
+        ep.xn_w = ds_x_norm.w;
+        ep.xn_eps = ds_x_norm.eps;
+        smem = (size_t)gemv_xq_bytes(w0->n_in);
+        ds_x_norm = {};
+    }
+    ds_launch(k, grid, GEMV_WARPS * 32, smem, s, (const uint8_t *)w0->d_w,
                                        (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in,
                                        w0->n_out, x, xqs, xds, y, ep);
 }
@@ -1082,6 +1275,8 @@ static void launch_flat(const gemv_matrix *w0, const gemv_matrix *w1, const floa
                         const void *xq, float *y, const ep_args &ep, cudaStream_t s)
 {
     DS_ASSERT(gemv_flat_supported(w0->type, w0->n_in));
+    ds_next_pf = {}; // the flat kernel does not prefetch the next GEMV
+    DS_ASSERT(!ds_x_norm.x); // nor normalise x itself
     switch (w0->type) {
     case QB_F32: DS_ASSERT(x); launch_flat_t<f32f_t, EP>(w0, w1, x, xq, y, ep, s); break;
     case QB_F16: DS_ASSERT(x); launch_flat_t<f16f_t, EP>(w0, w1, x, xq, y, ep, s); break;
@@ -1102,10 +1297,10 @@ static void launch_warp(const gemv_matrix *w0, const gemv_matrix *w1, const floa
     case QB_F32: DS_ASSERT(x); launch_t<f32_t, EP>(w0, w1, x, xq, y, best, s); break;
     case QB_F16: DS_ASSERT(x); launch_t<f16_t, EP>(w0, w1, x, xq, y, best, s); break;
     case QB_BF16: DS_ASSERT(x); launch_t<bf16_t, EP>(w0, w1, x, xq, y, best, s); break;
-    case QB_Q8_0: DS_ASSERT(xq); launch_t<q80_t, EP>(w0, w1, x, xq, y, best, s); break;
-    case QB_Q4_K: DS_ASSERT(xq); launch_t<q4k_t, EP>(w0, w1, x, xq, y, best, s); break;
-    case QB_Q5_K: DS_ASSERT(xq); launch_t<q5k_t, EP>(w0, w1, x, xq, y, best, s); break;
-    case QB_Q6_K: DS_ASSERT(xq); launch_t<q6k_t, EP>(w0, w1, x, xq, y, best, s); break;
+    case QB_Q8_0: DS_ASSERT(xq || ds_x_norm.x); launch_t<q80_t, EP>(w0, w1, x, xq, y, best, s); break;
+    case QB_Q4_K: DS_ASSERT(xq || ds_x_norm.x); launch_t<q4k_t, EP>(w0, w1, x, xq, y, best, s); break;
+    case QB_Q5_K: DS_ASSERT(xq || ds_x_norm.x); launch_t<q5k_t, EP>(w0, w1, x, xq, y, best, s); break;
+    case QB_Q6_K: DS_ASSERT(xq || ds_x_norm.x); launch_t<q6k_t, EP>(w0, w1, x, xq, y, best, s); break;
     default: DS_ASSERT(!"gemv: unsupported type");
     }
 }

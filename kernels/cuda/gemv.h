@@ -91,6 +91,18 @@ void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, flo
                    const float *d_norm_w, float eps, float *d_norm_y, void *d_norm_yq,
                    unsigned *d_sync, cuda_stream stream);
 
+/* The next gemv/gemv_swiglu/gemv_conv/gemv_argmax launch from this thread (warp kernel,
+ * quantised types, n_in % 32 == 0) takes x = RMSNorm(d_x)·d_w (norm_rms's arithmetic, n_in
+ * elements) instead of d_xq: every CTA computes and quantises it into its shared memory, which
+ * saves the norm_rms launch. One launch consumes it. */
+void gemv_x_norm(const float *d_x, const float *d_w, float eps);
+
+/* The next gemv/gemv_swiglu/gemv_conv/gemv_argmax launch from this thread (warp kernel) also
+ * prefetches the first max_bytes of m's weights into L2 once each of its warps is done with its
+ * rows (m: the GEMV that follows in the stream; weights never depend on activations). One launch
+ * consumes it; NULL or 0 clears it. */
+void gemv_prefetch_next(const gemv_matrix *m, uint64_t max_bytes);
+
 /* Host twins for tests without a GPU: gemv_pack on host memory, and the flat kernel's STORE
  * path run serially on the host (same partition into `grid` CTAs, same block walk, same slice
  * code). h_w: packed; x: F32 (float types) or NULL; xq: Q8 x (quantised types) or NULL.

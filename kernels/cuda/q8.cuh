@@ -13,6 +13,15 @@ static __device__ __forceinline__ float ds_warp_sum(float v)
     return v;
 }
 
+// N independent warp sums at once (their shuffles interleave: one chain of 5 steps, not N)
+template <int N> static __device__ __forceinline__ void ds_warp_sum_n(float *v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+}
+
 static __device__ __forceinline__ float ds_warp_max(float v)
 {
 #pragma unroll

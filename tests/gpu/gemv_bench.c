@@ -4,7 +4,7 @@
  * and % of 4.6 TB/s. Also the device-to-device copy bandwidth (the practical ceiling) and the
  * cost of a tiny GEMV (launch-bound). Each shape: the warp kernel with rows per warp by shape
  * and with 1, 2 and 4, and the flat kernel (1 block in flight per lane group). The warp
- * kernel's L2 prefetch depth follows DS_GEMV_PREFETCH (default 1). Usage: gemv_bench [reps] [key] (key: the short list) */
+ * kernel's L2 prefetch depth follows DS_GEMV_PREFETCH (default 1). Usage: gemv_bench [reps] [key|all] [shape substring] (key: the short list) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +167,7 @@ int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 200;
     const bool key_only = argc > 2 && strcmp(argv[2], "key") == 0;
+    const char *only = argc > 3 ? argv[3] : NULL; /* shapes whose name contains this */
     if (!gpu_test_have_gpu("gemv bench")) return 0;
     status st;
     status_clear(&st);
@@ -180,7 +181,8 @@ int main(int argc, char **argv)
     if (bench_copy(50, &st)) fprintf(stderr, "copy: %s\n", st.msg);
     int fails = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
-        if ((!key_only || k_shapes[i].key) && bench_one(&k_shapes[i], reps, &st)) {
+        if ((!key_only || k_shapes[i].key) && (!only || strstr(k_shapes[i].what, only)) &&
+            bench_one(&k_shapes[i], reps, &st)) {
             fprintf(stderr, "%s: %s\n", k_shapes[i].what, st.msg);
             fails++;
         }

@@ -199,6 +199,64 @@ static void test_gemv_conv(void)
     free(gcs), free(qs), free(qd), free(qsum);
 }
 
+/* GEMV with the RMSNorm of x computed in its own prologue (gemv_x_norm) against norm_rms then
+ * the GEMV on the Q8 it wrote: the same arithmetic up to the order of the sum of squares. */
+static bool x_norm_case(uint32_t type, int n_out, int n_in, bool swiglu)
+{
+    const float eps = 1e-6f;
+    const uint64_t raw = quant_row_bytes(type, (uint64_t)n_in * n_out);
+    void *host = malloc(raw), *host2 = malloc(raw);
+    gpu_random_tensor(type, (int64_t)n_in * n_out, 0.1f, &g_rng, host);
+    gpu_random_tensor(type, (int64_t)n_in * n_out, 0.1f, &g_rng, host2);
+    float *x = rand_vec(n_in, 3.0f), *w = rand_vec(n_in, 1.0f);
+    float *ref = malloc(n_out * 4), *got = malloc(n_out * 4);
+    const uint64_t packed = gemv_packed_bytes(type, n_in, n_out);
+    void *d_raw = dev_from(host, raw), *d_w = dev(packed), *d_w2 = dev(packed);
+    gemv_pack(type, d_raw, d_w, n_in, n_out, NULL);
+    cuda_free(d_raw);
+    d_raw = dev_from(host2, raw);
+    gemv_pack(type, d_raw, d_w2, n_in, n_out, NULL);
+    float *d_x = dev_from(x, n_in * 4), *d_nw = dev_from(w, n_in * 4), *d_h = dev(n_in * 4);
+    float *d_y = dev(n_out * 4);
+    void *d_hq = dev(gemv_xq_bytes(n_in));
+    const gemv_matrix m = {type, n_in, n_out, d_w, 0, GEMV_KERNEL_WARP, 0};
+    const gemv_matrix m2 = {type, n_in, n_out, d_w2, 0, GEMV_KERNEL_WARP, 0};
+    norm_rms(d_x, d_nw, n_in, eps, d_h, d_hq, NULL);
+    if (swiglu)
+        gemv_swiglu(&m, &m2, d_h, d_hq, d_y, NULL);
+    else
+        gemv(&m, d_h, d_hq, d_y, GEMV_STORE, NULL);
+    to_host(ref, d_y, n_out * 4);
+    status st;
+    status_clear(&st);
+    CU_ASSERT_EQUAL(cuda_memset(d_y, 0, n_out * 4, &st), 0);
+    gemv_x_norm(d_x, d_nw, eps);
+    if (swiglu)
+        gemv_swiglu(&m, &m2, NULL, NULL, d_y, NULL);
+    else
+        gemv(&m, NULL, NULL, d_y, GEMV_STORE, NULL);
+    to_host(got, d_y, n_out * 4);
+    char name[96];
+    snprintf(name, sizeof name, "gemv%s x-norm prologue %s %dx%d", swiglu ? " swiglu" : "",
+             quant_get(type)->name, n_out, n_in);
+    const bool ok = gpu_parity_check(name, got, ref, n_out, 2e-4, 2e-4, 1e-8, false, NULL);
+    cuda_free(d_raw), cuda_free(d_w), cuda_free(d_w2), cuda_free(d_x), cuda_free(d_nw);
+    cuda_free(d_h), cuda_free(d_y), cuda_free(d_hq);
+    free(host), free(host2), free(x), free(w), free(ref), free(got);
+    return ok;
+}
+
+static void test_gemv_x_norm(void)
+{
+    if (!g_have_gpu) return;
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q4_K, 130, 512, false));
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q4_K, 64, 3584, false)); /* rows split over warps */
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q4_K, 3584, 1024, true));
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q5_K, 257, 2560, false));
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q6_K, 4100, 1024, false)); /* 2 rows per warp */
+    CU_ASSERT_TRUE(x_norm_case(GGML_TYPE_Q8_0, 100, 96, false));
+}
+
 /* ---- attention ---- */
 typedef struct attn_shape {
     int n_h, n_kv, d_h, n_rot;
@@ -258,8 +316,9 @@ static bool attn_case(attn_shape sh, int P, int n_ctx)
 static void test_attn(void)
 {
     if (!g_have_gpu) return;
-    static const attn_shape shapes[] = {{4, 2, 64, 16}, {2, 1, 64, 16}, {8, 2, 256, 64},
-                                        {24, 4, 256, 64}};
+    static const attn_shape shapes[] = {{4, 2, 64, 16},   {2, 1, 64, 16},  {8, 2, 256, 64},
+                                        {24, 4, 256, 64}, {16, 4, 128, 64}, {8, 1, 256, 64},
+                                        {3, 3, 32, 16}};
     static const int Ps[] = {1, 5, 257, 300};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
@@ -323,6 +382,7 @@ int main(void)
     CU_add_test(s, "norm", test_norm);
     CU_add_test(s, "gdn", test_gdn);
     CU_add_test(s, "gemv_conv", test_gemv_conv);
+    CU_add_test(s, "gemv_x_norm", test_gemv_x_norm);
     CU_add_test(s, "attn", test_attn);
     CU_add_test(s, "embed_step", test_embed_step);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
