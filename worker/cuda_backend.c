@@ -150,6 +150,15 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
     if (kernel == GEMV_KERNEL_WARP && n_out <= 2048 && m0->n_in >= 2 * n_out &&
         gemv_flat_supported(m0->type, m0->n_in) && getenv_flag_on("DS_GEMV_SHORT_FLAT"))
         kernel = GEMV_KERNEL_FLAT;
+    /* DS_GEMV_RING=1: the ring kernel (cp.async stages ahead of the arithmetic) for Q4_K/Q5_K
+     * matrices of at least DS_GEMV_RING_MIN_KB (default 4096) KiB. Off by default: slower than
+     * the warp kernel at every shape on the H200 (27B 124.3 vs 135.0 tok/s, BENCH run 17) */
+    if (kernel == GEMV_KERNEL_WARP && gemv_ring_supported(m0->type, m0->n_in) &&
+        getenv_flag_on("DS_GEMV_RING")) {
+        const char *mk = getenv("DS_GEMV_RING_MIN_KB");
+        const uint64_t min = (uint64_t)(mk ? atoll(mk) : 4096) << 10;
+        if (packed >= min) kernel = GEMV_KERNEL_RING;
+    }
     *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, kernel, 0};
     if (!d) { /* sizing pass: the largest staging needs */
         if (raw > u->stage_cap) u->stage_cap = raw;

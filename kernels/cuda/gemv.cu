@@ -664,6 +664,29 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
     }
 }
 
+// Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
+// add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax.
+template <int EP>
+static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restrict__ y,
+                                              int64_t row, float a, float u,
+                                              unsigned long long *best)
+{
+    if constexpr (EP == EP_SWIGLU) a = a / (1.0f + __expf(-a)) * u;
+    if constexpr (EP == EP_ADD) {
+        y[row] += a;
+    } else if constexpr (EP == EP_CONV) {
+        y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
+                                                    ep.conv_state + row * (ep.K - 1), ep.K)
+                                 : a;
+    } else {
+        y[row] = a;
+    }
+    if constexpr (EP == EP_ARGMAX) {
+        const unsigned long long k = argmax_key(a, row);
+        *best = k > *best ? k : *best;
+    }
+}
+
 // The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of wpr warps; group g of CTA k
 // handles rows [R*(k*G + g), +R) (G groups per CTA), then strides by the grid. The wpr warps of
 // a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
@@ -752,21 +775,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= n_out) break;
-                if constexpr (TWO) a[r] = a[r] / (1.0f + __expf(-a[r])) * u[r];
-                if constexpr (EP == EP_ADD) {
-                    y[r0 + r] += a[r];
-                } else if constexpr (EP == EP_CONV) {
-                    const int64_t c = r0 + r;
-                    y[c] = c < ep.n_conv ? gdn_conv_channel(a[r], ep.conv_w + c * ep.K,
-                                                            ep.conv_state + c * (ep.K - 1), ep.K)
-                                         : a[r];
-                } else {
-                    y[r0 + r] = a[r];
-                }
-                if constexpr (EP == EP_ARGMAX) {
-                    const unsigned long long k = argmax_key(a[r], r0 + r);
-                    my_best = k > my_best ? k : my_best;
-                }
+                ep_row<EP>(ep, y, r0 + r, a[r], TWO ? u[r] : 0.0f, &my_best);
             }
         }
     }
@@ -785,6 +794,146 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         if (threadIdx.x == 0) {
             unsigned long long m = sbest[0];
             for (int w = 1; w < GEMV_WARPS; w++) m = sbest[w] > m ? sbest[w] : m;
+            atomicMax(ep.best, m);
+        }
+    }
+}
+
+// ---- the ring kernel (Q4_K, Q5_K): CTA k owns rows [k·P, (k+1)·P) (P = ceil(n_out / grid), a
+// contiguous stretch of the matrix), streamed through S shared-memory stages of rc rows each
+// by cp.async (16-byte copies that hold no registers while in flight), S - 1 stages ahead of
+// the arithmetic. The warp kernel keeps as many bytes in flight as its registers allow (61% of
+// 4.6 TB/s on the 27B's Q4_K matrices, register-limited: docs/BENCH.md run 12); here the bytes
+// in flight are the ring's size. The first S - 1 stages are issued before ds_grid_dep (weights
+// never depend on the previous kernel), x (Q8) is copied into shared memory after it.
+// In a stage, the 8 warps take the rc rows, 8 / rc warps per row splitting its blocks as the
+// warp kernel's wpr does; their sums are added in a fixed order (deterministic) and the
+// epilogue runs one chunk later, after the next __syncthreads.
+#define RING_THREADS 256
+#define RING_WARPS (RING_THREADS / 32)
+#define RING_STAGE_CAP (48u << 10) // bytes of one stage at most (both matrices for SwiGLU)
+#define RING_SMEM_CAP (200u << 10) // the ring and x together, per CTA
+
+template <typename TT> struct ring_bb;
+template <> struct ring_bb<q4k_t> { static constexpr int v = 144; };
+template <> struct ring_bb<q5k_t> { static constexpr int v = 176; };
+
+// slice loads from a block in shared memory
+static __device__ __forceinline__ w4k slice_load_s(q4k_t, const uint8_t *blk, int c)
+{
+    return {ldx<uint4>(blk), ldx<int4>(blk + 16 + 16 * c)};
+}
+static __device__ __forceinline__ w5k slice_load_s(q5k_t, const uint8_t *blk, int c)
+{
+    return {ldx<uint4>(blk), ldx<int4>(blk + 16 + 16 * (c & 1)), ldx<int4>(blk + 48 + 16 * c)};
+}
+
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <typename TT, int EP, int S>
+static __global__ void __launch_bounds__(RING_THREADS)
+    gemv_ring_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
+                     int64_t n_out, const int8_t *__restrict__ xq_g, float *__restrict__ y,
+                     int rc, int64_t per_cta, ep_args ep)
+{
+    constexpr bool TWO = EP == EP_SWIGLU;
+    constexpr int BB = ring_bb<TT>::v;
+    extern __shared__ __align__(16) uint8_t ring[];
+    __shared__ float s_part[2][RING_WARPS][2];
+    __shared__ unsigned long long s_best[RING_WARPS];
+    const int nb = (int)(n_in / TT::QK);
+    const uint32_t row_bytes = (uint32_t)nb * BB, arr = (uint32_t)rc * row_bytes;
+    const uint32_t stage = arr * (TWO ? 2 : 1);
+    const int64_t r_begin = (int64_t)blockIdx.x * per_cta;
+    const int64_t r_end = r_begin + per_cta < n_out ? r_begin + per_cta : n_out;
+    const int nchunk = r_end > r_begin ? (int)((r_end - r_begin + rc - 1) / rc) : 0;
+    int8_t *s_xq = (int8_t *)(ring + (size_t)S * stage);
+
+    // chunk j (rows r_begin + j·rc ..) into stage j % S; one commit group per call, even empty
+    auto issue = [&](int j) {
+        if (j < nchunk) {
+            const int64_t r0 = r_begin + (int64_t)j * rc;
+            const int64_t nr = r_end - r0 < rc ? r_end - r0 : rc;
+            const uint32_t bytes = (uint32_t)nr * row_bytes;
+            uint8_t *dst = ring + (size_t)(j % S) * stage;
+            const uint8_t *s0 = W0 + (uint64_t)r0 * row_bytes;
+            for (uint32_t o = threadIdx.x * 16; o < bytes; o += RING_THREADS * 16) {
+                cp_async16(dst + o, s0 + o);
+                if constexpr (TWO) cp_async16(dst + arr + o, W1 + (uint64_t)r0 * row_bytes + o);
+            }
+        }
+        cp_async_commit();
+    };
+    for (int j = 0; j < S - 1; j++) issue(j);
+    ds_grid_dep();
+    {
+        const uint32_t xb = (uint32_t)(n_in + n_in / 32 * 8);
+        for (uint32_t o = threadIdx.x * 16; o < xb; o += RING_THREADS * 16)
+            *(int4 *)(s_xq + o) = ldg<int4>(xq_g + o);
+    }
+    const int8_t *xqs = s_xq;
+    const float2 *xds = (const float2 *)(s_xq + n_in);
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wpr = RING_WARPS / rc, lrow = warp / wpr, wk = warp % wpr;
+    const int lr = wk * 32 + lane, c = lr % TT::TPB, bpi = wpr * 32 / TT::TPB;
+    unsigned long long my_best = 0;
+    // the epilogue of chunk j's row lrow: its wpr warps' sums from s_part[j & 1], in order
+    auto finish = [&](int j) {
+        const int64_t row = r_begin + (int64_t)j * rc + lrow;
+        if (row >= r_end) return;
+        float a = 0.0f, u = 0.0f;
+        for (int k = 0; k < wpr; k++) {
+            a += s_part[j & 1][lrow * wpr + k][0];
+            u += s_part[j & 1][lrow * wpr + k][1];
+        }
+        ep_row<EP>(ep, y, row, a, u, &my_best);
+    };
+    for (int j = 0; j < nchunk; j++) {
+        cp_async_wait<S - 2>(); // this thread's copies of chunk j are in
+        __syncthreads();        // everyone's are, x is, and stage (j - 1) % S has been read
+        if (j > 0 && wk == 0 && lane == 0) finish(j - 1);
+        issue(j + S - 1);
+        const int64_t row = r_begin + (int64_t)j * rc + lrow;
+        float a = 0.0f, u = 0.0f;
+        if (row < r_end) {
+            const uint8_t *rw = ring + (size_t)(j % S) * stage + (size_t)lrow * row_bytes;
+#pragma unroll 2
+            for (int b = lr / TT::TPB; b < nb; b += bpi) {
+                const auto xv = load_x(TT(), b, c, xqs, xds);
+                a += slice_compute(TT(), slice_load_s(TT(), rw + b * BB, c), c, xv);
+                if constexpr (TWO)
+                    u += slice_compute(TT(), slice_load_s(TT(), rw + arr + b * BB, c), c, xv);
+            }
+        }
+        a = warp_sum(a);
+        if constexpr (TWO) u = warp_sum(u);
+        if (lane == 0) {
+            s_part[j & 1][warp][0] = a;
+            s_part[j & 1][warp][1] = u;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (nchunk > 0 && wk == 0 && lane == 0) finish(nchunk - 1);
+    if constexpr (EP == EP_ARGMAX) {
+        if (lane == 0) s_best[warp] = my_best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long m = s_best[0];
+            for (int w = 1; w < RING_WARPS; w++) m = s_best[w] > m ? s_best[w] : m;
             atomicMax(ep.best, m);
         }
     }
@@ -1223,7 +1372,8 @@ extern "C" bool gemv_flat_supported(uint32_t type, int64_t n_in)
 
 static bool use_flat(const gemv_matrix *w)
 {
-    return w->kernel != GEMV_KERNEL_WARP && gemv_flat_supported(w->type, w->n_in);
+    return w->kernel != GEMV_KERNEL_WARP && w->kernel != GEMV_KERNEL_RING &&
+           gemv_flat_supported(w->type, w->n_in);
 }
 
 // One wave of CTAs (as many as fit at the occupancy their shared partials allow), unless the
@@ -1305,12 +1455,108 @@ static void launch_warp(const gemv_matrix *w0, const gemv_matrix *w1, const floa
     }
 }
 
+// ---- ring kernel launch ----
+
+// The ring's shape for a matrix of this type and width: rows per stage (8, 4, 2 or 1: the most
+// whose stage fits RING_STAGE_CAP) and stages (2..4, as many as fit RING_SMEM_CAP with x).
+// false: not a ring type/width, or one row does not fit a stage.
+static bool ring_shape(uint32_t type, int64_t n_in, int arrays, int *rc, int *stages, size_t *smem)
+{
+    const uint64_t bb = type == QB_Q4_K ? 144 : type == QB_Q5_K ? 176 : 0;
+    if (!bb || n_in <= 0 || n_in % 256) return false;
+    // DS_GEMV_RING_STAGE_KB / DS_GEMV_RING_STAGES / DS_GEMV_RING_SMEM_KB: the bench's sweep
+    const char *e1 = getenv("DS_GEMV_RING_STAGE_KB"), *e2 = getenv("DS_GEMV_RING_STAGES");
+    const char *e3 = getenv("DS_GEMV_RING_SMEM_KB");
+    const uint64_t cap = e1 ? (uint64_t)atoi(e1) << 10 : RING_STAGE_CAP;
+    const uint64_t smax = e3 ? (uint64_t)atoi(e3) << 10 : RING_SMEM_CAP;
+    const int want = e2 ? atoi(e2) : 4;
+    const uint64_t nmax = want >= 8 ? 8 : want >= 6 ? 6 : want >= 4 ? 4 : want == 3 ? 3 : 2;
+    const uint64_t row = (uint64_t)(n_in / 256) * bb, xb = gemv_xq_bytes(n_in);
+    int r = 8;
+    while (r > 1 && (uint64_t)r * row * arrays > cap) r /= 2;
+    const uint64_t st = (uint64_t)r * row * arrays;
+    if (st > cap || xb + 2 * st > smax || smax > (220u << 10)) return false;
+    uint64_t n = (smax - xb) / st;
+    n = n > nmax ? nmax : n;
+    n = n >= 8 ? 8 : n >= 6 ? 6 : n >= 4 ? 4 : n;
+    *rc = r;
+    *stages = (int)n;
+    *smem = (size_t)(n * st + xb);
+    return true;
+}
+
+extern "C" bool gemv_ring_supported(uint32_t type, int64_t n_in)
+{
+    int rc, st;
+    size_t sm;
+    return ring_shape(type, n_in, 2, &rc, &st, &sm);
+}
+
+template <typename TT, int EP, int S>
+static void launch_ring_s(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y,
+                          int rc, size_t smem, const ep_args &ep, cudaStream_t s)
+{
+    auto k = gemv_ring_kernel<TT, EP, S>;
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int dev = 0, n_sm = 132, per_sm = 1;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, RING_THREADS, smem);
+    if (per_sm < 1) per_sm = 1;
+    const int64_t n_out = w0->n_out, full = (int64_t)n_sm * per_sm;
+    const int64_t per_cta = (n_out + full - 1) / full;
+    const unsigned grid = (unsigned)((n_out + per_cta - 1) / per_cta);
+    ds_launch(k, grid, RING_THREADS, smem, s, (const uint8_t *)w0->d_w,
+              (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in, n_out, (const int8_t *)xq, y,
+              rc, per_cta, ep);
+}
+
+template <typename TT, int EP>
+static void launch_ring_t(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y,
+                          int rc, int stages, size_t smem, const ep_args &ep, cudaStream_t s)
+{
+    switch (stages) {
+    case 2: launch_ring_s<TT, EP, 2>(w0, w1, xq, y, rc, smem, ep, s); break;
+    case 3: launch_ring_s<TT, EP, 3>(w0, w1, xq, y, rc, smem, ep, s); break;
+    case 4: launch_ring_s<TT, EP, 4>(w0, w1, xq, y, rc, smem, ep, s); break;
+    case 6: launch_ring_s<TT, EP, 6>(w0, w1, xq, y, rc, smem, ep, s); break;
+    default: launch_ring_s<TT, EP, 8>(w0, w1, xq, y, rc, smem, ep, s); break;
+    }
+}
+
+// true when the ring kernel took the launch (matrix marked GEMV_KERNEL_RING, a ring shape,
+// an epilogue it has); false: the caller launches another kernel
+template <int EP>
+static bool launch_ring(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y,
+                        const ep_args &ep, cudaStream_t s)
+{
+    if constexpr (EP != EP_STORE && EP != EP_ADD && EP != EP_SWIGLU && EP != EP_ARGMAX &&
+                  EP != EP_CONV) {
+        return false;
+    } else {
+        int rc, stages;
+        size_t smem;
+        if (w0->kernel != GEMV_KERNEL_RING || ds_x_norm.x ||
+            !ring_shape(w0->type, w0->n_in, w1 ? 2 : 1, &rc, &stages, &smem))
+            return false;
+        DS_ASSERT(xq && ((uintptr_t)w0->d_w % 16) == 0 &&
+                  (!w1 || ((uintptr_t)w1->d_w % 16) == 0));
+        ds_next_pf = {}; // the ring kernel does not prefetch the next GEMV
+        if (w0->type == QB_Q4_K)
+            launch_ring_t<q4k_t, EP>(w0, w1, xq, y, rc, stages, smem, ep, s);
+        else
+            launch_ring_t<q5k_t, EP>(w0, w1, xq, y, rc, stages, smem, ep, s);
+        return true;
+    }
+}
+
 template <int EP>
 static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x, const void *xq,
                    float *y, const ep_args &ep, cudaStream_t s)
 {
     DS_ASSERT(gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) > 0);
     DS_ASSERT(!w1 || (w1->type == w0->type && w1->n_in == w0->n_in && w1->n_out == w0->n_out));
+    if (launch_ring<EP>(w0, w1, xq, y, ep, s)) return;
     if (use_flat(w0))
         launch_flat<EP>(w0, w1, x, xq, y, ep, s);
     else

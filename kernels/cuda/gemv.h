@@ -44,6 +44,11 @@ typedef enum gemv_kernel_kind {
     GEMV_KERNEL_AUTO = 0,
     GEMV_KERNEL_WARP = 1,
     GEMV_KERNEL_FLAT = 2,
+    /* Ring (Q4_K, Q5_K; gemv_ring_supported): CTA k owns the k-th contiguous stretch of rows
+     * and streams it through a ring of shared-memory stages with cp.async, several stages
+     * ahead of the arithmetic (bytes in flight not bounded by registers); x in shared memory.
+     * Epilogues: store, add, SwiGLU, conv, argmax; other shapes and modes take the warp kernel. */
+    GEMV_KERNEL_RING = 3,
 } gemv_kernel_kind;
 
 typedef enum gemv_epilogue {
@@ -68,6 +73,9 @@ void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, cuda_stream stream
 void gemv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
           gemv_epilogue ep, cuda_stream stream);
 
+/* true when the ring kernel handles this type and row width (Q4_K/Q5_K, n_in % 256 == 0, rows
+ * small enough for its shared-memory stages) */
+bool gemv_ring_supported(uint32_t type, int64_t n_in);
 /* true when the flat kernel handles this type and row width (K-quants: n_in % 256, Q8_0/F32:
  * % 32, F16/BF16: % 64) */
 bool gemv_flat_supported(uint32_t type, int64_t n_in);

@@ -37,6 +37,7 @@ static const bench_shape k_shapes[] = {
     {"f16 big", GGML_TYPE_F16, 17408, 5120, 0},
     {"f32 big", GGML_TYPE_F32, 8192, 5120, 0},
     {"4B ffn_gate/up", GGML_TYPE_Q4_K, 9216, 2560, 1},
+    {"4B ffn_down", GGML_TYPE_Q4_K, 2560, 9216, 1},
     {"4B lm_head", GGML_TYPE_Q6_K, 248320, 2560, 1},
     {"0.8B ffn_gate/up", GGML_TYPE_Q4_K, 3584, 1024, 1},
     {"0.8B ffn_down", GGML_TYPE_Q4_K, 1024, 3584, 1},
@@ -109,12 +110,15 @@ static int bench_one(const bench_shape *s, int reps, status *st)
                          4.0 * n_out;
     /* the warp kernel (rows per warp by shape, then 1, 2, 4), the flat kernel */
     static const int k_kern[] = {GEMV_KERNEL_WARP, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
-                                 GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
-    static const int k_rpw[] = {0, 1, 2, 4, 0};
-    static const int k_unroll[] = {0, 0, 0, 0, 1};
-    static const char *k_vname[] = {"warp", "warp r1", "warp r2", "warp r4", "flat u1"};
-    for (int v = 0; !rc && v < 5; v++) {
-        if (k_kern[v] == GEMV_KERNEL_FLAT && !gemv_flat_supported(s->type, n_in)) break;
+                                 GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT, GEMV_KERNEL_RING};
+    static const int k_rpw[] = {0, 1, 2, 4, 0, 0};
+    static const int k_unroll[] = {0, 0, 0, 0, 1, 0};
+    static const char *k_vname[] = {"warp", "warp r1", "warp r2", "warp r4", "flat u1", "ring"};
+    for (int v = 0; !rc && v < 6; v++) {
+        if (k_kern[v] == GEMV_KERNEL_FLAT && !gemv_flat_supported(s->type, n_in)) continue;
+        if (k_kern[v] == GEMV_KERNEL_RING && !gemv_ring_supported(s->type, n_in)) continue;
+        /* DS_GEMV_BENCH_FAST=1: the default warp variant, flat and ring only */
+        if (k_rpw[v] && getenv("DS_GEMV_BENCH_FAST")) continue;
 #define BENCH_M(i) {s->type, n_in, n_out, d_w[i], k_rpw[v], k_kern[v], k_unroll[v]}
         for (int i = 0; i < 2 * copies; i++) {
             gemv_matrix m = BENCH_M(i % copies);

@@ -70,7 +70,7 @@ static double rms(const float *v, int64_t n)
 
 typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX, MODE_SWIGLU_Q8, MODE_ADD_NORM } mode;
 static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax", "swiglu+q8", "add+norm"};
-static const char *k_kernel_names[] = {"auto", "warp", "flat"};
+static const char *k_kernel_names[] = {"auto", "warp", "flat", "ring"};
 
 /* The Q8 form the fused epilogues wrote (d_q) against the twin quantiser applied to the F32
  * values the GPU wrote (v): the same arithmetic, so the same bytes (s to float rounding). */
@@ -278,7 +278,8 @@ fail:
     return ok && st.code == STATUS_OK;
 }
 
-/* Both kernels (the warp one, and the flat one where it applies); the fused modes: flat only. */
+/* Every kernel that takes the case (the warp one; the flat and ring ones where they apply);
+ * the fused modes: flat only. */
 static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb)
 {
     if (md == MODE_SWIGLU_Q8 || md == MODE_ADD_NORM)
@@ -287,6 +288,9 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
     if (gemv_flat_supported(type, n_in))
         ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT)
                      : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT);
+    if (gemv_ring_supported(type, n_in))
+        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING)
+                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING);
     return ok;
 }
 
@@ -327,6 +331,14 @@ static void test_epilogues(void)
         CU_ASSERT_TRUE(run_case(k_types[t], 256, 5003, MODE_ARGMAX, false));
     }
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 248320, MODE_ARGMAX, false)); /* lm_head rows */
+    /* the ring kernel's stage shapes: 8 rows a stage (27B gate/up), 4 and 2 (27B down, alone
+     * and as a SwiGLU pair), a last chunk of fewer rows, fewer rows than CTAs; Q4_K and Q5_K */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 5120, 17408, MODE_SWIGLU, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 17408, 5120, MODE_ADD, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q5_K, 17408, 1029, MODE_SWIGLU, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 2560, 9219, MODE_STORE, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q5_K, 4096, 70, MODE_ARGMAX, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 248320, MODE_ARGMAX, false));
     /* the fused epilogues (flat kernel): odd stretches across 32-row units, many CTAs */
     for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
         CU_ASSERT_TRUE(run_case(k_types[t], 1024, 352, MODE_SWIGLU_Q8, false));

@@ -43,6 +43,11 @@ static void *dev_from(const void *h, size_t bytes)
     CU_ASSERT_EQUAL(cuda_upload(p, h, bytes, &st), STATUS_OK);
     return p;
 }
+static void to_dev(void *d, const void *h, size_t bytes)
+{
+    status st;
+    CU_ASSERT_EQUAL(cuda_upload(d, h, bytes, &st), STATUS_OK);
+}
 static void to_host(void *h, const void *d, size_t bytes)
 {
     status st;
@@ -183,16 +188,25 @@ static void test_gemv_conv(void)
     float *d_cs = dev_from(cs, n_conv * (K - 1) * 4), *d_y = dev(n_out * 4);
     void *d_xq = dev(gemv_xq_bytes(n_in));
     gemv_quantize_x(d_x, d_xq, n_in, NULL);
-    const gemv_matrix m = {GGML_TYPE_Q4_K, n_in, n_out, d_w, 0};
-    gemv_conv(&m, d_x, d_xq, d_y, d_cw, d_cs, n_conv, K, NULL);
-    to_host(got, d_y, n_out * 4);
-    to_host(gcs, d_cs, n_conv * (K - 1) * 4);
     quant_matvec(GGML_TYPE_Q4_K, host, quant_row_bytes(GGML_TYPE_Q4_K, n_in), n_in, xd, mixed, 0, n_out);
+    float *cs0 = malloc(n_conv * (K - 1) * 4);
+    memcpy(cs0, cs, n_conv * (K - 1) * 4);
     ref_gdn_conv(mixed, n_conv, 1, n_conv, K, cw, cs, ref);
     memcpy(ref + n_conv, mixed + n_conv, (n_out - n_conv) * 4);
-    CU_ASSERT_TRUE(gpu_parity_check("gemv_conv q4_K 130x512 (96 conv rows)", got, ref, n_out,
-                                    2e-4, 2e-4, 1e-8, false, NULL));
-    CU_ASSERT_TRUE(gpu_parity_check("  conv state", gcs, cs, n_conv * (K - 1), 1e-4, 1e-4, 1e-8, true, NULL));
+    static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_RING};
+    static const char *kname[] = {"auto", "warp", "ring"};
+    for (int k = 0; k < 3; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "gemv_conv q4_K 130x512 (96 conv rows) %s", kname[k]);
+        const gemv_matrix m = {GGML_TYPE_Q4_K, n_in, n_out, d_w, 0, kern[k], 0};
+        to_dev(d_cs, cs0, n_conv * (K - 1) * 4);
+        gemv_conv(&m, d_x, d_xq, d_y, d_cw, d_cs, n_conv, K, NULL);
+        to_host(got, d_y, n_out * 4);
+        to_host(gcs, d_cs, n_conv * (K - 1) * 4);
+        CU_ASSERT_TRUE(gpu_parity_check(name, got, ref, n_out, 2e-4, 2e-4, 1e-8, false, NULL));
+        CU_ASSERT_TRUE(gpu_parity_check("  conv state", gcs, cs, n_conv * (K - 1), 1e-4, 1e-4, 1e-8, true, NULL));
+    }
+    free(cs0);
     cuda_free(d_raw), cuda_free(d_w), cuda_free(d_x), cuda_free(d_cw), cuda_free(d_cs);
     cuda_free(d_y), cuda_free(d_xq);
     free(host), free(x), free(xd), free(cw), free(cs), free(mixed), free(ref), free(got);
