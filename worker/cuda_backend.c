@@ -150,6 +150,20 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
     if (kernel == GEMV_KERNEL_WARP && n_out <= 2048 && m0->n_in >= 2 * n_out &&
         gemv_flat_supported(m0->type, m0->n_in) && getenv_flag_on("DS_GEMV_SHORT_FLAT"))
         kernel = GEMV_KERNEL_FLAT;
+    /* Q6_K matrices of 2^25 to 2^30 weights other than the lm_head (the 27B's ffn_down and
+     * attn_qkv in its Q6_K layers) on the flat kernel; DS_GEMV_Q6_FLAT=0: never, =1: every Q6_K
+     * matrix under 2^30 weights. H200 gemv_bench (BENCH run 20): 27B ffn_down 65.8% of 4.6 TB/s
+     * flat vs 54.0% warp, attn_qkv 59.9 vs 49.0; decode (run 21, every Q6_K under 2^30 flat):
+     * 27B 140.2 vs 135.8 tok/s, 4B even, 0.8B 1290 vs 1322 (its lm_head, in the step graph) */
+    {
+        const char *qf = getenv("DS_GEMV_Q6_FLAT");
+        const uint64_t nw = (uint64_t)m0->n_in * (uint64_t)n_out;
+        const bool all = qf && strcmp(qf, "1") == 0, off = qf && strcmp(qf, "0") == 0;
+        if (kernel == GEMV_KERNEL_WARP && m0->type == GGML_TYPE_Q6_K && !off &&
+            nw < (1ull << 30) && (all || (nw >= (1ull << 25) && n_out <= 65536)) &&
+            gemv_flat_supported(m0->type, m0->n_in))
+            kernel = GEMV_KERNEL_FLAT;
+    }
     /* DS_GEMV_RING=1: the ring kernel (cp.async stages ahead of the arithmetic) for Q4_K/Q5_K
      * matrices of at least DS_GEMV_RING_MIN_KB (default 4096) KiB. Off by default: slower than
      * the warp kernel at every shape on the H200 (27B 124.3 vs 135.0 tok/s, BENCH run 17) */

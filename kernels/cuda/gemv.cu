@@ -94,6 +94,19 @@ static __host__ __device__ __forceinline__ int dot4(int4 a, int4 b, int c = 0)
     return dp4a(a.w, b.w, dp4a(a.z, b.z, dp4a(a.y, b.y, dp4a(a.x, b.x, c))));
 }
 
+// a's bytes unsigned, b's signed (PTX dp4a.u32.s32)
+static __host__ __device__ __forceinline__ int dp4a_us(int a, int b, int c)
+{
+#ifdef __CUDA_ARCH__
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> 8 * i) * (int)(int8_t)(b >> 8 * i);
+    return c;
+#endif
+}
+
 // Scales and mins of sub-blocks 2g and 2g+1 of a K-quant block from its scales bytes
 // s0|s1|s2 (ggml get_scale_min_k4 for the pair, branch-free and without indexing a byte array,
 // so nothing goes to local memory). g is fixed per lane, so the selects are loop-invariant.
@@ -144,16 +157,22 @@ static __host__ __device__ __forceinline__ xk45 load_x(q5k_t, int b, int c, cons
     return load_xk45(b, c, q, d);
 }
 
-static __host__ __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int4 lo, int4 hi,
-                                                   const xk45 &x)
+// The slice's value from the integer dots of its two sub-blocks (dlo: sub-block 2g, dhi: 2g + 1).
+// The 6-bit scales multiply the dots as integers (at most 63 * 60960 < 2^24: exact), so each
+// dot costs one int-to-float conversion; the mins go to the h == 0 lane only.
+static __host__ __device__ __forceinline__ float k45_finish(uint4 hdr, int c, int dlo, int dhi,
+                                                            const xk45 &x)
 {
     const int g = c >> 1, h = c & 1;
     const float2 dm = __half22float2(*(const __half2 *)&hdr.x);
-    float sc0, m0, sc1, m1;
-    scale_min_pair(g, hdr.y, hdr.z, hdr.w, &sc0, &sc1, &m0, &m1);
-    const float r =
-        dm.x * (sc0 * x.dl.x * (float)dot4(lo, x.xl) + sc1 * x.dh.x * (float)dot4(hi, x.xh));
-    return h == 0 ? r - dm.y * (m0 * x.dl.y + m1 * x.dh.y) : r;
+    const int sh = 16 * (g & 1);
+    const uint32_t t0 = hdr.y >> sh, t1 = hdr.z >> sh, t2 = hdr.w >> sh;
+    const bool hi = g >= 2;
+    const uint32_t sc = hi ? ((t2 & 0x0f0f) | ((t0 & 0xc0c0) >> 2)) : (t0 & 0x3f3f);
+    const uint32_t m = hi ? (((t2 >> 4) & 0x0f0f) | ((t1 & 0xc0c0) >> 2)) : (t1 & 0x3f3f);
+    const float r = dm.x * (x.dl.x * (float)((int)(sc & 0xff) * dlo) +
+                            x.dh.x * (float)((int)(sc >> 8) * dhi));
+    return h == 0 ? r - dm.y * ((float)(m & 0xff) * x.dl.y + (float)(m >> 8) * x.dh.y) : r;
 }
 
 // Each warp-kernel slice is split into its loads (slice_load: the raw weight words, issued for
@@ -176,9 +195,13 @@ static __host__ __device__ __forceinline__ float slice_compute(q4k_t, const w4k 
 {
     const int4 q = w.q;
     const int4 lo = {q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F};
-    const int4 hi = {(q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F,
-                     (q.w >> 4) & 0x0F0F0F0F};
-    return k45_finish(w.hdr, c, lo, hi, x);
+    // the high nibbles in place (16x their value, bytes unsigned): one shift of the dot instead
+    // of one per word; exact, the dot being a multiple of 16
+    const int M = (int)0xF0F0F0F0u;
+    const int dhi16 = dp4a_us(q.w & M, x.xh.w,
+                              dp4a_us(q.z & M, x.xh.z,
+                                      dp4a_us(q.y & M, x.xh.y, dp4a_us(q.x & M, x.xh.x, 0))));
+    return k45_finish(w.hdr, c, dot4(lo, x.xl), dhi16 >> 4, x);
 }
 
 // Q5_K: as Q4_K plus the fifth bit from qh[16h + l], bit 2g (low) / 2g + 1 (high)
@@ -206,7 +229,7 @@ static __host__ __device__ __forceinline__ float slice_compute(q5k_t, const w5k 
     const int4 hi = {Q5HI(q.x, qh.x), Q5HI(q.y, qh.y), Q5HI(q.z, qh.z), Q5HI(q.w, qh.w)};
 #undef Q5LO
 #undef Q5HI
-    return k45_finish(hdr, c, lo, hi, x);
+    return k45_finish(hdr, c, dot4(lo, x.xl), dot4(hi, x.xh), x);
 }
 
 // Q6_K (packed) slice c: half n = c/4, l0 = 8*(c%4): ql[64n + l0 + [0,8)], ql[64n + 32 + l0 ..],
