@@ -715,8 +715,8 @@ static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restri
 // a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
 // and add their sums through shared memory in a fixed order. Rows past n_out (the last group)
 // are computed on row n_out-1 and not stored. Every warp of a CTA runs the same iterations.
-template <typename TT, int EP, int R>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <typename TT, int EP, int R, int MINB = 1>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                 const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
@@ -1299,6 +1299,12 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
                      const void *xq, float *y, const ep_args &best, cudaStream_t s)
 {
     auto k = gemv_kernel<TT, EP, R>;
+    // Q4_K, one row a warp: registers capped for 12 CTAs (48 warps) per SM instead of 10 (48
+    // registers; at 40 the compiler spills at most 4 bytes). DS_GEMV_MINB=0: uncapped.
+    if constexpr (std::is_same<TT, q4k_t>::value && R == 1) {
+        const char *mb = getenv("DS_GEMV_MINB");
+        if (!(mb && strcmp(mb, "0") == 0)) k = gemv_kernel<TT, EP, R, 12>;
+    }
     int dev = 0, n_sm = 132, per_sm = 8;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
