@@ -1300,7 +1300,8 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
 {
     auto k = gemv_kernel<TT, EP, R>;
     // Q4_K, one row a warp: registers capped for 12 CTAs (48 warps) per SM instead of 10 (48
-    // registers; at 40 the compiler spills at most 4 bytes). DS_GEMV_MINB=0: uncapped.
+    // registers; at 40 the compiler spills at most 4 bytes). DS_GEMV_MINB=0: uncapped. (16 CTAs,
+    // 32 registers, spilled 28-56 bytes and decoded 8-13% slower than 12: BENCH.md run 25)
     if constexpr (std::is_same<TT, q4k_t>::value && R == 1) {
         const char *mb = getenv("DS_GEMV_MINB");
         if (!(mb && strcmp(mb, "0") == 0)) k = gemv_kernel<TT, EP, R, 12>;
