@@ -34,8 +34,14 @@ def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], sm9
             name = "%s_%s_nvcc" % (name, stem),
             srcs = [src] + hdrs + cu_hdrs,
             outs = [out],
-            cmd = ("%s -O3 -std=c++17 -Xcompiler=-fPIC -Xcompiler=-O3 -I. %s %s " +
-                   "-c $(location %s) -o $@") % (_NVCC, gencode, " ".join(copts), src),
+            # nvcc names its temporaries /tmp/tmpxft_<pid>_...; in linux-sandbox every action
+            # has its own PID namespace, so two nvcc running at once collide on the same names
+            # (CI: "cc1plus: fatal error: /tmp/tmpxft_00000002_..._attn.cudafe1.cpp: No such
+            # file"). Each compile gets a private TMPDIR.
+            cmd = ("T=$$(mktemp -d \"$${TMPDIR:-/tmp}/nvcc.XXXXXXXX\") && " +
+                   "TMPDIR=$$T %s -O3 -std=c++17 -Xcompiler=-fPIC -Xcompiler=-O3 -I. %s %s " +
+                   "-c $(location %s) -o $@; rc=$$?; rm -rf \"$$T\"; exit $$rc") % (
+                _NVCC, gencode, " ".join(copts), src),
             message = "nvcc %s" % src,
         )
         objs.append(out)
