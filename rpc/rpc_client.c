@@ -44,7 +44,12 @@ int rpc_client_channel_create(rpc_client_channel **out, const char *target, stat
     strcpy(c->target, target);
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
+        /* gRPC core reads this as the minimum time a connection attempt (TCP connect and the
+         * HTTP/2 SETTINGS exchange) may take, not as a backoff. At 100 ms a peer on a loaded
+         * machine missed it and calls failed UNAVAILABLE "connection attempt timed out before
+         * receiving SETTINGS frame" (CI, client_cli_test); 5 s still gives up on a black hole
+         * well before gRPC's default of 20 s. A refused connection fails at once either way. */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 5000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
     };
     grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0], .args = args};
