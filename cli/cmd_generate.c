@@ -152,6 +152,11 @@ int cmd_generate(int argc, char **argv)
     sampler_accept_prompt(smp, ids, n_prompt);
     for (;;) {
         int32_t t = sampler_sample(smp, logits, NULL, NULL);
+        if (t < 0) {
+            status_fail(&st, STATUS_INTERNAL, "token %d: the model produced no finite logit "
+                        "(NaN or inf; are the weights broken?)", n_gen);
+            goto fail;
+        }
         if (tokenizer_is_eog(tok, t)) break;
         sampler_accept(smp, t);
         gen[n_gen++] = t;

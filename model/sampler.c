@@ -389,26 +389,35 @@ static double sampler_sum(const float *w, int64_t n) {
 }
 
 /* The largest of z[0, n) and its lowest index (8 lanes, each keeping its first maximum);
- * nan is never larger. *idx = -1 when nothing is > -inf. */
-SAMPLER_CLONES static float sampler_argmax(const float *z, int64_t n, int64_t *idx) {
+ * nan is never larger. *idx = -1 when nothing is > -inf; *any_nan tells whether some z is
+ * nan (the same pass, so the check costs nothing extra). */
+SAMPLER_CLONES static float sampler_argmax(const float *z, int64_t n, int64_t *idx, bool *any_nan) {
     sampler_v8f best = SAMPLER_SPLAT(-INFINITY);
     sampler_v8i bi = {-1, -1, -1, -1, -1, -1, -1, -1}, cur = {0, 1, 2, 3, 4, 5, 6, 7};
+    sampler_v8i nan = {0};
     int64_t i = 0;
     for (; i + 8 <= n && i + 8 <= INT32_MAX; i += 8) {
         sampler_v8f x;
         SAMPLER_LOAD8(x, z + i);
         const sampler_v8i gt = x > best;
+        nan |= x != x;
         best = SAMPLER_SELECT(gt, x, best);
         bi = (gt & cur) | (~gt & bi);
         cur += 8;
     }
     float m = -INFINITY;
     int64_t mi = -1;
-    for (int l = 0; l < 8; l++)
+    bool has_nan = false;
+    for (int l = 0; l < 8; l++) {
+        has_nan |= nan[l] != 0;
         if (best[l] > m || (best[l] == m && bi[l] >= 0 && bi[l] < mi)) m = best[l], mi = bi[l];
-    for (; i < n; i++)
+    }
+    for (; i < n; i++) {
+        has_nan |= z[i] != z[i];
         if (z[i] > m) m = z[i], mi = i;
+    }
     *idx = mi;
+    *any_nan = has_nan;
     return m;
 }
 
@@ -670,7 +679,7 @@ static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t ste
         if (dense) {
             sampler_zero_below(s->cand_w, n, p->min_p);
         } else {
-            n = sampler_keep(s, n, dense, p->min_p, 0);
+            n = sampler_keep(s, n, dense, p->min_p, n); /* every w == min_p stays too */
         }
     }
     DS_ASSERT(n > 0);
@@ -702,8 +711,10 @@ int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *c
     uint64_t step = s->step++;
     sampler_apply_penalties(s, logits);
     int64_t argmax;
-    const float zmax = sampler_argmax(logits, V, &argmax);
-    DS_ASSERT(zmax > -INFINITY); /* at least one finite logit */
+    bool any_nan;
+    const float zmax = sampler_argmax(logits, V, &argmax, &any_nan);
+    /* a broken model: nothing finite, a nan, or +inf (whose weight would be inf/inf) */
+    if (any_nan || !(zmax > -INFINITY) || zmax == INFINITY) return -1;
     double lse = 0;
     const bool want_top = top && p->n_logprobs > 0;
     if (want_top || chosen_logprob) { /* log-softmax at temperature 1 over the vocabulary */

@@ -76,8 +76,10 @@ int sampler_reset(sampler *s, const sampler_params *p, status *st);
 void sampler_accept_prompt(sampler *s, const int32_t *ids, int64_t n);
 void sampler_accept(sampler *s, int32_t token);
 
-/* Samples one token from logits [n_vocab] (finite or -inf; at least one finite), which are
- * modified in place (penalties applied). Does not accept the token: call sampler_accept.
+/* Samples one token from logits [n_vocab] (finite or -inf), which are modified in place
+ * (penalties applied). Does not accept the token: call sampler_accept. Returns -1 when a
+ * logit is NaN or +inf or none is finite (a broken model, never the sampler's doing); the
+ * caller reports it as an error.
  * top: when non-NULL, receives params.n_logprobs entries, the highest penalised logits in
  * descending order (lowest id first on ties). chosen_logprob: when non-NULL, receives the
  * logprob of the returned token. Logprobs are log-softmax of the penalised logits at

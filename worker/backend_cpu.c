@@ -60,7 +60,8 @@ static int cpu_step(worker_backend *b, worker_batch_item *items, int n, status *
         worker_batch_item *it = &items[i];
         worker_sampler *s = c->samplers[it->slot];
         worker_sampler_accept(s, it->tokens, it->n_tokens, it->prompt);
-        if (it->sample) worker_sampler_sample(s, c->logits + (size_t)i * V, it);
+        if (it->sample && worker_sampler_sample(s, c->logits + (size_t)i * V, it, st))
+            return st->code;
     }
     return STATUS_OK;
 }

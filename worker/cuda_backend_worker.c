@@ -89,6 +89,9 @@ static int cw_sample_gpu(cuda_worker *c, worker_batch_item *it, status *st)
     sample_run(g, cuda_backend_device_logits(c->eng), stream);
     if (cuda_sync(stream, "GPU sampler", st)) return st->code;
     const sample_result *r = sample_result_get(g);
+    if (r->token < 0 || r->token >= c->base.vocab) /* no weight to draw from: NaN/inf logits */
+        return status_fail(st, STATUS_INTERNAL, "slot %d: the GPU sampler found no token "
+                           "(%d; NaN or inf logits? are the weights broken?)", it->slot, r->token);
     it->token = r->token;
     it->logprob = r->logprob;
     it->n_top = r->n_top;
@@ -119,13 +122,16 @@ static int cw_step(worker_backend *b, worker_batch_item *items, int n, status *s
         cw_accept(c, it);
         if (!it->sample) continue;
         if (c->greedy[it->slot]) {
+            if (next < 0 || next >= b->vocab)
+                return status_fail(st, STATUS_INTERNAL, "slot %d: the GPU argmax gave token %d "
+                                   "of %d", it->slot, next, b->vocab);
             it->token = next;
             it->logprob = 0.0f;
             it->n_top = 0;
         } else if (c->gpu) {
             if (cw_sample_gpu(c, it, st)) return st->code;
         } else {
-            worker_sampler_sample(c->samplers[it->slot], c->logits, it);
+            if (worker_sampler_sample(c->samplers[it->slot], c->logits, it, st)) return st->code;
         }
     }
     return STATUS_OK;

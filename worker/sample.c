@@ -68,13 +68,17 @@ void worker_sampler_accept(worker_sampler *w, const int32_t *tokens, int n, bool
     for (int i = 0; i < n; i++) sampler_accept(w->s, tokens[i]);
 }
 
-void worker_sampler_sample(worker_sampler *w, float *logits, worker_batch_item *it)
+int worker_sampler_sample(worker_sampler *w, float *logits, worker_batch_item *it, status *st)
 {
     bool lp = w->n_logprobs > 0;
     it->token = sampler_sample(w->s, logits, lp ? w->top : NULL, lp ? &it->logprob : NULL);
+    if (it->token < 0)
+        return status_fail(st, STATUS_INTERNAL, "slot %d: the model produced no finite logit "
+                           "(NaN or inf; are the weights broken?)", it->slot);
     it->n_top = lp ? w->n_logprobs : 0;
     for (int i = 0; i < it->n_top; i++) {
         it->top[i].id = w->top[i].token;
         it->top[i].logprob = w->top[i].logprob;
     }
+    return STATUS_OK;
 }

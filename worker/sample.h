@@ -22,7 +22,8 @@ int worker_sampler_start(worker_sampler *s, const worker_sampling *p, status *st
 void worker_sampler_accept(worker_sampler *s, const int32_t *tokens, int n, bool prompt);
 
 /* Samples from logits [vocab] (modified) into it->token, and it->logprob / it->top / it->n_top
- * when the sequence asked for logprobs. */
-void worker_sampler_sample(worker_sampler *s, float *logits, worker_batch_item *it);
+ * when the sequence asked for logprobs. STATUS_INTERNAL when no logit is finite (the model
+ * produced NaN or inf: broken weights), so the request fails instead of the worker. */
+int worker_sampler_sample(worker_sampler *s, float *logits, worker_batch_item *it, status *st);
 
 #endif

@@ -422,7 +422,57 @@ static void test_ties_and_min_p(void) {
     /* relative to the max 0.1: -1.0 -> e^-1.1 = .33 kept, -1.3 -> e^-1.4 = .247 dropped */
     CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[7] > 0);
     CU_ASSERT(cnt[2] + cnt[3] + cnt[4] + cnt[5] + cnt[6] == 0);
+    /* the same boundary behind top_k (the candidate list, not the whole vocabulary): the
+     * weight exactly min_p stays, as it does without top_k */
+    sampler_params mk = {.temperature = 1.0f, .top_k = 4, .min_p = 0.25f, .seed = 6};
+    CU_ASSERT_EQUAL(sampler_reset(s, &mk, NULL), STATUS_OK);
+    memset(cnt, 0, sizeof cnt);
+    for (int t = 0; t < 20000; t++) {
+        float z[8] = {-5, 0, -6, -1.38f, -7, -8, -9, -1.4f}; /* e^-1.38 = .252, e^-1.4 = .247 */
+        cnt[sampler_sample(s, z, NULL, NULL)]++;
+    }
+    CU_ASSERT(cnt[1] > 0 && cnt[3] > 0);
+    CU_ASSERT(cnt[0] + cnt[2] + cnt[4] + cnt[5] + cnt[6] + cnt[7] == 0);
+    /* min_p = 1 keeps only the largest weight (exactly 1): the argmax, with or without top_k
+     * (with top_k this once emptied the list and tripped an assertion) */
+    for (int k = 0; k < 2; k++) {
+        sampler_params one = {.temperature = 0.7f, .top_k = k ? 5 : 0, .min_p = 1, .seed = 9};
+        CU_ASSERT_EQUAL(sampler_reset(s, &one, NULL), STATUS_OK);
+        for (int t = 0; t < 100; t++) {
+            float z[8] = {0.3f, 2.5f, -1, 2.4f, 0, 1, 2, -3};
+            CU_ASSERT_EQUAL(sampler_sample(s, z, NULL, NULL), 1);
+        }
+    }
     sampler_destroy(s);
+}
+
+/* Logits with nothing finite, a NaN or +inf (a broken model) give -1, greedy or drawn, with
+ * or without logprobs; -inf among finite logits is fine. */
+static void test_no_finite_logit(void) {
+    sampler_params ps[3] = {{.temperature = 0, .n_logprobs = 2},
+                            {.temperature = 0.8f, .top_k = 3, .top_p = 0.9f, .min_p = 0.1f},
+                            {.temperature = 1.0f, .n_logprobs = 3}};
+    sampler *s = make(8, 8, &ps[0]), *s9 = make(9, 8, &ps[0]);
+    for (int k = 0; k < 3; k++) {
+        CU_ASSERT_EQUAL(sampler_reset(s, &ps[k], NULL), STATUS_OK);
+        CU_ASSERT_EQUAL(sampler_reset(s9, &ps[k], NULL), STATUS_OK);
+        sampler_logprob top[4];
+        float lp;
+        float z[8];
+        for (int i = 0; i < 8; i++) z[i] = NAN;
+        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), -1);
+        for (int i = 0; i < 8; i++) z[i] = i & 1 ? -INFINITY : NAN;
+        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), -1);
+        for (int i = 0; i < 8; i++) z[i] = i == 5 ? 0.5f : -INFINITY;
+        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), 5);
+        for (int j = 0; j < 9; j++) { /* one NaN or +inf anywhere, past the 8-wide loop too */
+            float y[9] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f};
+            y[j] = j & 1 ? INFINITY : NAN;
+            CU_ASSERT_EQUAL(sampler_sample(s9, y, top, &lp), -1);
+        }
+    }
+    sampler_destroy(s);
+    sampler_destroy(s9);
 }
 
 /* ---- penalties -------------------------------------------------------------------------- */
@@ -588,6 +638,7 @@ int main(void) {
     CU_add_test(s, "distribution_check_can_fail", test_distribution_check_can_fail);
     CU_add_test(s, "distribution_large_vocab", test_distribution_large_vocab);
     CU_add_test(s, "ties_and_min_p", test_ties_and_min_p);
+    CU_add_test(s, "no_finite_logit", test_no_finite_logit);
     CU_add_test(s, "penalties_exact", test_penalties_exact);
     CU_add_test(s, "penalty_window_stress", test_penalty_window_stress);
     CU_add_test(s, "logprobs", test_logprobs);
