@@ -1306,6 +1306,14 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
         const char *mb = getenv("DS_GEMV_MINB");
         if (!(mb && strcmp(mb, "0") == 0)) k = gemv_kernel<TT, EP, R, 12>;
     }
+    // Q6_K: uncapped it takes 84-99 registers with one row a warp and 102-114 with two (the
+    // lm_heads): 4-5 CTAs, 16-20 warps per SM. DS_GEMV_MINB_Q6=1 builds one row a warp for 8
+    // CTAs (64 registers, no spills) and two rows for 6 (80 registers, 24-44 bytes spilled;
+    // ptxas -v, sm_90). Opt-in until measured on the H200 (docs/GPU.md, next steps).
+    if constexpr (std::is_same<TT, q6k_t>::value && (R == 1 || R == 2)) {
+        const char *mb = getenv("DS_GEMV_MINB_Q6");
+        if (mb && strcmp(mb, "1") == 0) k = gemv_kernel<TT, EP, R, R == 1 ? 8 : 6>;
+    }
     int dev = 0, n_sm = 132, per_sm = 8;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
