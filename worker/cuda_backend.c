@@ -77,6 +77,7 @@ struct cuda_backend {
     void *h_pinned; /* owned */
     int32_t *h_tok;
     unsigned long long *h_best;
+    bool pending; /* a step was enqueued without a sync (cuda_backend_decode_enqueue) */
     cuda_backend_stats stats;
 };
 
@@ -676,9 +677,22 @@ void cuda_backend_destroy(cuda_backend *b)
 
 int cuda_backend_n_slots(const cuda_backend *b) { return b->n_slots; }
 
+/* Waits for an enqueued step the caller has not synchronised (normally the caller's own sync,
+ * e.g. the GPU sampler's readback, has done it and said so with cuda_backend_step_synced):
+ * the pinned token buffer and the slot's memory must not change under a running graph. */
+static int settle(cuda_backend *b, status *st)
+{
+    if (!b->pending) return STATUS_OK;
+    b->pending = false;
+    return cuda_sync(b->stream, "enqueued step", st);
+}
+
+void cuda_backend_step_synced(cuda_backend *b) { b->pending = false; }
+
 int cuda_backend_reset(cuda_backend *b, int slot, status *st)
 {
     DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    if (settle(b, st)) return st->code;
     cb_slot *sl = &b->slots[slot];
     const int32_t pos[2] = {0, 0};
     /* conv windows, S and the KV cache lie back to back before d_pos (layout_state) */
@@ -701,6 +715,7 @@ int cuda_backend_set_position(cuda_backend *b, int slot, int n_past, status *st)
     cb_slot *sl = &b->slots[slot];
     if (n_past < 0 || n_past >= b->n_ctx)
         return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, b->n_ctx);
+    if (settle(b, st)) return st->code;
     const qwen35_config *c = &b->cfg;
     const uint64_t kv = (uint64_t)c->n_attn_layers * b->n_ctx * c->n_kv * c->d_h * 2;
     /* 0x2c2c: F16 0.0659, finite; the values do not change the speed */
@@ -712,12 +727,13 @@ int cuda_backend_set_position(cuda_backend *b, int slot, int n_past, status *st)
     return STATUS_OK;
 }
 
-static int run_step(cuda_backend *b, cb_slot *sl, cuda_graph_exec g, status *st)
+static int run_step(cuda_backend *b, cb_slot *sl, cuda_graph_exec g, bool sync, status *st)
 {
     if (sl->n_past >= b->n_ctx)
         return status_fail(st, STATUS_RANGE, "context full (%d positions)", b->n_ctx);
     if (cuda_graph_launch(g, b->stream)) return cuda_check("cudaGraphLaunch", st);
-    if (cuda_sync(b->stream, "decode step", st)) return st->code;
+    if (sync && cuda_sync(b->stream, "decode step", st)) return st->code;
+    b->pending = !sync;
     sl->n_past++;
     b->stats.tokens++;
     b->stats.graph_launches++;
@@ -731,15 +747,27 @@ int cuda_backend_decode(cuda_backend *b, int slot, int32_t token, float *logits,
     DS_ASSERT(slot >= 0 && slot < b->n_slots);
     if (token < 0 || token >= b->cfg.V)
         return status_fail(st, STATUS_RANGE, "token id %d outside [0, %d)", token, b->cfg.V);
+    if (settle(b, st)) return st->code;
     *b->h_tok = token;
     b->stats.h2d_bytes += 4;
-    if (run_step(b, &b->slots[slot], b->slots[slot].g_forced, st)) return st->code;
+    if (run_step(b, &b->slots[slot], b->slots[slot].g_forced, true, st)) return st->code;
     if (logits) {
         if (cuda_download(logits, b->d_logits, (size_t)b->cfg.V * 4, st)) return st->code;
         b->stats.d2h_bytes += (uint64_t)b->cfg.V * 4;
     }
     if (next) *next = gemv_argmax_row(*b->h_best);
     return STATUS_OK;
+}
+
+int cuda_backend_decode_enqueue(cuda_backend *b, int slot, int32_t token, status *st)
+{
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    if (token < 0 || token >= b->cfg.V)
+        return status_fail(st, STATUS_RANGE, "token id %d outside [0, %d)", token, b->cfg.V);
+    if (settle(b, st)) return st->code;
+    *b->h_tok = token;
+    b->stats.h2d_bytes += 4;
+    return run_step(b, &b->slots[slot], b->slots[slot].g_forced, false, st);
 }
 
 int cuda_backend_generate(cuda_backend *b, int slot, int32_t first, int n, int32_t *out,
@@ -750,7 +778,7 @@ int cuda_backend_generate(cuda_backend *b, int slot, int32_t first, int n, int32
     if (cuda_backend_decode(b, slot, first, NULL, &next, st)) return st->code;
     out[0] = next;
     for (int i = 1; i < n; i++) {
-        if (run_step(b, &b->slots[slot], b->slots[slot].g_greedy, st)) return st->code;
+        if (run_step(b, &b->slots[slot], b->slots[slot].g_greedy, true, st)) return st->code;
         out[i] = gemv_argmax_row(*b->h_best);
     }
     return STATUS_OK;

@@ -63,6 +63,13 @@ int cuda_backend_set_position(cuda_backend *e, int slot, int n_past, status *st)
 int cuda_backend_decode(cuda_backend *e, int slot, int32_t token, float *logits, int32_t *next,
                         status *st);
 
+/* cuda_backend_decode without the sync: the step is queued on the engine's stream and the
+ * host goes on at once, for work that follows it on that stream and ends in the caller's own
+ * sync (the GPU sampler: one sync per token instead of two). The caller then calls
+ * cuda_backend_step_synced; until then every other call here first waits for the step. */
+int cuda_backend_decode_enqueue(cuda_backend *e, int slot, int32_t token, status *st);
+void cuda_backend_step_synced(cuda_backend *e);
+
 /* Greedy: feeds `first`, then each argmax, n times; out[i] = the i-th generated id. */
 int cuda_backend_generate(cuda_backend *e, int slot, int32_t first, int n, int32_t *out,
                           status *st);

@@ -3,8 +3,9 @@
  * items of a step run one after the other). Greedy sequences (temperature 0, no penalties, no
  * logprobs) take the argmax the step graph computes (8 bytes read back). The others sample on
  * the GPU (kernels/cuda/sample.h: docs/SAMPLER.md's definition, the same as the CPU backend's
- * model/sampler.c, so a seed gives the same tokens from the same logits): one sampler launch
- * after the step and one more sync, reading back the id and the logprobs when asked.
+ * model/sampler.c, so a seed gives the same tokens from the same logits): the step is enqueued
+ * without a sync, the sampler launched behind it on the same stream, and one sync reads back
+ * the id and the logprobs when asked.
  *
  * Host fallback: when the device cannot run the sampler's cluster kernel (sample_create says
  * STATUS_UNSUPPORTED: a vocabulary above SAMPLE_MAX_VOCAB, or fewer than 16 free SMs in a GPC,
@@ -81,13 +82,15 @@ static void cw_accept(cuda_worker *c, const worker_batch_item *it)
     for (int i = 0; i < it->n_tokens; i++) sample_accept(g, it->tokens[i], stream);
 }
 
-/* Samples on the GPU from the last step's device logits: one launch, one sync, the result. */
+/* Samples on the GPU from the last step's device logits (the step enqueued before it on the
+ * same stream): one launch, then the token's one sync, the result. */
 static int cw_sample_gpu(cuda_worker *c, worker_batch_item *it, status *st)
 {
     sample_slot *g = c->gpu[it->slot];
     struct CUstream_st *stream = cuda_backend_stream(c->eng);
     sample_run(g, cuda_backend_device_logits(c->eng), stream);
     if (cuda_sync(stream, "GPU sampler", st)) return st->code;
+    cuda_backend_step_synced(c->eng);
     const sample_result *r = sample_result_get(g);
     if (r->token < 0 || r->token >= c->base.vocab) /* no weight to draw from: NaN/inf logits */
         return status_fail(st, STATUS_INTERNAL, "slot %d: the GPU sampler found no token "
@@ -115,6 +118,12 @@ static int cw_step(worker_backend *b, worker_batch_item *items, int n, status *s
         int32_t next = 0;
         for (int k = 0; k < it->n_tokens; k++) {
             const bool last = k == it->n_tokens - 1;
+            if (last && it->sample && !c->greedy[it->slot] && c->gpu) {
+                /* the GPU sampler follows on the stream and its readback is the one sync */
+                if (cuda_backend_decode_enqueue(c->eng, it->slot, it->tokens[k], st))
+                    return st->code;
+                continue;
+            }
             float *lg = last && it->sample && !c->greedy[it->slot] && !c->gpu ? c->logits : NULL;
             if (cuda_backend_decode(c->eng, it->slot, it->tokens[k], lg, &next, st))
                 return st->code;

@@ -244,12 +244,11 @@ static void test_synthetic(void)
 
 /* The worker backend interface on the GPU, chosen by worker_backend_create("cuda"): two slots, prompts then greedy decode steps with both
  * sequences in one step, equal to the CPU backend's tokens (worker/backend.h). */
-static int run_worker(worker_backend *b, int32_t out[2][12], status *st)
+static int run_worker_with(worker_backend *b, const worker_sampling *sp, int32_t out[2][12], status *st)
 {
     static const int32_t p0[] = {3, 17, 200, 5}, p1[] = {500, 2, 44}; /* ids < 773, the smallest reference vocabulary */
-    worker_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
     for (int s = 0; s < 2; s++)
-        if (b->vt->seq_start(b, s, &greedy, st)) return st->code;
+        if (b->vt->seq_start(b, s, sp, st)) return st->code;
     worker_batch_item it[2] = {{.slot = 0, .tokens = p0, .n_tokens = 4, .prompt = true, .sample = true},
                                {.slot = 1, .tokens = p1, .n_tokens = 3, .prompt = true, .sample = true}};
     if (b->vt->step(b, it, 2, st)) return st->code;
@@ -265,6 +264,25 @@ static int run_worker(worker_backend *b, int32_t out[2][12], status *st)
     return STATUS_OK;
 }
 
+static int run_worker(worker_backend *b, int32_t out[2][12], status *st)
+{
+    const worker_sampling greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    return run_worker_with(b, &greedy, out, st);
+}
+
+/* Sampling that must give the greedy tokens but goes through the sampler (on the GPU: the step
+ * enqueued without a sync and the sampler's readback the token's one sync): top_k 1 at a
+ * temperature, and temperature 0 with logprobs. A sampler reading the logits before the step
+ * wrote them, or a step left unfinished, shows as other tokens. */
+static int run_worker_sampled(worker_backend *b, int32_t out[2][2][12], status *st)
+{
+    const worker_sampling topk1 = {.temperature = 0.7f, .top_k = 1, .top_p = 1, .repetition_penalty = 1,
+                                   .seed = 11};
+    const worker_sampling lp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_logprobs = 2};
+    if (run_worker_with(b, &topk1, out[0], st)) return st->code;
+    return run_worker_with(b, &lp, out[1], st);
+}
+
 static void test_worker_backend(void)
 {
     if (!g_have_gpu) return;
@@ -274,7 +292,7 @@ static void test_worker_backend(void)
     status_clear(&st);
     qwen35_model *m = NULL;
     worker_backend *cpu = NULL, *gpu = NULL;
-    int32_t a[2][12], g[2][12];
+    int32_t a[2][12], g[2][12], as[2][2][12], gs[2][2][12];
     const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
     if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
         worker_backend_create("cuda", m, &o, &gpu, &st))
@@ -286,6 +304,14 @@ static void test_worker_backend(void)
     printf("  worker backend (%s), 2 slots x 12 greedy tokens: %s\n", gpu->device,
            memcmp(a, g, sizeof a) ? "DIFFER from the CPU backend" : "same as the CPU backend");
     CU_ASSERT_EQUAL(memcmp(a, g, sizeof a), 0);
+    if (run_worker_sampled(cpu, as, &st) || run_worker_sampled(gpu, gs, &st)) goto fail;
+    for (int v = 0; v < 2; v++) {
+        printf("  worker backend, %s: CPU %s, GPU %s greedy\n", v ? "temperature 0 + logprobs" : "top_k 1",
+               memcmp(as[v], a, sizeof a) ? "DIFFERS from" : "same as",
+               memcmp(gs[v], a, sizeof a) ? "DIFFERS from" : "same as");
+        CU_ASSERT_EQUAL(memcmp(as[v], a, sizeof a), 0);
+        CU_ASSERT_EQUAL(memcmp(gs[v], a, sizeof a), 0);
+    }
 fail:
     if (st.code) printf("  %s\n", st.msg);
     CU_ASSERT_EQUAL(st.code, STATUS_OK);
