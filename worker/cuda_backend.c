@@ -66,6 +66,7 @@ struct cuda_backend {
     void *d_hq, *d_yq, *d_ffnq;
     unsigned *d_sync; /* counters of the fused epilogues (zero between launches) */
     bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=flat; default: warp) */
+    bool wfuse;       /* the warp graph with the fused epilogues too (DS_GEMV_WARP_FUSE=1) */
     bool pdl;         /* the step graph uses programmatic dependent launch (DS_PDL=0: not) */
     unsigned repeat;  /* DS_STEP_REPEAT: kernel kinds recorded twice (timing only, wrong output) */
     uint64_t next_pf; /* bytes of the next GEMV's weights each GEMV prefetches (DS_GEMV_NEXT_MB) */
@@ -314,13 +315,18 @@ static void layout_act(cuda_backend *b, cb_arena *a)
 /* ---- one token, as launched into the graph ---- */
 
 
-/* The step. With b->fuse, a residual-add GEMV also computes the norm that follows it (the
- * next sublayer's input, d_h/d_hq), so the next sublayer skips its norm_rms: `normed` says
- * that d_h/d_hq already hold it. Each record_* returns whether it left the next norm done. */
+/* The step. With b->fuse or b->wfuse, a residual-add GEMV also computes the norm that follows
+ * it (the next sublayer's input, d_h/d_hq), so the next sublayer skips its norm_rms: `normed`
+ * says that d_h/d_hq already hold it. Each record_* returns whether it left the next norm done. */
 
+/* The residual GEMV also computes the next norm (gemv_add_norm) and the gate/up GEMV also
+ * quantises its output (gemv_swiglu_q8): two kernels fewer per layer. The flat graph always;
+ * the warp graph with DS_GEMV_WARP_FUSE=1 (each matrix on its own kernel, warp or flat). */
 static bool can_fuse(const cuda_backend *b, const gemv_matrix *m)
 {
-    return b->fuse && gemv_flat_supported(m->type, m->n_in);
+    if (b->fuse) return gemv_flat_supported(m->type, m->n_in);
+    return b->wfuse && m->n_out % 32 == 0 &&
+           (m->kernel != GEMV_KERNEL_FLAT || gemv_flat_supported(m->type, m->n_in));
 }
 
 /* DS_STEP_REPEAT="norm gdn ..." (a measurement aid, never for serving: the output is wrong):
@@ -543,6 +549,11 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     const bool warp = !(gk && strcmp(gk, "flat") == 0);
     b->gemv_kernel = u.gemv_kernel = warp ? GEMV_KERNEL_WARP : GEMV_KERNEL_AUTO;
     b->fuse = !warp;
+    /* DS_GEMV_WARP_FUSE=1: the warp graph's residual GEMVs compute the next norm and its
+     * gate/up GEMVs quantise their output in their last CTA / warp (gemv_add_norm,
+     * gemv_swiglu_q8), dropping each layer's norm_rms and gemv_quantize_x kernels. Off until
+     * measured on the H200 (docs/GPU.md). */
+    b->wfuse = warp && getenv_flag_on("DS_GEMV_WARP_FUSE");
     if (check_shapes(c, st) || cuda_device_props_get(o ? o->device : 0, &b->props, st) ||
         cuda_stream_create(&b->stream, st))
         goto fail;
@@ -643,6 +654,7 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
         fprintf(stderr, "cuda: ready: %d slot(s) x %d positions, %llu kernels per token (%s)\n",
                 b->n_slots, b->n_ctx, (unsigned long long)b->stats.kernels_per_token,
                 b->fuse ? (b->pdl ? "flat GEMV, fused epilogues, PDL" : "flat GEMV, fused epilogues")
+                        : b->wfuse ? (b->pdl ? "warp GEMV, fused epilogues, PDL" : "warp GEMV, fused epilogues")
                         : (b->pdl ? "warp GEMV, PDL (default)" : "warp GEMV"));
 
     b->stats.weight_bytes = b->weight_bytes;

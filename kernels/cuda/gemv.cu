@@ -688,14 +688,15 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
 }
 
 // Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
-// add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax.
+// add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax. (The fused
+// modes' rows are EP_SWIGLU's / EP_ADD's; their tails below run once the rows are written.)
 template <int EP>
 static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restrict__ y,
                                               int64_t row, float a, float u,
                                               unsigned long long *best)
 {
-    if constexpr (EP == EP_SWIGLU) a = a / (1.0f + __expf(-a)) * u;
-    if constexpr (EP == EP_ADD) {
+    if constexpr (EP == EP_SWIGLU || EP == EP_SWIGLU_Q8) a = a / (1.0f + __expf(-a)) * u;
+    if constexpr (EP == EP_ADD || EP == EP_ADD_NORM) {
         y[row] += a;
     } else if constexpr (EP == EP_CONV) {
         y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
@@ -710,6 +711,55 @@ static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restri
     }
 }
 
+// EP_SWIGLU_Q8's tail for Q8 unit k (rows 32k .. 32k+31) after this CTA wrote `mine` of its
+// rows and fenced them: lane 0 adds them to the unit's counter; the warp that completes the
+// unit quantises it (its rows read from L2) and sets the counter back to 0. Warp-uniform.
+static __device__ __forceinline__ void tail_q8_unit(const ep_args &ep, const float *y,
+                                                    int64_t n_out, int64_t k, unsigned mine,
+                                                    int lane)
+{
+    int last = 0;
+    if (lane == 0) last = atomicAdd(&ep.sync[k], mine) + mine == 32u;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) { // every row of unit k is written: quantise it, reset its counter
+        __threadfence();
+        const float v = __ldcg(y + 32 * k + lane);
+        ds_q8_store_warp(v, 32 * k, n_out, ep.yq);
+        if (lane == 0) atomicExch(&ep.sync[k], 0u);
+    }
+}
+
+// EP_ADD_NORM's tail, the whole CTA after its rows are written: the last CTA to get here
+// (counter ep.sync[0], back to 0 after) computes the RMSNorm of the whole y (F32 into
+// ep.norm_y when not NULL, Q8 into ep.yq). blockDim.x a multiple of 32.
+static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const float *y,
+                                                     int64_t n_out, float *s_scratch, int *s_last)
+{
+    const int tid = threadIdx.x, nt = blockDim.x;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) *s_last = atomicAdd(&ep.sync[0], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!*s_last) return;
+    __threadfence(); // every CTA's rows are in; read them from L2 (__ldcg), not L1
+    const int n = (int)n_out;
+    float ss = 0.0f;
+    for (int i = tid; i < n; i += nt) {
+        const float v = __ldcg(y + i);
+        ss += v * v;
+    }
+    ss = ds_block_sum(ss, s_scratch);
+    const float r = 1.0f / sqrtf(ss / (float)n + ep.eps);
+    for (int i0 = 0; i0 < n; i0 += nt) {
+        const int i = i0 + tid;
+        if (i0 + (tid & ~31) >= n) break; // whole warps past the end leave together
+        const float v = i < n ? __ldcg(y + i) * r * ep.norm_w[i] : 0.0f;
+        if (ep.norm_y && i < n) ep.norm_y[i] = v;
+        ds_q8_store_warp(v, i0 + (tid & ~31), n, ep.yq);
+    }
+    if (tid == 0) atomicExch(&ep.sync[0], 0u);
+}
+
 // The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of wpr warps; group g of CTA k
 // handles rows [R*(k*G + g), +R) (G groups per CTA), then strides by the grid. The wpr warps of
 // a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
@@ -721,7 +771,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
                 int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                 const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
-    constexpr bool TWO = EP == EP_SWIGLU;
+    constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
     __shared__ float s_part[GEMV_WARPS][2 * R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wpr = ep.wpr, groups = GEMV_WARPS / wpr, grp = warp / wpr, wk = warp % wpr;
@@ -809,6 +859,21 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
         const uint64_t nth = (uint64_t)gridDim.x * blockDim.x;
         for (uint64_t off = th * 128; off < ep.nx_bytes; off += nth * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(ep.nx_w + off));
+    }
+    if constexpr (EP == EP_SWIGLU_Q8) {
+        // each stretch of cta_rows rows this CTA wrote lies inside one Q8 unit (cta_rows is a
+        // power of two up to 16, n_out a multiple of 32): warp i % GEMV_WARPS reports stretch i
+        __threadfence();
+        __syncthreads();
+        int i = 0;
+        for (int64_t c0 = cfirst; c0 < n_out; c0 += rstride, i++)
+            if (warp == i % GEMV_WARPS)
+                tail_q8_unit(ep, y, n_out, c0 / 32,
+                             (unsigned)(n_out - c0 < cta_rows ? n_out - c0 : cta_rows), lane);
+    } else if constexpr (EP == EP_ADD_NORM) {
+        __shared__ float s_nscratch[32];
+        __shared__ int s_last;
+        tail_add_norm(ep, y, n_out, s_nscratch, &s_last);
     }
     if constexpr (EP == EP_ARGMAX) {
         __shared__ unsigned long long sbest[GEMV_WARPS];
@@ -1072,43 +1137,11 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
         __syncthreads();
         const int64_t u0 = r0 / 32, u1 = (r1 - 1) / 32;
         for (int64_t k = u0 + warp; k <= u1; k += NW) {
-            int last = 0;
-            if (lane == 0) {
-                const int64_t lo = r0 > 32 * k ? r0 : 32 * k, hi = r1 < 32 * k + 32 ? r1 : 32 * k + 32;
-                const unsigned mine = (unsigned)(hi - lo);
-                last = atomicAdd(&ep.sync[k], mine) + mine == 32u;
-            }
-            last = __shfl_sync(0xffffffffu, last, 0);
-            if (last) { // every row of unit k is written: quantise it, reset its counter
-                __threadfence();
-                const float v = __ldcg(y + 32 * k + lane);
-                ds_q8_store_warp(v, 32 * k, n_out, ep.yq);
-                if (lane == 0) atomicExch(&ep.sync[k], 0u);
-            }
+            const int64_t lo = r0 > 32 * k ? r0 : 32 * k, hi = r1 < 32 * k + 32 ? r1 : 32 * k + 32;
+            tail_q8_unit(ep, y, n_out, k, (unsigned)(hi - lo), lane);
         }
     } else if constexpr (EP == EP_ADD_NORM) {
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) s_last = atomicAdd(&ep.sync[0], 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence(); // every CTA's rows are in; read them from L2 (__ldcg), not L1
-        const int n = (int)n_out;
-        float ss = 0.0f;
-        for (int i = tid; i < n; i += FLAT_THREADS) {
-            const float v = __ldcg(y + i);
-            ss += v * v;
-        }
-        ss = ds_block_sum(ss, s_scratch);
-        const float r = 1.0f / sqrtf(ss / (float)n + ep.eps);
-        for (int i0 = 0; i0 < n; i0 += FLAT_THREADS) {
-            const int i = i0 + tid;
-            if (i0 + (tid & ~31) >= n) break; // whole warps past the end leave together
-            const float v = i < n ? __ldcg(y + i) * r * ep.norm_w[i] : 0.0f;
-            if (ep.norm_y && i < n) ep.norm_y[i] = v;
-            ds_q8_store_warp(v, i0 + (tid & ~31), n, ep.yq);
-        }
-        if (tid == 0) atomicExch(&ep.sync[0], 0u);
+        tail_add_norm(ep, y, n_out, s_scratch, &s_last);
     }
 }
 
@@ -1612,7 +1645,10 @@ extern "C" void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, c
     ep_args ep = {};
     ep.sync = d_sync;
     ep.yq = d_yq;
-    launch_flat<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
+    if (use_flat(gate))
+        launch_flat<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
+    else // the warp kernel (a ring matrix too: the ring has no fused epilogues)
+        launch_warp<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
 }
 
 extern "C" void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
@@ -1626,7 +1662,10 @@ extern "C" void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void
     ep.norm_w = d_norm_w;
     ep.norm_y = d_norm_y;
     ep.eps = eps;
-    launch_flat<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
+    if (use_flat(w))
+        launch_flat<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
+    else
+        launch_warp<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
 }
 
 // ---- host twins for the CPU-side checks (gemv_parity): packing and the flat kernel ----

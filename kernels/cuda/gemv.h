@@ -39,7 +39,8 @@ typedef struct gemv_matrix {
  * Flat: CTA k owns the k-th contiguous stretch of rows (equal to a row), its lane groups walk the
  * stretch's blocks in order whatever row they are in (equal to a block), partials summed per
  * row in shared memory in a fixed order (deterministic); Q4_K and Q6_K with 32 bytes of quants
- * per lane. The fused epilogues (gemv_swiglu_q8, gemv_add_norm) exist only in the flat one. */
+ * per lane. Both have the fused epilogues (gemv_swiglu_q8, gemv_add_norm); the ring kernel does
+ * not (a ring matrix takes the warp kernel for them). */
 typedef enum gemv_kernel_kind {
     GEMV_KERNEL_AUTO = 0,
     GEMV_KERNEL_WARP = 1,
@@ -86,7 +87,8 @@ bool gemv_flat_supported(uint32_t type, int64_t n_in);
 uint64_t gemv_sync_words(int64_t n_out);
 
 /* gemv_swiglu that also writes the Q8 form of d_y (n_out % 32 == 0): the input of the down
- * projection, without a gemv_quantize_x launch. Flat kernel only (gemv_flat_supported). */
+ * projection, without a gemv_quantize_x launch. The matrix's kernel: flat (when
+ * gemv_flat_supported) or warp. */
 void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
                     const void *d_xq, float *d_y, void *d_yq, unsigned *d_sync,
                     cuda_stream stream);
@@ -94,7 +96,7 @@ void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, const float 
 /* d_y += W·x (GEMV_ADD: the residual stream), then the RMSNorm of the whole updated d_y
  * (n_out % 32 == 0) times d_norm_w into d_norm_y (F32, may be NULL) and d_norm_yq (Q8):
  * residual add + the next norm in one launch (the last CTA to finish normalises). Same result
- * as gemv(GEMV_ADD) + norm_rms up to float summation order. Flat kernel only. */
+ * as gemv(GEMV_ADD) + norm_rms up to float summation order. Flat or warp kernel. */
 void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
                    const float *d_norm_w, float eps, float *d_norm_y, void *d_norm_yq,
                    unsigned *d_sync, cuda_stream stream);

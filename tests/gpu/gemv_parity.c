@@ -91,7 +91,7 @@ static bool check_q8_of(const char *what, const float *v, const int8_t *gq, int6
 }
 
 /* One case; returns true when the GPU matches. perturb: corrupt one GPU output first. kernel:
- * GEMV_KERNEL_AUTO / WARP / FLAT (the fused modes are flat only). */
+ * GEMV_KERNEL_AUTO / WARP / FLAT / RING. */
 static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb, int kernel)
 {
     status st;
@@ -278,12 +278,10 @@ fail:
     return ok && st.code == STATUS_OK;
 }
 
-/* Every kernel that takes the case (the warp one; the flat and ring ones where they apply);
- * the fused modes: flat only. */
+/* Every kernel that takes the case (the warp one; the flat and ring ones where they apply;
+ * a ring matrix's fused modes run on the warp kernel). */
 static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb)
 {
-    if (md == MODE_SWIGLU_Q8 || md == MODE_ADD_NORM)
-        return run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT);
     bool ok = run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP);
     if (gemv_flat_supported(type, n_in))
         ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT)
@@ -339,7 +337,9 @@ static void test_epilogues(void)
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 2560, 9219, MODE_STORE, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q5_K, 4096, 70, MODE_ARGMAX, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 248320, MODE_ARGMAX, false));
-    /* the fused epilogues (flat kernel): odd stretches across 32-row units, many CTAs */
+    /* the fused epilogues (flat and warp kernels): odd stretches across 32-row units, many
+     * CTAs; the 0.8B's shapes (the warp kernel splits their rows over 2-4 warps) and two rows
+     * a warp (Q6_K, 4096 rows) */
     for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
         CU_ASSERT_TRUE(run_case(k_types[t], 1024, 352, MODE_SWIGLU_Q8, false));
         CU_ASSERT_TRUE(run_case(k_types[t], 512, 1024, MODE_ADD_NORM, false));
@@ -348,6 +348,10 @@ static void test_epilogues(void)
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 17408, 5120, MODE_ADD_NORM, false));  /* 27B down */
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 17408, 5120, MODE_ADD_NORM, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_F32, 128, 64, MODE_ADD_NORM, false)); /* one CTA */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 3584, MODE_SWIGLU_Q8, false)); /* 0.8B gate/up */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 3584, 1024, MODE_ADD_NORM, false));  /* 0.8B down */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 4096, MODE_SWIGLU_Q8, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 4096, MODE_ADD_NORM, false));
 }
 
 /* Runs without a GPU: the flat kernel's walk and slices executed on the host
@@ -425,6 +429,7 @@ static void test_perturbed_fails(void)
     CU_ASSERT_FALSE(run_case(GGML_TYPE_F16, 256, 9, MODE_ADD, true));
     CU_ASSERT_FALSE(run_case(GGML_TYPE_Q6_K, 512, 64, MODE_STORE, true));
     CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 512, 64, MODE_ADD_NORM, true));
+    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 1024, 352, MODE_SWIGLU_Q8, true));
 }
 
 int main(void)
