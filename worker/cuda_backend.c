@@ -67,6 +67,8 @@ struct cuda_backend {
     unsigned *d_sync; /* counters of the fused epilogues (zero between launches) */
     bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=flat; default: warp) */
     bool wfuse;       /* the warp graph with the fused epilogues too (DS_GEMV_WARP_FUSE=1) */
+    uint64_t pair_max; /* in-projection groups of two types in one launch up to these bytes
+                          (DS_GEMV_PAIR_MB; 0: off, the default until measured) */
     bool pdl;         /* the step graph uses programmatic dependent launch (DS_PDL=0: not) */
     unsigned repeat;  /* DS_STEP_REPEAT: kernel kinds recorded twice (timing only, wrong output) */
     uint64_t next_pf; /* bytes of the next GEMV's weights each GEMV prefetches (DS_GEMV_NEXT_MB) */
@@ -373,6 +375,16 @@ static void xn_set(const cuda_backend *b, bool xn, const float *w)
     if (xn) gemv_x_norm(b->d_x, w, b->cfg.eps);
 }
 
+/* A sublayer's two in-projection groups (two weight types) as one launch (gemv_pair) */
+static bool pair_in(const cuda_backend *b, const cb_layer *L, bool xn)
+{
+    if (!b->pair_max || xn || L->n_in != 2 || !gemv_pair_supported(&L->in[0].m, &L->in[1].m))
+        return false;
+    const gemv_matrix *m0 = &L->in[0].m, *m1 = &L->in[1].m;
+    return gemv_packed_bytes(m0->type, m0->n_in, m0->n_out) +
+               gemv_packed_bytes(m1->type, m1->n_in, m1->n_out) <= b->pair_max;
+}
+
 /* the GEMV recorded next prefetches m's first weights into L2 in its tail (gemv_prefetch_next) */
 static void pf_next(const cuda_backend *b, const gemv_matrix *m) { gemv_prefetch_next(m, b->next_pf); }
 
@@ -425,7 +437,13 @@ static bool record_gdn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, bo
         norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
     const float *h = xn ? NULL : b->d_h;
     const void *hq = xn ? NULL : b->d_hq;
-    for (int g = 0; g < L->n_in; g++) {
+    if (pair_in(b, L, xn)) { /* qkv (conv + SiLU fused) and the other group, one launch */
+        pf_next(b, &L->out);
+        for (int k = 0; k < reps(b, RP_IN); k++)
+            gemv_pair(&L->in[0].m, &L->in[1].m, hq, b->d_proj + L->in[0].y_off,
+                      b->d_proj + L->in[1].y_off, L->d_conv_w, conv, c->C, c->K_conv, s);
+    }
+    for (int g = 0; g < L->n_in && !pair_in(b, L, xn); g++) {
         float *y = b->d_proj + L->in[g].y_off;
         pf_next(b, g + 1 < L->n_in ? &L->in[g + 1].m : &L->out);
         for (int k = 0; k < reps(b, RP_IN); k++) {
@@ -463,7 +481,13 @@ static bool record_attn(cuda_backend *b, const cb_slot *sl, const cb_layer *L, b
     const bool xn = !normed && xnorm_in(b, L);
     for (int k = 0; !normed && !xn && k < reps(b, RP_NORM); k++)
         norm_rms(b->d_x, L->d_attn_norm, c->H, c->eps, b->d_h, b->d_hq, s);
-    for (int g = 0; g < L->n_in; g++) {
+    if (pair_in(b, L, xn)) {
+        pf_next(b, &L->out);
+        for (int k = 0; k < reps(b, RP_IN); k++)
+            gemv_pair(&L->in[0].m, &L->in[1].m, b->d_hq, b->d_proj + L->in[0].y_off,
+                      b->d_proj + L->in[1].y_off, NULL, NULL, 0, 0, s);
+    }
+    for (int g = 0; g < L->n_in && !pair_in(b, L, xn); g++) {
         pf_next(b, g + 1 < L->n_in ? &L->in[g + 1].m : &L->out);
         for (int k = 0; k < reps(b, RP_IN); k++) {
             xn_set(b, xn, L->d_attn_norm);
@@ -554,6 +578,12 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
      * gemv_swiglu_q8), dropping each layer's norm_rms and gemv_quantize_x kernels. Off until
      * measured on the H200 (docs/GPU.md). */
     b->wfuse = warp && getenv_flag_on("DS_GEMV_WARP_FUSE");
+    /* DS_GEMV_PAIR_MB=N: a sublayer whose in-projections form two groups (two weight types)
+     * runs them as one launch when together they are at most N MiB (the 0.8B's: 6.3 MiB) */
+    {
+        const char *pm = getenv("DS_GEMV_PAIR_MB");
+        b->pair_max = warp && pm ? (uint64_t)atoll(pm) << 20 : 0;
+    }
     if (check_shapes(c, st) || cuda_device_props_get(o ? o->device : 0, &b->props, st) ||
         cuda_stream_create(&b->stream, st))
         goto fail;

@@ -729,16 +729,17 @@ static __device__ __forceinline__ void tail_q8_unit(const ep_args &ep, const flo
     }
 }
 
-// EP_ADD_NORM's tail, the whole CTA after its rows are written: the last CTA to get here
-// (counter ep.sync[0], back to 0 after) computes the RMSNorm of the whole y (F32 into
+// EP_ADD_NORM's tail, the whole CTA after its rows are written: the last of the ncta CTAs to get
+// here (counter ep.sync[0], back to 0 after) computes the RMSNorm of the whole y (F32 into
 // ep.norm_y when not NULL, Q8 into ep.yq). blockDim.x a multiple of 32.
 static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const float *y,
-                                                     int64_t n_out, float *s_scratch, int *s_last)
+                                                     int64_t n_out, unsigned ncta,
+                                                     float *s_scratch, int *s_last)
 {
     const int tid = threadIdx.x, nt = blockDim.x;
     __threadfence();
     __syncthreads();
-    if (tid == 0) *s_last = atomicAdd(&ep.sync[0], 1u) == gridDim.x - 1;
+    if (tid == 0) *s_last = atomicAdd(&ep.sync[0], 1u) == ncta - 1;
     __syncthreads();
     if (!*s_last) return;
     __threadfence(); // every CTA's rows are in; read them from L2 (__ldcg), not L1
@@ -765,11 +766,14 @@ static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const fl
 // a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
 // and add their sums through shared memory in a fixed order. Rows past n_out (the last group)
 // are computed on row n_out-1 and not stored. Every warp of a CTA runs the same iterations.
-template <typename TT, int EP, int R, int MINB = 1>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
-    gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
-                int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
-                const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
+// The body takes its CTA index and count (cta, ncta) as arguments, so that one launch can run
+// two matrices on two parts of its grid (gemv_pair_kernel).
+template <typename TT, int EP, int R>
+static __device__ __forceinline__ void
+    gemv_body(const unsigned cta, const unsigned ncta, const uint8_t *__restrict__ W0,
+              const uint8_t *__restrict__ W1, int64_t n_in, int64_t n_out,
+              const float *__restrict__ x, const int8_t *__restrict__ xqs,
+              const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
     constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
     __shared__ float s_part[GEMV_WARPS][2 * R];
@@ -779,11 +783,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
     unsigned long long my_best = 0;
-    const int64_t cta_rows = (int64_t)groups * R, rstride = (int64_t)gridDim.x * cta_rows;
+    const int64_t cta_rows = (int64_t)groups * R, rstride = (int64_t)ncta * cta_rows;
     // ep.pf row groups ahead in L2: the first group(s) now, then group i + pf while doing group
     // i. The weights do not depend on the preceding kernel, so the first prefetches go out
     // before ds_grid_dep(): under programmatic dependent launch they overlap its tail.
-    const int64_t cfirst = (int64_t)blockIdx.x * cta_rows, goff = (int64_t)grp * R;
+    const int64_t cfirst = (int64_t)cta * cta_rows, goff = (int64_t)grp * R;
     if (wk == 0)
         for (int k = 0; k < ep.pf; k++) {
             prefetch_rows<TT>(W0, n_in, n_out, nblk, cfirst + goff + k * rstride, R, lane);
@@ -855,8 +859,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     // this warp's rows are done: its share of the next GEMV's first weights into L2, so they
     // stream while this kernel's last rows, its tail and the small kernels in between run
     if (ep.nx_bytes) {
-        const uint64_t th = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-        const uint64_t nth = (uint64_t)gridDim.x * blockDim.x;
+        const uint64_t th = (uint64_t)cta * blockDim.x + threadIdx.x;
+        const uint64_t nth = (uint64_t)ncta * blockDim.x;
         for (uint64_t off = th * 128; off < ep.nx_bytes; off += nth * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(ep.nx_w + off));
     }
@@ -873,7 +877,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
     } else if constexpr (EP == EP_ADD_NORM) {
         __shared__ float s_nscratch[32];
         __shared__ int s_last;
-        tail_add_norm(ep, y, n_out, s_nscratch, &s_last);
+        tail_add_norm(ep, y, n_out, ncta, s_nscratch, &s_last);
     }
     if constexpr (EP == EP_ARGMAX) {
         __shared__ unsigned long long sbest[GEMV_WARPS];
@@ -885,6 +889,40 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
             atomicMax(ep.best, m);
         }
     }
+}
+
+template <typename TT, int EP, int R, int MINB = 1>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+    gemv_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
+                int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
+                const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
+{
+    gemv_body<TT, EP, R>(blockIdx.x, gridDim.x, W0, W1, n_in, n_out, x, xqs, xds, y, ep);
+}
+
+// Two GEMVs of one input in one launch: CTAs [0, split) run matrix 0 (epilogue E0: store, or
+// the GDN in-projection's conv), the others matrix 1 (store), each striding over its own part
+// of the grid. For a layer whose in-projections are of two weight types (Q4_K_M: the 0.8B's
+// Q6_K qkv and Q4_K z|beta|alpha): one dependent step instead of two. One row a warp, registers
+// capped for 8 CTAs per SM (64: Q6_K fits without spills, ptxas -v).
+struct gemv_side {
+    const uint8_t *W;
+    int64_t n_in, n_out;
+    float *y;
+    ep_args ep;
+};
+
+template <typename T0, int E0, typename T1>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, 8)
+    gemv_pair_kernel(const float *__restrict__ x, const int8_t *__restrict__ xqs,
+                     const float2 *__restrict__ xds, unsigned split, gemv_side a, gemv_side b)
+{
+    if (blockIdx.x < split)
+        gemv_body<T0, E0, 1>(blockIdx.x, split, a.W, nullptr, a.n_in, a.n_out, x, xqs, xds, a.y,
+                             a.ep);
+    else
+        gemv_body<T1, EP_STORE, 1>(blockIdx.x - split, gridDim.x - split, b.W, nullptr, b.n_in,
+                                   b.n_out, x, xqs, xds, b.y, b.ep);
 }
 
 // ---- the ring kernel (Q4_K, Q5_K): CTA k owns rows [k·P, (k+1)·P) (P = ceil(n_out / grid), a
@@ -1141,7 +1179,7 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
             tail_q8_unit(ep, y, n_out, k, (unsigned)(hi - lo), lane);
         }
     } else if constexpr (EP == EP_ADD_NORM) {
-        tail_add_norm(ep, y, n_out, s_scratch, &s_last);
+        tail_add_norm(ep, y, n_out, gridDim.x, s_scratch, &s_last);
     }
 }
 
@@ -1327,6 +1365,56 @@ extern "C" void gemv_prefetch_next(const gemv_matrix *m, uint64_t max_bytes)
     ds_next_pf = {m->d_w, (b < max_bytes ? b : max_bytes) & ~(uint64_t)127};
 }
 
+// CTAs of warp kernel k resident on the whole GPU at once (one wave).
+template <typename K> static int64_t warp_full(K k)
+{
+    int dev = 0, n_sm = 132, per_sm = 8;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, GEMV_WARPS * 32, 0);
+    if (per_sm < 1) per_sm = 1;
+    return (int64_t)n_sm * per_sm;
+}
+
+// The warp kernel's shape for w0 when `full` CTAs fit: warps per row (split a row's blocks over
+// 2 or 4 warps while the rows alone leave the GPU less than half full and each warp keeps a
+// whole block step (32/TPB blocks) to do; DS_GEMV_WPR=1/2/4 forces it), rows per CTA, and the
+// CTAs that cover every row once.
+template <typename TT, int R>
+static void warp_shape(const gemv_matrix *w0, int64_t full, int *wpr_out, int64_t *cta_rows,
+                       int64_t *need)
+{
+    int wpr = 1;
+    if constexpr (!is_float_type<TT>::v) {
+        const char *pw = getenv("DS_GEMV_WPR");
+        const int want = pw ? atoi(pw) : 0;
+        const int64_t steps = (w0->n_in / TT::QK + 32 / TT::TPB - 1) / (32 / TT::TPB);
+        const int64_t row_warps = (w0->n_out + R - 1) / R;
+        if (want == 1 || want == 2 || want == 4)
+            wpr = want;
+        else
+            while (wpr < GEMV_WARPS && row_warps * wpr * 2 <= full * GEMV_WARPS && steps >= wpr * 2)
+                wpr *= 2;
+    }
+    *wpr_out = wpr;
+    *cta_rows = (int64_t)(GEMV_WARPS / wpr) * R;
+    *need = (w0->n_out + *cta_rows - 1) / *cta_rows;
+}
+
+// L2 prefetch depth (DS_GEMV_PREFETCH, default 1), lowered until what one wave keeps in flight
+// ahead fits GEMV_PREFETCH_CAP: deeper prefetch of a large matrix evicts lines before they are
+// read (H200: 2 groups ahead read the 27B lm_head 1.8x from DRAM)
+static int warp_pf(const gemv_matrix *w0, unsigned grid, int64_t cta_rows, int arrays)
+{
+    const char *pe = getenv("DS_GEMV_PREFETCH");
+    int pf = pe ? atoi(pe) : 1;
+    pf = pf < 0 ? 0 : pf > 2 ? 2 : pf;
+    const uint64_t row_bytes = gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) / (uint64_t)w0->n_out;
+    const uint64_t group = (uint64_t)grid * cta_rows * row_bytes * (uint64_t)arrays;
+    while (pf > 0 && group * (uint64_t)(pf + 1) > GEMV_PREFETCH_CAP) pf--;
+    return pf;
+}
+
 template <typename TT, int EP, int R>
 static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
                      const void *xq, float *y, const ep_args &best, cudaStream_t s)
@@ -1347,46 +1435,19 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
         const char *mb = getenv("DS_GEMV_MINB_Q6");
         if (mb && strcmp(mb, "1") == 0) k = gemv_kernel<TT, EP, R, R == 1 ? 8 : 6>;
     }
-    int dev = 0, n_sm = 132, per_sm = 8;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, GEMV_WARPS * 32, 0);
-    if (per_sm < 1) per_sm = 1;
-    const int64_t full = (int64_t)n_sm * per_sm;
-    // warps per row: split a row's blocks over 2 or 4 warps while the rows alone leave the GPU
-    // less than half full and each warp keeps a whole block step (32/TPB blocks) to do
-    // (DS_GEMV_WPR=1/2/4 forces it)
-    int wpr = 1;
-    if constexpr (!is_float_type<TT>::v) {
-        const char *pw = getenv("DS_GEMV_WPR");
-        const int want = pw ? atoi(pw) : 0;
-        const int64_t steps = (w0->n_in / TT::QK + 32 / TT::TPB - 1) / (32 / TT::TPB);
-        const int64_t row_warps = (w0->n_out + R - 1) / R;
-        if (want == 1 || want == 2 || want == 4)
-            wpr = want;
-        else
-            while (wpr < GEMV_WARPS && row_warps * wpr * 2 <= full * GEMV_WARPS && steps >= wpr * 2)
-                wpr *= 2;
-    }
-    const int64_t cta_rows = (int64_t)(GEMV_WARPS / wpr) * R;
-    const int64_t need = (w0->n_out + cta_rows - 1) / cta_rows;
+    const int64_t full = warp_full(k);
+    int wpr;
+    int64_t cta_rows, need;
+    warp_shape<TT, R>(w0, full, &wpr, &cta_rows, &need);
     const unsigned grid = (unsigned)(need < full ? need : full);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
-    // L2 prefetch depth (DS_GEMV_PREFETCH, default 1), lowered until what one wave keeps in
-    // flight ahead fits GEMV_PREFETCH_CAP: deeper prefetch of a large matrix evicts lines before
-    // they are read (H200: 2 groups ahead read the 27B lm_head 1.8x from DRAM)
     ep_args ep = best;
-    const char *pe = getenv("DS_GEMV_PREFETCH");
-    ep.pf = pe ? atoi(pe) : 1;
-    ep.pf = ep.pf < 0 ? 0 : ep.pf > 2 ? 2 : ep.pf;
-    const uint64_t row_bytes = gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) / (uint64_t)w0->n_out;
-    const uint64_t group = (uint64_t)grid * cta_rows * row_bytes * (EP == EP_SWIGLU ? 2 : 1);
+    ep.pf = warp_pf(w0, grid, cta_rows, (EP == EP_SWIGLU || EP == EP_SWIGLU_Q8) ? 2 : 1);
     ep.wpr = wpr;
     ep.nx_w = (const uint8_t *)ds_next_pf.w;
     ep.nx_bytes = ds_next_pf.bytes;
     ds_next_pf = {};
-    while (ep.pf > 0 && group * (uint64_t)(ep.pf + 1) > GEMV_PREFETCH_CAP) ep.pf--;
     size_t smem = 0;
     if (ds_x_norm.x) {
         DS_ASSERT(!is_float_type<TT>::v && w0->n_in % 32 == 0);
@@ -1523,6 +1584,94 @@ static void launch_warp(const gemv_matrix *w0, const gemv_matrix *w1, const floa
     case QB_Q5_K: DS_ASSERT(xq || ds_x_norm.x); launch_t<q5k_t, EP>(w0, w1, x, xq, y, best, s); break;
     case QB_Q6_K: DS_ASSERT(xq || ds_x_norm.x); launch_t<q6k_t, EP>(w0, w1, x, xq, y, best, s); break;
     default: DS_ASSERT(!"gemv: unsupported type");
+    }
+}
+
+// ---- two matrices in one launch (gemv_pair) ----
+
+static bool pair_type(uint32_t t) { return t == QB_Q4_K || t == QB_Q6_K; }
+
+// One side of a pair: its shape at the pair kernel's occupancy and its epilogue arguments.
+template <typename TT>
+static gemv_side pair_side(const gemv_matrix *w, float *y, const ep_args &ep0, int64_t full,
+                           int64_t *cta_rows, int64_t *need)
+{
+    int wpr;
+    warp_shape<TT, 1>(w, full, &wpr, cta_rows, need);
+    gemv_side sd = {(const uint8_t *)w->d_w, w->n_in, w->n_out, y, ep0};
+    sd.ep.wpr = wpr;
+    return sd;
+}
+
+template <typename T0, int E0, typename T1>
+static void launch_pair_t(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y0,
+                          float *y1, const ep_args &ep0, cudaStream_t s)
+{
+    auto k = gemv_pair_kernel<T0, E0, T1>;
+    const int64_t full = warp_full(k);
+    int64_t rows0, rows1, need0, need1;
+    const ep_args none = {};
+    gemv_side a = pair_side<T0>(w0, y0, ep0, full, &rows0, &need0);
+    gemv_side b = pair_side<T1>(w1, y1, none, full, &rows1, &need1);
+    // the wave split by bytes: each side gets CTAs in proportion to its weights (at least one,
+    // at most what covers its rows once)
+    const double b0 = (double)gemv_packed_bytes(w0->type, w0->n_in, w0->n_out);
+    const double b1 = (double)gemv_packed_bytes(w1->type, w1->n_in, w1->n_out);
+    int64_t g0 = need0, g1 = need1;
+    if (g0 + g1 > full) {
+        g0 = (int64_t)((double)full * b0 / (b0 + b1) + 0.5);
+        g0 = g0 < 1 ? 1 : g0 > need0 ? need0 : g0 > full - 1 ? full - 1 : g0;
+        g1 = full - g0 < need1 ? full - g0 : need1;
+    }
+    a.ep.pf = warp_pf(w0, (unsigned)g0, rows0, 1);
+    b.ep.pf = warp_pf(w1, (unsigned)g1, rows1, 1);
+    a.ep.nx_w = (const uint8_t *)ds_next_pf.w; // side 0 prefetches the next GEMV's weights
+    a.ep.nx_bytes = ds_next_pf.bytes;
+    ds_next_pf = {};
+    const int8_t *xqs = (const int8_t *)xq;
+    const float2 *xds = (const float2 *)(xqs + w0->n_in);
+    ds_launch(k, (unsigned)(g0 + g1), GEMV_WARPS * 32, 0, s, (const float *)nullptr, xqs, xds,
+              (unsigned)g0, a, b);
+}
+
+template <int E0, typename T0>
+static void launch_pair_e(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y0,
+                          float *y1, const ep_args &ep0, cudaStream_t s)
+{
+    if (w1->type == QB_Q4_K)
+        launch_pair_t<T0, E0, q4k_t>(w0, w1, xq, y0, y1, ep0, s);
+    else
+        launch_pair_t<T0, E0, q6k_t>(w0, w1, xq, y0, y1, ep0, s);
+}
+
+extern "C" bool gemv_pair_supported(const gemv_matrix *w0, const gemv_matrix *w1)
+{
+    return w0 && w1 && pair_type(w0->type) && pair_type(w1->type) && w0->n_in == w1->n_in &&
+           w0->kernel == GEMV_KERNEL_WARP && w1->kernel == GEMV_KERNEL_WARP && w0->n_out > 0 &&
+           w1->n_out > 0;
+}
+
+extern "C" void gemv_pair(const gemv_matrix *w0, const gemv_matrix *w1, const void *d_xq,
+                          float *d_y0, float *d_y1, const float *d_conv_w, float *d_conv_state,
+                          int64_t n_conv, int K_conv, cuda_stream stream)
+{
+    DS_ASSERT(gemv_pair_supported(w0, w1) && d_xq && !ds_x_norm.x);
+    ep_args ep0 = {};
+    cudaStream_t s = (cudaStream_t)stream;
+    if (d_conv_w) {
+        DS_ASSERT(n_conv >= 0 && n_conv <= w0->n_out && K_conv >= 1);
+        ep0.conv_w = d_conv_w;
+        ep0.conv_state = d_conv_state;
+        ep0.n_conv = n_conv;
+        ep0.K = K_conv;
+        if (w0->type == QB_Q4_K)
+            launch_pair_e<EP_CONV, q4k_t>(w0, w1, d_xq, d_y0, d_y1, ep0, s);
+        else
+            launch_pair_e<EP_CONV, q6k_t>(w0, w1, d_xq, d_y0, d_y1, ep0, s);
+    } else if (w0->type == QB_Q4_K) {
+        launch_pair_e<EP_STORE, q4k_t>(w0, w1, d_xq, d_y0, d_y1, ep0, s);
+    } else {
+        launch_pair_e<EP_STORE, q6k_t>(w0, w1, d_xq, d_y0, d_y1, ep0, s);
     }
 }
 

@@ -133,6 +133,16 @@ void gemv_conv(const gemv_matrix *w, const float *d_x, const void *d_xq, float *
                const float *d_conv_w, float *d_conv_state, int64_t n_conv, int K_conv,
                cuda_stream stream);
 
+/* Two GEMVs of the same Q8 input in one launch, on two parts of one grid: d_y0 = W0·x (with
+ * gemv_conv's causal conv on its first n_conv rows when d_conv_w is not NULL) and d_y1 = W1·x.
+ * For a layer whose in-projection groups are of two weight types (Q4_K_M: the 0.8B's Q6_K qkv
+ * beside its Q4_K z|β|α): one dependent step instead of two. Q4_K/Q6_K warp-kernel matrices
+ * of one width only (gemv_pair_supported); one row a warp. */
+bool gemv_pair_supported(const gemv_matrix *w0, const gemv_matrix *w1);
+void gemv_pair(const gemv_matrix *w0, const gemv_matrix *w1, const void *d_xq, float *d_y0,
+               float *d_y1, const float *d_conv_w, float *d_conv_state, int64_t n_conv,
+               int K_conv, cuda_stream stream);
+
 /* lm_head fused with greedy argmax: d_y = W·x (the logits, [n_out]) and *d_best = max over rows
  * of (ordered value << 32 | ~row), so ties pick the lowest row. *d_best must be 0 before the
  * launch (gemv_argmax_reset, or any earlier kernel of the step). gemv_argmax_row decodes. */

@@ -354,6 +354,100 @@ static void test_epilogues(void)
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 4096, MODE_ADD_NORM, false));
 }
 
+/* gemv_pair (two matrices, one launch) against the two launches it replaces (gemv_conv or
+ * gemv, then gemv) on the same input: the outputs and the conv windows it leaves. Rows may be
+ * split over warps differently (each side has part of the grid), so float rounding only. */
+static bool pair_case(uint32_t t0, int64_t n0, int64_t n_conv, uint32_t t1, int64_t n1,
+                      int64_t n_in, bool perturb)
+{
+    status st;
+    status_clear(&st);
+    const int K = 4;
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n0 * 31 + n1 * 7 + n_in + t0 * 1000 + t1));
+    dev_matrix A = {0}, B = {0};
+    float *x = malloc(n_in * sizeof(float)), *cw = malloc((n_conv * K + 1) * sizeof(float));
+    float *cs = malloc((n_conv * (K - 1) + 1) * sizeof(float));
+    float *y0 = malloc(n0 * sizeof(float)), *y1 = malloc(n1 * sizeof(float));
+    float *r0 = malloc(n0 * sizeof(float)), *r1 = malloc(n1 * sizeof(float));
+    float *cs_got = malloc((n_conv * (K - 1) + 1) * sizeof(float));
+    float *cs_ref = malloc((n_conv * (K - 1) + 1) * sizeof(float));
+    DS_ASSERT(x && cw && cs && y0 && y1 && r0 && r1 && cs_got && cs_ref);
+    for (int64_t i = 0; i < n_in; i++) x[i] = gpu_rng_normal(&rng);
+    for (int64_t i = 0; i < n_conv * K; i++) cw[i] = 0.5f * gpu_rng_normal(&rng);
+    for (int64_t i = 0; i < n_conv * (K - 1); i++) cs[i] = gpu_rng_normal(&rng);
+    float *d_x = NULL, *d_y0 = NULL, *d_y1 = NULL, *d_cw = NULL, *d_cs = NULL;
+    void *d_xq = NULL;
+    const size_t csb = (size_t)(n_conv * (K - 1) + 1) * sizeof(float);
+    bool ok = false;
+    if (matrix_make(&A, t0, n_in, n0, 21 + n0, &st) || matrix_make(&B, t1, n_in, n1, 22 + n1, &st) ||
+        cuda_alloc((void **)&d_x, n_in * sizeof(float), "x", &st) ||
+        cuda_alloc(&d_xq, gemv_xq_bytes(n_in), "xq", &st) ||
+        cuda_alloc((void **)&d_y0, n0 * sizeof(float), "y0", &st) ||
+        cuda_alloc((void **)&d_y1, n1 * sizeof(float), "y1", &st) ||
+        cuda_alloc((void **)&d_cw, (n_conv * K + 1) * sizeof(float), "conv w", &st) ||
+        cuda_alloc((void **)&d_cs, csb, "conv state", &st) ||
+        cuda_upload(d_x, x, n_in * sizeof(float), &st) ||
+        cuda_upload(d_cw, cw, (n_conv * K + 1) * sizeof(float), &st))
+        goto fail;
+    A.m.kernel = B.m.kernel = GEMV_KERNEL_WARP;
+    CU_ASSERT_TRUE(gemv_pair_supported(&A.m, &B.m));
+    gemv_quantize_x(d_x, d_xq, n_in, NULL);
+    /* the two launches */
+    if (cuda_upload(d_cs, cs, csb, &st)) goto fail;
+    if (n_conv)
+        gemv_conv(&A.m, d_x, d_xq, d_y0, d_cw, d_cs, n_conv, K, NULL);
+    else
+        gemv(&A.m, d_x, d_xq, d_y0, GEMV_STORE, NULL);
+    gemv(&B.m, d_x, d_xq, d_y1, GEMV_STORE, NULL);
+    if (cuda_sync(NULL, "gemv x2", &st) || cuda_download(r0, d_y0, n0 * sizeof(float), &st) ||
+        cuda_download(r1, d_y1, n1 * sizeof(float), &st) || cuda_download(cs_ref, d_cs, csb, &st))
+        goto fail;
+    /* the pair, from the same conv windows, into NaN-filled outputs */
+    if (cuda_upload(d_cs, cs, csb, &st) || cuda_memset(d_y0, 0xff, n0 * sizeof(float), &st) ||
+        cuda_memset(d_y1, 0xff, n1 * sizeof(float), &st))
+        goto fail;
+    gemv_pair(&A.m, &B.m, d_xq, d_y0, d_y1, n_conv ? d_cw : NULL, n_conv ? d_cs : NULL, n_conv, K,
+              NULL);
+    if (cuda_sync(NULL, "gemv_pair", &st) || cuda_download(y0, d_y0, n0 * sizeof(float), &st) ||
+        cuda_download(y1, d_y1, n1 * sizeof(float), &st) || cuda_download(cs_got, d_cs, csb, &st))
+        goto fail;
+    if (perturb) y1[n1 / 2] += 0.05f * (float)(rms(r1, n1) + 1e-3);
+    char name[160];
+    snprintf(name, sizeof name, "gemv_pair %s %lldx%lld%s + %s %lldx%lld%s",
+             quant_get(t0)->name, (long long)n0, (long long)n_in, n_conv ? " (conv)" : "",
+             quant_get(t1)->name, (long long)n1, (long long)n_in, perturb ? " (perturbed)" : "");
+    ok = gpu_parity_check(name, y0, r0, n0, 1e-5 * (rms(r0, n0) + 1e-3), 1e-4, 1e-8, false, NULL);
+    ok &= gpu_parity_check("  second matrix", y1, r1, n1, 1e-5 * (rms(r1, n1) + 1e-3), 1e-4,
+                           1e-8, false, NULL);
+    if (n_conv) /* the windows hold x-independent history and this step's W·x: same values */
+        ok &= gpu_parity_check("  conv windows", cs_got, cs_ref, n_conv * (K - 1),
+                               1e-5 * (rms(cs_ref, n_conv * (K - 1)) + 1e-3), 1e-4, 1e-8, false, NULL);
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    matrix_free(&A);
+    matrix_free(&B);
+    cuda_free(d_x), cuda_free(d_xq), cuda_free(d_y0), cuda_free(d_y1), cuda_free(d_cw), cuda_free(d_cs);
+    free(x), free(cw), free(cs), free(y0), free(y1), free(r0), free(r1), free(cs_got), free(cs_ref);
+    return ok && st.code == STATUS_OK;
+}
+
+static void test_pair(void)
+{
+    if (!g_have_gpu) return;
+    /* the 0.8B's GDN in-projection (Q6_K qkv with the conv, Q4_K z|beta|alpha) */
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q6_K, 6144, 6144, GGML_TYPE_Q4_K, 2080, 1024, false));
+    /* conv on part of the rows; the other order of types; both of one type; tiny and uneven */
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q4_K, 700, 512, GGML_TYPE_Q6_K, 33, 2560, false));
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q4_K, 4096, 0, GGML_TYPE_Q6_K, 1024, 1024, false));
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q6_K, 1, 0, GGML_TYPE_Q6_K, 70, 256, false));
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q4_K, 8192, 8192, GGML_TYPE_Q4_K, 4128, 2560, false));
+    /* a large pair: the wave split by bytes (27B-like widths) */
+    CU_ASSERT_TRUE(pair_case(GGML_TYPE_Q6_K, 10240, 10240, GGML_TYPE_Q4_K, 6208, 5120, false));
+    CU_ASSERT_FALSE(pair_case(GGML_TYPE_Q6_K, 512, 512, GGML_TYPE_Q4_K, 96, 1024, true));
+}
+
 /* Runs without a GPU: the flat kernel's walk and slices executed on the host
  * (gemv_flat_emulate) against quant_matvec on the Q8-rounded x, for every type, awkward shapes
  * and several grids (one CTA, a few, one CTA per row); plus one perturbed case that must fail. */
@@ -442,6 +536,7 @@ int main(void)
     CU_add_test(s, "float_odd_widths", test_float_odd_widths);
     CU_add_test(s, "epilogues", test_epilogues);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
+    CU_add_test(s, "pair", test_pair);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();

@@ -356,7 +356,7 @@ static void test_embed_step(void)
         tr->dequant((const uint8_t *)host + tok * rb, ref, n_in);
         void *d_raw = dev_from(host, raw), *d_w = dev(gemv_packed_bytes(types[t], n_in, n_out));
         gemv_pack(types[t], d_raw, d_w, n_in, n_out, NULL);
-        const gemv_matrix m = {types[t], n_in, n_out, d_w, 0};
+        const gemv_matrix m = {.type = types[t], .n_in = n_in, .n_out = n_out, .d_w = d_w};
         const int32_t pos[2] = {0, 41};
         const unsigned long long best = 0x1234ull << 32 | (uint32_t)~(uint32_t)tok;
         int32_t *d_pos = dev_from(pos, 8), *d_tok_out = dev(4);
