@@ -74,22 +74,6 @@ static const char *k_kernel_names[] = {"auto", "warp", "flat", "ring"};
 
 /* The Q8 form the fused epilogues wrote (d_q) against the twin quantiser applied to the F32
  * values the GPU wrote (v): the same arithmetic, so the same bytes (s to float rounding). */
-static bool check_q8_of(const char *what, const float *v, const int8_t *gq, int64_t n)
-{
-    int8_t *qs = malloc(n);
-    float *qd = malloc(n / 32 * sizeof(float)), *qsum = malloc(n / 32 * sizeof(float));
-    DS_ASSERT(qs && qd && qsum);
-    gpu_twin_q8_quantize(v, n, qs, qd, qsum, NULL);
-    const float *gds = (const float *)(gq + n);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += gq[i] != qs[i];
-    for (int64_t b = 0; b < n / 32; b++)
-        bad += gds[2 * b] != qd[b] || fabsf(gds[2 * b + 1] - qsum[b]) > 1e-5f * (1 + fabsf(qsum[b]));
-    if (bad) printf("  %s: Q8 of the output: %lld mismatches\n", what, (long long)bad);
-    free(qs), free(qd), free(qsum);
-    return bad == 0;
-}
-
 /* One case; returns true when the GPU matches. perturb: corrupt one GPU output first. kernel:
  * GEMV_KERNEL_AUTO / WARP / FLAT / RING. */
 static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb, int kernel)
@@ -188,7 +172,7 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
         if (nz) printf("  %llu sync counters left non-zero\n", (unsigned long long)nz);
         fused_ok &= nz == 0;
         if (md == MODE_SWIGLU_Q8) {
-            fused_ok &= check_q8_of("swiglu_q8", got, yq, n_out);
+            fused_ok &= gpu_check_q8_of("swiglu_q8", got, yq, n_out);
         } else { /* the norm of the GPU's own y, in double */
             double ss = 0;
             for (int64_t i = 0; i < n_out; i++) ss += (double)got[i] * got[i];
@@ -196,7 +180,7 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
             float *nref = malloc(n_out * sizeof(float));
             for (int64_t i = 0; i < n_out; i++) nref[i] = (float)(got[i] * r * nw[i]);
             fused_ok &= gpu_parity_check("  add_norm: the norm", ny, nref, n_out, 1e-6, 1e-5, 1e-10, true, NULL);
-            fused_ok &= check_q8_of("add_norm", ny, yq, n_out);
+            fused_ok &= gpu_check_q8_of("add_norm", ny, yq, n_out);
             free(nref);
         }
     }

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
@@ -159,4 +160,20 @@ void gpu_twin_q8_quantize(const float *x, int64_t n, int8_t *qs, float *d, float
         d[b] = db;
         s[b] = db * (float)sum;
     }
+}
+
+bool gpu_check_q8_of(const char *what, const float *v, const int8_t *gq, int64_t n)
+{
+    int8_t *qs = malloc(n);
+    float *qd = malloc(n / 32 * sizeof(float)), *qsum = malloc(n / 32 * sizeof(float));
+    DS_ASSERT(qs && qd && qsum);
+    gpu_twin_q8_quantize(v, n, qs, qd, qsum, NULL);
+    const float *gds = (const float *)(gq + n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += gq[i] != qs[i];
+    for (int64_t b = 0; b < n / 32; b++)
+        bad += gds[2 * b] != qd[b] || fabsf(gds[2 * b + 1] - qsum[b]) > 1e-5f * (1 + fabsf(qsum[b]));
+    if (bad) printf("  %s: Q8 of the output: %lld mismatches\n", what, (long long)bad);
+    free(qs), free(qd), free(qsum);
+    return bad == 0;
 }

@@ -45,4 +45,9 @@ bool gpu_test_have_gpu(const char *what);
 void gpu_twin_q8_quantize(const float *x, int64_t n, int8_t *qs, float *d, float *s,
                           float *x_deq);
 
+/* A GPU Q8 activation gq (gemv_xq_bytes(n): int8 then (d, s) per 32) against the twin's
+ * quantisation of v, the GPU's own F32 output it was made from: the int8 and d exact, s within
+ * float rounding. Prints "what: Q8 of the output: N mismatches" when any. */
+bool gpu_check_q8_of(const char *what, const float *v, const int8_t *gq, int64_t n);
+
 #endif

@@ -312,14 +312,20 @@ static bool attn_case(attn_shape sh, int P, int n_ctx)
     }
     attn_decode(d_q, d_qg, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o, d_oq, NULL);
     to_host(got, d_o, HA * 4);
+    int8_t *gq = malloc(gemv_xq_bytes(HA));
+    to_host(gq, d_oq, gemv_xq_bytes(HA));
     for (int h = 0; h < sh.n_h; h++) memcpy(q + h * sh.d_h, qg + h * 2 * sh.d_h, sh.d_h * 4);
     ref_rmsnorm_heads(q, qw, sh.n_h, sh.d_h, eps);
     ref_rope(q, sh.n_h, sh.d_h, sh.n_rot, P - 1, base);
     ref_attn_decode(q, kc, vc, P, sh.n_h, sh.n_kv, sh.d_h, 1.0f / sqrtf((float)sh.d_h), scores, o);
     for (int h = 0; h < sh.n_h; h++) ref_sigmoid_gate(o + h * sh.d_h, qg + h * 2 * sh.d_h + sh.d_h, sh.d_h);
-    char name[96];
-    snprintf(name, sizeof name, "attn n_h %d n_kv %d d_h %d, %d positions", sh.n_h, sh.n_kv, sh.d_h, P);
-    const bool ok = gpu_parity_check(name, got, o, HA, 1e-4, 1e-3, 1e-8, false, NULL);
+    char name[128];
+    const char *cv = getenv("DS_ATTN_COMBINE");
+    snprintf(name, sizeof name, "attn n_h %d n_kv %d d_h %d, %d positions (combine: %s)", sh.n_h,
+             sh.n_kv, sh.d_h, P, cv ? cv : "default");
+    bool ok = gpu_parity_check(name, got, o, HA, 1e-4, 1e-3, 1e-8, false, NULL);
+    ok &= gpu_check_q8_of(name, got, gq, HA); /* the Q8 the out-projection reads */
+    free(gq);
     cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_qg), cuda_free(d_k), cuda_free(d_v);
     cuda_free(d_q), cuda_free(d_kc), cuda_free(d_vc), cuda_free(d_part), cuda_free(d_o);
     cuda_free(d_oq), cuda_free(d_pos);
@@ -334,10 +340,16 @@ static void test_attn(void)
                                         {24, 4, 256, 64}, {16, 4, 128, 64}, {8, 1, 256, 64},
                                         {3, 3, 32, 16}};
     static const int Ps[] = {1, 5, 257, 300};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
-            CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600));
-    CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100)); /* 5 chunks */
+    /* both merges of the splits: the default and DS_ATTN_COMBINE=slices */
+    for (int v = 0; v < 2; v++) {
+        if (v) setenv("DS_ATTN_COMBINE", "slices", 1);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
+                CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600));
+        CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100)); /* 5 chunks */
+        CU_ASSERT_TRUE(attn_case(shapes[2], 4000, 4096)); /* the 0.8B at 4K: 125 of 128 */
+    }
+    unsetenv("DS_ATTN_COMBINE");
 }
 
 /* ---- embedding step ---- */
