@@ -1078,14 +1078,48 @@ static __global__ void __launch_bounds__(RING_THREADS)
 // the last CTA to finish (counter ep.sync[0], back to 0 after) computes the RMSNorm of the
 // whole y (F32 into ep.norm_y when not NULL, Q8 into ep.yq).
 
+#define FLAT_PF_BYTES (32u << 10)
+
+// bytes of one row in the packed layout (all its regions)
+template <typename TT> static __device__ __forceinline__ int64_t flat_row_bytes(int64_t n_in)
+{
+    if constexpr (is_float_type<TT>::v) {
+        return n_in * (std::is_same<TT, f32_t>::value ? 4 : 2);
+    } else {
+        const int64_t nb = n_in / TT::QK;
+        if constexpr (std::is_same<TT, q4k_t>::value) return nb * 144;
+        else if constexpr (std::is_same<TT, q5k_t>::value) return nb * 176;
+        else if constexpr (std::is_same<TT, q6k_t>::value) return nb * 210;
+        else return nb * 34;
+    }
+}
+
 template <typename TT, int EP, int U>
 static __global__ void __launch_bounds__(FLAT_THREADS)
     gemv_flat_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
                      int64_t n_out, const float *__restrict__ x, const int8_t *__restrict__ xqs,
                      const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
 {
-    ds_grid_dep();
     constexpr int TPB = TT::TPB, G = FLAT_THREADS / TPB, STEP = U * G, NW = FLAT_THREADS / 32;
+    // ep.pf (DS_GEMV_FLAT_PF=1): the first FLAT_PF_BYTES of this CTA's stretch into L2 before
+    // waiting for the previous kernel (the weights never depend on it): under PDL their DRAM
+    // latency overlaps its tail, as in the warp kernel (which the flat one lost to inside the
+    // step graph for the lm_heads although alone it was faster: docs/GPU.md)
+    if (ep.pf > 0) {
+        const int64_t p0 = (int64_t)blockIdx.x * n_out / gridDim.x;
+        const int64_t p1 = (int64_t)(blockIdx.x + 1) * n_out / gridDim.x;
+        const int64_t rb = flat_row_bytes<TT>(n_in);
+        int64_t np = FLAT_PF_BYTES / rb;
+        np = np < 1 ? 1 : np > p1 - p0 ? p1 - p0 : np;
+        const int64_t per_warp = (np + NW - 1) / NW, wr = p0 + (threadIdx.x >> 5) * per_warp;
+        const uint64_t nbk = is_float_type<TT>::v ? 0 : (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
+        if (wr < p0 + np) {
+            const int cnt = (int)(p0 + np - wr < per_warp ? p0 + np - wr : per_warp);
+            prefetch_rows<TT>(W0, n_in, n_out, nbk, wr, cnt, threadIdx.x & 31);
+            if (W1) prefetch_rows<TT>(W1, n_in, n_out, nbk, wr, cnt, threadIdx.x & 31);
+        }
+    }
+    ds_grid_dep();
     constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
     extern __shared__ float s_part[]; // [nf] partials (then [nf] of W1 when TWO)
     __shared__ unsigned long long s_best[NW];
@@ -1538,9 +1572,12 @@ static void launch_flat_u(const gemv_matrix *w0, const gemv_matrix *w1, const fl
     const size_t smem = (size_t)(((n_out + grid - 1) / grid) * nb * arrays * 4);
     const int8_t *xqs = (const int8_t *)xq;
     const float2 *xds = xq ? (const float2 *)(xqs + w0->n_in) : nullptr;
+    ep_args e = ep;
+    const char *fp = getenv("DS_GEMV_FLAT_PF");
+    e.pf = fp && strcmp(fp, "1") == 0 ? 1 : 0;
     ds_launch(k, (unsigned)grid, FLAT_THREADS, smem, s, (const uint8_t *)w0->d_w,
                                                  (const uint8_t *)(w1 ? w1->d_w : nullptr),
-                                                 w0->n_in, n_out, x, xqs, xds, y, ep);
+                                                 w0->n_in, n_out, x, xqs, xds, y, e);
 }
 
 template <typename TT, int EP>
