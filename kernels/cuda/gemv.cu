@@ -1503,7 +1503,13 @@ static int rows_per_warp(const gemv_matrix *w)
 {
     if (w->rows_per_warp == 1 || w->rows_per_warp == 2 || w->rows_per_warp == 4)
         return w->rows_per_warp;
-    if (w->type == QB_Q6_K && w->n_out >= 4096) return 2;
+    if (w->type == QB_Q6_K && w->n_out >= 4096) {
+        // DS_GEMV_Q6_R=1|2|4 overrides (with DS_GEMV_MINB_Q6=1, one row a warp gets 64
+        // registers and 8 CTAs/SM where two get 80 and 6: worth measuring on the lm_heads)
+        const char *e = getenv("DS_GEMV_Q6_R");
+        const int r = e ? atoi(e) : 0;
+        return r == 1 || r == 2 || r == 4 ? r : 2;
+    }
     return 1;
 }
 
