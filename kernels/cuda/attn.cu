@@ -237,6 +237,23 @@ static __device__ __forceinline__ float block_max(float v, float *scratch)
     return ds_warp_max(v);
 }
 
+// The whole CTA: M = the largest m of the head's splits that hold positions (l > 0), L = the
+// sum of exp(m_s - M)·l_s over them.
+static __device__ __forceinline__ void combine_ml(const float *pm, const float *pl, int ns,
+                                                  float *scratch, float *M_out, float *L_out)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    float M = -INFINITY;
+    for (int s = t; s < ns; s += nt)
+        if (pl[s] > 0.0f) M = fmaxf(M, pm[s]);
+    M = block_max(M, scratch);
+    float L = 0.0f;
+    for (int s = t; s < ns; s += nt)
+        if (pl[s] > 0.0f) L += expf(pm[s] - M) * pl[s];
+    *M_out = M;
+    *L_out = ds_block_sum(L, scratch);
+}
+
 // one CTA per query head, d_h threads = d_h/32 warps. Block max M of the valid splits' m, the
 // weights w_s = exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum
 // L = Σ w_s l_s; then warp k sums w_s o_s over splits s = k, k + d_h/32, ... for all d_h dims
@@ -258,14 +275,8 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     pl += (int64_t)h * n_split;
     po += (int64_t)h * n_split * d_h + lane * EPL;
     const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
-    float M = -INFINITY;
-    for (int s = t; s < ns; s += d_h)
-        if (pl[s] > 0.0f) M = fmaxf(M, pm[s]);
-    M = block_max(M, scratch);
-    float L = 0.0f;
-    for (int s = t; s < ns; s += d_h)
-        if (pl[s] > 0.0f) L += expf(pm[s] - M) * pl[s];
-    L = ds_block_sum(L, scratch);
+    float M, L;
+    combine_ml(pm, pl, ns, scratch, &M, &L);
     float acc[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e++) acc[e] = 0.0f;
@@ -326,14 +337,8 @@ static __global__ void __launch_bounds__(COMBINE_SLICE_WARPS * 32)
     pl += (int64_t)h * n_split;
     const float *po = part + (int64_t)h * n_split * d_h + c0 + lane;
     const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
-    float M = -INFINITY;
-    for (int s = t; s < ns; s += NT)
-        if (pl[s] > 0.0f) M = fmaxf(M, pm[s]);
-    M = block_max(M, scratch);
-    float L = 0.0f;
-    for (int s = t; s < ns; s += NT)
-        if (pl[s] > 0.0f) L += expf(pm[s] - M) * pl[s];
-    L = ds_block_sum(L, scratch);
+    float M, L;
+    combine_ml(pm, pl, ns, scratch, &M, &L);
     float acc = 0.0f;
     for (int s0 = 0; s0 < ns; s0 += COMBINE_TILE) {
         const int s1 = min(ns, s0 + COMBINE_TILE);
