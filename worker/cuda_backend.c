@@ -177,6 +177,11 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
         const uint64_t min = (uint64_t)(mk ? atoll(mk) : 4096) << 10;
         if (packed >= min) kernel = GEMV_KERNEL_RING;
     }
+    /* DS_GEMV_WRING=1: Q4_K matrices on the warp-ring kernel (each warp's own cp.async ring;
+     * matrices too short to fill the GPU one row a warp stay on the warp kernel at launch).
+     * Off until measured on the H200 (docs/GPU.md) */
+    if (kernel == GEMV_KERNEL_WARP && m0->type == GGML_TYPE_Q4_K && getenv_flag_on("DS_GEMV_WRING"))
+        kernel = GEMV_KERNEL_WRING;
     *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, kernel, 0};
     if (!d) { /* sizing pass: the largest staging needs */
         if (raw > u->stage_cap) u->stage_cap = raw;

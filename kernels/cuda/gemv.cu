@@ -761,6 +761,40 @@ static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const fl
     if (tid == 0) atomicExch(&ep.sync[0], 0u);
 }
 
+// After a warp-kernel CTA's rows (rows [cfirst + k·rstride, +cta_rows) for k = 0, 1, ...): its
+// share of the next GEMV's first weights into L2 (they stream while this kernel's tail and the
+// small kernels in between run), then the epilogue's tail: the Q8 units (EP_SWIGLU_Q8) or the
+// next norm (EP_ADD_NORM). (EP_ARGMAX's CTA reduction stays in gemv_body.)
+template <int EP>
+static __device__ __forceinline__ void gemv_finish(const unsigned cta, const unsigned ncta,
+                                                   int64_t cfirst, int64_t rstride,
+                                                   int64_t cta_rows, int64_t n_out,
+                                                   float *__restrict__ y, ep_args ep)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (ep.nx_bytes) {
+        const uint64_t th = (uint64_t)cta * blockDim.x + threadIdx.x;
+        const uint64_t nth = (uint64_t)ncta * blockDim.x;
+        for (uint64_t off = th * 128; off < ep.nx_bytes; off += nth * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(ep.nx_w + off));
+    }
+    if constexpr (EP == EP_SWIGLU_Q8) {
+        // each stretch of cta_rows rows this CTA wrote lies inside one Q8 unit (cta_rows is a
+        // power of two up to 16, n_out a multiple of 32): warp i % GEMV_WARPS reports stretch i
+        __threadfence();
+        __syncthreads();
+        int i = 0;
+        for (int64_t c0 = cfirst; c0 < n_out; c0 += rstride, i++)
+            if (warp == i % GEMV_WARPS)
+                tail_q8_unit(ep, y, n_out, c0 / 32,
+                             (unsigned)(n_out - c0 < cta_rows ? n_out - c0 : cta_rows), lane);
+    } else if constexpr (EP == EP_ADD_NORM) {
+        __shared__ float s_nscratch[32];
+        __shared__ int s_last;
+        tail_add_norm(ep, y, n_out, ncta, s_nscratch, &s_last);
+    }
+}
+
 // The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of wpr warps; group g of CTA k
 // handles rows [R*(k*G + g), +R) (G groups per CTA), then strides by the grid. The wpr warps of
 // a group split the row's blocks (short fat matrices: more warps in flight, fewer blocks each)
@@ -856,29 +890,7 @@ static __device__ __forceinline__ void
             }
         }
     }
-    // this warp's rows are done: its share of the next GEMV's first weights into L2, so they
-    // stream while this kernel's last rows, its tail and the small kernels in between run
-    if (ep.nx_bytes) {
-        const uint64_t th = (uint64_t)cta * blockDim.x + threadIdx.x;
-        const uint64_t nth = (uint64_t)ncta * blockDim.x;
-        for (uint64_t off = th * 128; off < ep.nx_bytes; off += nth * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(ep.nx_w + off));
-    }
-    if constexpr (EP == EP_SWIGLU_Q8) {
-        // each stretch of cta_rows rows this CTA wrote lies inside one Q8 unit (cta_rows is a
-        // power of two up to 16, n_out a multiple of 32): warp i % GEMV_WARPS reports stretch i
-        __threadfence();
-        __syncthreads();
-        int i = 0;
-        for (int64_t c0 = cfirst; c0 < n_out; c0 += rstride, i++)
-            if (warp == i % GEMV_WARPS)
-                tail_q8_unit(ep, y, n_out, c0 / 32,
-                             (unsigned)(n_out - c0 < cta_rows ? n_out - c0 : cta_rows), lane);
-    } else if constexpr (EP == EP_ADD_NORM) {
-        __shared__ float s_nscratch[32];
-        __shared__ int s_last;
-        tail_add_norm(ep, y, n_out, ncta, s_nscratch, &s_last);
-    }
+    gemv_finish<EP>(cta, ncta, cfirst, rstride, cta_rows, n_out, y, ep);
     if constexpr (EP == EP_ARGMAX) {
         __shared__ unsigned long long sbest[GEMV_WARPS];
         if (lane == 0) sbest[warp] = my_best;
@@ -1063,6 +1075,84 @@ static __global__ void __launch_bounds__(RING_THREADS)
             atomicMax(ep.best, m);
         }
     }
+}
+
+// ---- the warp-ring kernel (Q4_K; GEMV_KERNEL_WRING): the warp kernel's rows (one row a warp,
+// wpr 1: for matrices whose rows fill the GPU), but each warp streams its rows' blocks through
+// its own ring of WR_S shared-memory stages by cp.async, WR_S - 1 steps of 4 blocks (one block
+// per 8 lanes) ahead of the arithmetic and across its row boundaries, the first ones issued
+// before ds_grid_dep. The warp kernel's loads into registers wait one step (576 bytes a warp) at
+// a time: its L2 prefetch of the next row brings the DRAM side forward, but ncu saw 70% of its
+// issue slots stalled on L1TEX (BENCH run 12). Here WR_S - 1 steps per warp are in flight
+// without registers, at the same 12 CTAs per SM (10 for the SwiGLU pair, which spills at 40
+// registers) and with no CTA-wide barrier in the loop (the CTA-wide ring, GEMV_KERNEL_RING,
+// starved its compute of warps: BENCH run 19). Slices, x loads, epilogues and tails are the warp
+// kernel's; no argmax (the lm_heads are Q6_K; a Q4_K one takes the warp kernel).
+#define WR_S 3
+#define WR_STEP 4 // blocks per step
+#define WR_STAGE (WR_STEP * 144)
+
+template <int EP>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32,
+                                         (EP == EP_SWIGLU || EP == EP_SWIGLU_Q8) ? 10 : 12)
+    gemv_wring_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1,
+                      int64_t n_in, int64_t n_out, const int8_t *__restrict__ xqs,
+                      const float2 *__restrict__ xds, float *__restrict__ y, ep_args ep)
+{
+    constexpr bool TWO = EP == EP_SWIGLU || EP == EP_SWIGLU_Q8;
+    constexpr int NM = TWO ? 2 : 1;
+    __shared__ __align__(16) uint8_t ring[GEMV_WARPS][WR_S][NM][WR_STAGE];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nb = (int)(n_in / 256), steps = (nb + WR_STEP - 1) / WR_STEP;
+    const int64_t cta_rows = GEMV_WARPS, rstride = (int64_t)gridDim.x * cta_rows;
+    const int64_t cfirst = (int64_t)blockIdx.x * cta_rows, row0 = cfirst + warp;
+    const int64_t nrows = row0 < n_out ? (n_out - row0 + rstride - 1) / rstride : 0;
+    const int64_t total = nrows * steps; // (row, step) pairs in order
+    // step i's blocks into stage i % WR_S; past the end an empty group keeps the count
+    auto issue = [&](int64_t i) {
+        if (i < total) {
+            const int64_t row = row0 + (i / steps) * rstride;
+            const int b0 = (int)(i % steps) * WR_STEP;
+            const int nch = (nb - b0 < WR_STEP ? nb - b0 : WR_STEP) * 9; // 16-byte chunks
+            const uint64_t off = ((uint64_t)row * nb + b0) * 144;
+            for (int ch = lane; ch < nch; ch += 32) {
+                cp_async16(&ring[warp][i % WR_S][0][ch * 16], W0 + off + ch * 16);
+                if constexpr (TWO) cp_async16(&ring[warp][i % WR_S][1][ch * 16], W1 + off + ch * 16);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < WR_S - 1; k++) issue(k);
+    ds_grid_dep();
+    const int j = lane / 8, c = lane % 8; // this lane's block in a step, and its slice
+    float a = 0.0f, u = 0.0f;
+    static_assert(EP != EP_ARGMAX, "wring: no argmax");
+    for (int64_t i = 0; i < total; i++) {
+        issue(i + WR_S - 1);
+        cp_async_wait<WR_S - 1>(); // this lane's copies of step i are in
+        __syncwarp();              // and every lane's
+        const int s = (int)(i % steps), b = s * WR_STEP + j;
+        if (ep.pf > 0 && s == 0) // the row after next into L2, as the warp kernel
+            prefetch_rows<q4k_t>(W0, n_in, n_out, 0, row0 + (i / steps + ep.pf) * rstride, 1, lane);
+        if (b < nb) {
+            const xk45 xv = load_x(q4k_t(), b, c, xqs, xds);
+            a += slice_compute(q4k_t(), slice_load_s(q4k_t(), &ring[warp][i % WR_S][0][j * 144], c),
+                               c, xv);
+            if constexpr (TWO)
+                u += slice_compute(q4k_t(),
+                                   slice_load_s(q4k_t(), &ring[warp][i % WR_S][1][j * 144], c), c, xv);
+        }
+        __syncwarp(); // stage i % WR_S is free for step i + WR_S
+        if (s == steps - 1) {
+            a = warp_sum(a);
+            if constexpr (TWO) u = warp_sum(u);
+            if (lane == 0) ep_row<EP>(ep, y, row0 + (i / steps) * rstride, a, u, nullptr);
+            a = 0.0f, u = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
+    gemv_finish<EP>(blockIdx.x, gridDim.x, cfirst, rstride, cta_rows, n_out, y, ep);
 }
 
 // ---- the flat kernel: CTA k owns rows [k·n_out/grid, (k+1)·n_out/grid) (a contiguous stretch
@@ -1545,7 +1635,7 @@ extern "C" bool gemv_flat_supported(uint32_t type, int64_t n_in)
 static bool use_flat(const gemv_matrix *w)
 {
     return w->kernel != GEMV_KERNEL_WARP && w->kernel != GEMV_KERNEL_RING &&
-           gemv_flat_supported(w->type, w->n_in);
+           w->kernel != GEMV_KERNEL_WRING && gemv_flat_supported(w->type, w->n_in);
 }
 
 // One wave of CTAs (as many as fit at the occupancy their shared partials allow), unless the
@@ -1718,6 +1808,46 @@ extern "C" void gemv_pair(const gemv_matrix *w0, const gemv_matrix *w1, const vo
     }
 }
 
+// ---- warp-ring kernel launch ----
+
+// true when the warp-ring kernel took the launch (a GEMV_KERNEL_WRING Q4_K matrix whose rows
+// fill the GPU one a warp, an epilogue it has); false: the caller launches the warp kernel
+template <int EP>
+static bool launch_wring(const gemv_matrix *w0, const gemv_matrix *w1, const void *xq, float *y,
+                         const ep_args &ep0, cudaStream_t s)
+{
+    if constexpr (EP == EP_ARGMAX) {
+        return false;
+    } else {
+        if (w0->kernel != GEMV_KERNEL_WRING || w0->type != QB_Q4_K || !xq || ds_x_norm.x)
+            return false;
+        auto k = gemv_wring_kernel<EP>;
+        static bool carveout = false; // per instantiation: shared memory for 12 CTAs per SM
+        if (!carveout) {
+            cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+            carveout = true;
+        }
+        const int64_t full = warp_full(k);
+        int wpr;
+        int64_t cta_rows, need;
+        warp_shape<q4k_t, 1>(w0, full, &wpr, &cta_rows, &need);
+        if (wpr != 1) return false;
+        DS_ASSERT(((uintptr_t)w0->d_w % 16) == 0 && (!w1 || ((uintptr_t)w1->d_w % 16) == 0));
+        const unsigned grid = (unsigned)(need < full ? need : full);
+        ep_args ep = ep0;
+        ep.pf = warp_pf(w0, grid, cta_rows, w1 ? 2 : 1);
+        ep.wpr = 1;
+        ep.nx_w = (const uint8_t *)ds_next_pf.w;
+        ep.nx_bytes = ds_next_pf.bytes;
+        ds_next_pf = {};
+        const int8_t *xqs = (const int8_t *)xq;
+        ds_launch(k, grid, GEMV_WARPS * 32, 0, s, (const uint8_t *)w0->d_w,
+                  (const uint8_t *)(w1 ? w1->d_w : nullptr), w0->n_in, w0->n_out, xqs,
+                  (const float2 *)(xqs + w0->n_in), y, ep);
+        return true;
+    }
+}
+
 // ---- ring kernel launch ----
 
 // The ring's shape for a matrix of this type and width: rows per stage (8, 4, 2 or 1: the most
@@ -1819,7 +1949,7 @@ static void launch(const gemv_matrix *w0, const gemv_matrix *w1, const float *x,
 {
     DS_ASSERT(gemv_packed_bytes(w0->type, w0->n_in, w0->n_out) > 0);
     DS_ASSERT(!w1 || (w1->type == w0->type && w1->n_in == w0->n_in && w1->n_out == w0->n_out));
-    if (launch_ring<EP>(w0, w1, xq, y, ep, s)) return;
+    if (launch_ring<EP>(w0, w1, xq, y, ep, s) || launch_wring<EP>(w0, w1, xq, y, ep, s)) return;
     if (use_flat(w0))
         launch_flat<EP>(w0, w1, x, xq, y, ep, s);
     else
@@ -1839,8 +1969,8 @@ extern "C" void gemv_swiglu_q8(const gemv_matrix *gate, const gemv_matrix *up, c
     ep.yq = d_yq;
     if (use_flat(gate))
         launch_flat<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
-    else // the warp kernel (a ring matrix too: the ring has no fused epilogues)
-        launch_warp<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream);
+    else if (!launch_wring<EP_SWIGLU_Q8>(gate, up, d_xq, d_y, ep, stream))
+        launch_warp<EP_SWIGLU_Q8>(gate, up, d_x, d_xq, d_y, ep, stream); // a ring matrix too
 }
 
 extern "C" void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
@@ -1856,7 +1986,7 @@ extern "C" void gemv_add_norm(const gemv_matrix *w, const float *d_x, const void
     ep.eps = eps;
     if (use_flat(w))
         launch_flat<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
-    else
+    else if (!launch_wring<EP_ADD_NORM>(w, nullptr, d_xq, d_y, ep, stream))
         launch_warp<EP_ADD_NORM>(w, nullptr, d_x, d_xq, d_y, ep, stream);
 }
 

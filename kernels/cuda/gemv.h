@@ -50,6 +50,11 @@ typedef enum gemv_kernel_kind {
      * ahead of the arithmetic (bytes in flight not bounded by registers); x in shared memory.
      * Epilogues: store, add, SwiGLU, conv, argmax; other shapes and modes take the warp kernel. */
     GEMV_KERNEL_RING = 3,
+    /* Warp-ring (Q4_K): the warp kernel's rows, each warp streaming its blocks through its own
+     * small ring of shared-memory stages by cp.async ahead of the arithmetic, at the warp
+     * kernel's occupancy. Epilogues: all but argmax; matrices whose rows do not fill the GPU
+     * (the warp kernel would split rows over warps) and argmax take the warp kernel. */
+    GEMV_KERNEL_WRING = 4,
 } gemv_kernel_kind;
 
 typedef enum gemv_epilogue {

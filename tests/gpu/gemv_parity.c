@@ -70,7 +70,7 @@ static double rms(const float *v, int64_t n)
 
 typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX, MODE_SWIGLU_Q8, MODE_ADD_NORM } mode;
 static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax", "swiglu+q8", "add+norm"};
-static const char *k_kernel_names[] = {"auto", "warp", "flat", "ring"};
+static const char *k_kernel_names[] = {"auto", "warp", "flat", "ring", "wring"};
 
 /* The Q8 form the fused epilogues wrote (d_q) against the twin quantiser applied to the F32
  * values the GPU wrote (v): the same arithmetic, so the same bytes (s to float rounding). */
@@ -273,6 +273,9 @@ static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool p
     if (gemv_ring_supported(type, n_in))
         ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING)
                      : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING);
+    if (type == GGML_TYPE_Q4_K) /* the warp-ring kernel where it takes the shape, else warp */
+        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WRING)
+                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WRING);
     return ok;
 }
 

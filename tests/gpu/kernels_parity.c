@@ -193,9 +193,9 @@ static void test_gemv_conv(void)
     memcpy(cs0, cs, n_conv * (K - 1) * 4);
     ref_gdn_conv(mixed, n_conv, 1, n_conv, K, cw, cs, ref);
     memcpy(ref + n_conv, mixed + n_conv, (n_out - n_conv) * 4);
-    static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_RING};
-    static const char *kname[] = {"auto", "warp", "ring"};
-    for (int k = 0; k < 3; k++) {
+    static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_RING, GEMV_KERNEL_WRING};
+    static const char *kname[] = {"auto", "warp", "ring", "wring"};
+    for (int k = 0; k < 4; k++) {
         char name[96];
         snprintf(name, sizeof name, "gemv_conv q4_K 130x512 (96 conv rows) %s", kname[k]);
         const gemv_matrix m = {GGML_TYPE_Q4_K, n_in, n_out, d_w, 0, kern[k], 0};
