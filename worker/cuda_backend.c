@@ -68,7 +68,7 @@ struct cuda_backend {
     bool fuse;        /* flat GEMVs with fused epilogues (DS_GEMV_KERNEL=flat; default: warp) */
     bool wfuse;       /* the warp graph with the fused epilogues too (DS_GEMV_WARP_FUSE=1) */
     uint64_t pair_max; /* in-projection groups of two types in one launch up to these bytes
-                          (DS_GEMV_PAIR_MB; 0: off, the default until measured) */
+                          (DS_GEMV_PAIR_MB, default 32 MiB; 0: off) */
     bool pdl;         /* the step graph uses programmatic dependent launch (DS_PDL=0: not) */
     unsigned repeat;  /* DS_STEP_REPEAT: kernel kinds recorded twice (timing only, wrong output) */
     uint64_t next_pf; /* bytes of the next GEMV's weights each GEMV prefetches (DS_GEMV_NEXT_MB) */
@@ -179,7 +179,7 @@ static int upload_mats(cb_upload *u, const qwen35_mat *const *mats, int n, gemv_
     }
     /* DS_GEMV_WRING=1: Q4_K matrices on the warp-ring kernel (each warp's own cp.async ring;
      * matrices too short to fill the GPU one row a warp stay on the warp kernel at launch).
-     * Off until measured on the H200 (docs/GPU.md) */
+     * Measured on the H200 (BENCH.md run 26): 1-27% slower; opt-in */
     if (kernel == GEMV_KERNEL_WARP && m0->type == GGML_TYPE_Q4_K && getenv_flag_on("DS_GEMV_WRING"))
         kernel = GEMV_KERNEL_WRING;
     *out = (gemv_matrix){m0->type, m0->n_in, n_out, d, 0, kernel, 0};
@@ -580,14 +580,19 @@ int cuda_backend_create(const qwen35_model *m, const cuda_backend_opts *o, cuda_
     b->fuse = !warp;
     /* DS_GEMV_WARP_FUSE=1: the warp graph's residual GEMVs compute the next norm and its
      * gate/up GEMVs quantise their output in their last CTA / warp (gemv_add_norm,
-     * gemv_swiglu_q8), dropping each layer's norm_rms and gemv_quantize_x kernels. Off until
-     * measured on the H200 (docs/GPU.md). */
+     * gemv_swiglu_q8), dropping each layer's norm_rms and gemv_quantize_x kernels. Opt-in:
+     * 20-26% fewer tokens/s than the default on the H200 even after the tail fix of BENCH.md run 28
+     * (the norm / Q8 tails run on one CTA or warp after every other is done, serial latency
+     * that costs more than the small kernels they replace). */
     b->wfuse = warp && getenv_flag_on("DS_GEMV_WARP_FUSE");
-    /* DS_GEMV_PAIR_MB=N: a sublayer whose in-projections form two groups (two weight types)
-     * runs them as one launch when together they are at most N MiB (the 0.8B's: 6.3 MiB) */
+    /* A sublayer whose in-projections form two groups (two weight types) runs them as one
+     * launch (gemv_pair) when together they are at most DS_GEMV_PAIR_MB MiB (default 32; 0:
+     * never). H200, BENCH.md runs 26-28: 0.8B (6.3 MiB) +4.4%, 4B (~22 MiB) +1.4%, 27B (~55 MiB)
+     * -0.5%, so the default stops between the 4B and the 27B. */
     {
         const char *pm = getenv("DS_GEMV_PAIR_MB");
-        b->pair_max = warp && pm ? (uint64_t)atoll(pm) << 20 : 0;
+        const long long mb = pm ? atoll(pm) : 32;
+        b->pair_max = warp && mb > 0 ? (uint64_t)mb << 20 : 0;
     }
     if (check_shapes(c, st) || cuda_device_props_get(o ? o->device : 0, &b->props, st) ||
         cuda_stream_create(&b->stream, st))

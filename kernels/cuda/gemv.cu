@@ -731,7 +731,12 @@ static __device__ __forceinline__ void tail_q8_unit(const ep_args &ep, const flo
 
 // EP_ADD_NORM's tail, the whole CTA after its rows are written: the last of the ncta CTAs to get
 // here (counter ep.sync[0], back to 0 after) computes the RMSNorm of the whole y (F32 into
-// ep.norm_y when not NULL, Q8 into ep.yq). blockDim.x a multiple of 32.
+// ep.norm_y when not NULL, Q8 into ep.yq). blockDim.x a multiple of 32, n_out of 32.
+// One CTA of 128 threads walks up to several thousand values here, twice: the loads go out
+// TAIL_U at a time (independent, so their L2 latencies overlap) instead of one per iteration
+// (with one load an iteration the tail cost 9 us at n 1024 and 38 us at 5120 on the H200, ncu,
+// BENCH.md run 27).
+#define TAIL_U 8
 static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const float *y,
                                                      int64_t n_out, unsigned ncta,
                                                      float *s_scratch, int *s_last)
@@ -745,18 +750,35 @@ static __device__ __forceinline__ void tail_add_norm(const ep_args &ep, const fl
     __threadfence(); // every CTA's rows are in; read them from L2 (__ldcg), not L1
     const int n = (int)n_out;
     float ss = 0.0f;
-    for (int i = tid; i < n; i += nt) {
-        const float v = __ldcg(y + i);
-        ss += v * v;
+    for (int i0 = 0; i0 < n; i0 += TAIL_U * nt) {
+        float v[TAIL_U];
+#pragma unroll
+        for (int u = 0; u < TAIL_U; u++) {
+            const int i = i0 + u * nt + tid;
+            v[u] = i < n ? __ldcg(y + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < TAIL_U; u++) ss += v[u] * v[u];
     }
     ss = ds_block_sum(ss, s_scratch);
     const float r = 1.0f / sqrtf(ss / (float)n + ep.eps);
-    for (int i0 = 0; i0 < n; i0 += nt) {
-        const int i = i0 + tid;
-        if (i0 + (tid & ~31) >= n) break; // whole warps past the end leave together
-        const float v = i < n ? __ldcg(y + i) * r * ep.norm_w[i] : 0.0f;
-        if (ep.norm_y && i < n) ep.norm_y[i] = v;
-        ds_q8_store_warp(v, i0 + (tid & ~31), n, ep.yq);
+    const int wbase = tid & ~31;
+    for (int i0 = 0; i0 < n; i0 += TAIL_U * nt) {
+        float v[TAIL_U], w[TAIL_U];
+#pragma unroll
+        for (int u = 0; u < TAIL_U; u++) {
+            const int i = i0 + u * nt + tid;
+            v[u] = i < n ? __ldcg(y + i) : 0.0f;
+            w[u] = i < n ? ep.norm_w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < TAIL_U; u++) {
+            const int b = i0 + u * nt + wbase; // this warp's 32 values: one Q8 block, all or none
+            if (b >= n) break;                  // warp-uniform
+            const float o = v[u] * r * w[u];
+            if (ep.norm_y) ep.norm_y[b + (tid & 31)] = o;
+            ds_q8_store_warp(o, b, n, ep.yq);
+        }
     }
     if (tid == 0) atomicExch(&ep.sync[0], 0u);
 }
@@ -1550,15 +1572,26 @@ static void launch_r(const gemv_matrix *w0, const gemv_matrix *w1, const float *
     if constexpr (std::is_same<TT, q4k_t>::value && R == 1) {
         const char *mb = getenv("DS_GEMV_MINB");
         if (!(mb && strcmp(mb, "0") == 0)) k = gemv_kernel<TT, EP, R, 12>;
+        // the fused epilogues spill 12-28 bytes at 40 registers; DS_GEMV_MINB_FUSED=10 gives
+        // them 48 (10 CTAs per SM): +1.5-5% for the fused warp graph, which is itself
+        // slower than the default (BENCH.md run 28), so it stays opt-in.
+        if constexpr (EP == EP_ADD_NORM || EP == EP_SWIGLU_Q8) {
+            const char *mf = getenv("DS_GEMV_MINB_FUSED");
+            if (mf && strcmp(mf, "10") == 0) k = gemv_kernel<TT, EP, R, 10>;
+        }
     }
     // Q6_K: uncapped it takes 84-99 registers with one row a warp and 102-114 with two (the
     // lm_heads): 4-5 CTAs, 16-20 warps per SM. DS_GEMV_MINB_Q6=1 builds one row a warp for 8
     // CTAs (64 registers, no spills) and two rows for 6 (80 registers, 24-44 bytes spilled;
-    // ptxas -v, sm_90). Opt-in until measured on the H200 (docs/GPU.md, next steps).
+    // ptxas -v, sm_90). Measured on the H200 (BENCH.md run 26): 0.8B +2%, 4B -5%, 27B -1%;
+    // opt-in.
     if constexpr (std::is_same<TT, q6k_t>::value && (R == 1 || R == 2)) {
         const char *mb = getenv("DS_GEMV_MINB_Q6");
         if (mb && strcmp(mb, "1") == 0) k = gemv_kernel<TT, EP, R, R == 1 ? 8 : 6>;
     }
+    // Q6_K, four rows a warp: capped at 128 registers, 4 CTAs per SM (the argmax epilogue
+    // takes 130 uncapped, which leaves 3)
+    if constexpr (std::is_same<TT, q6k_t>::value && R == 4) k = gemv_kernel<TT, EP, R, 4>;
     const int64_t full = warp_full(k);
     int wpr;
     int64_t cta_rows, need;
@@ -1598,7 +1631,10 @@ static int rows_per_warp(const gemv_matrix *w)
         // registers and 8 CTAs/SM where two get 80 and 6: worth measuring on the lm_heads)
         const char *e = getenv("DS_GEMV_Q6_R");
         const int r = e ? atoi(e) : 0;
-        return r == 1 || r == 2 || r == 4 ? r : 2;
+        // default: 4 rows a warp for the lm_heads (H200 gemv_bench, BENCH.md run 29: 248320 rows
+        // x 1024/2560/5120 at 69/81/91% of 4.6 TB/s with 4, 53/69/81% with 2; decode +1.6-2.7% on
+        // the 0.8B and 4B), 2 otherwise
+        return r == 1 || r == 2 || r == 4 ? r : w->n_out >= 65536 ? 4 : 2;
     }
     return 1;
 }
