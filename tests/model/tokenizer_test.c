@@ -188,6 +188,23 @@ static void test_special_in_text(void)
     CU_ASSERT(nb == 1 && a[na + 1] == b[0]);
     free(a);
     free(b);
+    /* Specials are split out of the raw text before NFC (HF: normalized=false): the '>' that
+     * ends "<|im_end|>" does not compose with a following U+0338 into U+226F, while a plain
+     * '>' does. Found by tools/fuzz. */
+    char *out;
+    size_t ol;
+    status st = {0};
+    n = enc("<|im_end|>\xCC\xB8", &a);
+    CU_ASSERT(n >= 2 && a[0] == 1026);
+    CU_ASSERT_EQUAL_FATAL(tokenizer_decode(ref_tok[0], a, n, &out, &ol, &st), STATUS_OK);
+    CU_ASSERT(ol == 12 && !memcmp(out, "<|im_end|>\xCC\xB8", 12));
+    free(out);
+    free(a);
+    n = enc("x>\xCC\xB8", &a);
+    CU_ASSERT_EQUAL_FATAL(tokenizer_decode(ref_tok[0], a, n, &out, &ol, &st), STATUS_OK);
+    CU_ASSERT(ol == 4 && !memcmp(out, "x\xE2\x89\xAF", 4));
+    free(out);
+    free(a);
 }
 
 static void test_empty_and_invalid(void)
