@@ -6,7 +6,9 @@ generate: --temperature 0 reproduces every reference `greedy` exactly, from --id
 --prompt text (through the tokenizer); the streamed text equals `deltaserve detokenize` of the
 ids; bad input exits non-zero with one line.
 Needs DS_BIN (set by run_py.sh) and the reference directory (DS_REFERENCE_DIR, else
-DS_REPO_ROOT/../shared/reference, else found from this file's real path)."""
+DS_REPO_ROOT/../shared/reference, else found from this file's real path). eval and generate run
+every case of that folder and of the repository's tests/reference (reference_cases); the other
+checks use tiny-r2-tied of the shared folder."""
 import array
 import json
 import os
@@ -26,8 +28,25 @@ def reference_dir():
     return os.path.join(here, "..", "..", "..", "shared", "reference")
 
 
+def reference_cases(shared):
+    """(name, folder) of every reference case: NAME.gguf with NAME.json in the shared folder
+    (when it exists), then in the repository's own folder ($DS_REPO_REFERENCE_DIR, else
+    tests/reference under the working directory: the runfiles root under bazel, the repository
+    root by hand). Sorted by name within each folder; tests/model/ref_cases.h does the same."""
+    out, seen = [], set()
+    for d in (shared, os.environ.get("DS_REPO_REFERENCE_DIR") or "tests/reference"):
+        if not os.path.isdir(d) or os.path.realpath(d) in seen:
+            continue
+        seen.add(os.path.realpath(d))
+        for f in sorted(os.listdir(d)):
+            name = f[:-5]
+            if f.endswith(".gguf") and os.path.exists(os.path.join(d, name + ".json")):
+                out.append((name, d))
+    return out
+
+
 REF = reference_dir()
-CASES = ["tiny-r2-tied", "tiny-r1-untied"]
+CASES = reference_cases(REF)  # [(name, folder)]
 failures = []
 
 
@@ -69,14 +88,15 @@ def one_line_error(p, code):
 
 
 def test_eval(tmp):
-    for name in CASES:
-        model = os.path.join(REF, name + ".gguf")
-        meta = json.load(open(os.path.join(REF, name + ".json")))
+    check(len(CASES) > 0, f"reference cases found in {REF} or tests/reference")
+    for name, d in CASES:
+        model = os.path.join(d, name + ".gguf")
+        meta = json.load(open(os.path.join(d, name + ".json")))
         V = meta["vocab_size"]
         for i, p in enumerate(meta["prompts"]):
             ids = p["ids"] + p["greedy"]
             rows = len(ids)
-            ref = read_f32(os.path.join(REF, name + ".logits.f32"), p["logits_offset_floats"], rows * V)
+            ref = read_f32(os.path.join(d, name + ".logits.f32"), p["logits_offset_floats"], rows * V)
             for mode in (["--mode", "prefill"], ["--mode", "decode", "--prompt-len", str(len(p["ids"]))]):
                 out = os.path.join(tmp, "logits.f32")
                 r = run("eval", "--model", model, "--ids", ",".join(map(str, ids)), "--logits-out", out, *mode)
@@ -114,9 +134,9 @@ def test_eval_errors(tmp):
 
 
 def test_generate():
-    for name in CASES:
-        model = os.path.join(REF, name + ".gguf")
-        meta = json.load(open(os.path.join(REF, name + ".json")))
+    for name, d in CASES:
+        model = os.path.join(d, name + ".gguf")
+        meta = json.load(open(os.path.join(d, name + ".json")))
         for i, p in enumerate(meta["prompts"]):
             n = len(p["greedy"])
             r = run("generate", "--model", model, "--ids", ",".join(map(str, p["ids"])),

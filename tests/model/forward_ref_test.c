@@ -1,4 +1,5 @@
-/* The CPU forward pass against the Hugging Face reference cases (shared/reference): every row
+/* The CPU forward pass against the Hugging Face reference cases (every case of ref_cases.h:
+ * shared/reference when present, and the repository's tests/reference): every row
  * of teacher-forced logits within 1e-3·max|logit| in prefill (chunked and token-by-token delta
  * rule, one step or many small steps) and in prefill-then-decode; greedy decoding reproduces
  * HF's greedy ids exactly; and the engine's own invariants: prefill+decode == longer prefill,
@@ -12,31 +13,40 @@
 
 #include "forward_test_util.h"
 #include "model/forward.h"
+#include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
 #define REF_TOL 1e-3 /* the reference criterion: max|Δ| <= 1e-3 · max|logit| per row */
 #define SELF_TOL 1e-4
 
-static const char *const cases[] = {"tiny-r2-tied", "tiny-r1-untied"};
-#define N_CASES 2
+static ref_case case_list[REF_CASES_MAX];
+static const char *cases[REF_CASES_MAX]; /* names, for the messages */
+static int N_CASES;
 
-static qwen35_model *models[N_CASES];
-static ref_prompt *prompts[N_CASES];
-static int n_prompts[N_CASES];
-static qwen35_ctx *ctx_big[N_CASES];   /* max_tokens 512, max_batch 8 */
-static qwen35_ctx *ctx_small[N_CASES]; /* max_tokens 7: many prefill steps */
+static qwen35_model *models[REF_CASES_MAX];
+static ref_prompt *prompts[REF_CASES_MAX];
+static int n_prompts[REF_CASES_MAX];
+static qwen35_ctx *ctx_big[REF_CASES_MAX];   /* max_tokens 512, max_batch 8 */
+static qwen35_ctx *ctx_small[REF_CASES_MAX]; /* max_tokens 7: many prefill steps */
 
 static int setup(void)
 {
+    N_CASES = ref_cases_list(case_list, REF_CASES_MAX);
+    if (N_CASES <= 0) {
+        fprintf(stderr, "no reference cases (shared/reference, tests/reference)\n");
+        return 1;
+    }
     for (int c = 0; c < N_CASES; c++) {
-        char path[4096];
+        char path[4400];
         status st;
-        testutil_reference_path(path, sizeof path, cases[c], ".gguf");
+        cases[c] = case_list[c].name;
+        printf("\n    case %s in %s", cases[c], case_list[c].dir);
+        ref_case_path(&case_list[c], ".gguf", path, sizeof path);
         if (qwen35_model_load(&models[c], path, &st)) {
             fprintf(stderr, "load %s: %s\n", path, st.msg);
             return 1;
         }
-        n_prompts[c] = forward_test_read_prompts(cases[c], &prompts[c]);
+        n_prompts[c] = forward_test_read_prompts_in(case_list[c].dir, cases[c], &prompts[c]);
         if (n_prompts[c] <= 0) return 1;
         if (qwen35_ctx_create(models[c], &(qwen35_ctx_opts){.max_batch = 8, .max_tokens = 512, .n_threads = 2},
                               &ctx_big[c], &st) ||
@@ -227,8 +237,8 @@ static void check_batch(int c, int B)
     for (int b = 0; b < B; b++) {
         const ref_prompt *p = &prompts[c][b % n_prompts[c]];
         int n = p->n_ids - b % 2 > 0 ? p->n_ids - b % 2 : p->n_ids; /* differing lengths */
-        CU_ASSERT_FATAL(qwen35_state_create(m, 128, &sb[b], &st) == 0);
-        CU_ASSERT_FATAL(qwen35_state_create(m, 128, &s1[b], &st) == 0);
+        CU_ASSERT_FATAL(qwen35_state_create(m, p->n_ids + steps, &sb[b], &st) == 0);
+        CU_ASSERT_FATAL(qwen35_state_create(m, p->n_ids + steps, &s1[b], &st) == 0);
         CU_ASSERT_EQUAL(qwen35_prefill(ctx_big[c], sb[b], p->ids, n, NULL, false, &st), 0);
         qwen35_state_copy(s1[b], sb[b]);
     }
@@ -327,20 +337,39 @@ static void test_check_can_fail(void)
     qwen35_ctx_destroy(ctx);
 }
 
+/* The shapes of the known cases, per shared/reference/README.md and tests/reference/README.md
+ * (a case found under another name is only run, not checked here). */
 static void test_config(void)
 {
-    const qwen35_config *c = &models[0]->cfg; /* tiny-r2-tied, per shared/reference/README.md */
-    CU_ASSERT(c->H == 256 && c->n_layer == 4 && c->n_gdn_layers == 3 && c->n_attn_layers == 1);
-    CU_ASSERT(c->n_h == 4 && c->n_kv == 2 && c->d_h == 64 && c->n_k == 2 && c->n_v == 4);
-    CU_ASSERT(c->d_k == 64 && c->d_v == 64 && c->F == 768 && c->V == 1029 && c->tied);
-    CU_ASSERT(c->n_rot == 16 && c->K_conv == 4 && c->C == 2 * 2 * 64 + 4 * 64);
-    CU_ASSERT(c->recurrent[0] && c->recurrent[2] && !c->recurrent[3]);
-    c = &models[1]->cfg; /* tiny-r1-untied */
-    CU_ASSERT(c->H == 256 && c->n_layer == 8 && c->n_gdn_layers == 6 && c->n_attn_layers == 2);
-    CU_ASSERT(c->n_h == 2 && c->n_kv == 1 && c->n_k == 4 && c->n_v == 4 && c->d_k == 32);
-    CU_ASSERT(c->F == 256 && c->V == 773 && !c->tied && !c->recurrent[7] && c->recurrent[4]);
-    CU_ASSERT(models[1]->output.data != models[1]->tok_embd.data);
-    CU_ASSERT(models[0]->output.data == models[0]->tok_embd.data);
+    int i = ref_cases_find(case_list, N_CASES, "tiny-r2-tied");
+    if (i >= 0) {
+        const qwen35_config *c = &models[i]->cfg;
+        CU_ASSERT(c->H == 256 && c->n_layer == 4 && c->n_gdn_layers == 3 && c->n_attn_layers == 1);
+        CU_ASSERT(c->n_h == 4 && c->n_kv == 2 && c->d_h == 64 && c->n_k == 2 && c->n_v == 4);
+        CU_ASSERT(c->d_k == 64 && c->d_v == 64 && c->F == 768 && c->V == 1029 && c->tied);
+        CU_ASSERT(c->n_rot == 16 && c->K_conv == 4 && c->C == 2 * 2 * 64 + 4 * 64);
+        CU_ASSERT(c->recurrent[0] && c->recurrent[2] && !c->recurrent[3]);
+        CU_ASSERT(models[i]->output.data == models[i]->tok_embd.data);
+    }
+    if ((i = ref_cases_find(case_list, N_CASES, "tiny-r1-untied")) >= 0) {
+        const qwen35_config *c = &models[i]->cfg;
+        CU_ASSERT(c->H == 256 && c->n_layer == 8 && c->n_gdn_layers == 6 && c->n_attn_layers == 2);
+        CU_ASSERT(c->n_h == 2 && c->n_kv == 1 && c->n_k == 4 && c->n_v == 4 && c->d_k == 32);
+        CU_ASSERT(c->F == 256 && c->V == 773 && !c->tied && !c->recurrent[7] && c->recurrent[4]);
+        CU_ASSERT(models[i]->output.data != models[i]->tok_embd.data);
+    }
+    if ((i = ref_cases_find(case_list, N_CASES, "tiny-r3-gqa3")) >= 0) {
+        const qwen35_config *c = &models[i]->cfg; /* GQA 3, 3 V heads per K head */
+        CU_ASSERT(c->H == 128 && c->n_layer == 8 && c->n_gdn_layers == 6 && c->n_attn_layers == 2);
+        CU_ASSERT(c->n_h == 6 && c->n_kv == 2 && c->d_h == 64 && c->n_k == 2 && c->n_v == 6);
+        CU_ASSERT(c->d_k == 32 && c->d_v == 32 && c->F == 256 && c->V == 1005 && !c->tied);
+        CU_ASSERT(c->n_rot == 16 && c->C == 2 * 2 * 32 + 6 * 32);
+        CU_ASSERT(c->recurrent[0] && !c->recurrent[3] && c->recurrent[4] && !c->recurrent[7]);
+        CU_ASSERT(models[i]->output.data != models[i]->tok_embd.data);
+    }
+    /* every case: the prompts fit the contexts of setup() */
+    for (int c = 0; c < N_CASES; c++)
+        for (int k = 0; k < n_prompts[c]; k++) CU_ASSERT(prompts[c][k].rows + 4 <= 512);
 }
 
 int main(void)

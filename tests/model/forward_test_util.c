@@ -118,8 +118,15 @@ static int parse_prompt(const char *p, ref_prompt *r)
 
 int forward_test_read_prompts(const char *name, ref_prompt **out)
 {
-    char path[PATH_MAX];
-    testutil_reference_path(path, sizeof path, name, ".json");
+    char dir[PATH_MAX];
+    testutil_reference_dir(dir, sizeof dir);
+    return forward_test_read_prompts_in(dir, name, out);
+}
+
+int forward_test_read_prompts_in(const char *dir, const char *name, ref_prompt **out)
+{
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/%s.json", dir, name);
     size_t n;
     char *js = testutil_read_file(path, &n);
     if (!js) {
@@ -148,7 +155,7 @@ int forward_test_read_prompts(const char *name, ref_prompt **out)
         free(arr);
         return -1;
     }
-    testutil_reference_path(path, sizeof path, name, ".logits.f32");
+    snprintf(path, sizeof path, "%s/%s.logits.f32", dir, name);
     char *lg = testutil_read_file(path, &n);
     for (int i = 0; i < cnt; i++) {
         long need = arr[i].logits_offset + (long)arr[i].rows * arr[i].V;

@@ -2,12 +2,32 @@
 ids as a JSON array, exact text with no newline added, and the documented exit codes.
 
 usage: tokenizer_cli_test.py DELTASERVE REFERENCE_DIR
+The tokenizer entries of every reference case of REFERENCE_DIR (the shared folder) and of
+tests/reference; the error cases use tiny-r2-tied of REFERENCE_DIR.
 """
 import json
+import os
 import subprocess
 import sys
 
 fails = 0
+
+
+def reference_cases(shared):
+    """(name, folder) of every reference case: NAME.gguf with NAME.json in the shared folder
+    (when it exists), then in the repository's own folder ($DS_REPO_REFERENCE_DIR, else
+    tests/reference under the working directory: the runfiles root under bazel, the repository
+    root by hand). Sorted by name within each folder; tests/model/ref_cases.h does the same."""
+    out, seen = [], set()
+    for d in (shared, os.environ.get("DS_REPO_REFERENCE_DIR") or "tests/reference"):
+        if not os.path.isdir(d) or os.path.realpath(d) in seen:
+            continue
+        seen.add(os.path.realpath(d))
+        for f in sorted(os.listdir(d)):
+            name = f[:-5]
+            if f.endswith(".gguf") and os.path.exists(os.path.join(d, name + ".json")):
+                out.append((name, d))
+    return out
 
 
 def check(cond, what):
@@ -24,9 +44,11 @@ def run(ds, *args, stdin=None):
 
 def main():
     ds, ref = sys.argv[1], sys.argv[2]
-    for name in ["tiny-r2-tied", "tiny-r1-untied"]:
-        model = "%s/%s.gguf" % (ref, name)
-        cases = json.load(open("%s/%s.json" % (ref, name)))["tokenizer"]
+    all_cases = reference_cases(ref)
+    check(len(all_cases) > 0, "reference cases found")
+    for name, d in all_cases:
+        model = "%s/%s.gguf" % (d, name)
+        cases = json.load(open("%s/%s.json" % (d, name)))["tokenizer"]
         for c in cases:
             r = run(ds, "tokenize", "--model", model, "--text", c["text"])
             check(r.returncode == 0 and json.loads(r.stdout) == c["ids"]

@@ -7,8 +7,10 @@ of random texts (scripts, combining marks, digits, odd whitespace, contractions,
 in the text) and decode random id sequences (including ones that are invalid UTF-8).
 
 usage: tokenizer_oracle_test.py TOOL REFERENCE_DIR [N_CASES] [SEED]
+Runs every reference case of REFERENCE_DIR (the shared folder) and of tests/reference.
 """
 import json
+import os
 import random
 import subprocess
 import sys
@@ -19,6 +21,23 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
          r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def reference_cases(shared):
+    """(name, folder) of every reference case: NAME.gguf with NAME.json in the shared folder
+    (when it exists), then in the repository's own folder ($DS_REPO_REFERENCE_DIR, else
+    tests/reference under the working directory: the runfiles root under bazel, the repository
+    root by hand). Sorted by name within each folder; tests/model/ref_cases.h does the same."""
+    out, seen = [], set()
+    for d in (shared, os.environ.get("DS_REPO_REFERENCE_DIR") or "tests/reference"):
+        if not os.path.isdir(d) or os.path.realpath(d) in seen:
+            continue
+        seen.add(os.path.realpath(d))
+        for f in sorted(os.listdir(d)):
+            name = f[:-5]
+            if f.endswith(".gguf") and os.path.exists(os.path.join(d, name + ".json")):
+                out.append((name, d))
+    return out
 
 
 def field_strs(r, key):
@@ -95,8 +114,12 @@ def main():
     n_cases = int(sys.argv[3]) if len(sys.argv) > 3 else 3000
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 4242
     fails = 0
-    for name in ["tiny-r2-tied", "tiny-r1-untied"]:
-        fails += compare(tool, "%s/%s.gguf" % (ref_dir, name), "%s/%s.json" % (ref_dir, name),
+    cases = reference_cases(ref_dir)
+    if not cases:
+        print("no reference cases in %s or tests/reference" % ref_dir)
+        return 1
+    for name, d in cases:
+        fails += compare(tool, "%s/%s.gguf" % (d, name), "%s/%s.json" % (d, name),
                          n_cases, random.Random(seed))
     return 1 if fails else 0
 
