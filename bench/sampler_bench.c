@@ -37,7 +37,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    static const struct { const char *name; sampler_params p; } cases[] = {
+    static const struct { const char *name; sampling_params p; } cases[] = {
         {"greedy", {.temperature = 0}},
         {"greedy + logprobs 5", {.n_logprobs = 5}},
         {"T 0.8", {.temperature = 0.8f}},

@@ -17,7 +17,7 @@
 #define SAMPLER_HIST ((0x3F800000 >> 20) + 1)
 
 struct sampler {
-    sampler_params p; /* resolved (defaults filled) */
+    sampling_params p; /* resolved (defaults filled) */
     int32_t n_vocab;  /* V */
     int32_t n_ctx_max;
     uint64_t step;    /* RNG counter of the next sampler_sample call */
@@ -45,41 +45,12 @@ struct sampler {
 
 /* ---- params ----------------------------------------------------------------------------- */
 
-int sampler_params_validate(const sampler_params *p, status *st) {
-    if (!isfinite(p->temperature) || p->temperature < 0)
-        return status_fail(st, STATUS_INVALID, "sampler: temperature = %g: must be finite and >= 0 (0 = greedy)",
-                           (double)p->temperature);
-    if (p->top_k < 0)
-        return status_fail(st, STATUS_INVALID, "sampler: top_k = %d: must be >= 0 (0 = off)", (int)p->top_k);
-    if (!(p->top_p >= 0 && p->top_p <= 1)) /* also rejects nan */
-        return status_fail(st, STATUS_INVALID, "sampler: top_p = %g: must be in (0, 1] (0 = default 1)",
-                           (double)p->top_p);
-    if (!(p->min_p >= 0 && p->min_p <= 1))
-        return status_fail(st, STATUS_INVALID, "sampler: min_p = %g: must be in [0, 1] (0 = off)", (double)p->min_p);
-    if (!isfinite(p->repetition_penalty) || p->repetition_penalty < 0)
-        return status_fail(st, STATUS_INVALID,
-                           "sampler: repetition_penalty = %g: must be finite and > 0 (0 = default 1)",
-                           (double)p->repetition_penalty);
-    if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
-        return status_fail(st, STATUS_INVALID, "sampler: presence_penalty = %g: must be in [-2, 2]",
-                           (double)p->presence_penalty);
-    if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
-        return status_fail(st, STATUS_INVALID, "sampler: frequency_penalty = %g: must be in [-2, 2]",
-                           (double)p->frequency_penalty);
-    if (p->penalty_window < 0)
-        return status_fail(st, STATUS_INVALID, "sampler: penalty_window = %d: must be >= 0 (0 = all)",
-                           (int)p->penalty_window);
-    if (p->n_logprobs < 0 || p->n_logprobs > SAMPLER_MAX_LOGPROBS)
-        return status_fail(st, STATUS_INVALID, "sampler: n_logprobs = %d: must be in [0, %d]",
-                           (int)p->n_logprobs, SAMPLER_MAX_LOGPROBS);
-    return STATUS_OK;
-}
-
-sampler_params sampler_params_resolve(const sampler_params *p) {
-    sampler_params r = *p;
-    if (r.top_p == 0) r.top_p = 1;
-    if (r.repetition_penalty == 0) r.repetition_penalty = 1;
-    return r;
+/* The sampler takes parameters validated where the request entered the process (a violation
+ * is a caller bug) and keeps them resolved: resolution is idempotent, so resolved parameters
+ * and zero-defaulted ones (a zeroed struct = greedy) mean the same here. */
+static sampling_params sampler_take_params(const sampling_params *p) {
+    DS_ASSERT(sampling_params_validate(p, NULL, NULL) == STATUS_OK);
+    return sampling_params_resolve(p);
 }
 
 /* ---- RNG: Philox-4x32-10 ---------------------------------------------------------------- */
@@ -111,17 +82,15 @@ float sampler_uniform(uint64_t seed, uint64_t step) {
 
 /* ---- create / reset --------------------------------------------------------------------- */
 
-int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampler_params *p,
+int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampling_params *p,
                    status *st) {
     *out = NULL;
     if (n_vocab < 1 || n_ctx_max < 1)
         return status_fail(st, STATUS_INVALID, "sampler: n_vocab %d, n_ctx_max %d: must be >= 1",
                            (int)n_vocab, (int)n_ctx_max);
-    int rc = sampler_params_validate(p, st);
-    if (rc) return rc;
     sampler *s = calloc(1, sizeof *s);
     if (!s) return status_fail(st, STATUS_NOMEM, "sampler: out of memory");
-    s->p = sampler_params_resolve(p);
+    s->p = sampler_take_params(p);
     s->n_vocab = n_vocab;
     s->n_ctx_max = n_ctx_max;
     s->n_dense_max = n_vocab < n_ctx_max ? n_vocab : n_ctx_max;
@@ -174,17 +143,15 @@ static uint32_t sampler_map_slot(const sampler *s, int32_t tok) {
     return i;
 }
 
-int sampler_reset(sampler *s, const sampler_params *p, status *st) {
-    int rc = sampler_params_validate(p, st);
-    if (rc) return rc;
+void sampler_reset(sampler *s, const sampling_params *p) {
+    const sampling_params r = sampler_take_params(p);
     /* find every occupied slot first (clearing one breaks the probe chains of others) */
     for (int32_t k = 0; k < s->n_distinct; k++) s->d_cnt[k] = (int32_t)sampler_map_slot(s, s->d_tok[k]);
     for (int32_t k = 0; k < s->n_distinct; k++) s->map_key[s->d_cnt[k]] = -1;
     s->n_distinct = 0;
     s->n_seq = 0;
     s->step = 0;
-    s->p = sampler_params_resolve(p);
-    return STATUS_OK;
+    s->p = r;
 }
 
 uint64_t sampler_step(const sampler *s) { return s->step; }
@@ -655,7 +622,7 @@ static int64_t sampler_top_p(sampler *s, int64_t n, bool *dense, double S, doubl
 
 /* Steps 4-9 for temperature > 0. zmax is the largest logit. */
 static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t step) {
-    const sampler_params *p = &s->p;
+    const sampling_params *p = &s->p;
     const int32_t V = s->n_vocab;
     const float inv_t = 1.0f / p->temperature;
     int64_t n;
@@ -706,7 +673,7 @@ static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t ste
 }
 
 int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *chosen_logprob) {
-    const sampler_params *p = &s->p;
+    const sampling_params *p = &s->p;
     const int32_t V = s->n_vocab;
     uint64_t step = s->step++;
     sampler_apply_penalties(s, logits);

@@ -18,29 +18,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/sampling.h"
 #include "common/status.h"
 
-#define SAMPLER_MAX_LOGPROBS 20
-
-/* Sampling parameters of one request. Zero-initialised = greedy decoding with no penalties,
- * no logprobs: proto3 fields that are absent arrive as 0, and 0 means "default" wherever
- * that default is the neutral value. */
-typedef struct sampler_params {
-    float temperature;        /* 0 = greedy; > 0 divides the logits. Finite, >= 0. */
-    int32_t top_k;            /* keep the k most likely; 0 = off (all). >= 0 */
-    float top_p;              /* nucleus mass in (0, 1]; 0 = default = 1 (off) */
-    float min_p;              /* drop p < min_p * p_max, in [0, 1]; 0 = off */
-    float repetition_penalty; /* > 0; 0 = default = 1 (off). Divides positive logits of
-                                 penalised tokens, multiplies negative ones */
-    float presence_penalty;   /* in [-2, 2]; subtracted once from each penalised token */
-    float frequency_penalty;  /* in [-2, 2]; subtracted count times */
-    bool penalize_prompt;     /* prompt tokens count for the penalties (llama.cpp); false:
-                                 only generated tokens count (vLLM presence/frequency) */
-    int32_t penalty_window;   /* penalties see the last N accepted tokens (prompt and
-                                 generated positions alike); 0 = all. >= 0 */
-    uint64_t seed;            /* RNG key; the engine fills one in when the request has none */
-    int32_t n_logprobs;       /* top alternatives to report, 0..SAMPLER_MAX_LOGPROBS */
-} sampler_params;
+#define SAMPLER_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
 
 /* One reported alternative: token id and its logprob (see sampler_sample). */
 typedef struct sampler_logprob {
@@ -50,24 +31,19 @@ typedef struct sampler_logprob {
 
 typedef struct sampler sampler;
 
-/* Checks every field; STATUS_INVALID with a message naming the first bad field and value,
- * e.g. "sampler: top_p = 1.5: must be in (0, 1] (0 = default 1)". st may be NULL. */
-int sampler_params_validate(const sampler_params *p, status *st);
-
-/* p with the defaults filled in (top_p 0 -> 1, repetition_penalty 0 -> 1). */
-sampler_params sampler_params_resolve(const sampler_params *p);
-
 /* Allocates a sampler for a vocabulary of n_vocab tokens and sequences of at most n_ctx_max
- * tokens (prompt + generated; bounds the penalty bookkeeping), with params p (validated).
- * STATUS_INVALID for bad params or sizes, STATUS_NOMEM. Memory: 12 B per vocabulary entry
+ * tokens (prompt + generated; bounds the penalty bookkeeping), with params p: valid
+ * (sampling_params_validate where the request entered the process; asserted here), resolved
+ * or zero-defaulted (the defaults are filled in the same way). STATUS_INVALID for bad sizes,
+ * STATUS_NOMEM. Memory: 12 B per vocabulary entry
  * and 29-45 B per context position (about 4 MB for V = 248320, 32 k context). */
-int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampler_params *p,
+int sampler_create(sampler **out, int32_t n_vocab, int32_t n_ctx_max, const sampling_params *p,
                    status *st);
 void sampler_destroy(sampler *s);
 
-/* Starts a new request on this sampler: new params (validated), no tokens seen, RNG step 0.
- * Costs O(distinct tokens seen before). STATUS_INVALID leaves the sampler unchanged. */
-int sampler_reset(sampler *s, const sampler_params *p, status *st);
+/* Starts a new request on this sampler: new params (as for sampler_create), no tokens seen,
+ * RNG step 0. Costs O(distinct tokens seen before). */
+void sampler_reset(sampler *s, const sampling_params *p);
 
 /* Records prompt tokens (counted for penalties only when penalize_prompt) and generated
  * tokens (always counted). The caller accepts every token of the sequence in order; ids must

@@ -1,38 +1,11 @@
 #include "router/router_request.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "router/router_stop.h"
-
-static int check_sampling(const Deltaserve__V1__SamplingParams *s, status *st)
-{
-    if (!s) return 0;
-    if (!isfinite(s->temperature) || s->temperature < 0)
-        return status_fail(st, STATUS_INVALID,
-                           "sampling.temperature: %g must be finite and >= 0", s->temperature);
-    if (s->top_k < 0)
-        return status_fail(st, STATUS_INVALID, "sampling.top_k: %d must be >= 0", s->top_k);
-    if (!(s->top_p >= 0 && s->top_p <= 1)) /* NaN fails too */
-        return status_fail(st, STATUS_INVALID, "sampling.top_p: %g must be in (0, 1] (0 = 1)",
-                           s->top_p);
-    if (!(s->min_p >= 0 && s->min_p <= 1))
-        return status_fail(st, STATUS_INVALID, "sampling.min_p: %g must be in [0, 1]", s->min_p);
-    if (!(s->repetition_penalty >= 0) || !isfinite(s->repetition_penalty))
-        return status_fail(st, STATUS_INVALID,
-                           "sampling.repetition_penalty: %g must be > 0 (0 = 1)",
-                           s->repetition_penalty);
-    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
-        return status_fail(st, STATUS_INVALID, "sampling.presence_penalty: %g must be in [-2, 2]",
-                           s->presence_penalty);
-    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
-        return status_fail(st, STATUS_INVALID,
-                           "sampling.frequency_penalty: %g must be in [-2, 2]",
-                           s->frequency_penalty);
-    return 0;
-}
+#include "rpc/rpc_sampling.h"
 
 static int check_ids(const char *field, const int32_t *ids, size_t n, const tokenizer *tok,
                      status *st)
@@ -92,7 +65,9 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
         return status_fail(st, STATUS_INVALID,
                            "prompt: one of text, token_ids or chat must be set");
     }
-    if (check_sampling(g->sampling, st)) return STATUS_INVALID;
+    /* sampling and logprobs: the same check (and messages) as the worker's */
+    const sampling_params sp = rpc_sampling_from_proto(g->sampling, g->logprobs);
+    if (sampling_params_validate(&sp, "sampling.", st)) return STATUS_INVALID;
     if (g->stopping) {
         if (g->stopping->n_stop_token_ids > ROUTER_REQUEST_MAX_STOP_IDS)
             return status_fail(st, STATUS_INVALID, "stopping.stop_token_ids: %zu ids, at most %d",
@@ -115,9 +90,6 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
         if (!router_stop_utf8_valid(g->stop[i], l))
             return status_fail(st, STATUS_INVALID, "stop[%zu]: not valid UTF-8", i);
     }
-    if (g->logprobs > ROUTER_REQUEST_MAX_LOGPROBS)
-        return status_fail(st, STATUS_INVALID, "logprobs: %u, at most %d", g->logprobs,
-                           ROUTER_REQUEST_MAX_LOGPROBS);
     return 0;
 }
 

@@ -14,7 +14,6 @@
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 
 #define ROUTER_REQUEST_ID_MAX 128     /* bytes of request_id */
-#define ROUTER_REQUEST_MAX_LOGPROBS 20
 #define ROUTER_REQUEST_MAX_STOP_IDS 16
 #define ROUTER_REQUEST_DEFAULT_MAX_NEW 256
 

@@ -19,23 +19,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/sampling.h"
 #include "common/status.h"
 #include "model/qwen35.h"
 
-#define WORKER_MAX_LOGPROBS 20
-
-/* Sampling of one sequence; validated by the caller (worker/request.c). */
-typedef struct worker_sampling {
-    float temperature;        /* 0 = greedy */
-    int top_k;                /* 0 = off */
-    float top_p;              /* 1 = off; (0, 1] */
-    float min_p;              /* 0 = off */
-    float repetition_penalty; /* 1 = off */
-    float presence_penalty;   /* 0 = off */
-    float frequency_penalty;  /* 0 = off */
-    uint64_t seed;            /* the RNG seed (already resolved: 0 is just seed 0 here) */
-    int n_logprobs;           /* 0 = none; 1..WORKER_MAX_LOGPROBS alternatives */
-} worker_sampling;
+#define WORKER_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
 
 typedef struct worker_logprob {
     int32_t id;
@@ -66,7 +54,8 @@ typedef struct worker_backend_opts {
 typedef struct worker_backend worker_backend;
 
 typedef struct worker_backend_vt {
-    int (*seq_start)(worker_backend *b, int slot, const worker_sampling *s, status *st);
+    /* s: validated and resolved (worker/request.c), seed picked. */
+    int (*seq_start)(worker_backend *b, int slot, const sampling_params *s, status *st);
     /* STATUS_RANGE / STATUS_INVALID: a bad item (a caller bug: requests are validated);
      * STATUS_DEVICE: the device failed (sticky: the worker should exit). */
     int (*step)(worker_backend *b, worker_batch_item *items, int n, status *st);

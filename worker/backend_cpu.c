@@ -19,12 +19,14 @@ typedef struct cpu_backend {
     float *dec_logits;      /* owned, [n_slots][V] */
 } cpu_backend;
 
-static int cpu_seq_start(worker_backend *b, int slot, const worker_sampling *s, status *st)
+static int cpu_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st)
 {
+    (void)st;
     cpu_backend *c = (cpu_backend *)b;
     DS_ASSERT(slot >= 0 && slot < b->n_slots);
     qwen35_state_reset(c->states[slot]);
-    return worker_sampler_start(c->samplers[slot], s, st);
+    worker_sampler_start(c->samplers[slot], s);
+    return STATUS_OK;
 }
 
 static int cpu_step(worker_backend *b, worker_batch_item *items, int n, status *st)

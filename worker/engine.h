@@ -43,7 +43,7 @@ typedef struct engine_params {
     char id[ENGINE_REQUEST_ID_MAX + 1];
     const int32_t *prompt; /* borrowed until engine_submit returns (it copies) */
     int n_prompt;
-    worker_sampling sampling;
+    sampling_params sampling; /* validated and resolved, seed picked */
     int max_new_tokens; /* >= 1, n_prompt + max_new_tokens <= n_ctx */
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int n_stop_ids;

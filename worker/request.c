@@ -1,42 +1,8 @@
 #include "worker/request.h"
 
-#include <math.h>
 #include <string.h>
 
-static int check_sampling(const Deltaserve__V1__SamplingParams *s, uint64_t random_seed,
-                          worker_sampling *o, status *st)
-{
-    *o = (worker_sampling){.top_p = 1.0f, .repetition_penalty = 1.0f, .seed = random_seed};
-    if (!s) return STATUS_OK;
-    if (!isfinite(s->temperature) || s->temperature < 0)
-        return status_fail(st, STATUS_INVALID, "sampling.temperature: %g must be finite and >= 0",
-                           s->temperature);
-    if (s->top_k < 0)
-        return status_fail(st, STATUS_INVALID, "sampling.top_k: %d must be >= 0", s->top_k);
-    if (isnan(s->top_p) || s->top_p < 0 || s->top_p > 1)
-        return status_fail(st, STATUS_INVALID, "sampling.top_p: %g is outside (0, 1]", s->top_p);
-    if (isnan(s->min_p) || s->min_p < 0 || s->min_p > 1)
-        return status_fail(st, STATUS_INVALID, "sampling.min_p: %g is outside [0, 1]", s->min_p);
-    if (!isfinite(s->repetition_penalty) || s->repetition_penalty < 0)
-        return status_fail(st, STATUS_INVALID,
-                           "sampling.repetition_penalty: %g must be > 0 (0 = default 1)",
-                           s->repetition_penalty);
-    if (isnan(s->presence_penalty) || fabsf(s->presence_penalty) > 2)
-        return status_fail(st, STATUS_INVALID, "sampling.presence_penalty: %g is outside [-2, 2]",
-                           s->presence_penalty);
-    if (isnan(s->frequency_penalty) || fabsf(s->frequency_penalty) > 2)
-        return status_fail(st, STATUS_INVALID, "sampling.frequency_penalty: %g is outside [-2, 2]",
-                           s->frequency_penalty);
-    o->temperature = s->temperature;
-    o->top_k = s->top_k;
-    o->top_p = s->top_p > 0 ? s->top_p : 1.0f;
-    o->min_p = s->min_p;
-    o->repetition_penalty = s->repetition_penalty > 0 ? s->repetition_penalty : 1.0f;
-    o->presence_penalty = s->presence_penalty;
-    o->frequency_penalty = s->frequency_penalty;
-    o->seed = s->seed ? s->seed : random_seed;
-    return STATUS_OK;
-}
+#include "rpc/rpc_sampling.h"
 
 int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
                          const worker_limits *lim, uint64_t random_seed, const char *fallback_id,
@@ -65,15 +31,14 @@ int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
     out->prompt = req->prompt_token_ids;
     out->n_prompt = n;
 
-    if (check_sampling(req->sampling, random_seed, &out->sampling, st)) {
+    sampling_params sp = rpc_sampling_from_proto(req->sampling, req->logprobs);
+    if (sampling_params_validate(&sp, "sampling.", st)) {
         char m[sizeof st->msg];
         snprintf(m, sizeof m, "%s", st->msg);
         return status_fail(st, STATUS_INVALID, "request %s: %s", id, m);
     }
-    if (req->logprobs > WORKER_MAX_LOGPROBS)
-        return status_fail(st, STATUS_INVALID, "request %s: logprobs: %u is more than %d", id,
-                           req->logprobs, WORKER_MAX_LOGPROBS);
-    out->sampling.n_logprobs = (int)req->logprobs;
+    if (sp.seed == 0) sp.seed = random_seed;
+    out->sampling = sampling_params_resolve(&sp);
 
     int room = lim->n_ctx - n;
     const Deltaserve__V1__StoppingCriteria *s = req->stopping;

@@ -1,5 +1,6 @@
-/* worker_sampling -> model/sampler.h. Penalties count prompt and generated tokens alike
- * (penalize_prompt, llama.cpp's choice; documented in the .proto), over the whole sequence. */
+/* sampling_params -> model/sampler.h, with the Worker API's logprobs. The parameters come
+ * validated and resolved from worker/request.c (penalize_prompt set by rpc/rpc_sampling.c,
+ * as the .proto documents). */
 #include "worker/sample.h"
 
 #include <stdlib.h>
@@ -12,31 +13,12 @@ struct worker_sampler {
     sampler_logprob top[SAMPLER_MAX_LOGPROBS]; /* scratch */
 };
 
-_Static_assert(WORKER_MAX_LOGPROBS == SAMPLER_MAX_LOGPROBS, "one logprob limit");
-
-static sampler_params to_params(const worker_sampling *p)
-{
-    sampler_params sp = {0};
-    sp.temperature = p->temperature;
-    sp.top_k = p->top_k;
-    sp.top_p = p->top_p;
-    sp.min_p = p->min_p;
-    sp.repetition_penalty = p->repetition_penalty;
-    sp.presence_penalty = p->presence_penalty;
-    sp.frequency_penalty = p->frequency_penalty;
-    sp.penalize_prompt = true;
-    sp.penalty_window = 0;
-    sp.seed = p->seed;
-    sp.n_logprobs = p->n_logprobs;
-    return sp;
-}
-
 int worker_sampler_create(int vocab, int n_ctx, worker_sampler **out, status *st)
 {
     *out = NULL;
     worker_sampler *w = calloc(1, sizeof *w);
     if (!w) return status_fail(st, STATUS_NOMEM, "sampler: out of memory");
-    sampler_params greedy = {0};
+    const sampling_params greedy = sampling_params_resolve(&(sampling_params){0});
     if (sampler_create(&w->s, vocab, n_ctx, &greedy, st)) {
         free(w);
         return st->code;
@@ -52,11 +34,10 @@ void worker_sampler_destroy(worker_sampler *w)
     free(w);
 }
 
-int worker_sampler_start(worker_sampler *w, const worker_sampling *p, status *st)
+void worker_sampler_start(worker_sampler *w, const sampling_params *p)
 {
-    sampler_params sp = to_params(p);
     w->n_logprobs = p->n_logprobs;
-    return sampler_reset(w->s, &sp, st);
+    sampler_reset(w->s, p);
 }
 
 void worker_sampler_accept(worker_sampler *w, const int32_t *tokens, int n, bool prompt)

@@ -1,4 +1,4 @@
-/* Per-slot sampling for host-side backends: worker_sampling -> the model's sampler
+/* Per-slot sampling for host-side backends: sampling_params -> the model's sampler
  * (model/sampler.h), with the logprobs the Worker API returns. One per sequence slot, created
  * once; start() re-seeds it for a new request; nothing is allocated after creation. */
 #ifndef DS_WORKER_SAMPLE_H
@@ -15,8 +15,8 @@ typedef struct worker_sampler worker_sampler;
 int worker_sampler_create(int vocab, int n_ctx, worker_sampler **out, status *st);
 void worker_sampler_destroy(worker_sampler *s);
 
-/* A new sequence with these parameters (validated by worker/request.c). */
-int worker_sampler_start(worker_sampler *s, const worker_sampling *p, status *st);
+/* A new sequence with these parameters (validated and resolved by worker/request.c). */
+void worker_sampler_start(worker_sampler *s, const sampling_params *p);
 
 /* Tokens fed to the sequence, in order: prompt tokens (prompt = true) and generated ones. */
 void worker_sampler_accept(worker_sampler *s, const int32_t *tokens, int n, bool prompt);

@@ -1,4 +1,4 @@
-/* Unit tests for model/sampler: validation, the Philox RNG, greedy, determinism, the sampled
+/* Unit tests for model/sampler: create checks, the Philox RNG, greedy, determinism, the sampled
  * distribution of every filter combination against a brute-force reference (chi-square with
  * a fixed seed), penalties with exact values and a sliding window, logprobs, and no
  * allocation after create (malloc is wrapped at link time: see tests/model/BUILD). */
@@ -27,7 +27,7 @@ static float rng_uniform(uint64_t *s) { /* [0, 1) */
     return (float)((testutil_rng_next(s) >> 40) * (1.0 / 16777216.0));
 }
 
-static sampler *make(int32_t V, int32_t n_ctx, const sampler_params *p) {
+static sampler *make(int32_t V, int32_t n_ctx, const sampling_params *p) {
     sampler *s = NULL;
     status st = {0};
     int rc = sampler_create(&s, V, n_ctx, p, &st);
@@ -38,8 +38,8 @@ static sampler *make(int32_t V, int32_t n_ctx, const sampler_params *p) {
 
 /* The definition of docs/SAMPLER.md, written plainly (sort, double precision): the
  * probability of each token after temperature, top-k, top-p, min-p. */
-static void ref_dist(const float *z, int V, const sampler_params *p0, double *prob) {
-    sampler_params p = sampler_params_resolve(p0);
+static void ref_dist(const float *z, int V, const sampling_params *p0, double *prob) {
+    sampling_params p = sampling_params_resolve(p0);
     int order[64];
     for (int i = 0; i < V; i++) order[i] = i;
     for (int i = 1; i < V; i++) /* insertion sort: z desc, id asc */
@@ -92,57 +92,26 @@ static double chi2(const long *cnt, const double *prob, int V, long N, int *df) 
     return c;
 }
 
-/* ---- validation ------------------------------------------------------------------------- */
+/* ---- parameters ------------------------------------------------------------------------ */
 
-static void expect_invalid(sampler_params p, const char *field) {
-    status st = {0};
-    int rc = sampler_params_validate(&p, &st);
-    CU_ASSERT_EQUAL(rc, STATUS_INVALID);
-    if (!strstr(st.msg, field)) printf("\n  message '%s' does not name %s\n", st.msg, field);
-    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, field));
-}
-
-static void test_validate(void) {
-    sampler_params z = {0};
-    CU_ASSERT_EQUAL(sampler_params_validate(&z, NULL), STATUS_OK);
-    sampler_params ok = {.temperature = 0.7f, .top_k = 40, .top_p = 1, .min_p = 1,
-                         .repetition_penalty = 1.1f, .presence_penalty = -2, .frequency_penalty = 2,
-                         .penalty_window = 64, .seed = ~0ull, .n_logprobs = 20};
-    CU_ASSERT_EQUAL(sampler_params_validate(&ok, NULL), STATUS_OK);
-    sampler_params p;
-    p = z, p.temperature = -0.1f, expect_invalid(p, "temperature");
-    p = z, p.temperature = NAN, expect_invalid(p, "temperature");
-    p = z, p.temperature = INFINITY, expect_invalid(p, "temperature");
-    p = z, p.top_k = -1, expect_invalid(p, "top_k");
-    p = z, p.top_p = 1.5f, expect_invalid(p, "top_p");
-    p = z, p.top_p = -0.1f, expect_invalid(p, "top_p");
-    p = z, p.top_p = NAN, expect_invalid(p, "top_p");
-    p = z, p.min_p = -0.01f, expect_invalid(p, "min_p");
-    p = z, p.min_p = 1.01f, expect_invalid(p, "min_p");
-    p = z, p.repetition_penalty = -1, expect_invalid(p, "repetition_penalty");
-    p = z, p.repetition_penalty = NAN, expect_invalid(p, "repetition_penalty");
-    p = z, p.presence_penalty = 2.5f, expect_invalid(p, "presence_penalty");
-    p = z, p.frequency_penalty = -3, expect_invalid(p, "frequency_penalty");
-    p = z, p.frequency_penalty = NAN, expect_invalid(p, "frequency_penalty");
-    p = z, p.penalty_window = -1, expect_invalid(p, "penalty_window");
-    p = z, p.n_logprobs = 21, expect_invalid(p, "n_logprobs");
-    p = z, p.n_logprobs = -1, expect_invalid(p, "n_logprobs");
-    sampler_params r = sampler_params_resolve(&z);
-    CU_ASSERT(r.top_p == 1 && r.repetition_penalty == 1 && r.temperature == 0);
-    /* create and reset validate too; a failed reset leaves the sampler as it was */
+/* Parameters arrive validated (common/sampling.h, tested in tests/common/sampling_test.c);
+ * the tests write them zero-defaulted, as requests do, which the sampler resolves. */
+static void test_create_checks(void) {
+    sampling_params z = {0}, p = z;
     sampler *s = NULL;
-    p = z, p.top_k = -2;
     status st = {0};
-    CU_ASSERT_EQUAL(sampler_create(&s, 10, 10, &p, &st), STATUS_INVALID);
-    CU_ASSERT_PTR_NULL(s);
     CU_ASSERT_EQUAL(sampler_create(&s, 0, 10, &z, &st), STATUS_INVALID);
-    s = make(10, 10, &z);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "n_vocab"));
+    CU_ASSERT_PTR_NULL(s);
+    s = make(10, 10, &z); /* create resolves the zero defaults */
     sampler_accept(s, 3);
-    CU_ASSERT_EQUAL(sampler_reset(s, &p, &st), STATUS_INVALID);
     float lg[10] = {0};
     lg[3] = 1;
-    sampler_sample(s, lg, NULL, NULL);
+    CU_ASSERT_EQUAL(sampler_sample(s, lg, NULL, NULL), 3);
     CU_ASSERT_EQUAL(sampler_step(s), 1);
+    p.temperature = 0.5f;
+    sampler_reset(s, &p);
+    CU_ASSERT_EQUAL(sampler_step(s), 0);
     sampler_destroy(s);
 }
 
@@ -181,7 +150,7 @@ static void test_philox_kat(void) {
 /* ---- greedy and determinism ------------------------------------------------------------- */
 
 static void test_greedy(void) {
-    sampler_params p = {0};
+    sampling_params p = {0};
     sampler *s = make(7, 64, &p);
     float a[7] = {1, 5, -INFINITY, 5, 4.999f, -3, 0};
     float b[7];
@@ -198,12 +167,12 @@ static void test_greedy(void) {
             z[i] = (float)(testutil_rng_next(&r) % 5); /* many ties */
             if (z[i] > z[arg]) arg = i;
         }
-        sampler_params q = {.temperature = 3.0f, .top_k = 1, .seed = (uint64_t)trial};
-        CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+        sampling_params q = {.temperature = 3.0f, .top_k = 1, .seed = (uint64_t)trial};
+        sampler_reset(s, &q);
         memcpy(z2, z, sizeof z);
         CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
         q.top_k = 0, q.top_p = 1e-6f;
-        CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+        sampler_reset(s, &q);
         memcpy(z2, z, sizeof z);
         CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
     }
@@ -220,13 +189,13 @@ static void draw_sequence(sampler *s, int n, int32_t *out) {
 }
 
 static void test_determinism(void) {
-    sampler_params p = {.temperature = 1.0f, .top_p = 0.95f, .seed = 1234};
+    sampling_params p = {.temperature = 1.0f, .top_p = 0.95f, .seed = 1234};
     sampler *a = make(100, 1000, &p), *b = make(100, 1000, &p);
     int32_t sa[300], sb[300], sc[300];
     draw_sequence(a, 300, sa);
     /* b interleaves draws of another request between its own: no effect (per-sequence
      * counter, no shared state) */
-    sampler_params other = {.temperature = 1.0f, .seed = 99};
+    sampling_params other = {.temperature = 1.0f, .seed = 99};
     sampler *o = make(100, 1000, &other);
     uint64_t r = 11;
     for (int t = 0; t < 300; t++) {
@@ -237,12 +206,12 @@ static void test_determinism(void) {
     }
     CU_ASSERT(memcmp(sa, sb, sizeof sa) == 0);
     /* reset restarts the stream */
-    CU_ASSERT_EQUAL(sampler_reset(a, &p, NULL), STATUS_OK);
+    sampler_reset(a, &p);
     draw_sequence(a, 300, sc);
     CU_ASSERT(memcmp(sa, sc, sizeof sa) == 0);
     /* another seed gives another sequence */
     p.seed = 1235;
-    CU_ASSERT_EQUAL(sampler_reset(a, &p, NULL), STATUS_OK);
+    sampler_reset(a, &p);
     draw_sequence(a, 300, sc);
     int diff = 0;
     for (int t = 0; t < 300; t++) diff += sa[t] != sc[t];
@@ -257,7 +226,7 @@ static const float dist_logits[DIST_V] = {2.0f, 1.5f, 1.2f, 0.9f, 0.5f, 0.3f, 0.
                                           -0.4f, -1.0f, -1.5f, -2.5f, -4.0f};
 
 /* Draws N tokens with p from dist_logits; counts per token. */
-static void draw_counts(const sampler_params *p, long N, long *cnt) {
+static void draw_counts(const sampling_params *p, long N, long *cnt) {
     sampler *s = make(DIST_V, 16, p);
     memset(cnt, 0, DIST_V * sizeof *cnt);
     for (long t = 0; t < N; t++) {
@@ -269,7 +238,7 @@ static void draw_counts(const sampler_params *p, long N, long *cnt) {
 }
 
 static void test_distribution(void) {
-    static const sampler_params cases[] = {
+    static const sampling_params cases[] = {
         {.temperature = 1.0f, .seed = 1},
         {.temperature = 0.6f, .seed = 2},
         {.temperature = 1.7f, .seed = 3},
@@ -306,7 +275,7 @@ static void test_distribution_check_can_fail(void) {
     long cnt[DIST_V];
     double prob[DIST_V];
     int df;
-    sampler_params p = {.temperature = 1.0f, .seed = 1}, q = p;
+    sampling_params p = {.temperature = 1.0f, .seed = 1}, q = p;
     draw_counts(&p, N, cnt);
     q.temperature = 1.1f;
     ref_dist(dist_logits, DIST_V, &q, prob);
@@ -329,7 +298,7 @@ static void test_distribution_large_vocab(void) {
     uint64_t r = 2024;
     for (int i = 0; i < V; i++) z[i] = 3 * rng_uniform(&r) - 2;
     for (int i = 0; i < V; i += 7) z[i] = z[(i * 13) % V]; /* ties */
-    static const sampler_params cases[] = {
+    static const sampling_params cases[] = {
         {.temperature = 1.0f, .top_k = 300, .seed = 21},
         {.temperature = 0.9f, .top_p = 0.7f, .seed = 22},
         {.temperature = 1.2f, .top_p = 0.9f, .min_p = 0.3f, .seed = 23},
@@ -346,7 +315,7 @@ static void test_distribution_large_vocab(void) {
                                       (z[order[j]] == z[order[j - 1]] && order[j] < order[j - 1])); j--) {
                 int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
             }
-        sampler_params p = sampler_params_resolve(&cases[c]);
+        sampling_params p = sampling_params_resolve(&cases[c]);
         int n = p.top_k > 0 ? p.top_k : V;
         double S = 0, cum = 0, T = 0;
         for (int k = 0; k < n; k++) S += w[k] = exp(((double)z[order[k]] - z[order[0]]) / p.temperature);
@@ -393,7 +362,7 @@ static void test_distribution_large_vocab(void) {
 
 static void test_ties_and_min_p(void) {
     /* eight equal logits, top_p 0.5: exactly the four lowest ids, uniformly */
-    sampler_params p = {.temperature = 1.0f, .top_p = 0.5f, .seed = 77};
+    sampling_params p = {.temperature = 1.0f, .top_p = 0.5f, .seed = 77};
     sampler *s = make(8, 8, &p);
     long cnt[8] = {0};
     for (int t = 0; t < 40000; t++) {
@@ -402,8 +371,8 @@ static void test_ties_and_min_p(void) {
     }
     for (int i = 0; i < 8; i++) CU_ASSERT(i < 4 ? labs(cnt[i] - 10000) < 600 : cnt[i] == 0);
     /* top_k 3 with a tie at the boundary: ids 0, 1 (the larger) and 2 (lowest of the tie) */
-    sampler_params q = {.temperature = 1.0f, .top_k = 3, .seed = 5};
-    CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+    sampling_params q = {.temperature = 1.0f, .top_k = 3, .seed = 5};
+    sampler_reset(s, &q);
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {1, 2, 0, 0, 0, -1, 0, -5};
@@ -412,8 +381,8 @@ static void test_ties_and_min_p(void) {
     CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[2] > 0);
     CU_ASSERT(cnt[3] + cnt[4] + cnt[5] + cnt[6] + cnt[7] == 0);
     /* min_p: p_i >= min_p * p_max exactly at the boundary; e^-ln(4) = 0.25 */
-    sampler_params m = {.temperature = 1.0f, .min_p = 0.25f, .seed = 6};
-    CU_ASSERT_EQUAL(sampler_reset(s, &m, NULL), STATUS_OK);
+    sampling_params m = {.temperature = 1.0f, .min_p = 0.25f, .seed = 6};
+    sampler_reset(s, &m);
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {0, -1.0f, -1.3f, -1.4f, -1.5f, -3, -8, 0.1f};
@@ -424,8 +393,8 @@ static void test_ties_and_min_p(void) {
     CU_ASSERT(cnt[2] + cnt[3] + cnt[4] + cnt[5] + cnt[6] == 0);
     /* the same boundary behind top_k (the candidate list, not the whole vocabulary): the
      * weight exactly min_p stays, as it does without top_k */
-    sampler_params mk = {.temperature = 1.0f, .top_k = 4, .min_p = 0.25f, .seed = 6};
-    CU_ASSERT_EQUAL(sampler_reset(s, &mk, NULL), STATUS_OK);
+    sampling_params mk = {.temperature = 1.0f, .top_k = 4, .min_p = 0.25f, .seed = 6};
+    sampler_reset(s, &mk);
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {-5, 0, -6, -1.38f, -7, -8, -9, -1.4f}; /* e^-1.38 = .252, e^-1.4 = .247 */
@@ -436,8 +405,8 @@ static void test_ties_and_min_p(void) {
     /* min_p = 1 keeps only the largest weight (exactly 1): the argmax, with or without top_k
      * (with top_k this once emptied the list and tripped an assertion) */
     for (int k = 0; k < 2; k++) {
-        sampler_params one = {.temperature = 0.7f, .top_k = k ? 5 : 0, .min_p = 1, .seed = 9};
-        CU_ASSERT_EQUAL(sampler_reset(s, &one, NULL), STATUS_OK);
+        sampling_params one = {.temperature = 0.7f, .top_k = k ? 5 : 0, .min_p = 1, .seed = 9};
+        sampler_reset(s, &one);
         for (int t = 0; t < 100; t++) {
             float z[8] = {0.3f, 2.5f, -1, 2.4f, 0, 1, 2, -3};
             CU_ASSERT_EQUAL(sampler_sample(s, z, NULL, NULL), 1);
@@ -449,13 +418,13 @@ static void test_ties_and_min_p(void) {
 /* Logits with nothing finite, a NaN or +inf (a broken model) give -1, greedy or drawn, with
  * or without logprobs; -inf among finite logits is fine. */
 static void test_no_finite_logit(void) {
-    sampler_params ps[3] = {{.temperature = 0, .n_logprobs = 2},
+    sampling_params ps[3] = {{.temperature = 0, .n_logprobs = 2},
                             {.temperature = 0.8f, .top_k = 3, .top_p = 0.9f, .min_p = 0.1f},
                             {.temperature = 1.0f, .n_logprobs = 3}};
     sampler *s = make(8, 8, &ps[0]), *s9 = make(9, 8, &ps[0]);
     for (int k = 0; k < 3; k++) {
-        CU_ASSERT_EQUAL(sampler_reset(s, &ps[k], NULL), STATUS_OK);
-        CU_ASSERT_EQUAL(sampler_reset(s9, &ps[k], NULL), STATUS_OK);
+        sampler_reset(s, &ps[k]);
+        sampler_reset(s9, &ps[k]);
         sampler_logprob top[4];
         float lp;
         float z[8];
@@ -481,7 +450,7 @@ static void test_penalties_exact(void) {
     /* prompt 1 1 2, generated 3 3 3 4; rep 2, freq 0.5, presence 0.25 */
     const int32_t prompt[3] = {1, 1, 2};
     for (int pp = 0; pp < 2; pp++) {
-        sampler_params p = {.repetition_penalty = 2, .frequency_penalty = 0.5f,
+        sampling_params p = {.repetition_penalty = 2, .frequency_penalty = 0.5f,
                             .presence_penalty = 0.25f, .penalize_prompt = pp};
         sampler *s = make(6, 16, &p);
         sampler_accept_prompt(s, prompt, 3);
@@ -499,7 +468,7 @@ static void test_penalties_exact(void) {
         sampler_destroy(s);
     }
     /* window 2: only the last two positions count */
-    sampler_params w = {.frequency_penalty = 1, .penalty_window = 2, .penalize_prompt = true};
+    sampling_params w = {.frequency_penalty = 1, .penalty_window = 2, .penalize_prompt = true};
     sampler *s = make(6, 16, &w);
     const int32_t seq[5] = {5, 5, 2, 5, 1};
     sampler_accept_prompt(s, seq, 5);
@@ -507,7 +476,7 @@ static void test_penalties_exact(void) {
     sampler_sample(s, z, NULL, NULL);
     CU_ASSERT(z[1] == -1 && z[5] == -1 && z[2] == 0 && z[0] == 0);
     /* reset forgets everything */
-    CU_ASSERT_EQUAL(sampler_reset(s, &w, NULL), STATUS_OK);
+    sampler_reset(s, &w);
     float y[6] = {0, 0, 0, 0, 0, 0};
     sampler_sample(s, y, NULL, NULL);
     for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(y[i], 0.0f);
@@ -521,7 +490,7 @@ static void test_penalty_window_stress(void) {
         {200000, 6000, 700}, {50, 3000, 37}, {1000, 2000, 0}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         const int32_t V = cfg[c].V, n_ctx = cfg[c].n_ctx, W = cfg[c].window;
-        sampler_params p = {.frequency_penalty = 1, .penalty_window = W};
+        sampling_params p = {.frequency_penalty = 1, .penalty_window = W};
         sampler *s = make(V, n_ctx, &p);
         int32_t *seq = malloc(n_ctx * sizeof *seq);
         float *z = malloc(V * sizeof *z);
@@ -555,7 +524,7 @@ static void test_logprobs(void) {
     uint64_t r = 8;
     for (int i = 0; i < V; i++) base[i] = 4 * rng_uniform(&r) - 2;
     base[9] = base[4]; /* a tie */
-    sampler_params p = {.temperature = 0.5f, .n_logprobs = 16, .repetition_penalty = 1.5f, .seed = 3};
+    sampling_params p = {.temperature = 0.5f, .n_logprobs = 16, .repetition_penalty = 1.5f, .seed = 3};
     sampler *s = make(V, 32, &p);
     sampler_accept(s, 2);
     sampler_logprob top[16], top2[16];
@@ -574,15 +543,15 @@ static void test_logprobs(void) {
     for (int j = 0; j < V; j++)
         if (top[j].token == tok) CU_ASSERT_EQUAL(top[j].logprob, chosen);
     /* temperature does not change them (temperature 1 semantics); penalty does */
-    sampler_params q = p;
+    sampling_params q = p;
     q.temperature = 2.0f;
-    CU_ASSERT_EQUAL(sampler_reset(s, &q, NULL), STATUS_OK);
+    sampler_reset(s, &q);
     sampler_accept(s, 2);
     memcpy(z, base, sizeof z);
     sampler_sample(s, z, top2, NULL);
     CU_ASSERT(memcmp(top, top2, sizeof top) == 0);
     /* greedy: chosen logprob is the best one; n_logprobs beyond the vocabulary pads */
-    sampler_params g = {.n_logprobs = 20};
+    sampling_params g = {.n_logprobs = 20};
     sampler *s3 = make(3, 4, &g);
     sampler_logprob t3[20];
     float z3[3] = {0, 1, 0};
@@ -600,7 +569,7 @@ static void test_logprobs(void) {
 
 static void test_no_alloc_after_create(void) {
     const int32_t V = 5000;
-    sampler_params p = {.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .min_p = 0.01f,
+    sampling_params p = {.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .min_p = 0.01f,
                         .repetition_penalty = 1.2f, .frequency_penalty = 0.3f, .presence_penalty = 0.1f,
                         .penalize_prompt = true, .penalty_window = 64, .seed = 5, .n_logprobs = 5};
     long before = n_allocs;
@@ -615,7 +584,7 @@ static void test_no_alloc_after_create(void) {
     long after_create = n_allocs;
     for (int req = 0; req < 3; req++) {
         p.top_k = req == 1 ? 0 : 50; /* also the no-top-k path */
-        CU_ASSERT_EQUAL(sampler_reset(s, &p, NULL), STATUS_OK);
+        sampler_reset(s, &p);
         sampler_accept_prompt(s, prompt, 100);
         for (int t = 0; t < 150; t++) {
             for (int i = 0; i < V; i++) z[i] = 5 * rng_uniform(&r);
@@ -630,7 +599,7 @@ static void test_no_alloc_after_create(void) {
 int main(void) {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("sampler", NULL, NULL);
-    CU_add_test(s, "validate", test_validate);
+    CU_add_test(s, "create_checks", test_create_checks);
     CU_add_test(s, "philox_kat", test_philox_kat);
     CU_add_test(s, "greedy", test_greedy);
     CU_add_test(s, "determinism", test_determinism);

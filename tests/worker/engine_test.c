@@ -100,6 +100,7 @@ static engine_params greedy_params(const char *id, const wt_prompt *p, int max_n
     e.n_prompt = p->n_ids;
     e.sampling.top_p = 1;
     e.sampling.repetition_penalty = 1;
+    e.sampling.penalize_prompt = true; /* as the Worker API does (rpc/rpc_sampling.c) */
     e.max_new_tokens = max_new;
     e.ignore_eos = true;
     return e;
@@ -333,7 +334,7 @@ typedef struct fake_backend {
     status_code fail_with; /* non-OK: the next step fails with it */
 } fake_backend;
 
-static int fake_seq_start(worker_backend *b, int slot, const worker_sampling *s, status *st)
+static int fake_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st)
 {
     fake_backend *f = (fake_backend *)b;
     f->fed[slot] = 0;
