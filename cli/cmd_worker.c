@@ -19,7 +19,7 @@
 #include "common/log.h"
 #include "model/qwen35.h"
 #include "model/tokenizer.h"
-#include "rpc/metrics.h"
+#include "rpc/metrics_http.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/service.h"
@@ -112,6 +112,7 @@ int cmd_worker(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     metrics *mx = NULL;
+    metrics_http *mx_http = NULL;
     worker_service *ws = NULL;
     qwen35_model *model = NULL;
     worker_backend *backend = NULL;
@@ -130,10 +131,10 @@ int cmd_worker(int argc, char **argv)
         log_write(LOG_LEVEL_INFO, "listening on %.*s:%d", hn, o.listen, worker_service_port(ws));
     }
     if (o.metrics_listen) {
-        if (metrics_serve(mx, o.metrics_listen, &st)) goto fail;
+        if (metrics_http_start(mx, o.metrics_listen, &mx_http, &st)) goto fail;
         const char *colon = strrchr(o.metrics_listen, ':');
         int hn = colon ? (int)(colon - o.metrics_listen) : (int)strlen(o.metrics_listen);
-        LOG_INFO("metrics on http://%.*s:%d/metrics", hn, o.metrics_listen, metrics_port(mx));
+        LOG_INFO("metrics on http://%.*s:%d/metrics", hn, o.metrics_listen, metrics_http_port(mx_http));
     }
 
     int64_t t0 = engine_now_us();
@@ -177,6 +178,7 @@ int cmd_worker(int argc, char **argv)
     engine_destroy(eng);
     worker_backend_destroy(backend);
     qwen35_model_free(model);
+    metrics_http_stop(mx_http);
     metrics_destroy(mx);
     return ret;
 
@@ -188,6 +190,7 @@ fail:
     engine_destroy(eng);
     worker_backend_destroy(backend);
     qwen35_model_free(model);
+    metrics_http_stop(mx_http);
     metrics_destroy(mx);
     return ret;
 }

@@ -148,7 +148,8 @@ fail:
 int router_start(router *r, status *st)
 {
     int rc;
-    if (r->opts.metrics_listen && (rc = metrics_serve(r->metrics, r->opts.metrics_listen, st)))
+    if (r->opts.metrics_listen &&
+        (rc = metrics_http_start(r->metrics, r->opts.metrics_listen, &r->metrics_http, st)))
         return rc;
     if ((rc = rpc_server_start(r->srv, st))) return rc;
     /* one synchronous round first, so workers that are already up are usable at once */
@@ -163,7 +164,7 @@ int router_port(const router *r) { return rpc_server_port(r->srv); }
 
 int router_metrics_port(const router *r)
 {
-    return r->opts.metrics_listen && r->metrics ? metrics_port(r->metrics) : 0;
+    return r->metrics_http ? metrics_http_port(r->metrics_http) : 0;
 }
 
 void router_begin_drain(router *r)
@@ -215,6 +216,7 @@ void router_destroy(router *r)
     if (r->srv) rpc_server_destroy(r->srv);
     if (r->health) rpc_health_destroy(r->health);
     if (r->refl) rpc_reflection_destroy(r->refl);
+    metrics_http_stop(r->metrics_http);
     if (r->metrics) metrics_destroy(r->metrics);
     if (r->pool) router_pool_destroy(r->pool);
     if (r->tok) tokenizer_destroy(r->tok);

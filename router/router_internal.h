@@ -10,7 +10,7 @@
 #include "router/router.h"
 #include "router/router_dns.h"
 #include "router/router_pool.h"
-#include "rpc/metrics.h"
+#include "rpc/metrics_http.h"
 #include "rpc/rpc_health.h"
 #include "rpc/rpc_reflection.h"
 #include "rpc/rpc_server.h"
@@ -26,6 +26,7 @@ struct router {
     rpc_health *health;      /* owned */
     rpc_reflection *refl;    /* owned */
     metrics *metrics;        /* owned */
+    metrics_http *metrics_http; /* owned, NULL without --metrics-listen */
     struct {                 /* borrowed from metrics */
         metrics_series *ok[4];   /* request_success_total by finished_reason stop/length/cancelled/error */
         metrics_series *failed;  /* request_failure_total: non-OK status */

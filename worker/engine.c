@@ -14,16 +14,9 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "worker/engine_metrics.h"
 
 #define MIN_PREFILL_CHUNK 16
-
-typedef struct engine_metrics {
-    metrics_series *finished[4]; /* stop, length, cancelled, error */
-    metrics_series *rejected_full, *rejected_draining;
-    metrics_series *prompt_tokens, *generation_tokens;
-    metrics_series *ttft, *itl, *e2e, *queue_time;
-    metrics_series *running, *waiting, *free_slots, *total_slots;
-} engine_metrics;
 
 struct engine {
     worker_backend *b; /* borrowed */
@@ -59,7 +52,6 @@ struct engine {
     engine_request *retired;  /* owned, [n_slots + queue] copies of done[] for the sinks */
 
     engine_metrics m;
-    bool have_metrics;
 };
 
 int64_t engine_now_us(void)
@@ -73,58 +65,6 @@ const char *engine_finish_name(engine_finish f)
 {
     static const char *names[] = {"", "stop", "length", "cancelled", "error"};
     return (unsigned)f < 5 ? names[f] : "?";
-}
-
-/* ---- metrics ---- */
-
-static void metrics_register(engine *e)
-{
-    metrics *m = e->o.metrics;
-    engine_metrics *em = &e->m;
-    if (!m) return;
-    e->have_metrics = true;
-    static const char *reasons[] = {"finished_reason=\"stop\"", "finished_reason=\"length\"",
-                                    "finished_reason=\"cancelled\"", "finished_reason=\"error\""};
-    for (int i = 0; i < 4; i++)
-        em->finished[i] = metrics_counter(m, "deltaserve:request_success_total", reasons[i],
-                                          "Requests finished, by reason.");
-    em->rejected_full = metrics_counter(m, "deltaserve:request_rejected_total", "reason=\"queue_full\"",
-                                        "Requests refused at admission.");
-    em->rejected_draining = metrics_counter(m, "deltaserve:request_rejected_total",
-                                            "reason=\"draining\"", "Requests refused at admission.");
-    em->prompt_tokens = metrics_counter(m, "deltaserve:prompt_tokens_total", NULL,
-                                        "Prompt tokens of admitted requests.");
-    em->generation_tokens = metrics_counter(m, "deltaserve:generation_tokens_total", NULL,
-                                            "Tokens generated.");
-    em->ttft = metrics_histogram(m, "deltaserve:time_to_first_token_seconds", NULL,
-                                 "From arrival to the first generated token.",
-                                 metrics_latency_buckets, metrics_n_latency_buckets);
-    em->itl = metrics_histogram(m, "deltaserve:inter_token_latency_seconds", NULL,
-                                "Between consecutive generated tokens of a request.",
-                                metrics_latency_buckets, metrics_n_latency_buckets);
-    em->e2e = metrics_histogram(m, "deltaserve:e2e_request_latency_seconds", NULL,
-                                "From arrival to the end of the request.",
-                                metrics_latency_buckets, metrics_n_latency_buckets);
-    em->queue_time = metrics_histogram(m, "deltaserve:request_queue_time_seconds", NULL,
-                                       "From arrival to a sequence slot.",
-                                       metrics_latency_buckets, metrics_n_latency_buckets);
-    em->running = metrics_gauge(m, "deltaserve:num_requests_running", NULL,
-                                "Requests holding a sequence slot.");
-    em->waiting = metrics_gauge(m, "deltaserve:num_requests_waiting", NULL,
-                                "Requests in the admission queue.");
-    em->free_slots = metrics_gauge(m, "deltaserve:num_free_slots", NULL, "Sequence slots free.");
-    em->total_slots = metrics_gauge(m, "deltaserve:num_total_slots", NULL, "Sequence slots.");
-    metrics_set(em->total_slots, e->n_slots);
-    metrics_set(em->free_slots, e->n_slots);
-}
-
-/* under e->mu */
-static void metrics_gauges(engine *e)
-{
-    if (!e->have_metrics) return;
-    metrics_set(e->m.running, e->n_running);
-    metrics_set(e->m.waiting, e->n_waiting);
-    metrics_set(e->m.free_slots, e->n_slots - e->n_running);
 }
 
 /* ---- pool and queue (under e->mu) ---- */
@@ -182,14 +122,14 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     DS_ASSERT(slot < 0 || e->n_waiting == 0);
     if (e->draining || e->stop) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker is draining");
-        if (e->have_metrics) metrics_inc(e->m.rejected_draining, 1);
+        engine_metrics_rejected(&e->m, true);
     } else if (e->failed) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker backend failed");
     } else if (slot < 0 && e->n_waiting >= e->o.queue) {
         rc = status_fail(st, STATUS_EXHAUSTED,
                          "request %s: admission queue full (%d running, %d waiting)", p->id,
                          e->n_running, e->n_waiting);
-        if (e->have_metrics) metrics_inc(e->m.rejected_full, 1);
+        engine_metrics_rejected(&e->m, false);
     }
     if (rc != STATUS_OK) {
         pthread_mutex_unlock(&e->mu);
@@ -218,10 +158,10 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
         e->n_waiting++;
     }
     e->outstanding += request_tokens_left(r);
-    metrics_gauges(e);
+    engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
     pthread_cond_signal(&e->work_cv);
     pthread_mutex_unlock(&e->mu);
-    if (e->have_metrics) metrics_inc(e->m.prompt_tokens, p->n_prompt);
+    engine_metrics_accepted(&e->m, p->n_prompt);
     return STATUS_OK;
 }
 
@@ -408,12 +348,8 @@ static bool take_token(engine *e, engine_request *r, const worker_batch_item *it
     int32_t t = it->token;
     r->n_generated++;
     r->last_token = t;
-    if (r->n_generated == 1) {
-        r->t_first = now;
-        if (e->have_metrics) metrics_observe(e->m.ttft, (double)(now - r->t_arrival) / 1e6);
-    } else if (e->have_metrics) {
-        metrics_observe(e->m.itl, (double)(now - r->t_last) / 1e6);
-    }
+    if (r->n_generated == 1) r->t_first = now;
+    engine_metrics_token(&e->m, r, now);
     r->t_last = now;
     if (r->sink->on_token) r->sink->on_token(r->sink_arg, r, it);
     engine_finish f = ENGINE_FINISH_NONE;
@@ -473,19 +409,13 @@ static void retire(engine *e, engine_request **done, int nd)
         if (e->running[s]) out += request_tokens_left(e->running[s]);
     for (engine_request *r = e->wait_head; r; r = r->next) out += request_tokens_left(r);
     e->outstanding = out;
-    metrics_gauges(e);
+    engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
     pthread_mutex_unlock(&e->mu);
 
     for (int i = 0; i < nd; i++) {
         const engine_request *r = &e->retired[i];
         log_request(r);
-        if (e->have_metrics) {
-            int k = r->finish == ENGINE_FINISH_STOP ? 0 : r->finish == ENGINE_FINISH_LENGTH ? 1
-                  : r->finish == ENGINE_FINISH_CANCELLED ? 2 : 3;
-            metrics_inc(e->m.finished[k], 1);
-            metrics_observe(e->m.e2e, (double)(r->t_end - r->t_arrival) / 1e6);
-            if (r->t_admit) metrics_observe(e->m.queue_time, (double)(r->t_admit - r->t_arrival) / 1e6);
-        }
+        engine_metrics_finished(&e->m, r);
         r->sink->on_finish(r->sink_arg, r);
     }
     if (!nd) return;
@@ -521,7 +451,7 @@ static void *engine_main(void *arg)
         int nd;
         int na = collect_step(e, &nd);
         bool failed = e->failed;
-        metrics_gauges(e);
+        engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
         pthread_mutex_unlock(&e->mu);
 
         status st;
@@ -570,7 +500,7 @@ static void *engine_main(void *arg)
                 }
             }
         }
-        if (generated && e->have_metrics) metrics_inc(e->m.generation_tokens, (double)generated);
+        engine_metrics_step(&e->m, generated);
 
         pthread_mutex_lock(&e->mu);
         e->steps++;
@@ -625,7 +555,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     pthread_cond_init(&e->idle_cv, &ca);
     pthread_condattr_destroy(&ca);
     e->tps_t0 = engine_now_us();
-    metrics_register(e);
+    engine_metrics_init(&e->m, e->o.metrics, e->n_slots);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
         return status_fail(st, STATUS_INTERNAL, "engine: cannot start the engine thread");

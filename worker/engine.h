@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "rpc/metrics.h"
+#include "common/metrics.h"
 #include "worker/backend.h"
 
 #define ENGINE_REQUEST_ID_MAX 128

@@ -22,7 +22,7 @@
 
 #include "common/status.h"
 #include "model/qwen35.h"
-#include "rpc/metrics.h"
+#include "common/metrics.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 

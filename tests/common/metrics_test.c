@@ -1,17 +1,14 @@
-/* Prometheus exposition: exact text for counters, gauges (grouped by name under one HELP/TYPE)
- * and histograms (cumulative buckets, sum, count); atomic updates from many threads add up;
- * the HTTP endpoint serves the same text on GET /metrics and 404 elsewhere. */
-#include <arpa/inet.h>
+/* common/metrics: exact exposition text for counters, gauges (grouped by name under one
+ * HELP/TYPE) and histograms (cumulative buckets, sum, count); atomic updates from many threads
+ * add up; metrics_render runs the collect hook and returns the same text. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <CUnit/Basic.h>
 
-#include "rpc/metrics.h"
+#include "common/metrics.h"
 #include "tests/testutil/testutil.h"
 
 static void test_format_exact(void)
@@ -100,57 +97,23 @@ static void collect(void *arg)
     metrics_set(arg, 42);
 }
 
-/* GET path over a plain socket; returns the whole response in buf. */
-static int http_get(int port, const char *path, char *buf, size_t cap)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
-    if (write(fd, req, (size_t)n) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < cap && (r = read(fd, buf + len, cap - 1 - len)) > 0) len += (size_t)r;
-    buf[len] = '\0';
-    close(fd);
-    return (int)len;
-}
-
-static void test_http_endpoint(void)
+static void test_render(void)
 {
     metrics *m;
     status st;
-    CU_ASSERT_EQUAL_FATAL(metrics_create(4, &m, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(metrics_create(2, &m, &st), STATUS_OK);
     metrics_series *g = metrics_gauge(m, "deltaserve:num_requests_running", NULL, "Running.");
     metrics_set_collect(m, collect, g);
-    CU_ASSERT_EQUAL_FATAL(metrics_serve(m, "127.0.0.1:0", &st), STATUS_OK);
-    CU_ASSERT(metrics_port(m) > 0);
-    char buf[4096];
-    CU_ASSERT(http_get(metrics_port(m), "/metrics", buf, sizeof buf) > 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "200 OK"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "text/plain; version=0.0.4"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "\r\n\r\n# HELP deltaserve:num_requests_running Running.\n"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "deltaserve:num_requests_running 42\n"));
+    g_collects = 0;
+    size_t len = 0;
+    char *text = metrics_render(m, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     CU_ASSERT_EQUAL(g_collects, 1);
-    CU_ASSERT(http_get(metrics_port(m), "/other", buf, sizeof buf) > 0);
-    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "404"));
-    /* a second endpoint on the same port fails, naming the address */
-    metrics *m2;
-    CU_ASSERT_EQUAL_FATAL(metrics_create(1, &m2, &st), STATUS_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", metrics_port(m));
-    CU_ASSERT_EQUAL(metrics_serve(m2, addr, &st), STATUS_IO);
-    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, addr));
-    CU_ASSERT_EQUAL(metrics_serve(m2, "no-port", &st), STATUS_INVALID);
-    metrics_destroy(m2);
+    CU_ASSERT_STRING_EQUAL(text, "# HELP deltaserve:num_requests_running Running.\n"
+                                 "# TYPE deltaserve:num_requests_running gauge\n"
+                                 "deltaserve:num_requests_running 42\n");
+    CU_ASSERT_EQUAL(len, strlen(text));
+    free(text);
     metrics_destroy(m);
 }
 
@@ -160,6 +123,6 @@ int main(void)
     CU_pSuite s = CU_add_suite("metrics", NULL, NULL);
     CU_add_test(s, "format_exact", test_format_exact);
     CU_add_test(s, "concurrent_updates", test_concurrent_updates);
-    CU_add_test(s, "http_endpoint", test_http_endpoint);
+    CU_add_test(s, "render", test_render);
     return testutil_cunit_run();
 }

@@ -1,18 +1,13 @@
-#include "rpc/metrics.h"
+#include "common/metrics.h"
 
-#include <arpa/inet.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-
-#include <microhttpd.h>
 
 #define METRICS_NAME_MAX 128
 #define METRICS_LABELS_MAX 192
@@ -36,8 +31,6 @@ struct metrics {
     void (*collect)(void *arg);
     void *collect_arg;
     pthread_mutex_t format_mu; /* one exposition at a time (collect + format) */
-    struct MHD_Daemon *daemon;
-    int port;
 };
 
 const double metrics_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
@@ -85,7 +78,6 @@ int metrics_create(int max_series, metrics **out, status *st)
 void metrics_destroy(metrics *m)
 {
     if (!m) return;
-    metrics_stop(m);
     pthread_mutex_destroy(&m->format_mu);
     free(m->series);
     free(m);
@@ -246,91 +238,14 @@ size_t metrics_format(metrics *m, char *buf, size_t cap)
     return o.len;
 }
 
-/* ---- HTTP ---- */
-
-static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
-                               const char *method, const char *version, const char *upload,
-                               size_t *upload_size, void **con_cls)
+char *metrics_render(metrics *m, size_t *len)
 {
-    metrics *m = cls;
-    (void)version;
-    (void)upload;
-    (void)upload_size;
-    (void)con_cls;
-    struct MHD_Response *resp;
-    enum MHD_Result rc;
-    if (strcmp(method, "GET") != 0 || (strcmp(url, "/metrics") != 0 && strcmp(url, "/") != 0)) {
-        static const char nf[] = "not found: GET /metrics\n";
-        resp = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
-        rc = MHD_queue_response(conn, MHD_HTTP_NOT_FOUND, resp);
-        MHD_destroy_response(resp);
-        return rc;
-    }
     pthread_mutex_lock(&m->format_mu);
     if (m->collect) m->collect(m->collect_arg);
     size_t need = metrics_format(m, NULL, 0);
     char *buf = malloc(need + 1);
     if (buf) metrics_format(m, buf, need + 1);
     pthread_mutex_unlock(&m->format_mu);
-    if (!buf) return MHD_NO;
-    resp = MHD_create_response_from_buffer(need, buf, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return rc;
-}
-
-/* "HOST:PORT" or "[V6]:PORT" -> host and port strings. */
-static int split_host_port(const char *listen, char *host, size_t host_cap, char *port,
-                           size_t port_cap)
-{
-    const char *colon = strrchr(listen, ':');
-    if (!colon || !colon[1]) return -1;
-    const char *h = listen;
-    size_t hn = (size_t)(colon - listen);
-    if (hn >= 2 && h[0] == '[' && h[hn - 1] == ']') {
-        h++;
-        hn -= 2;
-    }
-    if (hn >= host_cap || strlen(colon + 1) >= port_cap) return -1;
-    memcpy(host, h, hn);
-    host[hn] = '\0';
-    strcpy(port, colon + 1);
-    return 0;
-}
-
-int metrics_serve(metrics *m, const char *listen, status *st)
-{
-    char host[128], port[16];
-    DS_ASSERT(!m->daemon);
-    if (split_host_port(listen, host, sizeof host, port, sizeof port))
-        return status_fail(st, STATUS_INVALID, "metrics: bad listen address '%s' (HOST:PORT)", listen);
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int e = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
-    if (e != 0 || !ai)
-        return status_fail(st, STATUS_IO, "metrics: cannot resolve '%s': %s", listen, gai_strerror(e));
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    int port_num = atoi(port);
-    m->daemon = MHD_start_daemon(flags, (uint16_t)port_num, NULL, NULL, on_http, m,
-                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)10, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!m->daemon)
-        return status_fail(st, STATUS_IO, "metrics: cannot listen on %s (port in use?)", listen);
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    m->port = info ? info->port : port_num;
-    return STATUS_OK;
-}
-
-int metrics_port(const metrics *m) { return m->port; }
-
-void metrics_stop(metrics *m)
-{
-    if (m->daemon) MHD_stop_daemon(m->daemon);
-    m->daemon = NULL;
+    *len = buf ? need : 0;
+    return buf;
 }

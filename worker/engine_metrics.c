@@ -1,0 +1,83 @@
+#include "worker/engine_metrics.h"
+
+void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots)
+{
+    *em = (engine_metrics){0};
+    if (!m) return;
+    em->on = true;
+    static const char *reasons[] = {"finished_reason=\"stop\"", "finished_reason=\"length\"",
+                                    "finished_reason=\"cancelled\"", "finished_reason=\"error\""};
+    for (int i = 0; i < 4; i++)
+        em->finished[i] = metrics_counter(m, "deltaserve:request_success_total", reasons[i],
+                                          "Requests finished, by reason.");
+    em->rejected_full = metrics_counter(m, "deltaserve:request_rejected_total", "reason=\"queue_full\"",
+                                        "Requests refused at admission.");
+    em->rejected_draining = metrics_counter(m, "deltaserve:request_rejected_total",
+                                            "reason=\"draining\"", "Requests refused at admission.");
+    em->prompt_tokens = metrics_counter(m, "deltaserve:prompt_tokens_total", NULL,
+                                        "Prompt tokens of admitted requests.");
+    em->generation_tokens = metrics_counter(m, "deltaserve:generation_tokens_total", NULL,
+                                            "Tokens generated.");
+    em->ttft = metrics_histogram(m, "deltaserve:time_to_first_token_seconds", NULL,
+                                 "From arrival to the first generated token.",
+                                 metrics_latency_buckets, metrics_n_latency_buckets);
+    em->itl = metrics_histogram(m, "deltaserve:inter_token_latency_seconds", NULL,
+                                "Between consecutive generated tokens of a request.",
+                                metrics_latency_buckets, metrics_n_latency_buckets);
+    em->e2e = metrics_histogram(m, "deltaserve:e2e_request_latency_seconds", NULL,
+                                "From arrival to the end of the request.",
+                                metrics_latency_buckets, metrics_n_latency_buckets);
+    em->queue_time = metrics_histogram(m, "deltaserve:request_queue_time_seconds", NULL,
+                                       "From arrival to a sequence slot.",
+                                       metrics_latency_buckets, metrics_n_latency_buckets);
+    em->running = metrics_gauge(m, "deltaserve:num_requests_running", NULL,
+                                "Requests holding a sequence slot.");
+    em->waiting = metrics_gauge(m, "deltaserve:num_requests_waiting", NULL,
+                                "Requests in the admission queue.");
+    em->free_slots = metrics_gauge(m, "deltaserve:num_free_slots", NULL, "Sequence slots free.");
+    em->total_slots = metrics_gauge(m, "deltaserve:num_total_slots", NULL, "Sequence slots.");
+    metrics_set(em->total_slots, n_slots);
+    metrics_set(em->free_slots, n_slots);
+}
+
+void engine_metrics_rejected(engine_metrics *em, bool draining)
+{
+    if (em->on) metrics_inc(draining ? em->rejected_draining : em->rejected_full, 1);
+}
+
+void engine_metrics_accepted(engine_metrics *em, int n_prompt)
+{
+    if (em->on) metrics_inc(em->prompt_tokens, n_prompt);
+}
+
+void engine_metrics_occupancy(engine_metrics *em, int running, int waiting, int n_slots)
+{
+    if (!em->on) return;
+    metrics_set(em->running, running);
+    metrics_set(em->waiting, waiting);
+    metrics_set(em->free_slots, n_slots - running);
+}
+
+void engine_metrics_token(engine_metrics *em, const engine_request *r, int64_t now)
+{
+    if (!em->on) return;
+    if (r->n_generated == 1) metrics_observe(em->ttft, (double)(now - r->t_arrival) / 1e6);
+    else metrics_observe(em->itl, (double)(now - r->t_last) / 1e6);
+}
+
+void engine_metrics_step(engine_metrics *em, int generated)
+{
+    if (em->on && generated) metrics_inc(em->generation_tokens, (double)generated);
+}
+
+void engine_metrics_finished(engine_metrics *em, const engine_request *r)
+{
+    if (!em->on) return;
+    const int k = r->finish == ENGINE_FINISH_STOP     ? 0
+                  : r->finish == ENGINE_FINISH_LENGTH ? 1
+                  : r->finish == ENGINE_FINISH_CANCELLED ? 2
+                                                         : 3;
+    metrics_inc(em->finished[k], 1);
+    metrics_observe(em->e2e, (double)(r->t_end - r->t_arrival) / 1e6);
+    if (r->t_admit) metrics_observe(em->queue_time, (double)(r->t_admit - r->t_arrival) / 1e6);
+}

@@ -1,0 +1,43 @@
+/* The engine's Prometheus series (common/metrics.h), vLLM-style names: registered once at
+ * engine creation, observed by the scheduler (engine.c) at a few points through the functions
+ * below. With no registry (engine_opts.metrics NULL) every call is a no-op. The series are
+ * atomics: any thread may observe. */
+#ifndef DS_WORKER_ENGINE_METRICS_H
+#define DS_WORKER_ENGINE_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/metrics.h"
+#include "worker/engine.h"
+
+typedef struct engine_metrics {
+    bool on;                     /* a registry was given */
+    metrics_series *finished[4]; /* request_success_total: stop, length, cancelled, error */
+    metrics_series *rejected_full, *rejected_draining;
+    metrics_series *prompt_tokens, *generation_tokens;
+    metrics_series *ttft, *itl, *e2e, *queue_time;
+    metrics_series *running, *waiting, *free_slots, *total_slots;
+} engine_metrics;
+
+/* Registers the series on m (NULL: off) for an engine of n_slots slots. */
+void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots);
+
+/* Admission: a request refused (draining, else queue full), or accepted with its prompt. */
+void engine_metrics_rejected(engine_metrics *em, bool draining);
+void engine_metrics_accepted(engine_metrics *em, int n_prompt);
+
+/* Slot and queue occupancy (the caller holds the engine lock, so the three agree). */
+void engine_metrics_occupancy(engine_metrics *em, int running, int waiting, int n_slots);
+
+/* A token generated for r at now (µs): time to first token when r->n_generated is 1, else the
+ * inter-token latency since r->t_last (call before t_last moves to now). */
+void engine_metrics_token(engine_metrics *em, const engine_request *r, int64_t now);
+
+/* A step generated this many tokens. */
+void engine_metrics_step(engine_metrics *em, int generated);
+
+/* r ended: its finish reason, end-to-end latency and queue time. */
+void engine_metrics_finished(engine_metrics *em, const engine_request *r);
+
+#endif
