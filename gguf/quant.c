@@ -108,13 +108,7 @@ static void quant_dequant_q8_0(const void *src, float *dst, int64_t n) {
 }
 
 void quant_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
-    }
+    qb_scale_min_k4(j, q, sc, m); /* the shared copy (gguf/quant_blocks.h) */
 }
 
 static void quant_dequant_q4_K(const void *src, float *y, int64_t n) {

@@ -1,5 +1,6 @@
-/* ggml tensor types: block structs, the one type-traits table, and the CPU kernels on blocks
- * (dequantise a row, dot a quantised row with an F32 vector, quantise a row from F32).
+/* ggml tensor types: the one type-traits table and the CPU kernels on blocks (dequantise a
+ * row, dot a quantised row with an F32 vector, quantise a row from F32). The type ids and
+ * block structs are gguf/quant_blocks.h, shared with the CUDA kernels.
  * Layouts: shared/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). */
 #ifndef DS_GGUF_QUANT_H
 #define DS_GGUF_QUANT_H
@@ -8,92 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define QK_K 256
-#define QK8_0 32
-#define K_SCALE_SIZE 12
-
-/* ggml type ids (ggml.h). Supported here: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K; the others
- * are known (sizes in the traits table) so files holding them can be validated. Ids 4, 5,
- * 31-33 and 36-38 were removed from ggml and are not valid. */
-typedef enum ggml_type {
-    GGML_TYPE_F32 = 0,
-    GGML_TYPE_F16 = 1,
-    GGML_TYPE_Q4_0 = 2,
-    GGML_TYPE_Q4_1 = 3,
-    GGML_TYPE_Q5_0 = 6,
-    GGML_TYPE_Q5_1 = 7,
-    GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_Q8_1 = 9,
-    GGML_TYPE_Q2_K = 10,
-    GGML_TYPE_Q3_K = 11,
-    GGML_TYPE_Q4_K = 12,
-    GGML_TYPE_Q5_K = 13,
-    GGML_TYPE_Q6_K = 14,
-    GGML_TYPE_Q8_K = 15,
-    GGML_TYPE_IQ2_XXS = 16,
-    GGML_TYPE_IQ2_XS = 17,
-    GGML_TYPE_IQ3_XXS = 18,
-    GGML_TYPE_IQ1_S = 19,
-    GGML_TYPE_IQ4_NL = 20,
-    GGML_TYPE_IQ3_S = 21,
-    GGML_TYPE_IQ2_S = 22,
-    GGML_TYPE_IQ4_XS = 23,
-    GGML_TYPE_I8 = 24,
-    GGML_TYPE_I16 = 25,
-    GGML_TYPE_I32 = 26,
-    GGML_TYPE_I64 = 27,
-    GGML_TYPE_F64 = 28,
-    GGML_TYPE_IQ1_M = 29,
-    GGML_TYPE_BF16 = 30,
-    GGML_TYPE_TQ1_0 = 34,
-    GGML_TYPE_TQ2_0 = 35,
-    GGML_TYPE_MXFP4 = 39,
-    GGML_TYPE_MAX_ID = 40, /* one past the largest id known here */
-} ggml_type;
-
-typedef uint16_t ggml_half; /* IEEE binary16 bits */
-typedef uint16_t ggml_bf16; /* upper half of an fp32 */
-
-typedef struct block_q8_0 {
-    ggml_half d;
-    int8_t qs[QK8_0];
-} block_q8_0;
-
-typedef struct block_q4_K {
-    ggml_half d;
-    ggml_half dmin;
-    uint8_t scales[K_SCALE_SIZE];
-    uint8_t qs[QK_K / 2];
-} block_q4_K;
-
-typedef struct block_q5_K {
-    ggml_half d;
-    ggml_half dmin;
-    uint8_t scales[K_SCALE_SIZE];
-    uint8_t qh[QK_K / 8];
-    uint8_t qs[QK_K / 2];
-} block_q5_K;
-
-typedef struct block_q6_K {
-    uint8_t ql[QK_K / 2];
-    uint8_t qh[QK_K / 4];
-    int8_t scales[QK_K / 16];
-    ggml_half d;
-} block_q6_K;
-
-/* Activation format of the K-quant integer dots (ggml's block_q8_K; never a weight type):
- * x[i] ~ d * qs[i], bsums[j] = sum of qs[16j .. 16j+15]. */
-typedef struct block_q8_K {
-    float d;
-    int8_t qs[QK_K];
-    int16_t bsums[QK_K / 16];
-} block_q8_K;
-
-_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
-_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
-_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
-_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
-_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+#include "gguf/quant_blocks.h" /* type ids, block structs, qb_scale_min_k4 */
 
 /* Row kernels. n is the row length in elements, a multiple of the block size. */
 typedef void (*quant_dequant_fn)(const void *src, float *dst, int64_t n);

@@ -6,23 +6,12 @@
 
 #include "common/status.h"
 #include "gguf/quant.h"
+#include "gguf/quant_blocks.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define HAVE_X86 1
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-/* 6-bit scale and min j of a K-quant block (QWEN35.md §5.2, get_scale_min_k4) */
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
 
 /* y[0..8) = (float)(8 unsigned bytes) * d - m  (two roundings, as the scalar d1 * q - m1) */
 AVX2 static inline void put8u(float *y, __m128i b8, __m256 d, __m256 m)
@@ -90,9 +79,9 @@ AVX2 static void dequant_q4_K(const void *src, float *y, int64_t n)
         const float d = quant_f16_to_f32(x[i].d), min = quant_f16_to_f32(x[i].dmin);
         for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, q += 32, y += 64) {
             uint8_t sc, m;
-            scale_min_k4(is, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is, x[i].scales, &sc, &m);
             __m256 d1 = _mm256_set1_ps(d * sc), m1 = _mm256_set1_ps(min * m);
-            scale_min_k4(is + 1, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 1, x[i].scales, &sc, &m);
             __m256 d2 = _mm256_set1_ps(d * sc), m2 = _mm256_set1_ps(min * m);
             __m256i b = _mm256_loadu_si256((const __m256i *)q);
             put32u(y, _mm256_and_si256(b, m4), d1, m1);
@@ -112,9 +101,9 @@ AVX2 static void dequant_q5_K(const void *src, float *y, int64_t n)
         const float d = quant_f16_to_f32(x[i].d), min = quant_f16_to_f32(x[i].dmin);
         for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32, y += 64) {
             uint8_t sc, m;
-            scale_min_k4(is, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is, x[i].scales, &sc, &m);
             __m256 d1 = _mm256_set1_ps(d * sc), m1 = _mm256_set1_ps(min * m);
-            scale_min_k4(is + 1, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 1, x[i].scales, &sc, &m);
             __m256 d2 = _mm256_set1_ps(d * sc), m2 = _mm256_set1_ps(min * m);
             __m256i u1 = _mm256_set1_epi8((char)(1 << (2 * (j / 64))));
             __m256i u2 = _mm256_set1_epi8((char)(2 << (2 * (j / 64))));
