@@ -5,8 +5,6 @@
 // run an online softmax each (below). Partials (o unnormalised, max m, sum l) are merged by
 // attn_combine, which also applies the sigmoid gate.
 #include <cuda_fp16.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -55,10 +53,10 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
 extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                           const float *d_q_norm_w, const float *d_k_norm_w, int n_h, int n_kv,
                           int d_h, int n_rot, float rope_base, float eps, const int32_t *d_pos,
-                          void *d_k_cache, void *d_v_cache, float *d_q_out, cuda_stream stream)
+                          void *d_k_cache, void *d_v_cache, float *d_q_out, const cuda_launch *l)
 {
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
-    ds_launch(attn_prep_kernel, n_h + n_kv, d_h, 0, stream, 
+    ds_launch(attn_prep_kernel, n_h + n_kv, d_h, 0, l, 
         d_qg, d_k, d_v, d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos,
         (__half *)d_k_cache, (__half *)d_v_cache, d_q_out);
 }
@@ -314,57 +312,10 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
 }
 
-// attn_combine_slices (DS_ATTN_COMBINE=slices): the same merge with a CTA per (query head,
-// 32 output dims): n_h x d_h/32 CTAs instead of n_h (the 0.8B: 64 instead of 8), each reading
-// its 32 dims of every split (128 bytes a split, coalesced across the warp) instead of all
-// d_h. Every CTA finds M and L over the splits itself (ns floats, cached); 8 warps share the
-// splits, 8 loads in flight each, and add their sums in a fixed order; warp 0 gates and writes
-// the 32 dims, F32 + their Q8 unit.
-#define COMBINE_SLICE_WARPS 8
-
-static __global__ void __launch_bounds__(COMBINE_SLICE_WARPS * 32)
-    attn_combine_slices_kernel(const float *__restrict__ part, const float *__restrict__ qg,
-                               int n_h, int d_h, int n_split, const int32_t *__restrict__ d_pos,
-                               float *__restrict__ o, void *__restrict__ oq)
-{
-    ds_grid_dep();
-    constexpr int NT = COMBINE_SLICE_WARPS * 32, NW = COMBINE_SLICE_WARPS;
-    __shared__ float sw[COMBINE_TILE], scratch[32];
-    __shared__ float red[NW][32];
-    const int h = blockIdx.x, c0 = blockIdx.y * 32, t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const float *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
-    pm += (int64_t)h * n_split;
-    pl += (int64_t)h * n_split;
-    const float *po = part + (int64_t)h * n_split * d_h + c0 + lane;
-    const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
-    float M, L;
-    combine_ml(pm, pl, ns, scratch, &M, &L);
-    float acc = 0.0f;
-    for (int s0 = 0; s0 < ns; s0 += COMBINE_TILE) {
-        const int s1 = min(ns, s0 + COMBINE_TILE);
-        __syncthreads();
-        for (int s = s0 + t; s < s1; s += NT) sw[s - s0] = pl[s] > 0.0f ? expf(pm[s] - M) : 0.0f;
-        __syncthreads();
-#pragma unroll 8
-        for (int s = s0 + warp; s < s1; s += NW) acc += sw[s - s0] * po[(int64_t)s * d_h];
-    }
-    red[warp][lane] = acc;
-    __syncthreads();
-    if (warp != 0) return;
-    float r = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NW; k++) r += red[k][lane];
-    const float gate = qg[(int64_t)h * 2 * d_h + d_h + c0 + lane];
-    r = r / L * (1.0f / (1.0f + expf(-gate)));
-    const int64_t i = (int64_t)h * d_h + c0 + lane;
-    if (o) o[i] = r;
-    if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
-}
-
 extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
                             const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
                             const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
-                            cuda_stream stream)
+                            const cuda_launch *l)
 {
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
@@ -374,7 +325,7 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
     const int G = n_h / n_kv;
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
-        ds_launch(attn_split_kernel<E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, stream, d_q, kc, vc, \
+        ds_launch(attn_split_kernel<E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, l, d_q, kc, vc, \
                   n_h, n_kv, d_pos, d_partial, n_split);                                         \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
@@ -392,16 +343,10 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
     }
 #undef ATTN_SPLIT_E
 #undef ATTN_SPLIT_G
-    const char *cv = getenv("DS_ATTN_COMBINE");
-    if (cv && strcmp(cv, "slices") == 0) {
-        ds_launch(attn_combine_slices_kernel, dim3(n_h, d_h / 32), COMBINE_SLICE_WARPS * 32, 0,
-                  stream, d_partial, d_qg, n_h, d_h, n_split, d_pos, d_o, d_o_q8);
-        return;
-    }
     switch (d_h / 32) {
-    case 1: ds_launch(attn_combine_kernel<1>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 2: ds_launch(attn_combine_kernel<2>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 4: ds_launch(attn_combine_kernel<4>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 8: ds_launch(attn_combine_kernel<8>, n_h, d_h, 0, stream, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 1: ds_launch(attn_combine_kernel<1>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 2: ds_launch(attn_combine_kernel<2>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 4: ds_launch(attn_combine_kernel<4>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
+    case 8: ds_launch(attn_combine_kernel<8>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
     }
 }

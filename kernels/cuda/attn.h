@@ -25,7 +25,7 @@ extern "C" {
 void attn_prep(const float *d_qg, const float *d_k, const float *d_v, const float *d_q_norm_w,
                const float *d_k_norm_w, int n_h, int n_kv, int d_h, int n_rot,
                float rope_base, float eps, const int32_t *d_pos, void *d_k_cache,
-               void *d_v_cache, float *d_q_out, cuda_stream stream);
+               void *d_v_cache, float *d_q_out, const cuda_launch *l);
 
 /* Floats of scratch attn_decode needs for a cache of n_ctx positions. */
 int64_t attn_partial_floats(int n_h, int d_h, int n_ctx);
@@ -37,7 +37,7 @@ int64_t attn_partial_floats(int n_h, int d_h, int n_ctx);
 void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
                  const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
                  const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
-                 cuda_stream stream);
+                 const cuda_launch *l);
 
 #ifdef __cplusplus
 }

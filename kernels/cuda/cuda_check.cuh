@@ -9,6 +9,7 @@
 extern "C" { // common/status.h has no C++ guards of its own
 #include "common/status.h"
 }
+#include "kernels/cuda/cuda_device.h"
 
 #define CUDA_TRY(st, call)                                                                 \
     do {                                                                                   \
@@ -20,13 +21,11 @@ extern "C" { // common/status.h has no C++ guards of its own
 
 static inline unsigned ds_div_up(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
-// Programmatic dependent launch (cuda_set_pdl, cuda_device.h). Every kernel that can run in the
-// engine's step calls ds_grid_dep() first: it waits until the preceding kernel in the stream
-// has completed and its writes are visible (so reads and writes after it are ordered exactly as
-// without PDL), then lets the next kernel's CTAs be scheduled early, so their launch overlaps
-// this kernel. Without the launch attribute both instructions are no-ops.
-extern thread_local bool ds_pdl_enabled;
-
+// Programmatic dependent launch (cuda_launch.pdl, cuda_device.h). Every kernel that can run in
+// the engine's step calls ds_grid_dep() first: it waits until the preceding kernel in the
+// stream has completed and its writes are visible (so reads and writes after it are ordered
+// exactly as without PDL), then lets the next kernel's CTAs be scheduled early, so their launch
+// overlaps this kernel. Without the launch attribute both instructions are no-ops.
 static __device__ __forceinline__ void ds_grid_dep()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -35,21 +34,23 @@ static __device__ __forceinline__ void ds_grid_dep()
 #endif
 }
 
-// kernel<<<grid, block, smem, s>>>(args...), with the programmatic-serialization attribute when
-// ds_pdl_enabled (the kernel must call ds_grid_dep() before touching memory).
+static inline cudaStream_t ds_stream(const cuda_launch *l) { return l ? l->stream : nullptr; }
+
+// kernel<<<grid, block, smem, l->stream>>>(args...), with the programmatic-serialization
+// attribute when l->pdl (the kernel must call ds_grid_dep() before touching memory).
 template <typename... KArgs, typename... Args>
 static inline void ds_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t s, Args... args)
+                             const cuda_launch *l, Args... args)
 {
-    if (!ds_pdl_enabled) {
-        kernel<<<grid, block, smem, s>>>(args...);
+    if (!l || !l->pdl) {
+        kernel<<<grid, block, smem, ds_stream(l)>>>(args...);
         return;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
+    cfg.stream = l->stream;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;

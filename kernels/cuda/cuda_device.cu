@@ -6,6 +6,9 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.h"
 
+// The one mutable global of kernels/cuda: successful allocations in this process, for the
+// engine's "nothing allocated per token" counters. Device memory is a process-wide resource, so
+// its count is too; atomic, as any thread may allocate.
 static std::atomic<uint64_t> g_alloc_count{0};
 
 extern "C" bool cuda_device_available(status *st)
@@ -59,10 +62,6 @@ extern "C" int cuda_sync(cuda_stream s, const char *what, status *st)
         return status_fail(st, STATUS_DEVICE, "%s: %s", what, cudaGetErrorString(e));
     return STATUS_OK;
 }
-
-thread_local bool ds_pdl_enabled = false;
-
-extern "C" void cuda_set_pdl(bool on) { ds_pdl_enabled = on; }
 
 extern "C" int cuda_alloc(void **d_ptr, size_t bytes, const char *what, status *st)
 {
@@ -172,34 +171,31 @@ extern "C" float cuda_event_elapsed_ms(cuda_event start, cuda_event end)
     return ms;
 }
 
-static thread_local size_t g_last_kernel_nodes = 0;
-
-extern "C" size_t cuda_graph_last_kernel_nodes(void) { return g_last_kernel_nodes; }
-
 extern "C" int cuda_graph_capture_begin(cuda_stream s, status *st)
 {
     CUDA_TRY(st, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     return STATUS_OK;
 }
 
-extern "C" int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, status *st)
+extern "C" int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, size_t *n_kernels,
+                                      status *st)
 {
     cudaGraph_t g = NULL;
     *exec = NULL;
     CUDA_TRY(st, cudaStreamEndCapture(s, &g));
-    size_t n = 0;
+    size_t n = 0, kernels = 0;
     cudaGraphGetNodes(g, NULL, &n);
-    g_last_kernel_nodes = 0;
-    if (n > 0) {
+    if (n > 0 && n_kernels) {
         cudaGraphNode_t *nodes = new cudaGraphNode_t[n];
         cudaGraphGetNodes(g, nodes, &n);
         for (size_t i = 0; i < n; i++) {
             cudaGraphNodeType t;
             if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel)
-                g_last_kernel_nodes++;
+                kernels++;
         }
         delete[] nodes;
     }
+    if (n_kernels) *n_kernels = kernels;
     cudaError_t e = cudaGraphInstantiate(exec, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess)

@@ -34,11 +34,15 @@ typedef struct cuda_device_props {
     uint64_t l2_bytes;
 } cuda_device_props;
 
-/* Programmatic dependent launch for the kernel launchers of kernels/cuda called from this
- * thread (default off): each launch lets the next kernel start its CTAs while this one drains;
- * every kernel waits for its predecessor before touching memory, so results are unchanged. The
- * engine turns it on while it captures its step graph. */
-void cuda_set_pdl(bool on);
+/* How a kernel launcher enqueues its work; every launcher of kernels/cuda takes one (NULL: the
+ * legacy default stream without PDL, for setup and tests). */
+typedef struct cuda_launch {
+    cuda_stream stream;
+    bool pdl; /* programmatic dependent launch (the engine sets it while capturing its step graph
+                 on sm_90): the kernel may start its CTAs while the previous one drains; every
+                 kernel waits for its predecessor before touching memory, so results are the
+                 same either way */
+} cuda_launch;
 
 /* true when at least one CUDA device is usable; false (st says why: no driver, no device) */
 bool cuda_device_available(status *st);
@@ -52,7 +56,8 @@ int cuda_check(const char *what, status *st);
 int cuda_sync(cuda_stream s, const char *what, status *st);
 
 /* The allocation functions: every device byte of deltaserve is taken here, so grep proves it.
- * cuda_alloc_count() counts successful cuda_alloc/cuda_host_alloc calls (engine counters). */
+ * cuda_alloc_count() counts successful cuda_alloc/cuda_host_alloc calls of the process (engine
+ * counters; thread-safe). */
 int cuda_alloc(void **d_ptr, size_t bytes, const char *what, status *st);
 void cuda_free(void *d_ptr);
 int cuda_host_alloc(void **h_ptr, size_t bytes, const char *what, status *st); /* pinned */
@@ -80,9 +85,8 @@ float cuda_event_elapsed_ms(cuda_event start, cuda_event end);
 /* CUDA graphs: capture the launches issued on stream s (not the legacy default stream) between
  * begin and end into an executable graph; replay it with one call. */
 int cuda_graph_capture_begin(cuda_stream s, status *st);
-int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, status *st);
-/* Kernel nodes in the last graph cuda_graph_capture_end instantiated on this thread. */
-size_t cuda_graph_last_kernel_nodes(void);
+/* n_kernels (may be NULL): the kernel nodes of the captured graph. */
+int cuda_graph_capture_end(cuda_stream s, cuda_graph_exec *exec, size_t *n_kernels, status *st);
 /* Launches the graph on s; returns STATUS_OK or STATUS_DEVICE (no message: launch path). */
 int cuda_graph_launch(cuda_graph_exec exec, cuda_stream s);
 void cuda_graph_exec_destroy(cuda_graph_exec exec);

@@ -1,36 +1,39 @@
 // GPU dequantisation kernels (dequant.h). One thread writes 8 (K-quants) or 1 (plain types,
 // Q8_0) outputs; the formulas are gguf/quant.c's dequantize_row_* (shared/QWEN35.md §5.2).
+// Load-time kernels, but launched as every other (ds_launch): each waits for its predecessor.
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/quant_blocks.cuh"
 
 // Q4_K: 32 threads per block; thread t: group g = t/8 (64 weights), 4 bytes of qs at l0 = 4*(t%8)
-static __global__ void dequant_q4_K_kernel(const qb_q4_K *__restrict__ x, float *__restrict__ y)
+static __global__ void dequant_q4_K_kernel(const block_q4_K *__restrict__ x, float *__restrict__ y)
 {
+    ds_grid_dep();
     const int64_t ib = blockIdx.x;
     const int t = threadIdx.x, g = t / 8, l0 = 4 * (t % 8);
-    const qb_q4_K *b = x + ib;
+    const block_q4_K *b = x + ib;
     const float d = qb_half(b->d), dmin = qb_half(b->dmin);
-    int sc, m;
+    uint8_t sc, m;
     qb_scale_min_k4(2 * g, b->scales, &sc, &m);
     const float d1 = d * sc, m1 = dmin * m;
     qb_scale_min_k4(2 * g + 1, b->scales, &sc, &m);
     const float d2 = d * sc, m2 = dmin * m;
     const uint8_t *q = b->qs + 32 * g + l0;
-    float *out = y + ib * QB_QK_K + 64 * g + l0;
+    float *out = y + ib * QK_K + 64 * g + l0;
     for (int l = 0; l < 4; l++) {
         out[l] = d1 * (q[l] & 0xF) - m1;
         out[l + 32] = d2 * (q[l] >> 4) - m2;
     }
 }
 
-static __global__ void dequant_q5_K_kernel(const qb_q5_K *__restrict__ x, float *__restrict__ y)
+static __global__ void dequant_q5_K_kernel(const block_q5_K *__restrict__ x, float *__restrict__ y)
 {
+    ds_grid_dep();
     const int64_t ib = blockIdx.x;
     const int t = threadIdx.x, g = t / 8, l0 = 4 * (t % 8);
-    const qb_q5_K *b = x + ib;
+    const block_q5_K *b = x + ib;
     const float d = qb_half(b->d), dmin = qb_half(b->dmin);
-    int sc, m;
+    uint8_t sc, m;
     qb_scale_min_k4(2 * g, b->scales, &sc, &m);
     const float d1 = d * sc, m1 = dmin * m;
     qb_scale_min_k4(2 * g + 1, b->scales, &sc, &m);
@@ -38,7 +41,7 @@ static __global__ void dequant_q5_K_kernel(const qb_q5_K *__restrict__ x, float 
     const uint8_t u1 = 1 << (2 * g), u2 = 2 << (2 * g);
     const uint8_t *ql = b->qs + 32 * g + l0;
     const uint8_t *qh = b->qh + l0;
-    float *out = y + ib * QB_QK_K + 64 * g + l0;
+    float *out = y + ib * QK_K + 64 * g + l0;
     for (int l = 0; l < 4; l++) {
         out[l] = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
         out[l + 32] = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
@@ -46,16 +49,17 @@ static __global__ void dequant_q5_K_kernel(const qb_q5_K *__restrict__ x, float 
 }
 
 // Q6_K: 64 threads per block; thread t: half n = t/32, l = t%32 writes 4 outputs
-static __global__ void dequant_q6_K_kernel(const qb_q6_K *__restrict__ x, float *__restrict__ y)
+static __global__ void dequant_q6_K_kernel(const block_q6_K *__restrict__ x, float *__restrict__ y)
 {
+    ds_grid_dep();
     const int64_t ib = blockIdx.x;
     const int t = threadIdx.x, n = t / 32, l = t % 32, is = l / 16;
-    const qb_q6_K *b = x + ib;
+    const block_q6_K *b = x + ib;
     const float d = qb_half(b->d);
     const uint8_t *ql = b->ql + 64 * n;
     const uint8_t *qh = b->qh + 32 * n;
     const int8_t *sc = b->scales + 8 * n;
-    float *out = y + ib * QB_QK_K + 128 * n;
+    float *out = y + ib * QK_K + 128 * n;
     const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
     const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
     const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
@@ -66,18 +70,20 @@ static __global__ void dequant_q6_K_kernel(const qb_q6_K *__restrict__ x, float 
     out[l + 96] = d * sc[is + 6] * q4;
 }
 
-static __global__ void dequant_q8_0_kernel(const qb_q8_0 *__restrict__ x, float *__restrict__ y,
+static __global__ void dequant_q8_0_kernel(const block_q8_0 *__restrict__ x, float *__restrict__ y,
                                            int64_t n)
 {
+    ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const qb_q8_0 *b = x + i / QB_QK8_0;
-    y[i] = qb_half(b->d) * b->qs[i % QB_QK8_0];
+    const block_q8_0 *b = x + i / QK8_0;
+    y[i] = qb_half(b->d) * b->qs[i % QK8_0];
 }
 
 static __global__ void dequant_f16_kernel(const uint16_t *__restrict__ x, float *__restrict__ y,
                                           int64_t n)
 {
+    ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = qb_half(x[i]);
 }
@@ -85,6 +91,7 @@ static __global__ void dequant_f16_kernel(const uint16_t *__restrict__ x, float 
 static __global__ void dequant_bf16_kernel(const uint16_t *__restrict__ x, float *__restrict__ y,
                                            int64_t n)
 {
+    ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = qb_bf16(x[i]);
 }
@@ -92,6 +99,7 @@ static __global__ void dequant_bf16_kernel(const uint16_t *__restrict__ x, float
 static __global__ void dequant_f32_kernel(const float *__restrict__ x, float *__restrict__ y,
                                           int64_t n)
 {
+    ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = x[i];
 }
@@ -99,8 +107,8 @@ static __global__ void dequant_f32_kernel(const float *__restrict__ x, float *__
 extern "C" bool dequant_supported(uint32_t type)
 {
     switch (type) {
-    case QB_F32: case QB_F16: case QB_BF16: case QB_Q8_0: case QB_Q4_K: case QB_Q5_K:
-    case QB_Q6_K:
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
         return true;
     default:
         return false;
@@ -108,39 +116,36 @@ extern "C" bool dequant_supported(uint32_t type)
 }
 
 extern "C" void dequant_f32(uint32_t type, const void *d_src, float *d_dst, int64_t n,
-                            cuda_stream stream)
+                            const cuda_launch *l)
 {
     DS_ASSERT(n >= 0);
     if (n == 0) return;
     const unsigned flat = ds_div_up(n, 256);
     switch (type) {
-    case QB_Q4_K:
-        DS_ASSERT(n % QB_QK_K == 0);
-        dequant_q4_K_kernel<<<(unsigned)(n / QB_QK_K), 32, 0, stream>>>(
-            (const qb_q4_K *)d_src, d_dst);
+    case GGML_TYPE_Q4_K:
+        DS_ASSERT(n % QK_K == 0);
+        ds_launch(dequant_q4_K_kernel, (unsigned)(n / QK_K), 32, 0, l, (const block_q4_K *)d_src, d_dst);
         break;
-    case QB_Q5_K:
-        DS_ASSERT(n % QB_QK_K == 0);
-        dequant_q5_K_kernel<<<(unsigned)(n / QB_QK_K), 32, 0, stream>>>(
-            (const qb_q5_K *)d_src, d_dst);
+    case GGML_TYPE_Q5_K:
+        DS_ASSERT(n % QK_K == 0);
+        ds_launch(dequant_q5_K_kernel, (unsigned)(n / QK_K), 32, 0, l, (const block_q5_K *)d_src, d_dst);
         break;
-    case QB_Q6_K:
-        DS_ASSERT(n % QB_QK_K == 0);
-        dequant_q6_K_kernel<<<(unsigned)(n / QB_QK_K), 64, 0, stream>>>(
-            (const qb_q6_K *)d_src, d_dst);
+    case GGML_TYPE_Q6_K:
+        DS_ASSERT(n % QK_K == 0);
+        ds_launch(dequant_q6_K_kernel, (unsigned)(n / QK_K), 64, 0, l, (const block_q6_K *)d_src, d_dst);
         break;
-    case QB_Q8_0:
-        DS_ASSERT(n % QB_QK8_0 == 0);
-        dequant_q8_0_kernel<<<flat, 256, 0, stream>>>((const qb_q8_0 *)d_src, d_dst, n);
+    case GGML_TYPE_Q8_0:
+        DS_ASSERT(n % QK8_0 == 0);
+        ds_launch(dequant_q8_0_kernel, flat, 256, 0, l, (const block_q8_0 *)d_src, d_dst, n);
         break;
-    case QB_F16:
-        dequant_f16_kernel<<<flat, 256, 0, stream>>>((const uint16_t *)d_src, d_dst, n);
+    case GGML_TYPE_F16:
+        ds_launch(dequant_f16_kernel, flat, 256, 0, l, (const uint16_t *)d_src, d_dst, n);
         break;
-    case QB_BF16:
-        dequant_bf16_kernel<<<flat, 256, 0, stream>>>((const uint16_t *)d_src, d_dst, n);
+    case GGML_TYPE_BF16:
+        ds_launch(dequant_bf16_kernel, flat, 256, 0, l, (const uint16_t *)d_src, d_dst, n);
         break;
-    case QB_F32:
-        dequant_f32_kernel<<<flat, 256, 0, stream>>>((const float *)d_src, d_dst, n);
+    case GGML_TYPE_F32:
+        ds_launch(dequant_f32_kernel, flat, 256, 0, l, (const float *)d_src, d_dst, n);
         break;
     default:
         DS_ASSERT(!"dequant_f32: unsupported type");

@@ -19,7 +19,8 @@ bool dequant_supported(uint32_t type);
 /* d_src: n elements of ggml type `type` as GGUF stores them (whole blocks; rows of a matrix are
  * packed without padding, so a whole tensor is one run of blocks); d_dst: [n] F32.
  * n must be a multiple of the type's block size (asserted). No sync; check with cuda_check. */
-void dequant_f32(uint32_t type, const void *d_src, float *d_dst, int64_t n, cuda_stream stream);
+void dequant_f32(uint32_t type, const void *d_src, float *d_dst, int64_t n,
+                 const cuda_launch *l);
 
 #ifdef __cplusplus
 }

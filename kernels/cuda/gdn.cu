@@ -4,8 +4,7 @@
 // (128 values each, cheap to redo), then owns d_v/splits value columns j; a warp takes one
 // column at a time: lanes hold S[hv][j][lane*EPL ..] (coalesced), decay, u = S_j·k (warp sum),
 // δ = β(v_j − u), S_j += δ k, o_j = S_j·q (warp sum). Columns are independent, which is what
-// lets one head spread over several CTAs; the per-head norm runs in gdn_norm_gated, or (gdn_decode_norm)
-// in the last of the head's CTAs to finish (a per-head counter).
+// lets one head spread over several CTAs; the per-head norm runs in gdn_norm_gated.
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gdn_conv.cuh"
@@ -25,27 +24,20 @@ static __global__ void gdn_conv_kernel(const float *__restrict__ mixed,
 }
 
 extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
-                         int K_conv, float *d_out, cuda_stream stream)
+                         int K_conv, float *d_out, const cuda_launch *l)
 {
     DS_ASSERT(C > 0 && K_conv >= 1);
-    ds_launch(gdn_conv_kernel, ds_div_up(C, 256), 256, 0, stream, d_mixed, d_conv_w, d_conv_state, C,
+    ds_launch(gdn_conv_kernel, ds_div_up(C, 256), 256, 0, l, d_mixed, d_conv_w, d_conv_state, C,
                                                            K_conv, d_out);
 }
 
 // what gdn_decode_norm adds: the gated RMSNorm of a head by the last of its CTAs to finish
-struct gdn_norm_args {
-    const float *z, *norm_w;
-    float *y;
-    void *yq;
-    unsigned *sync; // [n_v] per-head counters, zero before and after
-};
-
-template <int EPL, bool NORM> // d_k = 32 * EPL
+template <int EPL> // d_k = 32 * EPL
 static __global__ void __launch_bounds__(GDN_WARPS * 32)
     gdn_decode_kernel(const float *__restrict__ conv, const float *__restrict__ b,
                       const float *__restrict__ a, const float *__restrict__ dt_bias,
                       const float *__restrict__ ssm_a, int n_k, int d_v, float eps,
-                      float *__restrict__ S, float *__restrict__ o, int cols, gdn_norm_args na)
+                      float *__restrict__ S, float *__restrict__ o, int cols)
 {
     constexpr int d_k = 32 * EPL;
     __shared__ float sq[d_k], sk[d_k], scratch[32];
@@ -153,41 +145,12 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
             if (lane == 0) o[(int64_t)hv * d_v + j] = oj[c];
         }
     }
-    if constexpr (NORM) { // the head's last CTA: y = RMSNorm(o_hv) · w · silu(z_hv), + Q8
-        __shared__ int s_last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) s_last = atomicAdd(&na.sync[hv], 1u) == gridDim.y - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence(); // the other CTAs' columns: read them from L2 (__ldcg)
-        const float *oh = o + (int64_t)hv * d_v;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < d_v; i += blockDim.x) {
-            const float v = __ldcg(oh + i);
-            ss += v * v;
-        }
-        ss = ds_block_sum(ss, scratch);
-        const int n = gridDim.x * d_v;
-        for (int i0 = 0; i0 < d_v; i0 += blockDim.x) { // d_v % 32 == 0: whole warps
-            const int i = i0 + threadIdx.x;
-            if (i0 + (threadIdx.x & ~31) >= d_v) break;
-            const int64_t e = (int64_t)hv * d_v + i;
-            const float zi = na.z[e];
-            const float r = __ldcg(oh + i) / sqrtf(ss / (float)d_v + eps) * na.norm_w[i] *
-                            (zi / (1.0f + expf(-zi)));
-            if (na.y) na.y[e] = r;
-            if (na.yq) ds_q8_store_warp(r, e & ~(int64_t)31, n, na.yq);
-        }
-        if (threadIdx.x == 0) atomicExch(&na.sync[hv], 0u);
-    }
 }
 
-template <bool NORM>
-static void gdn_decode_launch(const float *d_conv, const float *d_b, const float *d_a,
-                              const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
-                              int d_k, int d_v, float eps, float *d_S, float *d_o,
-                              const gdn_norm_args &na, cuda_stream stream)
+extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,
+                           const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
+                           int d_k, int d_v, float eps, float *d_S, float *d_o,
+                           const cuda_launch *l)
 {
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0);
     const int splits = d_v >= 128 ? 4 : d_v / 32; // 32 columns per CTA
@@ -195,41 +158,20 @@ static void gdn_decode_launch(const float *d_conv, const float *d_b, const float
     const dim3 grid(n_v, splits);
     switch (d_k) {
     case 32:
-        ds_launch(gdn_decode_kernel<1, NORM>, grid, GDN_WARPS * 32, 0, stream, 
-            d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
+        ds_launch(gdn_decode_kernel<1>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
+                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
         break;
     case 64:
-        ds_launch(gdn_decode_kernel<2, NORM>, grid, GDN_WARPS * 32, 0, stream, 
-            d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
+        ds_launch(gdn_decode_kernel<2>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
+                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
         break;
     case 128:
-        ds_launch(gdn_decode_kernel<4, NORM>, grid, GDN_WARPS * 32, 0, stream, 
-            d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, d_o, cols, na);
+        ds_launch(gdn_decode_kernel<4>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
+                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
         break;
     default:
         DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
     }
-}
-
-extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,
-                           const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
-                           int d_k, int d_v, float eps, float *d_S, float *d_o,
-                           cuda_stream stream)
-{
-    gdn_decode_launch<false>(d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps, d_S,
-                             d_o, gdn_norm_args{}, stream);
-}
-
-extern "C" void gdn_decode_norm(const float *d_conv, const float *d_b, const float *d_a,
-                                const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
-                                int d_k, int d_v, float eps, float *d_S, float *d_o,
-                                const float *d_z, const float *d_norm_w, float *d_y,
-                                void *d_y_q8, unsigned *d_sync, cuda_stream stream)
-{
-    DS_ASSERT(d_z && d_norm_w && d_sync);
-    const gdn_norm_args na = {d_z, d_norm_w, d_y, d_y_q8, d_sync};
-    gdn_decode_launch<true>(d_conv, d_b, d_a, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps, d_S,
-                            d_o, na, stream);
 }
 
 // One CTA per value head, d_v threads (d_v % 32 == 0, <= 1024).
@@ -250,9 +192,9 @@ static __global__ void gdn_norm_gated_kernel(const float *__restrict__ o,
 }
 
 extern "C" void gdn_norm_gated(const float *d_o, const float *d_z, const float *d_norm_w, int n_v,
-                               int d_v, float eps, float *d_y, void *d_y_q8, cuda_stream stream)
+                               int d_v, float eps, float *d_y, void *d_y_q8, const cuda_launch *l)
 {
     DS_ASSERT(d_v % 32 == 0 && d_v <= 1024);
-    ds_launch(gdn_norm_gated_kernel, n_v, d_v, 0, stream, d_o, d_z, d_norm_w, d_v, eps, d_y, d_y_q8,
-                                                   n_v * d_v);
+    ds_launch(gdn_norm_gated_kernel, n_v, d_v, 0, l, d_o, d_z, d_norm_w, d_v, eps, d_y, d_y_q8,
+              n_v * d_v);
 }

@@ -59,11 +59,11 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y,
-                         void *d_y_q8, cuda_stream stream)
+                         void *d_y_q8, const cuda_launch *l)
 {
     DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0));
     if (n <= NORM_THREADS * NORM_EPT)
-        ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
+        ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, l, d_x, d_w, n, eps, d_y, d_y_q8);
     else
-        ds_launch(norm_rms_long_kernel, 1, NORM_THREADS, 0, stream, d_x, d_w, n, eps, d_y, d_y_q8);
+        ds_launch(norm_rms_long_kernel, 1, NORM_THREADS, 0, l, d_x, d_w, n, eps, d_y, d_y_q8);
 }

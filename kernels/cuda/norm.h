@@ -14,7 +14,7 @@ extern "C" {
 /* y = x / sqrt(mean(x²) + eps) * w over n elements (one vector; w may be NULL = 1).
  * d_y: [n] F32 (may be NULL); d_y_q8: gemv_xq_bytes(n) (may be NULL; needs n % 32 == 0). */
 void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y, void *d_y_q8,
-              cuda_stream stream);
+              const cuda_launch *l);
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,9 @@
  * reads back only the small result (token id, and logprobs when asked) after its one sync.
  *
  *   sample_slot *s;  sample_create(&s, V, n_ctx_max, &st);             once per slot
- *   sample_reset(s, &params, stream, &st);                               per request
- *   sample_accept_prompt(s, ids, n, stream);  sample_accept(s, tok, stream);   per token kept
- *   sample_run(s, d_logits, stream);  ...sync stream...  sample_result_get(s)->token
+ *   sample_reset(s, &params, want_logprob, &launch, &st);                per request
+ *   sample_accept_prompt(s, ids, n, &launch);  sample_accept(s, tok, &launch);  per token kept
+ *   sample_run(s, d_logits, &launch);  ...sync the stream...  sample_result_get(s)->token
  *
  * Design (docs/SAMPLER.md, "On the GPU"): one kernel launch per sample, a thread-block cluster
  * of ceil(V / 16384) CTAs of 1024 threads (16 for V = 248320) that keeps the logits and the
@@ -30,26 +30,10 @@
 extern "C" {
 #endif
 
-#define SAMPLE_MAX_LOGPROBS 20
-#define SAMPLE_MAX_VOCAB (16 * 16384) /* a cluster of at most 16 CTAs x 16384 logits */
+#include "common/sampling.h" /* no C++ guards of its own */
 
-/* Resolved sampling parameters (the caller validated them: model/sampler.h's
- * sampler_params_validate, worker/request.c). Same meaning as sampler_params after
- * sampler_params_resolve: top_p 1 and repetition_penalty 1 are "off". */
-typedef struct sample_params {
-    float temperature;        /* 0 = greedy */
-    int32_t top_k;            /* 0 or >= V = off */
-    float top_p;              /* (0, 1]; 1 = off */
-    float min_p;              /* [0, 1]; 0 = off */
-    float repetition_penalty; /* > 0; 1 = off */
-    float presence_penalty;
-    float frequency_penalty;
-    bool penalize_prompt;     /* prompt tokens count for the penalties */
-    int32_t penalty_window;   /* last N accepted positions; 0 = all */
-    uint64_t seed;
-    int32_t n_logprobs;       /* 0..SAMPLE_MAX_LOGPROBS alternatives */
-    bool want_logprob;        /* compute the chosen token's logprob (implied by n_logprobs > 0) */
-} sample_params;
+#define SAMPLE_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
+#define SAMPLE_MAX_VOCAB (16 * 16384) /* a cluster of at most 16 CTAs x 16384 logits */
 
 /* Written by the device (pinned, mapped host memory); valid after the stream sync that follows
  * sample_run, until the next sample_run. */
@@ -59,15 +43,19 @@ typedef struct sample_result {
     int32_t n_top;                         /* = n_logprobs */
     int32_t top_id[SAMPLE_MAX_LOGPROBS];   /* most likely first; -1 beyond the vocabulary */
     float top_logprob[SAMPLE_MAX_LOGPROBS];
-    /* Diagnostics for tests (top-p only, else 0): the nucleus target top_p * S and the masses
-     * of the weights above / at-or-above the threshold; a draw whose target is within double
-     * rounding of either mass may differ from the CPU (docs/SAMPLER.md "Σ: sums"). */
-    double topp_target, topp_mass_gt, topp_mass_ge;
-    float topp_tau;     /* the threshold weight (0: target unreached, every positive kept) */
-    int32_t topp_n_eq;  /* weights equal to tau, and how many of them were kept */
-    int32_t topp_need;
     uint64_t step; /* the RNG step this result used */
 } sample_result;
+
+/* For tests: the top-p cut of the last sample_run (all 0 when top-p is off), valid as the
+ * result. The nucleus target top_p * S and the masses of the weights above / at-or-above the
+ * threshold; a draw whose target is within double rounding of either mass may differ from the
+ * CPU (docs/SAMPLER.md "Σ: sums"), which is how sample_parity tells those steps apart. */
+typedef struct sample_topp_diag {
+    double target, mass_gt, mass_ge;
+    float tau;      /* the threshold weight (0: target unreached, every positive kept) */
+    int32_t n_eq;   /* weights equal to tau, and how many of them were kept */
+    int32_t need;
+} sample_topp_diag;
 
 typedef struct sample_slot sample_slot;
 
@@ -78,22 +66,26 @@ typedef struct sample_slot sample_slot;
 int sample_create(sample_slot **out, int32_t n_vocab, int32_t n_ctx_max, status *st);
 void sample_destroy(sample_slot *s);
 
-/* A new request: parameters, empty history, RNG step 0 (penalty counts cleared on the stream
- * when the previous request left any). */
-int sample_reset(sample_slot *s, const sample_params *p, cuda_stream stream, status *st);
+/* A new request: parameters (valid and resolved: common/sampling.h sampling_params_resolve),
+ * whether the chosen token's logprob is wanted (implied by p->n_logprobs > 0), empty history,
+ * RNG step 0 (penalty counts cleared on l's stream when the previous request left any; waits
+ * for the stream when the previous request's prompt copy may still be in flight). */
+int sample_reset(sample_slot *s, const sampling_params *p, bool want_logprob,
+                 const cuda_launch *l, status *st);
 
 /* Records accepted tokens in order (ids in [0, V); at most n_ctx_max in all: asserted).
  * Prompt tokens count for penalties when penalize_prompt. Without penalties nothing is
  * launched. accept_prompt copies the ids through pinned staging (one H2D copy per call). */
-void sample_accept_prompt(sample_slot *s, const int32_t *ids, int64_t n, cuda_stream stream);
-void sample_accept(sample_slot *s, int32_t token, cuda_stream stream);
+void sample_accept_prompt(sample_slot *s, const int32_t *ids, int64_t n, const cuda_launch *l);
+void sample_accept(sample_slot *s, int32_t token, const cuda_launch *l);
 
 /* Enqueues the sampling of one token from d_logits [V] (F32, finite or -inf, at least one
- * finite; read only) on stream. Advances the RNG step. Check with cuda_check(); read the
+ * finite; read only) on l's stream. Advances the RNG step. Check with cuda_check(); read the
  * result after synchronising the stream. */
-void sample_run(sample_slot *s, const float *d_logits, cuda_stream stream);
+void sample_run(sample_slot *s, const float *d_logits, const cuda_launch *l);
 
 const sample_result *sample_result_get(const sample_slot *s);
+const sample_topp_diag *sample_topp_diag_get(const sample_slot *s);
 uint64_t sample_step(const sample_slot *s);
 /* CTAs per cluster (diagnostics). */
 int sample_cluster_size(const sample_slot *s);

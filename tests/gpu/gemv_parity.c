@@ -1,7 +1,10 @@
 /* GPU GEMV (kernels/cuda/gemv.h) against the CPU twin quant_matvec (gguf/quant.h) for every
  * weight type over awkward shapes (1 row, one block, odd row counts, the reference models'
- * 128-wide rows, large), with each epilogue (store, residual add, SwiGLU, argmax), plus the Q8
- * activation quantiser against its C twin (exact). Quantised types are compared with
+ * 128-wide rows, large), with each epilogue (store, residual add, SwiGLU, argmax) on the warp
+ * kernel (rows per warp by the tuning table, and forced to 1, 2 and 4) and the flat kernel, the
+ * two-matrix launch (gemv_pair) and the tuning table's choices, plus the Q8 activation
+ * quantiser against its C twin (exact). The conv epilogue and the embedding step are in
+ * kernels_parity. Quantised types are compared with
  * quant_matvec on the dequantised Q8 x (same sum, another order: tight bound), and the error
  * that quantising x itself adds is reported against the float x (loose bound, NMSE). */
 #include <CUnit/Basic.h>
@@ -14,9 +17,11 @@
 #include "gguf/quant.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gemv.h"
+#include "tests/gpu/gemv_emulate.h"
 #include "tests/gpu/gpu_parity.h"
 
 static bool g_have_gpu;
+static cuda_device_props g_props; /* for gemv_matrix_plan */
 
 typedef struct dev_matrix {
     gemv_matrix m;
@@ -45,8 +50,17 @@ static int matrix_make(dev_matrix *dm, uint32_t type, int64_t n_in, int64_t n_ou
         rc = cuda_sync(NULL, "gemv_pack", st);
     }
     cuda_free(d_raw);
-    dm->m = (gemv_matrix){type, n_in, n_out, dm->d_w, 0, 0, 0};
+    dm->m = (gemv_matrix){.type = type, .n_in = n_in, .n_out = n_out, .d_w = dm->d_w};
     return rc;
+}
+
+/* Plans the matrix with a kernel (GEMV_KERNEL_AUTO: the tuning table's) and rows per warp
+ * (0: the table's). */
+static int matrix_plan(dev_matrix *dm, int kernel, int rows_per_warp, status *st)
+{
+    dm->m.kernel = kernel;
+    dm->m.rows_per_warp = rows_per_warp;
+    return gemv_matrix_plan(&dm->m, &g_props, st);
 }
 
 static void matrix_free(dev_matrix *dm)
@@ -68,15 +82,14 @@ static double rms(const float *v, int64_t n)
     return sqrt(s / (n > 0 ? n : 1));
 }
 
-typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX, MODE_SWIGLU_Q8, MODE_ADD_NORM } mode;
-static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax", "swiglu+q8", "add+norm"};
-static const char *k_kernel_names[] = {"auto", "warp", "flat", "ring", "wring"};
+typedef enum mode { MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_ARGMAX } mode;
+static const char *k_mode_names[] = {"store", "add", "swiglu", "argmax"};
+static const char *k_kernel_names[] = {"planned", "warp", "flat"};
 
-/* The Q8 form the fused epilogues wrote (d_q) against the twin quantiser applied to the F32
- * values the GPU wrote (v): the same arithmetic, so the same bytes (s to float rounding). */
 /* One case; returns true when the GPU matches. perturb: corrupt one GPU output first. kernel:
- * GEMV_KERNEL_AUTO / WARP / FLAT / RING. */
-static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb, int kernel)
+ * GEMV_KERNEL_AUTO (the tuning table) / WARP / FLAT; rpw: rows per warp (0: the table's). */
+static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb,
+                       int kernel, int rpw)
 {
     status st;
     status_clear(&st);
@@ -97,28 +110,15 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
     if (!q) memcpy(xd, x, n_in * sizeof(float));
 
     dev_matrix W = {0}, U = {0};
-    float *d_x = NULL, *d_y = NULL, *d_nw = NULL, *d_ny = NULL;
-    void *d_xq = NULL, *d_yq = NULL;
-    unsigned *d_sync = NULL;
+    float *d_x = NULL, *d_y = NULL;
+    void *d_xq = NULL;
     unsigned long long *d_best = NULL, best = 0;
-    const bool swiglu = md == MODE_SWIGLU || md == MODE_SWIGLU_Q8;
-    const bool fused = md == MODE_SWIGLU_Q8 || md == MODE_ADD_NORM;
-    const uint64_t nsync = gemv_sync_words(n_out);
-    float *nw = malloc(n_out * sizeof(float)), *ny = malloc(n_out * sizeof(float));
-    int8_t *yq = malloc(gemv_xq_bytes(n_out));
-    unsigned *sync = malloc(nsync * sizeof(unsigned));
-    DS_ASSERT(nw && ny && yq && sync);
-    for (int64_t i = 0; i < n_out; i++) nw[i] = 0.5f + gpu_rng_uniform(&rng);
+    const bool swiglu = md == MODE_SWIGLU;
     bool ok = false;
-    if (matrix_make(&W, type, n_in, n_out, 11 + n_out, &st)) goto fail;
-    if (swiglu && matrix_make(&U, type, n_in, n_out, 12 + n_out, &st)) goto fail;
-    W.m.kernel = U.m.kernel = kernel;
-    if (fused && (cuda_alloc((void **)&d_nw, n_out * sizeof(float), "norm w", &st) ||
-                  cuda_alloc((void **)&d_ny, n_out * sizeof(float), "norm y", &st) ||
-                  cuda_alloc(&d_yq, gemv_xq_bytes(n_out), "yq", &st) ||
-                  cuda_alloc((void **)&d_sync, nsync * sizeof(unsigned), "sync", &st) ||
-                  cuda_upload(d_nw, nw, n_out * sizeof(float), &st) ||
-                  cuda_memset(d_sync, 0, nsync * sizeof(unsigned), &st)))
+    if (matrix_make(&W, type, n_in, n_out, 11 + n_out, &st) || matrix_plan(&W, kernel, rpw, &st))
+        goto fail;
+    if (swiglu && (matrix_make(&U, type, n_in, n_out, 12 + n_out, &st) ||
+                   matrix_plan(&U, kernel, rpw, &st)))
         goto fail;
     if (cuda_alloc((void **)&d_x, n_in * sizeof(float), "x", &st) ||
         cuda_alloc(&d_xq, gemv_xq_bytes(n_in), "xq", &st) ||
@@ -127,7 +127,7 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
         cuda_upload(d_x, x, n_in * sizeof(float), &st) ||
         cuda_upload(d_y, y0, n_out * sizeof(float), &st))
         goto fail;
-    if (md != MODE_ADD && md != MODE_ADD_NORM && cuda_memset(d_y, 0xff, n_out * sizeof(float), &st))
+    if (md != MODE_ADD && cuda_memset(d_y, 0xff, n_out * sizeof(float), &st))
         goto fail; /* NaN */
     if (n_in % 32 == 0) {
         gemv_quantize_x(d_x, d_xq, n_in, NULL);
@@ -151,40 +151,10 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
         gemv_argmax_reset(d_best, NULL);
         gemv_argmax(&W.m, d_x, d_xq, d_y, d_best, NULL);
         break;
-    case MODE_SWIGLU_Q8:
-        gemv_swiglu_q8(&W.m, &U.m, d_x, d_xq, d_y, d_yq, d_sync, NULL);
-        break;
-    case MODE_ADD_NORM:
-        gemv_add_norm(&W.m, d_x, d_xq, d_y, d_nw, 1e-6f, d_ny, d_yq, d_sync, NULL);
-        break;
     }
     if (cuda_sync(NULL, "gemv", &st) || cuda_download(got, d_y, n_out * sizeof(float), &st) ||
         cuda_download(&best, d_best, sizeof best, &st))
         goto fail;
-    bool fused_ok = true;
-    if (fused) {
-        if (cuda_download(yq, d_yq, gemv_xq_bytes(n_out), &st) ||
-            cuda_download(ny, d_ny, n_out * sizeof(float), &st) ||
-            cuda_download(sync, d_sync, nsync * sizeof(unsigned), &st))
-            goto fail;
-        uint64_t nz = 0;
-        for (uint64_t i = 0; i < nsync; i++) nz += sync[i] != 0;
-        if (nz) printf("  %llu sync counters left non-zero\n", (unsigned long long)nz);
-        fused_ok &= nz == 0;
-        if (md == MODE_SWIGLU_Q8) {
-            fused_ok &= gpu_check_q8_of("swiglu_q8", got, yq, n_out);
-        } else { /* the norm of the GPU's own y, in double */
-            double ss = 0;
-            for (int64_t i = 0; i < n_out; i++) ss += (double)got[i] * got[i];
-            const double r = 1.0 / sqrt(ss / n_out + 1e-6);
-            float *nref = malloc(n_out * sizeof(float));
-            for (int64_t i = 0; i < n_out; i++) nref[i] = (float)(got[i] * r * nw[i]);
-            fused_ok &= gpu_parity_check("  add_norm: the norm", ny, nref, n_out, 1e-6, 1e-5, 1e-10, true, NULL);
-            fused_ok &= gpu_check_q8_of("add_norm", ny, yq, n_out);
-            free(nref);
-        }
-    }
-
     const uint64_t rb = quant_row_bytes(type, n_in);
     quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
     quant_matvec(type, W.host, rb, n_in, x, ref_exact, 0, n_out);
@@ -196,13 +166,14 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
             ref_exact[i] = ref_exact[i] / (1.0f + expf(-ref_exact[i])) * up_exact[i];
         }
     }
-    if (md == MODE_ADD || md == MODE_ADD_NORM)
+    if (md == MODE_ADD)
         for (int64_t i = 0; i < n_out; i++) ref[i] += y0[i], ref_exact[i] += y0[i];
     if (perturb) got[n_out / 2] += 0.05f * (float)(rms(ref, n_out) + 1e-3);
 
     char name[128];
-    snprintf(name, sizeof name, "gemv %s %s %lldx%lld %s%s", tr->name, k_mode_names[md],
-             (long long)n_out, (long long)n_in, k_kernel_names[kernel], perturb ? " (perturbed)" : "");
+    snprintf(name, sizeof name, "gemv %s %s %lldx%lld %s r%d%s", tr->name, k_mode_names[md],
+             (long long)n_out, (long long)n_in, k_kernel_names[W.m.plan.kernel == GEMV_KERNEL_FLAT ? 2 : kernel],
+             W.m.plan.rows_per_warp, perturb ? " (perturbed)" : "");
     /* Error scales per row from the dequantised weights: A = max_r sqrt(sum (w x')^2) (float
      * rounding of a sum of n terms ~ eps sqrt(n) A) and N = max_r ||w_r|| (quantising x to 8
      * bits adds sum w d with |d| <= step/2: std ||w|| step / sqrt(12)). */
@@ -227,7 +198,6 @@ static bool run_case_k(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool
     /* same products, another summation order: float rounding only */
     ok = gpu_parity_check(name, got, ref, n_out, 2e-6 * sqrt((double)n_in) * A * up_scale, 1e-4,
                           n_out >= 16 ? 1e-8 : 1.0, false, NULL);
-    ok &= fused_ok;
     if (q && !perturb && !swiglu) { /* what quantising x to 8 bits costs */
         snprintf(name, sizeof name, "  vs float x (Q8 activation error)");
         ok &= gpu_parity_check(name, got, ref_exact, n_out, 6.0 * N * dmax / sqrt(12.0), 1e-3,
@@ -252,31 +222,32 @@ fail:
     cuda_free(d_xq);
     cuda_free(d_y);
     cuda_free(d_best);
-    cuda_free(d_nw);
-    cuda_free(d_ny);
-    cuda_free(d_yq);
-    cuda_free(d_sync);
-    free(nw), free(ny), free(yq), free(sync);
     free(x), free(xd), free(y0), free(ref), free(ref_exact), free(got), free(up), free(up_exact);
     free(qs), free(gq), free(qd), free(qsum);
     return ok && st.code == STATUS_OK;
 }
 
-/* Every kernel that takes the case (the warp one; the flat and ring ones where they apply;
- * a ring matrix's fused modes run on the warp kernel). */
+/* Every kernel that takes the case: the tuning table's plan, the warp kernel (its rows per
+ * warp, and 1, 2 and 4 with `all_rows`), the flat kernel where it applies. perturb: true when
+ * any of them fails (each must, the output being corrupted). */
+static bool run_case_r(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb,
+                       bool all_rows)
+{
+    bool ok = run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_AUTO, 0);
+    ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP, 0)
+                 : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP, 0);
+    for (int r = 1; all_rows && r <= 4; r *= 2)
+        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP, r)
+                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP, r);
+    if (gemv_flat_supported(type, n_in))
+        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT, 0)
+                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT, 0);
+    return ok;
+}
+
 static bool run_case(uint32_t type, int64_t n_in, int64_t n_out, mode md, bool perturb)
 {
-    bool ok = run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WARP);
-    if (gemv_flat_supported(type, n_in))
-        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT)
-                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_FLAT);
-    if (gemv_ring_supported(type, n_in))
-        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING)
-                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_RING);
-    if (type == GGML_TYPE_Q4_K) /* the warp-ring kernel where it takes the shape, else warp */
-        ok = perturb ? ok || run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WRING)
-                     : ok & run_case_k(type, n_in, n_out, md, perturb, GEMV_KERNEL_WRING);
-    return ok;
+    return run_case_r(type, n_in, n_out, md, perturb, false);
 }
 
 static const uint32_t k_types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
@@ -316,29 +287,70 @@ static void test_epilogues(void)
         CU_ASSERT_TRUE(run_case(k_types[t], 256, 5003, MODE_ARGMAX, false));
     }
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 248320, MODE_ARGMAX, false)); /* lm_head rows */
-    /* the ring kernel's stage shapes: 8 rows a stage (27B gate/up), 4 and 2 (27B down, alone
-     * and as a SwiGLU pair), a last chunk of fewer rows, fewer rows than CTAs; Q4_K and Q5_K */
+    /* the 27B's shapes: gate/up as a SwiGLU pair, down, a last CTA of fewer rows, fewer rows
+     * than CTAs; Q4_K and Q5_K */
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 5120, 17408, MODE_SWIGLU, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 17408, 5120, MODE_ADD, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q5_K, 17408, 1029, MODE_SWIGLU, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 2560, 9219, MODE_STORE, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q5_K, 4096, 70, MODE_ARGMAX, false));
     CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 248320, MODE_ARGMAX, false));
-    /* the fused epilogues (flat and warp kernels): odd stretches across 32-row units, many
-     * CTAs; the 0.8B's shapes (the warp kernel splits their rows over 2-4 warps) and two rows
-     * a warp (Q6_K, 4096 rows) */
-    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
-        CU_ASSERT_TRUE(run_case(k_types[t], 1024, 352, MODE_SWIGLU_Q8, false));
-        CU_ASSERT_TRUE(run_case(k_types[t], 512, 1024, MODE_ADD_NORM, false));
+    /* the 0.8B's shapes (the warp kernel splits their rows over 2-4 warps) */
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 3584, MODE_SWIGLU, false));
+    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 3584, 1024, MODE_ADD, false));
+    /* every rows-per-warp build of every type, each epilogue, odd rows */
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++)
+        for (int md = MODE_STORE; md <= MODE_ARGMAX; md++)
+            CU_ASSERT_TRUE(run_case_r(k_types[t], 512, 203, (mode)md, false, true));
+}
+
+/* The tuning table's choices (gemv_matrix_plan) for the shapes it was measured on. */
+static void test_plan(void)
+{
+    if (!g_have_gpu) return;
+    static const struct {
+        uint32_t type;
+        int64_t n_out, n_in;
+        int kernel, rows;
+    } k[] = {
+        {GGML_TYPE_Q6_K, 5120, 17408, GEMV_KERNEL_FLAT, 0},   /* 27B ffn_down (Q6_K layers) */
+        {GGML_TYPE_Q6_K, 10240, 5120, GEMV_KERNEL_FLAT, 0},   /* 27B attn_qkv */
+        {GGML_TYPE_Q6_K, 248320, 5120, GEMV_KERNEL_WARP, 4},  /* lm_heads */
+        {GGML_TYPE_Q6_K, 248320, 1024, GEMV_KERNEL_WARP, 4},
+        {GGML_TYPE_Q6_K, 6144, 1024, GEMV_KERNEL_WARP, 2},    /* under 2^25 weights */
+        {GGML_TYPE_Q6_K, 1024, 1024, GEMV_KERNEL_WARP, 1},
+        {GGML_TYPE_Q4_K, 17408, 5120, GEMV_KERNEL_WARP, 1},
+        {GGML_TYPE_Q5_K, 10240, 5120, GEMV_KERNEL_WARP, 1},
+        {GGML_TYPE_Q8_0, 48, 5120, GEMV_KERNEL_WARP, 1},
+        {GGML_TYPE_F32, 64, 128, GEMV_KERNEL_WARP, 1},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        status st;
+        gemv_matrix m = {.type = k[i].type, .n_in = k[i].n_in, .n_out = k[i].n_out, .d_w = NULL};
+        CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&m, &g_props, &st), STATUS_OK);
+        CU_ASSERT_EQUAL(m.plan.kernel, k[i].kernel);
+        if (k[i].rows) CU_ASSERT_EQUAL(m.plan.rows_per_warp, k[i].rows);
+        for (int e = 0; e < GEMV_N_SHAPES; e++) CU_ASSERT_TRUE(m.plan.shape[e].grid >= 1);
+        if (m.plan.kernel != k[i].kernel || (k[i].rows && m.plan.rows_per_warp != k[i].rows))
+            printf("  plan %s %lldx%lld: kernel %d, %d rows a warp\n", quant_get(k[i].type)->name,
+                   (long long)k[i].n_out, (long long)k[i].n_in, m.plan.kernel, m.plan.rows_per_warp);
     }
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 5120, 17408, MODE_SWIGLU_Q8, false)); /* 27B up */
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 17408, 5120, MODE_ADD_NORM, false));  /* 27B down */
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 17408, 5120, MODE_ADD_NORM, false));
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_F32, 128, 64, MODE_ADD_NORM, false)); /* one CTA */
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 1024, 3584, MODE_SWIGLU_Q8, false)); /* 0.8B gate/up */
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q4_K, 3584, 1024, MODE_ADD_NORM, false));  /* 0.8B down */
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 4096, MODE_SWIGLU_Q8, false));
-    CU_ASSERT_TRUE(run_case(GGML_TYPE_Q6_K, 1024, 4096, MODE_ADD_NORM, false));
+    /* forcing a kernel the shape cannot take fails */
+    status st;
+    gemv_matrix bad = {.type = GGML_TYPE_F32, .n_in = 8, .n_out = 4, .kernel = GEMV_KERNEL_FLAT};
+    CU_ASSERT_EQUAL(gemv_matrix_plan(&bad, &g_props, &st), STATUS_UNSUPPORTED);
+    /* the pair: both in-projection groups of the 0.8B (6.3 MiB) yes, the 27B's (~55 MiB) no */
+    gemv_matrix a = {.type = GGML_TYPE_Q6_K, .n_in = 1024, .n_out = 6144};
+    gemv_matrix b = {.type = GGML_TYPE_Q4_K, .n_in = 1024, .n_out = 2080};
+    CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&a, &g_props, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&b, &g_props, &st), STATUS_OK);
+    CU_ASSERT_TRUE(gemv_pair_planned(&a, &b));
+    gemv_matrix c = {.type = GGML_TYPE_Q4_K, .n_in = 5120, .n_out = 10240};
+    gemv_matrix d = {.type = GGML_TYPE_Q4_K, .n_in = 5120, .n_out = 6208};
+    CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&c, &g_props, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&d, &g_props, &st), STATUS_OK);
+    CU_ASSERT_TRUE(gemv_pair_supported(&c, &d));
+    CU_ASSERT_FALSE(gemv_pair_planned(&c, &d));
 }
 
 /* gemv_pair (two matrices, one launch) against the two launches it replaces (gemv_conv or
@@ -377,7 +389,8 @@ static bool pair_case(uint32_t t0, int64_t n0, int64_t n_conv, uint32_t t1, int6
         cuda_upload(d_x, x, n_in * sizeof(float), &st) ||
         cuda_upload(d_cw, cw, (n_conv * K + 1) * sizeof(float), &st))
         goto fail;
-    A.m.kernel = B.m.kernel = GEMV_KERNEL_WARP;
+    if (matrix_plan(&A, GEMV_KERNEL_WARP, 0, &st) || matrix_plan(&B, GEMV_KERNEL_WARP, 0, &st))
+        goto fail;
     CU_ASSERT_TRUE(gemv_pair_supported(&A.m, &B.m));
     gemv_quantize_x(d_x, d_xq, n_in, NULL);
     /* the two launches */
@@ -509,13 +522,20 @@ static void test_perturbed_fails(void)
     CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 512, 64, MODE_STORE, true));
     CU_ASSERT_FALSE(run_case(GGML_TYPE_F16, 256, 9, MODE_ADD, true));
     CU_ASSERT_FALSE(run_case(GGML_TYPE_Q6_K, 512, 64, MODE_STORE, true));
-    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 512, 64, MODE_ADD_NORM, true));
-    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 1024, 352, MODE_SWIGLU_Q8, true));
+    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q4_K, 1024, 352, MODE_SWIGLU, true));
+    CU_ASSERT_FALSE(run_case(GGML_TYPE_Q6_K, 1024, 4099, MODE_ARGMAX, true));
 }
 
 int main(void)
 {
     g_have_gpu = gpu_test_have_gpu("gemv parity on the GPU");
+    if (g_have_gpu) {
+        status st;
+        if (cuda_device_props_get(0, &g_props, &st) || gemv_init(&g_props, &st)) {
+            printf("%s\n", st.msg);
+            return 1;
+        }
+    }
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite("gemv_parity", NULL, NULL);
     CU_add_test(s, "flat_emulated", test_flat_emulated);
@@ -524,6 +544,7 @@ int main(void)
     CU_add_test(s, "epilogues", test_epilogues);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "pair", test_pair);
+    CU_add_test(s, "plan", test_plan);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();

@@ -6,10 +6,10 @@
  * accepts in between. Every step must give the same token id, the chosen logprob and the top
  * alternatives within 1e-4, except where the CPU's top-p threshold lies within double rounding
  * of the target (the only place where docs/SAMPLER.md leaves the order of additions open):
- * those steps are detected from the GPU's top-p diagnostics, counted and must be rare. One case
- * perturbs the GPU result and asserts the check fails. The worker's CUDA backend, which samples
- * with it, must give the CPU backend's tokens for the same seeds (reference model). Timing at
- * V = 248320 at the end. */
+ * those steps are detected from the GPU's top-p diagnostics (sample_topp_diag_get), counted and
+ * must be rare. One case perturbs the GPU result and asserts the check fails. Timing at
+ * V = 248320 at the end. (That the engine's CUDA backend samples with it and gives the CPU
+ * backend's tokens for the same seeds is engine_parity's to check.) */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,10 +20,9 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/sample.h"
-#include "model/qwen35.h"
+#include "common/sampling.h"
 #include "model/sampler.h"
 #include "tests/gpu/gpu_parity.h"
-#include "worker/backend.h"
 
 #define V_BIG 248320
 #define N_CTX 256
@@ -54,7 +53,7 @@ static void fill_logits(float *z, int V, dist d, gpu_rng *r)
 
 typedef struct pcase {
     const char *name;
-    sampler_params p;
+    sampling_params p;
     bool want_lp; /* chosen logprob even without alternatives */
 } pcase;
 
@@ -83,36 +82,25 @@ static const pcase k_cases[] = {
 };
 #define N_CASES ((int)(sizeof k_cases / sizeof k_cases[0]))
 
-static sample_params to_gpu(const sampler_params *p0, bool want_lp)
-{
-    const sampler_params p = sampler_params_resolve(p0);
-    return (sample_params){.temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p,
-                           .min_p = p.min_p, .repetition_penalty = p.repetition_penalty,
-                           .presence_penalty = p.presence_penalty,
-                           .frequency_penalty = p.frequency_penalty,
-                           .penalize_prompt = p.penalize_prompt, .penalty_window = p.penalty_window,
-                           .seed = p.seed, .n_logprobs = p.n_logprobs, .want_logprob = want_lp};
-}
-
 /* What the CPU produced for one step. */
 typedef struct cpu_out {
     int32_t token;
     float logprob;
     int n_top;
-    sampler_logprob top[SAMPLER_MAX_LOGPROBS];
+    sampler_logprob top[SAMPLING_MAX_LOGPROBS];
 } cpu_out;
 
 /* The GPU's top-p threshold is within double rounding of the target: target ~ mass above tau
  * plus j weights equal to tau, for the j at the cut; or the target was unreached. Then the
  * CPU's different order of additions may keep one weight more or less. */
-static bool near_topp_boundary(const sample_result *g, const sampler_params *p)
+static bool near_topp_boundary(const sample_topp_diag *g, const sampling_params *p)
 {
-    const sampler_params r = sampler_params_resolve(p);
+    const sampling_params r = sampling_params_resolve(p);
     if (r.temperature == 0 || r.top_p >= 1) return false;
-    if (g->topp_tau == 0) return true;
-    const double j = round((g->topp_target - g->topp_mass_gt) / g->topp_tau);
-    const double cut = g->topp_mass_gt + j * g->topp_tau;
-    return fabs(g->topp_target - cut) <= 1e-12 * g->topp_target;
+    if (g->tau == 0) return true;
+    const double j = round((g->target - g->mass_gt) / g->tau);
+    const double cut = g->mass_gt + j * g->tau;
+    return fabs(g->target - cut) <= 1e-12 * g->target;
 }
 
 /* true when the GPU result g equals the CPU's c (token, logprobs within LP_TOL); prints the
@@ -160,8 +148,9 @@ static bool run_case(int V, dist d, const pcase *pc, int perturb, tally *ty)
     if (sampler_create(&cs, V, N_CTX, &pc->p, &st) || sample_create(&gs, V, N_CTX, &st) ||
         cuda_alloc((void **)&d_z, (size_t)V * sizeof *d_z, "logits", &st))
         goto fail;
-    const sample_params gp = to_gpu(&pc->p, pc->want_lp);
-    if (sampler_reset(cs, &pc->p, &st) || sample_reset(gs, &gp, NULL, &st)) goto fail;
+    const sampling_params gp = sampling_params_resolve(&pc->p);
+    sampler_reset(cs, &pc->p);
+    if (sample_reset(gs, &gp, pc->want_lp, NULL, &st)) goto fail;
     int32_t prompt[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) /* repeats, so counts > 1 */
         prompt[i] = (int32_t)(gpu_rng_u64(&rng) % (uint64_t)(V < 64 ? V : 64)) * (V >= 64 ? V / 64 : 1);
@@ -177,15 +166,16 @@ static bool run_case(int V, dist d, const pcase *pc, int perturb, tally *ty)
         sample_run(gs, d_z, NULL);
         if (cuda_sync(NULL, "sample_run", &st)) goto fail;
         sample_result g = *sample_result_get(gs);
+        const sample_topp_diag gd = *sample_topp_diag_get(gs);
         if (perturb == 1) g.token ^= 1;
         if (perturb == 2) g.logprob += 3e-4f;
         if (perturb == 3 && g.n_top > 1) g.top_id[1] = g.top_id[0];
         char what[200];
         snprintf(what, sizeof what, "V %d %s %s step %d", V, k_dist_names[d], pc->name, step);
-        if (!perturb && near_topp_boundary(&g, &pc->p)) {
+        if (!perturb && near_topp_boundary(&gd, &pc->p)) {
             ty->skipped++;
             printf("  near the top-p boundary, not compared: %s (target %.17g, kept mass %.17g + %d x %g)\n",
-                   what, g.topp_target, g.topp_mass_gt, g.topp_need, (double)g.topp_tau);
+                   what, gd.target, gd.mass_gt, gd.need, (double)gd.tau);
         } else {
             ty->compared++;
             if (!check_step(what, &c, &g, pc->want_lp, perturb != 0)) {
@@ -248,79 +238,12 @@ static void test_checker_can_fail(void)
     g.logprob = c.logprob;
     g.top_id[1] = 4;
     CU_ASSERT_FALSE(check_step("top id", &c, &g, true, true));
-    const sampler_params p = {.temperature = 1.0f, .top_p = 0.9f};
-    sample_result b = {.topp_target = 0.9, .topp_mass_gt = 0.5, .topp_tau = 0.1f};
-    b.topp_target = 0.5 + 4 * (double)0.1f;
+    const sampling_params p = {.temperature = 1.0f, .top_p = 0.9f};
+    sample_topp_diag b = {.target = 0.9, .mass_gt = 0.5, .tau = 0.1f};
+    b.target = 0.5 + 4 * (double)0.1f;
     CU_ASSERT_TRUE(near_topp_boundary(&b, &p));
-    b.topp_target = 0.5 + 3.5 * (double)0.1f;
+    b.target = 0.5 + 3.5 * (double)0.1f;
     CU_ASSERT_FALSE(near_topp_boundary(&b, &p));
-}
-
-/* The worker's CUDA backend samples on the GPU: with the same seeds it must produce the CPU
- * backend's tokens (the F32 reference model: both forwards agree to ~1e-4 of max|logit|, far
- * from moving a draw) and logprobs within 1e-3. Two slots in one step, sampled with
- * penalties, top-p / top-k / min-p and logprobs. */
-static int run_worker(worker_backend *b, int32_t out[2][12], float lp[2][12], status *st)
-{
-    static const int32_t p0[] = {3, 17, 200, 5, 17, 3}, p1[] = {500, 2, 44}; /* ids < 773 */
-    const worker_sampling sp[2] = {
-        {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.2f, .frequency_penalty = 0.3f,
-         .seed = 42, .n_logprobs = 5},
-        {.temperature = 1.0f, .top_k = 20, .top_p = 1, .min_p = 0.05f, .repetition_penalty = 1,
-         .presence_penalty = 0.5f, .seed = 7},
-    };
-    for (int s = 0; s < 2; s++)
-        if (b->vt->seq_start(b, s, &sp[s], st)) return st->code;
-    worker_batch_item it[2] = {{.slot = 0, .tokens = p0, .n_tokens = 6, .prompt = true, .sample = true},
-                               {.slot = 1, .tokens = p1, .n_tokens = 3, .prompt = true, .sample = true}};
-    if (b->vt->step(b, it, 2, st)) return st->code;
-    for (int k = 0; k < 12; k++) {
-        for (int s = 0; s < 2; s++) {
-            out[s][k] = it[s].token;
-            lp[s][k] = it[s].logprob;
-            it[s].tokens = &out[s][k];
-            it[s].n_tokens = 1;
-            it[s].prompt = false;
-        }
-        if (k + 1 < 12 && b->vt->step(b, it, 2, st)) return st->code;
-    }
-    return STATUS_OK;
-}
-
-static void test_worker_backend(void)
-{
-    if (!g_have_gpu) return;
-    char path[1024];
-    const char *dir = getenv("DS_REFERENCE_DIR"), *root = getenv("DS_REPO_ROOT");
-    if (dir && *dir)
-        snprintf(path, sizeof path, "%s/tiny-r1-untied.gguf", dir);
-    else
-        snprintf(path, sizeof path, "%s/../shared/reference/tiny-r1-untied.gguf", root ? root : ".");
-    status st;
-    status_clear(&st);
-    qwen35_model *m = NULL;
-    worker_backend *cpu = NULL, *gpu = NULL;
-    int32_t a[2][12], g[2][12];
-    float la[2][12], lg[2][12];
-    const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
-    if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
-        worker_backend_create("cuda", m, &o, &gpu, &st))
-        goto fail;
-    CU_ASSERT_EQUAL(strncmp(gpu->device, "cuda:", 5), 0);
-    if (run_worker(cpu, a, la, &st) || run_worker(gpu, g, lg, &st)) goto fail;
-    double worst = 0;
-    for (int k = 0; k < 12; k++) worst = fmax(worst, fabs((double)la[0][k] - lg[0][k]));
-    printf("\n  worker backend (%s), 2 slots x 12 sampled tokens: %s; slot 0 logprobs max |diff| %.2g\n",
-           gpu->device, memcmp(a, g, sizeof a) ? "DIFFER from the CPU backend" : "same as the CPU backend",
-           worst);
-    CU_ASSERT_EQUAL(memcmp(a, g, sizeof a), 0);
-    CU_ASSERT(worst <= 1e-3);
-fail:
-    if (st.code) printf("  %s\n", st.msg);
-    CU_ASSERT_EQUAL(st.code, STATUS_OK);
-    worker_backend_destroy(cpu);
-    worker_backend_destroy(gpu);
-    qwen35_model_free(m);
 }
 
 /* µs per sample at V = 248320 (launch to launch, the kernel alone) and per sample with the
@@ -330,13 +253,13 @@ static void test_timing(void)
     if (!g_have_gpu) return;
     static const struct {
         const char *name;
-        sample_params p;
+        sampling_params p;
     } modes[] = {
         {"greedy", {.top_p = 1, .repetition_penalty = 1}},
         {"top-p 0.9 + temperature 0.8", {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1}},
         {"all options", {.temperature = 0.8f, .top_k = 100, .top_p = 0.95f, .min_p = 0.02f,
                          .repetition_penalty = 1.1f, .frequency_penalty = 0.2f, .presence_penalty = 0.2f,
-                         .penalize_prompt = true, .n_logprobs = 20, .want_logprob = true}},
+                         .penalize_prompt = true, .n_logprobs = 20}},
         {"temperature 1 (whole vocabulary)", {.temperature = 1.0f, .top_p = 1, .repetition_penalty = 1}},
     };
     status st;
@@ -354,23 +277,24 @@ static void test_timing(void)
         goto fail;
     printf("\n  cluster of %d CTAs\n", sample_cluster_size(gs));
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-        if (sample_reset(gs, &modes[m].p, s, &st)) goto fail;
+        const cuda_launch l = {s, false};
+        if (sample_reset(gs, &modes[m].p, true, &l, &st)) goto fail;
         int32_t prompt[64];
         for (int i = 0; i < 64; i++) prompt[i] = (int32_t)(gpu_rng_u64(&rng) % V_BIG);
-        sample_accept_prompt(gs, prompt, 64, s);
-        for (int i = 0; i < 10; i++) sample_run(gs, d_z, s); /* warm-up */
+        sample_accept_prompt(gs, prompt, 64, &l);
+        for (int i = 0; i < 10; i++) sample_run(gs, d_z, &l); /* warm-up */
         const int n = 200;
         cuda_event_record(e0, s);
-        for (int i = 0; i < n; i++) sample_run(gs, d_z, s);
+        for (int i = 0; i < n; i++) sample_run(gs, d_z, &l);
         cuda_event_record(e1, s);
         const float ms = cuda_event_elapsed_ms(e0, e1);
         if (cuda_check("sample_run", &st)) goto fail;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int i = 0; i < 50; i++) { /* as the worker: launch, sync, read the id, accept it */
-            sample_run(gs, d_z, s);
+            sample_run(gs, d_z, &l);
             if (cuda_sync(s, "sample", &st)) goto fail;
-            sample_accept(gs, sample_result_get(gs)->token, s);
+            sample_accept(gs, sample_result_get(gs)->token, &l);
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         const double t_sync = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
@@ -396,7 +320,6 @@ int main(void)
     CU_add_test(s, "checker_can_fail", test_checker_can_fail);
     CU_add_test(s, "parity", test_parity);
     CU_add_test(s, "perturbed_result_fails", test_perturbed_result_fails);
-    CU_add_test(s, "worker_backend", test_worker_backend);
     CU_add_test(s, "timing", test_timing);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

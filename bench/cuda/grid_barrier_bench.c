@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/cuda/grid_barrier_probe.h"
+#include "bench/cuda/grid_barrier_probe.h"
 
 int main(int argc, char **argv)
 {

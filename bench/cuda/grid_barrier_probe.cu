@@ -2,8 +2,8 @@
 // kernel against a kernel boundary in a CUDA graph with programmatic dependent launch (the
 // step graph's). See grid_barrier_probe.h.
 #include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/grid_barrier.cuh"
-#include "kernels/cuda/grid_barrier_probe.h"
+#include "bench/cuda/grid_barrier.cuh"
+#include "bench/cuda/grid_barrier_probe.h"
 
 // Phase p: CTA b reads the value CTA b+1 wrote in phase p-1 (from L2), adds one, writes its own.
 // With chain = 0 the phases only synchronise.
@@ -54,10 +54,9 @@ extern "C" int grid_barrier_probe(int nblocks, int threads, int n_phases, int mo
         const grid_sync g = {d_sync, (unsigned)nblocks};
         probe_persistent<<<nblocks, threads, 0, s>>>(g, n_phases, chain, d_buf);
     } else {
-        ds_pdl_enabled = mode == 2;
+        const cuda_launch l = {s, mode == 2};
         for (int p = 1; p <= n_phases; p++)
-            ds_launch(probe_step, nblocks, threads, 0, s, p, chain, d_buf);
-        ds_pdl_enabled = false;
+            ds_launch(probe_step, nblocks, threads, 0, &l, p, chain, d_buf);
     }
     if (cudaStreamEndCapture(s, &graph) != cudaSuccess) goto out;
     if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) goto out;

@@ -2,9 +2,11 @@
  * to exceed the L2 many times over are rotated, each GEMV timed with CUDA events over many
  * repetitions after a warm-up; prints µs per GEMV, achieved GB/s (weight + activation bytes)
  * and % of 4.6 TB/s. Also the device-to-device copy bandwidth (the practical ceiling) and the
- * cost of a tiny GEMV (launch-bound). Each shape: the warp kernel with rows per warp by shape
- * and with 1, 2 and 4, and the flat kernel (1 block in flight per lane group). The warp
- * kernel's L2 prefetch depth follows DS_GEMV_PREFETCH (default 1). Usage: gemv_bench [reps] [key|all] [shape substring] (key: the short list) */
+ * cost of a tiny GEMV (launch-bound). Each shape: the tuning table's plan (gemv_matrix_plan),
+ * the warp kernel with 1, 2 and 4 rows per warp, and the flat kernel.
+ * Usage: gemv_bench [--fast] [--prefetch N] [reps] [key|all] [shape substring]
+ *   key: the short list; --fast: the planned and flat variants only; --prefetch N: the warp
+ *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +71,13 @@ static int bench_copy(int reps, status *st)
     return 0;
 }
 
-static int bench_one(const bench_shape *s, int reps, status *st)
+typedef struct bench_opts {
+    bool fast;    /* the planned and flat variants only */
+    int prefetch; /* -1: the table's */
+} bench_opts;
+
+static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
+                     const cuda_device_props *p, status *st)
 {
     const int64_t n_in = s->n_in, n_out = s->n_out;
     const uint64_t raw = quant_row_bytes(s->type, (uint64_t)(n_in * n_out));
@@ -108,38 +116,32 @@ static int bench_one(const bench_shape *s, int reps, status *st)
                    s->type != GGML_TYPE_BF16;
     const double bytes = (double)raw + (q ? (double)gemv_xq_bytes(n_in) : 4.0 * n_in) +
                          4.0 * n_out;
-    /* the warp kernel (rows per warp by shape, then 1, 2, 4), the flat kernel */
-    static const int k_kern[] = {GEMV_KERNEL_WARP, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
-                                 GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT, GEMV_KERNEL_RING};
-    static const int k_rpw[] = {0, 1, 2, 4, 0, 0};
-    static const int k_unroll[] = {0, 0, 0, 0, 1, 0};
-    static const char *k_vname[] = {"warp", "warp r1", "warp r2", "warp r4", "flat u1", "ring"};
-    for (int v = 0; !rc && v < 6; v++) {
+    /* the plan, the warp kernel with 1, 2, 4 rows per warp, the flat kernel */
+    static const int k_kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
+                                 GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
+    static const int k_rpw[] = {0, 1, 2, 4, 0};
+    static const char *k_vname[] = {"planned", "warp r1", "warp r2", "warp r4", "flat"};
+    const cuda_launch l = {stream, false};
+    for (int v = 0; !rc && v < 5; v++) {
         if (k_kern[v] == GEMV_KERNEL_FLAT && !gemv_flat_supported(s->type, n_in)) continue;
-        if (k_kern[v] == GEMV_KERNEL_RING && !gemv_ring_supported(s->type, n_in)) continue;
-        /* DS_GEMV_BENCH_FAST=1: the default warp variant, flat and ring only */
-        if (k_rpw[v] && getenv("DS_GEMV_BENCH_FAST")) continue;
-#define BENCH_M(i) {s->type, n_in, n_out, d_w[i], k_rpw[v], k_kern[v], k_unroll[v]}
-        for (int i = 0; i < 2 * copies; i++) {
-            gemv_matrix m = BENCH_M(i % copies);
-            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
-        }
+        if (k_rpw[v] && o->fast) continue;
+        gemv_matrix m0 = {.type = s->type, .n_in = n_in, .n_out = n_out, .d_w = d_w[0],
+                          .kernel = k_kern[v], .rows_per_warp = k_rpw[v]};
+        if ((rc = gemv_matrix_plan(&m0, p, st))) break;
+        for (int e = 0; o->prefetch >= 0 && e < GEMV_N_SHAPES; e++)
+            if (m0.plan.kernel == GEMV_KERNEL_WARP) m0.plan.shape[e].prefetch = (uint8_t)o->prefetch;
+#define BENCH_M(i) (m0.d_w = d_w[i], &m0)
+        for (int i = 0; i < 2 * copies; i++) gemv(BENCH_M(i % copies), d_x, d_xq, d_y, GEMV_STORE, &l);
         cuda_event_record(e0, stream);
-        for (int i = 0; i < reps; i++) {
-            gemv_matrix m = BENCH_M(i % copies);
-            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
-        }
+        for (int i = 0; i < reps; i++) gemv(BENCH_M(i % copies), d_x, d_xq, d_y, GEMV_STORE, &l);
         cuda_event_record(e1, stream);
         if ((rc = cuda_sync(stream, "gemv bench", st))) break;
         const double us = cuda_event_elapsed_ms(e0, e1) * 1e3 / reps;
         /* the same GEMVs captured once in a graph (one per weight copy) and replayed */
         cuda_graph_exec g = NULL;
         if ((rc = cuda_graph_capture_begin(stream, st))) break;
-        for (int i = 0; i < copies; i++) {
-            gemv_matrix m = BENCH_M(i);
-            gemv(&m, d_x, d_xq, d_y, GEMV_STORE, stream);
-        }
-        if ((rc = cuda_graph_capture_end(stream, &g, st))) break;
+        for (int i = 0; i < copies; i++) gemv(BENCH_M(i), d_x, d_xq, d_y, GEMV_STORE, &l);
+        if ((rc = cuda_graph_capture_end(stream, &g, NULL, st))) break;
         const int gr = reps / copies + 2;
         cuda_graph_launch(g, stream);
         cuda_event_record(e0, stream);
@@ -169,14 +171,28 @@ static int bench_one(const bench_shape *s, int reps, status *st)
 
 int main(int argc, char **argv)
 {
-    const int reps = argc > 1 ? atoi(argv[1]) : 200;
-    const bool key_only = argc > 2 && strcmp(argv[2], "key") == 0;
-    const char *only = argc > 3 ? argv[3] : NULL; /* shapes whose name contains this */
+    bench_opts o = {false, -1};
+    int a = 1;
+    for (; a < argc && strncmp(argv[a], "--", 2) == 0; a++) {
+        if (strcmp(argv[a], "--fast") == 0) {
+            o.fast = true;
+        } else if (strcmp(argv[a], "--prefetch") == 0 && a + 1 < argc) {
+            o.prefetch = atoi(argv[++a]);
+            if (o.prefetch < 0 || o.prefetch > 2) o.prefetch = 2;
+        } else {
+            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [reps] [key|all] "
+                            "[shape substring]\n");
+            return 2;
+        }
+    }
+    const int reps = argc > a ? atoi(argv[a]) : 200;
+    const bool key_only = argc > a + 1 && strcmp(argv[a + 1], "key") == 0;
+    const char *only = argc > a + 2 ? argv[a + 2] : NULL; /* shapes whose name contains this */
     if (!gpu_test_have_gpu("gemv bench")) return 0;
     status st;
     status_clear(&st);
     cuda_device_props p;
-    if (cuda_device_props_get(0, &p, &st)) {
+    if (cuda_device_props_get(0, &p, &st) || gemv_init(&p, &st)) {
         fprintf(stderr, "%s\n", st.msg);
         return 1;
     }
@@ -186,7 +202,7 @@ int main(int argc, char **argv)
     int fails = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if ((!key_only || k_shapes[i].key) && (!only || strstr(k_shapes[i].what, only)) &&
-            bench_one(&k_shapes[i], reps, &st)) {
+            bench_one(&k_shapes[i], reps, &o, &p, &st)) {
             fprintf(stderr, "%s: %s\n", k_shapes[i].what, st.msg);
             fails++;
         }

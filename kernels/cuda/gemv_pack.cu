@@ -1,0 +1,116 @@
+// Load time and activations of the GEMV family (gemv.h): which types it takes, the packed layout
+// (gemv_pack) and the Q8 activation quantiser (gemv_quantize_x, CPU twin gpu_twin_q8_quantize).
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/gemv_slices.cuh"
+#include "kernels/cuda/quant_blocks.cuh"
+
+extern "C" bool gemv_supported(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int64_t type_block(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_Q8_0: return 32;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return 256;
+    case GGML_TYPE_F16: case GGML_TYPE_BF16: return 8; // 16-byte loads
+    case GGML_TYPE_F32: return 4;
+    default: return 0;
+    }
+}
+
+extern "C" uint64_t gemv_packed_bytes(uint32_t type, int64_t n_in, int64_t n_out)
+{
+    const int64_t bs = type_block(type);
+    if (bs == 0 || n_in <= 0 || n_out <= 0 || n_in % bs) return 0;
+    const uint64_t n = (uint64_t)n_in * (uint64_t)n_out, nblk = n / (bs > 8 ? bs : 1);
+    switch (type) {
+    case GGML_TYPE_F32: return 4 * n;
+    case GGML_TYPE_F16: case GGML_TYPE_BF16: return 2 * n;
+    case GGML_TYPE_Q4_K: return nblk * 144;
+    case GGML_TYPE_Q5_K: return nblk * 176;
+    case GGML_TYPE_Q6_K: return q6_d_off(nblk) + nblk * 2;
+    case GGML_TYPE_Q8_0: return q8_d_off(nblk) + nblk * 2;
+    default: return 0;
+    }
+}
+
+static __global__ void pack_q6_K_kernel(const block_q6_K *__restrict__ src, uint8_t *__restrict__ dst,
+                                        uint64_t nblk)
+{
+    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nblk) return;
+    const block_q6_K *b = src + i;
+    uint8_t *qlh = dst + i * 192;
+    for (int k = 0; k < 128; k++) qlh[k] = b->ql[k];
+    for (int k = 0; k < 64; k++) qlh[128 + k] = b->qh[k];
+    int8_t *sc = (int8_t *)(dst + q6_sc_off(nblk) + i * 16);
+    for (int k = 0; k < 16; k++) sc[k] = b->scales[k];
+    ((uint16_t *)(dst + q6_d_off(nblk)))[i] = b->d;
+}
+
+static __global__ void pack_q8_0_kernel(const block_q8_0 *__restrict__ src, uint8_t *__restrict__ dst,
+                                        uint64_t nblk)
+{
+    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nblk) return;
+    const block_q8_0 *b = src + i;
+    int8_t *qs = (int8_t *)(dst + i * 32);
+    for (int k = 0; k < 32; k++) qs[k] = b->qs[k];
+    ((uint16_t *)(dst + q8_d_off(nblk)))[i] = b->d;
+}
+
+extern "C" void gemv_pack(uint32_t type, const void *d_src, void *d_dst, int64_t n_in,
+                          int64_t n_out, cuda_stream stream)
+{
+    const uint64_t bytes = gemv_packed_bytes(type, n_in, n_out);
+    DS_ASSERT(bytes > 0);
+    const uint64_t n = (uint64_t)n_in * (uint64_t)n_out;
+    if (type == GGML_TYPE_Q6_K) {
+        const uint64_t nblk = n / 256;
+        pack_q6_K_kernel<<<ds_div_up(nblk, 256), 256, 0, stream>>>((const block_q6_K *)d_src,
+                                                                   (uint8_t *)d_dst, nblk);
+    } else if (type == GGML_TYPE_Q8_0) {
+        const uint64_t nblk = n / 32;
+        pack_q8_0_kernel<<<ds_div_up(nblk, 256), 256, 0, stream>>>((const block_q8_0 *)d_src,
+                                                                   (uint8_t *)d_dst, nblk);
+    } else {
+        cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, stream);
+    }
+}
+
+extern "C" uint64_t gemv_xq_bytes(int64_t n) { return (uint64_t)n + (uint64_t)n / 32 * 8; }
+
+static __global__ void quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ qs,
+                                         float2 *__restrict__ ds, int64_t n)
+{
+    ds_grid_dep();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return; // n % 32 == 0: whole warps leave together
+    const float v = x[i];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)roundf(v / d);
+    qs[i] = (int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
+}
+
+extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, const cuda_launch *l)
+{
+    DS_ASSERT(n > 0 && n % 32 == 0);
+    ds_launch(quantize_x_kernel, ds_div_up(n, 256), 256, 0, l, d_x, (int8_t *)d_xq,
+              (float2 *)((int8_t *)d_xq + n), n);
+}
