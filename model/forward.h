@@ -80,7 +80,7 @@ typedef enum qwen35_gdn_mode {
 /* How matmuls dot quantised weights (kernels/cpu/matmul.h ref_matmul_dot). F32/F16/BF16
  * weights always take the float path, so the reference-model tests do not depend on this. */
 typedef enum qwen35_dot_mode {
-    QWEN35_DOT_DEFAULT = 0, /* EXACT when $DS_EXACT_DOT is set (not "0"), else Q8 */
+    QWEN35_DOT_DEFAULT = 0, /* Q8 */
     QWEN35_DOT_Q8,          /* decode (and small steps): input quantised to Q8_K/Q8_0 once per
                                matmul, integer dots (llama.cpp's CPU path; ~2x faster) */
     QWEN35_DOT_EXACT,       /* float dots of the quantised rows with the F32 input */
@@ -89,7 +89,7 @@ typedef enum qwen35_dot_mode {
 typedef struct qwen35_ctx_opts {
     int max_batch;  /* most sequences per qwen35_decode_batch; 0 -> 1 */
     int max_tokens; /* tokens per internal prefill step; longer prefills are split; 0 -> 512 */
-    int n_threads;  /* 0 -> $DS_THREADS, else the number of online CPUs */
+    int n_threads;  /* 0 -> the number of online CPUs (the CLI passes --threads) */
     qwen35_gdn_mode gdn_mode;
     qwen35_dot_mode dot_mode;
 } qwen35_ctx_opts;

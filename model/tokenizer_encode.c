@@ -6,6 +6,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "common/utf8.h"
 #include "model/tokenizer_internal.h"
 
 /* QWEN35.md §1.6. The contraction group is HF's case-insensitive form, which PCRE2 (UTF + UCP)
@@ -37,36 +38,8 @@ int tokenizer_regex_compile(tokenizer *t, tokenizer_pre pre, status *st)
     return STATUS_OK;
 }
 
-size_t tokenizer_utf8_check(const uint8_t *p, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        uint8_t b = p[i];
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b >= 0xC2 && b <= 0xDF) len = 2;
-        else if (b >= 0xE0 && b <= 0xEF) {
-            len = 3;
-            if (b == 0xE0) lo = 0xA0;
-            if (b == 0xED) hi = 0x9F;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            len = 4;
-            if (b == 0xF0) lo = 0x90;
-            if (b == 0xF4) hi = 0x8F;
-        } else
-            return i;
-        if (i + len > n) return i;
-        if (p[i + 1] < lo || p[i + 1] > hi) return i;
-        for (size_t k = 2; k < len; k++)
-            if ((p[i + k] & 0xC0) != 0x80) return i;
-        i += len;
-    }
-    return n;
-}
+/* The validator is common/utf8.h; this name stays for tokenizer_internal.h's callers. */
+size_t tokenizer_utf8_check(const uint8_t *p, size_t n) { return utf8_valid_prefix(p, n); }
 
 /* Per-call scratch: the output ids and the BPE work arrays. */
 typedef struct enc {

@@ -1,0 +1,363 @@
+/* The CUDA forward (model/forward_cuda.h): create / destroy, the step graphs' capture, and the
+ * step: rows enqueued graph after graph, each sampled row's sampler behind its graph on the
+ * same stream, one host sync, the results read. Device memory is taken only at create. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cuda/attn.h"
+#include "model/forward_cuda_impl.h"
+
+static int check_shapes(const qwen35_config *c, status *st)
+{
+    if (c->d_k != 32 && c->d_k != 64 && c->d_k != 128)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: DeltaNet d_k %d (32, 64, 128)", c->d_k);
+    if (c->d_v % 32 || c->d_v > 1024)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: DeltaNet d_v %d", c->d_v);
+    if (c->d_h % 32 || c->d_h > 256 || c->n_h % c->n_kv || c->n_h / c->n_kv > ATTN_MAX_GROUP)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: attention d_h %d, heads %d/%d", c->d_h,
+                           c->n_h, c->n_kv);
+    if (c->H % 32 || c->F % 32 || (c->n_v * c->d_v) % 32)
+        return status_fail(st, STATUS_UNSUPPORTED, "cuda: H, F and D_v must be multiples of 32");
+    return STATUS_OK;
+}
+
+/* Both graphs of every slot; with programmatic dependent launch where the device has it (a
+ * capture that fails with it is retried without). H200 (BENCH.md run 7): PDL made the step 12% /
+ * 6% / 1.3% faster on the 0.8B / 4B / 27B. */
+static int capture_graphs(qwen35_cuda *e, status *st)
+{
+    e->pdl = e->props.cc_major >= 9;
+    for (;;) {
+        int rc = STATUS_OK;
+        e->launch.pdl = e->pdl;
+        for (int i = 0; i < e->n_slots && !rc; i++) {
+            fc_slot *sl = &e->slots[i];
+            rc = cuda_graph_capture_begin(e->launch.stream, st);
+            if (!rc) fc_record_token(e, sl, true);
+            size_t n_kernels = 0;
+            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &sl->g_forced, &n_kernels, st);
+            e->stats.kernels_per_token = n_kernels;
+            if (!rc) rc = cuda_graph_capture_begin(e->launch.stream, st);
+            if (!rc) fc_record_token(e, sl, false);
+            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &sl->g_chained, NULL, st);
+        }
+        e->launch.pdl = false;
+        if (!rc) rc = cuda_check("graph capture", st);
+        if (!rc || !e->pdl) return rc;
+        LOG_WARN("cuda: capture with programmatic dependent launch failed (%s); capturing "
+                 "without", st->msg);
+        for (int i = 0; i < e->n_slots; i++) {
+            cuda_graph_exec_destroy(e->slots[i].g_forced);
+            cuda_graph_exec_destroy(e->slots[i].g_chained);
+            e->slots[i].g_forced = e->slots[i].g_chained = NULL;
+        }
+        status_clear(st);
+        (void)cuda_check("clearing the capture error", st);
+        status_clear(st);
+        e->pdl = false;
+    }
+}
+
+/* One GPU sampler per slot; when the device cannot run its cluster kernel, host samplers
+ * (model/sampler.h) on copied-back logits instead, said once in the log. */
+static int create_samplers(qwen35_cuda *e, status *st)
+{
+    const int V = e->cfg.V;
+    for (int i = 0; i < e->n_slots; i++) {
+        if (!sample_create(&e->slots[i].sampler, V, e->n_ctx, st)) continue;
+        if (st->code != STATUS_UNSUPPORTED) return st->code;
+        LOG_WARN("cuda: sampling on the host (%s)", st->msg);
+        status_clear(st);
+        for (int j = 0; j <= i; j++) {
+            sample_destroy(e->slots[j].sampler);
+            e->slots[j].sampler = NULL;
+        }
+        e->h_logits = malloc((size_t)V * sizeof(float));
+        if (!e->h_logits) return status_fail(st, STATUS_NOMEM, "cuda: host sampler logits");
+        const sampling_params greedy = {0};
+        for (int j = 0; j < e->n_slots; j++)
+            if (sampler_create(&e->slots[j].host_sampler, V, e->n_ctx, &greedy, st))
+                return st->code;
+        return STATUS_OK;
+    }
+    return STATUS_OK;
+}
+
+static int alloc_run_state(qwen35_cuda *e, status *st)
+{
+    fc_arena sa = {0}, aa = {0};
+    fc_state_layout(e, &sa);
+    fc_act_layout(e, &aa);
+    e->state_bytes = sa.used, e->act_bytes = aa.used;
+    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1);
+    if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
+        cuda_alloc(&e->d_act, aa.used, "activations", st) ||
+        cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
+        return st->code;
+    sa = (fc_arena){e->d_state, 0, e->state_bytes};
+    aa = (fc_arena){e->d_act, 0, e->act_bytes};
+    fc_state_layout(e, &sa);
+    fc_act_layout(e, &aa);
+    unsigned long long *h_best = (unsigned long long *)e->h_pinned;
+    e->h_stage = (int32_t *)(h_best + e->n_slots);
+    e->h_ids = malloc((size_t)e->max_rows * 4);
+    if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
+    for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
+    if (cuda_memset(e->d_act, 0, e->act_bytes, st)) return st->code;
+    for (int i = 0; i < e->n_slots; i++)
+        if (fc_slot_clear(e, i, st)) return st->code;
+    return STATUS_OK;
+}
+
+int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_cuda **out,
+                       status *st)
+{
+    *out = NULL;
+    if (!cuda_device_available(st)) return st->code;
+    qwen35_cuda *e = calloc(1, sizeof *e);
+    if (!e) return status_fail(st, STATUS_NOMEM, "cuda forward");
+    e->model = m;
+    e->cfg = m->cfg;
+    e->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : 4096;
+    e->n_slots = o && o->n_slots > 0 ? o->n_slots : 1;
+    e->max_rows = o && o->max_rows > 0 ? o->max_rows : 256;
+    e->device = o ? o->device : 0;
+    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+    if (!e->slots) {
+        status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", e->n_slots);
+        free(e);
+        return st->code;
+    }
+    if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
+        gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
+        fc_weights_upload(e, st) || alloc_run_state(e, st))
+        goto fail;
+    LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots x %d positions), scratch "
+             "%.1f MB", e->props.name, e->w.bytes / 1e9, e->state_bytes / 1e9, e->n_slots,
+             e->n_ctx, e->act_bytes / 1e6);
+    if (create_samplers(e, st) || capture_graphs(e, st)) goto fail;
+    snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s",
+             e->pdl ? ", PDL" : "", e->h_logits ? ", host sampler" : ", GPU sampler");
+    LOG_INFO("cuda: ready: %llu kernels per token (%s)",
+             (unsigned long long)e->stats.kernels_per_token, e->path);
+    const qwen35_config *c = &e->cfg;
+    e->stats.weight_bytes = e->w.bytes;
+    e->stats.state_bytes = e->state_bytes;
+    const uint64_t kv_read = (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * 2 * 2;
+    const uint64_t S_rw = 2ull * c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4;
+    e->stats.bytes_per_token = e->w.bytes + S_rw + kv_read;
+    *out = e;
+    return STATUS_OK;
+fail:
+    qwen35_cuda_destroy(e);
+    return st->code;
+}
+
+void qwen35_cuda_destroy(qwen35_cuda *e)
+{
+    if (!e) return;
+    for (int i = 0; e->slots && i < e->n_slots; i++) {
+        fc_slot *sl = &e->slots[i];
+        cuda_graph_exec_destroy(sl->g_forced);
+        cuda_graph_exec_destroy(sl->g_chained);
+        sample_destroy(sl->sampler);
+        sampler_destroy(sl->host_sampler);
+    }
+    free(e->slots);
+    free(e->h_logits);
+    free(e->h_ids);
+    cuda_free(e->w.d_arena);
+    cuda_free(e->d_state);
+    cuda_free(e->d_act);
+    cuda_host_free(e->h_pinned);
+    cuda_stream_destroy(e->launch.stream);
+    free(e);
+}
+
+int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, status *st)
+{
+    if (slot < 0 || slot >= e->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
+    fc_slot *sl = &e->slots[slot];
+    sl->params = *p;
+    sl->greedy = sampling_params_is_greedy(p);
+    if (fc_slot_clear(e, slot, st)) return st->code;
+    if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
+    sampler_reset(sl->host_sampler, p);
+    return STATUS_OK;
+}
+
+int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
+{
+    DS_ASSERT(slot >= 0 && slot < e->n_slots);
+    return e->slots[slot].n_past;
+}
+
+/* Every row valid before any runs: ids, slots, positions in order, room in the context. */
+static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, status *st)
+{
+    if (B < 1 || B > e->max_rows)
+        return status_fail(st, STATUS_RANGE, "step of %d rows (1..%d)", B, e->max_rows);
+    for (int i = 0; i < B; i++) {
+        const qwen35_cuda_row *r = &rows[i];
+        if (r->token < 0 || r->token >= e->cfg.V)
+            return status_fail(st, STATUS_RANGE, "row %d: token id %d outside [0, %d)", i,
+                               r->token, e->cfg.V);
+        if (r->slot < 0 || r->slot >= e->n_slots)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d outside [0, %d)", i, r->slot,
+                               e->n_slots);
+        const bool cont = i > 0 && rows[i - 1].slot == r->slot;
+        const int want = cont ? rows[i - 1].pos + 1 : e->slots[r->slot].n_past;
+        if (r->pos != want)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d: position %d, expected %d", i,
+                               r->slot, r->pos, want);
+        if (r->pos >= e->n_ctx)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d: context full (%d positions)",
+                               i, r->slot, e->n_ctx);
+    }
+    return STATUS_OK;
+}
+
+/* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
+ * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
+static void accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
+{
+    fc_slot *sl = &e->slots[rows[i].slot];
+    int n = 0;
+    for (int k = i; k < j; k++)
+        if (rows[k].prompt) e->h_ids[n++] = rows[k].token;
+    if (n && sl->sampler) sample_accept_prompt(sl->sampler, e->h_ids, n, &e->launch);
+    if (n && !sl->sampler) sampler_accept_prompt(sl->host_sampler, e->h_ids, n);
+    for (int k = i; k < j; k++) {
+        if (rows[k].prompt) continue;
+        if (sl->sampler)
+            sample_accept(sl->sampler, rows[k].token, &e->launch);
+        else
+            sampler_accept(sl->host_sampler, rows[k].token);
+    }
+}
+
+/* true when row i's token is its slot's last argmax, still on the device: the chained graph
+ * takes it from there (only the first row of a slot in a step can be chained) */
+static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i)
+{
+    const fc_slot *sl = &e->slots[rows[i].slot];
+    return (i == 0 || rows[i - 1].slot != rows[i].slot) && sl->chain_ok && !rows[i].prompt &&
+           rows[i].token == sl->last_next;
+}
+
+/* Enqueues row i's graph: chained, or forced (the step's next staged token). */
+static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status *st)
+{
+    fc_slot *sl = &e->slots[rows[i].slot];
+    const bool chained = row_chained(e, rows, i);
+    sl->chain_ok = false;
+    if (cuda_graph_launch(chained ? sl->g_chained : sl->g_forced, e->launch.stream))
+        return cuda_check("cudaGraphLaunch", st);
+    sl->n_past++;
+    e->stats.tokens++;
+    e->stats.graph_launches++;
+    e->stats.d2h_bytes += 8;
+    return STATUS_OK;
+}
+
+/* The sampled row's token from what the step left: the argmax word (greedy), the GPU sampler's
+ * result, or the host sampler on the copied-back logits. */
+static int read_sample(qwen35_cuda *e, qwen35_cuda_row *r, status *st)
+{
+    fc_slot *sl = &e->slots[r->slot];
+    r->n_top = 0;
+    r->logprob = 0;
+    if (sl->greedy) {
+        r->next = gemv_argmax_row(*sl->h_best);
+        sl->chain_ok = true;
+        sl->last_next = r->next;
+    } else if (sl->sampler) {
+        const sample_result *res = sample_result_get(sl->sampler);
+        r->next = res->token;
+        r->logprob = res->logprob;
+        r->n_top = res->n_top;
+        for (int k = 0; k < res->n_top; k++) {
+            r->top_id[k] = res->top_id[k];
+            r->top_logprob[k] = res->top_logprob[k];
+        }
+    } else {
+        sampler_logprob top[SAMPLING_MAX_LOGPROBS];
+        r->next = sampler_sample(sl->host_sampler, e->h_logits, top, &r->logprob);
+        r->n_top = sl->params.n_logprobs;
+        for (int k = 0; k < r->n_top; k++) {
+            r->top_id[k] = top[k].token;
+            r->top_logprob[k] = top[k].logprob;
+        }
+    }
+    if (r->next < 0 || r->next >= e->cfg.V)
+        return status_fail(st, STATUS_INTERNAL, "slot %d: sampling found no token (%d; NaN or "
+                           "inf logits? are the weights broken?)", r->slot, r->next);
+    return STATUS_OK;
+}
+
+/* Stages the forced rows' tokens behind a zero cursor, in launch order: one H2D copy (none when
+ * every row is chained, as in greedy decode). */
+static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
+{
+    int n = 0;
+    for (int i = 0; i < B; i++)
+        if (!row_chained(e, rows, i)) e->h_stage[1 + n++] = rows[i].token;
+    if (!n) return;
+    e->h_stage[0] = 0; /* the cursor */
+    cuda_copy_h2d_async(e->a.d_cursor, e->h_stage, (size_t)(n + 1) * 4, e->launch.stream);
+    e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
+}
+
+/* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
+ * runs where the device cannot run the GPU sampler). */
+static int sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, status *st)
+{
+    cuda_copy_d2h_async(e->h_logits, e->a.d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
+    e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
+    if (cuda_sync(e->launch.stream, "step (host sampler)", st)) return st->code;
+    return read_sample(e, r, st);
+}
+
+int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
+{
+    if (check_rows(e, rows, B, st)) return st->code;
+    stage_tokens(e, rows, B);
+    for (int i = 0; i < B;) {
+        int j = i + 1;
+        while (j < B && rows[j].slot == rows[i].slot) j++;
+        for (int k = i; k < j; k++) {
+            if (launch_row(e, rows, k, st)) return st->code;
+            if (rows[k].logits) { /* eval and tests: a pageable copy, not the serving path */
+                cuda_copy_d2h_async(rows[k].logits, e->a.d_logits, (size_t)e->cfg.V * 4,
+                                    e->launch.stream);
+                e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
+            }
+        }
+        const fc_slot *sl = &e->slots[rows[i].slot];
+        accept_rows(e, rows, i, j);
+        if (rows[j - 1].sample && !sl->greedy && sl->sampler)
+            sample_run(sl->sampler, e->a.d_logits, &e->launch);
+        if (rows[j - 1].sample && !sl->greedy && !sl->sampler &&
+            sample_on_host(e, &rows[j - 1], st))
+            return st->code;
+        i = j;
+    }
+    if (cuda_sync(e->launch.stream, "step", st)) return st->code;
+    e->stats.steps++;
+    for (int i = 0; i < B; i++) {
+        const fc_slot *sl = &e->slots[rows[i].slot];
+        const bool last_of_slot = i + 1 == B || rows[i + 1].slot != rows[i].slot;
+        if (rows[i].sample && last_of_slot && (sl->greedy || sl->sampler) &&
+            read_sample(e, &rows[i], st))
+            return st->code;
+    }
+    return STATUS_OK;
+}
+
+void qwen35_cuda_get_stats(const qwen35_cuda *e, qwen35_cuda_stats *s) { *s = e->stats; }
+const char *qwen35_cuda_device_name(const qwen35_cuda *e) { return e->props.name; }
+int qwen35_cuda_device_index(const qwen35_cuda *e) { return e->device; }
+const char *qwen35_cuda_path(const qwen35_cuda *e) { return e->path; }

@@ -1,0 +1,104 @@
+/* Qwen3.5 forward pass on one CUDA GPU: the twin of the CPU forward (model/forward.h, the
+ * specification), op for op, fused where it pays (kernels/cuda/{gemv,norm,gdn,attn,sample}.h).
+ *
+ * Lifetimes, as the CPU forward's (STYLE.md "Memory"):
+ *   weights - uploaded once at create into one device arena, re-laid out for the GEMV
+ *             (forward_cuda_weights.c);
+ *   state   - n_slots sequence slots, each its conv windows, delta-rule state, F16 KV cache and
+ *             device position, plus the activations one step shares (forward_cuda_state.c);
+ *   step    - one token of one slot recorded once per slot as a CUDA graph
+ *             (forward_cuda_record.c: one function per sublayer, as run_step in forward.c) and
+ *             replayed (forward_cuda.c).
+ * Nothing is allocated after create.
+ *
+ * The step takes a batch of B rows (token, slot, position; the slot carries its sampling
+ * parameters), the shape batched decode and prefill chunks will fill. Today the kernels run one
+ * row at a time: the rows' graphs are enqueued back to back, every sampled row samples on the
+ * GPU behind its graph, and the whole step costs one host sync, before reading back the sampled
+ * ids (8 bytes per greedy row, the result struct per sampled row).
+ *
+ *   qwen35_cuda *e;
+ *   qwen35_cuda_create(model, &(qwen35_cuda_opts){.n_ctx = 4096, .n_slots = 8}, &e, &st);
+ *   qwen35_cuda_seq_start(e, slot, &params, &st);
+ *   qwen35_cuda_step(e, rows, B, &st);        rows[i].next: the sampled id of each sample row
+ *
+ * Threading: one caller thread at a time. */
+#ifndef DS_MODEL_FORWARD_CUDA_H
+#define DS_MODEL_FORWARD_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/sampling.h"
+#include "common/status.h"
+#include "model/qwen35.h"
+
+typedef struct qwen35_cuda_opts {
+    int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
+    int n_slots;  /* sequences with resident state; 0 -> 1 */
+    int max_rows; /* most rows of one step; 0 -> 256 */
+    int device;   /* CUDA device index */
+} qwen35_cuda_opts;
+
+/* One row of a step: a token fed to a slot. Rows of one slot must be consecutive within a step
+ * and in position order. */
+typedef struct qwen35_cuda_row {
+    /* in */
+    int32_t token; /* in [0, V) */
+    int slot;      /* in [0, n_slots) */
+    int pos;       /* the slot's next position (qwen35_cuda_n_past), +1 per earlier row of it */
+    bool prompt;   /* a prompt token (counts for penalties when the params say so) */
+    bool sample;   /* sample the slot's next token from this row's logits */
+    float *logits; /* NULL, or host [V]: this row's logits copied back (eval and tests) */
+    /* out, when sample */
+    int32_t next;
+    float logprob; /* of next, when the slot asked for logprobs */
+    int n_top;
+    int32_t top_id[SAMPLING_MAX_LOGPROBS]; /* most likely first */
+    float top_logprob[SAMPLING_MAX_LOGPROBS];
+} qwen35_cuda_row;
+
+typedef struct qwen35_cuda_stats {
+    uint64_t tokens;            /* rows run */
+    uint64_t steps;             /* qwen35_cuda_step calls (one host sync each) */
+    uint64_t d2h_bytes;         /* device -> host bytes copied by steps */
+    uint64_t h2d_bytes;         /* host -> device bytes copied by steps */
+    uint64_t graph_launches;
+    uint64_t kernels_per_token; /* kernel nodes in the step graph */
+    uint64_t weight_bytes;      /* device bytes of weights */
+    uint64_t state_bytes;       /* recurrent state + KV cache, all slots */
+    uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
+} qwen35_cuda_stats;
+
+typedef struct qwen35_cuda qwen35_cuda;
+
+/* Uploads the model, lays out the slots and captures the step graphs.
+ * STATUS_UNAVAILABLE without a GPU, STATUS_UNSUPPORTED for a shape or weight type the kernels
+ * do not handle (named), STATUS_NOMEM / STATUS_DEVICE from the device. */
+int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_cuda **out,
+                       status *st);
+void qwen35_cuda_destroy(qwen35_cuda *e);
+
+/* A new sequence in a slot: position 0, state zeroed, sampler reset with p (valid and resolved:
+ * common/sampling.h). */
+int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, status *st);
+
+/* Runs rows[0..B) (1 <= B <= max_rows) in order; one host sync. STATUS_RANGE for a bad token
+ * id, slot, position or a full context (no row run); STATUS_INTERNAL when a sampled row found
+ * no token (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed. */
+int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+
+int qwen35_cuda_n_past(const qwen35_cuda *e, int slot);
+
+/* Benchmarks only: the slot continues at position n_past as if that context had been consumed
+ * (its KV rows hold a constant finite pattern, the recurrent state is kept). */
+int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st);
+
+void qwen35_cuda_get_stats(const qwen35_cuda *e, qwen35_cuda_stats *s);
+/* "NVIDIA H200" */
+const char *qwen35_cuda_device_name(const qwen35_cuda *e);
+int qwen35_cuda_device_index(const qwen35_cuda *e);
+/* The kernel path the step graph took, for logs ("warp/flat GEMV by tuning table, PDL"). */
+const char *qwen35_cuda_path(const qwen35_cuda *e);
+
+#endif

@@ -1,0 +1,133 @@
+/* Internals of the CUDA forward (model/forward_cuda.h), shared by its four files:
+ *   forward_cuda_weights.c  upload and packing of the weights into one arena;
+ *   forward_cuda_state.c    slots (recurrent state, KV, position) and the step's activations;
+ *   forward_cuda_record.c   one token recorded into a CUDA graph, one function per sublayer;
+ *   forward_cuda.c          create / destroy, graph capture, the step and its sampling.
+ * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
+#ifndef DS_MODEL_FORWARD_CUDA_IMPL_H
+#define DS_MODEL_FORWARD_CUDA_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/sampling.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/sample.h"
+#include "model/forward_cuda.h"
+#include "model/qwen35.h"
+#include "model/sampler.h"
+
+#define FC_MAX_GROUPS 4
+
+/* 256-byte aligned bump allocation inside one device allocation; base NULL = sizing pass. */
+typedef struct fc_arena {
+    uint8_t *base;
+    uint64_t used, cap;
+} fc_arena;
+
+void *fc_arena_take(fc_arena *a, uint64_t bytes);
+
+/* Matrices of one layer that read the same input, packed row after row when of one type. */
+typedef struct fc_group {
+    gemv_matrix m;  /* d_w into the weight arena */
+    int64_t y_off;  /* first output row in the projection buffer */
+} fc_group;
+
+typedef struct fc_layer {
+    bool gdn;
+    int kind_index; /* index among the layers of its kind (DeltaNet or attention) */
+    const float *d_attn_norm, *d_post_norm; /* [H] */
+    fc_group in[FC_MAX_GROUPS]; /* DeltaNet: qkv|z|beta|alpha; attention: q|k|v */
+    int n_in;
+    bool in_pair;     /* the two in-projection groups run as one gemv_pair launch */
+    gemv_matrix out;  /* ssm_out or attn_output */
+    gemv_matrix gate, up, down;
+    const float *d_conv_w;   /* DeltaNet [C][K_conv] */
+    const float *d_dt_bias;  /* [n_v] */
+    const float *d_ssm_a;    /* [n_v] */
+    const float *d_ssm_norm; /* [d_v] */
+    const float *d_q_norm, *d_k_norm; /* attention [d_h] */
+} fc_layer;
+
+/* The weights on the device: one arena, views into it. */
+typedef struct fc_weights {
+    void *d_arena; /* owned, device, bytes */
+    uint64_t bytes;
+    fc_layer layers[QWEN35_MAX_LAYERS];
+    gemv_matrix embd, head; /* head.d_w == embd.d_w when tied */
+    const float *d_out_norm; /* [H] */
+} fc_weights;
+
+/* One sequence slot: views into the state arena, its graphs and its sampler. */
+typedef struct fc_slot {
+    float *d_conv;          /* [n_gdn][C][K_conv-1] */
+    float *d_S;             /* [n_gdn][n_v][d_v][d_k] */
+    void *d_kc, *d_vc;      /* [n_attn][n_ctx][n_kv][d_h] F16 */
+    int32_t *d_pos;         /* [2]: position of the current token, next position */
+    unsigned long long *d_best; /* [1]: the step's argmax key (gemv_argmax) */
+    unsigned long long *h_best; /* pinned view: the argmax key read back by the graph */
+    cuda_graph_exec g_forced;  /* owned: token = the step's next forced token */
+    cuda_graph_exec g_chained; /* owned: token = this slot's previous argmax (greedy decode) */
+    sample_slot *sampler;      /* owned, GPU sampler; NULL on the host fallback */
+    sampler *host_sampler;     /* owned, host fallback only */
+    sampling_params params;    /* resolved, of the running sequence */
+    bool greedy;               /* params pick the argmax the graph computes */
+    bool chain_ok;             /* d_best holds the argmax of this slot's last step */
+    int32_t last_next;         /* the token that argmax was */
+    int n_past;
+} fc_slot;
+
+/* Activations of one row, shared by every slot (rows run one after another). */
+typedef struct fc_act {
+    float *d_x;      /* [H] residual stream */
+    float *d_h;      /* [H] normed input of a sublayer */
+    void *d_hq;      /* gemv_xq_bytes(H): its Q8 form */
+    float *d_proj;   /* [max(C + D_v + 2 n_v, 2 n_h d_h + 2 n_kv d_h)] in-projections */
+    float *d_o;      /* [D_v] delta-rule output */
+    float *d_y;      /* [max(D_v, n_h d_h)] mixer output */
+    void *d_yq;      /* its Q8 form */
+    float *d_ffn;    /* [F] */
+    void *d_ffnq;    /* its Q8 form */
+    float *d_q;      /* [n_h d_h] roped, normed queries */
+    float *d_part;   /* attn_partial_floats(n_h, d_h, n_ctx) */
+    float *d_logits; /* [V] */
+    int32_t *d_cursor; /* [1 + max_rows]: the index of the next forced token to take (advanced
+                          by gemv_embed_step), then the step's forced tokens (d_tokens) */
+    int32_t *d_tokens; /* = d_cursor + 1 */
+    int32_t *d_tok_out; /* [1] the token of the current row */
+} fc_act;
+
+struct qwen35_cuda {
+    const qwen35_model *model; /* borrowed */
+    qwen35_config cfg;
+    int n_ctx, n_slots, max_rows;
+    int device;         /* CUDA device index */
+    cuda_device_props props;
+    cuda_launch launch; /* the stream, and PDL while capturing */
+    fc_weights w;
+    void *d_state;    /* owned, device: every slot's state */
+    void *d_act;      /* owned, device: activations */
+    uint64_t state_bytes, act_bytes;
+    fc_slot *slots;   /* owned, [n_slots] */
+    fc_act a;
+    void *h_pinned;   /* owned: each slot's h_best, then h_stage */
+    int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
+    int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
+    float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
+    bool pdl;          /* the graphs use programmatic dependent launch */
+    char path[96];
+    qwen35_cuda_stats stats;
+};
+
+/* forward_cuda_weights.c: allocates e->w.d_arena and uploads every weight into it. */
+int fc_weights_upload(qwen35_cuda *e, status *st);
+/* forward_cuda_state.c */
+void fc_state_layout(qwen35_cuda *e, fc_arena *a);
+void fc_act_layout(qwen35_cuda *e, fc_arena *a);
+int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
+/* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
+ * token, else the slot's previous argmax. */
+void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
+
+#endif

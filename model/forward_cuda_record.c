@@ -1,0 +1,107 @@
+/* One token of one slot as launched into the step graph: run_step of model/forward.c, sublayer
+ * by sublayer, on the CUDA kernels. Each function names the CPU function it mirrors.
+ *
+ * Fusions against the CPU's op list: the DeltaNet in-projection GEMV also runs the causal conv
+ * + SiLU on its qkv rows (gemv_conv); the two in-projection groups of two weight types run as
+ * one launch when the tuning table says so (gemv_pair); the residual add is the GEMV's ADD
+ * epilogue; gate and up are one GEMV with SwiGLU (gemv_swiglu); the lm_head computes the greedy
+ * argmax as it writes the logits (gemv_argmax); every kernel whose output feeds a quantised GEMV
+ * also writes its Q8 form. */
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/norm.h"
+#include "model/forward_cuda_impl.h"
+
+/* norm_rows: h = RMSNorm(x) * w, with its Q8 form */
+static void rec_norm(qwen35_cuda *e, const float *d_w)
+{
+    norm_rms(e->a.d_x, d_w, e->cfg.H, e->cfg.eps, e->a.d_h, e->a.d_hq, &e->launch);
+}
+
+/* The in-projections of h into d_proj; conv: the DeltaNet layer's conv weights and window (the
+ * first group holds qkv: conv + SiLU fused on its first C rows), NULL for attention. */
+static void rec_in_proj(qwen35_cuda *e, const fc_layer *L, float *conv)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_act *a = &e->a;
+    const int64_t n_conv = conv ? c->C : 0;
+    if (L->in_pair) {
+        gemv_pair(&L->in[0].m, &L->in[1].m, a->d_hq, a->d_proj + L->in[0].y_off,
+                  a->d_proj + L->in[1].y_off, conv ? L->d_conv_w : NULL, conv, n_conv, c->K_conv,
+                  &e->launch);
+        return;
+    }
+    for (int g = 0; g < L->n_in; g++) {
+        float *y = a->d_proj + L->in[g].y_off;
+        if (g == 0 && conv)
+            gemv_conv(&L->in[g].m, a->d_h, a->d_hq, y, L->d_conv_w, conv, c->C, c->K_conv,
+                      &e->launch);
+        else
+            gemv(&L->in[g].m, a->d_h, a->d_hq, y, GEMV_STORE, &e->launch);
+    }
+}
+
+/* fwd_gdn_layer (model/forward_gdn.c) without its residual: the gated delta rule into d_y */
+static void rec_gdn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_act *a = &e->a;
+    const int64_t D_v = (int64_t)c->n_v * c->d_v;
+    float *conv = sl->d_conv + (int64_t)L->kind_index * c->C * (c->K_conv - 1);
+    float *S = sl->d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
+    rec_in_proj(e, L, conv);
+    const float *z = a->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
+    gdn_decode(a->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k, c->d_v,
+               c->eps, S, a->d_o, &e->launch);
+    gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
+}
+
+/* fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
+static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_act *a = &e->a;
+    const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
+    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * 2;
+    void *kc = (uint8_t *)sl->d_kc + L->kind_index * kv_layer;
+    void *vc = (uint8_t *)sl->d_vc + L->kind_index * kv_layer;
+    rec_in_proj(e, L, NULL);
+    const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
+    attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
+              c->eps, sl->d_pos, kc, vc, a->d_q, &e->launch);
+    attn_decode(a->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, sl->d_pos, a->d_part,
+                a->d_y, a->d_yq, &e->launch);
+}
+
+/* ffn + residual: x += down(silu(gate·h) * (up·h)) */
+static void rec_ffn(qwen35_cuda *e, const fc_layer *L)
+{
+    fc_act *a = &e->a;
+    gemv_swiglu(&L->gate, &L->up, a->d_h, a->d_hq, a->d_ffn, &e->launch);
+    gemv_quantize_x(a->d_ffn, a->d_ffnq, e->cfg.F, &e->launch);
+    gemv(&L->down, a->d_ffn, a->d_ffnq, a->d_x, GEMV_ADD, &e->launch);
+}
+
+/* run_step for one row: embed, the layers, the final norm, the lm_head with the argmax, and the
+ * argmax key read back into the slot's pinned word. */
+void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_act *a = &e->a;
+    gemv_embed_step(&e->w.embd, forced ? a->d_tokens : NULL, a->d_cursor, sl->d_best,
+                    a->d_tok_out, sl->d_pos, a->d_x, &e->launch);
+    for (int il = 0; il < c->n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        rec_norm(e, L->d_attn_norm);
+        if (L->gdn)
+            rec_gdn(e, sl, L);
+        else
+            rec_attn(e, sl, L);
+        gemv(&L->out, a->d_y, a->d_yq, a->d_x, GEMV_ADD, &e->launch); /* residual */
+        rec_norm(e, L->d_post_norm);
+        rec_ffn(e, L);
+    }
+    rec_norm(e, e->w.d_out_norm);
+    gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
+    cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
+}

@@ -1,0 +1,150 @@
+/* The CUDA backend (worker/backend.h) over the CUDA forward (model/forward_cuda.h): a step's
+ * items become rows (one per token: decode items one row, prefill chunks one row per prompt
+ * token), run as one forward step with one host sync; the forward samples each item's last
+ * row on the GPU (the greedy argmax inside the step graph, or the GPU sampler behind it).
+ * Twin of backend_cpu.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "model/forward_cuda.h"
+#include "worker/backend.h"
+
+typedef struct cuda_worker {
+    worker_backend base;
+    qwen35_cuda *fwd;     /* owned */
+    qwen35_cuda_row *rows; /* owned, [max_rows] */
+    worker_batch_item **row_item; /* owned, [max_rows]: the item a sampled row answers */
+    int max_rows;
+} cuda_worker;
+
+static int cw_seq_start(worker_backend *b, int slot, const sampling_params *p, status *st)
+{
+    cuda_worker *c = (cuda_worker *)b;
+    DS_ASSERT(slot >= 0 && slot < b->n_slots);
+    return qwen35_cuda_seq_start(c->fwd, slot, p, st);
+}
+
+/* Runs rows[0..n) and hands each sampled row's result to its item. */
+static int cw_flush(cuda_worker *c, int n, status *st)
+{
+    if (!n) return STATUS_OK;
+    if (qwen35_cuda_step(c->fwd, c->rows, n, st)) return st->code;
+    for (int i = 0; i < n; i++) {
+        const qwen35_cuda_row *r = &c->rows[i];
+        worker_batch_item *it = c->row_item[i];
+        if (!it) continue;
+        it->token = r->next;
+        it->logprob = r->logprob;
+        it->n_top = r->n_top;
+        for (int k = 0; k < r->n_top; k++) {
+            it->top[k].id = r->top_id[k];
+            it->top[k].logprob = r->top_logprob[k];
+        }
+    }
+    return STATUS_OK;
+}
+
+static int cw_step(worker_backend *b, worker_batch_item *items, int n, status *st)
+{
+    cuda_worker *c = (cuda_worker *)b;
+    int nr = 0;
+    for (int i = 0; i < n; i++) {
+        worker_batch_item *it = &items[i];
+        DS_ASSERT(it->slot >= 0 && it->slot < b->n_slots && it->n_tokens >= 1);
+        const int n_past = qwen35_cuda_n_past(c->fwd, it->slot);
+        if (n_past + it->n_tokens > b->n_ctx)
+            return status_fail(st, STATUS_RANGE, "slot %d: %d + %d tokens exceed the context %d",
+                               it->slot, n_past, it->n_tokens, b->n_ctx);
+        if (nr + it->n_tokens > c->max_rows && cw_flush(c, nr, st)) return st->code;
+        if (nr + it->n_tokens > c->max_rows) nr = 0;
+        for (int k = 0; k < it->n_tokens; k++) {
+            if (nr == c->max_rows) { /* an item longer than a step: its rows over several */
+                if (cw_flush(c, nr, st)) return st->code;
+                nr = 0;
+            }
+            const bool last = k == it->n_tokens - 1;
+            c->rows[nr] = (qwen35_cuda_row){
+                .token = it->tokens[k],
+                .slot = it->slot,
+                .pos = nr > 0 && c->rows[nr - 1].slot == it->slot
+                           ? c->rows[nr - 1].pos + 1
+                           : qwen35_cuda_n_past(c->fwd, it->slot),
+                .prompt = it->prompt,
+                .sample = last && it->sample,
+                .logits = it->logits ? it->logits + (size_t)k * b->vocab : NULL,
+            };
+            c->row_item[nr] = last && it->sample ? it : NULL;
+            nr++;
+        }
+    }
+    return cw_flush(c, nr, st);
+}
+
+static int cw_fill(worker_backend *b, int slot, int n_past, status *st)
+{
+    return qwen35_cuda_fill(((cuda_worker *)b)->fwd, slot, n_past, st);
+}
+
+static void cw_get_stats(const worker_backend *b, worker_backend_stats *out)
+{
+    qwen35_cuda_stats s;
+    qwen35_cuda_get_stats(((const cuda_worker *)b)->fwd, &s);
+    *out = (worker_backend_stats){
+        .tokens = s.tokens, .steps = s.steps, .graph_launches = s.graph_launches,
+        .kernels_per_token = s.kernels_per_token, .d2h_bytes = s.d2h_bytes,
+        .h2d_bytes = s.h2d_bytes, .weight_bytes = s.weight_bytes,
+        .bytes_per_token = s.bytes_per_token};
+}
+
+static void cw_destroy(worker_backend *b)
+{
+    cuda_worker *c = (cuda_worker *)b;
+    if (!c) return;
+    qwen35_cuda_destroy(c->fwd);
+    free(c->rows);
+    free(c->row_item);
+    free(c);
+}
+
+static const worker_backend_vt cw_vt = {
+    .seq_start = cw_seq_start, .step = cw_step, .destroy = cw_destroy, .fill = cw_fill,
+    .get_stats = cw_get_stats};
+
+int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts *o,
+                               worker_backend **out, status *st)
+{
+    *out = NULL;
+    if (o->n_slots < 1 || o->n_ctx < 2)
+        return status_fail(st, STATUS_INVALID, "cuda backend: need slots >= 1 and ctx >= 2 (got %d, %d)",
+                           o->n_slots, o->n_ctx);
+    cuda_worker *c = calloc(1, sizeof *c);
+    if (!c) return status_fail(st, STATUS_NOMEM, "cuda backend");
+    worker_backend *b = &c->base;
+    b->vt = &cw_vt;
+    b->model = m;
+    b->n_slots = o->n_slots;
+    b->n_ctx = o->n_ctx;
+    b->vocab = m->cfg.V;
+    c->max_rows = o->n_slots + (o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 256);
+    c->rows = calloc((size_t)c->max_rows, sizeof *c->rows);
+    c->row_item = calloc((size_t)c->max_rows, sizeof *c->row_item);
+    if (!c->rows || !c->row_item) {
+        status_fail(st, STATUS_NOMEM, "cuda backend: %d rows", c->max_rows);
+        goto fail;
+    }
+    const qwen35_cuda_opts fo = {.n_ctx = o->n_ctx, .n_slots = o->n_slots,
+                                 .max_rows = c->max_rows, .device = o->device};
+    if (qwen35_cuda_create(m, &fo, &c->fwd, st)) goto fail;
+    qwen35_cuda_stats s;
+    qwen35_cuda_get_stats(c->fwd, &s);
+    b->state_bytes = s.state_bytes / (uint64_t)o->n_slots;
+    snprintf(b->device, sizeof b->device, "cuda:%d %s", qwen35_cuda_device_index(c->fwd),
+             qwen35_cuda_device_name(c->fwd));
+    *out = b;
+    return STATUS_OK;
+fail:
+    cw_destroy(b);
+    return st->code;
+}
