@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/flags.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "rpc/rpc_client.h"
@@ -106,24 +107,17 @@ typedef struct loadgen_thread {
     loadgen_vec ttft_srv, itl_srv, ttft_cli, itl_cli;
 } loadgen_thread;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void *run_thread(void *arg)
 {
     loadgen_thread *t = arg;
     rpc_client_cq *cq = rpc_client_cq_create();
     for (;;) {
         int k = atomic_fetch_add(t->next, 1);
-        if (k >= t->total || (t->end_s && now_s() >= t->end_s)) break;
+        if (k >= t->total || (t->end_s && clock_now_s() >= t->end_s)) break;
         int counted = k >= t->o->warmup;
         rpc_client_stream *s;
         status st;
-        double t0 = now_s(), last = t0, first = 0;
+        double t0 = clock_now_s(), last = t0, first = 0;
         if (rpc_client_stream_start_on(&s, cq, t->ch, t->path, t->req, t->o->timeout_ms, NULL,
                                        &st)) {
             if (counted) t->errors[GRPC_STATUS_INTERNAL]++;
@@ -137,7 +131,7 @@ static void *run_thread(void *arg)
         while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &pm,
                                       &res)) {
             Deltaserve__V1__GenerateResponse *m = (Deltaserve__V1__GenerateResponse *)pm;
-            double now = now_s();
+            double now = clock_now_s();
             if (m->n_token_ids) {
                 if (!first) first = now;
                 else
@@ -257,7 +251,7 @@ int main(int argc, char **argv)
     atomic_int next;
     atomic_init(&next, 0);
     loadgen_thread *ts = calloc((size_t)o.concurrency, sizeof *ts);
-    double t_start = now_s();
+    double t_start = clock_now_s();
     /* warm-up phase first (uncounted), then the measured window */
     if (o.warmup > 0) {
         loadgen_opts wo = o;
@@ -273,7 +267,7 @@ int main(int argc, char **argv)
         }
         for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
         memset(ts, 0, (size_t)o.concurrency * sizeof *ts);
-        t_start = now_s();
+        t_start = clock_now_s();
     }
     loadgen_opts mo = o;
     mo.warmup = 0;
@@ -290,7 +284,7 @@ int main(int argc, char **argv)
         }
     }
     for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
-    double elapsed = now_s() - t_start;
+    double elapsed = clock_now_s() - t_start;
 
     int64_t ok = 0, tokens = 0, errors[17] = {0}, n_err = 0;
     loadgen_vec ttft_srv = {0}, itl_srv = {0}, ttft_cli = {0}, itl_cli = {0};

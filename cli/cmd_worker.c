@@ -137,7 +137,7 @@ int cmd_worker(int argc, char **argv)
         LOG_INFO("metrics on http://%.*s:%d/metrics", hn, o.metrics_listen, metrics_http_port(mx_http));
     }
 
-    int64_t t0 = engine_now_us();
+    int64_t t0 = clock_now_us();
     if (qwen35_model_load(&model, o.model, &st)) goto fail;
     worker_model_desc desc = {.path = o.model};
     eog_ids(model, &desc);
@@ -155,7 +155,7 @@ int cmd_worker(int argc, char **argv)
              "queue %d, step %d tokens, loaded in %.0f ms",
              o.model, model->cfg.n_layer, model->cfg.V, backend->device, o.slots, n_ctx,
              (double)backend->state_bytes / (1 << 20), o.queue, o.step_tokens,
-             (double)(engine_now_us() - t0) / 1000.0);
+             (double)(clock_now_us() - t0) / 1000.0);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -96,11 +96,7 @@ int router_create(router **out, const router_opts *opts, status *st)
     r->opts = *opts;
     apply_defaults(&r->opts);
     pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_cond_init(&r->cv);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = (uint64_t)ts.tv_sec * 1000000007ULL ^ (uint64_t)ts.tv_nsec ^
@@ -178,11 +174,7 @@ void router_begin_drain(router *r)
 int router_drain(router *r, int grace_ms)
 {
     router_begin_drain(r);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ns = ts.tv_nsec + (int64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
+    const struct timespec ts = clock_timespec_ms(clock_deadline_ms(grace_ms > 0 ? grace_ms : 0));
     pthread_mutex_lock(&r->mu);
     while (r->inflight > 0 && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0) {
     }

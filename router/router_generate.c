@@ -22,8 +22,8 @@ typedef struct router_req {
     router *r;
     rpc_call *call;
     Deltaserve__V1__GenerateRequest *g; /* owned: an unpacked copy of the request */
-    int64_t t0_us;                      /* arrival, now_us clock */
-    int64_t deadline_ms;                /* rpc_now_ms clock, INT64_MAX if none */
+    int64_t t0_us;                      /* arrival, clock_now_us */
+    int64_t deadline_ms;                /* clock_now_ms, CLOCK_NO_DEADLINE if none */
     pthread_mutex_t mu;                 /* guards stream and cancelled */
     rpc_client_stream *stream;          /* borrowed: the worker call while it runs */
     int cancelled;                      /* the client cancelled / deadline / shutdown */
@@ -47,7 +47,7 @@ typedef struct relay {
     /* outcome */
     int64_t n_tokens;      /* tokens sent to the client */
     int64_t n_msgs;        /* messages sent to the client */
-    int64_t t_first_us;    /* first token sent (now_us), 0 if none */
+    int64_t t_first_us;    /* first token sent (clock_now_us), 0 if none */
     int64_t t_last_us;     /* last token sent */
     int attempts;
     int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
@@ -58,14 +58,6 @@ typedef struct relay {
 
 /* What one attempt on one worker ended with. */
 enum { ATTEMPT_DONE, ATTEMPT_RETRY };
-
-/* Microseconds on CLOCK_MONOTONIC: timings in responses, logs and metrics. */
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 static uint64_t next_rand(router *r)
 {
@@ -97,7 +89,7 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
 {
     router *r = s->q->r;
     rpc_call_finish(s->q->call, code, msg);
-    int64_t now = now_us();
+    int64_t now = clock_now_us();
     if (code == GRPC_STATUS_OK) {
         atomic_fetch_add(&r->n_ok, 1);
         static const char *names[4] = {"stop", "length", "cancelled", "error"};
@@ -218,7 +210,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
             }
         }
     }
-    int64_t now = now_us();
+    int64_t now = clock_now_us();
     if (kept > 0 && !s->t_first_us) s->t_first_us = now;
     if (kept > 0) s->t_last_us = now;
 
@@ -301,7 +293,7 @@ static int retryable(int code)
 /* Ends the call after the client went away or its deadline passed. */
 static void end_cancelled(relay *s)
 {
-    if (s->q->deadline_ms != INT64_MAX && rpc_now_ms() >= s->q->deadline_ms)
+    if (clock_expired(s->q->deadline_ms))
         relay_end(s, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded");
     else
         relay_end(s, GRPC_STATUS_CANCELLED, "cancelled by the client");
@@ -316,8 +308,8 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     router_req *q = s->q;
     status st;
     int64_t timeout = 0;
-    if (q->deadline_ms != INT64_MAX) {
-        timeout = q->deadline_ms - rpc_now_ms();
+    if (q->deadline_ms != CLOCK_NO_DEADLINE) {
+        timeout = clock_left_ms(q->deadline_ms);
         if (timeout <= 0) {
             relay_end(s, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded before routing");
             return ATTEMPT_DONE;
@@ -534,7 +526,7 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     if (ok) {
         q->r = r;
         q->call = call;
-        q->t0_us = now_us();
+        q->t0_us = clock_now_us();
         q->deadline_ms = rpc_call_deadline_ms(call);
         pthread_mutex_init(&q->mu, NULL);
         atomic_init(&q->refs, 2);

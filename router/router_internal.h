@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "model/tokenizer.h"
 #include "router/router.h"
 #include "router/router_dns.h"

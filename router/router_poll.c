@@ -96,16 +96,12 @@ void *router_poll_main(void *arg)
     router *r = arg;
     int64_t next_dns = 0;
     for (;;) {
-        int64_t now = rpc_now_ms();
+        int64_t now = clock_now_ms();
         int dns = now >= next_dns;
         if (dns) next_dns = now + r->opts.dns_refresh_ms;
         router_poll_once(r, dns);
         /* sleep one interval, or until told to stop */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + (int64_t)r->opts.poll_ms * 1000000;
-        ts.tv_sec += ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
+        const struct timespec ts = clock_timespec_ms(clock_deadline_ms(r->opts.poll_ms));
         pthread_mutex_lock(&r->mu);
         while (!r->stopping && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0) {
         }

@@ -54,6 +54,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "rpc/rpc_status.h"
 
@@ -122,13 +123,6 @@ struct rpc_server {
     pthread_cond_t done_cv;  /* CLOCK_MONOTONIC */
     bool cq_done;            /* the CQ thread has seen the shutdown and released every call */
 };
-
-int64_t rpc_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- batches (called with call->mu held) ---- */
 
@@ -276,11 +270,11 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     c->method = find_method(s, c->path);
     gpr_timespec dl = c->details.deadline;
     if (gpr_time_cmp(dl, gpr_inf_future(dl.clock_type)) == 0) {
-        c->deadline_ms = INT64_MAX;
+        c->deadline_ms = CLOCK_NO_DEADLINE;
     } else {
         gpr_timespec left = gpr_time_sub(gpr_convert_clock_type(dl, GPR_CLOCK_MONOTONIC),
                                          gpr_now(GPR_CLOCK_MONOTONIC));
-        c->deadline_ms = rpc_now_ms() + gpr_time_to_millis(left);
+        c->deadline_ms = clock_deadline_ms(gpr_time_to_millis(left));
     }
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->req_md);
@@ -512,11 +506,7 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     }
     s->t_shutdown = (rpc_tag){NULL, TAG_SHUTDOWN};
     pthread_mutex_init(&s->done_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_cond_init(&s->done_cv);
 
     grpc_init();
     grpc_arg args[2];
@@ -596,28 +586,23 @@ static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
     return n;
 }
 
-#define WAIT_FOREVER INT64_MAX
+#define WAIT_FOREVER CLOCK_NO_DEADLINE
 
 /* Waits at most timeout_ms (<= 0: just look; WAIT_FOREVER: no limit) until every call is
  * released (calls_only) or the CQ thread is done (the shutdown notified too: every connection
  * closed). */
 static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
 {
-    int64_t end = timeout_ms == WAIT_FOREVER ? INT64_MAX : rpc_now_ms() + timeout_ms;
+    const int64_t end = clock_deadline_ms(timeout_ms);
+    const struct timespec ts = clock_timespec_ms(end);
     pthread_mutex_lock(&srv->done_mu);
     for (;;) {
         if (srv->cq_done || (calls_only && atomic_load(&srv->live) == 0)) break;
-        if (end == INT64_MAX) {
+        if (end == CLOCK_NO_DEADLINE) {
             pthread_cond_wait(&srv->done_cv, &srv->done_mu);
             continue;
         }
-        int64_t left = end - rpc_now_ms();
-        if (left <= 0) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + left % 1000 * 1000000;
-        ts.tv_sec += left / 1000 + ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
+        if (clock_expired(end)) break;
         pthread_cond_timedwait(&srv->done_cv, &srv->done_mu, &ts);
     }
     bool done = srv->cq_done || (calls_only && atomic_load(&srv->live) == 0);
@@ -663,11 +648,11 @@ static long unacked_bytes(const rpc_server *srv)
  * 2 ms. */
 static bool wait_acknowledged(const rpc_server *srv, int64_t timeout_ms)
 {
-    int64_t end = rpc_now_ms() + timeout_ms;
+    const int64_t end = clock_deadline_ms(timeout_ms);
     for (;;) {
         long n = unacked_bytes(srv);
         if (n <= 0) return true;
-        if (rpc_now_ms() >= end) return false;
+        if (clock_expired(end)) return false;
         nanosleep(&(struct timespec){0, 2000000}, NULL);
     }
 }
@@ -686,11 +671,11 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
         }
         return true;
     }
-    int64_t end = rpc_now_ms() + (grace_ms > 0 ? grace_ms : 0);
+    const int64_t end = clock_deadline_ms(grace_ms > 0 ? grace_ms : 0);
     atomic_store(&srv->draining, true);
     cancel_calls(srv, true, "server shutting down");
     /* 1. every call finished by its owner, its status batch completed, released */
-    bool clean = wait_done(srv, true, end - rpc_now_ms());
+    bool clean = wait_done(srv, true, clock_left_ms(end));
     bool ended = clean;
     if (!clean) {
         atomic_store(&srv->cancelling, true);
@@ -703,7 +688,7 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
     /* 2. everything written is acknowledged by the clients (a client that stopped reading
      *    gets the rest of the grace, at least RPC_SERVER_CANCEL_MS) */
     if (ended) {
-        int64_t left = end - rpc_now_ms();
+        int64_t left = clock_left_ms(end);
         if (!wait_acknowledged(srv, left > RPC_SERVER_CANCEL_MS ? left : RPC_SERVER_CANCEL_MS))
             LOG_WARN("rpc server: some clients did not acknowledge their last frames: closing");
     }

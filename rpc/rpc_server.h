@@ -135,8 +135,8 @@ const char *rpc_call_path(const rpc_call *call);
 /* The client's peer address ("ipv4:127.0.0.1:5555"), or "" if unknown. Valid until release. */
 const char *rpc_call_peer(const rpc_call *call);
 
-/* The client's deadline in ms on common CLOCK_MONOTONIC time (rpc_now_ms), or INT64_MAX if
- * the client set none. gRPC cancels the call by itself when it passes. */
+/* The client's deadline in ms on common/clock.h's clock (clock_now_ms), or CLOCK_NO_DEADLINE
+ * (INT64_MAX) if the client set none. gRPC cancels the call by itself when it passes. */
 int64_t rpc_call_deadline_ms(const rpc_call *call);
 
 /* true once the client cancelled, disconnected, the deadline passed or the server shuts down. */
@@ -167,8 +167,5 @@ void *rpc_call_grpc_call(const rpc_call *call);
 /* Per-call data for the handler (see "Lifetime"). */
 void rpc_call_set_data(rpc_call *call, void *data);
 void *rpc_call_data(const rpc_call *call);
-
-/* Milliseconds on CLOCK_MONOTONIC, the clock of rpc_call_deadline_ms. */
-int64_t rpc_now_ms(void);
 
 #endif

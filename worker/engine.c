@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/engine_metrics.h"
 
@@ -53,13 +54,6 @@ struct engine {
 
     engine_metrics m;
 };
-
-int64_t engine_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 const char *engine_finish_name(engine_finish f)
 {
@@ -114,7 +108,7 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     int32_t *copy = malloc((size_t)p->n_prompt * sizeof *copy);
     if (!copy) return status_fail(st, STATUS_NOMEM, "request %s: out of memory for the prompt", p->id);
     memcpy(copy, p->prompt, (size_t)p->n_prompt * sizeof *copy);
-    int64_t now = engine_now_us();
+    int64_t now = clock_now_us();
 
     pthread_mutex_lock(&e->mu);
     int rc = STATUS_OK;
@@ -198,7 +192,7 @@ bool engine_abort(engine *e, const char *request_id)
 
 void engine_get_load(engine *e, engine_load *out)
 {
-    int64_t now = engine_now_us();
+    int64_t now = clock_now_us();
     pthread_mutex_lock(&e->mu);
     out->running = e->n_running;
     out->waiting = e->n_waiting;
@@ -230,7 +224,7 @@ static void end_request(engine_request *r, engine_finish f, const status *res)
 {
     r->finish = f;
     if (res) r->result = *res;
-    r->t_end = engine_now_us();
+    r->t_end = clock_now_us();
 }
 
 /* Under e->mu at the start of a step: ends aborted/cancelled waiting requests, admits
@@ -239,7 +233,7 @@ static void end_request(engine_request *r, engine_finish f, const status *res)
 static int collect_step(engine *e, int *n_done)
 {
     int nd = 0;
-    int64_t now = engine_now_us();
+    int64_t now = clock_now_us();
     engine_request **pp = &e->wait_head, *prev = NULL;
     while (*pp) { /* waiting: cancelled ones leave the queue */
         engine_request *r = *pp;
@@ -403,7 +397,7 @@ static void retire(engine *e, engine_request **done, int nd)
         e->n_finished++;
     }
     e->n_retiring += nd;
-    admit_waiting(e, engine_now_us());
+    admit_waiting(e, clock_now_us());
     uint64_t out = 0; /* recount: exact and cheap (<= slots + queue requests) */
     for (int s = 0; s < e->n_slots; s++)
         if (e->running[s]) out += request_tokens_left(e->running[s]);
@@ -480,7 +474,7 @@ static void *engine_main(void *arg)
         uint64_t generated = 0;
         if (n > 0) {
             int rc = e->b->vt->step(e->b, e->items, n, &st);
-            int64_t now = engine_now_us();
+            int64_t now = clock_now_us();
             if (rc != STATUS_OK) {
                 LOG_ERROR("engine step failed (%d items): %s", n, st.msg);
                 nd = fail_items(e, e->item_req, n, &st, nd);
@@ -505,7 +499,7 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         e->steps++;
         e->tokens_generated += generated;
-        int64_t now = engine_now_us();
+        int64_t now = clock_now_us();
         if (now - e->tps_t0 >= 1000000) {
             e->tps = (double)(e->tokens_generated - e->tps_tok0) * 1e6 / (double)(now - e->tps_t0);
             e->tps_t0 = now;
@@ -548,13 +542,9 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
         e->free_list = &e->pool[i];
     }
     pthread_mutex_init(&e->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->work_cv, &ca);
-    pthread_cond_init(&e->idle_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    e->tps_t0 = engine_now_us();
+    clock_cond_init(&e->work_cv);
+    clock_cond_init(&e->idle_cv);
+    e->tps_t0 = clock_now_us();
     engine_metrics_init(&e->m, e->o.metrics, e->n_slots);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
@@ -565,22 +555,9 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     return STATUS_OK;
 }
 
-static struct timespec deadline_after(int64_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
-    return ts;
-}
-
 bool engine_wait_idle(engine *e, int64_t timeout_ms)
 {
-    struct timespec dl = deadline_after(timeout_ms);
+    const struct timespec dl = clock_timespec_ms(clock_deadline_ms(timeout_ms));
     pthread_mutex_lock(&e->mu);
     int rc = 0;
     while ((e->n_running || e->n_waiting || e->n_retiring) && rc != ETIMEDOUT)
@@ -610,7 +587,7 @@ static int abort_all(engine *e, const char *msg)
 
 int engine_drain(engine *e, int64_t grace_ms)
 {
-    struct timespec dl = deadline_after(grace_ms);
+    const struct timespec dl = clock_timespec_ms(clock_deadline_ms(grace_ms));
     pthread_mutex_lock(&e->mu);
     e->draining = true;
     int rc = 0;

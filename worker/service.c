@@ -330,7 +330,7 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
     if (!ws) return status_fail(st, STATUS_NOMEM, "worker service: out of memory");
     pthread_mutex_init(&ws->mu, NULL);
     ws->state = WS_LOADING;
-    ws->seed_base = splitmix64((uint64_t)engine_now_us() ^ ((uint64_t)(uintptr_t)ws << 16));
+    ws->seed_base = splitmix64((uint64_t)clock_now_us() ^ ((uint64_t)(uintptr_t)ws << 16));
     if (o->metrics)
         ws->rejected_invalid = metrics_counter(o->metrics, "deltaserve:request_rejected_total",
                                                "reason=\"invalid\"", "Requests refused at admission.");

@@ -74,7 +74,7 @@ static Deltaserve__V1__Load *get_load(void)
 /* Waits (bounded) until every slot is free and nothing waits. */
 static bool wait_load_idle(void)
 {
-    for (int64_t end = engine_now_us() + 10000000; engine_now_us() < end;) {
+    for (int64_t end = clock_now_us() + 10000000; clock_now_us() < end;) {
         Deltaserve__V1__Load *l = get_load();
         bool idle = l && l->running == 0 && l->waiting == 0 && l->free_slots == l->total_slots;
         if (l) protobuf_c_message_free_unpacked(&l->base, NULL);
@@ -290,7 +290,7 @@ static void test_queue_full_then_drain(void)
         if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
     }
     bool queued = false;
-    for (int64_t end = engine_now_us() + 10000000; !queued && engine_now_us() < end;) {
+    for (int64_t end = clock_now_us() + 10000000; !queued && clock_now_us() < end;) {
         Deltaserve__V1__Load *l = get_load();
         queued = l && l->waiting == 1 && l->running == 2 && l->free_slots == 0;
         if (l) protobuf_c_message_free_unpacked(&l->base, NULL);
