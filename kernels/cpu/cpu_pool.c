@@ -60,10 +60,9 @@ static void *worker_main(void *varg)
     return NULL;
 }
 
+/* The CLI's --threads (env DS_THREADS, common/flags.h) arrives as n_threads; 0 means this. */
 static int default_threads(void)
 {
-    const char *e = getenv("DS_THREADS");
-    if (e && atoi(e) > 0) return atoi(e);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }

@@ -2,7 +2,7 @@
  * cpu_pool_run hands n_tasks indices to the caller thread plus the pool's workers and returns
  * when all are done. No allocation and no thread creation per run.
  *
- *   cpu_pool *p; cpu_pool_create(&p, 0, st);          0 -> $DS_THREADS or online CPUs
+ *   cpu_pool *p; cpu_pool_create(&p, 0, st);          0 -> the online CPUs
  *   cpu_pool_run(p, fn, arg, n_tasks);                 fn(arg, task) for task in [0, n_tasks)
  *
  * Tasks are claimed dynamically (an atomic counter), so uneven tasks balance. A pool is driven
@@ -15,8 +15,8 @@
 typedef struct cpu_pool cpu_pool;
 typedef void (*cpu_pool_fn)(void *arg, int task);
 
-/* n_threads counts the caller: n_threads - 1 workers are started. n_threads <= 0 picks
- * $DS_THREADS when set (> 0), else the number of online CPUs. */
+/* n_threads counts the caller: n_threads - 1 workers are started. n_threads <= 0 picks the
+ * number of online CPUs. (The CLI's --threads, env DS_THREADS, arrives as n_threads.) */
 int cpu_pool_create(cpu_pool **out, int n_threads, status *st);
 void cpu_pool_destroy(cpu_pool *p);
 int cpu_pool_n_threads(const cpu_pool *p);

@@ -282,19 +282,6 @@ static int tile_min_t(uint32_t type)
     }
 }
 
-ref_matmul_dot ref_matmul_dot_default(void)
-{
-    /* read once; racing first calls compute the same value (atomic: no data race) */
-    static _Atomic int cached = -1;
-    int c = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (c < 0) {
-        const char *v = getenv("DS_EXACT_DOT");
-        c = v && *v && strcmp(v, "0") != 0 ? REF_MATMUL_DOT_EXACT : REF_MATMUL_DOT_Q8;
-        atomic_store_explicit(&cached, c, memory_order_relaxed);
-    }
-    return (ref_matmul_dot)c;
-}
-
 typedef struct mm_job {
     const uint8_t *w;
     const quant_traits *qt;
@@ -456,7 +443,7 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
 {
     const quant_traits *qt = quant_get(type);
     DS_ASSERT(qt && qt->supported && T >= 1 && n_out >= 1);
-    if (dot == REF_MATMUL_DOT_DEFAULT) dot = ref_matmul_dot_default();
+    if (dot == REF_MATMUL_DOT_DEFAULT) dot = REF_MATMUL_DOT_Q8;
     const bool q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8_cols;
     DS_ASSERT(q8 || T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
     int n_threads = cpu_pool_n_threads(pool);

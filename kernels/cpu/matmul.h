@@ -19,7 +19,7 @@
  * Exact vs integer path: the integer path quantises the input (about 0.2% relative error of a
  * dot on random data, |error| <= sum_i |w_i| d_block(i) / 2; tests/gguf/quant_q8_test.c); the
  * exact mode computes the F32 math on the dequantised weights (1e-5 relative), which is the
- * specification's. REF_MATMUL_DOT_EXACT, or $DS_EXACT_DOT=1 for the default, selects it. */
+ * specification's. REF_MATMUL_DOT_EXACT selects it (per call; qwen35_ctx_opts.dot_mode per ctx). */
 #ifndef DS_KERNELS_CPU_MATMUL_H
 #define DS_KERNELS_CPU_MATMUL_H
 
@@ -46,13 +46,10 @@
 
 /* How quantised weights are dotted (F32/F16/BF16 weights always take the float path). */
 typedef enum ref_matmul_dot {
-    REF_MATMUL_DOT_DEFAULT = 0, /* EXACT when $DS_EXACT_DOT is set and not "0", else Q8 */
+    REF_MATMUL_DOT_DEFAULT = 0, /* Q8 */
     REF_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised inputs */
     REF_MATMUL_DOT_EXACT,       /* float dots against the F32 input */
 } ref_matmul_dot;
-
-/* DEFAULT resolved from the environment (read once per process). */
-ref_matmul_dot ref_matmul_dot_default(void);
 
 /* Floats of scratch ref_matmul needs for rows up to n_in_max with n_threads threads. */
 size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
