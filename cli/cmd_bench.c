@@ -1,13 +1,12 @@
-/* deltaserve bench decode: batch-1 decode speed of one model.
+/* deltaserve bench decode: batch-1 decode speed of one model, through the worker's backend
+ * interface (worker/backend.h), as a served request decodes.
  *   deltaserve bench decode --model F --ctx 4096 --tokens 256 [--device cuda|cpu]
- * cuda: the CUDA engine (worker/cuda_backend.h) starts at position --ctx as if that context had
- * been consumed (KV rows 0..ctx-1 hold a constant pattern: attention reads all of them, the
- * values do not change the speed), warms up, then decodes --tokens tokens greedily, one graph
- * launch and one sync each. Prints tok/s, the bytes a token must move (weights + DeltaNet state
- * read and written + KV read), achieved GB/s and % of the H200's 4.6 TB/s, kernels per token
- * and host<->device bytes per token.
- * cpu: the CPU forward (model/forward.h) decodes --tokens tokens from position 0 (no context
- * fill: a CPU prefill of 4K tokens takes minutes); tok/s only. */
+ * The slot starts at position --ctx as if that context had been consumed (backend fill: KV rows
+ * 0..ctx-1 hold a constant pattern; attention reads all of them, the values do not change the
+ * speed), warms up, then decodes --tokens tokens greedily, one step each (on the GPU: one graph
+ * launch and one host sync). Prints tok/s; on the GPU also the bytes a token must move
+ * (weights + DeltaNet state read and written + KV read), achieved GB/s and % of the H200's
+ * 4.6 TB/s, kernels per token and host<->device bytes per token. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,9 +15,9 @@
 
 #include "cli/cli.h"
 #include "common/flags.h"
-#include "model/forward.h"
+#include "common/sampling.h"
 #include "model/qwen35.h"
-#include "worker/cuda_backend.h"
+#include "worker/backend.h"
 
 #define BENCH_PEAK_GBS 4600.0
 
@@ -29,8 +28,8 @@ typedef struct bench_opts {
 
 static const flag_spec bench_flags[] = {
     {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(bench_opts, model), "GGUF model file"},
-    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(bench_opts, device), "cuda | cpu"},
-    {"ctx", NULL, "4096", FLAG_INT, offsetof(bench_opts, ctx), "context already consumed (cuda)"},
+    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(bench_opts, device), "cuda | cpu (cuda without a GPU: CPU)"},
+    {"ctx", NULL, "4096", FLAG_INT, offsetof(bench_opts, ctx), "context already consumed"},
     {"tokens", NULL, "256", FLAG_INT, offsetof(bench_opts, tokens), "tokens decoded and timed"},
     {"warmup", NULL, "16", FLAG_INT, offsetof(bench_opts, warmup), "untimed tokens first"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(bench_opts, threads), "CPU threads (cpu)"},
@@ -44,71 +43,56 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int bench_cuda(const qwen35_model *m, const bench_opts *o, status *st)
+/* n greedy decode steps of slot 0 from token *tok; *tok = the last sampled token */
+static int decode_steps(worker_backend *b, int n, int32_t *tok, status *st)
 {
-    cuda_backend *g = NULL;
-    int32_t *out = malloc((size_t)(o->tokens + o->warmup + 1) * sizeof(int32_t));
-    const double t_load = now_s();
-    if (!out) return status_fail(st, STATUS_NOMEM, "bench buffers");
-    if (cuda_backend_create(m, &(cuda_backend_opts){.n_ctx = o->ctx + o->warmup + o->tokens + 2,
-                                                    .verbose = true}, &g, st) ||
-        cuda_backend_set_position(g, 0, o->ctx, st))
-        goto fail;
-    fprintf(stderr, "cuda: ready in %.1f s\n", now_s() - t_load);
-    if (cuda_backend_generate(g, 0, 1, o->warmup, out, st)) goto fail;
-    cuda_backend_stats s0, s1;
-    cuda_backend_get_stats(g, &s0);
-    const double t0 = now_s();
-    if (cuda_backend_generate(g, 0, out[o->warmup > 0 ? o->warmup - 1 : 0], o->tokens, out, st))
-        goto fail;
-    const double dt = now_s() - t0;
-    cuda_backend_get_stats(g, &s1);
-    const double tps = o->tokens / dt, n = (double)(s1.tokens - s0.tokens);
-    const double gbs = (double)s1.bytes_per_token * tps / 1e9;
-    printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model,
-           cuda_backend_device_name(g), o->ctx + o->warmup, o->ctx + o->warmup + o->tokens);
-    printf("decode: %d tokens in %.3f s = %.1f tok/s (%.1f us/token)\n", o->tokens, dt, tps,
-           1e6 * dt / o->tokens);
-    printf("bytes/token: %.3f GB (weights %.3f GB + state + KV at ctx %d) -> %.0f GB/s = %.1f%% "
-           "of 4.6 TB/s\n", s1.bytes_per_token / 1e9, s1.weight_bytes / 1e9, o->ctx, gbs,
-           100.0 * gbs / BENCH_PEAK_GBS);
-    printf("kernels/token: %llu (one CUDA graph launch, one host sync)\n",
-           (unsigned long long)s1.kernels_per_token);
-    printf("host<->device bytes/token: D2H %.1f, H2D %.1f\n", (s1.d2h_bytes - s0.d2h_bytes) / n,
-           (s1.h2d_bytes - s0.h2d_bytes) / n);
-fail:
-    cuda_backend_destroy(g);
-    free(out);
-    return st->code;
+    worker_batch_item it = {.slot = 0, .n_tokens = 1, .sample = true};
+    for (int i = 0; i < n; i++) {
+        it.tokens = tok;
+        if (b->vt->step(b, &it, 1, st)) return st->code;
+        *tok = it.token;
+    }
+    return STATUS_OK;
 }
 
-static int bench_cpu(const qwen35_model *m, const bench_opts *o, status *st)
+static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
-    qwen35_ctx *ctx = NULL;
-    qwen35_state *s = NULL;
-    float *logits = malloc((size_t)m->cfg.V * sizeof(float));
-    if (!logits) return status_fail(st, STATUS_NOMEM, "bench logits");
-    if (qwen35_ctx_create(m, &(qwen35_ctx_opts){.n_threads = o->threads}, &ctx, st) ||
-        qwen35_state_create(m, o->warmup + o->tokens + 2, &s, st))
+    worker_backend *b = NULL;
+    const worker_backend_opts bo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2,
+                                    .n_threads = o->threads, .max_prefill_tokens = 1};
+    const sampling_params greedy = {0};
+    const double t_load = now_s();
+    if (worker_backend_create(o->device, m, &bo, &b, st) || b->vt->seq_start(b, 0, &greedy, st) ||
+        b->vt->fill(b, 0, o->ctx, st))
         goto fail;
+    fprintf(stderr, "bench: %s ready in %.1f s\n", b->device, now_s() - t_load);
     int32_t tok = 1;
-    double t0 = 0;
-    for (int i = 0; i < o->warmup + o->tokens; i++) {
-        if (i == o->warmup) t0 = now_s();
-        if (qwen35_decode_batch(ctx, &s, &tok, 1, logits, st)) goto fail;
-        int a = 0;
-        for (int v = 1; v < m->cfg.V; v++)
-            if (logits[v] > logits[a]) a = v;
-        tok = a;
-    }
+    if (decode_steps(b, o->warmup, &tok, st)) goto fail;
+    worker_backend_stats s0 = {0}, s1 = {0};
+    const bool gpu = b->vt->get_stats != NULL;
+    if (gpu) b->vt->get_stats(b, &s0);
+    const double t0 = now_s();
+    if (decode_steps(b, o->tokens, &tok, st)) goto fail;
     const double dt = now_s() - t0;
-    printf("model %s\ndevice cpu (%d threads), batch 1, positions %d..%d\n", o->model,
-           qwen35_ctx_n_threads(ctx), o->warmup, o->warmup + o->tokens);
-    printf("decode: %d tokens in %.3f s = %.2f tok/s\n", o->tokens, dt, o->tokens / dt);
+    if (gpu) b->vt->get_stats(b, &s1);
+    const double tps = o->tokens / dt;
+    printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model, b->device,
+           o->ctx + o->warmup, o->ctx + o->warmup + o->tokens);
+    printf("decode: %d tokens in %.3f s = %.1f tok/s (%.1f us/token)\n", o->tokens, dt, tps,
+           1e6 * dt / o->tokens);
+    if (gpu) {
+        const double n = (double)(s1.tokens - s0.tokens), gbs = (double)s1.bytes_per_token * tps / 1e9;
+        printf("bytes/token: %.3f GB (weights %.3f GB + state + KV at ctx %d) -> %.0f GB/s = "
+               "%.1f%% of 4.6 TB/s\n", s1.bytes_per_token / 1e9, s1.weight_bytes / 1e9, o->ctx,
+               gbs, 100.0 * gbs / BENCH_PEAK_GBS);
+        printf("kernels/token: %llu (%.2f graph launches and %.2f host syncs per token)\n",
+               (unsigned long long)s1.kernels_per_token, (s1.graph_launches - s0.graph_launches) / n,
+               (s1.steps - s0.steps) / n);
+        printf("host<->device bytes/token: D2H %.1f, H2D %.1f\n", (s1.d2h_bytes - s0.d2h_bytes) / n,
+               (s1.h2d_bytes - s0.h2d_bytes) / n);
+    }
 fail:
-    qwen35_state_destroy(s);
-    qwen35_ctx_destroy(ctx);
-    free(logits);
+    worker_backend_destroy(b);
     return st->code;
 }
 
@@ -132,20 +116,12 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "deltaserve bench: %s\n", st.msg);
         return 1;
     }
-    if (!strcmp(o.device, "cuda")) {
-        rc = bench_cuda(m, &o, &st);
-        if (rc == STATUS_UNAVAILABLE) { /* no GPU or driver: say so once and run on the CPU */
-            fprintf(stderr, "deltaserve bench: %s; no GPU, using CPU\n", st.msg);
-            status_clear(&st);
-            rc = bench_cpu(m, &o, &st);
-        }
-    } else if (!strcmp(o.device, "cpu")) {
-        rc = bench_cpu(m, &o, &st);
-    } else {
+    if (strcmp(o.device, "cuda") && strcmp(o.device, "cpu")) {
         fprintf(stderr, "deltaserve bench: unknown --device '%s' (cuda, cpu)\n", o.device);
         qwen35_model_free(m);
         return 2;
     }
+    rc = bench_run(m, &o, &st);
     if (rc) fprintf(stderr, "deltaserve bench: %s\n", st.msg);
     qwen35_model_free(m);
     return rc ? 1 : 0;

@@ -2,7 +2,9 @@
  * every token, little-endian float32 [T][V], to --logits-out.
  *   --mode prefill   one prefill of all T tokens (internally in steps of --batch-tokens)
  *   --mode decode    prefill the first --prompt-len tokens (0: none), then decode the rest one
- *                    token at a time */
+ *                    token at a time
+ * Through the worker's backend interface (worker/backend.h), on the device --device picks, as
+ * a served request runs (the GPU runs a prefill chunk as rows of one step). */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +13,12 @@
 #include "cli/cli.h"
 #include "cli/cli_ids.h"
 #include "common/flags.h"
-#include "model/forward.h"
-#include "worker/cuda_backend.h"
+#include "model/qwen35.h"
+#include "worker/backend.h"
 
 typedef struct eval_opts {
     const char *model, *ids, *logits_out, *mode, *device;
     int threads, prompt_len, batch_tokens, ctx;
-    int recurrent;
 } eval_opts;
 
 static const flag_spec eval_flags[] = {
@@ -26,11 +27,10 @@ static const flag_spec eval_flags[] = {
     {"logits-out", NULL, NULL, FLAG_STR, offsetof(eval_opts, logits_out), "output file: float32 [T][V]"},
     {"mode", NULL, "prefill", FLAG_STR, offsetof(eval_opts, mode), "prefill | decode"},
     {"prompt-len", NULL, "0", FLAG_INT, offsetof(eval_opts, prompt_len), "decode mode: tokens prefilled first"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda (token by token on the GPU; no GPU: the CPU)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda (no GPU: the CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
     {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(eval_opts, ctx), "context length (0: the model's)"},
-    {"recurrent", NULL, "0", FLAG_BOOL, offsetof(eval_opts, recurrent), "token-by-token delta rule in prefill (default chunked)"},
     {0},
 };
 
@@ -65,8 +65,7 @@ int cmd_eval(int argc, char **argv)
     int32_t *ids = NULL;
     int T = 0;
     qwen35_model *m = NULL;
-    qwen35_ctx *ctx = NULL;
-    qwen35_state *s = NULL;
+    worker_backend *be = NULL;
     float *logits = NULL;
     FILE *out = NULL;
     int ret = 1;
@@ -88,29 +87,20 @@ int cmd_eval(int argc, char **argv)
         status_fail(&st, STATUS_NOMEM, "out of memory for %d x %ld logits", T, V);
         goto fail;
     }
-    if (!strcmp(o.device, "cuda")) { /* the CUDA engine feeds every token through its step graph */
-        cuda_backend *g = NULL;
-        int rc = cuda_backend_create(m, &(cuda_backend_opts){.n_ctx = T + 1}, &g, &st);
-        for (int t = 0; !rc && t < T; t++)
-            rc = cuda_backend_decode(g, 0, ids[t], logits + t * V, NULL, &st);
-        cuda_backend_destroy(g);
-        if (rc == STATUS_UNAVAILABLE) {
-            fprintf(stderr, "deltaserve eval: %s; no GPU, using CPU\n", st.msg);
-            status_clear(&st);
-        } else if (rc) {
-            goto fail;
-        } else {
-            goto write;
-        }
+    const worker_backend_opts bo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2,
+                                    .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens};
+    const sampling_params greedy = {0};
+    if (worker_backend_create(o.device, m, &bo, &be, &st) ||
+        be->vt->seq_start(be, 0, &greedy, &st))
+        goto fail;
+    const int n_pre = decode ? (o.prompt_len < T ? o.prompt_len : T) : T;
+    for (int t = 0; t < T;) { /* the prefill in chunks of --batch-tokens, then one by one */
+        const int n = t < n_pre ? (n_pre - t < o.batch_tokens ? n_pre - t : o.batch_tokens) : 1;
+        worker_batch_item it = {.slot = 0, .tokens = ids + t, .n_tokens = n, .prompt = true,
+                                .logits = logits + (size_t)t * V};
+        if (be->vt->step(be, &it, 1, &st)) goto fail;
+        t += n;
     }
-    qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = o.batch_tokens, .n_threads = o.threads,
-                          .gdn_mode = o.recurrent ? QWEN35_GDN_RECURRENT : QWEN35_GDN_CHUNKED};
-    if (qwen35_ctx_create(m, &co, &ctx, &st) || qwen35_state_create(m, T, &s, &st)) goto fail;
-    int n_pre = decode ? (o.prompt_len < T ? o.prompt_len : T) : T;
-    if (n_pre > 0 && qwen35_prefill(ctx, s, ids, n_pre, logits, true, &st)) goto fail;
-    for (int t = n_pre; t < T; t++)
-        if (qwen35_decode_batch(ctx, &s, ids + t, 1, logits + t * V, &st)) goto fail;
-write:
     out = fopen(o.logits_out, "wb");
     if (!out) {
         status_fail(&st, STATUS_IO, "cannot open %s for writing", o.logits_out);
@@ -128,8 +118,7 @@ fail:
     if (out) fclose(out);
     free(logits);
     free(ids);
-    qwen35_state_destroy(s);
-    qwen35_ctx_destroy(ctx);
+    worker_backend_destroy(be);
     qwen35_model_free(m);
     return ret;
 }

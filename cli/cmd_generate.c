@@ -1,4 +1,4 @@
-/* deltaserve generate: run a model locally on the CPU and stream the generated text.
+/* deltaserve generate: run a model locally (CPU or GPU) and stream the generated text.
  *
  *   deltaserve generate --model F (--prompt TEXT | --ids 1,2,3) [--chat] --max-tokens N
  *       [--temperature T --top-k K --top-p P --min-p M --repetition-penalty R
@@ -9,8 +9,13 @@
  * decode tok/s. With --print-ids stdout gets one line instead: the generated ids as a JSON
  * array. Generation stops at an end-of-generation token (not printed, not in the ids) or after
  * --max-tokens. --chat wraps the prompt text in ChatML:
- *   <|im_start|>user\nTEXT<|im_end|>\n<|im_start|>assistant\n */
+ *   <|im_start|>user\nTEXT<|im_end|>\n<|im_start|>assistant\n
+ *
+ * The generation runs in the worker's engine (worker/engine.h) over the backend --device picks,
+ * one slot: the same loop, stop rules and samplers as a served request. Tokens reach this
+ * thread through the engine's sink. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +26,11 @@
 #include "cli/cli.h"
 #include "cli/cli_ids.h"
 #include "common/flags.h"
-#include "model/forward.h"
-#include "model/sampler.h"
+#include "common/log.h"
+#include "common/sampling.h"
 #include "model/tokenizer.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
 
 typedef struct gen_opts {
     const char *model, *prompt, *ids, *device;
@@ -47,18 +54,11 @@ static const flag_spec gen_flags[] = {
     {"frequency-penalty", NULL, "0", FLAG_FLOAT, offsetof(gen_opts, frequency_penalty), "[-2, 2]"},
     {"seed", NULL, "-1", FLAG_I64, offsetof(gen_opts, seed), "RNG seed; -1: from the clock"},
     {"print-ids", NULL, "0", FLAG_BOOL, offsetof(gen_opts, print_ids), "print the generated ids as one JSON line instead of text"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(gen_opts, device), "cpu (cuda: not in this build)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(gen_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(gen_opts, threads), "CPU threads (0: all online CPUs)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
     {0},
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The prompt ids: parsed --ids, or --prompt encoded (ChatML-wrapped with --chat). */
 static int prompt_ids(const gen_opts *o, const tokenizer *tok, int32_t **ids, int *n, status *st)
@@ -85,6 +85,79 @@ static int usage_error(const char *msg)
     return 2;
 }
 
+/* What the engine thread hands over: tokens as they come, then the end. */
+typedef struct gen_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t *gen;  /* [max_tokens] */
+    int n_gen;     /* tokens written to gen */
+    int64_t t_first_us, t_end_us;
+    bool done;
+    engine_request end; /* the request as it finished */
+} gen_run;
+
+static bool gen_cancelled(void *arg)
+{
+    (void)arg;
+    return false;
+}
+
+static void gen_on_token(void *arg, const engine_request *r, const worker_batch_item *item)
+{
+    gen_run *g = arg;
+    pthread_mutex_lock(&g->mu);
+    if (!g->n_gen) g->t_first_us = engine_now_us();
+    g->gen[g->n_gen++] = item->token;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    (void)r;
+}
+
+static void gen_on_finish(void *arg, const engine_request *r)
+{
+    gen_run *g = arg;
+    pthread_mutex_lock(&g->mu);
+    g->end = *r;
+    g->t_end_us = engine_now_us();
+    g->done = true;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish};
+
+/* Streams the tokens the engine produces until it finishes the request: text to stdout as it
+ * comes (or nothing, with --print-ids). Returns the request's result code. */
+static int stream_tokens(gen_run *g, const gen_opts *o, const tokenizer *tok, char *piece,
+                         size_t cap, status *st)
+{
+    tokenizer_detok dt;
+    tokenizer_detok_init(&dt, tok);
+    int shown = 0;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (shown == g->n_gen && !g->done) pthread_cond_wait(&g->cv, &g->mu);
+        const int n = g->n_gen;
+        const bool done = g->done;
+        pthread_mutex_unlock(&g->mu);
+        for (; shown < n; shown++) {
+            if (o->print_ids || tokenizer_is_eog(tok, g->gen[shown])) continue;
+            size_t n_out = 0;
+            if (tokenizer_detok_push(&dt, g->gen[shown], piece, cap, &n_out, st)) return st->code;
+            fwrite(piece, 1, n_out, stdout);
+            fflush(stdout);
+        }
+        if (done) break;
+    }
+    if (!o->print_ids) {
+        size_t n_out = tokenizer_detok_flush(&dt, piece, cap);
+        fwrite(piece, 1, n_out, stdout);
+        printf("\n");
+    }
+    if (g->end.result.code) *st = g->end.result;
+    return st->code;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     gen_opts o = {0};
@@ -97,103 +170,88 @@ int cmd_generate(int argc, char **argv)
     if (!o.prompt == !o.ids) return usage_error("give exactly one of --prompt and --ids");
     if (o.chat && o.ids) return usage_error("--chat wraps --prompt text; it does not apply to --ids");
     if (o.max_tokens < 1) return usage_error("--max-tokens must be >= 1");
-    if (strcmp(o.device, "cpu")) return usage_error("--device: only cpu is available in this build");
     if (o.ctx < 0) return usage_error("--ctx must be >= 0");
+    sampling_params sp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
+                          .min_p = o.min_p, .repetition_penalty = o.repetition_penalty,
+                          .presence_penalty = o.presence_penalty,
+                          .frequency_penalty = o.frequency_penalty, .penalize_prompt = true,
+                          .seed = o.seed >= 0 ? (uint64_t)o.seed
+                                              : (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid()};
+    if (sampling_params_validate(&sp, "--", &st)) { /* a bad value, not a bad command line */
+        fprintf(stderr, "deltaserve generate: %s\n", st.msg);
+        return 1;
+    }
+    sp = sampling_params_resolve(&sp);
+    if (log_threshold < LOG_LEVEL_WARN) log_threshold = LOG_LEVEL_WARN; /* stderr: the summary */
 
     qwen35_model *m = NULL;
     tokenizer *tok = NULL;
-    qwen35_ctx *ctx = NULL;
-    qwen35_state *s = NULL;
-    sampler *smp = NULL;
-    int32_t *ids = NULL, *gen = NULL;
-    float *logits = NULL;
+    worker_backend *be = NULL;
+    engine *eng = NULL;
+    int32_t *ids = NULL;
     char *piece = NULL;
-    int n_prompt = 0, n_gen = 0, ret = 1;
+    gen_run g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    int n_prompt = 0, ret = 1;
     if (qwen35_model_load(&m, o.model, &st) || tokenizer_load(&tok, m->file, &st) ||
         prompt_ids(&o, tok, &ids, &n_prompt, &st))
         goto fail;
-    int V = m->cfg.V;
+    const int V = m->cfg.V;
     for (int i = 0; i < n_prompt; i++)
-        if (ids[i] >= V) {
+        if (ids[i] < 0 || ids[i] >= V) {
             status_fail(&st, STATUS_RANGE, "token id %d at index %d is outside the vocabulary [0, %d)", ids[i], i, V);
             goto fail;
         }
-    int n_ctx = o.ctx ? o.ctx : m->cfg.n_ctx_train;
-    if ((int64_t)n_prompt + o.max_tokens > n_ctx) {
+    const int n_ctx = o.ctx ? o.ctx : n_prompt + o.max_tokens;
+    if ((int64_t)n_prompt + o.max_tokens > n_ctx ||
+        (m->cfg.n_ctx_train > 0 && (int64_t)n_prompt + o.max_tokens > m->cfg.n_ctx_train)) {
         status_fail(&st, STATUS_RANGE, "%d prompt tokens + %d new tokens exceed the context of %d",
-                    n_prompt, o.max_tokens, n_ctx);
+                    n_prompt, o.max_tokens, o.ctx ? n_ctx : m->cfg.n_ctx_train);
         goto fail;
     }
-    sampler_params sp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
-                         .min_p = o.min_p, .repetition_penalty = o.repetition_penalty,
-                         .presence_penalty = o.presence_penalty,
-                         .frequency_penalty = o.frequency_penalty, .penalize_prompt = true,
-                         .seed = o.seed >= 0 ? (uint64_t)o.seed
-                                             : (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid()};
-    qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = 512, .n_threads = o.threads};
-    if (sampler_create(&smp, V, n_prompt + o.max_tokens, &sp, &st) ||
-        qwen35_ctx_create(m, &co, &ctx, &st) ||
-        qwen35_state_create(m, n_prompt + o.max_tokens, &s, &st))
-        goto fail;
-    size_t cap = tokenizer_detok_max_out(tok);
-    logits = malloc(sizeof(float) * V);
-    gen = malloc(sizeof(int32_t) * o.max_tokens);
+    const worker_backend_opts bo = {.n_slots = 1, .n_ctx = n_ctx, .n_threads = o.threads,
+                                    .max_prefill_tokens = 512};
+    engine_opts eo = {.queue = 1, .step_tokens = 512};
+    int32_t eog[ENGINE_MAX_EOS_IDS];
+    const size_t n_eog = tokenizer_eog_ids(tok, eog);
+    for (size_t i = 0; i < n_eog && eo.n_eos_ids < ENGINE_MAX_EOS_IDS; i++) eo.eos_ids[eo.n_eos_ids++] = eog[i];
+    const size_t cap = tokenizer_detok_max_out(tok);
+    g.gen = malloc(sizeof(int32_t) * (size_t)(o.max_tokens + 1));
     piece = malloc(cap);
-    if (!logits || !gen || !piece) {
+    if (!g.gen || !piece) {
         status_fail(&st, STATUS_NOMEM, "out of memory");
         goto fail;
     }
-    tokenizer_detok dt;
-    tokenizer_detok_init(&dt, tok);
-
-    double t0 = now();
-    if (qwen35_prefill(ctx, s, ids, n_prompt, logits, false, &st)) goto fail;
-    double t1 = now();
-    sampler_accept_prompt(smp, ids, n_prompt);
-    for (;;) {
-        int32_t t = sampler_sample(smp, logits, NULL, NULL);
-        if (t < 0) {
-            status_fail(&st, STATUS_INTERNAL, "token %d: the model produced no finite logit "
-                        "(NaN or inf; are the weights broken?)", n_gen);
-            goto fail;
-        }
-        if (tokenizer_is_eog(tok, t)) break;
-        sampler_accept(smp, t);
-        gen[n_gen++] = t;
-        if (!o.print_ids) {
-            size_t n_out = 0;
-            if (tokenizer_detok_push(&dt, t, piece, cap, &n_out, &st)) goto fail;
-            fwrite(piece, 1, n_out, stdout);
-            fflush(stdout);
-        }
-        if (n_gen == o.max_tokens) break;
-        if (qwen35_decode_batch(ctx, &s, &t, 1, logits, &st)) goto fail;
-    }
-    double t2 = now();
+    if (worker_backend_create(o.device, m, &bo, &be, &st) || engine_create(be, &eo, &eng, &st))
+        goto fail;
+    engine_params ep = {.prompt = ids, .n_prompt = n_prompt, .sampling = sp,
+                        .max_new_tokens = o.max_tokens};
+    snprintf(ep.id, sizeof ep.id, "generate");
+    const int64_t t0 = engine_now_us();
+    if (engine_submit(eng, &ep, &gen_sink, &g, &st) ||
+        stream_tokens(&g, &o, tok, piece, cap, &st))
+        goto fail;
+    /* the eog token that stopped it is not printed and not in the ids */
+    const int n_gen = g.n_gen - (g.end.finish == ENGINE_FINISH_STOP && g.n_gen > 0 &&
+                                 tokenizer_is_eog(tok, g.gen[g.n_gen - 1]));
     if (o.print_ids) {
         printf("[");
-        for (int i = 0; i < n_gen; i++) printf(i ? ", %" PRId32 : "%" PRId32, gen[i]);
+        for (int i = 0; i < n_gen; i++) printf(i ? ", %" PRId32 : "%" PRId32, g.gen[i]);
         printf("]\n");
-    } else {
-        size_t n_out = tokenizer_detok_flush(&dt, piece, cap);
-        fwrite(piece, 1, n_out, stdout);
-        printf("\n");
     }
     fflush(stdout);
-    /* decode steps: one per generated token after the first (which came from the prefill) */
-    int n_dec = n_gen > 1 ? n_gen - 1 : 0;
-    fprintf(stderr, "generate: prompt tokens %d, generated tokens %d, prefill %.1f tok/s, decode %.1f tok/s\n",
-            n_prompt, n_gen, n_prompt / (t1 - t0), n_dec ? n_dec / (t2 - t1) : 0.0);
+    const double pre_s = (g.t_first_us - t0) / 1e6, dec_s = (g.t_end_us - g.t_first_us) / 1e6;
+    const int n_dec = g.n_gen > 1 ? g.n_gen - 1 : 0;
+    fprintf(stderr, "generate: %s, prompt tokens %d, generated tokens %d, prefill %.1f tok/s, "
+            "decode %.1f tok/s\n", be->device, n_prompt, n_gen,
+            pre_s > 0 ? n_prompt / pre_s : 0.0, n_dec && dec_s > 0 ? n_dec / dec_s : 0.0);
     ret = 0;
 fail:
     if (ret) fprintf(stderr, "deltaserve generate: %s\n", st.msg);
+    engine_destroy(eng);
+    worker_backend_destroy(be);
     free(piece);
-    free(gen);
-    free(logits);
+    free(g.gen);
     free(ids);
-    sampler_destroy(smp);
-    qwen35_state_destroy(s);
-    qwen35_ctx_destroy(ctx);
     tokenizer_destroy(tok);
     qwen35_model_free(m);
     return ret;

@@ -1,12 +1,13 @@
 /* Backend selection by device name. The CUDA backend is found at link time: binaries that link
  * //worker:cuda_worker (alwayslink) define worker_backend_cuda_create, which this file references
  * weakly, so //worker:engine and CPU-only binaries need no CUDA and simply fall back. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "worker/backend.h"
 
-/* Defined by worker/cuda_backend_worker.c when linked; NULL otherwise. */
+/* Defined by worker/backend_cuda.c when linked; NULL otherwise. */
 extern int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts *o,
                                       worker_backend **out, status *st) __attribute__((weak));
 
@@ -17,7 +18,19 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
 {
     *out = NULL;
     if (!device || strcmp(device, "cpu") == 0) return worker_backend_cpu_create(m, o, out, st);
-    if (strcmp(device, "cuda") == 0) {
+    int dev = 0;
+    if (strncmp(device, "cuda:", 5) == 0) { /* cuda:N, the N-th CUDA device */
+        char *end = NULL;
+        const long n = strtol(device + 5, &end, 10);
+        if (end == device + 5 || *end || n < 0 || n > 1023)
+            return status_fail(st, STATUS_INVALID, "--device: '%s': expected cuda:N with N a "
+                               "device index", device);
+        dev = (int)n;
+    }
+    if (strcmp(device, "cuda") == 0 || strncmp(device, "cuda:", 5) == 0) {
+        worker_backend_opts co = *o;
+        co.device = dev;
+        o = &co;
         if (!worker_backend_have_cuda()) {
             LOG_WARN("no GPU, using CPU (this build has no CUDA backend)");
             return worker_backend_cpu_create(m, o, out, st);
@@ -32,5 +45,6 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
         /* a GPU is there but the model does not fit or is not supported: say so, do not hide it */
         return status_fail(st, cst.code, "--device cuda: %s", cst.msg);
     }
-    return status_fail(st, STATUS_INVALID, "--device: unknown device '%s' (cpu or cuda)", device);
+    return status_fail(st, STATUS_INVALID, "--device: unknown device '%s' (cpu, cuda or cuda:N)",
+                       device);
 }

@@ -37,6 +37,8 @@ typedef struct worker_batch_item {
     int n_tokens;          /* >= 1 */
     bool prompt;           /* the tokens are prompt tokens (else the last generated token) */
     bool sample;
+    float *logits;         /* NULL, or [n_tokens][vocab] out: the logits after each token
+                              (eval and tests; not the serving path) */
     /* out, when sample */
     int32_t token;
     float logprob;                           /* of token, when n_logprobs > 0 */
@@ -49,7 +51,19 @@ typedef struct worker_backend_opts {
     int n_ctx;     /* positions per sequence (prompt + generated) */
     int n_threads; /* CPU threads; 0 = default */
     int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
+    int device;             /* CUDA device index (cuda backends) */
 } worker_backend_opts;
+
+/* Device counters (benchmarks and tests); backends without them leave the hook NULL. */
+typedef struct worker_backend_stats {
+    uint64_t tokens;            /* rows (tokens) run */
+    uint64_t steps;             /* device steps (one host sync each) */
+    uint64_t graph_launches;
+    uint64_t kernels_per_token; /* kernel nodes of one token's graph */
+    uint64_t d2h_bytes, h2d_bytes; /* copied by steps */
+    uint64_t weight_bytes;      /* device bytes of weights */
+    uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
+} worker_backend_stats;
 
 typedef struct worker_backend worker_backend;
 
@@ -60,6 +74,12 @@ typedef struct worker_backend_vt {
      * STATUS_DEVICE: the device failed (sticky: the worker should exit). */
     int (*step)(worker_backend *b, worker_batch_item *items, int n, status *st);
     void (*destroy)(worker_backend *b);
+    /* Benchmarks only: the slot continues at position n_past as if that context had been
+     * consumed (its KV rows hold a constant finite pattern, the recurrent state is kept).
+     * STATUS_RANGE for a bad slot or position. */
+    int (*fill)(worker_backend *b, int slot, int n_past, status *st);
+    /* Optional (NULL: no device counters). */
+    void (*get_stats)(const worker_backend *b, worker_backend_stats *s);
     /* Optional (NULL: no paged KV cache, reported as 0/0). Called from any thread (GetLoad on
      * the gRPC CQ thread): must be thread-safe and must not block. */
     void (*kv_blocks)(worker_backend *b, uint32_t *free_blocks, uint32_t *total_blocks);

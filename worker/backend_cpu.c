@@ -45,17 +45,25 @@ static int cpu_step(worker_backend *b, worker_batch_item *items, int n, status *
     if (B > 0) {
         if (qwen35_decode_batch(c->ctx, c->dec_states, c->dec_tokens, B, c->dec_logits, st))
             return st->code;
-        for (int k = 0; k < B; k++)
+        for (int k = 0; k < B; k++) {
+            const worker_batch_item *it = &items[c->dec_item[k]];
             memcpy(c->logits + (size_t)c->dec_item[k] * V, c->dec_logits + (size_t)k * V,
                    (size_t)V * sizeof(float));
+            if (it->logits)
+                memcpy(it->logits, c->dec_logits + (size_t)k * V, (size_t)V * sizeof(float));
+        }
     }
     /* prefill chunks, one sequence at a time */
     for (int i = 0; i < n; i++) {
         worker_batch_item *it = &items[i];
         if (it->n_tokens == 1) continue;
-        float *lg = it->sample ? c->logits + (size_t)i * V : NULL;
-        if (qwen35_prefill(c->ctx, c->states[it->slot], it->tokens, it->n_tokens, lg, false, st))
+        float *lg = it->logits ? it->logits : it->sample ? c->logits + (size_t)i * V : NULL;
+        if (qwen35_prefill(c->ctx, c->states[it->slot], it->tokens, it->n_tokens, lg,
+                           it->logits != NULL, st))
             return st->code;
+        if (it->logits && it->sample) /* the last row is the one to sample from */
+            memcpy(c->logits + (size_t)i * V, it->logits + (size_t)(it->n_tokens - 1) * V,
+                   (size_t)V * sizeof(float));
     }
     /* penalties see every fed token; then sample */
     for (int i = 0; i < n; i++) {
@@ -65,6 +73,21 @@ static int cpu_step(worker_backend *b, worker_batch_item *items, int n, status *
         if (it->sample && worker_sampler_sample(s, c->logits + (size_t)i * V, it, st))
             return st->code;
     }
+    return STATUS_OK;
+}
+
+static int cpu_fill(worker_backend *b, int slot, int n_past, status *st)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    if (slot < 0 || slot >= b->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, b->n_slots);
+    qwen35_state *s = c->states[slot];
+    if (n_past < 0 || n_past >= s->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, s->n_ctx);
+    const qwen35_config *cf = &b->model->cfg;
+    const size_t n = (size_t)cf->n_attn_layers * s->n_ctx * cf->n_kv * cf->d_h;
+    for (size_t i = 0; i < n; i++) s->k_cache[i] = s->v_cache[i] = 0.0659f; /* finite */
+    s->n_past = n_past;
     return STATUS_OK;
 }
 
@@ -85,7 +108,8 @@ static void cpu_destroy(worker_backend *b)
     free(c);
 }
 
-static const worker_backend_vt cpu_vt = {cpu_seq_start, cpu_step, cpu_destroy, NULL};
+static const worker_backend_vt cpu_vt = {
+    .seq_start = cpu_seq_start, .step = cpu_step, .destroy = cpu_destroy, .fill = cpu_fill};
 
 int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
                               worker_backend **out, status *st)

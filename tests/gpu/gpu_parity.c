@@ -138,6 +138,12 @@ bool gpu_test_have_gpu(const char *what)
     status st;
     status_clear(&st);
     if (cuda_device_available(&st)) return true;
+    const char *req = getenv("DS_REQUIRE_GPU");
+    if (req && strcmp(req, "1") == 0) { /* the GPU host: a missing GPU is a failure */
+        printf("no GPU (%s) but DS_REQUIRE_GPU=1: %s FAILED\n", st.msg, what);
+        fflush(stdout);
+        exit(1);
+    }
     printf("no GPU (%s): %s skipped\n", st.msg, what);
     return false;
 }

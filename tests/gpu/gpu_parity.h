@@ -35,7 +35,9 @@ float gpu_rng_normal(gpu_rng *r);
  * F32/F16/BF16 get normal values times scale. Returns the number of bytes written. */
 uint64_t gpu_random_tensor(uint32_t type, int64_t n, float scale, gpu_rng *r, void *dst);
 
-/* true when a CUDA device is usable; otherwise prints "no GPU (<why>): <what> skipped". */
+/* true when a CUDA device is usable; otherwise prints "no GPU (<why>): <what> skipped", or,
+ * with DS_REQUIRE_GPU=1 (tools/gpu-test sets it on the GPU host), says so and exits 1: a GPU
+ * test must not pass where a GPU is expected and missing. */
 bool gpu_test_have_gpu(const char *what);
 
 
