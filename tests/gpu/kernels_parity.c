@@ -2,8 +2,8 @@
  * shapes of the reference models and of 0.8B/4B/27B: RMSNorm (+ Q8 output), the DeltaNet conv
  * (standalone and fused into the qkv GEMV), the delta rule + gated norm over several tokens
  * (outputs, S and conv state), attention (norms, RoPE, F16 KV append, split softmax crossing
- * the chunk boundary, sigmoid gate), and the embedding step. One case perturbs an output and
- * asserts the check fails. */
+ * the chunk boundary, sigmoid gate), attn_prep alone against ref_attn_prep, and the embedding
+ * step. Cases that perturb an output assert the check fails. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -280,6 +280,90 @@ static void test_attn(void)
     CU_ASSERT_TRUE(attn_case(shapes[2], 4000, 4096)); /* the 0.8B at 4K: 125 of 128 */
 }
 
+/* attn_prep alone against ref_attn_prep: q out, K and V rows of the F16 caches, and every other
+ * cache row left as it was (both caches start as SENTINEL bytes on both sides). Grid: n_h/n_kv
+ * 1, 2, 3 (n_kv 1..3), d_h 32/64/256, n_rot 16 and d_h, positions 0, 1, 4095.
+ * Bounds: the norm differs by float vs double sums (~1e-6 relative); RoPE by CUDA's powf
+ * (<= 4 ulp, libm's < 1), so an angle pos·inv_freq differs by up to ~5e-7·pos rad, times
+ * |(x_i, x_{i+half})| (up to ~5 here): atol grows with pos, as in ops_test's rope case. A host
+ * emulation of the kernel with every powf off by up to 4 ulp stayed under 0.8 of these bounds
+ * (and 0.1 of the NMSE ones) over 30 seeds. K adds one F16 step (2^-10 relative) where the two
+ * floats round apart; V is rounded from the same floats by the same rule: exact. */
+enum { PREP_SENTINEL = 0xA5 };
+
+static bool prep_case(attn_shape sh, int pos, bool perturb)
+{
+    const int d = sh.d_h, HA = sh.n_h * d, KVA = sh.n_kv * d, n_ctx = pos + 2;
+    const float base = 1e7f, eps = 1e-6f;
+    const size_t cache_bytes = (size_t)n_ctx * KVA * 2, row = (size_t)KVA * 2, at = pos * row;
+    float *qg = rand_vec(2 * HA, 2.0f), *k = rand_vec(KVA, 2.0f), *v = rand_vec(KVA, 2.0f);
+    float *qw = rand_vec(d, 0.5f), *kw = rand_vec(d, 0.5f);
+    for (int i = 0; i < d; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
+    float *q_ref = malloc(HA * 4), *q_got = malloc(HA * 4);
+    float *k_ref = malloc(KVA * 4), *k_got = malloc(KVA * 4);
+    float *v_ref = malloc(KVA * 4), *v_got = malloc(KVA * 4);
+    uint8_t *kc_ref = malloc(cache_bytes), *vc_ref = malloc(cache_bytes);
+    uint8_t *kc_got = malloc(cache_bytes), *vc_got = malloc(cache_bytes);
+    memset(kc_ref, PREP_SENTINEL, cache_bytes), memset(vc_ref, PREP_SENTINEL, cache_bytes);
+    const int32_t p32 = pos;
+    ref_attn_prep(qg, k, v, qw, kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, &p32, kc_ref, vc_ref,
+                  q_ref);
+
+    float *d_qg = dev_from(qg, 2 * HA * 4), *d_k = dev_from(k, KVA * 4), *d_v = dev_from(v, KVA * 4);
+    float *d_qw = dev_from(qw, d * 4), *d_kw = dev_from(kw, d * 4), *d_q = dev(HA * 4);
+    int32_t *d_pos = dev_from(&p32, 4);
+    void *d_kc = dev(cache_bytes), *d_vc = dev(cache_bytes);
+    status st;
+    CU_ASSERT_EQUAL(cuda_memset(d_kc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
+    CU_ASSERT_EQUAL(cuda_memset(d_vc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
+    attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, d_pos, d_kc,
+              d_vc, d_q, NULL);
+    to_host(q_got, d_q, HA * 4);
+    to_host(kc_got, d_kc, cache_bytes);
+    to_host(vc_got, d_vc, cache_bytes);
+    if (perturb) q_got[HA / 3] += 0.01f;
+
+    for (int i = 0; i < KVA; i++) {
+        k_ref[i] = quant_f16_to_f32(((const ggml_half *)(kc_ref + at))[i]);
+        k_got[i] = quant_f16_to_f32(((const ggml_half *)(kc_got + at))[i]);
+        v_ref[i] = quant_f16_to_f32(((const ggml_half *)(vc_ref + at))[i]);
+        v_got[i] = quant_f16_to_f32(((const ggml_half *)(vc_got + at))[i]);
+    }
+    const double atol = 2e-5 + 2e-6 * pos, nmse_pos = 1e-13 * (double)pos * pos;
+    char name[128];
+    snprintf(name, sizeof name, "attn_prep n_h %d n_kv %d d_h %d n_rot %d pos %d%s", sh.n_h,
+             sh.n_kv, d, sh.n_rot, pos, perturb ? " (perturbed)" : "");
+    bool ok = gpu_parity_check(name, q_got, q_ref, HA, atol, 1e-4, 1e-10 + nmse_pos, false, NULL);
+    ok &= gpu_parity_check("  K row (F16)", k_got, k_ref, KVA, 1.5 * atol, 1.1e-3,
+                           1e-8 + 10 * nmse_pos, true, NULL);
+    ok &= gpu_parity_check("  V row (F16)", v_got, v_ref, KVA, 0, 0, 0, true, NULL);
+    /* every other row untouched: the sentinel on both sides */
+    const bool rest = memcmp(kc_got, kc_ref, at) == 0 && memcmp(vc_got, vc_ref, at) == 0 &&
+                      memcmp(kc_got + at + row, kc_ref + at + row, cache_bytes - at - row) == 0 &&
+                      memcmp(vc_got + at + row, vc_ref + at + row, cache_bytes - at - row) == 0;
+    if (!rest) printf("  %s: cache written outside row %d\n", name, pos);
+    ok &= rest;
+    cuda_free(d_qg), cuda_free(d_k), cuda_free(d_v), cuda_free(d_qw), cuda_free(d_kw);
+    cuda_free(d_q), cuda_free(d_pos), cuda_free(d_kc), cuda_free(d_vc);
+    free(qg), free(k), free(v), free(qw), free(kw), free(q_ref), free(q_got), free(k_ref);
+    free(k_got), free(v_ref), free(v_got), free(kc_ref), free(vc_ref), free(kc_got), free(vc_got);
+    return ok;
+}
+
+static void test_attn_prep(void)
+{
+    if (!g_have_gpu) return;
+    static const int heads[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 2}, {6, 3}, {3, 3}};
+    static const int dhs[] = {32, 64, 256}, positions[] = {0, 1, 4095};
+    for (size_t a = 0; a < sizeof heads / sizeof heads[0]; a++)
+        for (size_t b = 0; b < sizeof dhs / sizeof dhs[0]; b++)
+            for (int rot = 0; rot < 2; rot++)
+                for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
+                    const attn_shape sh = {heads[a][0], heads[a][1], dhs[b], rot ? dhs[b] : 16};
+                    CU_ASSERT_TRUE(prep_case(sh, positions[p], false));
+                }
+}
+
 /* ---- embedding step ---- */
 static void test_embed_step(void)
 {
@@ -339,6 +423,7 @@ static void test_perturbed_fails(void)
     if (!g_have_gpu) return;
     CU_ASSERT_FALSE(gdn_case((gdn_shape){2, 4, 64, 64}, 1, true));
     CU_ASSERT_FALSE(gdn_case((gdn_shape){16, 32, 128, 128}, 1, true));
+    CU_ASSERT_FALSE(prep_case((attn_shape){4, 2, 64, 16}, 1, true));
 }
 
 int main(void)
@@ -358,6 +443,7 @@ int main(void)
     CU_add_test(s, "gdn", test_gdn);
     CU_add_test(s, "gemv_conv", test_gemv_conv);
     CU_add_test(s, "attn", test_attn);
+    CU_add_test(s, "attn_prep", test_attn_prep);
     CU_add_test(s, "embed_step", test_embed_step);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_basic_set_mode(CU_BRM_VERBOSE);
