@@ -4,22 +4,14 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/splitmix64.h"
 #include "gguf/quant.h"
 #include "gguf/synth.h"
-
-#define GOLDEN 0x9E3779B97F4A7C15ull
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* Word number ctr of the stream of key: splitmix64 jumped straight to position ctr. */
 static inline uint64_t rng_word(uint64_t key, uint64_t ctr)
 {
-    return mix64(key + (ctr + 1) * GOLDEN);
+    return splitmix64_mix(key + (ctr + 1) * SPLITMIX64_GOLDEN);
 }
 
 /* Approximately standard normal from one word: Irwin-Hall sum of four 16-bit uniforms
@@ -38,7 +30,7 @@ uint64_t synth_fill_key(uint64_t seed, const char *name)
 {
     uint64_t h = 1469598103934665603ull;
     for (const char *c = name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
-    return mix64(mix64(seed * GOLDEN + 0x5EED) ^ h);
+    return splitmix64_mix(splitmix64_mix(seed * SPLITMIX64_GOLDEN + 0x5EED) ^ h);
 }
 
 /* Standard deviation intended for a matmul weight with rows of n_in elements. */

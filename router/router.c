@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/finish.h"
 #include "common/log.h"
 #include "router/router_internal.h"
 #include "proto/proto_descriptors.h"
@@ -44,12 +45,12 @@ static int metrics_setup(router *r, status *st)
     int rc = metrics_create(32, &r->metrics, st);
     if (rc) return rc;
     metrics *m = r->metrics;
-    static const char *reasons[4] = {"finished_reason=\"stop\"", "finished_reason=\"length\"",
-                                     "finished_reason=\"cancelled\"",
-                                     "finished_reason=\"error\""};
-    for (int i = 0; i < 4; i++)
-        r->m.ok[i] = metrics_counter(m, "deltaserve:request_success_total", reasons[i],
+    for (int i = 0; i < 4; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "finished_reason=\"%s\"", finish_reason_name(FINISH_STOP + i));
+        r->m.ok[i] = metrics_counter(m, "deltaserve:request_success_total", label,
                                      "Requests that ended with status OK, by finish reason.");
+    }
     r->m.failed = metrics_counter(m, "deltaserve:request_failure_total", NULL,
                                   "Requests that ended with a non-OK gRPC status.");
     r->m.retries = metrics_counter(m, "deltaserve:router_retries_total", NULL,

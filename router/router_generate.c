@@ -8,6 +8,7 @@
 
 #include <grpc/status.h>
 
+#include "common/finish.h"
 #include "common/log.h"
 #include "router/router_internal.h"
 #include "router/router_request.h"
@@ -52,7 +53,7 @@ typedef struct relay {
     int attempts;
     int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
     int64_t attempt_done;  /* of which reported done in the current attempt */
-    const char *finish;    /* for the log line */
+    finish_reason finish;  /* of the final message; FINISH_NONE before it */
     char worker[ROUTER_ADDR_MAX];
 } relay;
 
@@ -73,16 +74,11 @@ static void req_unref(router_req *q)
     free(q);
 }
 
-static const char *finish_name(Deltaserve__V1__FinishReason f)
-{
-    switch (f) {
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR: return "error";
-    default: return "none";
-    }
-}
+_Static_assert((int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP == (int)FINISH_STOP &&
+                   (int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH == (int)FINISH_LENGTH &&
+                   (int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED == (int)FINISH_CANCELLED &&
+                   (int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR == (int)FINISH_ERROR,
+               "the wire's FinishReason numbers are common/finish.h's");
 
 /* Ends the public call and writes the request's one log line. */
 static void relay_end(relay *s, grpc_status_code code, const char *msg)
@@ -92,9 +88,8 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
     int64_t now = clock_now_us();
     if (code == GRPC_STATUS_OK) {
         atomic_fetch_add(&r->n_ok, 1);
-        static const char *names[4] = {"stop", "length", "cancelled", "error"};
-        for (int i = 0; i < 4; i++)
-            if (s->finish && !strcmp(s->finish, names[i])) metrics_inc(r->m.ok[i], 1);
+        if (s->finish >= FINISH_STOP && s->finish <= FINISH_ERROR)
+            metrics_inc(r->m.ok[s->finish - FINISH_STOP], 1);
     } else {
         atomic_fetch_add(&r->n_failed, 1);
         metrics_inc(r->m.failed, 1);
@@ -110,7 +105,7 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
              "ttft_ms=%.1f total_ms=%.1f",
              s->rid, rpc_status_grpc_name(code), msg && msg[0] ? " " : "", msg ? msg : "",
              s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, (long long)s->n_tokens,
-             s->finish ? s->finish : "-",
+             s->finish != FINISH_NONE ? finish_reason_name(s->finish) : "-",
              s->t_first_us ? (double)(s->t_first_us - s->q->t0_us) / 1e3 : -1.0,
              (double)(now - s->q->t0_us) / 1e3);
 }
@@ -259,7 +254,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         out.seed = m->finish_reason && m->seed ? m->seed : s->seed;
         out.served_by = m->served_by && m->served_by[0] ? m->served_by
                                                         : (char *)router_pool_worker_addr(w);
-        s->finish = finish_name(out.finish_reason);
+        s->finish = (finish_reason)out.finish_reason;
     }
     if (kept == 0 && !final && out.text[0] == 0) return 0; /* nothing to say */
     if (rpc_call_send(s->q->call, &out.base)) {

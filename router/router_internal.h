@@ -29,7 +29,7 @@ struct router {
     metrics *metrics;        /* owned */
     metrics_http *metrics_http; /* owned, NULL without --metrics-listen */
     struct {                 /* borrowed from metrics */
-        metrics_series *ok[4];   /* request_success_total by finished_reason stop/length/cancelled/error */
+        metrics_series *ok[4];   /* request_success_total by finished_reason, FINISH_STOP .. FINISH_ERROR */
         metrics_series *failed;  /* request_failure_total: non-OK status */
         metrics_series *retries, *prompt_tokens, *generation_tokens;
         metrics_series *running, *healthy, *workers;

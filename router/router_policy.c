@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "common/splitmix64.h"
+
 void router_policy_defaults(router_policy *p)
 {
     p->mode = ROUTER_ROUTING_LEAST;
@@ -19,32 +21,24 @@ int router_policy_parse_mode(const char *s, router_routing *mode, status *st)
     return 0;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 uint64_t router_policy_hash_str(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a, then a finalizer */
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return mix64(h);
+    return splitmix64_mix(h);
 }
 
 uint64_t router_policy_prefix_hash(const int32_t *ids, size_t n, int prefix_tokens)
 {
     size_t m = prefix_tokens > 0 && (size_t)prefix_tokens < n ? (size_t)prefix_tokens : n;
-    uint64_t h = 0x9e3779b97f4a7c15ULL;
-    for (size_t i = 0; i < m; i++) h = mix64(h ^ (uint32_t)ids[i]);
+    uint64_t h = SPLITMIX64_GOLDEN;
+    for (size_t i = 0; i < m; i++) h = splitmix64_mix(h ^ (uint32_t)ids[i]);
     return h;
 }
 
 uint64_t router_policy_rand(uint64_t *rng)
 {
-    *rng += 0x9e3779b97f4a7c15ULL;
-    return mix64(*rng);
+    return splitmix64_next(rng);
 }
 
 static int pick_least(const router_policy_cand *c, int n, int n_eligible, uint64_t *rng)
@@ -80,7 +74,7 @@ int router_policy_pick(const router_policy *p, const router_policy_cand *c, int 
         uint64_t best_score = 0;
         for (int i = 0; i < n; i++) {
             if (!c[i].eligible) continue;
-            uint64_t score = mix64(prefix_hash ^ c[i].key);
+            uint64_t score = splitmix64_mix(prefix_hash ^ c[i].key);
             if (best < 0 || score > best_score) {
                 best = i;
                 best_score = score;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
 #include "router/router_stop.h"
 #include "rpc/rpc_sampling.h"
 
@@ -34,7 +35,7 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
             return status_fail(st, STATUS_INVALID,
                                "text: this router has no tokenizer (start it with --model); "
                                "send token_ids");
-        if (!router_stop_utf8_valid(g->text, strlen(g->text)))
+        if (!utf8_valid(g->text, strlen(g->text)))
             return status_fail(st, STATUS_INVALID, "text: not valid UTF-8");
         break;
     case DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS:
@@ -56,8 +57,8 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
             if (strpbrk(m->role, "\n<"))
                 return status_fail(st, STATUS_INVALID,
                                    "chat.messages[%zu].role: must not contain '\\n' or '<'", i);
-            if (!router_stop_utf8_valid(m->role, strlen(m->role)) ||
-                !router_stop_utf8_valid(m->content, strlen(m->content)))
+            if (!utf8_valid(m->role, strlen(m->role)) ||
+                !utf8_valid(m->content, strlen(m->content)))
                 return status_fail(st, STATUS_INVALID, "chat.messages[%zu]: not valid UTF-8", i);
         }
         break;
@@ -87,7 +88,7 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
         if (l == 0 || l > ROUTER_STOP_MAX_BYTES)
             return status_fail(st, STATUS_INVALID, "stop[%zu]: %zu bytes, must be 1..%d", i, l,
                                ROUTER_STOP_MAX_BYTES);
-        if (!router_stop_utf8_valid(g->stop[i], l))
+        if (!utf8_valid(g->stop[i], l))
             return status_fail(st, STATUS_INVALID, "stop[%zu]: not valid UTF-8", i);
     }
     return 0;

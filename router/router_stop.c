@@ -4,29 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int router_stop_utf8_valid(const char *p, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)p;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        uint32_t cp, min;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; min = 0x80; }
-        else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; min = 0x800; }
-        else if ((c & 0xF8) == 0xF0) { k = 3; cp = c & 0x07; min = 0x10000; }
-        else return 0;
-        if (i + k >= n) return 0; /* truncated sequence */
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-            cp = (cp << 6) | (s[i + j] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-        i += k + 1;
-    }
-    return 1;
-}
+#include "common/utf8.h"
 
 int router_stop_init(router_stop *s, const char *const *stops, int n, status *st)
 {
@@ -42,7 +20,7 @@ int router_stop_init(router_stop *s, const char *const *stops, int n, status *st
         if (l > ROUTER_STOP_MAX_BYTES)
             return status_fail(st, STATUS_INVALID, "stop[%d]: %zu bytes, at most %d allowed", i,
                                l, ROUTER_STOP_MAX_BYTES);
-        if (!router_stop_utf8_valid(stops[i], l))
+        if (!utf8_valid(stops[i], l))
             return status_fail(st, STATUS_INVALID, "stop[%d]: not valid UTF-8", i);
         s->stops[i] = stops[i];
         s->stop_len[i] = l;

@@ -49,7 +49,4 @@ int router_stop_push(router_stop *s, const char *piece, size_t n, const char **o
 /* End of stream without a match: releases the held-back text. */
 void router_stop_flush(router_stop *s, const char **out, size_t *n_out);
 
-/* 1 if [p, p+n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
-int router_stop_utf8_valid(const char *p, size_t n);
-
 #endif

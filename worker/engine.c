@@ -55,11 +55,6 @@ struct engine {
     engine_metrics m;
 };
 
-const char *engine_finish_name(engine_finish f)
-{
-    static const char *names[] = {"", "stop", "length", "cancelled", "error"};
-    return (unsigned)f < 5 ? names[f] : "?";
-}
 
 /* ---- pool and queue (under e->mu) ---- */
 
@@ -369,7 +364,7 @@ static void log_request(const engine_request *r)
     double tps = decode > 0 ? (r->n_generated - 1) / (decode * 1e-3) : 0;
     LOG_INFO("request %s: prompt %d, generated %d, finish %s, queue %.1f ms, ttft %.1f ms, "
              "decode %.1f ms (%.1f tok/s), total %.1f ms, status %s%s%s",
-             r->p.id, r->p.n_prompt, r->n_generated, engine_finish_name(r->finish), queue, ttft,
+             r->p.id, r->p.n_prompt, r->n_generated, finish_reason_name(r->finish), queue, ttft,
              decode, tps, total, status_code_name(r->result.code), r->result.msg[0] ? ": " : "",
              r->result.msg);
 }

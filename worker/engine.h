@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "common/clock.h"
+#include "common/finish.h"
 #include "common/metrics.h"
 #include "worker/backend.h"
 
@@ -32,11 +33,11 @@
 #define ENGINE_MAX_EOS_IDS 8
 
 typedef enum engine_finish {
-    ENGINE_FINISH_NONE = 0,
-    ENGINE_FINISH_STOP,      /* eos or a stop token */
-    ENGINE_FINISH_LENGTH,    /* max_new_tokens or the context end */
-    ENGINE_FINISH_CANCELLED, /* client cancel/deadline (sink), Worker/Abort, drain timeout */
-    ENGINE_FINISH_ERROR,     /* backend failure */
+    ENGINE_FINISH_NONE = FINISH_NONE, /* the numbers and names are common/finish.h's */
+    ENGINE_FINISH_STOP = FINISH_STOP,      /* eos or a stop token */
+    ENGINE_FINISH_LENGTH = FINISH_LENGTH,    /* max_new_tokens or the context end */
+    ENGINE_FINISH_CANCELLED = FINISH_CANCELLED, /* client cancel/deadline (sink), Worker/Abort, drain timeout */
+    ENGINE_FINISH_ERROR = FINISH_ERROR,     /* backend failure */
 } engine_finish;
 
 /* A validated request (worker/request.c builds it from the proto). */
@@ -133,9 +134,6 @@ bool engine_wait_idle(engine *e, int64_t timeout_ms);
 
 /* Stops the thread (requests still in flight are cancelled first) and frees the engine. */
 void engine_destroy(engine *e);
-
-/* "stop", "length", "cancelled", "error" ("" for NONE). */
-const char *engine_finish_name(engine_finish f);
 
 /* The clock of the request timings (t_arrival ...): clock_now_us (common/clock.h); kept for
  * callers written before it. */

@@ -1,15 +1,18 @@
 #include "worker/engine_metrics.h"
 
+#include <stdio.h>
+
 void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots)
 {
     *em = (engine_metrics){0};
     if (!m) return;
     em->on = true;
-    static const char *reasons[] = {"finished_reason=\"stop\"", "finished_reason=\"length\"",
-                                    "finished_reason=\"cancelled\"", "finished_reason=\"error\""};
-    for (int i = 0; i < 4; i++)
-        em->finished[i] = metrics_counter(m, "deltaserve:request_success_total", reasons[i],
+    for (int i = 0; i < 4; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "finished_reason=\"%s\"", finish_reason_name(FINISH_STOP + i));
+        em->finished[i] = metrics_counter(m, "deltaserve:request_success_total", label,
                                           "Requests finished, by reason.");
+    }
     em->rejected_full = metrics_counter(m, "deltaserve:request_rejected_total", "reason=\"queue_full\"",
                                         "Requests refused at admission.");
     em->rejected_draining = metrics_counter(m, "deltaserve:request_rejected_total",
@@ -73,11 +76,8 @@ void engine_metrics_step(engine_metrics *em, int generated)
 void engine_metrics_finished(engine_metrics *em, const engine_request *r)
 {
     if (!em->on) return;
-    const int k = r->finish == ENGINE_FINISH_STOP     ? 0
-                  : r->finish == ENGINE_FINISH_LENGTH ? 1
-                  : r->finish == ENGINE_FINISH_CANCELLED ? 2
-                                                         : 3;
-    metrics_inc(em->finished[k], 1);
+    const int f = (int)r->finish;
+    metrics_inc(em->finished[(f >= FINISH_STOP && f <= FINISH_ERROR ? f : FINISH_ERROR) - FINISH_STOP], 1);
     metrics_observe(em->e2e, (double)(r->t_end - r->t_arrival) / 1e6);
     if (r->t_admit) metrics_observe(em->queue_time, (double)(r->t_admit - r->t_arrival) / 1e6);
 }

@@ -13,7 +13,7 @@
 
 typedef struct engine_metrics {
     bool on;                     /* a registry was given */
-    metrics_series *finished[4]; /* request_success_total: stop, length, cancelled, error */
+    metrics_series *finished[4]; /* request_success_total, by FINISH_STOP .. FINISH_ERROR */
     metrics_series *rejected_full, *rejected_draining;
     metrics_series *prompt_tokens, *generation_tokens;
     metrics_series *ttft, *itl, *e2e, *queue_time;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/splitmix64.h"
 #include "gguf/quant.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "proto/proto_descriptors.h"
@@ -116,14 +117,6 @@ static void sink_finish(void *arg, const engine_request *r)
 static const engine_sink grpc_sink = {sink_cancelled, sink_token, sink_finish};
 
 /* ---- handlers (CQ thread: nothing here blocks) ---- */
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 /* The attached engine and limits, or an UNAVAILABLE status. */
 static engine *attached(worker_service *ws, worker_limits *lim, status *st)

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
 #include "router/router_stop.h"
 #include "tests/testutil/testutil.h"
 
@@ -115,7 +116,7 @@ static void test_utf8_boundaries(void)
     size_t n;
     CU_ASSERT_EQUAL(router_stop_push(&s, "caf\xc3\xa9", 5, &o, &n, &st), -1);
     CU_ASSERT_EQUAL(n, 3);
-    CU_ASSERT(router_stop_utf8_valid(o, n));
+    CU_ASSERT(utf8_valid(o, n));
     CU_ASSERT_EQUAL(router_stop_push(&s, "?", 1, &o, &n, &st), -1);
     CU_ASSERT_EQUAL(n, 3);
     CU_ASSERT_EQUAL(memcmp(o, "\xc3\xa9?", 3), 0);
@@ -141,18 +142,6 @@ static void test_validation(void)
     big[sizeof big - 1] = 0;
     const char *longs[] = {big};
     CU_ASSERT_EQUAL(router_stop_init(&s, longs, 1, &st), STATUS_INVALID);
-}
-
-static void test_utf8_validator(void)
-{
-    CU_ASSERT(router_stop_utf8_valid("abc", 3));
-    CU_ASSERT(router_stop_utf8_valid("\xe2\x82\xac", 3));         /* € */
-    CU_ASSERT(router_stop_utf8_valid("\xf0\x9f\x98\x80", 4));     /* 😀 */
-    CU_ASSERT(!router_stop_utf8_valid("\xe2\x82", 2));            /* truncated */
-    CU_ASSERT(!router_stop_utf8_valid("\xc0\xaf", 2));            /* overlong */
-    CU_ASSERT(!router_stop_utf8_valid("\xed\xa0\x80", 3));        /* surrogate */
-    CU_ASSERT(!router_stop_utf8_valid("\x80", 1));                /* stray continuation */
-    CU_ASSERT(!router_stop_utf8_valid("\xf4\x90\x80\x80", 4));    /* > U+10FFFF */
 }
 
 /* Random pieces: the released text plus the trimmed stop always reproduces the input up to the
@@ -214,7 +203,6 @@ int main(void)
     CU_add_test(s, "earliest of several wins", test_earliest_of_several_wins);
     CU_add_test(s, "utf8 boundaries", test_utf8_boundaries);
     CU_add_test(s, "validation", test_validation);
-    CU_add_test(s, "utf8 validator", test_utf8_validator);
     CU_add_test(s, "random against naive", test_random_against_naive);
     return testutil_cunit_run();
 }
