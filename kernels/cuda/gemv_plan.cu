@@ -62,13 +62,18 @@ extern "C" int gemv_matrix_plan(gemv_matrix *m, const cuda_device_props *p, stat
     if (m->rows_per_warp != 0 && m->rows_per_warp != 1 && m->rows_per_warp != 2 &&
         m->rows_per_warp != 4)
         return status_fail(st, STATUS_INVALID, "gemv: %d rows per warp", m->rows_per_warp);
+    m->plan.sm_count = p->sm_count;
+    if (m->kernel == GEMV_KERNEL_FLAT) { /* forced (tests, benches): the flat kernel has no tuned
+                                            parameters, the table's rows do not bound it */
+        m->plan.kernel = GEMV_KERNEL_FLAT;
+        return gemv_flat_plan(m, p, st);
+    }
     const gemv_tune_row *r = tune_row(m, m->kernel);
     if (!r)
         return status_fail(st, STATUS_UNSUPPORTED, "gemv: no %s kernel for type %u, %lld x %lld",
                            m->kernel == GEMV_KERNEL_FLAT ? "flat" : "warp", m->type,
                            (long long)m->n_out, (long long)m->n_in);
     m->plan.kernel = r->kernel;
-    m->plan.sm_count = p->sm_count;
     if (r->kernel == GEMV_KERNEL_FLAT) return gemv_flat_plan(m, p, st);
     m->plan.rows_per_warp = m->rows_per_warp ? m->rows_per_warp : r->rows;
     m->plan.prefetch = r->prefetch;
