@@ -12,6 +12,8 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "rpc/rpc_codec.h"
+
 struct rpc_client_channel {
     grpc_channel *ch;   /* owned */
     char target[256];
@@ -82,30 +84,6 @@ static gpr_timespec deadline_of(int64_t timeout_ms)
                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
 
-/* Packs a protobuf-c message into a new byte buffer. NULL on allocation failure. */
-static grpc_byte_buffer *pack(const ProtobufCMessage *m)
-{
-    size_t n = protobuf_c_message_get_packed_size(m);
-    grpc_slice s = grpc_slice_malloc(n);
-    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
-}
-
-/* Unpacks a received buffer; NULL if it does not parse. */
-static ProtobufCMessage *unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc)
-{
-    grpc_byte_buffer_reader rd;
-    if (!grpc_byte_buffer_reader_init(&rd, bb)) return NULL;
-    grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
-    grpc_byte_buffer_reader_destroy(&rd);
-    ProtobufCMessage *m =
-        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-    grpc_slice_unref(s);
-    return m;
-}
-
 static void pluck(grpc_completion_queue *cq, void *tag)
 {
     grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -131,7 +109,7 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
     grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
                                                deadline_of(timeout_ms), NULL);
     grpc_slice_unref(m);
-    grpc_byte_buffer *send = pack(req), *recv = NULL;
+    grpc_byte_buffer *send = rpc_codec_pack(req), *recv = NULL;
     grpc_metadata_array init_md, trailing_md;
     grpc_metadata_array_init(&init_md);
     grpc_metadata_array_init(&trailing_md);
@@ -157,7 +135,7 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
     pluck(cq, &tag);
     fill_result(r, code, details);
     if (code == GRPC_STATUS_OK) {
-        if (!recv || !(*resp = unpack(recv, resp_desc))) {
+        if (!recv || !(*resp = rpc_codec_unpack(recv, resp_desc, 0))) {
             r->code = GRPC_STATUS_INTERNAL;
             snprintf(r->message, sizeof r->message, "%s: %s response", method,
                      recv ? "unparsable" : "missing");
@@ -219,7 +197,7 @@ int rpc_client_stream_start_on(rpc_client_stream **out, rpc_client_cq *cq, rpc_c
     grpc_metadata_array_init(&s->init_md);
     grpc_metadata_array_init(&s->trailing_md);
     s->details = grpc_empty_slice();
-    s->send = pack(req);
+    s->send = rpc_codec_pack(req);
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -278,7 +256,7 @@ int rpc_client_stream_next(rpc_client_stream *s, const ProtobufCMessageDescripto
         DS_ASSERT(e == GRPC_CALL_OK);
         pluck(s->cq, &s->tag_msg);
         if (s->recv) {
-            *msg = unpack(s->recv, desc);
+            *msg = rpc_codec_unpack(s->recv, desc, 0);
             grpc_byte_buffer_destroy(s->recv);
             s->recv = NULL;
             if (*msg) {

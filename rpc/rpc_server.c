@@ -56,6 +56,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "rpc/rpc_codec.h"
 #include "rpc/rpc_status.h"
 
 #define RPC_MAX_METHODS 32
@@ -68,6 +69,25 @@ typedef struct rpc_tag {
     int op;         /* rpc_tag_op */
 } rpc_tag;
 
+/* The life of a call on our side; one state at a time, under mu (FREE <-> ACCEPTED on the CQ
+ * thread). The owner's path and the server's own (a refusal) end in different states because
+ * only calls that reached an owner get on_release.
+ *
+ *   FREE -> ACCEPTED -> OPEN -> [FINISHING] -> STATUS_SENT -> DONE -> FREE
+ *                    \-> REFUSED -> REFUSED_DONE -> FREE
+ */
+typedef enum rpc_call_state {
+    RPC_CALL_FREE,         /* in the pool or waiting in grpc_server_request_call: gcall not ours */
+    RPC_CALL_ACCEPTED,     /* gcall ours, close and recv batches started; no owner yet */
+    RPC_CALL_OPEN,         /* the owner has it (on_request ran): it sends, then finishes */
+    RPC_CALL_FINISHING,    /* the owner finished; the status waits for the queued messages */
+    RPC_CALL_STATUS_SENT,  /* the owner finished; the status batch is in flight */
+    RPC_CALL_DONE,         /* ... and completed: released once no batch is in flight */
+    RPC_CALL_REFUSED,      /* the server finished it before any owner had it: status in flight
+                              (unknown method, unparsable request, gone before handing) */
+    RPC_CALL_REFUSED_DONE, /* ... and completed: released once no batch is in flight */
+} rpc_call_state;
+
 struct rpc_call {
     rpc_server *srv;
     const rpc_method *method; /* NULL: unknown path */
@@ -77,28 +97,30 @@ struct rpc_call {
     rpc_tag t_new, t_recv, t_send, t_close, t_status;
     grpc_byte_buffer *recv_buf; /* owned, written by gRPC on recv */
     int close_cancelled;        /* written by gRPC on close */
-    atomic_bool cancelled;
-    bool in_use; /* under mu: accepted and not yet released (gcall valid) */
+    atomic_bool cancelled;      /* over on the wire: client cancel, deadline, drop, a failed
+                                   batch, shutdown; read without the lock */
     int64_t deadline_ms;
     char path[160];
     char peer[80];
     void *data; /* borrowed, the owner's */
 
     pthread_mutex_t mu; /* guards the fields below */
+    rpc_call_state state;
     grpc_byte_buffer **ring; /* owned, [ring_cap] queued packed messages; kept across reuse */
     int ring_cap, ring_head, ring_n;
     grpc_byte_buffer *send_buf; /* owned, the message on the wire, NULL if none */
     int n_inflight;             /* batches started and not completed */
-    bool handed;                /* on_request was called at least once */
-    bool finishing;             /* owner called finish (or the server did) */
-    bool status_started, status_done;
-    bool dead;            /* a batch failed: the call is over on the wire */
-    bool cancel_pending;  /* cancelled before the owner had it: tell it after on_request */
     grpc_status_code fin_code;
     grpc_slice fin_details; /* owned until the status batch completes */
 
     rpc_call *next_free; /* CQ thread only */
 };
+
+/* The status batch has completed. */
+static bool call_status_done(rpc_call_state s)
+{
+    return s == RPC_CALL_DONE || s == RPC_CALL_REFUSED_DONE;
+}
 
 struct rpc_server {
     grpc_server *server;
@@ -156,7 +178,8 @@ static void start_status(rpc_call *c)
     op.data.send_status_from_server.trailing_metadata_count = 0;
     op.data.send_status_from_server.status = c->fin_code;
     op.data.send_status_from_server.status_details = &c->fin_details;
-    c->status_started = true;
+    if (c->state == RPC_CALL_FINISHING) c->state = RPC_CALL_STATUS_SENT;
+    DS_ASSERT(c->state == RPC_CALL_STATUS_SENT || c->state == RPC_CALL_REFUSED);
     start_batch(c, &op, 1, &c->t_status);
 }
 
@@ -186,14 +209,16 @@ static void drop_queue(rpc_call *c)
     c->ring_head = 0;
 }
 
-/* Finish bookkeeping shared by the owner's rpc_call_finish and the server's own finishes. */
+/* Finish bookkeeping shared by the owner's rpc_call_finish (OPEN) and the server's own finishes
+ * (a refusal of an ACCEPTED call, which has sent nothing; or a bidi call's bad message). */
 static void finish_locked(rpc_call *c, grpc_status_code code, const char *msg)
 {
-    DS_ASSERT(!c->finishing);
-    c->finishing = true;
+    DS_ASSERT(c->state == RPC_CALL_ACCEPTED || c->state == RPC_CALL_OPEN);
+    DS_ASSERT(c->state == RPC_CALL_OPEN || (!c->send_buf && c->ring_n == 0)); /* no owner: no sends */
+    c->state = c->state == RPC_CALL_OPEN ? RPC_CALL_FINISHING : RPC_CALL_REFUSED;
     c->fin_code = code;
     c->fin_details = grpc_slice_from_copied_string(msg ? msg : "");
-    if (c->dead || atomic_load(&c->cancelled)) drop_queue(c);
+    if (atomic_load(&c->cancelled)) drop_queue(c);
     if (!c->send_buf && c->ring_n == 0) start_status(c);
 }
 
@@ -223,10 +248,11 @@ static void return_to_pool(rpc_server *s, rpc_call *c)
 static void release_call(rpc_call *c)
 {
     rpc_server *s = c->srv;
-    if (c->handed && c->method && c->method->on_release)
+    /* the state is DONE or REFUSED_DONE and nothing is in flight: no other thread changes it */
+    if (c->state == RPC_CALL_DONE && c->method && c->method->on_release)
         c->method->on_release(c, c->method->user);
     pthread_mutex_lock(&c->mu);
-    c->in_use = false; /* cancel_calls no longer touches gcall */
+    c->state = RPC_CALL_FREE; /* cancel_calls no longer touches gcall */
     pthread_mutex_unlock(&c->mu);
     grpc_call_unref(c->gcall);
     c->gcall = NULL;
@@ -289,11 +315,10 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     c->send_buf = NULL;
     c->ring_head = c->ring_n = 0;
     c->n_inflight = 0;
-    c->handed = c->finishing = c->status_started = c->status_done = false;
-    c->dead = c->cancel_pending = false;
 
     pthread_mutex_lock(&c->mu);
-    c->in_use = true;
+    DS_ASSERT(c->state == RPC_CALL_FREE);
+    c->state = RPC_CALL_ACCEPTED;
     grpc_op close_op;
     memset(&close_op, 0, sizeof close_op);
     close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -303,7 +328,7 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     pthread_mutex_unlock(&c->mu);
     /* Accepted while a graceful shutdown runs: it is served like the others (its owner refuses
      * it, e.g. "draining"), unless it is open-ended or the grace is over. cancel_calls sets the
-     * flags first and then looks at in_use under mu; here in_use was set under mu before
+     * flags first and then looks at the state under mu; here the state was set under mu before
      * the flags are read: one of the two sees the other. */
     if (atomic_load(&s->cancelling) ||
         (atomic_load(&s->draining) && c->method && c->method->end_at_shutdown))
@@ -327,8 +352,8 @@ static void on_recv(rpc_call *c, bool ok)
     c->n_inflight--;
     grpc_byte_buffer *bb = c->recv_buf;
     c->recv_buf = NULL;
-    if (!ok) c->dead = true;
-    bool handed = c->handed;
+    if (!ok) atomic_store(&c->cancelled, true); /* the call is over on the wire */
+    bool handed = c->state != RPC_CALL_ACCEPTED;
     pthread_mutex_unlock(&c->mu);
 
     const rpc_method *m = c->method;
@@ -346,18 +371,8 @@ static void on_recv(rpc_call *c, bool ok)
     }
     ProtobufCMessage *req = NULL;
     if (bb) {
-        grpc_byte_buffer_reader rd;
-        grpc_slice sl = grpc_empty_slice();
-        bool read_ok = grpc_byte_buffer_reader_init(&rd, bb) != 0;
-        if (read_ok) {
-            sl = grpc_byte_buffer_reader_readall(&rd);
-            grpc_byte_buffer_reader_destroy(&rd);
-        }
+        req = rpc_codec_unpack(bb, m->request_desc, (size_t)c->srv->max_recv_bytes);
         grpc_byte_buffer_destroy(bb);
-        size_t n = GRPC_SLICE_LENGTH(sl);
-        if (read_ok && (int64_t)n <= c->srv->max_recv_bytes)
-            req = protobuf_c_message_unpack(m->request_desc, NULL, n, GRPC_SLICE_START_PTR(sl));
-        grpc_slice_unref(sl);
         if (!req) {
             char msg[256];
             snprintf(msg, sizeof msg, "%s: cannot parse the request as %s", c->path,
@@ -365,8 +380,7 @@ static void on_recv(rpc_call *c, bool ok)
             if (handed) { /* bidi: the owner finishes it */
                 DS_ASSERT(m->kind == RPC_METHOD_BIDI_STREAM);
                 pthread_mutex_lock(&c->mu);
-                bool fin = c->finishing;
-                if (!fin) finish_locked(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+                if (c->state == RPC_CALL_OPEN) finish_locked(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
                 pthread_mutex_unlock(&c->mu);
             } else {
                 server_finish(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
@@ -378,16 +392,18 @@ static void on_recv(rpc_call *c, bool ok)
         return;
     }
 
+    /* A cancel seen before the first hand-over (on_close ran while ACCEPTED and told nobody)
+     * is told once the owner has the call. Completions run on this thread only, so nothing
+     * sets cancelled between here and on_request. */
     pthread_mutex_lock(&c->mu);
-    c->handed = true;
+    if (!handed) c->state = RPC_CALL_OPEN;
+    const bool tell_cancel = !handed && atomic_load(&c->cancelled);
     pthread_mutex_unlock(&c->mu);
     m->on_request(c, req, m->user);
     if (req) protobuf_c_message_free_unpacked(req, NULL);
 
     pthread_mutex_lock(&c->mu);
-    bool tell_cancel = c->cancel_pending && !handed;
-    c->cancel_pending = false;
-    if (m->kind == RPC_METHOD_BIDI_STREAM && req && !c->finishing && !c->dead &&
+    if (m->kind == RPC_METHOD_BIDI_STREAM && req && c->state == RPC_CALL_OPEN &&
         !atomic_load(&c->cancelled))
         start_recv(c, false);
     pthread_mutex_unlock(&c->mu);
@@ -401,7 +417,7 @@ static void on_send(rpc_call *c, bool ok)
     grpc_byte_buffer_destroy(c->send_buf);
     c->send_buf = NULL;
     if (!ok) {
-        c->dead = true;
+        atomic_store(&c->cancelled, true); /* the call is over on the wire */
         drop_queue(c);
     }
     if (c->ring_n > 0) {
@@ -409,7 +425,7 @@ static void on_send(rpc_call *c, bool ok)
         c->ring_head = (c->ring_head + 1) % c->ring_cap;
         c->ring_n--;
         start_send(c, bb);
-    } else if (c->finishing && !c->status_started) {
+    } else if (c->state == RPC_CALL_FINISHING) {
         start_status(c);
     }
     pthread_mutex_unlock(&c->mu);
@@ -424,8 +440,7 @@ static void on_close(rpc_call *c)
     if (cancelled) {
         atomic_store(&c->cancelled, true);
         drop_queue(c);
-        if (c->handed) tell = !c->finishing;
-        else c->cancel_pending = true;
+        tell = c->state == RPC_CALL_OPEN; /* ACCEPTED: on_recv tells once it hands the call */
     }
     pthread_mutex_unlock(&c->mu);
     if (tell && c->method && c->method->on_cancel) c->method->on_cancel(c, c->method->user);
@@ -435,7 +450,8 @@ static void on_status(rpc_call *c)
 {
     pthread_mutex_lock(&c->mu);
     c->n_inflight--;
-    c->status_done = true;
+    DS_ASSERT(c->state == RPC_CALL_STATUS_SENT || c->state == RPC_CALL_REFUSED);
+    c->state = c->state == RPC_CALL_REFUSED ? RPC_CALL_REFUSED_DONE : RPC_CALL_DONE;
     grpc_slice_unref(c->fin_details);
     pthread_mutex_unlock(&c->mu);
 }
@@ -443,7 +459,7 @@ static void on_status(rpc_call *c)
 static void maybe_release(rpc_call *c)
 {
     pthread_mutex_lock(&c->mu);
-    bool done = c->status_done && c->n_inflight == 0;
+    bool done = call_status_done(c->state) && c->n_inflight == 0;
     pthread_mutex_unlock(&c->mu);
     if (done) release_call(c);
 }
@@ -576,8 +592,8 @@ static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
     for (int i = 0; i < srv->n_calls; i++) {
         rpc_call *c = &srv->calls[i];
         pthread_mutex_lock(&c->mu);
-        if (c->in_use && (!open_ended_only || (c->method && c->method->end_at_shutdown)) &&
-            !c->status_done) {
+        if (c->state != RPC_CALL_FREE && !call_status_done(c->state) &&
+            (!open_ended_only || (c->method && c->method->end_at_shutdown))) {
             grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, msg, NULL);
             n++;
         }
@@ -738,16 +754,6 @@ void *rpc_call_grpc_call(const rpc_call *call) { return call->gcall; }
 void rpc_call_set_data(rpc_call *call, void *data) { call->data = data; }
 void *rpc_call_data(const rpc_call *call) { return call->data; }
 
-static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
-{
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    grpc_slice sl = grpc_slice_malloc(n);
-    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    return bb;
-}
-
 static int enqueue(rpc_call *c, grpc_byte_buffer *bb)
 {
     if (c->ring_n == c->ring_cap) {
@@ -767,12 +773,12 @@ static int enqueue(rpc_call *c, grpc_byte_buffer *bb)
 
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
 {
-    grpc_byte_buffer *bb = pack(msg);
+    grpc_byte_buffer *bb = rpc_codec_pack(msg);
     if (!bb) return STATUS_NOMEM;
     int rc = STATUS_OK;
     pthread_mutex_lock(&call->mu);
-    DS_ASSERT(!call->finishing);
-    if (call->dead || atomic_load(&call->cancelled)) rc = STATUS_CANCELLED;
+    DS_ASSERT(call->state == RPC_CALL_OPEN); /* only the owner sends, before it finishes */
+    if (atomic_load(&call->cancelled)) rc = STATUS_CANCELLED;
     else if (!call->send_buf) start_send(call, bb);
     else rc = enqueue(call, bb);
     pthread_mutex_unlock(&call->mu);
@@ -791,6 +797,7 @@ int rpc_call_backlog(rpc_call *call)
 void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg)
 {
     pthread_mutex_lock(&call->mu);
+    DS_ASSERT(call->state == RPC_CALL_OPEN); /* the owner finishes exactly once */
     finish_locked(call, code, msg);
     pthread_mutex_unlock(&call->mu);
 }
