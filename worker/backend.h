@@ -1,8 +1,9 @@
-/* The engine's backend interface: a vtable the scheduler drives, one implementation per device
- * (CPU now: backend_cpu.c over model/forward.h + model/sampler.h; CUDA later, behind the same
- * table). A backend owns the model's runtime: n_slots sequence slots (recurrent state + KV for
- * n_ctx positions each), the workspaces for up to n_slots sequences per step, and a sampler per
- * slot. Everything is allocated at creation; nothing per step or per token.
+/* The engine's backend interface: a vtable the scheduler drives, one implementation per device:
+ * backend_cpu.c (model/forward.h + model/sampler.h) and backend_cuda.c (model/forward_cuda.h,
+ * linked from //worker:cuda_worker). A backend owns the model's runtime: n_slots sequence slots
+ * (recurrent state + KV for n_ctx positions each), the workspaces for up to n_slots sequences
+ * per step, and a sampler per slot. Everything is allocated at creation; nothing per step or
+ * per token.
  *
  * The scheduler (engine.c) calls, from its one engine thread only:
  *   seq_start(slot, sampling)  - a new sequence in this slot: state forgotten, sampler seeded;
