@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "gguf/quant.h"
 #include "kernels/cuda/attn.h"
 #include "model/forward_cuda_impl.h"
 
@@ -21,6 +22,22 @@ static int check_shapes(const qwen35_config *c, status *st)
     if (c->H % 32 || c->F % 32 || (c->n_v * c->d_v) % 32)
         return status_fail(st, STATUS_UNSUPPORTED, "cuda: H, F and D_v must be multiples of 32");
     return STATUS_OK;
+}
+
+/* The KV cache's element type: F32 when every attention layer's q, k and v weights are F32, so
+ * no activation is rounded below the weights' precision (an F16 cache alone put the F32
+ * reference models 1.3e-3·max|logit| from Hugging Face); F16, BF16 and quantised weights keep
+ * the F16 cache: half the bytes read per token, its rounding no coarser than the weights'. */
+static attn_kv_type choose_kv_type(const qwen35_model *m)
+{
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        const qwen35_layer *W = &m->layers[il];
+        if (m->cfg.recurrent[il]) continue;
+        if (W->q.type != GGML_TYPE_F32 || W->k.type != GGML_TYPE_F32 ||
+            W->v.type != GGML_TYPE_F32)
+            return ATTN_KV_F16;
+    }
+    return ATTN_KV_F32;
 }
 
 /* Both graphs of every slot; with programmatic dependent launch where the device has it (a
@@ -124,6 +141,8 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->n_slots = o && o->n_slots > 0 ? o->n_slots : 1;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : 256;
     e->device = o ? o->device : 0;
+    e->kv_type = choose_kv_type(m);
+    e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     if (!e->slots) {
         status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", e->n_slots);
@@ -134,9 +153,9 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
         fc_weights_upload(e, st) || alloc_run_state(e, st))
         goto fail;
-    LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots x %d positions), scratch "
-             "%.1f MB", e->props.name, e->w.bytes / 1e9, e->state_bytes / 1e9, e->n_slots,
-             e->n_ctx, e->act_bytes / 1e6);
+    LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots x %d positions, KV %s), "
+             "scratch %.1f MB", e->props.name, e->w.bytes / 1e9, e->state_bytes / 1e9,
+             e->n_slots, e->n_ctx, e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->act_bytes / 1e6);
     if (create_samplers(e, st) || capture_graphs(e, st)) goto fail;
     snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s",
              e->pdl ? ", PDL" : "", e->h_logits ? ", host sampler" : ", GPU sampler");
@@ -145,7 +164,8 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     const qwen35_config *c = &e->cfg;
     e->stats.weight_bytes = e->w.bytes;
     e->stats.state_bytes = e->state_bytes;
-    const uint64_t kv_read = (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * 2 * 2;
+    const uint64_t kv_read =
+        (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes * 2; /* K, V */
     const uint64_t S_rw = 2ull * c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4;
     e->stats.bytes_per_token = e->w.bytes + S_rw + kv_read;
     *out = e;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/sampling.h"
+#include "kernels/cuda/attn.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/sample.h"
@@ -63,7 +64,7 @@ typedef struct fc_weights {
 typedef struct fc_slot {
     float *d_conv;          /* [n_gdn][C][K_conv-1] */
     float *d_S;             /* [n_gdn][n_v][d_v][d_k] */
-    void *d_kc, *d_vc;      /* [n_attn][n_ctx][n_kv][d_h] F16 */
+    void *d_kc, *d_vc;      /* [n_attn][n_ctx][n_kv][d_h] of kv_type */
     int32_t *d_pos;         /* [2]: position of the current token, next position */
     unsigned long long *d_best; /* [1]: the step's argmax key (gemv_argmax) */
     unsigned long long *h_best; /* pinned view: the argmax key read back by the graph */
@@ -103,6 +104,8 @@ struct qwen35_cuda {
     qwen35_config cfg;
     int n_ctx, n_slots, max_rows;
     int device;         /* CUDA device index */
+    attn_kv_type kv_type; /* KV cache element: F32 when q/k/v weights are all F32, else F16 */
+    int kv_elem_bytes;    /* 4 or 2 */
     cuda_device_props props;
     cuda_launch launch; /* the stream, and PDL while capturing */
     fc_weights w;

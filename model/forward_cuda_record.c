@@ -62,15 +62,15 @@ static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
-    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * 2;
+    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
     void *kc = (uint8_t *)sl->d_kc + L->kind_index * kv_layer;
     void *vc = (uint8_t *)sl->d_vc + L->kind_index * kv_layer;
     rec_in_proj(e, L, NULL);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
-              c->eps, sl->d_pos, kc, vc, a->d_q, &e->launch);
+              c->eps, sl->d_pos, kc, vc, a->d_q, e->kv_type, &e->launch);
     attn_decode(a->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, sl->d_pos, a->d_part,
-                a->d_y, a->d_yq, &e->launch);
+                a->d_y, a->d_yq, e->kv_type, &e->launch);
 }
 
 /* ffn + residual: x += down(silu(gate·h) * (up·h)) */

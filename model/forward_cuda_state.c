@@ -1,5 +1,5 @@
-/* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, F16 KV
- * cache, device position and argmax word in one arena; the activations one row uses (shared by
+/* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, KV cache
+ * (F16 or F32, e->kv_type), device position and argmax word in one arena; the activations one row uses (shared by
  * every slot: rows run one after another) in another. Laid out by a sizing pass (NULL base),
  * then for real. */
 #include "model/forward_cuda_impl.h"
@@ -9,7 +9,7 @@
 static uint64_t kv_bytes(const qwen35_cuda *e) /* one of K or V, every attention layer */
 {
     const qwen35_config *c = &e->cfg;
-    return (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * 2;
+    return (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
 }
 
 void fc_state_layout(qwen35_cuda *e, fc_arena *a)
@@ -73,7 +73,8 @@ int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
     if (n_past < 0 || n_past >= e->n_ctx)
         return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
     fc_slot *sl = &e->slots[slot];
-    /* 0x2c2c: F16 0.0659, finite; the values do not change the speed */
+    /* finite values, which do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32
+     * 2.45e-12 (exponent 0x58: normal, not a NaN or infinity) */
     if (cuda_memset(sl->d_kc, 0x2c, kv_bytes(e), st) || cuda_memset(sl->d_vc, 0x2c, kv_bytes(e), st))
         return st->code;
     const int32_t pos[2] = {n_past > 0 ? n_past - 1 : 0, n_past};

@@ -1,5 +1,5 @@
 /* Causal softmax attention over a KV cache (shared/QWEN35.md §2.2). FP32, except the F16
- * cache that ref_attn_prep (the twin of the GPU's attn_prep) writes.
+ * cache that ref_attn_prep (the twin of the GPU's attn_prep) writes when asked for one.
  * Positions are taken in blocks of REF_ATTN_BLOCK: scores within a block are exact two-pass
  * softmax terms, and blocks are merged with the running-max rescaling of flash attention, so
  * the scratch does not grow with the context. */
@@ -10,6 +10,16 @@
 
 #define REF_ATTN_BLOCK 256
 #define REF_ATTN_PREP_MAX_D_H 256 /* as the CUDA kernel: one thread per dim, d_h <= 256 */
+
+/* Element type of the KV cache; the same definition as in kernels/cuda/attn.h (whichever
+ * header comes first defines it), so twin and kernel take the same argument. */
+#ifndef DS_ATTN_KV_TYPE
+#define DS_ATTN_KV_TYPE
+typedef enum attn_kv_type {
+    ATTN_KV_F16, /* 2 bytes an element, round to nearest even */
+    ATTN_KV_F32, /* 4 bytes an element, no rounding */
+} attn_kv_type;
+#endif
 
 /* One query head over n >= 1 cached positions: o = Σ_t softmax_t(q·k_t · scale) v_t.
  * q: [d_h]; position t's key/value at k + t*ld, v + t*ld (head offset already applied);
@@ -27,12 +37,12 @@ void ref_attn_decode(const float *q, const float *k_cache, const float *v_cache,
  * q_out_h = RoPE(RMSNorm(q_h) · q_norm_w), K_j = RoPE(RMSNorm(k_j) · k_norm_w), V_j = v_j, the
  * RoPE partial NEOX on dims [0, n_rot) at position *pos with rope_base (ref_rope).
  * qg: [n_h][2][d_h] (per head the query then the gate, which is not read); k, v: [n_kv][d_h];
- * q_norm_w, k_norm_w: [d_h] (already 1 + w); k_cache, v_cache: [n_ctx][n_kv][d_h] F16
- * (ggml_half), only row *pos written; q_out: [n_h][d_h]. d_h <= REF_ATTN_PREP_MAX_D_H,
- * n_rot even and <= d_h. */
+ * q_norm_w, k_norm_w: [d_h] (already 1 + w); k_cache, v_cache: [n_ctx][n_kv][d_h] of kv_type
+ * (ATTN_KV_F16: ggml_half; ATTN_KV_F32: float, stored as computed), only row *pos written;
+ * q_out: [n_h][d_h]. d_h <= REF_ATTN_PREP_MAX_D_H, n_rot even and <= d_h. */
 void ref_attn_prep(const float *qg, const float *k, const float *v, const float *q_norm_w,
                    const float *k_norm_w, int n_h, int n_kv, int d_h, int n_rot,
                    float rope_base, float eps, const int32_t *pos, void *k_cache, void *v_cache,
-                   float *q_out);
+                   float *q_out, attn_kv_type kv_type);
 
 #endif

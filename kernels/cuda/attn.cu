@@ -3,7 +3,9 @@
 // attn_split: grid (n_kv, n_split). A CTA takes ATTN_CHUNK positions of one KV head and all
 // G = n_h/n_kv query heads that read it, so K and V are read once; its warps split the chunk and
 // run an online softmax each (below). Partials (o unnormalised, max m, sum l) are merged by
-// attn_combine, which also applies the sigmoid gate.
+// attn_combine, which also applies the sigmoid gate. The cache's element type T (__half or
+// float, attn_kv_type) is a template parameter of prep and split; the F16 instantiations are
+// the code these kernels had before F32 caches existed (same SASS, same registers).
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attn.h"
@@ -12,12 +14,16 @@
 
 
 // ---- prep: norms, rope, cache append ----
+static __device__ __forceinline__ void kv_store(__half *p, float x) { *p = __float2half(x); }
+static __device__ __forceinline__ void kv_store(float *p, float x) { *p = x; }
+
+template <typename T> // cache element: __half or float
 static __global__ void attn_prep_kernel(const float *__restrict__ qg, const float *__restrict__ k,
                                         const float *__restrict__ v,
                                         const float *__restrict__ qw, const float *__restrict__ kw,
                                         int n_h, int n_kv, int d_h, int n_rot, float base,
                                         float eps, const int32_t *__restrict__ d_pos,
-                                        __half *__restrict__ kc, __half *__restrict__ vc,
+                                        T *__restrict__ kc, T *__restrict__ vc,
                                         float *__restrict__ q_out)
 {
     ds_grid_dep();
@@ -45,20 +51,27 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
         q_out[(int64_t)j * d_h + t] = y;
     } else {
         const int64_t row = ((int64_t)pos * n_kv + j) * d_h + t;
-        kc[row] = __float2half(y);
-        vc[row] = __float2half(v[(int64_t)j * d_h + t]);
+        kv_store(kc + row, y);
+        kv_store(vc + row, v[(int64_t)j * d_h + t]);
     }
 }
 
 extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                           const float *d_q_norm_w, const float *d_k_norm_w, int n_h, int n_kv,
                           int d_h, int n_rot, float rope_base, float eps, const int32_t *d_pos,
-                          void *d_k_cache, void *d_v_cache, float *d_q_out, const cuda_launch *l)
+                          void *d_k_cache, void *d_v_cache, float *d_q_out,
+                          attn_kv_type kv_type, const cuda_launch *l)
 {
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
-    ds_launch(attn_prep_kernel, n_h + n_kv, d_h, 0, l, 
-        d_qg, d_k, d_v, d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos,
-        (__half *)d_k_cache, (__half *)d_v_cache, d_q_out);
+    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
+    if (kv_type == ATTN_KV_F32)
+        ds_launch(attn_prep_kernel<float>, n_h + n_kv, d_h, 0, l, d_qg, d_k, d_v, d_q_norm_w,
+                  d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, (float *)d_k_cache,
+                  (float *)d_v_cache, d_q_out);
+    else
+        ds_launch(attn_prep_kernel<__half>, n_h + n_kv, d_h, 0, l, d_qg, d_k, d_v, d_q_norm_w,
+                  d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, (__half *)d_k_cache,
+                  (__half *)d_v_cache, d_q_out);
 }
 
 extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
@@ -73,54 +86,79 @@ extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
 // ATTN_CHUNK positions of KV head j for its G = n_h/n_kv query heads; each warp takes
 // ATTN_CHUNK/ATTN_SPLIT_WARPS consecutive positions of it, lanes over d_h (lane l holds dims
 // [EPL·l, EPL·l + EPL)). Per batch of ATTN_BATCH positions the warp first loads every K and V
-// row (16 bytes a lane at d_h 256: all of a batch's DRAM requests in flight at once), then per
-// position and head: score = warp sum of q·k, online softmax (running max m, sum l, the o
-// accumulator rescaled), o += p·v in registers. The warps' (m, l, o) are merged through shared
-// memory into the chunk's partial. Registers hold q and o for exactly G heads (G is a template
-// parameter), which is what keeps the kernel at several CTAs per SM.
+// row (16 bytes a lane at d_h 256 in F16, 2 x 16 in F32: all of a batch's DRAM requests in
+// flight at once), then per position and head: score = warp sum of q·k, online softmax
+// (running max m, sum l, the o accumulator rescaled), o += p·v in registers. The warps' (m, l,
+// o) are merged through shared memory into the chunk's partial. Registers hold q and o for exactly G heads (G is a template
+// parameter), which is what keeps the kernel at several CTAs per SM. An F32 row takes twice the
+// registers of an F16 one, so the F32 batches are halved where q and o already fill most.
 #define ATTN_SPLIT_WARPS 4
 #define ATTN_BATCH 8
 
-template <int EPL> struct kv_raw; // EPL halves of one row, as loaded
-template <> struct kv_raw<1> { unsigned short v; };
-template <> struct kv_raw<2> { unsigned v; };
-template <> struct kv_raw<4> { uint2 v; };
-template <> struct kv_raw<8> { uint4 v; };
+template <typename T, int EPL> struct kv_raw; // EPL elements of one row, as loaded
+template <> struct kv_raw<__half, 1> { unsigned short v; };
+template <> struct kv_raw<__half, 2> { unsigned v; };
+template <> struct kv_raw<__half, 4> { uint2 v; };
+template <> struct kv_raw<__half, 8> { uint4 v; };
+template <> struct kv_raw<float, 1> { float v; };
+template <> struct kv_raw<float, 2> { float2 v; };
+template <> struct kv_raw<float, 4> { float4 v; };
+template <> struct kv_raw<float, 8> { float4 v, w; }; // two 16-byte loads
 
-template <int EPL>
-static __device__ __forceinline__ kv_raw<EPL> load_kv(const __half *p)
+template <typename T, int EPL>
+static __device__ __forceinline__ kv_raw<T, EPL> load_kv(const T *p)
 {
-    kv_raw<EPL> r;
-    r.v = *(const decltype(r.v) *)p;
+    kv_raw<T, EPL> r;
+    if constexpr (sizeof(T) * EPL > 16) {
+        r.v = ((const float4 *)p)[0];
+        r.w = ((const float4 *)p)[1];
+    } else {
+        r.v = *(const decltype(r.v) *)p;
+    }
     return r;
 }
 // element e (a compile-time constant after unrolling) by shifts, so nothing goes to local memory
-static __device__ __forceinline__ unsigned kv_word(const kv_raw<8> &r, int k)
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<__half, 8> &r, int k)
 {
     return k == 0 ? r.v.x : k == 1 ? r.v.y : k == 2 ? r.v.z : r.v.w;
 }
-static __device__ __forceinline__ unsigned kv_word(const kv_raw<4> &r, int k)
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<__half, 4> &r, int k)
 {
     return k == 0 ? r.v.x : r.v.y;
 }
-static __device__ __forceinline__ unsigned kv_word(const kv_raw<2> &r, int) { return r.v; }
-static __device__ __forceinline__ unsigned kv_word(const kv_raw<1> &r, int) { return r.v; }
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<__half, 2> &r, int) { return r.v; }
+static __device__ __forceinline__ unsigned kv_word(const kv_raw<__half, 1> &r, int) { return r.v; }
 template <int EPL>
-static __device__ __forceinline__ float kv_at(const kv_raw<EPL> &r, int e)
+static __device__ __forceinline__ float kv_at(const kv_raw<__half, EPL> &r, int e)
 {
     const unsigned w = kv_word(r, e >> 1);
     return __half2float(__ushort_as_half((unsigned short)((e & 1) ? w >> 16 : w & 0xffffu)));
 }
+static __device__ __forceinline__ float f4_at(const float4 &v, int e)
+{
+    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+static __device__ __forceinline__ float kv_at(const kv_raw<float, 8> &r, int e)
+{
+    return e < 4 ? f4_at(r.v, e) : f4_at(r.w, e - 4);
+}
+static __device__ __forceinline__ float kv_at(const kv_raw<float, 4> &r, int e) { return f4_at(r.v, e); }
+static __device__ __forceinline__ float kv_at(const kv_raw<float, 2> &r, int e)
+{
+    return e == 0 ? r.v.x : r.v.y;
+}
+static __device__ __forceinline__ float kv_at(const kv_raw<float, 1> &r, int) { return r.v; }
 
-template <int EPL, int G> // d_h = 32 * EPL, G = n_h / n_kv
+template <typename T, int EPL, int G> // T: cache element, d_h = 32 * EPL, G = n_h / n_kv
 static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
-    attn_split_kernel(const float *__restrict__ q, const __half *__restrict__ kc,
-                      const __half *__restrict__ vc, int n_h, int n_kv,
+    attn_split_kernel(const float *__restrict__ q, const T *__restrict__ kc,
+                      const T *__restrict__ vc, int n_h, int n_kv,
                       const int32_t *__restrict__ d_pos, float *__restrict__ part, int n_split)
 {
     ds_grid_dep();
     constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
-    constexpr int B = G * EPL > 32 ? ATTN_BATCH / 2 : ATTN_BATCH; // registers: q, o for G heads
+    constexpr int big = sizeof(T) == 2 ? 32 : 16; // registers: q, o for G heads, the rows
+    constexpr int B = G * EPL > big ? ATTN_BATCH / 2 : ATTN_BATCH;
     __shared__ float s_m[NW][G], s_l[NW][G];
     __shared__ float s_o[NW][G][d_h];
     const int j = blockIdx.x, split = blockIdx.y;
@@ -136,7 +174,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
         return;
     }
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
-    const __half *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
+    const T *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
     const float scale = rsqrtf((float)d_h);
     float qr[G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
@@ -151,12 +189,12 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     }
     const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
     for (int tb = w0; tb < w1; tb += B) {
-        kv_raw<EPL> kr[B], vr[B];
+        kv_raw<T, EPL> kr[B], vr[B];
 #pragma unroll
         for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
             const int64_t t = tb + b < w1 ? tb + b : tb;
-            kr[b] = load_kv<EPL>(kh + t * rs);
-            vr[b] = load_kv<EPL>(vh + t * rs);
+            kr[b] = load_kv<T, EPL>(kh + t * rs);
+            vr[b] = load_kv<T, EPL>(vh + t * rs);
         }
         // every score of the batch first (B x G independent warp sums, interleaved), then one
         // online-softmax step per head for the whole batch
@@ -167,7 +205,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
             for (int g = 0; g < G; g++) {
                 float a = 0.0f;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at<EPL>(kr[b], e);
+                for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at(kr[b], e);
                 sc[b][g] = a;
             }
         ds_warp_sum_n<B * G>(&sc[0][0]);
@@ -187,7 +225,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
                 const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
                 l[g] += p;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at<EPL>(vr[b], e);
+                for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at(vr[b], e);
             }
         }
     }
@@ -312,20 +350,18 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
 }
 
-extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
-                            const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
-                            const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
-                            const cuda_launch *l)
+// attn_split for cache element T: one instantiation per (d_h, G) the asserts admit
+template <typename T>
+static void attn_split(const float *d_q, const void *d_k_cache, const void *d_v_cache, int n_h,
+                       int n_kv, int d_h, int n_split, const int32_t *d_pos, float *d_partial,
+                       const cuda_launch *l)
 {
-    DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
-    DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
-    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const dim3 grid(n_kv, n_split);
-    const __half *kc = (const __half *)d_k_cache, *vc = (const __half *)d_v_cache;
+    const T *kc = (const T *)d_k_cache, *vc = (const T *)d_v_cache;
     const int G = n_h / n_kv;
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
-        ds_launch(attn_split_kernel<E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, l, d_q, kc, vc, \
+        ds_launch(attn_split_kernel<T, E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, l, d_q, kc, vc,  \
                   n_h, n_kv, d_pos, d_partial, n_split);                                         \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
@@ -343,6 +379,21 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
     }
 #undef ATTN_SPLIT_E
 #undef ATTN_SPLIT_G
+}
+
+extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
+                            const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
+                            const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
+                            attn_kv_type kv_type, const cuda_launch *l)
+{
+    DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
+    DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
+    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
+    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (kv_type == ATTN_KV_F32)
+        attn_split<float>(d_q, d_k_cache, d_v_cache, n_h, n_kv, d_h, n_split, d_pos, d_partial, l);
+    else
+        attn_split<__half>(d_q, d_k_cache, d_v_cache, n_h, n_kv, d_h, n_split, d_pos, d_partial, l);
     switch (d_h / 32) {
     case 1: ds_launch(attn_combine_kernel<1>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
     case 2: ds_launch(attn_combine_kernel<2>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;

@@ -1,10 +1,12 @@
 /* Gated attention decode on the GPU (shared/QWEN35.md §2.2, §2.3), one token of one sequence:
  *   attn_prep    per-head RMSNorm of q and k (q_norm/k_norm weights, already 1+w), partial
- *                NEOX RoPE on dims [0, n_rot) at position *d_pos, K/V appended to the F16 cache
+ *                NEOX RoPE on dims [0, n_rot) at position *d_pos, K/V appended to the cache
  *   attn_decode  GQA softmax attention over positions 0..*d_pos (split over chunks of
  *                ATTN_CHUNK positions, then merged), times sigmoid(gate); output F32 + Q8
  * CPU twins: ref_rmsnorm_heads, ref_rope (kernels/cpu), ref_attn_decode, ref_sigmoid_gate.
- * The position lives on the device so a captured graph replays for every token. */
+ * The position lives on the device so a captured graph replays for every token. The cache's
+ * element type (attn_kv_type) is the caller's choice: F32 holds K and V as computed, F16 halves
+ * the bytes read per token and rounds them (2^-11 relative). */
 #ifndef DS_KERNELS_CUDA_ATTN_H
 #define DS_KERNELS_CUDA_ATTN_H
 
@@ -19,25 +21,36 @@ extern "C" {
 #define ATTN_CHUNK 32
 #define ATTN_MAX_GROUP 8 /* n_h / n_kv */
 
+/* Element type of the KV cache. Defined identically in kernels/cpu/attn.h, whose twin
+ * ref_attn_prep takes the same argument (the CPU kernels do not include CUDA headers). */
+#ifndef DS_ATTN_KV_TYPE
+#define DS_ATTN_KV_TYPE
+typedef enum attn_kv_type {
+    ATTN_KV_F16, /* 2 bytes an element, round to nearest even */
+    ATTN_KV_F32, /* 4 bytes an element, no rounding */
+} attn_kv_type;
+#endif
+
 /* qg: [n_h][2][d_h] (attn_q output: per head the query then the gate); k, v: [n_kv][d_h];
- * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: [n_ctx][n_kv][d_h] F16 (row *d_pos written);
- * q_out: [n_h][d_h] normalised and rotated query. d_h % 32 == 0, d_h <= 256. */
+ * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: [n_ctx][n_kv][d_h] of kv_type (row *d_pos
+ * written); q_out: [n_h][d_h] normalised and rotated query. d_h % 32 == 0, d_h <= 256. */
 void attn_prep(const float *d_qg, const float *d_k, const float *d_v, const float *d_q_norm_w,
                const float *d_k_norm_w, int n_h, int n_kv, int d_h, int n_rot,
                float rope_base, float eps, const int32_t *d_pos, void *d_k_cache,
-               void *d_v_cache, float *d_q_out, const cuda_launch *l);
+               void *d_v_cache, float *d_q_out, attn_kv_type kv_type, const cuda_launch *l);
 
 /* Floats of scratch attn_decode needs for a cache of n_ctx positions. */
 int64_t attn_partial_floats(int n_h, int d_h, int n_ctx);
 
 /* o = concat_h(softmax(q_h·K/sqrt(d_h)) V) ⊙ sigmoid(gate_h); q: [n_h][d_h] (attn_prep);
- * qg: the gates as in attn_prep; caches as above with positions 0..*d_pos valid;
+ * qg: the gates as in attn_prep; caches as above (the kv_type attn_prep wrote) with positions
+ * 0..*d_pos valid;
  * partial: attn_partial_floats; o: [n_h·d_h] F32 (may be NULL); o_q8: gemv_xq_bytes (may be
  * NULL). */
 void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
                  const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
                  const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
-                 const cuda_launch *l);
+                 attn_kv_type kv_type, const cuda_launch *l);
 
 #ifdef __cplusplus
 }

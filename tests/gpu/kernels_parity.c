@@ -1,9 +1,9 @@
 /* The decode kernels other than the GEMV against their CPU twins (kernels/cpu ref_*), over the
  * shapes of the reference models and of 0.8B/4B/27B: RMSNorm (+ Q8 output), the DeltaNet conv
  * (standalone and fused into the qkv GEMV), the delta rule + gated norm over several tokens
- * (outputs, S and conv state), attention (norms, RoPE, F16 KV append, split softmax crossing
- * the chunk boundary, sigmoid gate), attn_prep alone against ref_attn_prep, and the embedding
- * step. Cases that perturb an output assert the check fails. */
+ * (outputs, S and conv state), attention (norms, RoPE, KV append, split softmax crossing the
+ * chunk boundary, sigmoid gate; F16 and F32 caches), attn_prep alone against ref_attn_prep, and
+ * the embedding step. Cases that perturb an output assert the check fails. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -210,9 +210,21 @@ typedef struct attn_shape {
     int n_h, n_kv, d_h, n_rot;
 } attn_shape;
 
-static float f16_round(float v) { return quant_f16_to_f32(quant_f32_to_f16(v)); }
+/* What a cache of type t holds for v; its bytes per element; its name. */
+static float kv_round(float v, attn_kv_type t)
+{
+    return t == ATTN_KV_F32 ? v : quant_f16_to_f32(quant_f32_to_f16(v));
+}
+static size_t kv_elem(attn_kv_type t) { return t == ATTN_KV_F32 ? 4 : 2; }
+static const char *kv_name(attn_kv_type t) { return t == ATTN_KV_F32 ? "F32" : "F16"; }
 
-static bool attn_case(attn_shape sh, int P, int n_ctx)
+/* Bounds: the reference holds the cache values the GPU's would hold if both computed K alike;
+ * where the two K floats (norm sums, powf in RoPE) round to different halves an F16 element is
+ * one F16 step (2^-10 relative) off, which F32 does not have: its bounds are half of F16's.
+ * What remains is mostly RoPE's powf (<= 4 ulp) at high positions: a host emulation of these
+ * cases with every inv_freq off by up to 4 ulp reached 0.25 of the F32 NMSE bound (4000
+ * positions) and 0.08 of the element bounds over 3 seeds. */
+static bool attn_case(attn_shape sh, int P, int n_ctx, attn_kv_type kv)
 {
     const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
     const float base = 1e7f, eps = 1e-6f;
@@ -222,7 +234,7 @@ static bool attn_case(attn_shape sh, int P, int n_ctx)
         malloc(REF_ATTN_BLOCK * 4), *qg = NULL;
     float *d_qw = dev_from(qw, sh.d_h * 4), *d_kw = dev_from(kw, sh.d_h * 4);
     float *d_qg = dev(2 * HA * 4), *d_k = dev(KVA * 4), *d_v = dev(KVA * 4), *d_q = dev(HA * 4);
-    void *d_kc = dev((size_t)n_ctx * KVA * 2), *d_vc = dev((size_t)n_ctx * KVA * 2);
+    void *d_kc = dev((size_t)n_ctx * KVA * kv_elem(kv)), *d_vc = dev((size_t)n_ctx * KVA * kv_elem(kv));
     float *d_part = dev(attn_partial_floats(sh.n_h, sh.d_h, n_ctx) * 4), *d_o = dev(HA * 4);
     void *d_oq = dev(gemv_xq_bytes(HA));
     int32_t *d_pos = dev(4);
@@ -234,17 +246,18 @@ static bool attn_case(attn_shape sh, int P, int n_ctx)
         cuda_upload(d_qg, qg, 2 * HA * 4, &st), cuda_upload(d_k, k, KVA * 4, &st);
         cuda_upload(d_v, v, KVA * 4, &st), cuda_upload(d_pos, &t, 4, &st);
         attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps, d_pos,
-                  d_kc, d_vc, d_q, NULL);
-        /* CPU: the same per-token steps; the cache holds F16-rounded values as the GPU's */
+                  d_kc, d_vc, d_q, kv, NULL);
+        /* CPU: the same per-token steps; the cache holds the values of the GPU's type */
         ref_rmsnorm_heads(k, kw, sh.n_kv, sh.d_h, eps);
         ref_rope(k, sh.n_kv, sh.d_h, sh.n_rot, t, base);
         for (int i = 0; i < KVA; i++) {
-            kc[(size_t)t * KVA + i] = f16_round(k[i]);
-            vc[(size_t)t * KVA + i] = f16_round(v[i]);
+            kc[(size_t)t * KVA + i] = kv_round(k[i], kv);
+            vc[(size_t)t * KVA + i] = kv_round(v[i], kv);
         }
         free(k), free(v);
     }
-    attn_decode(d_q, d_qg, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o, d_oq, NULL);
+    attn_decode(d_q, d_qg, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o, d_oq,
+                kv, NULL);
     to_host(got, d_o, HA * 4);
     int8_t *gq = malloc(gemv_xq_bytes(HA));
     to_host(gq, d_oq, gemv_xq_bytes(HA));
@@ -254,9 +267,10 @@ static bool attn_case(attn_shape sh, int P, int n_ctx)
     ref_attn_decode(q, kc, vc, P, sh.n_h, sh.n_kv, sh.d_h, 1.0f / sqrtf((float)sh.d_h), scores, o);
     for (int h = 0; h < sh.n_h; h++) ref_sigmoid_gate(o + h * sh.d_h, qg + h * 2 * sh.d_h + sh.d_h, sh.d_h);
     char name[128];
-    snprintf(name, sizeof name, "attn n_h %d n_kv %d d_h %d, %d positions", sh.n_h, sh.n_kv,
-             sh.d_h, P);
-    bool ok = gpu_parity_check(name, got, o, HA, 1e-4, 1e-3, 1e-8, false, NULL);
+    snprintf(name, sizeof name, "attn n_h %d n_kv %d d_h %d, %d positions, %s cache", sh.n_h,
+             sh.n_kv, sh.d_h, P, kv_name(kv));
+    const double f = kv == ATTN_KV_F32 ? 0.5 : 1.0;
+    bool ok = gpu_parity_check(name, got, o, HA, f * 1e-4, f * 1e-3, f * 1e-8, false, NULL);
     ok &= gpu_check_q8_of(name, got, gq, HA); /* the Q8 the out-projection reads */
     free(gq);
     cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_qg), cuda_free(d_k), cuda_free(d_v);
@@ -273,29 +287,34 @@ static void test_attn(void)
                                         {24, 4, 256, 64}, {16, 4, 128, 64}, {8, 1, 256, 64},
                                         {3, 3, 32, 16}};
     static const int Ps[] = {1, 5, 257, 300};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
-            CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600));
-    CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100)); /* 5 chunks */
-    CU_ASSERT_TRUE(attn_case(shapes[2], 4000, 4096)); /* the 0.8B at 4K: 125 of 128 */
+    for (int t = 0; t < 2; t++) {
+        const attn_kv_type kv = t ? ATTN_KV_F32 : ATTN_KV_F16;
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (size_t p = 0; p < sizeof Ps / sizeof Ps[0]; p++)
+                CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600, kv));
+        CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100, kv)); /* 5 chunks */
+        CU_ASSERT_TRUE(attn_case(shapes[2], 4000, 4096, kv)); /* the 0.8B at 4K: 125 of 128 */
+    }
 }
 
-/* attn_prep alone against ref_attn_prep: q out, K and V rows of the F16 caches, and every other
+/* attn_prep alone against ref_attn_prep: q out, K and V rows of the caches, and every other
  * cache row left as it was (both caches start as SENTINEL bytes on both sides). Grid: n_h/n_kv
  * 1, 2, 3 (n_kv 1..3), d_h 32/64/256, n_rot 16 and d_h, positions 0, 1, 4095.
  * Bounds: the norm differs by float vs double sums (~1e-6 relative); RoPE by CUDA's powf
  * (<= 4 ulp, libm's < 1), so an angle pos·inv_freq differs by up to ~5e-7·pos rad, times
  * |(x_i, x_{i+half})| (up to ~5 here): atol grows with pos, as in ops_test's rope case. A host
  * emulation of the kernel with every powf off by up to 4 ulp stayed under 0.8 of these bounds
- * (and 0.1 of the NMSE ones) over 30 seeds. K adds one F16 step (2^-10 relative) where the two
- * floats round apart; V is rounded from the same floats by the same rule: exact. */
+ * (and 0.1 of the NMSE ones) over 30 seeds. An F16 K adds one F16 step (2^-10 relative) where
+ * the two floats round apart; an F32 K has q's bounds (the same norm and RoPE). V is stored
+ * from the same floats by the same rule: exact in both. Both cache types run the grid. */
 enum { PREP_SENTINEL = 0xA5 };
 
-static bool prep_case(attn_shape sh, int pos, bool perturb)
+static bool prep_case(attn_shape sh, int pos, bool perturb, attn_kv_type kv)
 {
     const int d = sh.d_h, HA = sh.n_h * d, KVA = sh.n_kv * d, n_ctx = pos + 2;
     const float base = 1e7f, eps = 1e-6f;
-    const size_t cache_bytes = (size_t)n_ctx * KVA * 2, row = (size_t)KVA * 2, at = pos * row;
+    const size_t row = (size_t)KVA * kv_elem(kv), cache_bytes = (size_t)n_ctx * row;
+    const size_t at = pos * row;
     float *qg = rand_vec(2 * HA, 2.0f), *k = rand_vec(KVA, 2.0f), *v = rand_vec(KVA, 2.0f);
     float *qw = rand_vec(d, 0.5f), *kw = rand_vec(d, 0.5f);
     for (int i = 0; i < d; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
@@ -307,7 +326,7 @@ static bool prep_case(attn_shape sh, int pos, bool perturb)
     memset(kc_ref, PREP_SENTINEL, cache_bytes), memset(vc_ref, PREP_SENTINEL, cache_bytes);
     const int32_t p32 = pos;
     ref_attn_prep(qg, k, v, qw, kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, &p32, kc_ref, vc_ref,
-                  q_ref);
+                  q_ref, kv);
 
     float *d_qg = dev_from(qg, 2 * HA * 4), *d_k = dev_from(k, KVA * 4), *d_v = dev_from(v, KVA * 4);
     float *d_qw = dev_from(qw, d * 4), *d_kw = dev_from(kw, d * 4), *d_q = dev(HA * 4);
@@ -317,26 +336,36 @@ static bool prep_case(attn_shape sh, int pos, bool perturb)
     CU_ASSERT_EQUAL(cuda_memset(d_kc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_memset(d_vc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
     attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, d_pos, d_kc,
-              d_vc, d_q, NULL);
+              d_vc, d_q, kv, NULL);
     to_host(q_got, d_q, HA * 4);
     to_host(kc_got, d_kc, cache_bytes);
     to_host(vc_got, d_vc, cache_bytes);
     if (perturb) q_got[HA / 3] += 0.01f;
 
-    for (int i = 0; i < KVA; i++) {
-        k_ref[i] = quant_f16_to_f32(((const ggml_half *)(kc_ref + at))[i]);
-        k_got[i] = quant_f16_to_f32(((const ggml_half *)(kc_got + at))[i]);
-        v_ref[i] = quant_f16_to_f32(((const ggml_half *)(vc_ref + at))[i]);
-        v_got[i] = quant_f16_to_f32(((const ggml_half *)(vc_got + at))[i]);
+    if (kv == ATTN_KV_F32) {
+        memcpy(k_ref, kc_ref + at, row), memcpy(k_got, kc_got + at, row);
+        memcpy(v_ref, vc_ref + at, row), memcpy(v_got, vc_got + at, row);
+    } else {
+        for (int i = 0; i < KVA; i++) {
+            k_ref[i] = quant_f16_to_f32(((const ggml_half *)(kc_ref + at))[i]);
+            k_got[i] = quant_f16_to_f32(((const ggml_half *)(kc_got + at))[i]);
+            v_ref[i] = quant_f16_to_f32(((const ggml_half *)(vc_ref + at))[i]);
+            v_got[i] = quant_f16_to_f32(((const ggml_half *)(vc_got + at))[i]);
+        }
     }
     const double atol = 2e-5 + 2e-6 * pos, nmse_pos = 1e-13 * (double)pos * pos;
     char name[128];
-    snprintf(name, sizeof name, "attn_prep n_h %d n_kv %d d_h %d n_rot %d pos %d%s", sh.n_h,
-             sh.n_kv, d, sh.n_rot, pos, perturb ? " (perturbed)" : "");
+    snprintf(name, sizeof name, "attn_prep n_h %d n_kv %d d_h %d n_rot %d pos %d %s cache%s",
+             sh.n_h, sh.n_kv, d, sh.n_rot, pos, kv_name(kv), perturb ? " (perturbed)" : "");
     bool ok = gpu_parity_check(name, q_got, q_ref, HA, atol, 1e-4, 1e-10 + nmse_pos, false, NULL);
-    ok &= gpu_parity_check("  K row (F16)", k_got, k_ref, KVA, 1.5 * atol, 1.1e-3,
-                           1e-8 + 10 * nmse_pos, true, NULL);
-    ok &= gpu_parity_check("  V row (F16)", v_got, v_ref, KVA, 0, 0, 0, true, NULL);
+    if (kv == ATTN_KV_F32)
+        ok &= gpu_parity_check("  K row (F32)", k_got, k_ref, KVA, atol, 1e-4, 1e-10 + nmse_pos,
+                               true, NULL);
+    else
+        ok &= gpu_parity_check("  K row (F16)", k_got, k_ref, KVA, 1.5 * atol, 1.1e-3,
+                               1e-8 + 10 * nmse_pos, true, NULL);
+    ok &= gpu_parity_check(kv == ATTN_KV_F32 ? "  V row (F32)" : "  V row (F16)", v_got, v_ref,
+                           KVA, 0, 0, 0, true, NULL);
     /* every other row untouched: the sentinel on both sides */
     const bool rest = memcmp(kc_got, kc_ref, at) == 0 && memcmp(vc_got, vc_ref, at) == 0 &&
                       memcmp(kc_got + at + row, kc_ref + at + row, cache_bytes - at - row) == 0 &&
@@ -360,7 +389,8 @@ static void test_attn_prep(void)
             for (int rot = 0; rot < 2; rot++)
                 for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
                     const attn_shape sh = {heads[a][0], heads[a][1], dhs[b], rot ? dhs[b] : 16};
-                    CU_ASSERT_TRUE(prep_case(sh, positions[p], false));
+                    CU_ASSERT_TRUE(prep_case(sh, positions[p], false, ATTN_KV_F16));
+                    CU_ASSERT_TRUE(prep_case(sh, positions[p], false, ATTN_KV_F32));
                 }
 }
 
@@ -423,7 +453,8 @@ static void test_perturbed_fails(void)
     if (!g_have_gpu) return;
     CU_ASSERT_FALSE(gdn_case((gdn_shape){2, 4, 64, 64}, 1, true));
     CU_ASSERT_FALSE(gdn_case((gdn_shape){16, 32, 128, 128}, 1, true));
-    CU_ASSERT_FALSE(prep_case((attn_shape){4, 2, 64, 16}, 1, true));
+    CU_ASSERT_FALSE(prep_case((attn_shape){4, 2, 64, 16}, 1, true, ATTN_KV_F16));
+    CU_ASSERT_FALSE(prep_case((attn_shape){4, 2, 64, 16}, 1, true, ATTN_KV_F32));
 }
 
 int main(void)

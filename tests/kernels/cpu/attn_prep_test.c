@@ -1,6 +1,7 @@
 /* ref_attn_prep (the twin of the CUDA attn_prep) against the CPU forward's own steps for one
  * row (model/forward_attn.c: ref_rmsnorm + ref_rope per q head in place, ref_rmsnorm_heads +
- * ref_rope on k, K and V copied into row pos), then rounded to F16 as the GPU cache holds them.
+ * ref_rope on k, K and V copied into row pos), for both cache types: F32 holds them as computed,
+ * F16 rounded as the GPU's F16 cache holds them.
  * Shapes: n_h/n_kv 1, 2, 3 (n_kv 1..3), d_h 32/64/256, n_rot 16 and d_h, positions 0, 1, 4095.
  * The gate halves of qg are NaN, so reading them (a wrong q|gate split) fails the check; every
  * cache row but pos must keep its sentinel bytes. One case perturbs q_out and must fail. */
@@ -30,8 +31,23 @@ static long sentinel_bad(const unsigned char *p, size_t from, size_t to)
     return bad;
 }
 
+static size_t kv_elem_bytes(attn_kv_type t) { return t == ATTN_KV_F32 ? 4 : 2; }
+
+/* Element i of a cache of type t, as a float. */
+static float kv_get(const void *cache, attn_kv_type t, size_t i)
+{
+    return t == ATTN_KV_F32 ? ((const float *)cache)[i]
+                            : quant_f16_to_f32(((const ggml_half *)cache)[i]);
+}
+
+/* What a cache of type t holds for x. */
+static float kv_round(float x, attn_kv_type t)
+{
+    return t == ATTN_KV_F32 ? x : quant_f16_to_f32(quant_f32_to_f16(x));
+}
+
 /* Number of mismatching elements (plus clobbered cache bytes) of one case. */
-static long prep_case(prep_shape sh, int pos, int perturb)
+static long prep_case(prep_shape sh, int pos, int perturb, attn_kv_type kv_type)
 {
     const int d = sh.d_h, HA = sh.n_h * d, KVA = sh.n_kv * d;
     const float base = 1e7f, eps = 1e-6f;
@@ -42,7 +58,7 @@ static long prep_case(prep_shape sh, int pos, int perturb)
     float *q_out = malloc(sizeof(float) * HA), *q_ref = malloc(sizeof(float) * HA);
     float *k_got = malloc(sizeof(float) * KVA), *k_ref = malloc(sizeof(float) * KVA);
     float *v_got = malloc(sizeof(float) * KVA), *v_ref = malloc(sizeof(float) * KVA);
-    const size_t cache_bytes = (size_t)N_CTX * KVA * sizeof(ggml_half);
+    const size_t elem = kv_elem_bytes(kv_type), cache_bytes = (size_t)N_CTX * KVA * elem;
     unsigned char *kc = malloc(cache_bytes), *vc = malloc(cache_bytes);
     kc_fill(&r, qg, 2 * HA, 3), kc_fill(&r, k, KVA, 3), kc_fill(&r, v, KVA, 2);
     for (int i = 0; i < d; i++) qw[i] = 1 + kc_sym(&r, 0.5f), kw[i] = 1 + kc_sym(&r, 0.5f);
@@ -53,7 +69,7 @@ static long prep_case(prep_shape sh, int pos, int perturb)
     const int32_t p32 = pos;
 
     ref_attn_prep(qg_nan, k, v, qw, kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, &p32, kc, vc,
-                  q_out);
+                  q_out, kv_type);
 
     /* the CPU forward's steps (model/forward_attn.c, fwd_attn_layer's row loop) */
     for (int h = 0; h < sh.n_h; h++) {
@@ -63,13 +79,11 @@ static long prep_case(prep_shape sh, int pos, int perturb)
     }
     ref_rmsnorm_heads(k, kw, sh.n_kv, d, eps);
     ref_rope(k, sh.n_kv, d, sh.n_rot, pos, base);
-    const ggml_half *krow = (const ggml_half *)kc + (size_t)pos * KVA;
-    const ggml_half *vrow = (const ggml_half *)vc + (size_t)pos * KVA;
-    for (int i = 0; i < KVA; i++) { /* the GPU cache's F16, round to nearest even */
-        k_ref[i] = quant_f16_to_f32(quant_f32_to_f16(k[i]));
-        v_ref[i] = quant_f16_to_f32(quant_f32_to_f16(v[i]));
-        k_got[i] = quant_f16_to_f32(krow[i]);
-        v_got[i] = quant_f16_to_f32(vrow[i]);
+    for (int i = 0; i < KVA; i++) { /* F16: round to nearest even, as the GPU's cache */
+        k_ref[i] = kv_round(k[i], kv_type);
+        v_ref[i] = kv_round(v[i], kv_type);
+        k_got[i] = kv_get(kc, kv_type, (size_t)pos * KVA + i);
+        v_got[i] = kv_get(vc, kv_type, (size_t)pos * KVA + i);
     }
     if (perturb) q_out[HA / 3] *= 1.001f;
 
@@ -77,13 +91,14 @@ static long prep_case(prep_shape sh, int pos, int perturb)
     long bad = kernel_check("q_out", q_out, q_ref, HA, 1e-7, 1e-6);
     bad += kernel_check("K row", k_got, k_ref, KVA, 1e-7, 1e-6);
     bad += kernel_check("V row", v_got, v_ref, KVA, 0, 0);
-    const size_t row = (size_t)KVA * sizeof(ggml_half), at = (size_t)pos * row;
+    const size_t row = (size_t)KVA * elem, at = (size_t)pos * row;
     long clobbered = sentinel_bad(kc, 0, at) + sentinel_bad(kc, at + row, cache_bytes) +
                      sentinel_bad(vc, 0, at) + sentinel_bad(vc, at + row, cache_bytes);
     if (clobbered) fprintf(stderr, "  %ld cache bytes outside row %d written\n", clobbered, pos);
     if (bad || clobbered)
-        fprintf(stderr, "  ^ n_h %d n_kv %d d_h %d n_rot %d pos %d%s\n", sh.n_h, sh.n_kv, d,
-                sh.n_rot, pos, perturb ? " (perturbed)" : "");
+        fprintf(stderr, "  ^ n_h %d n_kv %d d_h %d n_rot %d pos %d %s cache%s\n", sh.n_h,
+                sh.n_kv, d, sh.n_rot, pos, kv_type == ATTN_KV_F32 ? "F32" : "F16",
+                perturb ? " (perturbed)" : "");
     free(qg), free(qg_nan), free(k), free(v), free(qw), free(kw), free(q_out), free(q_ref);
     free(k_got), free(k_ref), free(v_got), free(v_ref), free(kc), free(vc);
     return bad + clobbered;
@@ -98,14 +113,38 @@ static void test_attn_prep_grid(void)
             for (int rot = 0; rot < 2; rot++)
                 for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
                     prep_shape sh = {heads[a][0], heads[a][1], dhs[b], rot ? dhs[b] : 16};
-                    CU_ASSERT_EQUAL(prep_case(sh, positions[p], 0), 0);
+                    CU_ASSERT_EQUAL(prep_case(sh, positions[p], 0, ATTN_KV_F16), 0);
+                    CU_ASSERT_EQUAL(prep_case(sh, positions[p], 0, ATTN_KV_F32), 0);
                 }
 }
 
 /* The check can fail: one q_out element off by 1e-3 relative. */
 static void test_attn_prep_perturbed_fails(void)
 {
-    CU_ASSERT_NOT_EQUAL(prep_case((prep_shape){4, 2, 64, 16}, 1, 1), 0);
+    CU_ASSERT_NOT_EQUAL(prep_case((prep_shape){4, 2, 64, 16}, 1, 1, ATTN_KV_F16), 0);
+    CU_ASSERT_NOT_EQUAL(prep_case((prep_shape){4, 2, 64, 16}, 1, 1, ATTN_KV_F32), 0);
+}
+
+/* The F32 cache is not rounded: its K and V rows differ from their F16 rounding (a twin that
+ * wrote F16-rounded floats, or halves, would not). */
+static void test_attn_prep_f32_unrounded(void)
+{
+    enum { NH = 2, NKV = 2, D = 64 };
+    kc_rng r = {91};
+    float qg[NH * 2 * D], k[NKV * D], v[NKV * D], w[D], q_out[NH * D];
+    float kc[2 * NKV * D], vc[2 * NKV * D];
+    kc_fill(&r, qg, NH * 2 * D, 2), kc_fill(&r, k, NKV * D, 2), kc_fill(&r, v, NKV * D, 2);
+    kc_fill(&r, w, D, 1);
+    const int32_t pos = 1;
+    ref_attn_prep(qg, k, v, w, w, NH, NKV, D, 16, 1e7f, 1e-6f, &pos, kc, vc, q_out, ATTN_KV_F32);
+    int k_off = 0, v_off = 0;
+    for (int i = 0; i < NKV * D; i++) {
+        k_off += kc[NKV * D + i] != kv_round(kc[NKV * D + i], ATTN_KV_F16);
+        v_off += vc[NKV * D + i] != kv_round(vc[NKV * D + i], ATTN_KV_F16);
+        CU_ASSERT_EQUAL(vc[NKV * D + i], v[i]); /* V: the input float itself */
+    }
+    CU_ASSERT(k_off > NKV * D / 2);
+    CU_ASSERT(v_off > NKV * D / 2);
 }
 
 /* Position 0 rotates nothing: q_out and K are the plain norms (RoPE off by a row would not be). */
@@ -118,7 +157,7 @@ static void test_attn_prep_pos0_is_norm(void)
     kc_fill(&r, qg, NH * 2 * D, 2), kc_fill(&r, k, NKV * D, 2), kc_fill(&r, v, NKV * D, 2);
     kc_fill(&r, w, D, 1);
     const int32_t pos = 0;
-    ref_attn_prep(qg, k, v, w, w, NH, NKV, D, D, 1e7f, 1e-6f, &pos, kc, vc, q_out);
+    ref_attn_prep(qg, k, v, w, w, NH, NKV, D, D, 1e7f, 1e-6f, &pos, kc, vc, q_out, ATTN_KV_F16);
     for (int h = 0; h < NH; h++) ref_rmsnorm(qg + h * 2 * D, w, D, 1e-6f, ref + h * D);
     CU_ASSERT_EQUAL(kernel_check("q_out pos 0", q_out, ref, NH * D, 0, 0), 0);
     float kn[D], kg[D];
@@ -137,5 +176,6 @@ int main(void)
     CU_add_test(s, "grid", test_attn_prep_grid);
     CU_add_test(s, "perturbed_fails", test_attn_prep_perturbed_fails);
     CU_add_test(s, "pos0_is_norm", test_attn_prep_pos0_is_norm);
+    CU_add_test(s, "f32_unrounded", test_attn_prep_f32_unrounded);
     return testutil_cunit_run();
 }
