@@ -60,7 +60,7 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
     worker_backend *b = NULL;
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2,
                                     .n_threads = o->threads, .max_prefill_tokens = 1};
-    const sampling_params greedy = {0};
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     const double t_load = now_s();
     if (worker_backend_create(o->device, m, &bo, &b, st) || b->vt->seq_start(b, 0, &greedy, st) ||
         b->vt->fill(b, 0, o->ctx, st))

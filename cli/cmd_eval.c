@@ -89,7 +89,7 @@ int cmd_eval(int argc, char **argv)
     }
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2,
                                     .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens};
-    const sampling_params greedy = {0};
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (worker_backend_create(o.device, m, &bo, &be, &st) ||
         be->vt->seq_start(be, 0, &greedy, &st))
         goto fail;

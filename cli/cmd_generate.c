@@ -223,6 +223,9 @@ int cmd_generate(int argc, char **argv)
     }
     if (worker_backend_create(o.device, m, &bo, &be, &st) || engine_create(be, &eo, &eng, &st))
         goto fail;
+    /* from here a failure is the request's result, which this command prints as its one line;
+     * the engine's own log lines (a failed step) would say it twice */
+    log_threshold = LOG_LEVEL_OFF;
     engine_params ep = {.prompt = ids, .n_prompt = n_prompt, .sampling = sp,
                         .max_new_tokens = o.max_tokens};
     snprintf(ep.id, sizeof ep.id, "generate");

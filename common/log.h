@@ -3,7 +3,13 @@
 #ifndef DS_COMMON_LOG_H
 #define DS_COMMON_LOG_H
 
-typedef enum log_level { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR } log_level;
+typedef enum log_level {
+    LOG_LEVEL_DEBUG = 0,
+    LOG_LEVEL_INFO,
+    LOG_LEVEL_WARN,
+    LOG_LEVEL_ERROR,
+    LOG_LEVEL_OFF, /* as a threshold only: nothing is logged (a CLI that reports errors itself) */
+} log_level;
 
 extern log_level log_threshold; /* set once at start-up (from --log-level / DS_LOG_LEVEL) */
 

@@ -201,7 +201,8 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
     if (slot < 0 || slot >= e->n_slots)
         return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
     fc_slot *sl = &e->slots[slot];
-    sl->params = *p;
+    sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
+    p = &sl->params;
     sl->greedy = sampling_params_is_greedy(p);
     if (fc_slot_clear(e, slot, st)) return st->code;
     if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);

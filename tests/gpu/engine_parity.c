@@ -119,7 +119,7 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
     int32_t *ids = malloc((size_t)T * 4);
     memset(res, 0, sizeof *res);
     const worker_backend_opts o = {.n_slots = 1, .n_ctx = T + 1, .max_prefill_tokens = P};
-    const sampling_params greedy = {0};
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (qwen35_model_load(&m, path, &st) || qwen35_ctx_create(m, NULL, &ctx, &st) ||
         qwen35_state_create(m, T + 1, &s, &st) || worker_backend_create("cuda", m, &o, &g, &st) ||
         g->vt->seq_start(g, 0, &greedy, &st))
@@ -208,7 +208,7 @@ static void test_perturbed_fails(void)
 static int greedy_tokens(worker_backend *b, const int32_t *prompt, int P, int n, int32_t *out,
                          status *st)
 {
-    const sampling_params greedy = {0};
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (b->vt->seq_start(b, 0, &greedy, st)) return st->code;
     worker_batch_item it = {.slot = 0, .tokens = prompt, .n_tokens = P, .prompt = true,
                             .sample = true};
