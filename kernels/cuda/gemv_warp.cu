@@ -4,7 +4,7 @@
 #include "kernels/cuda/gemv_warp.cuh"
 
 // MINB: CTAs per SM the registers are capped for, from the tuning table (gemv_plan.cuh): Q4_K
-// one row a warp 12 (40 registers, spills at most 4 bytes), Q6_K four rows a warp 4 (128; the
+// one row a warp 10 (48 registers, no spills), Q6_K four rows a warp 4 (128; the
 // argmax epilogue takes 130 uncapped, which leaves 3), else uncapped.
 template <typename TT, int EP, int R, int MINB = gemv_tune_minb(warp_ggml_type<TT>(), R)>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)

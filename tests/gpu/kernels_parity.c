@@ -182,13 +182,17 @@ static void test_gemv_conv(void)
     memcpy(cs0, cs, n_conv * (K - 1) * 4);
     ref_gdn_conv(mixed, n_conv, 1, n_conv, K, cw, cs, ref);
     memcpy(ref + n_conv, mixed + n_conv, (n_out - n_conv) * 4);
-    static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
-    static const char *kname[] = {"planned", "warp", "flat"};
-    for (int k = 0; k < 3; k++) {
+    /* the warp kernel also with 2 and 4 rows a warp: the tuning table gives large Q4_K
+     * in-projections (the 27B's qkv) 2 */
+    static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
+                               GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
+    static const int rows[] = {0, 0, 2, 4, 0};
+    static const char *kname[] = {"planned", "warp", "warp r2", "warp r4", "flat"};
+    for (int k = 0; k < 5; k++) {
         char name[96];
         snprintf(name, sizeof name, "gemv_conv q4_K 130x512 (96 conv rows) %s", kname[k]);
         gemv_matrix m = {.type = GGML_TYPE_Q4_K, .n_in = n_in, .n_out = n_out, .d_w = d_w,
-                         .kernel = kern[k]};
+                         .kernel = kern[k], .rows_per_warp = rows[k]};
         status pst;
         CU_ASSERT_EQUAL_FATAL(gemv_matrix_plan(&m, &g_props, &pst), STATUS_OK);
         to_dev(d_cs, cs0, n_conv * (K - 1) * 4);
