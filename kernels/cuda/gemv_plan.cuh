@@ -44,16 +44,14 @@ static constexpr gemv_tune_row k_gemv_tune[] = {
     // measured -5..+2%, run 26)
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 4096, 65535, GEMV_KERNEL_WARP, 2, 1, 1},
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 1, 4095, GEMV_KERNEL_WARP, 1, 1, 1},
-    // Q4_K of 2^25 weights and more (the 27B's): 2 rows a warp, uncapped. BENCH.md run 30
-    // (gemv_bench, this code): 27B ffn_gate/up 16.3 us with 2 rows vs 17.6 with one at 40
-    // registers, ffn_down 16.8 vs 20.5 (the one-row build spills 4 bytes at that cap since the
-    // x-norm and next-prefetch paths left the kernel)
-    {GGML_TYPE_Q4_K, 1ll << 25, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 2, 1, 1},
-    // smaller Q4_K: one row a warp (run 8: 1 beat 2 and 4), registers capped for 10 CTAs per SM
-    // (48 registers, no spills). Run 30, bench decode: 0.8B 1370-1381 / 4B 544-546 tok/s at 10
-    // against 1355-1357 / 537-538 at 12 (40 registers, 4 bytes spilled); 16 CTAs spilled more
+    // Q4_K: one row a warp (run 8: 1 beat 2 and 4 at every shape), registers capped for 10
+    // CTAs per SM (48 registers, no spills). BENCH.md run 30, bench decode A/B on one host:
+    // 0.8B 1370-1381 / 4B 544-546 / 27B 141 tok/s at 10, against 1355-1357 / 537-538 / 142.5
+    // at 12 (40 registers: 4 bytes spilled since the removed variants' paths left the kernel;
+    // before that 12 had no spills and won, run 25) and 27B 137.4 with 2 rows a warp for its
+    // large matrices (faster alone in gemv_bench, slower in the step). 16 CTAs spilled more
     // and decoded 8-13% slower (run 25)
-    {GGML_TYPE_Q4_K, 0, 1ll << 25, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 10, 1},
+    {GGML_TYPE_Q4_K, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 10, 1},
     // everything else: one row a warp, uncapped, one row group ahead (run 6)
     {GEMV_ANY_TYPE, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 1, 1},
 };

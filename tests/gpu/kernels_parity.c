@@ -182,8 +182,7 @@ static void test_gemv_conv(void)
     memcpy(cs0, cs, n_conv * (K - 1) * 4);
     ref_gdn_conv(mixed, n_conv, 1, n_conv, K, cw, cs, ref);
     memcpy(ref + n_conv, mixed + n_conv, (n_out - n_conv) * 4);
-    /* the warp kernel also with 2 and 4 rows a warp: the tuning table gives large Q4_K
-     * in-projections (the 27B's qkv) 2 */
+    /* the warp kernel also with 2 and 4 rows a warp (forced: the table gives Q4_K one) */
     static const int kern[] = {GEMV_KERNEL_AUTO, GEMV_KERNEL_WARP, GEMV_KERNEL_WARP,
                                GEMV_KERNEL_WARP, GEMV_KERNEL_FLAT};
     static const int rows[] = {0, 0, 2, 4, 0};
