@@ -56,6 +56,9 @@ extern "C" int gemv_matrix_plan(gemv_matrix *m, const cuda_device_props *p, stat
     if (gemv_packed_bytes(m->type, m->n_in, m->n_out) == 0)
         return status_fail(st, STATUS_UNSUPPORTED, "gemv: type %u with %lld x %lld elements",
                            m->type, (long long)m->n_out, (long long)m->n_in);
+    if ((uint64_t)m->n_out * (uint64_t)m->n_in / 32 >= (1ull << 32)) /* 32-bit block indices */
+        return status_fail(st, STATUS_UNSUPPORTED, "gemv: %lld x %lld elements: too many blocks",
+                           (long long)m->n_out, (long long)m->n_in);
     if (m->kernel != GEMV_KERNEL_AUTO && m->kernel != GEMV_KERNEL_WARP &&
         m->kernel != GEMV_KERNEL_FLAT)
         return status_fail(st, STATUS_INVALID, "gemv: kernel %d", m->kernel);

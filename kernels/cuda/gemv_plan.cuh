@@ -45,12 +45,10 @@ static constexpr gemv_tune_row k_gemv_tune[] = {
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 4096, 65535, GEMV_KERNEL_WARP, 2, 1, 1},
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 1, 4095, GEMV_KERNEL_WARP, 1, 1, 1},
     // Q4_K: one row a warp (run 8: 1 beat 2 and 4 at every shape), registers capped for 10
-    // CTAs per SM (48 registers, no spills). BENCH.md run 30, bench decode A/B on one host:
-    // 0.8B 1370-1381 / 4B 544-546 / 27B 141 tok/s at 10, against 1355-1357 / 537-538 / 142.5
-    // at 12 (40 registers: 4 bytes spilled since the removed variants' paths left the kernel;
-    // before that 12 had no spills and won, run 25) and 27B 137.4 with 2 rows a warp for its
-    // large matrices (faster alone in gemv_bench, slower in the step). 16 CTAs spilled more
-    // and decoded 8-13% slower (run 25)
+    // CTAs per SM (48 registers). BENCH.md run 30 (32-bit block indices, one host, A/B):
+    // 0.8B 1413 / 4B 555 / 27B 143.3 tok/s at 10 against 1370 / 528 / 143.2 at 12 (40
+    // registers); 2 rows a warp for the 27B's large Q4_K matrices was faster alone in gemv_bench
+    // and slower in the step (27B 137.4). 16 CTAs spilled and decoded 8-13% slower (run 25)
     {GGML_TYPE_Q4_K, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 10, 1},
     // everything else: one row a warp, uncapped, one row group ahead (run 6)
     {GEMV_ANY_TYPE, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 1, 1},

@@ -40,12 +40,17 @@ static __device__ __forceinline__ void rows_dot_q(const uint8_t *W, const int64_
 {
     const int bpi = nl / TT::TPB;
     const int c = lr % TT::TPB;
+    // block indices in 32 bits (gemv_matrix_plan refuses a matrix of 2^32 blocks or more): one
+    // register a row instead of two, which keeps the 40-register Q4_K build free of spills
+    uint32_t base[R]; // the first block of each row
+#pragma unroll
+    for (int r = 0; r < R; r++) base[r] = (uint32_t)rows[r] * (uint32_t)nb;
 #pragma unroll 4
     for (int b = lr / TT::TPB; b < nb; b += bpi) {
         const auto xv = load_x(TT(), b, c, xqs, xds);
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[r] += slice_dot(TT(), W, nblk, (uint64_t)rows[r] * nb + b, c, xv);
+            acc[r] += slice_dot(TT(), W, nblk, (uint64_t)(base[r] + (uint32_t)b), c, xv);
     }
 }
 
