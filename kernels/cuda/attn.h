@@ -3,7 +3,7 @@
  *                NEOX RoPE on dims [0, n_rot) at position *d_pos, K/V appended to the cache
  *   attn_decode  GQA softmax attention over positions 0..*d_pos (split over chunks of
  *                ATTN_CHUNK positions, then merged), times sigmoid(gate); output F32 + Q8
- * CPU twins: ref_rmsnorm_heads, ref_rope (kernels/cpu), ref_attn_decode, ref_sigmoid_gate.
+ * CPU twins (kernels/cpu/attn.h): ref_attn_prep, ref_attn_decode, ref_sigmoid_gate.
  * The position lives on the device so a captured graph replays for every token. The cache's
  * element type (attn_kv_type) is the caller's choice: F32 holds K and V as computed, F16 halves
  * the bytes read per token and rounds them (2^-11 relative). */
