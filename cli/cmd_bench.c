@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/flags.h"
 #include "common/sampling.h"
 #include "model/qwen35.h"
@@ -36,13 +36,6 @@ static const flag_spec bench_flags[] = {
     {0},
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* n greedy decode steps of slot 0 from token *tok; *tok = the last sampled token */
 static int decode_steps(worker_backend *b, int n, int32_t *tok, status *st)
 {
@@ -61,19 +54,19 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2,
                                     .n_threads = o->threads, .max_prefill_tokens = 1};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    const double t_load = now_s();
+    const double t_load = clock_now_s();
     if (worker_backend_create(o->device, m, &bo, &b, st) || b->vt->seq_start(b, 0, &greedy, st) ||
         b->vt->fill(b, 0, o->ctx, st))
         goto fail;
-    fprintf(stderr, "bench: %s ready in %.1f s\n", b->device, now_s() - t_load);
+    fprintf(stderr, "bench: %s ready in %.1f s\n", b->device, clock_now_s() - t_load);
     int32_t tok = 1;
     if (decode_steps(b, o->warmup, &tok, st)) goto fail;
     worker_backend_stats s0 = {0}, s1 = {0};
     const bool gpu = b->vt->get_stats != NULL;
     if (gpu) b->vt->get_stats(b, &s0);
-    const double t0 = now_s();
+    const double t0 = clock_now_s();
     if (decode_steps(b, o->tokens, &tok, st)) goto fail;
-    const double dt = now_s() - t0;
+    const double dt = clock_now_s() - t0;
     if (gpu) b->vt->get_stats(b, &s1);
     const double tps = o->tokens / dt;
     printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model, b->device,

@@ -25,6 +25,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_ids.h"
+#include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/sampling.h"
@@ -106,7 +107,7 @@ static void gen_on_token(void *arg, const engine_request *r, const worker_batch_
 {
     gen_run *g = arg;
     pthread_mutex_lock(&g->mu);
-    if (!g->n_gen) g->t_first_us = engine_now_us();
+    if (!g->n_gen) g->t_first_us = clock_now_us();
     g->gen[g->n_gen++] = item->token;
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -118,7 +119,7 @@ static void gen_on_finish(void *arg, const engine_request *r)
     gen_run *g = arg;
     pthread_mutex_lock(&g->mu);
     g->end = *r;
-    g->t_end_us = engine_now_us();
+    g->t_end_us = clock_now_us();
     g->done = true;
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -229,7 +230,7 @@ int cmd_generate(int argc, char **argv)
     engine_params ep = {.prompt = ids, .n_prompt = n_prompt, .sampling = sp,
                         .max_new_tokens = o.max_tokens};
     snprintf(ep.id, sizeof ep.id, "generate");
-    const int64_t t0 = engine_now_us();
+    const int64_t t0 = clock_now_us();
     if (engine_submit(eng, &ep, &gen_sink, &g, &st) ||
         stream_tokens(&g, &o, tok, piece, cap, &st))
         goto fail;

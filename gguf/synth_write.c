@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "gguf/gguf_writer.h"
 #include "gguf/synth.h"
 #include "gguf/synth_vocab.h"
@@ -37,12 +38,6 @@ typedef struct work {
     status st;            /* first failure */
 } work;
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void work_fail(work *wk, const status *st)
 {
@@ -172,7 +167,7 @@ static int run_threads(work *wk, int n_threads, status *st)
 
 int synth_write(const char *path, const synth_options *o, synth_stats *stats, status *st)
 {
-    double t0 = now_seconds();
+    double t0 = clock_now_s();
     if (!o->preset) return status_fail(st, STATUS_INVALID, "synth: no preset given");
     if ((unsigned)o->quant >= SYNTH_QUANT_COUNT)
         return status_fail(st, STATUS_INVALID, "synth: unknown quant %d", (int)o->quant);
@@ -248,7 +243,7 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
         stats->n_bytes = (uint64_t)sb.st_size;
         stats->tensor_bytes = tensor_bytes;
         stats->n_threads = n_threads;
-        stats->seconds = now_seconds() - t0;
+        stats->seconds = clock_now_s() - t0;
     }
     free(items);
     free(keys);

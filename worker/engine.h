@@ -135,8 +135,5 @@ bool engine_wait_idle(engine *e, int64_t timeout_ms);
 /* Stops the thread (requests still in flight are cancelled first) and frees the engine. */
 void engine_destroy(engine *e);
 
-/* The clock of the request timings (t_arrival ...): clock_now_us (common/clock.h); kept for
- * callers written before it. */
-static inline int64_t engine_now_us(void) { return clock_now_us(); }
 
 #endif
