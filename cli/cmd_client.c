@@ -16,12 +16,13 @@
 #include "common/flags.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "rpc/rpc_client.h"
+#include "rpc/rpc_tls.h"
 #include "rpc/rpc_status.h"
 
 #define CLIENT_MAX_STOPS 64
 
 typedef struct client_opts {
-    const char *addr, *prompt, *ids, *chat, *system, *stop_ids, *request_id;
+    const char *addr, *prompt, *ids, *chat, *system, *stop_ids, *request_id, *tls_ca;
     int max_tokens, top_k, logprobs, print_ids, json, verbose, worker, ignore_eos;
     int64_t seed, timeout_ms;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -30,6 +31,8 @@ typedef struct client_opts {
 static const flag_spec specs[] = {
     {"addr", "DS_ADDR", "127.0.0.1:50051", FLAG_STR, offsetof(client_opts, addr),
      "router (or, with --worker, worker) address HOST:PORT"},
+    {"tls-ca", "DS_TLS_CA", NULL, FLAG_STR, offsetof(client_opts, tls_ca),
+     "PEM CA bundle: connect over TLS, verifying the server with it"},
     {"prompt", NULL, NULL, FLAG_STR, offsetof(client_opts, prompt), "prompt text"},
     {"ids", NULL, NULL, FLAG_STR, offsetof(client_opts, ids), "prompt token ids: 1,2,3"},
     {"chat", NULL, NULL, FLAG_STR, offsetof(client_opts, chat),
@@ -302,7 +305,9 @@ int cmd_client(int argc, char **argv)
 
     rpc_client_channel *ch = NULL;
     rpc_client_stream *s = NULL;
-    if (rpc_client_channel_create(&ch, o.addr, &st) ||
+    const int tls_on = o.tls_ca && o.tls_ca[0];
+    rpc_tls_client tls = {tls_on ? o.tls_ca : NULL, NULL, NULL};
+    if (rpc_client_channel_create_tls(&ch, o.addr, tls_on ? &tls : NULL, &st) ||
         rpc_client_stream_start(&s, ch, path, req, o.timeout_ms, NULL, &st)) {
         fprintf(stderr, "deltaserve client: %s\n", st.msg);
         rpc_client_channel_destroy(ch);
@@ -371,13 +376,18 @@ int cmd_client(int argc, char **argv)
     fflush(stdout);
     if (summary[0]) fprintf(stderr, "%s\n", summary);
     free(out_ids);
+    const int64_t n_received = rpc_client_stream_n_received(s);
     rpc_client_stream_destroy(s);
     rpc_client_channel_destroy(ch);
     free(ids);
     free(stop_ids);
     if (res.code != GRPC_STATUS_OK) {
-        fprintf(stderr, "deltaserve client: %s: %s\n",
-                rpc_status_grpc_name((grpc_status_code)res.code), res.message);
+        /* a failed TLS handshake reads as UNAVAILABLE "failed to connect": say what to check */
+        const int tls_hint = tls_on && res.code == GRPC_STATUS_UNAVAILABLE && n_received == 0;
+        fprintf(stderr, "deltaserve client: %s: %s%s\n",
+                rpc_status_grpc_name((grpc_status_code)res.code), res.message,
+                tls_hint ? " (TLS: no connection; check the server certificate against --tls-ca)"
+                         : "");
         return 1;
     }
     return 0;

@@ -13,7 +13,12 @@
 typedef struct router_cli_opts {
     const char *listen, *workers, *workers_dns, *model, *metrics_listen, *routing, *log_level;
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
+    const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
+    const char *auth_token_file;
+    int reflection_auth;
 } router_cli_opts;
+
+static const char *opt(const char *s) { return s && s[0] ? s : NULL; }
 
 static const flag_spec specs[] = {
     {"listen", "DS_LISTEN", "127.0.0.1:0", FLAG_STR, offsetof(router_cli_opts, listen),
@@ -42,6 +47,25 @@ static const flag_spec specs[] = {
      offsetof(router_cli_opts, grace_seconds), "on SIGTERM/SIGINT, time for in-flight streams"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(router_cli_opts, log_level),
      "debug, info, warn or error"},
+    {"tls-cert", "DS_TLS_CERT", NULL, FLAG_STR, offsetof(router_cli_opts, tls_cert),
+     "PEM certificate chain: serve --listen over TLS (with --tls-key)"},
+    {"tls-key", "DS_TLS_KEY", NULL, FLAG_STR, offsetof(router_cli_opts, tls_key),
+     "PEM private key of --tls-cert"},
+    {"tls-ca", "DS_TLS_CA", NULL, FLAG_STR, offsetof(router_cli_opts, tls_ca),
+     "PEM CA bundle: call the workers over TLS, verifying them with it"},
+    {"tls-client-cert", "DS_TLS_CLIENT_CERT", NULL, FLAG_STR,
+     offsetof(router_cli_opts, tls_client_cert),
+     "PEM client certificate presented to the workers (mTLS; needs --tls-ca)"},
+    {"tls-client-key", "DS_TLS_CLIENT_KEY", NULL, FLAG_STR,
+     offsetof(router_cli_opts, tls_client_key), "PEM private key of --tls-client-cert"},
+    {"health-listen", "DS_HEALTH_LISTEN", NULL, FLAG_STR, offsetof(router_cli_opts, health_listen),
+     "plaintext HOST:PORT serving only grpc.health.v1 (kubelet probes when TLS is on)"},
+    {"auth-token-file", "DS_AUTH_TOKEN_FILE", NULL, FLAG_STR,
+     offsetof(router_cli_opts, auth_token_file),
+     "Generation calls need metadata 'authorization: Bearer <file's token>' (re-read on change)"},
+    {"reflection-auth", "DS_REFLECTION_AUTH", NULL, FLAG_BOOL,
+     offsetof(router_cli_opts, reflection_auth),
+     "with --auth-token-file: reflection needs the token too (default: open)"},
     {0},
 };
 
@@ -85,6 +109,18 @@ int cmd_router(int argc, char **argv)
     ro.dns_refresh_ms = o.dns_refresh_ms;
     ro.max_inflight = o.max_inflight;
     ro.max_attempts = o.max_attempts;
+    rpc_tls_server tls = {opt(o.tls_cert), opt(o.tls_key), NULL};
+    rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key)};
+    if (!tls.cert_file != !tls.key_file || (!wtls.ca_file && (wtls.cert_file || wtls.key_file))) {
+        fprintf(stderr, "deltaserve router: give --tls-cert with --tls-key, and "
+                        "--tls-client-cert/--tls-client-key only with --tls-ca\n");
+        return 2;
+    }
+    ro.tls = tls.cert_file ? &tls : NULL;
+    ro.worker_tls = wtls.ca_file ? &wtls : NULL;
+    ro.health_listen = opt(o.health_listen);
+    ro.auth_token_file = opt(o.auth_token_file);
+    ro.reflection_auth = o.reflection_auth;
 
     /* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts. Reset
      * their disposition first: a shell starts background jobs with SIGINT ignored, and an
@@ -109,8 +145,18 @@ int cmd_router(int argc, char **argv)
     char *colon = strrchr(host, ':');
     if (colon) *colon = 0;
     /* always printed, whatever --log-level: scripts and tests wait for this line */
-    log_write(LOG_LEVEL_INFO, "router: listening on %s:%d (%s routing, %s)", host, router_port(r),
-              o.routing, ro.model ? "text and ids prompts" : "ids prompts only: no --model");
+    log_write(LOG_LEVEL_INFO, "router: listening on %s:%d (%s routing, %s%s%s)", host,
+              router_port(r), o.routing,
+              ro.model ? "text and ids prompts" : "ids prompts only: no --model",
+              ro.tls ? ", TLS" : "", ro.auth_token_file ? ", token auth" : "");
+    if (router_health_port(r)) {
+        char hhost[256];
+        snprintf(hhost, sizeof hhost, "%s", ro.health_listen);
+        char *hc = strrchr(hhost, ':');
+        if (hc) *hc = 0;
+        log_write(LOG_LEVEL_INFO, "router: health (plaintext) on %s:%d", hhost,
+                  router_health_port(r));
+    }
     if (router_metrics_port(r)) {
         char mhost[256];
         snprintf(mhost, sizeof mhost, "%s", ro.metrics_listen);

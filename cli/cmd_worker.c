@@ -20,6 +20,7 @@
 #include "model/qwen35.h"
 #include "model/tokenizer.h"
 #include "rpc/metrics_http.h"
+#include "rpc/rpc_tls.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/service.h"
@@ -29,6 +30,7 @@
 typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level;
     int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls;
+    const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
 static const flag_spec worker_flags[] = {
@@ -45,6 +47,10 @@ static const flag_spec worker_flags[] = {
     {"name", "DS_WORKER_NAME", NULL, FLAG_STR, offsetof(worker_opts, name), "served_by name (default: the bound address)"},
     {"max-calls", "DS_MAX_CALLS", "4096", FLAG_INT, offsetof(worker_opts, max_calls), "concurrent gRPC calls"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(worker_opts, log_level), "debug | info | warn | error"},
+    {"tls-cert", "DS_TLS_CERT", NULL, FLAG_STR, offsetof(worker_opts, tls_cert), "PEM certificate chain: serve --listen over TLS (with --tls-key)"},
+    {"tls-key", "DS_TLS_KEY", NULL, FLAG_STR, offsetof(worker_opts, tls_key), "PEM private key of --tls-cert"},
+    {"tls-client-ca", "DS_TLS_CLIENT_CA", NULL, FLAG_STR, offsetof(worker_opts, tls_client_ca), "PEM CA: require and verify client certificates (mTLS; needs --tls-cert)"},
+    {"health-listen", "DS_HEALTH_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, health_listen), "plaintext HOST:PORT serving only grpc.health.v1 (kubelet probes when TLS is on)"},
     {0},
 };
 
@@ -119,16 +125,34 @@ int cmd_worker(int argc, char **argv)
     engine *eng = NULL;
     int ret = 1;
 
+    const char *tls_cert = o.tls_cert && o.tls_cert[0] ? o.tls_cert : NULL;
+    const char *tls_key = o.tls_key && o.tls_key[0] ? o.tls_key : NULL;
+    const char *tls_client_ca = o.tls_client_ca && o.tls_client_ca[0] ? o.tls_client_ca : NULL;
+    if (!tls_cert != !tls_key || (tls_client_ca && !tls_cert)) {
+        fprintf(stderr, "deltaserve worker: give --tls-cert with --tls-key; --tls-client-ca needs both\n");
+        return 2;
+    }
+    rpc_tls_server tls = {tls_cert, tls_key, tls_client_ca};
+    const char *health_listen = o.health_listen && o.health_listen[0] ? o.health_listen : NULL;
     if (metrics_create(64, &mx, &st)) goto fail;
     if (worker_service_create(&(worker_service_opts){.listen = o.listen, .name = o.name,
-                                                     .max_calls = o.max_calls, .metrics = mx},
+                                                     .max_calls = o.max_calls, .metrics = mx,
+                                                     .tls = tls_cert ? &tls : NULL,
+                                                     .health_listen = health_listen},
                               &ws, &st))
         goto fail;
     {
         const char *colon = strrchr(o.listen, ':');
         int hn = colon ? (int)(colon - o.listen) : (int)strlen(o.listen);
         /* always logged, whatever --log-level: scripts and tests wait for this line */
-        log_write(LOG_LEVEL_INFO, "listening on %.*s:%d", hn, o.listen, worker_service_port(ws));
+        log_write(LOG_LEVEL_INFO, "listening on %.*s:%d%s", hn, o.listen, worker_service_port(ws),
+                  tls_cert ? (tls_client_ca ? " (TLS, client certificates required)" : " (TLS)") : "");
+        if (health_listen) {
+            const char *hc = strrchr(health_listen, ':');
+            int hhn = hc ? (int)(hc - health_listen) : (int)strlen(health_listen);
+            log_write(LOG_LEVEL_INFO, "health (plaintext) on %.*s:%d", hhn, health_listen,
+                      worker_service_health_port(ws));
+        }
     }
     if (o.metrics_listen) {
         if (metrics_http_start(mx, o.metrics_listen, &mx_http, &st)) goto fail;

@@ -26,7 +26,7 @@ const char *status_code_name(status_code code)
     static const char *names[] = {
         "OK",       "INVALID",     "IO",        "NOMEM",     "FORMAT",
         "UNSUPPORTED", "NOT_FOUND", "RANGE",    "EXHAUSTED", "UNAVAILABLE",
-        "CANCELLED", "DEADLINE",   "DEVICE",    "INTERNAL",
+        "CANCELLED", "DEADLINE",   "DEVICE",    "INTERNAL",  "UNAUTHENTICATED",
     };
     if ((unsigned)code < sizeof names / sizeof names[0])
         return names[code];

@@ -25,6 +25,7 @@ typedef enum status_code {
     STATUS_DEADLINE,
     STATUS_DEVICE,      /* CUDA / NCCL failure */
     STATUS_INTERNAL,    /* a bug */
+    STATUS_UNAUTHENTICATED, /* missing or wrong credentials (bearer token) */
 } status_code;
 
 typedef struct status {

@@ -12,10 +12,10 @@
 
 static void *pool_connect(const char *addr, void *ctx)
 {
-    (void)ctx;
+    const router *r = ctx;
     rpc_client_channel *ch = NULL;
     status st;
-    if (rpc_client_channel_create(&ch, addr, &st)) {
+    if (rpc_client_channel_create_tls(&ch, addr, r->opts.worker_tls, &st)) {
         LOG_WARN("router: %s", st.msg);
         return NULL;
     }
@@ -112,7 +112,7 @@ int router_create(router **out, const router_opts *opts, status *st)
         if ((rc = tokenizer_load_path(&r->tok, r->opts.model, st))) goto fail;
         LOG_INFO("router: tokenizer of %s: %zu tokens", r->opts.model, tokenizer_n_vocab(r->tok));
     }
-    router_pool_ops ops = {pool_connect, pool_disconnect, NULL};
+    router_pool_ops ops = {pool_connect, pool_disconnect, r};
     if ((rc = router_pool_create(&r->pool, &r->opts.policy, &ops, st))) goto fail;
     if (r->opts.workers) {
         if ((rc = router_dns_parse_list(r->opts.workers, r->dns, st))) goto fail;
@@ -123,7 +123,10 @@ int router_create(router **out, const router_opts *opts, status *st)
     }
     const char *services[] = {ROUTER_SERVICE};
     if ((rc = rpc_health_create(services, 1, &r->health, st))) goto fail;
-    rpc_server_opts so = {.listen = r->opts.listen};
+    if (r->opts.auth_token_file && (rc = rpc_auth_create(r->opts.auth_token_file, &r->auth, st)))
+        goto fail;
+    rpc_server_opts so = {.listen = r->opts.listen, .tls = r->opts.tls,
+                          .health_listen = r->opts.health_listen, .auth = r->auth};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
     if ((rc = rpc_health_add_methods(r->health, r->srv, st))) goto fail;
@@ -134,6 +137,9 @@ int router_create(router **out, const router_opts *opts, status *st)
                                     &r->refl, st)))
         goto fail;
     if ((rc = rpc_reflection_add_methods(r->refl, r->srv, st))) goto fail;
+    /* health stays open (probes); reflection follows --reflection-auth */
+    rpc_server_require_auth(r->srv, "/" ROUTER_SERVICE "/");
+    if (r->opts.reflection_auth) rpc_server_require_auth(r->srv, "/grpc.reflection.");
     if ((rc = metrics_setup(r, st))) goto fail;
     *out = r;
     return 0;
@@ -158,6 +164,8 @@ int router_start(router *r, status *st)
 }
 
 int router_port(const router *r) { return rpc_server_port(r->srv); }
+
+int router_health_port(const router *r) { return rpc_server_health_port(r->srv); }
 
 int router_metrics_port(const router *r)
 {
@@ -209,6 +217,7 @@ void router_destroy(router *r)
     if (r->srv) rpc_server_destroy(r->srv);
     if (r->health) rpc_health_destroy(r->health);
     if (r->refl) rpc_reflection_destroy(r->refl);
+    rpc_auth_destroy(r->auth); /* after the server: no check runs any more */
     metrics_http_stop(r->metrics_http);
     if (r->metrics) metrics_destroy(r->metrics);
     if (r->pool) router_pool_destroy(r->pool);

@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "router/router_policy.h"
+#include "rpc/rpc_tls.h"
 
 typedef struct router_opts {
     const char *listen;         /* HOST:PORT, port 0 = pick one */
@@ -29,6 +30,11 @@ typedef struct router_opts {
     int dns_refresh_ms;         /* 0 -> 5000 */
     int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
     int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
+    const rpc_tls_server *tls;  /* TLS on listen (NULL: plaintext) */
+    const rpc_tls_client *worker_tls; /* TLS to the workers (NULL: plaintext) */
+    const char *health_listen;  /* plaintext grpc.health.v1-only HOST:PORT, or NULL */
+    const char *auth_token_file; /* Generation calls need "authorization: Bearer <token>" */
+    int reflection_auth;        /* with a token: reflection needs it too */
 } router_opts;
 
 typedef struct router router;
@@ -42,6 +48,7 @@ int router_start(router *r, status *st);
 /* The bound gRPC port, and the metrics port (0 without metrics). */
 int router_port(const router *r);
 int router_metrics_port(const router *r);
+int router_health_port(const router *r); /* 0 without health_listen */
 
 /* Readiness NOT_SERVING; new Generate calls are refused with UNAVAILABLE "router is draining"
  * from the moment it returns (router_drain does it too; this is for logging "draining" only

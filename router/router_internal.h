@@ -12,6 +12,7 @@
 #include "router/router_dns.h"
 #include "router/router_pool.h"
 #include "rpc/metrics_http.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_health.h"
 #include "rpc/rpc_reflection.h"
 #include "rpc/rpc_server.h"
@@ -24,6 +25,7 @@ struct router {
     tokenizer *tok;          /* owned, NULL without --model */
     router_pool *pool;       /* owned */
     rpc_server *srv;         /* owned */
+    rpc_auth *auth;          /* owned, or NULL: no --auth-token-file */
     rpc_health *health;      /* owned */
     rpc_reflection *refl;    /* owned */
     metrics *metrics;        /* owned */

@@ -1,4 +1,5 @@
 #include "rpc/rpc_client.h"
+#include "rpc/rpc_tls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,11 +39,23 @@ struct rpc_client_stream {
 
 int rpc_client_channel_create(rpc_client_channel **out, const char *target, status *st)
 {
+    return rpc_client_channel_create_tls(out, target, NULL, st);
+}
+
+int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
+                                  const rpc_tls_client *tls, status *st)
+{
     if (strlen(target) >= sizeof((rpc_client_channel *)0)->target)
         return status_fail(st, STATUS_INVALID, "channel target '%s' is too long", target);
     rpc_client_channel *c = calloc(1, sizeof *c);
     if (!c) return status_fail(st, STATUS_NOMEM, "channel %s: out of memory", target);
     grpc_init();
+    grpc_channel_credentials *creds = NULL;
+    if (tls && rpc_tls_client_creds(tls, &creds, st)) {
+        free(c);
+        grpc_shutdown();
+        return st->code;
+    }
     strcpy(c->target, target);
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
@@ -55,7 +68,7 @@ int rpc_client_channel_create(rpc_client_channel **out, const char *target, stat
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
     };
     grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0], .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    if (!creds) creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &ca);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {

@@ -37,6 +37,11 @@ typedef struct rpc_client_result {
  * "dns:///name:port"). Reconnect backoff is short (100 ms .. 1 s), so a restarted peer is seen
  * quickly. */
 int rpc_client_channel_create(rpc_client_channel **out, const char *target, status *st);
+/* The same over TLS (rpc/rpc_tls.h: the CA that verifies the server, and optionally a client
+ * certificate for mTLS); tls NULL = insecure. STATUS_IO naming a file that cannot be read. */
+typedef struct rpc_tls_client rpc_tls_client;
+int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
+                                  const rpc_tls_client *tls, status *st);
 void rpc_client_channel_destroy(rpc_client_channel *ch);
 const char *rpc_client_channel_target(const rpc_client_channel *ch);
 

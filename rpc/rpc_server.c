@@ -57,7 +57,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_status.h"
+#include "rpc/rpc_tls.h"
 
 #define RPC_MAX_METHODS 32
 #define RPC_N_LISTEN 16 /* grpc_server_request_call kept outstanding */
@@ -100,6 +102,7 @@ struct rpc_call {
     atomic_bool cancelled;      /* over on the wire: client cancel, deadline, drop, a failed
                                    batch, shutdown; read without the lock */
     int64_t deadline_ms;
+    bool unauthenticated; /* a method needing the token, and the call has not the right one */
     char path[160];
     char peer[80];
     void *data; /* borrowed, the owner's */
@@ -128,7 +131,10 @@ struct rpc_server {
     int port;
     int max_recv_bytes;
     rpc_method methods[RPC_MAX_METHODS];
+    bool method_auth[RPC_MAX_METHODS]; /* needs the bearer token (rpc_server_require_auth) */
     int n_methods;
+    rpc_auth *auth;         /* borrowed, or NULL */
+    rpc_server *health_srv; /* owned, or NULL: the plaintext health-only port */
     rpc_call *calls; /* owned, [n_calls] */
     int n_calls;
     rpc_call *free_list; /* CQ thread only */
@@ -282,6 +288,18 @@ static void slice_to_buf(grpc_slice sl, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
+/* The "authorization" metadata checked against the token (CQ thread; no allocation). */
+static bool call_has_token(rpc_auth *auth, const grpc_metadata_array *md)
+{
+    for (size_t i = 0; i < md->count; i++) {
+        const grpc_slice k = md->metadata[i].key;
+        if (GRPC_SLICE_LENGTH(k) == 13 && memcmp(GRPC_SLICE_START_PTR(k), "authorization", 13) == 0)
+            return rpc_auth_check(auth, (const char *)GRPC_SLICE_START_PTR(md->metadata[i].value),
+                                  GRPC_SLICE_LENGTH(md->metadata[i].value));
+    }
+    return rpc_auth_check(auth, NULL, 0);
+}
+
 static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
 {
     s->n_requested--;
@@ -303,6 +321,8 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
         c->deadline_ms = clock_deadline_ms(gpr_time_to_millis(left));
     }
     grpc_call_details_destroy(&c->details);
+    c->unauthenticated = c->method && s->method_auth[c->method - s->methods] &&
+                         !call_has_token(s->auth, &c->req_md);
     grpc_metadata_array_destroy(&c->req_md);
     char *peer = grpc_call_get_peer(c->gcall);
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "");
@@ -367,6 +387,12 @@ static void on_recv(rpc_call *c, bool ok)
         char msg[224];
         snprintf(msg, sizeof msg, "unknown method %s", c->path);
         server_finish(c, GRPC_STATUS_UNIMPLEMENTED, msg);
+        return;
+    }
+    if (!handed && c->unauthenticated) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        server_finish(c, GRPC_STATUS_UNAUTHENTICATED,
+                      "missing or wrong token: send metadata 'authorization: Bearer <token>'");
         return;
     }
     ProtobufCMessage *req = NULL;
@@ -537,7 +563,16 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     s->cq = grpc_completion_queue_create_for_next(NULL);
     s->server = grpc_server_create(&cargs, NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    s->auth = opts->auth;
+    grpc_server_credentials *creds = NULL;
+    if (opts->tls) {
+        if (rpc_tls_server_creds(opts->tls, &creds, st)) {
+            rpc_server_destroy(s);
+            return st->code;
+        }
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
     s->port = grpc_server_add_http2_port(s->server, opts->listen, creds);
     grpc_server_credentials_release(creds);
     if (s->port <= 0) {
@@ -546,11 +581,30 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
         rpc_server_destroy(s);
         return st ? st->code : STATUS_IO;
     }
+    if (opts->health_listen) {
+        rpc_server_opts ho = {.listen = opts->health_listen, .max_calls = 64};
+        if (rpc_server_create(&ho, &s->health_srv, st)) {
+            rpc_server_destroy(s);
+            return st->code;
+        }
+    }
     *out = s;
     return STATUS_OK;
 }
 
 int rpc_server_port(const rpc_server *srv) { return srv->port; }
+int rpc_server_health_port(const rpc_server *srv)
+{
+    return srv->health_srv ? srv->health_srv->port : 0;
+}
+
+void rpc_server_require_auth(rpc_server *srv, const char *prefix)
+{
+    DS_ASSERT(!srv->started);
+    if (!srv->auth) return;
+    for (int i = 0; i < srv->n_methods; i++)
+        if (strncmp(srv->methods[i].path, prefix, strlen(prefix)) == 0) srv->method_auth[i] = true;
+}
 
 int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st)
 {
@@ -561,6 +615,9 @@ int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st)
     if (find_method(srv, m->path))
         return status_fail(st, STATUS_INVALID, "rpc server: method %s added twice", m->path);
     srv->methods[srv->n_methods++] = *m;
+    static const char health[] = "/grpc.health.v1.Health/";
+    if (srv->health_srv && strncmp(m->path, health, sizeof health - 1) == 0)
+        return rpc_server_add_method(srv->health_srv, m, st);
     return STATUS_OK;
 }
 
@@ -572,7 +629,7 @@ int rpc_server_start(rpc_server *srv, status *st)
     if (pthread_create(&srv->thread, NULL, cq_thread, srv) != 0)
         return status_fail(st, STATUS_INTERNAL, "rpc server: cannot start the CQ thread");
     srv->started = true;
-    return STATUS_OK;
+    return srv->health_srv ? rpc_server_start(srv->health_srv, st) : STATUS_OK;
 }
 
 static void drain_cq(grpc_completion_queue *cq)
@@ -715,6 +772,8 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
         grpc_server_cancel_all_calls(srv->server);
     wait_done(srv, false, WAIT_FOREVER);
     pthread_join(srv->thread, NULL);
+    /* the probes' port last: it answers (NOT_SERVING while draining) until the main one closed */
+    if (srv->health_srv) rpc_server_shutdown_grace(srv->health_srv, 0);
     return clean;
 }
 
@@ -727,6 +786,7 @@ void rpc_server_destroy(rpc_server *srv)
         rpc_server_shutdown(srv);
         grpc_server_destroy(srv->server);
     }
+    if (srv->health_srv) rpc_server_destroy(srv->health_srv);
     if (srv->cq) {
         drain_cq(srv->cq);
         grpc_completion_queue_destroy(srv->cq);

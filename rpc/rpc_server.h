@@ -85,19 +85,36 @@ typedef struct rpc_method {
     bool end_at_shutdown;
 } rpc_method;
 
+typedef struct rpc_tls_server rpc_tls_server; /* rpc/rpc_tls.h */
+typedef struct rpc_auth rpc_auth;             /* rpc/rpc_auth.h */
+
 typedef struct rpc_server_opts {
     const char *listen; /* "HOST:PORT"; port 0 picks a free port (rpc_server_port) */
+    const rpc_tls_server *tls; /* NULL: plaintext; else TLS (mTLS with a client CA) on listen */
+    /* "HOST:PORT" of a second, plaintext port that serves only grpc.health.v1 (the methods
+     * added whose path starts with /grpc.health.v1.Health/), for kubelet's gRPC probes, which
+     * cannot speak TLS; NULL: none. */
+    const char *health_listen;
+    rpc_auth *auth; /* borrowed, NULL: no tokens; methods marked by rpc_server_require_auth
+                       need "authorization: Bearer <token>" or get UNAUTHENTICATED, unhandled */
     int max_calls;      /* preallocated call structs = most calls alive at once; 0 -> 4096.
                            Beyond that, new calls wait inside gRPC until one is released. */
     int max_recv_bytes; /* largest request message accepted; 0 -> 16 MiB */
 } rpc_server_opts;
 
-/* Initialises gRPC, creates the server and binds the port (insecure credentials).
- * STATUS_IO naming the address when it cannot be bound. */
+/* Initialises gRPC, creates the server and binds the port (and health_listen), with TLS
+ * credentials when opts->tls is set. STATUS_IO naming the address when it cannot be bound or a
+ * TLS file cannot be read. */
 int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st);
 
-/* The bound port (the picked one when the listen port was 0). */
+/* The bound port (the picked one when the listen port was 0); the health-only port, 0 if none. */
 int rpc_server_port(const rpc_server *srv);
+int rpc_server_health_port(const rpc_server *srv);
+
+/* Marks the methods added so far whose path starts with prefix as needing the bearer token
+ * (opts->auth; a no-op without one). A call that lacks it or has a wrong one is finished with
+ * UNAUTHENTICATED by the server before its request is read: no handler runs. */
+void rpc_server_require_auth(rpc_server *srv, const char *prefix);
 
 /* Adds a method (the struct is copied) before rpc_server_start. Paths must be unique. */
 int rpc_server_add_method(rpc_server *srv, const rpc_method *m, status *st);

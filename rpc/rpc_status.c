@@ -17,6 +17,7 @@ grpc_status_code rpc_status_to_grpc(status_code code)
     case STATUS_UNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
     case STATUS_DEVICE:
     case STATUS_INTERNAL: return GRPC_STATUS_INTERNAL;
+    case STATUS_UNAUTHENTICATED: return GRPC_STATUS_UNAUTHENTICATED;
     }
     return GRPC_STATUS_INTERNAL;
 }
@@ -34,6 +35,7 @@ status_code rpc_status_from_grpc(grpc_status_code code)
     case GRPC_STATUS_CANCELLED: return STATUS_CANCELLED;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return STATUS_DEADLINE;
     case GRPC_STATUS_UNIMPLEMENTED: return STATUS_UNSUPPORTED;
+    case GRPC_STATUS_UNAUTHENTICATED: return STATUS_UNAUTHENTICATED;
     default: return STATUS_INTERNAL;
     }
 }

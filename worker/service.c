@@ -337,7 +337,8 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
          RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false},
     };
-    if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls},
+    if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls,
+                                             .tls = o->tls, .health_listen = o->health_listen},
                           &ws->srv, st))
         goto fail;
     for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
@@ -363,6 +364,7 @@ fail:
 }
 
 int worker_service_port(const worker_service *ws) { return rpc_server_port(ws->srv); }
+int worker_service_health_port(const worker_service *ws) { return rpc_server_health_port(ws->srv); }
 const char *worker_service_name(const worker_service *ws) { return ws->name; }
 
 void worker_service_begin_drain(worker_service *ws)

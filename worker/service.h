@@ -33,6 +33,8 @@ typedef struct worker_service_opts {
     const char *name;   /* served_by in final messages; NULL = "HOST:PORT" as bound */
     int max_calls;      /* concurrent gRPC calls; 0 -> 4096 */
     metrics *metrics;   /* optional */
+    const struct rpc_tls_server *tls; /* TLS (mTLS with a client CA) on listen; NULL: plaintext */
+    const char *health_listen; /* plaintext grpc.health.v1-only HOST:PORT, or NULL */
 } worker_service_opts;
 
 /* What GetModelInfo reports besides the model config. */
@@ -45,6 +47,7 @@ typedef struct worker_model_desc {
 
 int worker_service_create(const worker_service_opts *o, worker_service **out, status *st);
 int worker_service_port(const worker_service *ws);
+int worker_service_health_port(const worker_service *ws); /* 0 without health_listen */
 /* The served_by name ("127.0.0.1:5555" or --name). */
 const char *worker_service_name(const worker_service *ws);
 

@@ -21,19 +21,21 @@ static void test_to_grpc(void)
     CU_ASSERT_EQUAL(rpc_status_to_grpc(STATUS_UNSUPPORTED), GRPC_STATUS_UNIMPLEMENTED);
     CU_ASSERT_EQUAL(rpc_status_to_grpc(STATUS_DEVICE), GRPC_STATUS_INTERNAL);
     CU_ASSERT_EQUAL(rpc_status_to_grpc(STATUS_INTERNAL), GRPC_STATUS_INTERNAL);
+    CU_ASSERT_EQUAL(rpc_status_to_grpc(STATUS_UNAUTHENTICATED), GRPC_STATUS_UNAUTHENTICATED);
     CU_ASSERT_EQUAL(rpc_status_to_grpc((status_code)99), GRPC_STATUS_INTERNAL);
 }
 
 static void test_round_trip(void)
 {
     /* every code a worker can send comes back as a status that maps to the same gRPC code */
-    for (int c = STATUS_OK; c <= STATUS_INTERNAL; c++) {
+    for (int c = STATUS_OK; c <= STATUS_UNAUTHENTICATED; c++) {
         grpc_status_code g = rpc_status_to_grpc((status_code)c);
         CU_ASSERT_EQUAL(rpc_status_to_grpc(rpc_status_from_grpc(g)), g);
     }
     CU_ASSERT_EQUAL(rpc_status_from_grpc(GRPC_STATUS_UNKNOWN), STATUS_INTERNAL);
     CU_ASSERT_EQUAL(rpc_status_from_grpc(GRPC_STATUS_DEADLINE_EXCEEDED), STATUS_DEADLINE);
     CU_ASSERT_EQUAL(rpc_status_from_grpc(GRPC_STATUS_RESOURCE_EXHAUSTED), STATUS_EXHAUSTED);
+    CU_ASSERT_EQUAL(rpc_status_from_grpc(GRPC_STATUS_UNAUTHENTICATED), STATUS_UNAUTHENTICATED);
 }
 
 static void test_names(void)
