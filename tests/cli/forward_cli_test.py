@@ -8,13 +8,16 @@ ids; bad input exits non-zero with one line.
 Needs DS_BIN (set by run_py.sh) and the reference directory (DS_REFERENCE_DIR, else
 DS_REPO_ROOT/../shared/reference, else found from this file's real path). eval and generate run
 every case of that folder and of the repository's tests/reference (reference_cases); the other
-checks use tiny-r2-tied of the shared folder."""
+checks use tiny-r2-tied of the shared folder, else own-r2-tied of tests/reference (refcases)."""
 import array
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "testutil"))
+import refcases  # noqa: E402  (tests/testutil/refcases.py)
 
 BIN = os.environ.get("DS_BIN", "deltaserve")
 
@@ -110,7 +113,7 @@ def test_eval(tmp):
 
 
 def test_eval_errors(tmp):
-    model = os.path.join(REF, "tiny-r2-tied.gguf")
+    model = refcases.resolve_path("tiny-r2-tied", ".gguf")
     out = os.path.join(tmp, "x.f32")
     r = run("eval", "--model", model, "--ids", "1,2,5000", "--logits-out", out)
     check(one_line_error(r, 1) and b"5000" in r.stderr, "eval: id >= V -> one line, exit 1")
@@ -127,7 +130,7 @@ def test_eval_errors(tmp):
     open(other, "wb").write(data)
     r = run("eval", "--model", other, "--ids", "1,2", "--logits-out", out)
     check(one_line_error(r, 1) and b"not qwen35" in r.stderr, "eval: not a qwen35 file -> one line, exit 1")
-    r = run("eval", "--model", os.path.join(REF, "tiny-r2-tied.json"), "--ids", "1", "--logits-out", out)
+    r = run("eval", "--model", refcases.resolve_path("tiny-r2-tied", ".json"), "--ids", "1", "--logits-out", out)
     check(one_line_error(r, 1), "eval: not a GGUF -> one line, exit 1")
     r = run("eval", "--model", model, "--ids", "1", "--logits-out", out, "--device", "tpu")
     check(r.returncode == 2, "eval: unknown device -> usage error")
@@ -157,13 +160,13 @@ def test_generate():
             check(r.returncode == 0 and d.returncode == 0 and r.stdout.rstrip(b"\n") == d.stdout.rstrip(b"\n"),
                   f"generate {name} prompt {i}: streamed text equals detokenize of the ids")
     # --chat wraps in ChatML: equals the reference chat prompt (prompt 2 of tiny-r2-tied)
-    meta = json.load(open(os.path.join(REF, "tiny-r2-tied.json")))
+    meta = json.load(open(refcases.resolve_path("tiny-r2-tied", ".json")))
     p = meta["prompts"][2]
-    r = run("generate", "--model", os.path.join(REF, "tiny-r2-tied.gguf"), "--chat", "--prompt",
+    r = run("generate", "--model", refcases.resolve_path("tiny-r2-tied", ".gguf"), "--chat", "--prompt",
             "Write a haiku about the sea.", "--max-tokens", str(len(p["greedy"])), "--print-ids")
     check(r.returncode == 0 and json.loads(r.stdout) == p["greedy"], "generate --chat: ChatML prompt, greedy ids match")
     # sampling is reproducible with a seed and differs across seeds
-    args = ["generate", "--model", os.path.join(REF, "tiny-r2-tied.gguf"), "--prompt", "Hello", "--max-tokens", "16",
+    args = ["generate", "--model", refcases.resolve_path("tiny-r2-tied", ".gguf"), "--prompt", "Hello", "--max-tokens", "16",
             "--temperature", "1.0", "--top-p", "0.9", "--print-ids"]
     a, b, c = run(*args, "--seed", "7"), run(*args, "--seed", "7"), run(*args, "--seed", "8")
     check(a.returncode == 0 and a.stdout == b.stdout, "generate: same seed, same ids")
@@ -171,7 +174,7 @@ def test_generate():
 
 
 def test_generate_errors():
-    model = os.path.join(REF, "tiny-r2-tied.gguf")
+    model = refcases.resolve_path("tiny-r2-tied", ".gguf")
     r = run("generate", "--model", model, "--prompt", "x", "--ids", "1", "--max-tokens", "2")
     check(r.returncode == 2, "generate: --prompt and --ids together -> usage error")
     r = run("generate", "--model", model, "--ids", "1,99999", "--max-tokens", "2")

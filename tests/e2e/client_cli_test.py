@@ -10,7 +10,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import harness as h  # noqa: E402
 
-with open(os.path.join(h.reference_dir(), "tiny-r2-tied.json")) as f:
+with open(h.tiny_json()) as f:
     REF = json.load(f)
 
 

@@ -5,7 +5,8 @@ the end. Runs under /usr/bin/python3 (Debian python3-grpcio) or the project venv
 
 Paths: the deltaserve binary is DS_BIN, or `cli/deltaserve` in the Bazel runfiles, or
 bazel-bin/cli/deltaserve in the repository; the reference models are DS_REFERENCE_DIR or
-<repo>/../shared/reference."""
+<repo>/../shared/reference; the tiny model is tiny-r2-tied there, else the repository's own
+own-r2-tied of tests/reference (tests/testutil/refcases.py)."""
 import os
 import re
 import signal
@@ -17,6 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import dsproto  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "testutil"))
+import refcases  # noqa: E402
 
 import grpc  # noqa: E402
 
@@ -50,7 +53,13 @@ def reference_dir():
 
 
 def tiny_model():
-    return os.path.join(reference_dir(), "tiny-r2-tied.gguf")
+    """tiny-r2-tied.gguf of the shared folder, else own-r2-tied.gguf of tests/reference."""
+    return refcases.resolve_path("tiny-r2-tied", ".gguf")
+
+
+def tiny_json():
+    """The reference (prompts, greedy ids) of tiny_model()."""
+    return refcases.resolve_path("tiny-r2-tied", ".json")
 
 
 _LOG_DIR = []

@@ -27,7 +27,7 @@ LONG = 4000  # tokens: a stream that outlives the test step (the tiny model, ctx
 
 
 def reference():
-    with open(os.path.join(h.reference_dir(), "tiny-r2-tied.json")) as f:
+    with open(h.tiny_json()) as f:
         return json.load(f)
 
 

@@ -1,5 +1,6 @@
 /* Reads the shared reference models (shared/reference, Hugging Face exports in llama.cpp's
- * qwen35 layout): architecture, hyperparameters, tokenizer arrays, every tensor's size and
+ * qwen35 layout; without the shared folder the repository's own equivalents own-r1-untied and
+ * own-r2-tied of tests/reference, same shapes and counts: ref_case_resolve): architecture, hyperparameters, tokenizer arrays, every tensor's size and
  * place; and a truncation sweep over the real header region (every byte offset). */
 #include <CUnit/Basic.h>
 #include <limits.h>
@@ -10,29 +11,28 @@
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
 #include "tests/gguf/gguf_craft.h"
+#include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
-typedef struct ref_case {
+typedef struct ref_expect {
     const char *name;
     uint64_t n_tensors;
     uint32_t n_layer, vocab, n_merges;
     bool tied;
-} ref_case;
+} ref_expect;
 
 /* From shared/reference/README.md (and the files' own metadata). */
-static const ref_case k_refs[] = {
+static const ref_expect k_refs[] = {
     {"tiny-r1-untied", 109, 8, 773, 512, false},
     {"tiny-r2-tied", 55, 4, 1029, 768, true},
 };
 
 static void ref_path(char *out, size_t cap, const char *name)
 {
-    char dir[PATH_MAX];
-    testutil_reference_dir(dir, sizeof dir);
-    snprintf(out, cap, "%s/%s.gguf", dir, name);
+    ref_case_resolve_path(name, ".gguf", out, cap);
 }
 
-static void check_model(const ref_case *rc)
+static void check_model(const ref_expect *rc)
 {
     char path[PATH_MAX + 64];
     gguf_file *f;

@@ -19,6 +19,7 @@
 #include "model/forward.h"
 #include "model/qwen35.h"
 #include "tests/gpu/gpu_parity.h"
+#include "tests/model/ref_cases.h"
 #include "worker/backend.h"
 
 /* Counting allocator: while g_counting is set, every malloc/calloc/realloc of the process
@@ -59,7 +60,8 @@ void free(void *p) { __libc_free(p); }
 static bool g_have_gpu;
 
 /* Reference models: the shared cases ($DS_REFERENCE_DIR or ../shared/reference beside the
- * checkout) and the project's own (tests/reference, $DS_REPO_ROOT). */
+ * checkout; without them the project's own equivalents own-r2-tied / own-r1-untied, through
+ * ref_case_resolve_path) and the project's own (tests/reference, $DS_REPO_ROOT). */
 static const char *const k_ref[][2] = {
     {"shared", "tiny-r2-tied.gguf"},
     {"shared", "tiny-r1-untied.gguf"},
@@ -69,14 +71,14 @@ enum { N_REF = sizeof k_ref / sizeof k_ref[0] };
 
 static void ref_path(int i, char *out, size_t n)
 {
-    const char *dir = getenv("DS_REFERENCE_DIR");
     const char *root = getenv("DS_REPO_ROOT");
-    if (!strcmp(k_ref[i][0], "own"))
+    if (!strcmp(k_ref[i][0], "own")) {
         snprintf(out, n, "%s/tests/reference/%s", root ? root : ".", k_ref[i][1]);
-    else if (dir && *dir)
-        snprintf(out, n, "%s/%s", dir, k_ref[i][1]);
-    else
-        snprintf(out, n, "%s/../shared/reference/%s", root ? root : ".", k_ref[i][1]);
+    } else {
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(strlen(k_ref[i][1]) - 5), k_ref[i][1]); /* no .gguf */
+        ref_case_resolve_path(name, ".gguf", out, n);
+    }
 }
 
 typedef struct cmp_result {

@@ -11,6 +11,7 @@
 #include "forward_test_util.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
 static atomic_long n_allocs;
@@ -60,14 +61,14 @@ static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
 static void test_no_alloc_per_token(void)
 {
     char path[4096];
-    testutil_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    ref_case_resolve_path("tiny-r2-tied", ".gguf", path, sizeof path);
     no_alloc_per_token(path, QWEN35_DOT_DEFAULT);
 }
 
 static void test_no_alloc_per_token_q4_k_m(void)
 {
     char src[4096], dst[4300];
-    testutil_reference_path(src, sizeof src, "tiny-r2-tied", ".gguf");
+    ref_case_resolve_path("tiny-r2-tied", ".gguf", src, sizeof src);
     snprintf(dst, sizeof dst, "%s/alloc.q4_k_m.%d.gguf", testutil_tmp_dir(), (int)getpid());
     status st;
     CU_ASSERT_FATAL(requant_file(src, dst, REQUANT_Q4_K_M, 0, &st) == 0);
@@ -80,7 +81,7 @@ static void test_no_alloc_per_token_q4_k_m(void)
 static void test_counter_counts(void)
 {
     char path[4096];
-    testutil_reference_path(path, sizeof path, "tiny-r2-tied", ".gguf");
+    ref_case_resolve_path("tiny-r2-tied", ".gguf", path, sizeof path);
     status st;
     qwen35_model *m;
     CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);

@@ -11,6 +11,7 @@
 #include "gguf/quant.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
 static char src_tied[4096], src_untied[4096], tmp[4096];
@@ -19,10 +20,12 @@ static int n_prompts;
 
 static int setup(void)
 {
-    testutil_reference_path(src_tied, sizeof src_tied, "tiny-r2-tied", ".gguf");
-    testutil_reference_path(src_untied, sizeof src_untied, "tiny-r1-untied", ".gguf");
+    ref_case_resolve_path("tiny-r2-tied", ".gguf", src_tied, sizeof src_tied);
+    ref_case_resolve_path("tiny-r1-untied", ".gguf", src_untied, sizeof src_untied);
     snprintf(tmp, sizeof tmp, "%s/forward_load_%d.gguf", testutil_tmp_dir(), (int)getpid());
-    n_prompts = forward_test_read_prompts("tiny-r2-tied", &prompts);
+    ref_case tied;
+    if (ref_case_resolve("tiny-r2-tied", &tied)) return 1;
+    n_prompts = forward_test_read_prompts_in(tied.dir, tied.name, &prompts);
     return n_prompts > 0 ? 0 : 1;
 }
 

@@ -65,3 +65,45 @@ int ref_cases_find(const ref_case *cs, int n, const char *name)
         if (!strcmp(cs[i].name, name)) return i;
     return -1;
 }
+
+/* Fills *out with name in dir when dir holds NAME.gguf and NAME.json. */
+static int probe(const char *dir, const char *name, ref_case *out)
+{
+    if (strlen(name) >= sizeof out->name) return -1;
+    ref_case c;
+    snprintf(c.name, sizeof c.name, "%s", name);
+    snprintf(c.dir, sizeof c.dir, "%s", dir);
+    char p[4300];
+    ref_case_path(&c, ".gguf", p, sizeof p);
+    if (access(p, R_OK)) return -1;
+    ref_case_path(&c, ".json", p, sizeof p);
+    if (access(p, R_OK)) return -1;
+    *out = c;
+    return 0;
+}
+
+int ref_case_resolve(const char *shared_name, ref_case *out)
+{
+    char dir[4096];
+    testutil_reference_dir(dir, sizeof dir);
+    if (!probe(dir, shared_name, out)) return 0;
+    const char *e = getenv("DS_REPO_REFERENCE_DIR");
+    snprintf(dir, sizeof dir, "%s", e && *e ? e : "tests/reference");
+    char own[128];
+    if (!strncmp(shared_name, "tiny-", 5)) snprintf(own, sizeof own, "own-%s", shared_name + 5);
+    else snprintf(own, sizeof own, "%s", shared_name);
+    if (!probe(dir, own, out)) return 0;
+    fprintf(stderr, "reference case %s: not in the shared folder, and %s not in %s\n", shared_name, own, dir);
+    return -1;
+}
+
+int ref_case_resolve_path(const char *shared_name, const char *suffix, char *out, size_t cap)
+{
+    ref_case c;
+    if (ref_case_resolve(shared_name, &c)) {
+        if (cap) out[0] = 0;
+        return -1;
+    }
+    ref_case_path(&c, suffix, out, cap);
+    return 0;
+}

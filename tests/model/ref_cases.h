@@ -26,4 +26,15 @@ void ref_case_path(const ref_case *c, const char *suffix, char *out, size_t cap)
 /* The index of the case called name, or -1. */
 int ref_cases_find(const ref_case *cs, int n, const char *name);
 
+/* For the tests that name a shared case ("tiny-r2-tied", "tiny-r1-untied"): that case in the
+ * shared folder when present there, else the repository's own case of the same shapes, seeds and
+ * prompts (the name with "tiny-" replaced by "own-": own-r2-tied, own-r1-untied; made by
+ * tools/refgen, different weights and vocabulary) in the repository's folder, so a bare clone
+ * runs them too. Fills *out and returns 0; -1 (with a message on stderr) when neither exists. */
+int ref_case_resolve(const char *shared_name, ref_case *out);
+
+/* ref_case_resolve, then "<dir>/<name><suffix>" into out (an empty string when neither exists).
+ * Returns 0 or -1. */
+int ref_case_resolve_path(const char *shared_name, const char *suffix, char *out, size_t cap);
+
 #endif

@@ -3,12 +3,16 @@ ids as a JSON array, exact text with no newline added, and the documented exit c
 
 usage: tokenizer_cli_test.py DELTASERVE REFERENCE_DIR
 The tokenizer entries of every reference case of REFERENCE_DIR (the shared folder) and of
-tests/reference; the error cases use tiny-r2-tied of REFERENCE_DIR.
+tests/reference; the error cases use tiny-r2-tied of REFERENCE_DIR, else own-r2-tied of
+tests/reference (refcases; both have 1029 ids).
 """
 import json
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "testutil"))
+import refcases  # noqa: E402  (tests/testutil/refcases.py)
 
 fails = 0
 
@@ -63,7 +67,7 @@ def main():
         r = run(ds, "detokenize", "--model", model, "--ids", json.dumps(cases[0]["ids"]))
         check(r.returncode == 0 and r.stdout == cases[0]["decoded"].encode(), "JSON-array ids")
 
-    model = "%s/tiny-r2-tied.gguf" % ref
+    model = refcases.resolve_path("tiny-r2-tied", ".gguf")
     r = run(ds, "detokenize", "--model", model, "--ids", "1029")  # vocab is 1029
     check(r.returncode == 1 and r.stdout == b"" and r.stderr.count(b"\n") == 1
           and b"1029" in r.stderr, "unknown id: %r" % (r,))
@@ -83,7 +87,9 @@ def main():
     check(r.returncode == 2, "unknown flag: usage")
     r = run(ds, "detokenize", "--model", model, "--ids", "")
     check(r.returncode == 0 and r.stdout == b"", "empty id list prints nothing")
-    r = run(ds, "detokenize", "--model", model, "--ids", "1025,385,259,1026")
+    r = run(ds, "tokenize", "--model", model, "--text", "user")  # 385,259 in tiny-r2-tied
+    user = ",".join(map(str, json.loads(r.stdout))) if r.returncode == 0 else "385,259"
+    r = run(ds, "detokenize", "--model", model, "--ids", "1025,%s,1026" % user)
     check(r.returncode == 0 and r.stdout == b"<|im_start|>user<|im_end|>", "specials: %r" % (r,))
     print("tokenizer CLI: %d failures" % fails)
     return 1 if fails else 0

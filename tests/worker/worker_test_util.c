@@ -1,5 +1,7 @@
 #include "tests/worker/worker_test_util.h"
 
+#include "tests/model/ref_cases.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,11 +9,8 @@
 
 void wt_reference_path(char *out, int cap, const char *name, const char *suffix)
 {
-    const char *dir = getenv("DS_REFERENCE_DIR");
-    const char *root = getenv("DS_REPO_ROOT");
-    if (dir && *dir) snprintf(out, (size_t)cap, "%s/%s%s", dir, name, suffix);
-    else if (root && *root) snprintf(out, (size_t)cap, "%s/../shared/reference/%s%s", root, name, suffix);
-    else snprintf(out, (size_t)cap, "/work/shared/reference/%s%s", name, suffix);
+    /* the shared case when present, else the repository's own equivalent (ref_cases.h) */
+    ref_case_resolve_path(name, suffix, out, (size_t)cap);
 }
 
 /* Parses the int array after `key` at or after p; returns the position after it, or NULL. */

@@ -14,7 +14,8 @@ typedef struct wt_prompt {
     int n_greedy;
 } wt_prompt;
 
-/* "<DS_REFERENCE_DIR or <repo>/../shared/reference>/<name><suffix>" */
+/* "<dir>/<name><suffix>" of shared case name, else of its own equivalent in tests/reference
+ * (ref_case_resolve_path of tests/model/ref_cases.h). */
 void wt_reference_path(char *out, int cap, const char *name, const char *suffix);
 
 /* Reads the prompts (ids, greedy) of reference case name. Returns how many (0 on failure). */
