@@ -1,0 +1,245 @@
+/* libFuzzer target for the request decoder (built by tools/fuzz with clang
+ * -fsanitize=fuzzer,address,undefined): every input is unpacked with protobuf-c twice,
+ *   as deltaserve.v1.GenerateRequest (the router's public request): router_request_validate
+ *     with the tokenizer (tiny-r2-tied.gguf, as tokenizer_fuzz) and without one (a router
+ *     started with no --model); when it passes, the router's next steps as router_generate.c
+ *     takes them: router_request_prompt_ids, router_stop_init, the WorkerGenerateRequest built
+ *     from it, packed, unpacked and parsed by the worker as below;
+ *   as deltaserve.v1.WorkerGenerateRequest (the worker's request): worker_request_parse under
+ *     a roomy context (4096) and a tight one (8).
+ * (The router validates its own copy of the request, made by packing and unpacking it, as
+ * router_generate.c does; the worker request is built from that copy.)
+ * Each step must end in STATUS_OK or a clean error: STATUS_INVALID (NOMEM allowed where the
+ * function says so) with a non-empty message. On success the contracts are checked: prompt ids
+ * in the vocabulary, at least one, prompt + max_new_tokens within the context, stop ids in the
+ * vocabulary, sampling valid, a seed picked. A request the router accepts must reach the
+ * worker as one the worker accepts too when it fits the worker's context (same sampling check,
+ * same vocabulary). Every message is freed (LeakSanitizer checks each input). Any check that
+ * fails aborts with the line, so libFuzzer keeps the input. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sampling.h"
+#include "common/status.h"
+#include "model/tokenizer.h"
+#include "proto/deltaserve/v1/deltaserve.pb-c.h"
+#include "router/router_request.h"
+#include "router/router_stop.h"
+#include "worker/request.h"
+
+#define FUZZ_CHECK(cond)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "request_fuzz: check failed: %s (line %d)\n", #cond, __LINE__); \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+/* rc is OK with an empty-or-OK status, or one of the allowed error codes with a message. */
+#define FUZZ_CHECK_RESULT(rc, st, allowed_nomem)                                              \
+    do {                                                                                      \
+        if ((rc) == STATUS_OK) break;                                                         \
+        FUZZ_CHECK((rc) == STATUS_INVALID || ((allowed_nomem) && (rc) == STATUS_NOMEM));      \
+        FUZZ_CHECK((int)(st).code == (rc));                                                   \
+        FUZZ_CHECK((st).msg[0] != '\0');                                                      \
+        FUZZ_CHECK(memchr((st).msg, '\0', sizeof (st).msg) != NULL);                          \
+    } while (0)
+
+#define CTX_ROOMY 4096
+#define CTX_TIGHT 8
+#define RANDOM_SEED 0x9e3779b97f4a7c15ull
+
+static tokenizer *g_tok;
+static int g_vocab;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    const char *path = getenv("DS_FUZZ_TOKENIZER");
+    char buf[4096];
+    if (!path) {
+        const char *dir = getenv("DS_REFERENCE_DIR");
+        snprintf(buf, sizeof buf, "%s/tiny-r2-tied.gguf", dir ? dir : "../shared/reference");
+        path = buf;
+    }
+    status st = {0};
+    if (tokenizer_load_path(&g_tok, path, &st)) {
+        fprintf(stderr, "request_fuzz: %s\n", st.msg);
+        exit(2);
+    }
+    g_vocab = (int)tokenizer_n_vocab(g_tok);
+    return 0;
+}
+
+static void check_worker_params(const Deltaserve__V1__WorkerGenerateRequest *req,
+                                const worker_limits *lim, const engine_params *p)
+{
+    FUZZ_CHECK(memchr(p->id, '\0', sizeof p->id));
+    FUZZ_CHECK(p->id[0]);
+    FUZZ_CHECK(p->prompt == req->prompt_token_ids);
+    FUZZ_CHECK(p->n_prompt >= 1 && (size_t)p->n_prompt == req->n_prompt_token_ids);
+    FUZZ_CHECK(p->n_prompt < lim->n_ctx);
+    for (int i = 0; i < p->n_prompt; i++) FUZZ_CHECK(p->prompt[i] >= 0 && p->prompt[i] < lim->vocab);
+    FUZZ_CHECK(p->max_new_tokens >= 1);
+    FUZZ_CHECK((int64_t)p->n_prompt + p->max_new_tokens <= lim->n_ctx);
+    if (req->stopping && req->stopping->max_new_tokens)
+        FUZZ_CHECK((uint32_t)p->max_new_tokens == req->stopping->max_new_tokens);
+    FUZZ_CHECK(p->n_stop_ids >= 0 && p->n_stop_ids <= ENGINE_MAX_STOP_IDS);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        FUZZ_CHECK(p->stop_ids[i] >= 0 && p->stop_ids[i] < lim->vocab);
+    FUZZ_CHECK(sampling_params_validate(&p->sampling, "sampling.", NULL) == STATUS_OK);
+    FUZZ_CHECK(p->sampling.seed != 0);
+    if (req->sampling && req->sampling->seed) FUZZ_CHECK(p->sampling.seed == req->sampling->seed);
+}
+
+/* Returns worker_request_parse's result under lim, checked. */
+static int worker_side(const Deltaserve__V1__WorkerGenerateRequest *req, int n_ctx)
+{
+    const worker_limits lim = {.vocab = g_vocab, .n_ctx = n_ctx};
+    engine_params p;
+    status st = {0};
+    int rc = worker_request_parse(req, &lim, RANDOM_SEED, "fuzz-fallback", &p, &st);
+    FUZZ_CHECK_RESULT(rc, st, 0);
+    if (rc == STATUS_OK) check_worker_params(req, &lim, &p);
+    return rc;
+}
+
+/* The worker request the router sends for an accepted g (as router_generate.c builds it),
+ * through the wire, into the worker's parse. */
+static void router_to_worker(const Deltaserve__V1__GenerateRequest *g, const int32_t *ids,
+                             size_t n_ids)
+{
+    Deltaserve__V1__SamplingParams samp = DELTASERVE__V1__SAMPLING_PARAMS__INIT;
+    if (g->sampling) samp = *g->sampling;
+    if (!samp.seed) samp.seed = 12345;
+    Deltaserve__V1__WorkerGenerateRequest wr = DELTASERVE__V1__WORKER_GENERATE_REQUEST__INIT;
+    wr.request_id = g->request_id[0] ? g->request_id : "fuzz-router";
+    wr.n_prompt_token_ids = n_ids;
+    wr.prompt_token_ids = (int32_t *)ids;
+    wr.sampling = &samp;
+    wr.stopping = g->stopping;
+    wr.logprobs = g->logprobs;
+    size_t n = deltaserve__v1__worker_generate_request__get_packed_size(&wr);
+    uint8_t *buf = malloc(n ? n : 1);
+    FUZZ_CHECK(buf);
+    FUZZ_CHECK(deltaserve__v1__worker_generate_request__pack(&wr, buf) == n);
+    Deltaserve__V1__WorkerGenerateRequest *w =
+        deltaserve__v1__worker_generate_request__unpack(NULL, n, buf);
+    FUZZ_CHECK(w);
+    /* the same request as the router sent it: id, ids, stop ids, logprobs survive the wire */
+    FUZZ_CHECK(!strcmp(w->request_id, wr.request_id));
+    FUZZ_CHECK(w->n_prompt_token_ids == n_ids);
+    FUZZ_CHECK(!memcmp(w->prompt_token_ids, ids, n_ids * sizeof *ids));
+    FUZZ_CHECK(w->logprobs == g->logprobs);
+    int rc = worker_side(w, CTX_ROOMY);
+    /* the router checked request_id (<= 128 bytes), sampling, logprobs, stop ids (in the
+     * vocabulary, at most 16): what the worker may still refuse is the context */
+    if (rc != STATUS_OK) {
+        uint32_t max_new = g->stopping ? g->stopping->max_new_tokens : 0;
+        FUZZ_CHECK(n_ids >= CTX_ROOMY || (uint64_t)n_ids + max_new > CTX_ROOMY);
+    }
+    deltaserve__v1__worker_generate_request__free_unpacked(w, NULL);
+    free(buf);
+}
+
+static int has_unknown_fields(const Deltaserve__V1__GenerateRequest *g)
+{
+    size_t n = g->base.n_unknown_fields;
+    if (g->sampling) n += g->sampling->base.n_unknown_fields;
+    if (g->stopping) n += g->stopping->base.n_unknown_fields;
+    if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS && g->token_ids)
+        n += g->token_ids->base.n_unknown_fields;
+    if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT && g->chat) {
+        n += g->chat->base.n_unknown_fields;
+        for (size_t i = 0; i < g->chat->n_messages; i++)
+            n += g->chat->messages[i]->base.n_unknown_fields;
+    }
+    return n > 0;
+}
+
+/* The router's own copy of the request (router_generate.c on_generate: pack, unpack), or NULL
+ * when protobuf-c refuses its own packing of what it unpacked. That happens when the input
+ * has an unknown field whose tag is a non-canonical varint of field number 0 (e.g. the bytes
+ * 81 00 inside `sampling`): protobuf-c 1.4.1 accepts it on unpack, packs it back as the
+ * one-byte tag 01 and refuses that. The router then answers RESOURCE_EXHAUSTED "router:
+ * cannot start a relay" for a malformed request (docs/FUZZ.md, finding 1): tolerated here
+ * only in that case, so anything else that breaks the copy still aborts. */
+static Deltaserve__V1__GenerateRequest *router_copy(const Deltaserve__V1__GenerateRequest *g0)
+{
+    size_t n = deltaserve__v1__generate_request__get_packed_size(g0);
+    uint8_t *buf = malloc(n ? n : 1);
+    FUZZ_CHECK(buf);
+    FUZZ_CHECK(deltaserve__v1__generate_request__pack(g0, buf) == n);
+    Deltaserve__V1__GenerateRequest *g = deltaserve__v1__generate_request__unpack(NULL, n, buf);
+    free(buf);
+    if (!g) FUZZ_CHECK(has_unknown_fields(g0));
+    return g;
+}
+
+static void router_side(const uint8_t *data, size_t size)
+{
+    Deltaserve__V1__GenerateRequest *g0 =
+        deltaserve__v1__generate_request__unpack(NULL, size, data);
+    if (!g0) return; /* protobuf-c refused the bytes: the server answers INVALID_ARGUMENT */
+    Deltaserve__V1__GenerateRequest *g = router_copy(g0);
+    deltaserve__v1__generate_request__free_unpacked(g0, NULL);
+    if (!g) return;
+
+    status st = {0};
+    int rc_none = router_request_validate(g, NULL, &st);
+    FUZZ_CHECK_RESULT(rc_none, st, 0);
+
+    status_clear(&st);
+    int rc = router_request_validate(g, g_tok, &st);
+    FUZZ_CHECK_RESULT(rc, st, 0);
+    /* a tokenizer only adds checks (vocabulary) and allows text, chat and stop strings */
+    if (rc == STATUS_OK && rc_none != STATUS_OK)
+        FUZZ_CHECK(g->prompt_case != DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS ||
+                   g->n_stop > 0);
+    if (rc != STATUS_OK) goto out;
+
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    status_clear(&st);
+    rc = router_request_prompt_ids(g, g_tok, &ids, &n_ids, &st);
+    FUZZ_CHECK_RESULT(rc, st, 1);
+    if (rc == STATUS_OK) {
+        FUZZ_CHECK(ids && n_ids >= 1);
+        for (size_t i = 0; i < n_ids; i++) FUZZ_CHECK(ids[i] >= 0 && ids[i] < g_vocab);
+    } else {
+        FUZZ_CHECK(!ids && n_ids == 0);
+        goto out;
+    }
+
+    router_stop stop;
+    status_clear(&st);
+    rc = router_stop_init(&stop, (const char *const *)g->stop, (int)g->n_stop, &st);
+    FUZZ_CHECK(rc == STATUS_OK); /* validated above: the same rules */
+    router_stop_free(&stop);
+
+    router_to_worker(g, ids, n_ids);
+    free(ids);
+out:
+    deltaserve__v1__generate_request__free_unpacked(g, NULL);
+}
+
+static void worker_direct(const uint8_t *data, size_t size)
+{
+    Deltaserve__V1__WorkerGenerateRequest *w =
+        deltaserve__v1__worker_generate_request__unpack(NULL, size, data);
+    if (!w) return;
+    int roomy = worker_side(w, CTX_ROOMY);
+    int tight = worker_side(w, CTX_TIGHT);
+    /* a smaller context never accepts what a larger one refuses */
+    if (roomy != STATUS_OK) FUZZ_CHECK(tight != STATUS_OK);
+    deltaserve__v1__worker_generate_request__free_unpacked(w, NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    router_side(data, size);
+    worker_direct(data, size);
+    return 0;
+}
