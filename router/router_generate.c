@@ -515,6 +515,17 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
             &deltaserve__v1__generate_request__descriptor, NULL, n, buf);
     }
     free(buf);
+    if (q && buf && !q->g) { /* packed, yet not readable back: a malformed field (e.g. an
+                                unknown field numbered 0), not an overload (docs/FUZZ.md, 1) */
+        free(q);
+        pthread_mutex_lock(&r->mu);
+        r->relays--;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                        "request: malformed (it does not survive re-encoding)");
+        return;
+    }
     pthread_attr_t attr;
     pthread_t th;
     int ok = q && q->g;

@@ -28,6 +28,8 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
     if (strlen(g->request_id) > ROUTER_REQUEST_ID_MAX)
         return status_fail(st, STATUS_INVALID, "request_id: %zu bytes, at most %d",
                            strlen(g->request_id), ROUTER_REQUEST_ID_MAX);
+    if (!utf8_valid(g->request_id, strlen(g->request_id))) /* it is echoed in every response */
+        return status_fail(st, STATUS_INVALID, "request_id: not valid UTF-8");
     switch (g->prompt_case) {
     case DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TEXT:
         if (!g->text[0]) return status_fail(st, STATUS_INVALID, "text: the prompt is empty");

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "common/utf8.h"
 #include "rpc/rpc_sampling.h"
 
 int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
@@ -13,6 +14,8 @@ int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
     if (strlen(id) > ENGINE_REQUEST_ID_MAX)
         return status_fail(st, STATUS_INVALID, "request_id: longer than %d bytes",
                            ENGINE_REQUEST_ID_MAX);
+    if (!utf8_valid(id, strlen(id))) /* it is echoed in every response */
+        return status_fail(st, STATUS_INVALID, "request_id: not valid UTF-8");
     strcpy(out->id, id);
 
     int n = (int)req->n_prompt_token_ids;
