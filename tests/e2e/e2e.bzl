@@ -10,12 +10,12 @@ E2E_DATA = [
     "//proto:protos",
 ]
 
-def e2e_test(name, py = "system", size = "medium", **kwargs):
+def e2e_test(name, py = "system", size = "medium", extra_data = [], **kwargs):
     native.sh_test(
         name = name,
         size = size,
         srcs = ["run_py.sh"],
         args = [py, "$(location %s.py)" % name],
-        data = E2E_DATA + [name + ".py"],
+        data = E2E_DATA + [name + ".py"] + extra_data,
         **kwargs
     )

@@ -1,0 +1,97 @@
+"""The load-test scenarios of docs/LOADTEST.md run with bench/loadgen against CPU workers: a
+router and two workers on the tiny reference model, then each scenario's loadgen command line
+(the same flags, smaller counts so the test stays short): closed-loop streams through the
+router, one stream at a time, a duration-bounded run, a text prompt, and a worker called
+directly (--worker). Each must exit 0 (loadgen exits 1 when any stream failed) and report
+exactly the streams and tokens asked for (--ignore-eos: max_tokens each)."""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import harness as h  # noqa: E402
+
+
+def loadgen():
+    for c in ("bench/loadgen", os.path.join(h.repo_root(), "bazel-bin/bench/loadgen")):
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise RuntimeError("bench/loadgen not found")
+
+
+def run(*args, timeout=120):
+    r = subprocess.run([loadgen(), *args], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def summary(out):
+    """(streams ok, streams failed, tokens per stream) from loadgen's report."""
+    m = re.search(r"(\d+) streams ok, (\d+) failed", out)
+    t = re.search(r"tokens/stream ([\d.]+)", out)
+    return (int(m.group(1)), int(m.group(2)), float(t.group(1))) if m and t else (None, None, None)
+
+
+class LoadgenScenarios(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.workers = [h.start_worker("w%d" % i, extra=["--slots", "4", "--threads", "1"])
+                       for i in range(2)]
+        cls.router = h.start_router(cls.workers)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.router.stop()
+        for w in cls.workers:
+            w.stop()
+
+    def check(self, rc, out, streams=None, tokens=None):
+        ok, failed, per = summary(out)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(failed, 0, out)
+        if streams is not None:
+            self.assertEqual(ok, streams, out)
+        else:
+            self.assertGreater(ok, 0, out)
+        if tokens is not None:
+            self.assertEqual(per, tokens, out)
+        self.assertIn("TTFT (final message timings)", out)  # the server's timings, as documented
+        self.assertIn("TTFT (client, first message)", out)
+
+    def test_closed_loop_through_the_router(self):
+        rc, out = run("--addr", self.router.addr, "--concurrency", "8", "--requests", "40",
+                      "--max-tokens", "16", "--ignore-eos")
+        self.check(rc, out, streams=40, tokens=16)
+
+    def test_one_stream_at_a_time(self):
+        rc, out = run("--addr", self.router.addr, "--concurrency", "1", "--requests", "10",
+                      "--warmup", "2", "--max-tokens", "16", "--ignore-eos")
+        self.check(rc, out, streams=10, tokens=16)
+
+    def test_duration_bounded(self):
+        rc, out = run("--addr", self.router.addr, "--concurrency", "4", "--duration-s", "3",
+                      "--warmup", "2", "--max-tokens", "8", "--ignore-eos")
+        self.check(rc, out, tokens=8)
+
+    def test_text_prompt(self):
+        rc, out = run("--addr", self.router.addr, "--prompt", "The capital of France is",
+                      "--requests", "8", "--max-tokens", "8", "--ignore-eos")
+        self.check(rc, out, streams=8, tokens=8)
+
+    def test_worker_directly(self):
+        rc, out = run("--worker", "--addr", self.workers[0].addr, "--ids", "1,2,3,4",
+                      "--requests", "8", "--max-tokens", "8", "--ignore-eos")
+        self.check(rc, out, streams=8, tokens=8)
+
+    def test_failures_are_reported(self):
+        # a deadline no stream can meet: loadgen must exit 1 and count the failures
+        rc, out = run("--addr", self.router.addr, "--concurrency", "2", "--requests", "4",
+                      "--max-tokens", "64", "--ignore-eos", "--timeout-ms", "1")
+        ok, failed, _ = summary(out)
+        self.assertEqual(rc, 1, out)
+        self.assertGreater(failed or 0, 0, out)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
