@@ -11,20 +11,20 @@ int sampling_params_validate(const sampling_params *p, const char *prefix, statu
 {
     /* comparisons are written so that NaN fails them */
     if (!isfinite(p->temperature) || !(p->temperature >= 0))
-        return SP_FAIL("temperature", "%g must be finite and >= 0 (0 = greedy)",
+        return SP_FAIL("temperature", "%.9g must be finite and >= 0 (0 = greedy)",
                        (double)p->temperature);
     if (p->top_k < 0) return SP_FAIL("top_k", "%d must be >= 0 (0 = off)", (int)p->top_k);
     if (!(p->top_p >= 0 && p->top_p <= 1))
-        return SP_FAIL("top_p", "%g is outside (0, 1] (0 = default 1)", (double)p->top_p);
+        return SP_FAIL("top_p", "%.9g is outside (0, 1] (0 = default 1)", (double)p->top_p);
     if (!(p->min_p >= 0 && p->min_p <= 1))
-        return SP_FAIL("min_p", "%g is outside [0, 1] (0 = off)", (double)p->min_p);
+        return SP_FAIL("min_p", "%.9g is outside [0, 1] (0 = off)", (double)p->min_p);
     if (!isfinite(p->repetition_penalty) || !(p->repetition_penalty >= 0))
-        return SP_FAIL("repetition_penalty", "%g must be finite and > 0 (0 = default 1)",
+        return SP_FAIL("repetition_penalty", "%.9g must be finite and > 0 (0 = default 1)",
                        (double)p->repetition_penalty);
     if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
-        return SP_FAIL("presence_penalty", "%g is outside [-2, 2]", (double)p->presence_penalty);
+        return SP_FAIL("presence_penalty", "%.9g is outside [-2, 2]", (double)p->presence_penalty);
     if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
-        return SP_FAIL("frequency_penalty", "%g is outside [-2, 2]",
+        return SP_FAIL("frequency_penalty", "%.9g is outside [-2, 2]",
                        (double)p->frequency_penalty);
     if (p->penalty_window < 0)
         return SP_FAIL("penalty_window", "%d must be >= 0 (0 = all)", (int)p->penalty_window);
