@@ -1,0 +1,56 @@
+/* Batched GEMM for decode steps of B >= 2 rows: Y[i] = W·X[i] (or += for the residual) for the
+ * B rows of a step, every weight read once per 64 rows. W is a planned gemv_matrix (gemv.h) in
+ * the GEMV's packed layout, read in place: no second copy of the weights.
+ *
+ * How: a CTA owns 128 weight rows and up to 64 batch rows; per 128-wide K step it dequantises
+ * its weight tile to F16 in shared memory (each type's block formula, gguf/quant.c), converts
+ * the X tile to F16 (saturating at ±65504), and multiplies on the tensor cores (WMMA 16x16x16,
+ * F32 accumulation) in a fixed K order. Each output element is its own row·column dot in that
+ * order, so row i of Y is bit-identical whatever B is and whatever other rows share the launch
+ * (batch invariance, docs/GPU.md "Batched decode"). Rounding against the F32 CPU twin: weights
+ * and x to F16 (2^-11 relative each).
+ *
+ * CPU twin: quant_matvec (gguf/quant.h) row by row; tests/gpu/gemm_parity.c. */
+#ifndef DS_KERNELS_CUDA_GEMM_H
+#define DS_KERNELS_CUDA_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gemv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GEMM_MAX_ROWS 65535 * 64 /* B bound from the grid's y dimension */
+
+/* Once per process before the first launch (and outside graph capture): the kernels' opt-in to
+ * more than 48 KiB of shared memory. STATUS_DEVICE when the device refuses. */
+int gemm_init(status *st);
+
+/* true when gemm_rows takes this weight type and row width (n_in % 32 == 0; K-quants: % 256) */
+bool gemm_supported(uint32_t type, int64_t n_in);
+
+/* d_x: [B][ld_x] F32 (the first n_in of each row read); d_y: [B][ld_y] F32, the first n_out of
+ * each row written (GEMV_STORE) or added to (GEMV_ADD). 1 <= B. */
+void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x, float *d_y, int64_t ld_y,
+               gemv_epilogue ep, int B, const cuda_launch *l);
+
+/* The batched FFN's middle: out[i][r] = silu(gu[i][r]) * gu[i][F + r] for r < F (gu: the gate
+ * and up GEMMs' outputs side by side, [B][ld_gu]; out: [B][ld_out]). CPU twin: ref_swiglu
+ * (kernels/cpu/act.h). */
+void gemm_swiglu_rows(const float *d_gu, int64_t ld_gu, int F, float *d_out, int64_t ld_out,
+                      int B, const cuda_launch *l);
+
+/* Greedy argmax of each row of logits [B][ld] over n columns: d_best[i] = the key gemv_argmax
+ * writes (ties pick the lowest column; decode with gemv_argmax_row). */
+void gemm_argmax_rows(const float *d_logits, int64_t ld, int64_t n, unsigned long long *d_best,
+                      int B, const cuda_launch *l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

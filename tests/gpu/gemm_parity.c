@@ -1,0 +1,182 @@
+/* GPU batched GEMM (kernels/cuda/gemm.h) against its CPU twin, quant_matvec (gguf/quant.h) row
+ * by row, for every weight type over awkward shapes (one tile row, odd row counts, rows not a
+ * multiple of the 128-wide K step, the reference models' 64/128-wide rows, a 4B-sized FFN row)
+ * and B = 1, 3, 17, 64, 256, with the store and residual-add epilogues. The kernel rounds the
+ * weights and x to F16 and accumulates in F32, so each element is held to
+ * |got - ref| <= 2e-3 · Σ_k |w_k x_k| + 1e-6 (two F16 roundings a product, plus the sum).
+ * Batch invariance: every row of every launch is compared bit for bit with the same row run
+ * alone (B = 1). A perturbed output must fail the check. */
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "gguf/quant.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "tests/gpu/gpu_parity.h"
+
+static bool g_have_gpu;
+
+typedef struct tcase {
+    uint32_t type;
+    int64_t n_in, n_out;
+} tcase;
+
+static const tcase k_cases[] = {
+    {GGML_TYPE_Q4_K, 256, 1},     {GGML_TYPE_Q4_K, 1024, 300},  {GGML_TYPE_Q4_K, 2560, 1000},
+    {GGML_TYPE_Q5_K, 768, 129},   {GGML_TYPE_Q6_K, 1024, 257},  {GGML_TYPE_Q6_K, 256, 5},
+    {GGML_TYPE_Q8_0, 96, 130},    {GGML_TYPE_Q8_0, 1024, 384},  {GGML_TYPE_F16, 64, 200},
+    {GGML_TYPE_BF16, 160, 77},    {GGML_TYPE_F32, 64, 128},     {GGML_TYPE_F32, 128, 1500},
+};
+static const int k_batches[] = {1, 3, 17, 64, 256};
+
+/* the check of one launch's output against the twin; returns the number of bad elements */
+static int64_t check(const float *got, const float *ref, const float *bound, int64_t n)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= 2e-3 * bound[i] + 1e-6)) {
+            if (bad < 3) printf("    [%lld] got %.7g ref %.7g bound %.3g\n", (long long)i, got[i], ref[i], bound[i]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* One weight matrix, every batch size, both epilogues. perturb: corrupt one output first (the
+ * check must then fail). Returns true when everything matched. */
+static bool run_case(const tcase *tc, bool perturb)
+{
+    status st;
+    status_clear(&st);
+    const int64_t n_in = tc->n_in, n_out = tc->n_out, Bmax = 256;
+    const uint64_t raw = quant_row_bytes(tc->type, (uint64_t)(n_in * n_out));
+    const uint64_t packed = gemv_packed_bytes(tc->type, n_in, n_out);
+    void *host = malloc(raw);
+    float *W = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(Bmax * n_in) * 4);
+    float *y0 = malloc((size_t)(Bmax * n_out) * 4), *ref = malloc((size_t)(Bmax * n_out) * 4);
+    float *bound = malloc((size_t)(Bmax * n_out) * 4), *got = malloc((size_t)(Bmax * n_out) * 4);
+    float *alone = malloc((size_t)(Bmax * n_out) * 4);
+    DS_ASSERT(host && W && x && y0 && ref && bound && got && alone);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n_in * 131 + n_out + tc->type * 7));
+    gpu_random_tensor(tc->type, n_in * n_out, 0.1f, &rng, host);
+    quant_get(tc->type)->dequant(host, W, (uint64_t)(n_in * n_out));
+    for (int64_t i = 0; i < Bmax * n_in; i++) x[i] = 2.0f * gpu_rng_normal(&rng);
+    for (int64_t i = 0; i < Bmax * n_out; i++) y0[i] = gpu_rng_normal(&rng);
+    for (int64_t b = 0; b < Bmax; b++) {
+        quant_matvec(tc->type, host, quant_row_bytes(tc->type, (uint64_t)n_in), n_in, x + b * n_in,
+                     ref + b * n_out, 0, n_out);
+        for (int64_t r = 0; r < n_out; r++) {
+            double s = 0;
+            for (int64_t k = 0; k < n_in; k++) s += fabs((double)W[r * n_in + k] * x[b * n_in + k]);
+            bound[b * n_out + r] = (float)s;
+        }
+    }
+
+    void *d_raw = NULL, *d_w = NULL;
+    float *d_x = NULL, *d_y = NULL;
+    bool ok = false;
+    if (cuda_alloc(&d_raw, raw, "raw", &st) || cuda_alloc(&d_w, packed, "packed", &st) ||
+        cuda_alloc((void **)&d_x, (size_t)(Bmax * n_in) * 4, "x", &st) ||
+        cuda_alloc((void **)&d_y, (size_t)(Bmax * n_out) * 4, "y", &st) ||
+        cuda_upload(d_raw, host, raw, &st) || cuda_upload(d_x, x, (size_t)(Bmax * n_in) * 4, &st))
+        goto done;
+    gemv_pack(tc->type, d_raw, d_w, n_in, n_out, NULL);
+    const gemv_matrix m = {.type = tc->type, .n_in = n_in, .n_out = n_out, .d_w = d_w};
+
+    /* every row alone (B = 1), the invariance reference */
+    for (int64_t b = 0; b < Bmax; b++)
+        gemm_rows(&m, d_x + b * n_in, n_in, d_y + b * n_out, n_out, GEMV_STORE, 1, NULL);
+    if (cuda_sync(NULL, "gemm alone", &st) || cuda_download(alone, d_y, (size_t)(Bmax * n_out) * 4, &st))
+        goto done;
+    int64_t bad = check(alone, ref, bound, Bmax * n_out);
+    ok = bad == 0;
+    for (size_t ib = 0; ib < sizeof k_batches / sizeof k_batches[0]; ib++) {
+        const int B = k_batches[ib];
+        for (int add = 0; add < 2; add++) {
+            if (cuda_upload(d_y, y0, (size_t)(B * n_out) * 4, &st)) goto done;
+            gemm_rows(&m, d_x, n_in, d_y, n_out, add ? GEMV_ADD : GEMV_STORE, B, NULL);
+            if (cuda_sync(NULL, "gemm", &st) || cuda_download(got, d_y, (size_t)(B * n_out) * 4, &st))
+                goto done;
+            if (perturb) got[(B * n_out) / 2] += 0.05f * (1.0f + fabsf(got[(B * n_out) / 2]));
+            int64_t nb = 0, nvar = 0;
+            for (int64_t i = 0; i < B * n_out; i++) {
+                const float want = add ? y0[i] + alone[i] : alone[i]; /* the GPU's add, bit for bit */
+                if (memcmp(&got[i], &want, 4)) nvar++;
+                if (add) got[i] -= y0[i]; /* the product part, for the twin */
+            }
+            nb = check(got, ref, bound, B * n_out);
+            if (nb || nvar)
+                printf("  %s %lldx%lld B=%d %s: %lld outside the bound, %lld differ from B=1\n",
+                       quant_get(tc->type)->name, (long long)n_in, (long long)n_out, B,
+                       add ? "add" : "store", (long long)nb, (long long)nvar);
+            ok = ok && nb == 0 && nvar == 0;
+        }
+    }
+done:
+    if (st.code) {
+        printf("  device: %s\n", st.msg);
+        ok = false;
+    }
+    cuda_free(d_raw);
+    cuda_free(d_w);
+    cuda_free(d_x);
+    cuda_free(d_y);
+    free(host), free(W), free(x), free(y0), free(ref), free(bound), free(got), free(alone);
+    return ok;
+}
+
+static void test_types(void)
+{
+    if (!g_have_gpu) return;
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+        const bool ok = run_case(&k_cases[i], false);
+        if (!ok)
+            printf("  FAILED: %s %lldx%lld\n", quant_get(k_cases[i].type)->name,
+                   (long long)k_cases[i].n_in, (long long)k_cases[i].n_out);
+        CU_ASSERT(ok);
+    }
+}
+
+static void test_perturbed_fails(void)
+{
+    if (!g_have_gpu) return;
+    CU_ASSERT_FALSE(run_case(&k_cases[1], true));
+}
+
+static void test_supported(void)
+{
+    CU_ASSERT(gemm_supported(GGML_TYPE_Q4_K, 2560));
+    CU_ASSERT_FALSE(gemm_supported(GGML_TYPE_Q4_K, 96));
+    CU_ASSERT(gemm_supported(GGML_TYPE_Q8_0, 96));
+    CU_ASSERT_FALSE(gemm_supported(GGML_TYPE_Q8_0, 100));
+    CU_ASSERT_FALSE(gemm_supported(GGML_TYPE_Q4_0, 256));
+}
+
+int main(void)
+{
+    g_have_gpu = gpu_test_have_gpu("gemm_parity");
+    if (g_have_gpu) {
+        status st;
+        if (gemm_init(&st)) {
+            printf("gemm_init: %s\n", st.msg);
+            return 1;
+        }
+    }
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("gemm_parity", NULL, NULL);
+    CU_add_test(s, "supported", test_supported);
+    CU_add_test(s, "every type, B = 1..256, store and add, bit-identical rows", test_types);
+    CU_add_test(s, "a perturbed output fails", test_perturbed_fails);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned fails = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
