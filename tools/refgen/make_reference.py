@@ -206,7 +206,9 @@ def log(*a):
 
 # ---- tokenizer ----
 
-def train_tokenizer(train_vocab):
+def train_tokenizer(train_vocab, texts=None):
+    """The BPE of train_vocab tokens (the 256 byte symbols included) trained on texts (default:
+    CORPUS, CORPUS_REPEAT times), then the SPECIALS appended (ids train_vocab ... +4)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
         pre_tokenizers, trainers
     tk = Tokenizer(models.BPE())
@@ -218,14 +220,15 @@ def train_tokenizer(train_vocab):
     trainer = trainers.BpeTrainer(vocab_size=train_vocab, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=[])
-    # the specials are split off before training so that their pieces do not become merges
-    text = []
-    for _ in range(CORPUS_REPEAT):
-        for c in CORPUS:
+    if texts is None:
+        texts = [c for _ in range(CORPUS_REPEAT) for c in CORPUS]
+
+    def no_specials():  # split off before training so that their pieces do not become merges
+        for c in texts:
             for s in SPECIALS:
                 c = c.replace(s, "\n")
-            text.append(c)
-    tk.train_from_iterator(text, trainer)
+            yield c
+    tk.train_from_iterator(no_specials(), trainer)
     n = tk.get_vocab_size()
     tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
     assert [tk.token_to_id(s) for s in SPECIALS] == list(range(n, n + len(SPECIALS)))
@@ -250,9 +253,11 @@ def tokenizer_tables(tk):
 
 # ---- model ----
 
-def build_model(p):
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+def hf_config(p):
+    """The Qwen3_5TextConfig of preset-like p (its `config` values over COMMON_CONFIG, its
+    `vocab_size`): every 4th layer full attention, ROPE with mrope sections scaled from
+    [11, 11, 10]. Returns (cfg, c, layer_types, sections)."""
+    from transformers import Qwen3_5TextConfig
     c = dict(COMMON_CONFIG, **p["config"])
     L = c["num_hidden_layers"]
     layer_types = ["linear_attention" if (i + 1) % FULL_ATTENTION_INTERVAL else "full_attention"
@@ -266,6 +271,13 @@ def build_model(p):
                             rope_parameters=rope, pad_token_id=None, bos_token_id=None,
                             eos_token_id=None, hidden_act="silu", attention_bias=False, **c)
     cfg._attn_implementation = "eager"
+    return cfg, c, layer_types, sec
+
+
+def build_model(p):
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+    cfg, c, layer_types, sec = hf_config(p)
     torch.manual_seed(p["seed"])
     model = Qwen3_5ForCausalLM(cfg).float().eval()
     randomise(model, p["seed"])
@@ -311,6 +323,23 @@ def tiled(x, n_k, r, d):
     """Rows of x (n_k*r*d first dim) from grouped v-head order (g*r + j) to tiled (j*n_k + g)."""
     s = x.shape
     return x.reshape(n_k, r, d, *s[1:]).swapaxes(0, 1).reshape(s)
+
+
+def f16_matrix(name):
+    """Whether export_gguf(f16=True) stores this GGUF tensor as F16: the weight matrices the
+    engine binds as matrices (llama.cpp's F16 convention); norms, ssm_a, ssm_dt.bias and
+    ssm_conv1d stay F32."""
+    return name.endswith(".weight") and not name.endswith(("norm.weight", "ssm_conv1d.weight"))
+
+
+def round_f16_matrices(model):
+    """Rounds, in place, the HF parameters that export_gguf(f16=True) stores as F16 (every 2-D
+    parameter) to F16 and back, so that the HF forward runs on the GGUF's values."""
+    import torch
+    with torch.no_grad():
+        for _, prm in model.named_parameters():
+            if prm.dim() == 2:
+                prm.copy_(prm.to(torch.float16).to(prm.dtype))
 
 
 def gguf_tensors(model, c, layer_types):
@@ -359,13 +388,15 @@ def gguf_tensors(model, c, layer_types):
     return [(n, np.ascontiguousarray(t, dtype=np.float32)) for n, t in out]
 
 
-def export_gguf(path, name, model, c, layer_types, sec, tk):
+def export_gguf(path, name, model, c, layer_types, sec, tk, f16=False):
+    """Writes the GGUF: all F32, or with f16 the matrices of f16_matrix() as F16
+    (general.file_type 1, MOSTLY_F16)."""
     import gguf
     arch = "qwen35"
     w = gguf.GGUFWriter(path, arch)
     w.add_custom_alignment(32)
     w.add_name(name)
-    w.add_file_type(0)  # ALL_F32
+    w.add_file_type(1 if f16 else 0)  # MOSTLY_F16, ALL_F32
     w.add_quantization_version(2)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -398,7 +429,7 @@ def export_gguf(path, name, model, c, layer_types, sec, tk):
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     for n, t in gguf_tensors(model, c, layer_types):
-        w.add_tensor(n, t)
+        w.add_tensor(n, t.astype(np.float16) if f16 and f16_matrix(n) else t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
