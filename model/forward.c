@@ -42,6 +42,12 @@ static float *alloc_f(long n, bool *ok)
 int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35_ctx **out,
                       status *st)
 {
+    return fwd_ctx_create(m, opts, NULL, out, st);
+}
+
+int fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
+                   qwen35_ctx **out, status *st)
+{
     *out = NULL;
     qwen35_ctx_opts o = opts ? *opts : (qwen35_ctx_opts){0};
     if (o.max_batch < 0 || o.max_tokens < 0 || o.max_batch > 65536 || o.max_tokens > 65536)
@@ -53,10 +59,15 @@ int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35
     if (o.max_tokens == 0) o.max_tokens = 512;
     qwen35_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return status_fail(st, STATUS_NOMEM, "qwen35_ctx: out of memory");
-    int rc = cpu_pool_create(&ctx->pool, o.n_threads, st);
-    if (rc) {
-        free(ctx);
-        return rc;
+    if (pool) {
+        ctx->pool = pool;
+        ctx->borrowed_pool = true;
+    } else {
+        int rc = cpu_pool_create(&ctx->pool, o.n_threads, st);
+        if (rc) {
+            free(ctx);
+            return rc;
+        }
     }
     const qwen35_config *c = &m->cfg;
     ctx->m = m;
@@ -100,7 +111,7 @@ int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35
 void qwen35_ctx_destroy(qwen35_ctx *ctx)
 {
     if (!ctx) return;
-    cpu_pool_destroy(ctx->pool);
+    if (!ctx->borrowed_pool) cpu_pool_destroy(ctx->pool);
     float *bufs[] = {ctx->x, ctx->xn, ctx->out, ctx->p1, ctx->p2, ctx->p3, ctx->mix,
                      ctx->b, ctx->a, ctx->mm_scratch, ctx->gdn_scratch, ctx->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -116,7 +127,7 @@ void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode) { ctx->dot_m
 
 /* ---- one step over ctx->n_rows rows ---- */
 
-static void embed(qwen35_ctx *ctx, const int32_t *tokens)
+void fwd_embed(qwen35_ctx *ctx, const int32_t *tokens)
 {
     const qwen35_mat *e = &ctx->m->tok_embd;
     for (int r = 0; r < ctx->n_rows; r++)
@@ -131,49 +142,56 @@ static void norm_rows(qwen35_ctx *ctx, const float *w)
         ref_rmsnorm(ctx->x + (long)r * c->H, w, c->H, c->eps, ctx->xn + (long)r * c->H);
 }
 
-static void residual(qwen35_ctx *ctx)
+void fwd_residual(qwen35_ctx *ctx)
 {
     long n = (long)ctx->n_rows * ctx->m->cfg.H;
     ref_add(ctx->x, ctx->out, (int)n);
 }
 
-static void ffn(qwen35_ctx *ctx, const qwen35_layer *ly)
+void fwd_mixer(qwen35_ctx *ctx, int il)
 {
-    const qwen35_config *c = &ctx->m->cfg;
+    norm_rows(ctx, ctx->m->layers[il].attn_norm);
+    if (ctx->m->cfg.recurrent[il])
+        fwd_gdn_layer(ctx, il);
+    else
+        fwd_attn_layer(ctx, il);
+}
+
+void fwd_ffn(qwen35_ctx *ctx, int il)
+{
+    const qwen35_layer *ly = &ctx->m->layers[il];
+    norm_rows(ctx, ly->post_norm);
     fwd_matmul(ctx, &ly->ffn_gate, ctx->xn, ctx->p1);
     fwd_matmul(ctx, &ly->ffn_up, ctx->xn, ctx->p2);
-    ref_swiglu(ctx->p1, ctx->p2, ctx->n_rows * c->F, ctx->p1);
+    ref_swiglu(ctx->p1, ctx->p2, ctx->n_rows * ctx->m->cfg.F, ctx->p1);
     fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
+}
+
+void fwd_head(qwen35_ctx *ctx, int first, float *logits, long ld)
+{
+    const qwen35_model *m = ctx->m;
+    const qwen35_config *c = &m->cfg;
+    const qwen35_mat *w = &m->output;
+    int n = ctx->n_rows - first;
+    for (int r = 0; r < n; r++)
+        ref_rmsnorm(ctx->x + (long)(first + r) * c->H, m->output_norm, c->H, c->eps,
+                    ctx->xn + (long)r * c->H);
+    ref_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, ctx->xn, w->n_in, n,
+               logits, ld, ctx->mm_scratch, (ref_matmul_dot)ctx->dot_mode);
 }
 
 /* Runs every layer on the rows set up in ctx; then logits for rows [first, n_rows) into
  * logits (row stride V), unless logits is NULL. */
 static void run_step(qwen35_ctx *ctx, const int32_t *tokens, int first, float *logits)
 {
-    const qwen35_model *m = ctx->m;
-    const qwen35_config *c = &m->cfg;
-    embed(ctx, tokens);
-    for (int il = 0; il < c->n_layer; il++) {
-        const qwen35_layer *ly = &m->layers[il];
-        norm_rows(ctx, ly->attn_norm);
-        if (c->recurrent[il])
-            fwd_gdn_layer(ctx, il);
-        else
-            fwd_attn_layer(ctx, il);
-        residual(ctx);
-        norm_rows(ctx, ly->post_norm);
-        ffn(ctx, ly);
-        residual(ctx);
+    fwd_embed(ctx, tokens);
+    for (int il = 0; il < ctx->m->cfg.n_layer; il++) {
+        fwd_mixer(ctx, il);
+        fwd_residual(ctx);
+        fwd_ffn(ctx, il);
+        fwd_residual(ctx);
     }
-    if (!logits) return;
-    int n = ctx->n_rows - first;
-    for (int r = 0; r < n; r++)
-        ref_rmsnorm(ctx->x + (long)(first + r) * c->H, m->output_norm, c->H, c->eps,
-                    ctx->xn + (long)r * c->H);
-    int saved = ctx->n_rows;
-    ctx->n_rows = n;
-    fwd_matmul(ctx, &m->output, ctx->xn, logits);
-    ctx->n_rows = saved;
+    if (logits) fwd_head(ctx, first, logits, ctx->m->cfg.V);
 }
 
 static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, status *st)
@@ -185,8 +203,8 @@ static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, sta
     return STATUS_OK;
 }
 
-int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
-                   float *logits, bool all_logits, status *st)
+int fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
+                      status *st)
 {
     DS_ASSERT(s->model == ctx->m);
     if (T < 1) return status_fail(st, STATUS_INVALID, "prefill of %d tokens", T);
@@ -195,16 +213,58 @@ int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int 
     if ((long)s->n_past + T > s->n_ctx)
         return status_fail(st, STATUS_RANGE, "%d tokens after %d do not fit the context of %d",
                            T, s->n_past, s->n_ctx);
+    return STATUS_OK;
+}
+
+int fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+                     int B, status *st)
+{
+    if (B < 1 || B > ctx->max_batch)
+        return status_fail(st, STATUS_INVALID, "decode batch of %d sequences (max %d)", B, ctx->max_batch);
+    int rc = check_tokens(ctx, tokens, B, st);
+    if (rc) return rc;
+    for (int b = 0; b < B; b++) {
+        DS_ASSERT(states[b]->model == ctx->m);
+        for (int b2 = 0; b2 < b; b2++) DS_ASSERT(states[b2] != states[b]);
+        if (states[b]->n_past >= states[b]->n_ctx)
+            return status_fail(st, STATUS_RANGE, "sequence %d: context of %d tokens is full", b,
+                               states[b]->n_ctx);
+    }
+    return STATUS_OK;
+}
+
+void fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n)
+{
+    DS_ASSERT(n >= 1 && n <= ctx->max_tokens);
+    ctx->n_rows = n;
+    ctx->prefill = true;
+    for (int r = 0; r < n; r++) {
+        ctx->row_state[r] = s;
+        ctx->row_pos[r] = s->n_past + r;
+    }
+}
+
+void fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
+{
+    DS_ASSERT(B >= 1 && B <= ctx->max_batch);
+    ctx->n_rows = B;
+    ctx->prefill = false;
+    for (int b = 0; b < B; b++) {
+        ctx->row_state[b] = states[b];
+        ctx->row_pos[b] = states[b]->n_past;
+    }
+}
+
+int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
+                   float *logits, bool all_logits, status *st)
+{
+    int rc = fwd_check_prefill(ctx, s, tokens, T, st);
+    if (rc) return rc;
     int V = ctx->m->cfg.V;
     for (int t0 = 0; t0 < T; t0 += ctx->max_tokens) {
         int n = T - t0 < ctx->max_tokens ? T - t0 : ctx->max_tokens;
         bool last = t0 + n == T;
-        ctx->n_rows = n;
-        ctx->prefill = true;
-        for (int r = 0; r < n; r++) {
-            ctx->row_state[r] = s;
-            ctx->row_pos[r] = s->n_past + r;
-        }
+        fwd_rows_prefill(ctx, s, n);
         float *lg = NULL;
         int first = 0;
         if (logits && all_logits) lg = logits + (long)t0 * V;
@@ -218,23 +278,9 @@ int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int 
 int qwen35_decode_batch(qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
                         int B, float *logits, status *st)
 {
-    if (B < 1 || B > ctx->max_batch)
-        return status_fail(st, STATUS_INVALID, "decode batch of %d sequences (max %d)", B, ctx->max_batch);
-    int rc = check_tokens(ctx, tokens, B, st);
+    int rc = fwd_check_decode(ctx, states, tokens, B, st);
     if (rc) return rc;
-    for (int b = 0; b < B; b++) {
-        DS_ASSERT(states[b]->model == ctx->m);
-        for (int b2 = 0; b2 < b; b2++) DS_ASSERT(states[b2] != states[b]);
-        if (states[b]->n_past >= states[b]->n_ctx)
-            return status_fail(st, STATUS_RANGE, "sequence %d: context of %d tokens is full", b,
-                               states[b]->n_ctx);
-    }
-    ctx->n_rows = B;
-    ctx->prefill = false;
-    for (int b = 0; b < B; b++) {
-        ctx->row_state[b] = states[b];
-        ctx->row_pos[b] = states[b]->n_past;
-    }
+    fwd_rows_decode(ctx, states, B);
     run_step(ctx, tokens, 0, logits);
     for (int b = 0; b < B; b++) states[b]->n_past++;
     return STATUS_OK;

@@ -7,7 +7,8 @@
 
 struct qwen35_ctx {
     const qwen35_model *m;
-    cpu_pool *pool;        /* owned */
+    cpu_pool *pool;        /* owned unless borrowed_pool (the simulated ranks share one) */
+    bool borrowed_pool;
     int n_threads, max_batch, max_tokens;
     int max_rows;          /* max(max_batch, max_tokens): rows of every activation buffer */
     qwen35_gdn_mode gdn_mode;
@@ -31,6 +32,36 @@ struct qwen35_ctx {
     qwen35_state **row_state; /* owned array, [max_rows] (states borrowed) */
     int *row_pos;          /* owned, [max_rows] */
 };
+
+/* qwen35_ctx_create with the thread pool given (borrowed: used by one ctx at a time, outlives
+ * ctx) or, pool NULL, one of opts->n_threads created and owned. */
+int fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
+                   qwen35_ctx **out, status *st);
+
+/* The argument checks of qwen35_prefill / qwen35_decode_batch (codes as documented there). */
+int fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
+                      status *st);
+int fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+                     int B, status *st);
+
+/* The rows of the next step: n consecutive tokens of s from s->n_past (prefill), or one token of
+ * each of the B states (decode). */
+void fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n);
+void fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B);
+
+/* The pieces of one step over the rows (forward.c run_step is their plain sequence; the
+ * tensor-parallel forward puts an all-reduce of ctx->out after each mixer and FFN):
+ *   fwd_embed    x = token_embd[tokens[r]]
+ *   fwd_mixer    out = Mixer_il(RMSNorm(x)·attn_norm)
+ *   fwd_ffn      out = FFN_il(RMSNorm(x)·post_attention_norm)
+ *   fwd_residual x += out
+ *   fwd_head     logits rows [0, n_rows - first) = lm_head · RMSNorm(x[first..])·output_norm,
+ *                row stride ld (the model's output rows: a shard writes its vocabulary slice) */
+void fwd_embed(qwen35_ctx *ctx, const int32_t *tokens);
+void fwd_mixer(qwen35_ctx *ctx, int il);
+void fwd_ffn(qwen35_ctx *ctx, int il);
+void fwd_residual(qwen35_ctx *ctx);
+void fwd_head(qwen35_ctx *ctx, int first, float *logits, long ld);
 
 /* y[r] = W · x[r] for the current rows (x: [n_rows][W.n_in], y: [n_rows][W.n_out]). */
 void fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y);
