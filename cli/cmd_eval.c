@@ -18,7 +18,7 @@
 
 typedef struct eval_opts {
     const char *model, *ids, *logits_out, *mode, *device;
-    int threads, prompt_len, batch_tokens, ctx;
+    int threads, prompt_len, batch_tokens, ctx, tp;
 } eval_opts;
 
 static const flag_spec eval_flags[] = {
@@ -29,6 +29,7 @@ static const flag_spec eval_flags[] = {
     {"prompt-len", NULL, "0", FLAG_INT, offsetof(eval_opts, prompt_len), "decode mode: tokens prefilled first"},
     {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda (no GPU: the CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
+    {"tp", "DS_TP", "1", FLAG_INT, offsetof(eval_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(eval_opts, ctx), "context length (0: the model's)"},
     {0},
@@ -88,7 +89,8 @@ int cmd_eval(int argc, char **argv)
         goto fail;
     }
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2,
-                                    .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens};
+                                    .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens,
+                                    .tp = o.tp};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (worker_backend_create(o.device, m, &bo, &be, &st) ||
         be->vt->seq_start(be, 0, &greedy, &st))

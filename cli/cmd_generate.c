@@ -35,7 +35,7 @@
 
 typedef struct gen_opts {
     const char *model, *prompt, *ids, *device;
-    int chat, print_ids, max_tokens, threads, ctx, top_k;
+    int chat, print_ids, max_tokens, threads, ctx, top_k, tp;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int64_t seed;
 } gen_opts;
@@ -57,6 +57,7 @@ static const flag_spec gen_flags[] = {
     {"print-ids", NULL, "0", FLAG_BOOL, offsetof(gen_opts, print_ids), "print the generated ids as one JSON line instead of text"},
     {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(gen_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(gen_opts, threads), "CPU threads (0: all online CPUs)"},
+    {"tp", "DS_TP", "1", FLAG_INT, offsetof(gen_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
     {0},
 };
@@ -210,7 +211,7 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     }
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = n_ctx, .n_threads = o.threads,
-                                    .max_prefill_tokens = 512};
+                                    .max_prefill_tokens = 512, .tp = o.tp};
     engine_opts eo = {.queue = 1, .step_tokens = 512};
     int32_t eog[ENGINE_MAX_EOS_IDS];
     const size_t n_eog = tokenizer_eog_ids(tok, eog);

@@ -29,7 +29,7 @@
 
 typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level;
-    int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls;
+    int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls, tp;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -39,6 +39,7 @@ static const flag_spec worker_flags[] = {
     {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
     {"slots", "DS_SLOTS", "8", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once"},
+    {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda needs one GPU each (NCCL: not built yet)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
     {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: min(model's, 4096))"},
@@ -107,6 +108,10 @@ int cmd_worker(int argc, char **argv)
         fprintf(stderr, "deltaserve worker: --device must be cpu or cuda, not '%s'\n", o.device);
         return 2;
     }
+    if (worker_backend_check_tp(o.device, o.tp, &st)) {
+        fprintf(stderr, "deltaserve worker: %s\n", st.msg);
+        return 2;
+    }
 
     /* Signals are taken by sigwait in this thread only: block them before any thread starts. */
     sigset_t sigs;
@@ -167,7 +172,7 @@ int cmd_worker(int argc, char **argv)
     eog_ids(model, &desc);
     int n_ctx = o.ctx ? o.ctx : (model->cfg.n_ctx_train > 0 && model->cfg.n_ctx_train < 4096
                                      ? model->cfg.n_ctx_train : 4096);
-    worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads,
+    worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
                               .max_prefill_tokens = o.step_tokens};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,

@@ -13,10 +13,27 @@ extern int worker_backend_cuda_create(const qwen35_model *m, const worker_backen
 
 bool worker_backend_have_cuda(void) { return worker_backend_cuda_create != NULL; }
 
+/* The CUDA runtime's device count, in binaries that link it (//worker:cuda_worker links cudart
+ * statically); referenced weakly like the backend, so CPU-only binaries need no CUDA. Declared
+ * here with int for cudaError_t (an enum, 0 = cudaSuccess) to keep CUDA headers out. */
+extern int cudaGetDeviceCount(int *count) __attribute__((weak));
+
+int worker_backend_check_tp(const char *device, int tp, status *st)
+{
+    if (tp < 0 || tp > 64) return status_fail(st, STATUS_INVALID, "--tp %d: expected 1..64", tp);
+    if (tp <= 1 || !device || strcmp(device, "cpu") == 0) return STATUS_OK;
+    int n = 0;
+    if (!worker_backend_have_cuda() || !cudaGetDeviceCount || cudaGetDeviceCount(&n) != 0) n = 0;
+    if (n < tp) return status_fail(st, STATUS_UNSUPPORTED, "--tp %d needs %d GPUs, this host has %d", tp, tp, n);
+    return status_fail(st, STATUS_UNSUPPORTED, "--tp %d on %s: tensor parallel over NCCL is not "
+                       "built yet (--device cpu simulates the ranks)", tp, device);
+}
+
 int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
                           worker_backend **out, status *st)
 {
     *out = NULL;
+    if (worker_backend_check_tp(device, o->tp, st)) return st->code;
     if (!device || strcmp(device, "cpu") == 0) return worker_backend_cpu_create(m, o, out, st);
     int dev = 0;
     if (strncmp(device, "cuda:", 5) == 0) { /* cuda:N, the N-th CUDA device */

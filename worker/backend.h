@@ -51,6 +51,8 @@ typedef struct worker_backend_opts {
     int n_slots;   /* sequences alive at once (>= 1) */
     int n_ctx;     /* positions per sequence (prompt + generated) */
     int n_threads; /* CPU threads; 0 = default */
+    int tp;        /* tensor-parallel ranks (0 or 1: none): the CPU backend simulates them in one
+                      process (model/forward_tp.h); cuda refuses tp > 1 (no NCCL path yet) */
     int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
     int device;             /* CUDA device index (cuda backends) */
 } worker_backend_opts;
@@ -106,6 +108,13 @@ int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *
  * (alwayslink; backend.c references it weakly), so CPU-only builds stay free of CUDA. */
 int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
                           worker_backend **out, status *st);
+
+/* Whether --tp can run on device, before any model is loaded: tp 0 or 1 always, tp > 1 on
+ * "cpu" (the simulated ranks; whether the model's heads split is checked at create). On
+ * "cuda": STATUS_UNSUPPORTED "--tp N needs N GPUs, this host has M" when fewer GPUs are
+ * visible, else "not built yet" (tensor parallel over NCCL is issue 15's GPU half).
+ * STATUS_INVALID for tp < 0 or > 64. worker_backend_create makes the same check. */
+int worker_backend_check_tp(const char *device, int tp, status *st);
 
 /* true when this binary links the CUDA backend (//worker:cuda_worker) */
 bool worker_backend_have_cuda(void);
