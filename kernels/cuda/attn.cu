@@ -1,11 +1,13 @@
 // Gated attention decode kernels (attn.h).
 //
-// attn_split: grid (n_kv, n_split). A CTA takes ATTN_CHUNK positions of one KV head and all
-// G = n_h/n_kv query heads that read it, so K and V are read once; its warps split the chunk and
-// run an online softmax each (below). Partials (o unnormalised, max m, sum l) are merged by
-// attn_combine, which also applies the sigmoid gate. The cache's element type T (__half or
-// float, attn_kv_type) is a template parameter of prep and split; the F16 instantiations are
-// the code these kernels had before F32 caches existed (same SASS, same registers).
+// attn_split: grid (n_kv, chunk CTAs, B). A CTA takes chunks of ATTN_CHUNK positions of one KV
+// head and all G = n_h/n_kv query heads that read it, so K and V are read once; its warps split
+// the chunk and run an online softmax each (below). Partials (o unnormalised, max m, sum l) are
+// merged by attn_combine, which also applies the sigmoid gate. The cache's element type T
+// (__half or float, attn_kv_type) is a template parameter of prep and split.
+//
+// Every kernel takes B rows (the grid's last dimension: row = sequence slot d_slot[row] at
+// position d_pos[row]); the B = 1 launchers are the rows launchers with B = 1 and no slot map.
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attn.h"
@@ -19,20 +21,22 @@ static __device__ __forceinline__ void kv_store(float *p, float x) { *p = x; }
 
 template <typename T> // cache element: __half or float
 static __global__ void attn_prep_kernel(const float *__restrict__ qg, const float *__restrict__ k,
-                                        const float *__restrict__ v,
+                                        const float *__restrict__ v, int64_t ld_in,
                                         const float *__restrict__ qw, const float *__restrict__ kw,
                                         int n_h, int n_kv, int d_h, int n_rot, float base,
                                         float eps, const int32_t *__restrict__ d_pos,
-                                        T *__restrict__ kc, T *__restrict__ vc,
-                                        float *__restrict__ q_out)
+                                        const int32_t *__restrict__ d_slot, T *__restrict__ kc,
+                                        T *__restrict__ vc, uint64_t cache_stride,
+                                        float *__restrict__ q_out, int64_t ld_q)
 {
     ds_grid_dep();
     __shared__ float xs[256], scratch[32];
     const int hd = blockIdx.x, t = threadIdx.x; // blockDim.x == d_h
+    const int64_t r = blockIdx.y;                // the row
     const bool is_q = hd < n_h;
     const int j = is_q ? hd : hd - n_h;
-    const int pos = *d_pos;
-    const float x = is_q ? qg[(int64_t)j * 2 * d_h + t] : k[(int64_t)j * d_h + t];
+    const int pos = d_pos[r];
+    const float x = is_q ? qg[r * ld_in + (int64_t)j * 2 * d_h + t] : k[r * ld_in + (int64_t)j * d_h + t];
     const float ss = ds_block_sum(x * x, scratch);
     const float xn = x / sqrtf(ss / (float)d_h + eps) * (is_q ? qw[t] : kw[t]);
     xs[t] = xn;
@@ -48,12 +52,41 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
         y = t < half ? a * c - b * s : a * s + b * c;
     }
     if (is_q) {
-        q_out[(int64_t)j * d_h + t] = y;
+        q_out[r * ld_q + (int64_t)j * d_h + t] = y;
     } else {
-        const int64_t row = ((int64_t)pos * n_kv + j) * d_h + t;
-        kv_store(kc + row, y);
-        kv_store(vc + row, v[(int64_t)j * d_h + t]);
+        const uint64_t slot = d_slot ? (uint64_t)d_slot[r] : 0;
+        kc = (T *)((uint8_t *)kc + slot * cache_stride);
+        vc = (T *)((uint8_t *)vc + slot * cache_stride);
+        const int64_t at = ((int64_t)pos * n_kv + j) * d_h + t;
+        kv_store(kc + at, y);
+        kv_store(vc + at, v[r * ld_in + (int64_t)j * d_h + t]);
     }
+}
+
+extern "C" cuda_launch_dims attn_prep_rows_dims(int n_h, int n_kv, int d_h, int B)
+{
+    return (cuda_launch_dims){(unsigned)(n_h + n_kv), (unsigned)B, 1, (unsigned)d_h};
+}
+
+extern "C" void attn_prep_rows(const float *d_qg, const float *d_k, const float *d_v,
+                               int64_t ld_in, const float *d_q_norm_w, const float *d_k_norm_w,
+                               int n_h, int n_kv, int d_h, int n_rot, float rope_base, float eps,
+                               const int32_t *d_pos, const int32_t *d_slot, void *d_k_cache,
+                               void *d_v_cache, uint64_t cache_slot_stride, float *d_q_out,
+                               int64_t ld_q, attn_kv_type kv_type, int B, const cuda_launch *l)
+{
+    DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
+    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
+    DS_ASSERT(B >= 1 && B <= 65535);
+    const cuda_launch_dims d = attn_prep_rows_dims(n_h, n_kv, d_h, B);
+    if (kv_type == ATTN_KV_F32)
+        ds_launch(attn_prep_kernel<float>, ds_grid(d), d.block, 0, l, d_qg, d_k, d_v, ld_in,
+                  d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, d_slot,
+                  (float *)d_k_cache, (float *)d_v_cache, cache_slot_stride, d_q_out, ld_q);
+    else
+        ds_launch(attn_prep_kernel<__half>, ds_grid(d), d.block, 0, l, d_qg, d_k, d_v, ld_in,
+                  d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, d_slot,
+                  (__half *)d_k_cache, (__half *)d_v_cache, cache_slot_stride, d_q_out, ld_q);
 }
 
 extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
@@ -62,16 +95,8 @@ extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                           void *d_k_cache, void *d_v_cache, float *d_q_out,
                           attn_kv_type kv_type, const cuda_launch *l)
 {
-    DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
-    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
-    if (kv_type == ATTN_KV_F32)
-        ds_launch(attn_prep_kernel<float>, n_h + n_kv, d_h, 0, l, d_qg, d_k, d_v, d_q_norm_w,
-                  d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, (float *)d_k_cache,
-                  (float *)d_v_cache, d_q_out);
-    else
-        ds_launch(attn_prep_kernel<__half>, n_h + n_kv, d_h, 0, l, d_qg, d_k, d_v, d_q_norm_w,
-                  d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, (__half *)d_k_cache,
-                  (__half *)d_v_cache, d_q_out);
+    attn_prep_rows(d_qg, d_k, d_v, 0, d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base,
+                   eps, d_pos, NULL, d_k_cache, d_v_cache, 0, d_q_out, 0, kv_type, 1, l);
 }
 
 extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
@@ -80,10 +105,18 @@ extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
     return (int64_t)n_h * n_split * (d_h + 2);
 }
 
-// partial layout: o [n_h][n_split][d_h], then m [n_h][n_split], then l [n_h][n_split]
+extern "C" int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B)
+{
+    return (int64_t)B * attn_partial_floats(n_h, d_h, n_ctx);
+}
+
+// partial layout, per row: o [n_h][n_split][d_h], then m [n_h][n_split], then l [n_h][n_split]
+// (row r's at r·attn_partial_floats; n_split = the chunks of n_ctx)
 //
-// attn_split: grid (n_kv, n_split), ATTN_SPLIT_WARPS warps. The CTA takes chunk `split` of
-// ATTN_CHUNK positions of KV head j for its G = n_h/n_kv query heads; each warp takes
+// attn_split: grid (n_kv, chunk CTAs, B), ATTN_SPLIT_WARPS warps. The CTA takes chunks
+// `split` = blockIdx.y, + gridDim.y, ... below its row's position (at B = 1 gridDim.y is n_split:
+// one chunk at most; attn_decode_rows_dims); chunk `split` is ATTN_CHUNK positions of KV
+// head j, for its G = n_h/n_kv query heads, computed the same whichever CTA takes it; each warp takes
 // ATTN_CHUNK/ATTN_SPLIT_WARPS consecutive positions of it, lanes over d_h (lane l holds dims
 // [EPL·l, EPL·l + EPL)). Per batch of ATTN_BATCH positions the warp first loads every K and V
 // row (16 bytes a lane at d_h 256 in F16, 2 x 16 in F32: all of a batch's DRAM requests in
@@ -151,9 +184,10 @@ static __device__ __forceinline__ float kv_at(const kv_raw<float, 1> &r, int) { 
 
 template <typename T, int EPL, int G> // T: cache element, d_h = 32 * EPL, G = n_h / n_kv
 static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
-    attn_split_kernel(const float *__restrict__ q, const T *__restrict__ kc,
-                      const T *__restrict__ vc, int n_h, int n_kv,
-                      const int32_t *__restrict__ d_pos, float *__restrict__ part, int n_split)
+    attn_split_kernel(const float *__restrict__ q, int64_t ld_q, const T *__restrict__ kc,
+                      const T *__restrict__ vc, uint64_t cache_stride,
+                      const int32_t *__restrict__ d_slot, const int32_t *__restrict__ d_pos,
+                      int n_h, int n_kv, float *__restrict__ part, int n_split)
 {
     ds_grid_dep();
     constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
@@ -161,99 +195,103 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     constexpr int B = G * EPL > big ? ATTN_BATCH / 2 : ATTN_BATCH;
     __shared__ float s_m[NW][G], s_l[NW][G];
     __shared__ float s_o[NW][G][d_h];
-    const int j = blockIdx.x, split = blockIdx.y;
+    const int j = blockIdx.x;
+    const int64_t row = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = *d_pos + 1;
-    const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
+    const int n = d_pos[row] + 1;
+    // a chunk past the row's position has no partial: attn_combine reads the chunks below it
+    if ((int)blockIdx.y * ATTN_CHUNK >= n) return;
+    const uint64_t slot = d_slot ? (uint64_t)d_slot[row] : 0;
+    kc = (const T *)((const uint8_t *)kc + slot * cache_stride);
+    vc = (const T *)((const uint8_t *)vc + slot * cache_stride);
+    part += row * (int64_t)n_h * n_split * (d_h + 2);
     float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
-    if (t0 >= n) {
-        if (threadIdx.x < G) {
-            pm[(int64_t)(j * G + threadIdx.x) * n_split + split] = -INFINITY;
-            pl[(int64_t)(j * G + threadIdx.x) * n_split + split] = 0.0f;
-        }
-        return;
-    }
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
     const T *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
     const float scale = rsqrtf((float)d_h);
-    float qr[G][EPL], o[G][EPL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            qr[g][e] = q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale;
-            o[g][e] = 0.0f;
-        }
-    }
-    const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
-    for (int tb = w0; tb < w1; tb += B) {
-        kv_raw<T, EPL> kr[B], vr[B];
-#pragma unroll
-        for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
-            const int64_t t = tb + b < w1 ? tb + b : tb;
-            kr[b] = load_kv<T, EPL>(kh + t * rs);
-            vr[b] = load_kv<T, EPL>(vh + t * rs);
-        }
-        // every score of the batch first (B x G independent warp sums, interleaved), then one
-        // online-softmax step per head for the whole batch
-        float sc[B][G];
-#pragma unroll
-        for (int b = 0; b < B; b++)
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float a = 0.0f;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at(kr[b], e);
-                sc[b][g] = a;
-            }
-        ds_warp_sum_n<B * G>(&sc[0][0]);
+    q += row * ld_q;
+    for (int split = blockIdx.y; split * ATTN_CHUNK < n; split += gridDim.y) {
+        if (split != (int)blockIdx.y) __syncthreads(); // the last chunk's merge has read s_*
+        const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
+        float qr[G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            float mn = m[g];
+            m[g] = -INFINITY;
+            l[g] = 0.0f;
 #pragma unroll
-            for (int b = 0; b < B; b++)
-                if (tb + b < w1) mn = fmaxf(mn, sc[b][g]);
-            const float r = __expf(m[g] - mn);
-            m[g] = mn;
-            l[g] *= r;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) o[g][e] *= r;
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
-                l[g] += p;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at(vr[b], e);
+            for (int e = 0; e < EPL; e++) {
+                qr[g][e] = q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale;
+                o[g][e] = 0.0f;
             }
         }
-    }
-    // merge the warps (a warp without positions has m = -inf, l = 0, o = 0)
+        const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
+        for (int tb = w0; tb < w1; tb += B) {
+            kv_raw<T, EPL> kr[B], vr[B];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        if (lane == 0) s_m[warp][g] = m[g], s_l[warp][g] = l[g];
+            for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
+                const int64_t t = tb + b < w1 ? tb + b : tb;
+                kr[b] = load_kv<T, EPL>(kh + t * rs);
+                vr[b] = load_kv<T, EPL>(vh + t * rs);
+            }
+            // every score of the batch first (B x G independent warp sums, interleaved), then one
+            // online-softmax step per head for the whole batch
+            float sc[B][G];
 #pragma unroll
-        for (int e = 0; e < EPL; e++) s_o[warp][g][lane * EPL + e] = o[g][e];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * d_h; i += NW * 32) {
-        const int g = i / d_h, c = i % d_h;
-        float M = -INFINITY;
+            for (int b = 0; b < B; b++)
 #pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, s_m[w][g]);
-        float acc = 0.0f, L = 0.0f;
+                for (int g = 0; g < G; g++) {
+                    float a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
-            const float f = s_l[w][g] > 0.0f ? __expf(s_m[w][g] - M) : 0.0f;
-            acc += f * s_o[w][g][c];
-            L += f * s_l[w][g];
+                    for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at(kr[b], e);
+                    sc[b][g] = a;
+                }
+            ds_warp_sum_n<B * G>(&sc[0][0]);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float mn = m[g];
+#pragma unroll
+                for (int b = 0; b < B; b++)
+                    if (tb + b < w1) mn = fmaxf(mn, sc[b][g]);
+                const float r = __expf(m[g] - mn);
+                m[g] = mn;
+                l[g] *= r;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) o[g][e] *= r;
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
+                    l[g] += p;
+#pragma unroll
+                    for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at(vr[b], e);
+                }
+            }
         }
-        const int64_t hs = (int64_t)(j * G + g) * n_split + split;
-        po[hs * d_h + c] = acc;
-        if (c == 0) {
-            pm[hs] = M;
-            pl[hs] = L;
+        // merge the warps (a warp without positions has m = -inf, l = 0, o = 0)
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (lane == 0) s_m[warp][g] = m[g], s_l[warp][g] = l[g];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) s_o[warp][g][lane * EPL + e] = o[g][e];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * d_h; i += NW * 32) {
+            const int g = i / d_h, c = i % d_h;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < NW; w++) M = fmaxf(M, s_m[w][g]);
+            float acc = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const float f = s_l[w][g] > 0.0f ? __expf(s_m[w][g] - M) : 0.0f;
+                acc += f * s_o[w][g][c];
+                L += f * s_l[w][g];
+            }
+            const int64_t hs = (int64_t)(j * G + g) * n_split + split;
+            po[hs * d_h + c] = acc;
+            if (c == 0) {
+                pm[hs] = M;
+                pl[hs] = L;
+            }
         }
     }
 }
@@ -290,22 +328,29 @@ static __device__ __forceinline__ void combine_ml(const float *pm, const float *
     *L_out = ds_block_sum(L, scratch);
 }
 
-// one CTA per query head, d_h threads = d_h/32 warps. Block max M of the valid splits' m, the
+// one CTA per query head and row, d_h threads = d_h/32 warps. Block max M of the valid splits' m, the
 // weights w_s = exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum
 // L = Σ w_s l_s; then warp k sums w_s o_s over splits s = k, k + d_h/32, ... for all d_h dims
 // (lane l: dims [EPL·l, EPL·l + EPL), EPL·4 bytes per load, 4 splits in flight), and the
 // warps' sums are added in a fixed order through shared memory.
 template <int EPL> // d_h = 32 * EPL
 static __global__ void attn_combine_kernel(const float *__restrict__ part,
-                                           const float *__restrict__ qg, int n_h, int n_split,
-                                           const int32_t *__restrict__ d_pos,
-                                           float *__restrict__ o, void *__restrict__ oq)
+                                           const float *__restrict__ qg, int64_t ld_qg, int n_h,
+                                           int n_split, const int32_t *__restrict__ d_pos,
+                                           float *__restrict__ o, int64_t ld_o,
+                                           void *__restrict__ oq)
 {
     ds_grid_dep();
     constexpr int d_h = 32 * EPL, NW = EPL;
     __shared__ float sw[COMBINE_TILE], scratch[32];
     __shared__ float red[NW][d_h];
     const int h = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int64_t row = blockIdx.y;
+    d_pos += row;
+    part += row * (int64_t)n_h * n_split * (d_h + 2);
+    qg += row * ld_qg;
+    o = ds_row(o, row, ld_o);
+    oq = ds_row_bytes(oq, row, ds_q8_bytes((int64_t)n_h * d_h));
     const float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     pm += (int64_t)h * n_split;
     pl += (int64_t)h * n_split;
@@ -352,17 +397,17 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
 
 // attn_split for cache element T: one instantiation per (d_h, G) the asserts admit
 template <typename T>
-static void attn_split(const float *d_q, const void *d_k_cache, const void *d_v_cache, int n_h,
-                       int n_kv, int d_h, int n_split, const int32_t *d_pos, float *d_partial,
-                       const cuda_launch *l)
+static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q,
+                       const void *d_k_cache, const void *d_v_cache, uint64_t cache_stride,
+                       const int32_t *d_slot, const int32_t *d_pos, int n_h, int n_kv, int d_h,
+                       int n_split, float *d_partial, const cuda_launch *l)
 {
-    const dim3 grid(n_kv, n_split);
     const T *kc = (const T *)d_k_cache, *vc = (const T *)d_v_cache;
     const int G = n_h / n_kv;
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
-        ds_launch(attn_split_kernel<T, E, GG>, grid, ATTN_SPLIT_WARPS * 32, 0, l, d_q, kc, vc,  \
-                  n_h, n_kv, d_pos, d_partial, n_split);                                         \
+        ds_launch(attn_split_kernel<T, E, GG>, ds_grid(d), d.block, 0, l, d_q, ld_q, kc, vc,    \
+                  cache_stride, d_slot, d_pos, n_h, n_kv, d_partial, n_split);                   \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
     switch (G) {                                                                                 \
@@ -381,23 +426,64 @@ static void attn_split(const float *d_q, const void *d_k_cache, const void *d_v_
 #undef ATTN_SPLIT_G
 }
 
+// Chunk CTAs per (row, KV head): every chunk of n_ctx at B = 1 (the launch B = 1 always had); at
+// B > 1 ATTN_ROWS_SPLIT_CTAS / (n_kv·B) of them (at least 1, at most n_split), each looping over
+// its chunks, so a large batch of short contexts launches few idle CTAs and a long context
+// still spreads over the GPU. Which CTA computes a chunk changes nothing in the arithmetic: the
+// chunks (ATTN_CHUNK positions from 0) and their merge depend only on the row's position.
+#define ATTN_ROWS_SPLIT_CTAS 8192
+
+extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B,
+                                      cuda_launch_dims *split, cuda_launch_dims *combine)
+{
+    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    int per = n_split;
+    if (B > 1) {
+        per = ATTN_ROWS_SPLIT_CTAS / (n_kv * B);
+        per = per < 1 ? 1 : per > n_split ? n_split : per;
+    }
+    *split = (cuda_launch_dims){(unsigned)n_kv, (unsigned)per, (unsigned)B, ATTN_SPLIT_WARPS * 32};
+    *combine = (cuda_launch_dims){(unsigned)n_h, (unsigned)B, 1, (unsigned)d_h};
+}
+
+extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
+                                 const void *d_k_cache, const void *d_v_cache,
+                                 uint64_t cache_slot_stride, const int32_t *d_slot,
+                                 const int32_t *d_pos, int n_h, int n_kv, int d_h, int n_ctx,
+                                 float *d_partial, float *d_o, int64_t ld_o, void *d_o_q8,
+                                 attn_kv_type kv_type, int B, const cuda_launch *l)
+{
+    DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
+    DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
+    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
+    DS_ASSERT(n_ctx >= 1 && (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK <= 65535);
+    DS_ASSERT(B >= 1 && B <= 65535);
+    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    cuda_launch_dims ds, dc;
+    attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);
+    if (kv_type == ATTN_KV_F32)
+        attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
+                          n_h, n_kv, d_h, n_split, d_partial, l);
+    else
+        attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
+                           n_h, n_kv, d_h, n_split, d_partial, l);
+#define ATTN_COMBINE(E)                                                                         \
+    ds_launch(attn_combine_kernel<E>, ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h,  \
+              n_split, d_pos, d_o, ld_o, d_o_q8)
+    switch (d_h / 32) {
+    case 1: ATTN_COMBINE(1); break;
+    case 2: ATTN_COMBINE(2); break;
+    case 4: ATTN_COMBINE(4); break;
+    case 8: ATTN_COMBINE(8); break;
+    }
+#undef ATTN_COMBINE
+}
+
 extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
                             const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
                             const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
                             attn_kv_type kv_type, const cuda_launch *l)
 {
-    DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
-    DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
-    DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
-    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    if (kv_type == ATTN_KV_F32)
-        attn_split<float>(d_q, d_k_cache, d_v_cache, n_h, n_kv, d_h, n_split, d_pos, d_partial, l);
-    else
-        attn_split<__half>(d_q, d_k_cache, d_v_cache, n_h, n_kv, d_h, n_split, d_pos, d_partial, l);
-    switch (d_h / 32) {
-    case 1: ds_launch(attn_combine_kernel<1>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 2: ds_launch(attn_combine_kernel<2>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 4: ds_launch(attn_combine_kernel<4>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    case 8: ds_launch(attn_combine_kernel<8>, n_h, d_h, 0, l, d_partial, d_qg, n_h, n_split, d_pos, d_o, d_o_q8); break;
-    }
+    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, 0, NULL, d_pos, n_h, n_kv, d_h, n_ctx,
+                     d_partial, d_o, 0, d_o_q8, kv_type, 1, l);
 }

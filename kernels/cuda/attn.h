@@ -6,7 +6,18 @@
  * CPU twins (kernels/cpu/attn.h): ref_attn_prep, ref_attn_decode, ref_sigmoid_gate.
  * The position lives on the device so a captured graph replays for every token. The cache's
  * element type (attn_kv_type) is the caller's choice: F32 holds K and V as computed, F16 halves
- * the bytes read per token and rounds them (2^-11 relative). */
+ * the bytes read per token and rounds them (2^-11 relative).
+ *
+ * Rows: each function has a *_rows form running B rows (1 <= B <= 65535) in one launch. Row i
+ * is the token of sequence slot d_slot[i] at position d_pos[i] (d_pos: [B] int32 on the device,
+ * indexed by row): its caches start at base + d_slot[i]*cache_slot_stride BYTES (d_slot NULL:
+ * every row uses the base, for B = 1); the slots of one launch must be distinct. ld_*: elements
+ * between consecutive rows of a [B][...] activation. There is one kernel per step: the B = 1
+ * functions are the rows functions with B = 1 and no slot map (d_pos[0] the position), and the
+ * split into chunks and their merge depend only on the row's position, so a row's outputs and
+ * cache rows are bit-identical whatever B is and whatever other rows share the launch.
+ * d_pos and d_slot are read after waiting for the preceding launch (PDL). *_rows_dims: the
+ * launch grids (cuda_device.h), for limit checks. */
 #ifndef DS_KERNELS_CUDA_ATTN_H
 #define DS_KERNELS_CUDA_ATTN_H
 
@@ -38,9 +49,21 @@ void attn_prep(const float *d_qg, const float *d_k, const float *d_v, const floa
                const float *d_k_norm_w, int n_h, int n_kv, int d_h, int n_rot,
                float rope_base, float eps, const int32_t *d_pos, void *d_k_cache,
                void *d_v_cache, float *d_q_out, attn_kv_type kv_type, const cuda_launch *l);
+/* Rows: qg, k, v of row i at d_qg + i*ld_in, d_k + i*ld_in, d_v + i*ld_in (one stride: the
+ * three are slices of one projection row); q_out row i at d_q_out + i*ld_q; cache row d_pos[i]
+ * of slot d_slot[i] written. */
+void attn_prep_rows(const float *d_qg, const float *d_k, const float *d_v, int64_t ld_in,
+                    const float *d_q_norm_w, const float *d_k_norm_w, int n_h, int n_kv, int d_h,
+                    int n_rot, float rope_base, float eps, const int32_t *d_pos,
+                    const int32_t *d_slot, void *d_k_cache, void *d_v_cache,
+                    uint64_t cache_slot_stride, float *d_q_out, int64_t ld_q,
+                    attn_kv_type kv_type, int B, const cuda_launch *l);
+cuda_launch_dims attn_prep_rows_dims(int n_h, int n_kv, int d_h, int B);
 
-/* Floats of scratch attn_decode needs for a cache of n_ctx positions. */
+/* Floats of scratch attn_decode needs for a cache of n_ctx positions; attn_decode_rows needs
+ * B times that (row i's at d_partial + i*attn_partial_floats). */
 int64_t attn_partial_floats(int n_h, int d_h, int n_ctx);
+int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B);
 
 /* o = concat_h(softmax(q_h·K/sqrt(d_h)) V) ⊙ sigmoid(gate_h); q: [n_h][d_h] (attn_prep);
  * qg: the gates as in attn_prep; caches as above (the kv_type attn_prep wrote) with positions
@@ -51,6 +74,21 @@ void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
                  const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
                  const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
                  attn_kv_type kv_type, const cuda_launch *l);
+/* Rows: row i attends over positions 0..d_pos[i] of slot d_slot[i]'s caches (n_ctx positions
+ * each); q, qg, o rows at d_q + i*ld_q, d_qg + i*ld_qg, d_o + i*ld_o (d_o may be NULL); the Q8
+ * form of row i at (uint8_t *)d_o_q8 + i*gemv_xq_bytes(n_h·d_h) (may be NULL); d_partial:
+ * attn_partial_floats_rows. The grid covers every chunk of n_ctx at B = 1; at B > 1 it has fewer
+ * chunk CTAs per row (attn_decode_rows_dims: about 8192 CTAs in all), each looping over the
+ * row's chunks below its position and leaving at once past it, so short rows in a large batch
+ * cost little and no host-side position bound is needed (the grid is fixed for a CUDA graph). */
+void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
+                      const void *d_k_cache, const void *d_v_cache, uint64_t cache_slot_stride,
+                      const int32_t *d_slot, const int32_t *d_pos, int n_h, int n_kv, int d_h,
+                      int n_ctx, float *d_partial, float *d_o, int64_t ld_o, void *d_o_q8,
+                      attn_kv_type kv_type, int B, const cuda_launch *l);
+/* The grids of attn_decode_rows' two launches (the chunk partials, then their merge). */
+void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B, cuda_launch_dims *split,
+                           cuda_launch_dims *combine);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,19 @@ static __device__ __forceinline__ void ds_grid_dep()
 #endif
 }
 
+// Batched ("rows") kernels: row r of an optional [B] buffer of row stride ld (elements of T),
+// NULL staying NULL.
+template <typename T> static __device__ __forceinline__ T *ds_row(T *p, int64_t r, int64_t ld)
+{
+    return p ? p + r * ld : p;
+}
+static __device__ __forceinline__ void *ds_row_bytes(void *p, int64_t r, int64_t ld_bytes)
+{
+    return p ? (void *)((uint8_t *)p + r * ld_bytes) : p;
+}
+
+static inline dim3 ds_grid(const cuda_launch_dims &d) { return dim3(d.grid_x, d.grid_y, d.grid_z); }
+
 static inline cudaStream_t ds_stream(const cuda_launch *l) { return l ? l->stream : nullptr; }
 
 // kernel<<<grid, block, smem, l->stream>>>(args...), with the programmatic-serialization

@@ -44,6 +44,15 @@ typedef struct cuda_launch {
                  same either way */
 } cuda_launch;
 
+/* The grid and CTA size a launcher uses for a given shape (the batched "rows" launchers report
+ * theirs through *_rows_dims, computed by the same function the launch uses), so a test without
+ * a GPU can check them against the device limits: grid_x < 2^31, grid_y and grid_z < 65536,
+ * block <= 1024. */
+typedef struct cuda_launch_dims {
+    unsigned grid_x, grid_y, grid_z;
+    unsigned block;
+} cuda_launch_dims;
+
 /* true when at least one CUDA device is usable; false (st says why: no driver, no device) */
 bool cuda_device_available(status *st);
 

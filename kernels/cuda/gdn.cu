@@ -1,6 +1,9 @@
 // Gated DeltaNet decode kernels (gdn.h).
 //
-// gdn_decode: grid (n_v, splits), 4 warps per CTA. Every CTA normalises its key head's q and k
+// Every kernel takes B rows (the grid's last dimension; gdn.h "Rows"); the B = 1 launchers are
+// the rows launchers with B = 1 and no slot map.
+//
+// gdn_decode: grid (n_v, splits, B), 4 warps per CTA. Every CTA normalises its key head's q and k
 // (128 values each, cheap to redo), then owns d_v/splits value columns j; a warp takes one
 // column at a time: lanes hold S[hv][j][lane*EPL ..] (coalesced), decay, u = S_j·k (warp sum),
 // δ = β(v_j − u), S_j += δ k, o_j = S_j·q (warp sum). Columns are independent, which is what
@@ -13,36 +16,62 @@
 #define GDN_WARPS 4
 #define GDN_CPW 8 // S columns in flight per warp
 
-static __global__ void gdn_conv_kernel(const float *__restrict__ mixed,
+static __global__ void gdn_conv_kernel(const float *__restrict__ mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
-                                       int C, int K, float *__restrict__ out)
+                                       int64_t state_stride, const int32_t *__restrict__ slot,
+                                       int C, int K, float *__restrict__ out, int64_t ld_out)
 {
     ds_grid_dep();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    out[c] = gdn_conv_channel(mixed[c], w + (int64_t)c * K, state + (int64_t)c * (K - 1), K);
+    const int64_t row = blockIdx.y, s = slot ? slot[row] : 0;
+    out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], w + (int64_t)c * K,
+                                             state + s * state_stride + (int64_t)c * (K - 1), K);
+}
+
+extern "C" cuda_launch_dims gdn_conv_rows_dims(int C, int B)
+{
+    return (cuda_launch_dims){ds_div_up(C, 256), (unsigned)B, 1, 256};
+}
+
+extern "C" void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
+                              float *d_conv_state, int64_t state_slot_stride,
+                              const int32_t *d_slot, int C, int K_conv, float *d_out,
+                              int64_t ld_out, int B, const cuda_launch *l)
+{
+    DS_ASSERT(C > 0 && K_conv >= 1 && B >= 1 && B <= 65535);
+    const cuda_launch_dims d = gdn_conv_rows_dims(C, B);
+    ds_launch(gdn_conv_kernel, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
+              d_conv_state, state_slot_stride, d_slot, C, K_conv, d_out, ld_out);
 }
 
 extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
                          int K_conv, float *d_out, const cuda_launch *l)
 {
-    DS_ASSERT(C > 0 && K_conv >= 1);
-    ds_launch(gdn_conv_kernel, ds_div_up(C, 256), 256, 0, l, d_mixed, d_conv_w, d_conv_state, C,
-                                                           K_conv, d_out);
+    gdn_conv_rows(d_mixed, C, d_conv_w, d_conv_state, 0, NULL, C, K_conv, d_out, C, 1, l);
 }
 
-// what gdn_decode_norm adds: the gated RMSNorm of a head by the last of its CTAs to finish
 template <int EPL> // d_k = 32 * EPL
 static __global__ void __launch_bounds__(GDN_WARPS * 32)
-    gdn_decode_kernel(const float *__restrict__ conv, const float *__restrict__ b,
-                      const float *__restrict__ a, const float *__restrict__ dt_bias,
-                      const float *__restrict__ ssm_a, int n_k, int d_v, float eps,
-                      float *__restrict__ S, float *__restrict__ o, int cols)
+    gdn_decode_kernel(const float *__restrict__ conv, int64_t ld_conv,
+                      const float *__restrict__ b, const float *__restrict__ a, int64_t ld_ba,
+                      const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, int n_k,
+                      int d_v, float eps, float *__restrict__ S, int64_t S_stride,
+                      const int32_t *__restrict__ slot, float *__restrict__ o, int64_t ld_o,
+                      int cols)
 {
     constexpr int d_k = 32 * EPL;
     __shared__ float sq[d_k], sk[d_k], scratch[32];
+    // row blockIdx.z: its slot's state (the slot id is a step input, read before ds_grid_dep
+    // like S itself: gdn.h), its activations
+    const int64_t row = blockIdx.z;
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    S += (slot ? slot[row] : 0) * S_stride + (int64_t)hv * d_v * d_k + lane * EPL; // + j·d_k
+    conv += row * ld_conv;
+    b += row * ld_ba;
+    a += row * ld_ba;
+    o += row * ld_o + (int64_t)hv * d_v; // + j
     const int j0 = blockIdx.y * cols, j1 = min(j0 + cols, d_v);
     // batches of GDN_WARPS * GDN_CPW columns: every S column of a batch is loaded before the
     // first is used (one memory latency per batch, not one per column); the first batch's loads
@@ -54,7 +83,7 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
         for (int c = 0; c < GDN_CPW; c++) {
             const int j = jb + warp + GDN_WARPS * c;
             if (j >= j1) break;
-            const float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
+            const float *Sj = S + (int64_t)j * d_k;
             if constexpr (EPL == 4) {
                 const float4 t = *(const float4 *)Sj;
                 s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
@@ -135,16 +164,48 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
         for (int c = 0; c < GDN_CPW; c++) {
             const int j = jb + warp + GDN_WARPS * c;
             if (j >= j1) break;
-            float *Sj = S + ((int64_t)hv * d_v + j) * d_k + lane * EPL;
+            float *Sj = S + (int64_t)j * d_k;
             if constexpr (EPL == 4) {
                 *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
             } else {
 #pragma unroll
                 for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
             }
-            if (lane == 0) o[(int64_t)hv * d_v + j] = oj[c];
+            if (lane == 0) o[j] = oj[c];
         }
     }
+}
+
+// Column split: d_v/32 CTAs of 32 columns per head (4 at d_v 128), the same at every B (a CTA
+// is then one batch of columns, all its S loads in flight at once; a column's arithmetic does
+// not depend on the split anyway). Grid (n_v, splits, B): 48 x 4 x 256 for the 27B at B 256.
+extern "C" cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B)
+{
+    const int splits = d_v >= 128 ? 4 : d_v / 32; // 32 columns per CTA
+    return (cuda_launch_dims){(unsigned)n_v, (unsigned)splits, (unsigned)B, GDN_WARPS * 32};
+}
+
+extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b,
+                                const float *d_a, int64_t ld_ba, const float *d_dt_bias,
+                                const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
+                                float eps, float *d_S, int64_t S_slot_stride,
+                                const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
+                                const cuda_launch *l)
+{
+    DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && B >= 1 && B <= 65535);
+    const cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, B);
+    const int cols = d_v / (int)d.grid_y;
+#define GDN_DECODE_LAUNCH(EPL)                                                                  \
+    ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
+              ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_o, ld_o,  \
+              cols)
+    switch (d_k) {
+    case 32: GDN_DECODE_LAUNCH(1); break;
+    case 64: GDN_DECODE_LAUNCH(2); break;
+    case 128: GDN_DECODE_LAUNCH(4); break;
+    default: DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
+    }
+#undef GDN_DECODE_LAUNCH
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,
@@ -152,36 +213,24 @@ extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d
                            int d_k, int d_v, float eps, float *d_S, float *d_o,
                            const cuda_launch *l)
 {
-    DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0);
-    const int splits = d_v >= 128 ? 4 : d_v / 32; // 32 columns per CTA
-    const int cols = d_v / splits;
-    const dim3 grid(n_v, splits);
-    switch (d_k) {
-    case 32:
-        ds_launch(gdn_decode_kernel<1>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
-                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
-        break;
-    case 64:
-        ds_launch(gdn_decode_kernel<2>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
-                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
-        break;
-    case 128:
-        ds_launch(gdn_decode_kernel<4>, grid, GDN_WARPS * 32, 0, l, d_conv, d_b, d_a, d_dt_bias,
-                  d_ssm_a, n_k, d_v, eps, d_S, d_o, cols);
-        break;
-    default:
-        DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
-    }
+    gdn_decode_rows(d_conv, 0, d_b, d_a, 0, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps, d_S, 0,
+                    NULL, d_o, 0, 1, l);
 }
 
-// One CTA per value head, d_v threads (d_v % 32 == 0, <= 1024).
-static __global__ void gdn_norm_gated_kernel(const float *__restrict__ o,
-                                             const float *__restrict__ z,
+// One CTA per value head and row, d_v threads (d_v % 32 == 0, <= 1024).
+static __global__ void gdn_norm_gated_kernel(const float *__restrict__ o, int64_t ld_o,
+                                             const float *__restrict__ z, int64_t ld_z,
                                              const float *__restrict__ w, int d_v, float eps,
-                                             float *__restrict__ y, void *__restrict__ yq, int n)
+                                             float *__restrict__ y, int64_t ld_y,
+                                             void *__restrict__ yq, int n)
 {
     ds_grid_dep();
     __shared__ float scratch[32];
+    const int64_t row = blockIdx.y;
+    o += row * ld_o;
+    z += row * ld_z;
+    y = ds_row(y, row, ld_y);
+    yq = ds_row_bytes(yq, row, ds_q8_bytes(n));
     const int64_t i = (int64_t)blockIdx.x * d_v + threadIdx.x;
     const float v = o[i];
     const float ss = ds_block_sum(v * v, scratch);
@@ -191,10 +240,24 @@ static __global__ void gdn_norm_gated_kernel(const float *__restrict__ o,
     if (yq) ds_q8_store_warp(r, i & ~(int64_t)31, n, yq);
 }
 
+extern "C" cuda_launch_dims gdn_norm_gated_rows_dims(int n_v, int d_v, int B)
+{
+    return (cuda_launch_dims){(unsigned)n_v, (unsigned)B, 1, (unsigned)d_v};
+}
+
+extern "C" void gdn_norm_gated_rows(const float *d_o, int64_t ld_o, const float *d_z,
+                                    int64_t ld_z, const float *d_norm_w, int n_v, int d_v,
+                                    float eps, float *d_y, int64_t ld_y, void *d_y_q8, int B,
+                                    const cuda_launch *l)
+{
+    DS_ASSERT(d_v % 32 == 0 && d_v <= 1024 && B >= 1 && B <= 65535);
+    const cuda_launch_dims d = gdn_norm_gated_rows_dims(n_v, d_v, B);
+    ds_launch(gdn_norm_gated_kernel, ds_grid(d), d.block, 0, l, d_o, ld_o, d_z, ld_z, d_norm_w,
+              d_v, eps, d_y, ld_y, d_y_q8, n_v * d_v);
+}
+
 extern "C" void gdn_norm_gated(const float *d_o, const float *d_z, const float *d_norm_w, int n_v,
                                int d_v, float eps, float *d_y, void *d_y_q8, const cuda_launch *l)
 {
-    DS_ASSERT(d_v % 32 == 0 && d_v <= 1024);
-    ds_launch(gdn_norm_gated_kernel, n_v, d_v, 0, l, d_o, d_z, d_norm_w, d_v, eps, d_y, d_y_q8,
-              n_v * d_v);
+    gdn_norm_gated_rows(d_o, 0, d_z, 0, d_norm_w, n_v, d_v, eps, d_y, 0, d_y_q8, 1, l);
 }

@@ -4,7 +4,18 @@
  *   gdn_decode      q/k L2 norms, q scale, gates, the delta rule on the FP32 state
  *   gdn_norm_gated  gated RMSNorm with silu(z), output F32 + Q8 for the ssm_out GEMV
  * Dimension names: model/README.md. S layout: [n_v][d_v][d_k] (key-contiguous, as the CPU's).
- * Value head hv uses key head hv % n_k. d_k and d_v must be 32, 64 or 128 (asserted). */
+ * Value head hv uses key head hv % n_k. d_k and d_v must be 32, 64 or 128 (asserted).
+ *
+ * Rows: each step also has a *_rows form running B rows (1 <= B <= 65535) in one launch, row i
+ * of sequence slot d_slot[i]. ld_*: elements between consecutive rows of a [B][...] activation;
+ * a state's slot stride is in elements (floats); slot s's state is at base + s*stride (d_slot
+ * NULL: every row uses the base, for B = 1). The slots of one launch must be distinct. There is
+ * one kernel per step: the B = 1 functions are the rows functions with B = 1 and no slot map,
+ * so a row's outputs and state are bit-identical whatever B is and whatever other rows share
+ * the launch. d_slot is a step input: gdn_decode_rows reads it before waiting for the preceding
+ * launch under PDL (to start loading S early), so it must not be written by the launch just
+ * before that one (uploading it at the start of the step is fine). *_rows_dims: the launch
+ * grids, for limit checks. */
 #ifndef DS_KERNELS_CUDA_GDN_H
 #define DS_KERNELS_CUDA_GDN_H
 
@@ -20,17 +31,37 @@ extern "C" {
  * out: [C] = silu(conv). */
 void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
               int K_conv, float *d_out, const cuda_launch *l);
+/* Rows: mixed row i at d_mixed + i*ld_mixed, out row i at d_out + i*ld_out, conv state of row i
+ * at d_conv_state + d_slot[i]*state_slot_stride. */
+void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
+                   float *d_conv_state, int64_t state_slot_stride, const int32_t *d_slot, int C,
+                   int K_conv, float *d_out, int64_t ld_out, int B, const cuda_launch *l);
+cuda_launch_dims gdn_conv_rows_dims(int C, int B);
 
 /* conv: [C] = [q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)] after gdn_conv; b, a: [n_v] (W_beta·h,
  * W_alpha·h); dt_bias, ssm_a: [n_v]; S: [n_v][d_v][d_k] in/out; o: [n_v·d_v] raw outputs. */
 void gdn_decode(const float *d_conv, const float *d_b, const float *d_a, const float *d_dt_bias,
                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v, float eps, float *d_S,
                 float *d_o, const cuda_launch *l);
+/* Rows: conv row i at d_conv + i*ld_conv; b, a of row i at d_b + i*ld_ba, d_a + i*ld_ba; S of
+ * row i at d_S + d_slot[i]*S_slot_stride; o row i at d_o + i*ld_o. */
+void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
+                     int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
+                     int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
+                     const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
+                     const cuda_launch *l);
+cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B);
 
 /* y_hv = RMSNorm(o_hv) · norm_w · silu(z_hv) per value head. o, z: [n_v·d_v]; norm_w: [d_v];
  * y: [n_v·d_v] F32 (may be NULL); y_q8: gemv_xq_bytes(n_v·d_v) (may be NULL). */
 void gdn_norm_gated(const float *d_o, const float *d_z, const float *d_norm_w, int n_v, int d_v,
                     float eps, float *d_y, void *d_y_q8, const cuda_launch *l);
+/* Rows: o, z, y row i at d_o + i*ld_o, d_z + i*ld_z, d_y + i*ld_y (d_y may be NULL); the Q8 form
+ * of row i at (uint8_t *)d_y_q8 + i*gemv_xq_bytes(n_v·d_v) (may be NULL). */
+void gdn_norm_gated_rows(const float *d_o, int64_t ld_o, const float *d_z, int64_t ld_z,
+                         const float *d_norm_w, int n_v, int d_v, float eps, float *d_y,
+                         int64_t ld_y, void *d_y_q8, int B, const cuda_launch *l);
+cuda_launch_dims gdn_norm_gated_rows_dims(int n_v, int d_v, int B);
 
 #ifdef __cplusplus
 }

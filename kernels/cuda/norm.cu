@@ -1,5 +1,6 @@
-// RMSNorm (norm.h): one CTA of 1024 threads per vector; thread t holds elements t, t + 1024, ...
-// so each warp holds 32 consecutive elements per step, which is what the Q8 writer needs.
+// RMSNorm (norm.h): one CTA of 1024 threads per vector (grid: one CTA per row; norm_rms is the
+// one row of norm_rms_rows); thread t holds elements t, t + 1024, ... so each warp holds 32
+// consecutive elements per step, which is what the Q8 writer needs.
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/q8.cuh"
@@ -11,10 +12,14 @@
 #define NORM_EPT 8
 
 static __global__ void __launch_bounds__(NORM_THREADS)
-    norm_rms_kernel(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
-                    float *__restrict__ y, void *__restrict__ yq)
+    norm_rms_kernel(const float *__restrict__ x, int64_t ld_x, const float *__restrict__ w, int n,
+                    float eps, float *__restrict__ y, int64_t ld_y, void *__restrict__ yq)
 {
     ds_grid_dep();
+    const int64_t row = blockIdx.x;
+    x += row * ld_x;
+    y = ds_row(y, row, ld_y);
+    yq = ds_row_bytes(yq, row, ds_q8_bytes(n));
     __shared__ float scratch[32];
     float xv[NORM_EPT], wv[NORM_EPT];
 #pragma unroll
@@ -40,10 +45,15 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 
 // any n: two passes over x
 static __global__ void __launch_bounds__(NORM_THREADS)
-    norm_rms_long_kernel(const float *__restrict__ x, const float *__restrict__ w, int n,
-                         float eps, float *__restrict__ y, void *__restrict__ yq)
+    norm_rms_long_kernel(const float *__restrict__ x, int64_t ld_x, const float *__restrict__ w,
+                         int n, float eps, float *__restrict__ y, int64_t ld_y,
+                         void *__restrict__ yq)
 {
     ds_grid_dep();
+    const int64_t row = blockIdx.x;
+    x += row * ld_x;
+    y = ds_row(y, row, ld_y);
+    yq = ds_row_bytes(yq, row, ds_q8_bytes(n));
     __shared__ float scratch[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += x[i] * x[i];
@@ -58,12 +68,27 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
+extern "C" cuda_launch_dims norm_rms_rows_dims(int n, int B)
+{
+    (void)n;
+    return (cuda_launch_dims){(unsigned)B, 1, 1, NORM_THREADS};
+}
+
+extern "C" void norm_rms_rows(const float *d_x, int64_t ld_x, const float *d_w, int n, float eps,
+                              float *d_y, int64_t ld_y, void *d_y_q8, int B, const cuda_launch *l)
+{
+    DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0) && B >= 1 && B <= 65535);
+    const cuda_launch_dims d = norm_rms_rows_dims(n, B);
+    if (n <= NORM_THREADS * NORM_EPT)
+        ds_launch(norm_rms_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_w, n, eps, d_y, ld_y,
+                  d_y_q8);
+    else
+        ds_launch(norm_rms_long_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_w, n, eps, d_y,
+                  ld_y, d_y_q8);
+}
+
 extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y,
                          void *d_y_q8, const cuda_launch *l)
 {
-    DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0));
-    if (n <= NORM_THREADS * NORM_EPT)
-        ds_launch(norm_rms_kernel, 1, NORM_THREADS, 0, l, d_x, d_w, n, eps, d_y, d_y_q8);
-    else
-        ds_launch(norm_rms_long_kernel, 1, NORM_THREADS, 0, l, d_x, d_w, n, eps, d_y, d_y_q8);
+    norm_rms_rows(d_x, n, d_w, n, eps, d_y, n, d_y_q8, 1, l);
 }

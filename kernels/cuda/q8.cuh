@@ -6,6 +6,10 @@
 
 #include <stdint.h>
 
+// Bytes of the Q8 form of n elements, gemv_xq_bytes(n) of gemv.h (int8 qs[n], float2 ds[n/32]):
+// also the row stride of the Q8 forms of a [B][n] activation.
+static inline __host__ __device__ int64_t ds_q8_bytes(int64_t n) { return n + n / 32 * 8; }
+
 static __device__ __forceinline__ float ds_warp_sum(float v)
 {
 #pragma unroll
