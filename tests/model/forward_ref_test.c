@@ -70,30 +70,6 @@ static int teardown(void)
     return 0;
 }
 
-/* Worst over rows of max|got - ref| / max|ref| (row-wise). */
-static double rows_rel(const float *got, const float *ref, int rows, int V)
-{
-    double worst = 0;
-    for (int r = 0; r < rows; r++) {
-        double md = 0, mr = 0;
-        for (int v = 0; v < V; v++) {
-            double d = fabs((double)got[(long)r * V + v] - ref[(long)r * V + v]);
-            if (!(d <= md)) md = d;
-            mr = fmax(mr, fabs(ref[(long)r * V + v]));
-        }
-        double rel = md / (mr > 0 ? mr : 1);
-        if (!(rel <= worst)) worst = rel;
-    }
-    return worst;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Teacher-forced logits of all rows: prefill of the first n_pre ids, then decode one by one. */
 static int run_rows(qwen35_ctx *ctx, qwen35_model *m, const int32_t *ids, int T, int n_pre,
@@ -123,7 +99,7 @@ static void check_reference(int n_pre_mode, qwen35_gdn_mode mode, bool small)
             float *lg = malloc(sizeof(float) * p->rows * p->V);
             int n_pre = n_pre_mode < 0 ? p->rows : n_pre_mode == 0 ? p->n_ids : n_pre_mode;
             CU_ASSERT_EQUAL(run_rows(ctx, models[c], ids, p->rows, n_pre, lg), 0);
-            double rel = rows_rel(lg, p->logits, p->rows, p->V);
+            double rel = forward_test_rows_rel(lg, p->logits, p->rows, p->V);
             printf("\n    %s prompt %d (%d rows, prefill %d, %s%s): worst row rel %.3g", cases[c], i,
                    p->rows, n_pre, mode == QWEN35_GDN_CHUNKED ? "chunked" : "recurrent",
                    small ? ", 7-token steps" : "", rel);
@@ -152,7 +128,7 @@ static void test_greedy(void)
             CU_ASSERT_EQUAL(qwen35_prefill(ctx_big[c], s, p->ids, p->n_ids, lg, false, &st), 0);
             int match = 0;
             for (int g = 0; g < p->n_greedy; g++) {
-                int32_t tok = argmax(lg, p->V);
+                int32_t tok = forward_test_argmax(lg, p->V);
                 if (tok != p->greedy[g]) break;
                 match++;
                 CU_ASSERT_EQUAL(qwen35_decode_batch(ctx_big[c], &s, &tok, 1, lg, &st), 0);
@@ -182,7 +158,7 @@ static void test_split_equals_whole(void)
         CU_ASSERT_EQUAL(qwen35_prefill(ctx_big[c], s, ids + a, b - a, split + (long)a * V, true, &st), 0);
         for (int t = b; t < T; t++)
             CU_ASSERT_EQUAL(qwen35_decode_batch(ctx_big[c], &s, ids + t, 1, split + (long)t * V, &st), 0);
-        double rel = rows_rel(split, whole, T, V);
+        double rel = forward_test_rows_rel(split, whole, T, V);
         printf("\n    %s: split vs whole prefill worst row rel %.3g", cases[c], rel);
         CU_ASSERT(rel <= SELF_TOL);
         /* last-token logits of a prefill equal the last row of all_logits (not bit for bit: a
@@ -190,7 +166,7 @@ static void test_split_equals_whole(void)
         qwen35_state_reset(s);
         float *last = malloc(sizeof(float) * V);
         CU_ASSERT_EQUAL(qwen35_prefill(ctx_big[c], s, ids, T, last, false, &st), 0);
-        CU_ASSERT(rows_rel(last, whole + (long)(T - 1) * V, 1, V) <= 1e-5);
+        CU_ASSERT(forward_test_rows_rel(last, whole + (long)(T - 1) * V, 1, V) <= 1e-5);
         free(last), free(whole), free(split), free(ids);
         qwen35_state_destroy(s);
     }
@@ -217,7 +193,7 @@ static void test_chunked_vs_recurrent(void)
             qwen35_ctx_set_gdn_mode(ctx_big[c], QWEN35_GDN_RECURRENT);
             CU_ASSERT_EQUAL(run_rows(ctx_big[c], models[c], ids, T, T, b), 0);
             qwen35_ctx_set_gdn_mode(ctx_big[c], QWEN35_GDN_CHUNKED);
-            double rel = rows_rel(a, b, T, V);
+            double rel = forward_test_rows_rel(a, b, T, V);
             printf("\n    %s T=%d: chunked vs recurrent worst row rel %.3g", cases[c], T, rel);
             CU_ASSERT(rel <= SELF_TOL);
             free(a), free(b);
@@ -249,7 +225,7 @@ static void check_batch(int c, int B)
         CU_ASSERT_EQUAL(qwen35_decode_batch(ctx_big[c], sb, toks, B, lb, &st), 0);
         for (int b = 0; b < B; b++) {
             CU_ASSERT_EQUAL(qwen35_decode_batch(ctx_big[c], &s1[b], &toks[b], 1, l1, &st), 0);
-            worst = fmax(worst, rows_rel(lb + (long)b * V, l1, 1, V));
+            worst = fmax(worst, forward_test_rows_rel(lb + (long)b * V, l1, 1, V));
         }
     }
     printf("\n    %s B=%d: batched vs single worst rel %.3g", cases[c], B, worst);
@@ -330,7 +306,7 @@ static void test_check_can_fail(void)
     int32_t *ids = forward_test_full_ids(p);
     float *lg = malloc(sizeof(float) * p->rows * p->V);
     CU_ASSERT_EQUAL(run_rows(ctx, broken, ids, p->rows, p->rows, lg), 0);
-    double rel = rows_rel(lg, p->logits, p->rows, p->V);
+    double rel = forward_test_rows_rel(lg, p->logits, p->rows, p->V);
     printf("\n    broken model: worst row rel %.3g", rel);
     CU_ASSERT(rel > 10 * REF_TOL);
     free(lg), free(ids), free(broken);

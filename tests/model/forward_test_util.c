@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <stdbool.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,4 +186,28 @@ int32_t *forward_test_full_ids(const ref_prompt *p)
     memcpy(a, p->ids, sizeof *a * p->n_ids);
     memcpy(a + p->n_ids, p->greedy, sizeof *a * p->n_greedy);
     return a;
+}
+
+double forward_test_rows_rel(const float *got, const float *ref, int rows, int V)
+{
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double md = 0, mr = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)got[(long)r * V + v] - ref[(long)r * V + v]);
+            if (!(d <= md)) md = d;
+            mr = fmax(mr, fabs(ref[(long)r * V + v]));
+        }
+        double rel = md / (mr > 0 ? mr : 1);
+        if (!(rel <= worst)) worst = rel;
+    }
+    return worst;
+}
+
+int forward_test_argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
 }

@@ -26,4 +26,10 @@ void forward_test_free_prompts(ref_prompt *p, int n);
 /* ids + greedy as one malloc'ed array of rows entries. */
 int32_t *forward_test_full_ids(const ref_prompt *p);
 
+/* Worst over rows of max_v |got - ref| / max_v |ref| (a NaN counts as worst). */
+double forward_test_rows_rel(const float *got, const float *ref, int rows, int V);
+
+/* Index of the largest of x[0..n) (the first on a tie). */
+int forward_test_argmax(const float *x, int n);
+
 #endif

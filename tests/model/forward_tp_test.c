@@ -87,30 +87,6 @@ static int teardown(void)
     return 0;
 }
 
-/* Worst over rows of max|got - ref| / max|ref|. */
-static double rows_rel(const float *got, const float *ref, int rows, int V)
-{
-    double worst = 0;
-    for (int r = 0; r < rows; r++) {
-        double md = 0, mr = 0;
-        for (int v = 0; v < V; v++) {
-            double d = fabs((double)got[(long)r * V + v] - ref[(long)r * V + v]);
-            if (!(d <= md)) md = d;
-            mr = fmax(mr, fabs(ref[(long)r * V + v]));
-        }
-        double rel = md / (mr > 0 ? mr : 1);
-        if (!(rel <= worst)) worst = rel;
-    }
-    return worst;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* ---- runs: the first n_pre ids by prefill, the rest decoded one by one ---- */
 
@@ -155,7 +131,7 @@ static int greedy(qwen35_ctx *ctx, const qwen35_model *m, qwen35_tp *tp, const r
     if (!rc) rc = tp ? qwen35_tp_prefill(tp, ts, p->ids, p->n_ids, lg, false, &st)
                      : qwen35_prefill(ctx, s, p->ids, p->n_ids, lg, false, &st);
     for (int g = 0; g < GREEDY_STEPS && !rc; g++) {
-        out[g] = argmax(lg, V);
+        out[g] = forward_test_argmax(lg, V);
         rc = tp ? qwen35_tp_decode_batch(tp, &ts, &out[g], 1, lg, &st)
                 : qwen35_decode_batch(ctx, &s, &out[g], 1, lg, &st);
     }
@@ -358,7 +334,7 @@ static double self_floor(int c, qwen35_ctx *small)
             int n_pre = mode == 0 ? p->n_ids : p->rows;
             CU_ASSERT_EQUAL(run_ref(ctx1[c], models[c], ids, p->rows, n_pre, a), 0);
             CU_ASSERT_EQUAL(run_ref(small, models[c], ids, p->rows, n_pre, b), 0);
-            floor = fmax(floor, rows_rel(b, a, p->rows, p->V));
+            floor = fmax(floor, forward_test_rows_rel(b, a, p->rows, p->V));
         }
         free(a), free(b), free(ids);
     }
@@ -379,7 +355,7 @@ static void check_logits(int c, int N, qwen35_tp *tp, qwen35_ctx *ref, double to
             int n_pre = mode == 0 ? p->n_ids : T;
             CU_ASSERT_EQUAL(run_ref(ref, models[c], ids, T, n_pre, a), 0);
             CU_ASSERT_EQUAL(run_tp(tp, V, ids, T, n_pre, b), 0);
-            worst = fmax(worst, rows_rel(b, a, T, V));
+            worst = fmax(worst, forward_test_rows_rel(b, a, T, V));
         }
         printf("\n    %s N=%d prompt %d (%d rows%s): worst row rel %.3g (bound %.3g)",
                case_list[c].name, N, i, T, small ? ", 7-token steps" : "", worst, tol);
@@ -466,7 +442,7 @@ static void test_batch_decode(void)
                 CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, ts, toks, B, lb, &st), 0);
                 for (int b = 0; b < B; b++) {
                     CU_ASSERT_EQUAL(qwen35_decode_batch(ctx1[c], &s1[b], &toks[b], 1, l1, &st), 0);
-                    worst = fmax(worst, rows_rel(lb + (long)b * V, l1, 1, V));
+                    worst = fmax(worst, forward_test_rows_rel(lb + (long)b * V, l1, 1, V));
                 }
             }
             printf("\n    %s N=%d B=%d: batched tp vs single unsharded worst rel %.3g",
@@ -504,8 +480,9 @@ static void test_quantized(void)
             qwen35_tp *tp;
             CU_ASSERT_FATAL(qwen35_tp_create(m, Ns[k], &o, &tp, &st) == 0);
             CU_ASSERT_EQUAL(run_tp(tp, V, ids, T, 20, b), 0);
-            double rel = rows_rel(b, a, T, V);
-            printf("\n    q8_0 N=%d %s: worst row rel %.3g", Ns[k], dot == QWEN35_DOT_Q8 ? "integer" : "exact", rel);
+            double rel = forward_test_rows_rel(b, a, T, V);
+            printf("\n    q8_0 N=%d %s: worst row rel %.3g", Ns[k],
+                   dot == QWEN35_DOT_Q8 ? "integer" : "exact", rel);
             CU_ASSERT(rel <= TP_TOL);
             qwen35_tp_destroy(tp);
         }
@@ -589,7 +566,8 @@ static void test_no_alloc_per_token(void)
     status st;
     qwen35_tp *tp;
     qwen35_tp_state *s[2];
-    CU_ASSERT_FATAL(qwen35_tp_create(models[c], 2, &(qwen35_ctx_opts){.max_batch = 2, .max_tokens = 48, .n_threads = 2}, &tp, &st) == 0);
+    const qwen35_ctx_opts o = {.max_batch = 2, .max_tokens = 48, .n_threads = 2};
+    CU_ASSERT_FATAL(qwen35_tp_create(models[c], 2, &o, &tp, &st) == 0);
     for (int b = 0; b < 2; b++) CU_ASSERT_FATAL(qwen35_tp_state_create(tp, 256, &s[b], &st) == 0);
     int V = models[c]->cfg.V;
     float *logits = malloc(sizeof(float) * 130 * V);
@@ -626,7 +604,7 @@ static void test_check_can_fail(void)
     float *a = malloc(sizeof(float) * p->rows * p->V), *b = malloc(sizeof(float) * p->rows * p->V);
     CU_ASSERT_EQUAL(run_ref(ctx1[0], models[0], ids, p->rows, p->n_ids, a), 0);
     CU_ASSERT_EQUAL(run_tp(tp, p->V, ids, p->rows, p->n_ids, b), 0);
-    double rel = rows_rel(b, a, p->rows, p->V);
+    double rel = forward_test_rows_rel(b, a, p->rows, p->V);
     printf("\n    broken model over 2 ranks: worst row rel %.3g", rel);
     CU_ASSERT(rel > 100 * TP_TOL);
     qwen35_tp_destroy(tp);
