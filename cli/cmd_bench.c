@@ -1,4 +1,4 @@
-/* deltaserve bench decode: batch-1 decode speed of one model, through the worker's backend
+/* deltaserve bench decode: batch-1 decode speed (bench batch: cmd_bench_batch.c) of one model, through the worker's backend
  * interface (worker/backend.h), as a served request decodes.
  *   deltaserve bench decode --model F --ctx 4096 --tokens 256 [--device cuda|cpu]
  * The slot starts at position --ctx as if that context had been consumed (backend fill: KV rows
@@ -91,7 +91,9 @@ fail:
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *usage = "deltaserve bench decode --model F [--ctx 4096] [--tokens 256] [--device cuda|cpu]";
+    const char *usage = "deltaserve bench decode --model F [--ctx 4096] [--tokens 256] [--device cuda|cpu]\n"
+                        "       deltaserve bench batch --model F [--prompt 512] [--gen 128] [--batch 1,16,64,256]";
+    if (argc >= 2 && !strcmp(argv[1], "batch")) return cmd_bench_batch(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "decode")) {
         fprintf(stderr, "usage: %s\n", usage);
         return 2;

@@ -30,6 +30,7 @@
 typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level;
     int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls, tp;
+    bool batch_invariant;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -38,7 +39,8 @@ static const flag_spec worker_flags[] = {
     {"listen", "DS_LISTEN", "0.0.0.0:50051", FLAG_STR, offsetof(worker_opts, listen), "gRPC address HOST:PORT (port 0: pick one)"},
     {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
-    {"slots", "DS_SLOTS", "8", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once"},
+    {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
+    {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda needs one GPU each (NCCL: not built yet)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -94,12 +96,12 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     int lvl = log_level_parse(o.log_level);
-    if (!o.model || lvl < 0 || o.slots < 1 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
+    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
         o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
-                          : "--slots, --step-tokens and --max-calls must be >= 1; --queue, --ctx, "
+                          : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
                             "--threads and --grace-seconds >= 0");
         return 2;
     }
@@ -173,7 +175,8 @@ int cmd_worker(int argc, char **argv)
     int n_ctx = o.ctx ? o.ctx : (model->cfg.n_ctx_train > 0 && model->cfg.n_ctx_train < 4096
                                      ? model->cfg.n_ctx_train : 4096);
     worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
-                              .max_prefill_tokens = o.step_tokens};
+                              .max_prefill_tokens = o.step_tokens,
+                              .batch_invariant = o.batch_invariant};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
                       .on_fatal = on_fatal};
@@ -182,7 +185,7 @@ int cmd_worker(int argc, char **argv)
     worker_service_attach(ws, model, backend, eng, &desc);
     log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
              "queue %d, step %d tokens, loaded in %.0f ms",
-             o.model, model->cfg.n_layer, model->cfg.V, backend->device, o.slots, n_ctx,
+             o.model, model->cfg.n_layer, model->cfg.V, backend->device, backend->n_slots, n_ctx,
              (double)backend->state_bytes / (1 << 20), o.queue, o.step_tokens,
              (double)(clock_now_us() - t0) / 1000.0);
 

@@ -108,7 +108,12 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
-    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1);
+    fc_batch_layout(e, &aa);
+    const size_t batch_pinned =
+        e->b.rows ? 4 * (6 * (size_t)e->max_rows + 3 * (size_t)e->b.rows) +
+                        8 * (2 * (size_t)e->max_rows + (size_t)e->b.rows)
+                  : 0;
+    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 + batch_pinned;
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
         cuda_alloc(&e->d_act, aa.used, "activations", st) ||
         cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
@@ -117,14 +122,56 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     aa = (fc_arena){e->d_act, 0, e->act_bytes};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
+    fc_batch_layout(e, &aa);
     unsigned long long *h_best = (unsigned long long *)e->h_pinned;
     e->h_stage = (int32_t *)(h_best + e->n_slots);
+    if (e->b.rows) {
+        const size_t off = (8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 7) & ~(size_t)7;
+        e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
+        e->b.h_rows = (int32_t *)(e->b.h_best + 2 * (size_t)e->max_rows + e->b.rows);
+    }
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
     for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     if (cuda_memset(e->d_act, 0, e->act_bytes, st)) return st->code;
-    for (int i = 0; i < e->n_slots; i++)
+    for (int i = 0; i <= e->n_slots; i++) /* and the pad slot */
         if (fc_slot_clear(e, i, st)) return st->code;
+    return STATUS_OK;
+}
+
+/* n_slots from free device memory (after the weights): what one slot's state and KV take, what a
+ * batched step's activations take at 256 rows, and a reserve of 2 GB or 5% (the CUDA context,
+ * graphs, fragmentation), at most 256 slots. */
+static int size_slots(qwen35_cuda *e, status *st)
+{
+    fc_slot probe[2];
+    memset(probe, 0, sizeof probe);
+    e->slots = probe;
+    e->n_slots = 1;
+    fc_arena a = {0};
+    fc_state_layout(e, &a); /* one slot and the pad slot */
+    e->slots = NULL;
+    e->n_slots = 0;
+    const uint64_t per_slot = a.used / 2;
+    cuda_device_props p;
+    if (cuda_device_props_get(e->device, &p, st)) return st->code;
+    const qwen35_config *c = &e->cfg;
+    const uint64_t row = 4 * ((uint64_t)c->V + 3ull * c->F + 4ull * c->H + 2ull * c->C +
+                              4ull * c->n_h * c->d_h + 2ull * c->n_v * c->d_v) +
+                         4 * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    uint64_t reserve = p.mem_total_bytes / 20;
+    if (reserve < (2ull << 30)) reserve = 2ull << 30;
+    reserve += 256 * row;
+    const uint64_t room = p.mem_free_bytes > reserve + per_slot ? p.mem_free_bytes - reserve : 0;
+    uint64_t fit = room / per_slot;
+    if (fit < 1)
+        return status_fail(st, STATUS_NOMEM, "cuda: one slot needs %.1f MB (%d positions) and "
+                           "%.2f GB are free beyond the reserve", per_slot / 1e6, e->n_ctx,
+                           (double)room / 1e9);
+    e->n_slots = fit > 256 ? 256 : (int)fit;
+    LOG_INFO("cuda: %.1f MB of recurrent state and KV per slot (%d positions); %.1f GB free: "
+             "%llu slots fit, using %d (--slots overrides)", per_slot / 1e6, e->n_ctx,
+             p.mem_free_bytes / 1e9, (unsigned long long)fit, e->n_slots);
     return STATUS_OK;
 }
 
@@ -138,27 +185,35 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->model = m;
     e->cfg = m->cfg;
     e->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : 4096;
-    e->n_slots = o && o->n_slots > 0 ? o->n_slots : 1;
-    e->max_rows = o && o->max_rows > 0 ? o->max_rows : 256;
+    e->n_slots = o && o->n_slots > 0 ? o->n_slots : 0; /* 0: sized by free memory below */
     e->device = o ? o->device : 0;
     e->kv_type = choose_kv_type(m);
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
-    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
-    if (!e->slots) {
-        status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", e->n_slots);
-        free(e);
-        return st->code;
-    }
+    e->batch_invariant = o && o->batch_invariant;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
-        fc_weights_upload(e, st) || alloc_run_state(e, st))
+        fc_weights_upload(e, st) || (!e->n_slots && size_slots(e, st)))
         goto fail;
+    e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
+    e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */
+    if (!e->slots) {
+        status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", e->n_slots);
+        goto fail;
+    }
+    fc_batch_plan(e);
+    if (alloc_run_state(e, st)) goto fail;
     LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots x %d positions, KV %s), "
              "scratch %.1f MB", e->props.name, e->w.bytes / 1e9, e->state_bytes / 1e9,
              e->n_slots, e->n_ctx, e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->act_bytes / 1e6);
-    if (create_samplers(e, st) || capture_graphs(e, st)) goto fail;
-    snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s",
-             e->pdl ? ", PDL" : "", e->h_logits ? ", host sampler" : ", GPU sampler");
+    if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
+    if (e->b.rows)
+        LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
+                 e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
+    else
+        LOG_INFO("cuda: no batched steps: %s", e->b.why_not);
+    snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s%s",
+             e->pdl ? ", PDL" : "", e->h_logits ? ", host sampler" : ", GPU sampler",
+             e->b.rows ? ", batched GEMM" : "");
     LOG_INFO("cuda: ready: %llu kernels per token (%s)",
              (unsigned long long)e->stats.kernels_per_token, e->path);
     const qwen35_config *c = &e->cfg;
@@ -185,6 +240,7 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
         sample_destroy(sl->sampler);
         sampler_destroy(sl->host_sampler);
     }
+    fc_batch_destroy(e);
     free(e->slots);
     free(e->h_logits);
     free(e->h_ids);
@@ -209,6 +265,9 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
     sampler_reset(sl->host_sampler, p);
     return STATUS_OK;
 }
+
+int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
+int qwen35_cuda_max_rows(const qwen35_cuda *e) { return e->max_rows; }
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
 {
@@ -243,7 +302,7 @@ static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, 
 
 /* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
  * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
-static void accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
+void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
 {
     fc_slot *sl = &e->slots[rows[i].slot];
     int n = 0;
@@ -284,17 +343,15 @@ static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status
     return STATUS_OK;
 }
 
-/* The sampled row's token from what the step left: the argmax word (greedy), the GPU sampler's
- * result, or the host sampler on the copied-back logits. */
-static int read_sample(qwen35_cuda *e, qwen35_cuda_row *r, status *st)
+/* The sampled row's token from what the step left: the argmax (greedy: greedy_next), the GPU
+ * sampler's result, or the host sampler on the copied-back logits (e->h_logits). */
+int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st)
 {
     fc_slot *sl = &e->slots[r->slot];
     r->n_top = 0;
     r->logprob = 0;
     if (sl->greedy) {
-        r->next = gemv_argmax_row(*sl->h_best);
-        sl->chain_ok = true;
-        sl->last_next = r->next;
+        r->next = greedy_next;
     } else if (sl->sampler) {
         const sample_result *res = sample_result_get(sl->sampler);
         r->next = res->token;
@@ -334,17 +391,29 @@ static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
 
 /* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
  * runs where the device cannot run the GPU sampler). */
-static int sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, status *st)
+int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st)
 {
-    cuda_copy_d2h_async(e->h_logits, e->a.d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
+    cuda_copy_d2h_async(e->h_logits, d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
     e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
     if (cuda_sync(e->launch.stream, "step (host sampler)", st)) return st->code;
-    return read_sample(e, r, st);
+    return fc_read_sample(e, r, -1, st);
+}
+
+/* true when the step goes through the batched graphs: some two rows of other slots (or every
+ * step, batch invariant) */
+static bool step_batched(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
+{
+    if (!e->b.rows) return false;
+    if (e->batch_invariant) return true;
+    for (int i = 1; i < B; i++)
+        if (rows[i].slot != rows[0].slot) return true;
+    return false;
 }
 
 int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
 {
     if (check_rows(e, rows, B, st)) return st->code;
+    if (step_batched(e, rows, B)) return fc_batch_step(e, rows, B, st);
     stage_tokens(e, rows, B);
     for (int i = 0; i < B;) {
         int j = i + 1;
@@ -358,11 +427,11 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
             }
         }
         const fc_slot *sl = &e->slots[rows[i].slot];
-        accept_rows(e, rows, i, j);
+        fc_accept_rows(e, rows, i, j);
         if (rows[j - 1].sample && !sl->greedy && sl->sampler)
             sample_run(sl->sampler, e->a.d_logits, &e->launch);
         if (rows[j - 1].sample && !sl->greedy && !sl->sampler &&
-            sample_on_host(e, &rows[j - 1], st))
+            fc_sample_on_host(e, &rows[j - 1], e->a.d_logits, st))
             return st->code;
         i = j;
     }
@@ -371,9 +440,12 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
         const bool last_of_slot = i + 1 == B || rows[i + 1].slot != rows[i].slot;
-        if (rows[i].sample && last_of_slot && (sl->greedy || sl->sampler) &&
-            read_sample(e, &rows[i], st))
-            return st->code;
+        if (!rows[i].sample || !last_of_slot || !(sl->greedy || sl->sampler)) continue;
+        if (fc_read_sample(e, &rows[i], gemv_argmax_row(*sl->h_best), st)) return st->code;
+        if (sl->greedy) {
+            e->slots[rows[i].slot].chain_ok = true;
+            e->slots[rows[i].slot].last_next = rows[i].next;
+        }
     }
     return STATUS_OK;
 }

@@ -35,9 +35,13 @@
 
 typedef struct qwen35_cuda_opts {
     int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
-    int n_slots;  /* sequences with resident state; 0 -> 1 */
-    int max_rows; /* most rows of one step; 0 -> 256 */
+    int n_slots;  /* sequences with resident state; 0 -> as many as fit in free device memory
+                     (at most 256, leaving a reserve; the log says the bytes per slot) */
+    int max_rows; /* most rows of one step; 0 -> n_slots + 256 */
     int device;   /* CUDA device index */
+    bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
+                             logits then do not depend on the rows beside it, at the price of the
+                             batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
 } qwen35_cuda_opts;
 
 /* One row of a step: a token fed to a slot. Rows of one slot must be consecutive within a step
@@ -89,6 +93,8 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
 int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot);
+int qwen35_cuda_n_slots(const qwen35_cuda *e);
+int qwen35_cuda_max_rows(const qwen35_cuda *e);
 
 /* Benchmarks only: the slot continues at position n_past as if that context had been consumed
  * (its KV rows hold a constant finite pattern, the recurrent state is kept). */

@@ -99,6 +99,27 @@ typedef struct fc_act {
     int32_t *d_tok_out; /* [1] the token of the current row */
 } fc_act;
 
+/* The batched step (forward_cuda_batch.c): rows of distinct slots through one graph per bucket
+ * of rows (1, 2, 4, ... rows, the rows padded with the pad slot), every weight read once per
+ * step by the batched GEMM (kernels/cuda/gemm.h). Activations [rows][ld]. */
+#define FC_MAX_BUCKETS 10
+typedef struct fc_batch {
+    int rows;                         /* rows of the largest bucket; 0: no batched path */
+    int n_buckets;
+    int bucket[FC_MAX_BUCKETS];       /* ascending powers of two, the last = rows */
+    cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned */
+    int64_t ld_proj, ld_y;
+    float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
+    int32_t *d_rows;               /* [3 * rows]: a bucket of nb reads tokens [0, nb), slots
+                                      [nb, 2nb), positions [2nb, 3nb) */
+    unsigned long long *d_best;    /* [rows] argmax keys */
+    int32_t *h_rows;               /* pinned [6 * max_rows + 3 * rows]: each round's staging */
+    unsigned long long *h_best;    /* pinned [2 * max_rows + rows]: each round's argmax keys */
+    int64_t slot_stride;           /* bytes from one slot's state to the next */
+    uint64_t act_bytes;
+    char why_not[128];             /* why there is no batched path */
+} fc_batch;
+
 struct qwen35_cuda {
     const qwen35_model *model; /* borrowed */
     qwen35_config cfg;
@@ -112,7 +133,10 @@ struct qwen35_cuda {
     void *d_state;    /* owned, device: every slot's state */
     void *d_act;      /* owned, device: activations */
     uint64_t state_bytes, act_bytes;
-    fc_slot *slots;   /* owned, [n_slots] */
+    fc_slot *slots;   /* owned, [n_slots + 1]: the last is the pad slot of batched steps (state
+                         only: no graphs, no sampler) */
+    fc_batch b;
+    bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
@@ -132,5 +156,18 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
+/* forward_cuda_record.c: the batched step of nb rows (bucket graphs). */
+void fc_record_batch(qwen35_cuda *e, int nb);
+/* forward_cuda_batch.c */
+void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
+void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
+int fc_batch_capture(qwen35_cuda *e, status *st);   /* the bucket graphs */
+void fc_batch_destroy(qwen35_cuda *e);
+/* the rows of one step in rounds through the bucket graphs, sampled rows read after the sync */
+int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+/* forward_cuda.c, shared with the batched step */
+void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j);
+int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
+int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st);
 
 #endif

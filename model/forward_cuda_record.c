@@ -9,6 +9,7 @@
  * also writes its Q8 form. */
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/gdn.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
 #include "model/forward_cuda_impl.h"
 
@@ -104,4 +105,93 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
     rec_norm(e, e->w.d_out_norm);
     gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
     cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
+}
+
+/* ---- the batched step: run_step for nb rows of distinct slots (forward_cuda_batch.c) ----
+ * The same sublayers on [nb][...] activations: the batched GEMM (kernels/cuda/gemm.h) for every
+ * matrix, the rows kernels for the rest, each row's recurrent state and KV cache found by its
+ * slot id (slot 0's view + slot id * slot stride). The DeltaNet conv runs after its GEMM
+ * (gemv_conv's fusion is a GEMV epilogue), in place on the qkv columns. */
+
+/* views of layer L's state in slot 0: the rows kernels add slot id * stride */
+static float *slot0_conv(const qwen35_cuda *e, const fc_layer *L)
+{
+    const qwen35_config *c = &e->cfg;
+    return e->slots[0].d_conv + (int64_t)L->kind_index * c->C * (c->K_conv - 1);
+}
+static float *slot0_S(const qwen35_cuda *e, const fc_layer *L)
+{
+    const qwen35_config *c = &e->cfg;
+    return e->slots[0].d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
+}
+
+static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
+{
+    fc_batch *b = &e->b;
+    for (int g = 0; g < L->n_in; g++)
+        gemm_rows(&L->in[g].m, b->d_h, e->cfg.H, b->d_proj + L->in[g].y_off, b->ld_proj, GEMV_STORE,
+                  nb, &e->launch);
+}
+
+static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, int nb)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_batch *b = &e->b;
+    const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
+    recb_in_proj(e, L, nb);
+    gdn_conv_rows(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, c->C,
+                  c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
+    const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
+    gdn_decode_rows(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
+                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, b->d_o,
+                    D_v, nb, &e->launch);
+    gdn_norm_gated_rows(b->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y,
+                        b->ld_y, NULL, nb, &e->launch);
+}
+
+static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *pos,
+                      int nb)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_batch *b = &e->b;
+    const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
+    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
+    void *kc = (uint8_t *)e->slots[0].d_kc + L->kind_index * kv_layer;
+    void *vc = (uint8_t *)e->slots[0].d_vc + L->kind_index * kv_layer;
+    recb_in_proj(e, L, nb);
+    const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
+    attn_prep_rows(qg, k, v, b->ld_proj, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h,
+                   c->n_rot, c->rope_base, c->eps, pos, slot, kc, vc, (uint64_t)b->slot_stride,
+                   b->d_q, HA, e->kv_type, nb, &e->launch);
+    attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, (uint64_t)b->slot_stride, slot, pos,
+                     c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL,
+                     e->kv_type, nb, &e->launch);
+}
+
+void fc_record_batch(qwen35_cuda *e, int nb)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_batch *b = &e->b;
+    const cuda_launch *l = &e->launch;
+    const int32_t *tok = b->d_rows, *slot = b->d_rows + nb, *pos = b->d_rows + 2 * nb;
+    const int64_t H = c->H, F = c->F;
+    gemv_embed_rows(&e->w.embd, tok, slot, pos, e->slots[0].d_pos, b->slot_stride / 4, b->d_x, H,
+                    nb, l);
+    for (int il = 0; il < c->n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
+        if (L->gdn)
+            recb_gdn(e, L, slot, nb);
+        else
+            recb_attn(e, L, slot, pos, nb);
+        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_x, H, GEMV_ADD, nb, l); /* residual */
+        norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
+        gemm_rows(&L->gate, b->d_h, H, b->d_gu, 2 * F, GEMV_STORE, nb, l);
+        gemm_rows(&L->up, b->d_h, H, b->d_gu + F, 2 * F, GEMV_STORE, nb, l);
+        gemm_swiglu_rows(b->d_gu, 2 * F, (int)F, b->d_ffn, F, nb, l);
+        gemm_rows(&L->down, b->d_ffn, F, b->d_x, H, GEMV_ADD, nb, l);
+    }
+    norm_rms_rows(b->d_x, H, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
+    gemm_rows(&e->w.head, b->d_h, H, b->d_logits, c->V, GEMV_STORE, nb, l);
+    gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nb, l);
 }

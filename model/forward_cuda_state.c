@@ -15,7 +15,7 @@ static uint64_t kv_bytes(const qwen35_cuda *e) /* one of K or V, every attention
 void fc_state_layout(qwen35_cuda *e, fc_arena *a)
 {
     const qwen35_config *c = &e->cfg;
-    for (int i = 0; i < e->n_slots; i++) {
+    for (int i = 0; i <= e->n_slots; i++) { /* and the pad slot (forward_cuda_impl.h) */
         fc_slot *sl = &e->slots[i];
         sl->d_conv = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
         sl->d_S = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);

@@ -34,7 +34,9 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
 {
     *out = NULL;
     if (worker_backend_check_tp(device, o->tp, st)) return st->code;
-    if (!device || strcmp(device, "cpu") == 0) return worker_backend_cpu_create(m, o, out, st);
+    worker_backend_opts cpu_o = *o; /* slots 0 (sized by the device) is 8 on the CPU */
+    if (cpu_o.n_slots == 0) cpu_o.n_slots = 8;
+    if (!device || strcmp(device, "cpu") == 0) return worker_backend_cpu_create(m, &cpu_o, out, st);
     int dev = 0;
     if (strncmp(device, "cuda:", 5) == 0) { /* cuda:N, the N-th CUDA device */
         char *end = NULL;
@@ -50,14 +52,14 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
         o = &co;
         if (!worker_backend_have_cuda()) {
             LOG_WARN("no GPU, using CPU (this build has no CUDA backend)");
-            return worker_backend_cpu_create(m, o, out, st);
+            return worker_backend_cpu_create(m, &cpu_o, out, st);
         }
         status cst;
         status_clear(&cst);
         if (worker_backend_cuda_create(m, o, out, &cst) == STATUS_OK) return STATUS_OK;
         if (cst.code == STATUS_UNAVAILABLE) { /* no driver or no device: serve on the CPU */
             LOG_WARN("no GPU, using CPU (%s)", cst.msg);
-            return worker_backend_cpu_create(m, o, out, st);
+            return worker_backend_cpu_create(m, &cpu_o, out, st);
         }
         /* a GPU is there but the model does not fit or is not supported: say so, do not hide it */
         return status_fail(st, cst.code, "--device cuda: %s", cst.msg);

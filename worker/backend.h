@@ -48,13 +48,16 @@ typedef struct worker_batch_item {
 } worker_batch_item;
 
 typedef struct worker_backend_opts {
-    int n_slots;   /* sequences alive at once (>= 1) */
+    int n_slots;   /* sequences alive at once (>= 1; 0: the CUDA backend sizes it from free
+                      device memory, the CPU backend takes 8) */
     int n_ctx;     /* positions per sequence (prompt + generated) */
     int n_threads; /* CPU threads; 0 = default */
     int tp;        /* tensor-parallel ranks (0 or 1: none): the CPU backend simulates them in one
                       process (model/forward_tp.h); cuda refuses tp > 1 (no NCCL path yet) */
     int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
     int device;             /* CUDA device index (cuda backends) */
+    bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
+                               tokens do not depend on the others in its step (slower alone) */
 } worker_backend_opts;
 
 /* Device counters (benchmarks and tests); backends without them leave the hook NULL. */
@@ -93,6 +96,9 @@ struct worker_backend {
     const qwen35_model *model; /* borrowed */
     int n_slots, n_ctx, vocab;
     uint64_t state_bytes; /* per slot, for logs */
+    int prompt_rows_while_decoding; /* most prompt tokens of one request in a step that also
+                                       decodes (0: no limit): a backend whose prompt tokens run
+                                       one row at a time keeps running streams from waiting */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
 };
 

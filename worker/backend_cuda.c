@@ -116,30 +116,35 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
                                worker_backend **out, status *st)
 {
     *out = NULL;
-    if (o->n_slots < 1 || o->n_ctx < 2)
-        return status_fail(st, STATUS_INVALID, "cuda backend: need slots >= 1 and ctx >= 2 (got %d, %d)",
+    if (o->n_slots < 0 || o->n_ctx < 2)
+        return status_fail(st, STATUS_INVALID, "cuda backend: need slots >= 0 and ctx >= 2 (got %d, %d)",
                            o->n_slots, o->n_ctx);
     cuda_worker *c = calloc(1, sizeof *c);
     if (!c) return status_fail(st, STATUS_NOMEM, "cuda backend");
     worker_backend *b = &c->base;
     b->vt = &cw_vt;
     b->model = m;
-    b->n_slots = o->n_slots;
     b->n_ctx = o->n_ctx;
     b->vocab = m->cfg.V;
-    c->max_rows = o->n_slots + (o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 256);
+    const int prefill = o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 256;
+    const qwen35_cuda_opts fo = {.n_ctx = o->n_ctx, .n_slots = o->n_slots,
+                                 .max_rows = o->n_slots > 0 ? o->n_slots + prefill : 0,
+                                 .device = o->device, .batch_invariant = o->batch_invariant};
+    if (qwen35_cuda_create(m, &fo, &c->fwd, st)) goto fail;
+    b->n_slots = qwen35_cuda_n_slots(c->fwd);
+    c->max_rows = qwen35_cuda_max_rows(c->fwd);
     c->rows = calloc((size_t)c->max_rows, sizeof *c->rows);
     c->row_item = calloc((size_t)c->max_rows, sizeof *c->row_item);
     if (!c->rows || !c->row_item) {
         status_fail(st, STATUS_NOMEM, "cuda backend: %d rows", c->max_rows);
         goto fail;
     }
-    const qwen35_cuda_opts fo = {.n_ctx = o->n_ctx, .n_slots = o->n_slots,
-                                 .max_rows = c->max_rows, .device = o->device};
-    if (qwen35_cuda_create(m, &fo, &c->fwd, st)) goto fail;
+    /* prompt tokens are rows of the step like decode tokens (no prefill kernels yet): one per
+     * request while others decode, so a long prompt does not hold their tokens back */
+    b->prompt_rows_while_decoding = 1;
     qwen35_cuda_stats s;
     qwen35_cuda_get_stats(c->fwd, &s);
-    b->state_bytes = s.state_bytes / (uint64_t)o->n_slots;
+    b->state_bytes = s.state_bytes / (uint64_t)(b->n_slots + 1);
     snprintf(b->device, sizeof b->device, "cuda:%d %s", qwen35_cuda_device_index(c->fwd),
              qwen35_cuda_device_name(c->fwd));
     *out = b;

@@ -303,12 +303,15 @@ static int build_batch(engine *e, engine_request **active, int na)
     }
     sort_by_admission(pre, n_pre);
     int budget = e->o.step_tokens - n;
+    /* a backend that runs prompt tokens as rows of the step caps them while others decode */
+    const int cap = n > 0 && e->b->prompt_rows_while_decoding > 0 ? e->b->prompt_rows_while_decoding : 0;
     for (int i = 0; i < n_pre; i++) {
         engine_request *r = pre[i];
         int left = r->p.n_prompt - r->n_prefilled;
         int chunk = left < budget ? left : budget;
         if (i == 0 && chunk < MIN_PREFILL_CHUNK) /* progress even when decodes fill the budget */
             chunk = left < MIN_PREFILL_CHUNK ? left : MIN_PREFILL_CHUNK;
+        if (cap && chunk > cap) chunk = cap;
         if (chunk <= 0) break;
         worker_batch_item *it = &e->items[n];
         memset(it, 0, sizeof *it);

@@ -94,3 +94,40 @@ extern "C" void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in,
                                                     emb->n_in, emb->n_out, d_tok_in, d_cursor,
                                                     d_best, d_tok_out, d_pos, d_x);
 }
+
+// ---- the embedding of a batched step ----
+
+// CTA i: row i's token (clamped into the vocabulary), its slot's device position set to the
+// row's (pos[0] = position, pos[1] = position + 1, as gemv_embed_step leaves it) so the slot's
+// batch-1 graphs continue from there, and the embedding row into x[i].
+static __global__ void __launch_bounds__(256)
+    embed_rows_kernel(const uint8_t *__restrict__ W, uint32_t type, int64_t n_in, int64_t n_out,
+                      const int32_t *__restrict__ tok, const int32_t *__restrict__ slot,
+                      const int32_t *__restrict__ row_pos, int32_t *__restrict__ pos,
+                      int64_t pos_stride, float *__restrict__ x, int64_t ld_x)
+{
+    ds_grid_dep();
+    const int i = blockIdx.x;
+    int64_t t = tok[i];
+    if (t < 0) t = 0;
+    if (t >= n_out) t = n_out - 1;
+    if (threadIdx.x == 0 && pos) {
+        int32_t *p = pos + (int64_t)slot[i] * pos_stride;
+        p[0] = row_pos[i];
+        p[1] = row_pos[i] + 1;
+    }
+    float *xi = x + (int64_t)i * ld_x;
+    for (int64_t e = threadIdx.x; e < n_in; e += blockDim.x) xi[e] = packed_elem(type, W, n_in, n_out, t, e);
+}
+
+extern "C" void gemv_embed_rows(const gemv_matrix *emb, const int32_t *d_tok,
+                                const int32_t *d_slot, const int32_t *d_row_pos, int32_t *d_pos,
+                                int64_t pos_stride, float *d_x, int64_t ld_x, int B,
+                                const cuda_launch *l)
+{
+    DS_ASSERT(gemv_packed_bytes(emb->type, emb->n_in, emb->n_out) > 0 && B >= 1 && ld_x >= emb->n_in);
+    // a plain launch, as gemv_embed_step: it follows the rows' host-to-device copy
+    const cuda_launch plain = {ds_stream(l), false};
+    ds_launch(embed_rows_kernel, B, 256, 0, &plain, (const uint8_t *)emb->d_w, emb->type, emb->n_in,
+              emb->n_out, d_tok, d_slot, d_row_pos, d_pos, pos_stride, d_x, ld_x);
+}

@@ -19,8 +19,8 @@ trap 'rm -rf "$tmp"' EXIT
 [ $rc = 2 ] && grep -q -- "--model is required" "$tmp/o"; check "no --model: exit 2" $?
 "$DS" worker --model "$MODEL" --device tpu >"$tmp/o" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "device" "$tmp/o"; check "bad --device: exit 2" $?
-"$DS" worker --model "$MODEL" --slots 0 >"$tmp/o" 2>&1; rc=$?
-[ $rc = 2 ]; check "--slots 0: exit 2" $?
+"$DS" worker --model "$MODEL" --slots -1 >"$tmp/o" 2>&1; rc=$?
+[ $rc = 2 ]; check "--slots -1: exit 2" $?
 "$DS" worker --model /nonexistent.gguf --listen 127.0.0.1:0 >"$tmp/o" 2>&1; rc=$?
 [ $rc = 1 ] && grep -q "/nonexistent.gguf" "$tmp/o"; check "missing model: exit 1 naming it" $?
 

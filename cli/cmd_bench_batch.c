@@ -1,0 +1,138 @@
+/* deltaserve bench batch: throughput of B sequences decoding together, in llama-batched-bench's
+ * columns so the two compare line by line.
+ *   deltaserve bench batch --model F --prompt 512 --gen 128 --batch 1,16,64,256 [--device cuda]
+ * For each B: B slots start; their prompts (PP random token ids each, distinct per sequence) go
+ * in as the server feeds them: one token of every sequence per step (B rows a step, until the
+ * prefill kernels come); then TG greedy decode steps of B rows each. Columns:
+ *   PP, TG, B; N_KV = B·(PP + TG); T_PP / S_PP = prompt time and B·PP / T_PP; T_TG / S_TG =
+ *   decode time and B·TG / T_TG; T / S = both, and N_KV / T. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/flags.h"
+#include "common/sampling.h"
+#include "common/splitmix64.h"
+#include "model/qwen35.h"
+#include "worker/backend.h"
+
+#define BATCH_MAX_SIZES 16
+
+typedef struct batch_opts {
+    const char *model, *device, *batch;
+    int prompt, gen, threads;
+    bool batch_invariant;
+} batch_opts;
+
+static const flag_spec batch_flags[] = {
+    {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(batch_opts, model), "GGUF model file"},
+    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(batch_opts, device), "cuda | cuda:N | cpu (cuda without a GPU: CPU)"},
+    {"prompt", NULL, "512", FLAG_INT, offsetof(batch_opts, prompt), "prompt tokens per sequence (PP)"},
+    {"gen", NULL, "128", FLAG_INT, offsetof(batch_opts, gen), "generated tokens per sequence (TG)"},
+    {"batch", NULL, "1,16,64,256", FLAG_STR, offsetof(batch_opts, batch), "sequences at once (B), comma-separated"},
+    {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
+    {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
+    {0},
+};
+
+/* "1,16,64" -> sizes; 0 on a malformed list */
+static int parse_sizes(const char *s, int *out)
+{
+    int n = 0;
+    while (*s) {
+        char *end = NULL;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || n == BATCH_MAX_SIZES) return 0;
+        out[n++] = (int)v;
+        if (*end == ',') end++;
+        else if (*end) return 0;
+        s = end;
+    }
+    return n;
+}
+
+/* One line of the table for B sequences. */
+static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_item *items,
+                   int32_t *toks, status *st)
+{
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
+    const int V = b->vocab;
+    uint64_t rng = 0x5eed0000u + (uint64_t)B;
+    for (int i = 0; i < B; i++)
+        if (b->vt->seq_start(b, i, &greedy, st)) return st->code;
+    const double t0 = clock_now_s();
+    for (int p = 0; p < o->prompt; p++) { /* one prompt token of every sequence a step */
+        for (int i = 0; i < B; i++) {
+            toks[i] = (int32_t)(splitmix64_next(&rng) % (uint64_t)V);
+            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[i], .n_tokens = 1,
+                                           .prompt = true, .sample = p == o->prompt - 1};
+        }
+        if (b->vt->step(b, items, B, st)) return st->code;
+    }
+    const double t1 = clock_now_s();
+    for (int g = 0; g < o->gen - 1; g++) { /* the prompt's last step sampled the first token */
+        for (int i = 0; i < B; i++) {
+            toks[i] = items[i].token;
+            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[i], .n_tokens = 1,
+                                           .sample = true};
+        }
+        if (b->vt->step(b, items, B, st)) return st->code;
+    }
+    const double t2 = clock_now_s();
+    const double t_pp = t1 - t0, t_tg = t2 - t1;
+    const long n_kv = (long)B * (o->prompt + o->gen);
+    printf("| %5d | %5d | %4d | %7ld | %8.3f | %9.2f | %8.3f | %9.2f | %8.3f | %9.2f |\n",
+           o->prompt, o->gen, B, n_kv, t_pp, (double)B * o->prompt / t_pp, t_tg,
+           (double)B * o->gen / t_tg, t_pp + t_tg, n_kv / (t_pp + t_tg));
+    fflush(stdout);
+    return STATUS_OK;
+}
+
+int cmd_bench_batch(int argc, char **argv)
+{
+    const char *usage = "deltaserve bench batch --model F [--prompt 512] [--gen 128] "
+                        "[--batch 1,16,64,256] [--device cuda|cpu]";
+    batch_opts o = {0};
+    status st = {0};
+    int rc = flags_parse(batch_flags, &o, argc, argv, usage, &st);
+    if (rc == STATUS_CANCELLED) return 0;
+    int sizes[BATCH_MAX_SIZES];
+    const int n_sizes = rc ? 0 : parse_sizes(o.batch, sizes);
+    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || !n_sizes) {
+        fprintf(stderr, "deltaserve bench batch: %s\n",
+                rc ? st.msg : !o.model ? "--model is required"
+                : !n_sizes ? "--batch: a comma-separated list of sizes in [1, 4096]"
+                           : "--prompt and --gen must be >= 1");
+        return 2;
+    }
+    int max_b = 0;
+    for (int i = 0; i < n_sizes; i++) max_b = sizes[i] > max_b ? sizes[i] : max_b;
+    qwen35_model *m = NULL;
+    if (qwen35_model_load(&m, o.model, &st)) {
+        fprintf(stderr, "deltaserve bench batch: %s\n", st.msg);
+        return 1;
+    }
+    worker_backend *b = NULL;
+    worker_batch_item *items = calloc((size_t)max_b, sizeof *items);
+    int32_t *toks = calloc((size_t)max_b, sizeof *toks);
+    const worker_backend_opts bo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
+                                    .n_threads = o.threads, .max_prefill_tokens = 1,
+                                    .batch_invariant = o.batch_invariant};
+    rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
+                         : worker_backend_create(o.device, m, &bo, &b, &st);
+    if (!rc) {
+        printf("model %s\ndevice %s\n\n", o.model, b->device);
+        printf("|    PP |    TG |    B |    N_KV |   T_PP s |  S_PP t/s |   T_TG s |  S_TG t/s |      T s |    S t/s |\n");
+        printf("|-------|-------|------|---------|----------|-----------|----------|-----------|----------|-----------|\n");
+    }
+    for (int i = 0; i < n_sizes && !rc; i++) rc = run_one(b, &o, sizes[i], items, toks, &st);
+    if (rc) fprintf(stderr, "deltaserve bench batch: %s\n", st.msg);
+    worker_backend_destroy(b);
+    free(items);
+    free(toks);
+    qwen35_model_free(m);
+    return rc ? 1 : 0;
+}
