@@ -16,10 +16,11 @@
 #define GDN_WARPS 4
 #define GDN_CPW 8 // S columns in flight per warp
 
-static __global__ void gdn_conv_kernel(const float *__restrict__ mixed, int64_t ld_mixed,
+// out may alias mixed (in place: each element is read, then written, by one thread)
+static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
                                        int64_t state_stride, const int32_t *__restrict__ slot,
-                                       int C, int K, float *__restrict__ out, int64_t ld_out)
+                                       int C, int K, float *out, int64_t ld_out)
 {
     ds_grid_dep();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;

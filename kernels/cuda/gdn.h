@@ -31,8 +31,9 @@ extern "C" {
  * out: [C] = silu(conv). */
 void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
               int K_conv, float *d_out, const cuda_launch *l);
-/* Rows: mixed row i at d_mixed + i*ld_mixed, out row i at d_out + i*ld_out, conv state of row i
- * at d_conv_state + d_slot[i]*state_slot_stride. */
+/* Rows: mixed row i at d_mixed + i*ld_mixed, out row i at d_out + i*ld_out (d_out may be d_mixed
+ * with ld_out == ld_mixed: in place), conv state of row i at
+ * d_conv_state + d_slot[i]*state_slot_stride. */
 void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
                    float *d_conv_state, int64_t state_slot_stride, const int32_t *d_slot, int C,
                    int K_conv, float *d_out, int64_t ld_out, int B, const cuda_launch *l);

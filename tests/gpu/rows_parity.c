@@ -10,7 +10,8 @@
  *  - every row's outputs, Q8 forms, state and cache bit-identical (memcmp) to the same row run
  *    alone through the B = 1 launcher (norm_rms, gdn_conv, ..., attn_decode: the same kernel at
  *    B = 1 with no slot map) on its own copy of the states; every slot no row names, the
- *    padding after each slot and between rows left as they were;
+ *    padding after each slot and between rows left as they were; the conv in place on the
+ *    projection rows (as the forward runs it) equal to the conv out of place;
  *  - with or without a GPU: the launch grids of every rows kernel (*_rows_dims, what the
  *    launchers use) against the device limits for B up to 256 (and 65535) at the 0.8B, 4B and
  *    27B shapes and n_ctx up to 256K.
@@ -281,6 +282,9 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     const float *d_z = d_p + C, *d_b = d_z + D_v, *d_a = d_b + sh.n_v;
 
     gdn_conv_rows(d_p, ld_p, d_cw, d_cs, CS_stride, r.d_slot, C, K, d_c, ld_c, B, NULL);
+    /* the forward's way: in place on the projection rows, on a third copy of the conv states */
+    float *d_pin = dev_from(p, (size_t)B * ld_p * 4), *d_csin = dev_from(cs0, CSb);
+    gdn_conv_rows(d_pin, ld_p, d_cw, d_csin, CS_stride, r.d_slot, C, K, d_pin, ld_p, B, NULL);
     gdn_decode_rows(d_c, ld_c, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps, d_S,
                     S_stride, r.d_slot, d_o, ld_o, B, NULL);
     gdn_norm_gated_rows(d_o, ld_o, d_z, ld_p, d_nw, sh.n_v, sh.d_v, eps, d_y, ld_y, d_q, B, NULL);
@@ -298,6 +302,7 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     int8_t *q = host_of(d_q, B * qb), *q1 = host_of(d_q1, B * qb);
     float *S = host_of(d_S, Sb), *S1 = host_of(d_S1, Sb);
     float *cs = host_of(d_cs, CSb), *cs1 = host_of(d_cs1, CSb);
+    float *pin = host_of(d_pin, (size_t)B * ld_p * 4), *csin = host_of(d_csin, CSb);
     if (perturb == PERTURB_OUTPUT) y[(B / 2) * ld_y + D_v / 3] += 0.01f;
     if (perturb == PERTURB_STATE) { /* a byte of a slot no row names */
         for (int s = 0; s < r.n_slots; s++)
@@ -332,6 +337,12 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     ok &= rows_parity(name, y, ld_y, y_ref, D_v, B, 2e-4, 2e-4, 1e-8);
     for (int i = 0; i < B; i++) ok &= gpu_check_q8_of(name, y + i * ld_y, q + i * qb, D_v);
     ok &= same_rows("  conv out", c, c1, B, (size_t)C * 4, ld_c * 4);
+    int bad_in = memcmp(csin, cs, CSb) != 0; /* in place: the same outputs and states */
+    for (int i = 0; i < B; i++)
+        bad_in += memcmp(pin + i * ld_p, c + i * ld_c, (size_t)C * 4) != 0 ||
+                  memcmp(pin + i * ld_p + C, p + i * ld_p + C, (size_t)(ld_p - C) * 4) != 0;
+    if (bad_in) printf("  %s: the conv in place differs from out of place (%d)\n", name, bad_in);
+    ok &= bad_in == 0;
     ok &= same_rows("  delta-rule out", o, o1, B, (size_t)D_v * 4, ld_o * 4);
     ok &= same_rows("  gated norm out", y, y1, B, (size_t)D_v * 4, ld_y * 4);
     ok &= same_rows("  its Q8", q, q1, B, qb, qb);
@@ -346,7 +357,8 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_nw), cuda_free(d_p);
     cuda_free(d_S), cuda_free(d_S1), cuda_free(d_cs), cuda_free(d_cs1), cuda_free(d_c);
     cuda_free(d_c1), cuda_free(d_o), cuda_free(d_o1), cuda_free(d_y), cuda_free(d_y1);
-    cuda_free(d_q), cuda_free(d_q1);
+    cuda_free(d_q), cuda_free(d_q1), cuda_free(d_pin), cuda_free(d_csin);
+    free(pin), free(csin);
     free(conv_w), free(dt), free(ssm_a), free(norm_w), free(S0), free(cs0), free(p), free(c);
     free(c1), free(o), free(o1), free(y), free(y1), free(q), free(q1), free(S), free(S1), free(cs);
     free(cs1), free(y_ref), free(S_ref), free(cs_ref), free(scratch);
