@@ -480,9 +480,6 @@ def run_prompts(model, tk, prompts, eog):
 
 def make_case(name, out_dir):
     import torch
-    import tokenizers
-    import transformers
-    import gguf
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     torch.use_deterministic_algorithms(True)
     p = dict(PRESETS[name])
@@ -490,11 +487,21 @@ def make_case(name, out_dir):
     p["vocab_size"] = tk.get_vocab_size()
     log("%s: vocabulary %d (%d merges)" % (name, p["vocab_size"], len(tokenizer_tables(tk)[2])))
     model, c, layer_types, sec = build_model(p)
-
     os.makedirs(out_dir, exist_ok=True)
-    gguf_path = os.path.join(out_dir, name + ".gguf")
-    export_gguf(gguf_path, name, model, c, layer_types, sec, tk)
+    export_gguf(os.path.join(out_dir, name + ".gguf"), name, model, c, layer_types, sec, tk)
+    write_case(name, out_dir, p, model, tk, c, layer_types, sec)
 
+
+def write_case(name, out_dir, p, model, tk, c, layer_types, sec, extra=None):
+    """Writes NAME.json and NAME.logits.f32 of a case whose NAME.gguf is in out_dir: HF's
+    tokenizer entries of p["tokenizer_texts"] and the greedy continuations and logits of
+    p["prompts"] (run_prompts); p also gives seed and vocab_size. extra: more keys for the
+    JSON's generator block."""
+    import torch
+    import tokenizers
+    import transformers
+    import gguf
+    gguf_path = os.path.join(out_dir, name + ".gguf")
     tok_entries = []
     for t in p["tokenizer_texts"]:
         ids = tk.encode(t, add_special_tokens=False).ids
@@ -529,7 +536,7 @@ def make_case(name, out_dir):
                                torch=torch.__version__.split("+")[0],
                                tokenizers=tokenizers.__version__,
                                gguf=getattr(gguf, "__version__", "0.17.1"),
-                               rope_parameters=dict(ROPE, mrope_section=sec)))
+                               rope_parameters=dict(ROPE, mrope_section=sec), **(extra or {})))
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(meta, f, ensure_ascii=True)
     for ext in (".gguf", ".json", ".logits.f32"):
