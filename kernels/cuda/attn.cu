@@ -99,10 +99,16 @@ extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                    eps, d_pos, NULL, d_k_cache, d_v_cache, 0, d_q_out, 0, kv_type, 1, l);
 }
 
+// One row's partials (layout below), rounded up to 256 bytes so that every row's o partials
+// start 16-byte aligned (attn_combine reads them as float4).
+static inline __host__ __device__ int64_t partial_row_floats(int n_h, int n_split, int d_h)
+{
+    return ((int64_t)n_h * n_split * (d_h + 2) + 63) & ~(int64_t)63;
+}
+
 extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
 {
-    const int64_t n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    return (int64_t)n_h * n_split * (d_h + 2);
+    return partial_row_floats(n_h, (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK, d_h);
 }
 
 extern "C" int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B)
@@ -111,7 +117,7 @@ extern "C" int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B)
 }
 
 // partial layout, per row: o [n_h][n_split][d_h], then m [n_h][n_split], then l [n_h][n_split]
-// (row r's at r·attn_partial_floats; n_split = the chunks of n_ctx)
+// (row r's at r·attn_partial_floats, a multiple of 64 floats; n_split = the chunks of n_ctx)
 //
 // attn_split: grid (n_kv, chunk CTAs, B), ATTN_SPLIT_WARPS warps. The CTA takes chunks
 // `split` = blockIdx.y, + gridDim.y, ... below its row's position (at B = 1 gridDim.y is n_split:
@@ -204,7 +210,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     const uint64_t slot = d_slot ? (uint64_t)d_slot[row] : 0;
     kc = (const T *)((const uint8_t *)kc + slot * cache_stride);
     vc = (const T *)((const uint8_t *)vc + slot * cache_stride);
-    part += row * (int64_t)n_h * n_split * (d_h + 2);
+    part += row * partial_row_floats(n_h, n_split, d_h);
     float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
     const T *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
@@ -347,7 +353,7 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     const int h = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int64_t row = blockIdx.y;
     d_pos += row;
-    part += row * (int64_t)n_h * n_split * (d_h + 2);
+    part += row * partial_row_floats(n_h, n_split, d_h);
     qg += row * ld_qg;
     o = ds_row(o, row, ld_o);
     oq = ds_row_bytes(oq, row, ds_q8_bytes((int64_t)n_h * d_h));
@@ -458,6 +464,9 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
     DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
     DS_ASSERT(n_ctx >= 1 && (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK <= 65535);
     DS_ASSERT(B >= 1 && B <= 65535);
+    // K/V rows are read 16 bytes at a time, the partials as float4
+    DS_ASSERT(cache_slot_stride % 16 == 0 && (uintptr_t)d_k_cache % 16 == 0 &&
+              (uintptr_t)d_v_cache % 16 == 0 && (uintptr_t)d_partial % 16 == 0);
     const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     cuda_launch_dims ds, dc;
     attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);

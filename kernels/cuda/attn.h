@@ -11,7 +11,8 @@
  * Rows: each function has a *_rows form running B rows (1 <= B <= 65535) in one launch. Row i
  * is the token of sequence slot d_slot[i] at position d_pos[i] (d_pos: [B] int32 on the device,
  * indexed by row): its caches start at base + d_slot[i]*cache_slot_stride BYTES (d_slot NULL:
- * every row uses the base, for B = 1); the slots of one launch must be distinct. ld_*: elements
+ * every row uses the base, for B = 1; caches and stride 16-byte aligned, asserted by
+ * attn_decode_rows); the slots of one launch must be distinct. ld_*: elements
  * between consecutive rows of a [B][...] activation. There is one kernel per step: the B = 1
  * functions are the rows functions with B = 1 and no slot map (d_pos[0] the position), and the
  * split into chunks and their merge depend only on the row's position, so a row's outputs and

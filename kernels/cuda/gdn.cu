@@ -194,6 +194,7 @@ extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const floa
                                 const cuda_launch *l)
 {
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && B >= 1 && B <= 65535);
+    DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0); // S is read as float4
     const cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, B);
     const int cols = d_v / (int)d.grid_y;
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \

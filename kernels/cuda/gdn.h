@@ -45,7 +45,8 @@ void gdn_decode(const float *d_conv, const float *d_b, const float *d_a, const f
                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v, float eps, float *d_S,
                 float *d_o, const cuda_launch *l);
 /* Rows: conv row i at d_conv + i*ld_conv; b, a of row i at d_b + i*ld_ba, d_a + i*ld_ba; S of
- * row i at d_S + d_slot[i]*S_slot_stride; o row i at d_o + i*ld_o. */
+ * row i at d_S + d_slot[i]*S_slot_stride (d_S 16-byte aligned, S_slot_stride % 4 == 0:
+ * asserted); o row i at d_o + i*ld_o. */
 void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                      int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
                      int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,

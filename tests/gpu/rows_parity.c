@@ -562,6 +562,10 @@ static void test_attn_rows(void)
     /* the 27B with more chunks than a row's chunk CTAs (each loops over several): 4K at B 17,
      * 32K at B 5 (rows at 33, 0, 31, 32 and 32767) */
     CU_ASSERT_TRUE(attn_rows_case(shapes[3], 17, 4096, ATTN_KV_F16, PERTURB_NONE));
+    /* n_h · n_split odd (3 x 9) at d_h 128: each row's partials still 16-byte aligned for the
+     * merge's float4 loads */
+    CU_ASSERT_TRUE(attn_rows_case((attn_shape){3, 1, 128, 32}, 17, 270, ATTN_KV_F16, PERTURB_NONE));
+    CU_ASSERT_TRUE(attn_rows_case((attn_shape){3, 1, 128, 32}, 3, 270, ATTN_KV_F32, PERTURB_NONE));
     CU_ASSERT_TRUE(attn_rows_case(shapes[3], 5, 32768, ATTN_KV_F16, PERTURB_NONE));
 }
 
