@@ -107,8 +107,8 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_arena sa = {0}, aa = {0};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
-    e->state_bytes = sa.used, e->act_bytes = aa.used;
     fc_batch_layout(e, &aa);
+    e->state_bytes = sa.used, e->act_bytes = aa.used;
     const size_t batch_pinned =
         e->b.rows ? 4 * (6 * (size_t)e->max_rows + 3 * (size_t)e->b.rows) +
                         8 * (2 * (size_t)e->max_rows + (size_t)e->b.rows)

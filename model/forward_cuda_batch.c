@@ -70,6 +70,26 @@ void fc_batch_plan(qwen35_cuda *e)
     b->ld_y = D_v > HA ? D_v : HA;
 }
 
+/* the largest split-K workspace of any matrix at R rows */
+static int64_t work_floats(const qwen35_cuda *e, int R)
+{
+    int64_t w = 0;
+    for (int il = 0; il < e->cfg.n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        for (int g = 0; g < L->n_in; g++) {
+            const int64_t f = gemm_work_floats(&L->in[g].m, R);
+            w = f > w ? f : w;
+        }
+        const gemv_matrix *m[4] = {&L->out, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 4; i++) {
+            const int64_t f = gemm_work_floats(m[i], R);
+            w = f > w ? f : w;
+        }
+    }
+    const int64_t f = gemm_work_floats(&e->w.head, R);
+    return f > w ? f : w;
+}
+
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
 {
     fc_batch *b = &e->b;
@@ -87,6 +107,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     b->d_q = fc_arena_take(a, R * HA * 4);
     b->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
     b->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
+    b->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
     b->d_rows = fc_arena_take(a, 3 * R * 4);
     b->d_best = fc_arena_take(a, R * 8);
     b->act_bytes = a->used - before;

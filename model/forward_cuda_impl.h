@@ -110,6 +110,7 @@ typedef struct fc_batch {
     cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned */
     int64_t ld_proj, ld_y;
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
+    float *d_work;                 /* the batched GEMM's split-K partials (gemm_work_floats) */
     int32_t *d_rows;               /* [3 * rows]: a bucket of nb reads tokens [0, nb), slots
                                       [nb, 2nb), positions [2nb, 3nb) */
     unsigned long long *d_best;    /* [rows] argmax keys */

@@ -28,17 +28,6 @@ struct wview {
     int64_t n_in, nblk; // nblk: blocks of the whole matrix (packed layouts' section offsets)
 };
 
-__device__ __forceinline__ void put32(__half *dst, const float *v)
-{
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        __half2 h[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) h[j] = __floats2half2_rn(v[8 * i + 2 * j], v[8 * i + 2 * j + 1]);
-        *(uint4 *)(dst + 8 * i) = *(const uint4 *)h;
-    }
-}
-
 // 32 weights of row r from element k (k % 32 == 0) into v
 template <uint32_t T> __device__ __forceinline__ void chunk(const wview &m, int64_t r, int64_t k, float *v);
 
@@ -133,34 +122,65 @@ template <> __device__ __forceinline__ void chunk<GGML_TYPE_F32>(const wview &m,
 
 __device__ __forceinline__ float sat_half(float x) { return fminf(fmaxf(x, -65504.0f), 65504.0f); }
 
-template <uint32_t T, int NT>
+// 32 values as F16 into hi, and (LO) the F16 rounding of what hi missed into lo: hi + lo carries
+// ~22 bits, so F32 weights or activations lose nothing the F32 sum would keep
+template <bool LO> __device__ __forceinline__ void put32(__half *hi, __half *lo, const float *v)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __half2 h[4], g[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float a = sat_half(v[8 * i + 2 * j]), b = sat_half(v[8 * i + 2 * j + 1]);
+            h[j] = __floats2half2_rn(a, b);
+            if (LO) g[j] = __floats2half2_rn(a - __low2float(h[j]), b - __high2float(h[j]));
+        }
+        *(uint4 *)(hi + 8 * i) = *(const uint4 *)h;
+        if (LO) *(uint4 *)(lo + 8 * i) = *(const uint4 *)g;
+    }
+}
+
+// LOX / LOW: the activations / weights also as an F16 remainder tile (F16/BF16 weights: x;
+// F32 weights: both); the products hi·hi + hi·lo + lo·hi accumulate in that order.
+template <uint32_t T, int NT, bool LOX, bool LOW>
 static __global__ void __launch_bounds__(GEMM_THREADS)
     gemm_kernel(wview m, int64_t n_out, const float *__restrict__ x, int64_t ld_x,
-                float *__restrict__ y, int64_t ld_y, int add, int B)
+                float *__restrict__ y, int64_t ld_y, int add, int B, float *__restrict__ part,
+                int k_steps_per_split)
 {
     extern __shared__ __align__(128) uint8_t smem[];
-    __half *Ws = (__half *)smem;                   // [GEMM_M][GEMM_LDS]
-    __half *Xs = Ws + GEMM_M * GEMM_LDS;           // [NT*16][GEMM_LDS]
-    float *Cs = (float *)smem;                     // [GEMM_M][GEMM_LDC], after the K loop
     constexpr int N = NT * 16;
+    __half *Ws = (__half *)smem;                        // [GEMM_M][GEMM_LDS]
+    __half *Wl = Ws + GEMM_M * GEMM_LDS;                // LOW: [GEMM_M][GEMM_LDS]
+    __half *Xs = Wl + (LOW ? GEMM_M * GEMM_LDS : 0);    // [N][GEMM_LDS]
+    __half *Xl = Xs + N * GEMM_LDS;                     // LOX: [N][GEMM_LDS]
+    float *Cs = (float *)smem;                          // [GEMM_M][GEMM_LDC], after the K loop
     const int tid = threadIdx.x, warp = tid >> 5;
     const int64_t r0 = (int64_t)blockIdx.x * GEMM_M;
     const int b0 = blockIdx.y * N;
+    const int64_t k_begin = (int64_t)blockIdx.z * k_steps_per_split * GEMM_KT;
+    const int64_t k_end = min(m.n_in, k_begin + (int64_t)k_steps_per_split * GEMM_KT);
     ds_grid_dep();
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) wmma::fill_fragment(acc[j], 0.0f);
 
-    for (int64_t k0 = 0; k0 < m.n_in; k0 += GEMM_KT) {
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += GEMM_KT) {
         // X tile: N rows x GEMM_KT, 4 floats a thread a pass
         for (int e = tid; e < N * GEMM_KT / 4; e += GEMM_THREADS) {
             const int i = e / (GEMM_KT / 4), kk = 4 * (e % (GEMM_KT / 4));
             float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (b0 + i < B && k0 + kk < m.n_in) t = *(const float4 *)(x + (int64_t)(b0 + i) * ld_x + k0 + kk);
+            if (b0 + i < B && k0 + kk < k_end) t = *(const float4 *)(x + (int64_t)(b0 + i) * ld_x + k0 + kk);
+            const float v[4] = {sat_half(t.x), sat_half(t.y), sat_half(t.z), sat_half(t.w)};
             __half2 *d = (__half2 *)(Xs + i * GEMM_LDS + kk);
-            d[0] = __floats2half2_rn(sat_half(t.x), sat_half(t.y));
-            d[1] = __floats2half2_rn(sat_half(t.z), sat_half(t.w));
+            d[0] = __floats2half2_rn(v[0], v[1]);
+            d[1] = __floats2half2_rn(v[2], v[3]);
+            if (LOX) {
+                __half2 *dl = (__half2 *)(Xl + i * GEMM_LDS + kk);
+                dl[0] = __floats2half2_rn(v[0] - __low2float(d[0]), v[1] - __high2float(d[0]));
+                dl[1] = __floats2half2_rn(v[2] - __low2float(d[1]), v[3] - __high2float(d[1]));
+            }
         }
         // W tile: 128 rows x 4 chunks of 32
 #pragma unroll
@@ -168,24 +188,30 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
             const int t = tid + p * GEMM_THREADS, rr = t / (GEMM_KT / 32), c = t % (GEMM_KT / 32);
             const int64_t r = r0 + rr, k = k0 + 32 * c;
             float v[32];
-            if (r < n_out && k < m.n_in) {
+            if (r < n_out && k < k_end) {
                 chunk<T>(m, r, k, v);
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; i++) v[i] = 0.0f;
             }
-            put32(Ws + rr * GEMM_LDS + 32 * c, v);
+            put32<LOW>(Ws + rr * GEMM_LDS + 32 * c, Wl + rr * GEMM_LDS + 32 * c, v);
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a, al;
             wmma::load_matrix_sync(a, Ws + warp * 16 * GEMM_LDS + kk, GEMM_LDS);
+            if (LOW) wmma::load_matrix_sync(al, Wl + warp * 16 * GEMM_LDS + kk, GEMM_LDS);
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bf;
                 wmma::load_matrix_sync(bf, Xs + j * 16 * GEMM_LDS + kk, GEMM_LDS);
                 wmma::mma_sync(acc[j], a, bf, acc[j]);
+                if (LOW) wmma::mma_sync(acc[j], al, bf, acc[j]);
+                if (LOX) {
+                    wmma::load_matrix_sync(bf, Xl + j * 16 * GEMM_LDS + kk, GEMM_LDS);
+                    wmma::mma_sync(acc[j], a, bf, acc[j]);
+                }
             }
         }
         __syncthreads();
@@ -198,10 +224,29 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
         const int i = e / GEMM_M, rr = e % GEMM_M;
         const int64_t r = r0 + rr;
         if (b0 + i >= B || r >= n_out) continue;
-        float *out = y + (int64_t)(b0 + i) * ld_y + r;
         const float c = Cs[rr * GEMM_LDC + i];
+        if (gridDim.z > 1) { // split K: this split's partial, summed by gemm_reduce_kernel
+            part[((int64_t)blockIdx.z * B + b0 + i) * n_out + r] = c;
+            continue;
+        }
+        float *out = y + (int64_t)(b0 + i) * ld_y + r;
         *out = add ? *out + c : c;
     }
+}
+
+// y (op)= the splits' partials summed in split order (fixed: the result does not depend on B)
+static __global__ void gemm_reduce_kernel(const float *__restrict__ part, int splits, int B,
+                                          int64_t n_out, float *__restrict__ y, int64_t ld_y,
+                                          int add)
+{
+    ds_grid_dep();
+    const int i = blockIdx.y;
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_out) return;
+    float c = part[(int64_t)i * n_out + r];
+    for (int s = 1; s < splits; s++) c += part[((int64_t)s * B + i) * n_out + r];
+    float *out = y + (int64_t)i * ld_y + r;
+    *out = add ? *out + c : c;
 }
 
 static int64_t gemm_block(uint32_t type)
@@ -219,63 +264,99 @@ extern "C" bool gemm_supported(uint32_t type, int64_t n_in)
     return bs > 0 && n_in > 0 && n_in % bs == 0;
 }
 
-template <uint32_t T, int NT> static size_t gemm_smem() { return (size_t)(GEMM_M + NT * 16) * GEMM_LDS * 2; }
+// K steps a split: the weight tiles alone give the GPU at least two CTAs an SM, split K until
+// they do (a function of the matrix and the GPU, never of B)
+static int steps_per_split(const gemv_matrix *w)
+{
+    const int64_t tiles = ds_div_up(w->n_out, GEMM_M), steps = ds_div_up(w->n_in, GEMM_KT);
+    const int sm = w->plan.sm_count > 0 ? w->plan.sm_count : 132;
+    int64_t splits = ds_div_up(2 * sm, tiles);
+    if (splits > steps) splits = steps;
+    if (splits < 1) splits = 1;
+    return (int)ds_div_up(steps, splits);
+}
 
-template <uint32_t T, int NT>
+static int n_splits(const gemv_matrix *w)
+{
+    return (int)ds_div_up(ds_div_up(w->n_in, GEMM_KT), steps_per_split(w));
+}
+
+extern "C" int64_t gemm_work_floats(const gemv_matrix *w, int B)
+{
+    const int s = n_splits(w);
+    return s > 1 ? (int64_t)s * B * w->n_out : 0;
+}
+
+template <uint32_t T, int NT, bool LOX, bool LOW> static size_t gemm_smem()
+{
+    return (size_t)(GEMM_M * (LOW ? 2 : 1) + NT * 16 * (LOX ? 2 : 1)) * GEMM_LDS * 2;
+}
+
+template <uint32_t T, int NT, bool LOX, bool LOW>
 static void launch_nt(const gemv_matrix *w, const float *x, int64_t ld_x, float *y, int64_t ld_y,
-                      int add, int B, const cuda_launch *l)
+                      int add, int B, float *work, const cuda_launch *l)
 {
-    const size_t smem = gemm_smem<T, NT>();
+    const size_t smem = gemm_smem<T, NT, LOX, LOW>();
     const wview m = {(const uint8_t *)w->d_w, w->n_in, w->n_in * w->n_out / gemm_block(T)};
-    const dim3 grid(ds_div_up(w->n_out, GEMM_M), ds_div_up(B, NT * 16));
-    ds_launch(gemm_kernel<T, NT>, grid, GEMM_THREADS, smem, l, m, w->n_out, x, ld_x, y, ld_y, add, B);
+    const int kps = steps_per_split(w), splits = n_splits(w);
+    const dim3 grid(ds_div_up(w->n_out, GEMM_M), ds_div_up(B, NT * 16), splits);
+    ds_launch(gemm_kernel<T, NT, LOX, LOW>, grid, GEMM_THREADS, smem, l, m, w->n_out, x, ld_x, y,
+              ld_y, add, B, work, kps);
+    if (splits > 1)
+        ds_launch(gemm_reduce_kernel, dim3(ds_div_up(w->n_out, 256), B), 256, 0, l,
+                  (const float *)work, splits, B, w->n_out, y, ld_y, add);
 }
 
-template <uint32_t T>
+template <uint32_t T, bool LOX, bool LOW>
 static void launch_t(const gemv_matrix *w, const float *x, int64_t ld_x, float *y, int64_t ld_y,
-                     int add, int B, const cuda_launch *l)
+                     int add, int B, float *work, const cuda_launch *l)
 {
-    if (B <= 16) launch_nt<T, 1>(w, x, ld_x, y, ld_y, add, B, l);
-    else if (B <= 32) launch_nt<T, 2>(w, x, ld_x, y, ld_y, add, B, l);
-    else launch_nt<T, 4>(w, x, ld_x, y, ld_y, add, B, l);
+    if (B <= 16) launch_nt<T, 1, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
+    else if (B <= 32) launch_nt<T, 2, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
+    else launch_nt<T, 4, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
 }
 
-template <uint32_t T> static cudaError_t init_t()
+template <uint32_t T, bool LOX, bool LOW> static cudaError_t init_t()
 {
-    cudaError_t e = cudaFuncSetAttribute(gemm_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_smem<T, 1>());
+    cudaError_t e = cudaFuncSetAttribute(gemm_kernel<T, 1, LOX, LOW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)gemm_smem<T, 1, LOX, LOW>());
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_smem<T, 2>());
+        e = cudaFuncSetAttribute(gemm_kernel<T, 2, LOX, LOW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)gemm_smem<T, 2, LOX, LOW>());
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_smem<T, 4>());
+        e = cudaFuncSetAttribute(gemm_kernel<T, 4, LOX, LOW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)gemm_smem<T, 4, LOX, LOW>());
     return e;
 }
 
 extern "C" int gemm_init(status *st)
 {
-    CUDA_TRY(st, init_t<GGML_TYPE_Q4_K>());
-    CUDA_TRY(st, init_t<GGML_TYPE_Q5_K>());
-    CUDA_TRY(st, init_t<GGML_TYPE_Q6_K>());
-    CUDA_TRY(st, init_t<GGML_TYPE_Q8_0>());
-    CUDA_TRY(st, init_t<GGML_TYPE_F16>());
-    CUDA_TRY(st, init_t<GGML_TYPE_BF16>());
-    CUDA_TRY(st, init_t<GGML_TYPE_F32>());
+    CUDA_TRY(st, (init_t<GGML_TYPE_Q4_K, false, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_Q5_K, false, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_Q6_K, false, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_Q8_0, false, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_F16, true, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_BF16, true, false>()));
+    CUDA_TRY(st, (init_t<GGML_TYPE_F32, true, true>()));
     return STATUS_OK;
 }
 
 extern "C" void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x, float *d_y,
-                          int64_t ld_y, gemv_epilogue ep, int B, const cuda_launch *l)
+                          int64_t ld_y, gemv_epilogue ep, int B, float *d_work,
+                          const cuda_launch *l)
 {
     DS_ASSERT(gemm_supported(w->type, w->n_in) && B >= 1 && B <= GEMM_MAX_ROWS);
     DS_ASSERT(ld_x % 4 == 0 && ld_x >= w->n_in && ld_y >= w->n_out);
+    DS_ASSERT(d_work || gemm_work_floats(w, B) == 0);
     const int add = ep == GEMV_ADD;
     switch (w->type) {
-    case GGML_TYPE_Q4_K: launch_t<GGML_TYPE_Q4_K>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q5_K: launch_t<GGML_TYPE_Q5_K>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q6_K: launch_t<GGML_TYPE_Q6_K>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q8_0: launch_t<GGML_TYPE_Q8_0>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_F16: launch_t<GGML_TYPE_F16>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_BF16: launch_t<GGML_TYPE_BF16>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_F32: launch_t<GGML_TYPE_F32>(w, d_x, ld_x, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_Q4_K: launch_t<GGML_TYPE_Q4_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_Q5_K: launch_t<GGML_TYPE_Q5_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_Q6_K: launch_t<GGML_TYPE_Q6_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_Q8_0: launch_t<GGML_TYPE_Q8_0, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_F16: launch_t<GGML_TYPE_F16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_BF16: launch_t<GGML_TYPE_BF16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
+    case GGML_TYPE_F32: launch_t<GGML_TYPE_F32, true, true>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
     default: DS_ASSERT(!"gemm_rows: unsupported type");
     }
 }

@@ -5,10 +5,12 @@
  * How: a CTA owns 128 weight rows and up to 64 batch rows; per 128-wide K step it dequantises
  * its weight tile to F16 in shared memory (each type's block formula, gguf/quant.c), converts
  * the X tile to F16 (saturating at ±65504), and multiplies on the tensor cores (WMMA 16x16x16,
- * F32 accumulation) in a fixed K order. Each output element is its own row·column dot in that
+ * F32 accumulation) in a fixed K order. Float weight types keep what F16 drops: F16/BF16
+ * weights add x's F16 remainder tile (hi·hi + hi·lo), F32 weights also the weights' (+ lo·hi),
+ * about 22 bits a product, so F32 models are not rounded to F16. Each output element is its own row·column dot in that
  * order, so row i of Y is bit-identical whatever B is and whatever other rows share the launch
- * (batch invariance, docs/GPU.md "Batched decode"). Rounding against the F32 CPU twin: weights
- * and x to F16 (2^-11 relative each).
+ * (batch invariance, docs/GPU.md "Batched decode"). Rounding against the F32 CPU twin, quantised
+ * weights: weights and x to F16 (2^-11 relative each).
  *
  * CPU twin: quant_matvec (gguf/quant.h) row by row; tests/gpu/gemm_parity.c. */
 #ifndef DS_KERNELS_CUDA_GEMM_H
@@ -34,9 +36,13 @@ int gemm_init(status *st);
 bool gemm_supported(uint32_t type, int64_t n_in);
 
 /* d_x: [B][ld_x] F32 (the first n_in of each row read); d_y: [B][ld_y] F32, the first n_out of
- * each row written (GEMV_STORE) or added to (GEMV_ADD). 1 <= B. */
+ * each row written (GEMV_STORE) or added to (GEMV_ADD). 1 <= B. Matrices with too few
+ * 128-row tiles to fill the GPU split K (a number of splits fixed by the matrix and the GPU,
+ * not by B) into partials in d_work, summed in split order by a second launch; d_work: at least
+ * gemm_work_floats(w, B) floats (NULL when that is 0). */
 void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x, float *d_y, int64_t ld_y,
-               gemv_epilogue ep, int B, const cuda_launch *l);
+               gemv_epilogue ep, int B, float *d_work, const cuda_launch *l);
+int64_t gemm_work_floats(const gemv_matrix *w, int B);
 
 /* The batched FFN's middle: out[i][r] = silu(gu[i][r]) * gu[i][F + r] for r < F (gu: the gate
  * and up GEMMs' outputs side by side, [B][ld_gu]; out: [B][ld_out]). CPU twin: ref_swiglu
