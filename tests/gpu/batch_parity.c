@@ -7,7 +7,8 @@
  *    agreement is printed, not required); with a fixed seed the sampled tokens (temperature,
  *    top-k, top-p) are the same alone and together;
  *  - the batched logits against the CPU forward (the specification) on the reference models:
- *    the batched GEMM rounds weights and activations to F16, bound 1e-2 of max|logit|; a
+ *    float weights keep F16 remainders in the batched GEMM, bound 2e-3 of max|logit| (H200 run
+ *    31: at most 3.9e-4); a
  *    perturbed copy must fail that check;
  *  - slots: 64 sequences started and abandoned mid-way, then reused, and the device memory the
  *    process holds is the same before and after.
@@ -179,12 +180,12 @@ static void check_model(const char *path, bool cpu_logits)
             w = fmax(w, worst_rel(lc + off, lg + off, r, V));
             rows_cmp += (int)r;
         }
-        printf("  %s: batched logits vs CPU over %d rows: worst %.3g of max|logit| (bound 1e-2); "
+        printf("  %s: batched logits vs CPU over %d rows: worst %.3g of max|logit| (bound 2e-3); "
                "greedy tokens equal to the CPU's: %d of %d\n", path, rows_cmp, w,
                count_same(c_all, all), n);
-        CU_ASSERT(w <= 1e-2);
+        CU_ASSERT(w <= 2e-3);
         lg[(size_t)7 * V + 3] += 0.05f * (1.0f + fabsf(lg[(size_t)7 * V + 3])) * 100;
-        CU_ASSERT(worst_rel(lc, lg, 8, V) > 1e-2); /* perturbed: must fail */
+        CU_ASSERT(worst_rel(lc, lg, 8, V) > 2e-3); /* perturbed: must fail */
     }
 done:
     if (st.code) printf("  %s: %s\n", path, st.msg);
