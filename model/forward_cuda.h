@@ -12,10 +12,11 @@
  * Nothing is allocated after create.
  *
  * The step takes a batch of B rows (token, slot, position; the slot carries its sampling
- * parameters), the shape batched decode and prefill chunks will fill. Today the kernels run one
- * row at a time: the rows' graphs are enqueued back to back, every sampled row samples on the
- * GPU behind its graph, and the whole step costs one host sync, before reading back the sampled
- * ids (8 bytes per greedy row, the result struct per sampled row).
+ * parameters). Rows of one slot only (a prompt chunk, a lone sequence) replay that slot's
+ * batch-1 graph row after row (GEMV kernels); rows of several slots go in rounds through the
+ * batched graphs (forward_cuda_batch.c: one graph per bucket of rows, every weight read once a
+ * round). Either way the step costs one host sync before reading back the sampled ids (8 bytes
+ * per greedy row, the result struct per sampled row).
  *
  *   qwen35_cuda *e;
  *   qwen35_cuda_create(model, &(qwen35_cuda_opts){.n_ctx = 4096, .n_slots = 8}, &e, &st);
