@@ -7,6 +7,7 @@
 // stores of Y are coalesced along the weight rows.
 #include <mma.h>
 
+#include "kernels/cuda/argmax_key.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv_slices.cuh"
@@ -381,13 +382,6 @@ extern "C" void gemm_swiglu_rows(const float *d_gu, int64_t ld_gu, int F, float 
     ds_launch(swiglu_rows_kernel, dim3(ds_div_up(F, 256), B), 256, 0, l, d_gu, ld_gu, F, d_out, ld_out);
 }
 
-static __device__ __forceinline__ unsigned long long row_key(float v, int64_t c)
-{
-    const uint32_t u = __float_as_uint(v);
-    const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)k << 32) | (uint32_t)~(uint32_t)c;
-}
-
 static __global__ void __launch_bounds__(1024)
     argmax_rows_kernel(const float *__restrict__ logits, int64_t ld, int64_t n,
                        unsigned long long *__restrict__ best)
@@ -398,7 +392,7 @@ static __global__ void __launch_bounds__(1024)
     unsigned long long m = 0;
     for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
         const float v = x[c];
-        if (v == v) m = max(m, row_key(v, c)); // NaN never wins
+        if (v == v) m = max(m, argmax_key(v, c)); // NaN never wins
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));

@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "kernels/cuda/argmax_key.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn_conv.cuh"
 #include "kernels/cuda/gemv_plan.cuh"
@@ -147,13 +148,6 @@ static __device__ __forceinline__ float warp_sum(float v)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-static __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t row)
-{
-    const uint32_t u = __float_as_uint(v);
-    const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)k << 32) | (uint32_t)~(uint32_t)row;
 }
 
 // L2 prefetch of rows [r0, r0 + R) (consecutive) of a matrix in the GEMV layout: the lanes

@@ -22,28 +22,14 @@
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/norm.h"
+#include "tests/gpu/gpu_dev.h"
 #include "tests/gpu/gpu_parity.h"
 
 static bool g_have_gpu;
 static gpu_rng g_rng;
 static cuda_device_props g_props; /* for gemv_matrix_plan */
 
-/* device buffer helpers: every failure is a test failure with the message printed */
-static void *dev(size_t bytes)
-{
-    status st;
-    void *p = NULL;
-    if (cuda_alloc(&p, bytes, "test buffer", &st)) printf("  %s\n", st.msg);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-    return p;
-}
-static void *dev_from(const void *h, size_t bytes)
-{
-    status st;
-    void *p = dev(bytes);
-    CU_ASSERT_EQUAL(cuda_upload(p, h, bytes, &st), STATUS_OK);
-    return p;
-}
+/* device buffer helpers (dev, dev_from: gpu_dev.h): every failure is a test failure with the message printed */
 static void to_dev(void *d, const void *h, size_t bytes)
 {
     status st;

@@ -34,6 +34,7 @@
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/norm.h"
+#include "tests/gpu/gpu_dev.h"
 #include "tests/gpu/gpu_parity.h"
 
 static bool g_have_gpu;
@@ -51,21 +52,6 @@ static void *xmalloc(size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);
     DS_ASSERT(p);
-    return p;
-}
-static void *dev(size_t bytes)
-{
-    status st;
-    void *p = NULL;
-    if (cuda_alloc(&p, bytes, "test buffer", &st)) printf("  %s\n", st.msg);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-    return p;
-}
-static void *dev_from(const void *h, size_t bytes)
-{
-    status st;
-    void *p = dev(bytes);
-    CU_ASSERT_EQUAL(cuda_upload(p, h, bytes, &st), STATUS_OK);
     return p;
 }
 static void *dev_fill(int byte, size_t bytes)
