@@ -6,7 +6,9 @@
  * accumulates in F32, so each element is held to |got - ref| <= 2e-3 · Σ_k |w_k x_k| + 1e-6 (two
  * F16 roundings a product, plus the sum); float weights keep F16 remainders: 2e-5.
  * Batch invariance: every row of every launch is compared bit for bit with the same row run
- * alone (B = 1). A perturbed output must fail the check. */
+ * alone (B = 1). A perturbed output must fail the check. The batched step's row helpers too:
+ * gemm_swiglu_rows against ref_swiglu, gemm_argmax_rows against a first-maximum scan (ties to
+ * the lowest column), gemv_embed_rows against the dequantised rows and the slots' positions. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 
 #include "common/status.h"
 #include "gguf/quant.h"
+#include "kernels/cpu/act.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
@@ -159,6 +162,87 @@ static void test_perturbed_fails(void)
     CU_ASSERT_FALSE(run_case(&k_cases[1], true));
 }
 
+/* the row helpers of the batched step over B = 17 rows with strides past the row */
+static void test_row_helpers(void)
+{
+    if (!g_have_gpu) return;
+    status st;
+    status_clear(&st);
+    enum { B = 17, F = 1000, LD = 2 * F + 8, V = 3001, LDV = V + 3, H = 256, NE = 50, STRIDE = 6 };
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 77);
+    float *gu = malloc(sizeof(float) * B * LD), *out = malloc(sizeof(float) * B * F),
+          *ref = malloc(sizeof(float) * F), *lg = malloc(sizeof(float) * B * LDV),
+          *emb = malloc(sizeof(float) * NE * H), *x = malloc(sizeof(float) * B * H);
+    void *eh = malloc(quant_row_bytes(GGML_TYPE_Q6_K, (uint64_t)NE * H));
+    DS_ASSERT(gu && out && ref && lg && emb && x && eh);
+    for (int i = 0; i < B * LD; i++) gu[i] = 3.0f * gpu_rng_normal(&rng);
+    for (int i = 0; i < B * LDV; i++) lg[i] = gpu_rng_normal(&rng);
+    int want[B];
+    for (int i = 0; i < B; i++) { /* the row's maximum twice: the lower column must win */
+        const int a = (int)(gpu_rng_u64(&rng) % V), b = (int)(gpu_rng_u64(&rng) % V);
+        lg[i * LDV + a] = lg[i * LDV + b] = 10.0f + i;
+        want[i] = a < b ? a : b;
+    }
+    gpu_random_tensor(GGML_TYPE_Q6_K, (int64_t)NE * H, 0.1f, &rng, eh);
+    quant_get(GGML_TYPE_Q6_K)->dequant(eh, emb, (int64_t)NE * H);
+    int32_t rows[3 * B], pos[B * STRIDE];
+    for (int i = 0; i < B; i++) {
+        rows[i] = (int32_t)((i * 13) % NE);  /* tokens */
+        rows[B + i] = B - 1 - i;             /* slots */
+        rows[2 * B + i] = 5 * i;             /* positions */
+    }
+    float *d_gu = NULL, *d_out = NULL, *d_lg = NULL, *d_x = NULL;
+    void *d_raw = NULL, *d_emb = NULL;
+    int32_t *d_rows = NULL, *d_pos = NULL;
+    unsigned long long *d_best = NULL, best[B];
+    const uint64_t eraw = quant_row_bytes(GGML_TYPE_Q6_K, (uint64_t)NE * H);
+    if (cuda_alloc((void **)&d_gu, sizeof(float) * B * LD, "gu", &st) ||
+        cuda_alloc((void **)&d_out, sizeof(float) * B * F, "out", &st) ||
+        cuda_alloc((void **)&d_lg, sizeof(float) * B * LDV, "logits", &st) ||
+        cuda_alloc((void **)&d_x, sizeof(float) * B * H, "x", &st) ||
+        cuda_alloc(&d_raw, eraw, "emb raw", &st) ||
+        cuda_alloc(&d_emb, gemv_packed_bytes(GGML_TYPE_Q6_K, H, NE), "emb", &st) ||
+        cuda_alloc((void **)&d_rows, sizeof rows, "rows", &st) ||
+        cuda_alloc((void **)&d_pos, sizeof pos, "pos", &st) ||
+        cuda_alloc((void **)&d_best, sizeof best, "best", &st) ||
+        cuda_upload(d_gu, gu, sizeof(float) * B * LD, &st) ||
+        cuda_upload(d_lg, lg, sizeof(float) * B * LDV, &st) || cuda_upload(d_raw, eh, eraw, &st) ||
+        cuda_upload(d_rows, rows, sizeof rows, &st) || cuda_memset(d_pos, 0, sizeof pos, &st))
+        goto done;
+    gemv_pack(GGML_TYPE_Q6_K, d_raw, d_emb, H, NE, NULL);
+    const gemv_matrix em = {.type = GGML_TYPE_Q6_K, .n_in = H, .n_out = NE, .d_w = d_emb};
+    gemm_swiglu_rows(d_gu, LD, F, d_out, F, B, NULL);
+    gemm_argmax_rows(d_lg, LDV, V, d_best, B, NULL);
+    gemv_embed_rows(&em, d_rows, d_rows + B, d_rows + 2 * B, d_pos, STRIDE, d_x, H, B, NULL);
+    if (cuda_sync(NULL, "row helpers", &st) || cuda_download(out, d_out, sizeof(float) * B * F, &st) ||
+        cuda_download(best, d_best, sizeof best, &st) || cuda_download(x, d_x, sizeof(float) * B * H, &st) ||
+        cuda_download(pos, d_pos, sizeof pos, &st))
+        goto done;
+    int bad_sw = 0, bad_am = 0, bad_em = 0, bad_pos = 0;
+    for (int i = 0; i < B; i++) {
+        ref_swiglu(gu + i * LD, gu + i * LD + F, F, ref);
+        for (int r = 0; r < F; r++)
+            bad_sw += !(fabsf(out[i * F + r] - ref[r]) <= 1e-5f * (1.0f + fabsf(ref[r])));
+        bad_am += gemv_argmax_row(best[i]) != want[i];
+        for (int e = 0; e < H; e++) {
+            const float r = emb[rows[i] * H + e];
+            bad_em += !(fabsf(x[i * H + e] - r) <= 1e-6f * (1.0f + fabsf(r)));
+        }
+        const int32_t *p = pos + rows[B + i] * STRIDE;
+        bad_pos += p[0] != rows[2 * B + i] || p[1] != rows[2 * B + i] + 1 || p[2] != 0;
+    }
+    printf("  row helpers, B = %d: swiglu %d bad, argmax %d bad, embedding %d bad, positions %d bad\n",
+           B, bad_sw, bad_am, bad_em, bad_pos);
+    CU_ASSERT(bad_sw == 0 && bad_am == 0 && bad_em == 0 && bad_pos == 0);
+done:
+    if (st.code) printf("  device: %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    cuda_free(d_gu), cuda_free(d_out), cuda_free(d_lg), cuda_free(d_x), cuda_free(d_raw);
+    cuda_free(d_emb), cuda_free(d_rows), cuda_free(d_pos), cuda_free(d_best);
+    free(gu), free(out), free(ref), free(lg), free(emb), free(x), free(eh);
+}
+
 static void test_supported(void)
 {
     CU_ASSERT(gemm_supported(GGML_TYPE_Q4_K, 2560));
@@ -183,6 +267,7 @@ int main(void)
     CU_add_test(s, "supported", test_supported);
     CU_add_test(s, "every type, B = 1..256, store and add, bit-identical rows", test_types);
     CU_add_test(s, "a perturbed output fails", test_perturbed_fails);
+    CU_add_test(s, "SwiGLU, argmax and embedding over rows", test_row_helpers);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();
