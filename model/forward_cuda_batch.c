@@ -108,6 +108,16 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     b->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
     b->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
     b->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
+    int64_t xw = c->H > c->F ? c->H : c->F;
+    xw = xw > b->ld_y ? xw : b->ld_y;
+    b->d_xh = fc_arena_take(a, R * xw * 2);
+    b->half_x = gemm_reads_half(e->w.head.type);
+    for (int il = 0; il < c->n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        for (int g = 0; g < L->n_in; g++) b->half_x |= gemm_reads_half(L->in[g].m.type);
+        b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
+                     gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
+    }
     b->d_rows = fc_arena_take(a, 3 * R * 4);
     b->d_best = fc_arena_take(a, R * 8);
     b->act_bytes = a->used - before;

@@ -111,6 +111,9 @@ typedef struct fc_batch {
     int64_t ld_proj, ld_y;
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
     float *d_work;                 /* the batched GEMM's split-K partials (gemm_work_floats) */
+    uint16_t *d_xh;                /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
+                                      (gemm_x_half), read by the quantised matrices */
+    bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
     int32_t *d_rows;               /* [3 * rows]: a bucket of nb reads tokens [0, nb), slots
                                       [nb, 2nb), positions [2nb, 3nb) */
     unsigned long long *d_best;    /* [rows] argmax keys */

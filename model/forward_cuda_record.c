@@ -125,12 +125,18 @@ static float *slot0_S(const qwen35_cuda *e, const fc_layer *L)
     return e->slots[0].d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
 }
 
+/* the GEMM input's F16 rows (d_xh), read by the quantised matrices that multiply x next */
+static void recb_x_half(qwen35_cuda *e, const float *x, int64_t ld, int64_t n, int nb)
+{
+    if (e->b.half_x) gemm_x_half(x, ld, n, e->b.d_xh, nb, &e->launch);
+}
+
 static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
 {
     fc_batch *b = &e->b;
     for (int g = 0; g < L->n_in; g++)
-        gemm_rows(&L->in[g].m, b->d_h, e->cfg.H, b->d_proj + L->in[g].y_off, b->ld_proj, GEMV_STORE,
-                  nb, b->d_work, &e->launch);
+        gemm_rows(&L->in[g].m, b->d_h, e->cfg.H, b->d_xh, b->d_proj + L->in[g].y_off, b->ld_proj,
+                  GEMV_STORE, nb, b->d_work, &e->launch);
 }
 
 static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, int nb)
@@ -180,18 +186,23 @@ void fc_record_batch(qwen35_cuda *e, int nb)
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
         norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
+        recb_x_half(e, b->d_h, H, H, nb);
         if (L->gdn)
             recb_gdn(e, L, slot, nb);
         else
             recb_attn(e, L, slot, pos, nb);
-        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_x, H, GEMV_ADD, nb, b->d_work, l); /* residual */
+        recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
+        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l); /* residual */
         norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
-        gemm_rows(&L->gate, b->d_h, H, b->d_gu, 2 * F, GEMV_STORE, nb, b->d_work, l);
-        gemm_rows(&L->up, b->d_h, H, b->d_gu + F, 2 * F, GEMV_STORE, nb, b->d_work, l);
+        recb_x_half(e, b->d_h, H, H, nb);
+        gemm_rows(&L->gate, b->d_h, H, b->d_xh, b->d_gu, 2 * F, GEMV_STORE, nb, b->d_work, l);
+        gemm_rows(&L->up, b->d_h, H, b->d_xh, b->d_gu + F, 2 * F, GEMV_STORE, nb, b->d_work, l);
         gemm_swiglu_rows(b->d_gu, 2 * F, (int)F, b->d_ffn, F, nb, l);
-        gemm_rows(&L->down, b->d_ffn, F, b->d_x, H, GEMV_ADD, nb, b->d_work, l);
+        recb_x_half(e, b->d_ffn, F, F, nb);
+        gemm_rows(&L->down, b->d_ffn, F, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l);
     }
     norm_rms_rows(b->d_x, H, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
-    gemm_rows(&e->w.head, b->d_h, H, b->d_logits, c->V, GEMV_STORE, nb, b->d_work, l);
+    recb_x_half(e, b->d_h, H, H, nb);
+    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits, c->V, GEMV_STORE, nb, b->d_work, l);
     gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nb, l);
 }

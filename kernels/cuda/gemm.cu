@@ -1,22 +1,22 @@
-// Batched GEMM on the tensor cores (gemm.h): dequantise a weight tile to F16 in shared memory,
-// WMMA against the F16 activations, F32 accumulation in a fixed K order.
+// Batched GEMM on the tensor cores (gemm.h): the public API, the K split and its reduction, the
+// float weight types' kernel, X's F16 rows and the step's row helpers. The quantised types'
+// kernel is gemm_q.cu.
 //
-// CTA: 8 warps, 128 weight rows (16 a warp) x NT*16 batch rows, K in steps of GEMM_KT. The tile
-// loads are chunks of 32 weights (one Q8_0 block, one K-quant sub-block): 128 rows x 4 chunks a
-// step, 2 a thread. The accumulators go through shared memory (reusing the weight tile) so the
-// stores of Y are coalesced along the weight rows.
+// Float kernel: 8 warps, 128 weight rows (16 a warp) x NT*16 batch rows, K in steps of GEMM_KT;
+// the tile loads are chunks of 32 weights, 128 rows x 4 chunks a step, 2 a thread, converted to
+// F16 (+ remainders) in shared memory. The accumulators go through shared memory (reusing the
+// weight tile) so the stores of Y are coalesced along the weight rows.
 #include <mma.h>
 
 #include "kernels/cuda/argmax_key.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_q.cuh"
 #include "kernels/cuda/gemv_slices.cuh"
 #include "kernels/cuda/quant_blocks.cuh"
 
 using namespace nvcuda;
 
-#define GEMM_M 128          // weight rows a CTA
-#define GEMM_KT 128         // K a step
 #define GEMM_LDS (GEMM_KT + 8) // shared row stride (halves): rows 16 banks apart
 #define GEMM_THREADS 256
 #define GEMM_MAX_NT 4       // 64 batch rows a CTA
@@ -31,71 +31,6 @@ struct wview {
 
 // 32 weights of row r from element k (k % 32 == 0) into v
 template <uint32_t T> __device__ __forceinline__ void chunk(const wview &m, int64_t r, int64_t k, float *v);
-
-template <> __device__ __forceinline__ void chunk<GGML_TYPE_Q4_K>(const wview &m, int64_t r, int64_t k, float *v)
-{
-    const block_q4_K *b = (const block_q4_K *)m.w + r * (m.n_in / QK_K) + k / QK_K;
-    const int j = (int)(k % QK_K) / 32;
-    uint8_t sc, mn;
-    qb_scale_min_k4(j, b->scales, &sc, &mn);
-    const float d = qb_half(b->d) * sc, mm = qb_half(b->dmin) * mn;
-    const uint4 *q4 = (const uint4 *)(b->qs + 32 * (j / 2));
-    const int sh = 4 * (j & 1);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint4 u = q4[h];
-        const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 16; i++) v[16 * h + i] = d * (float)((w4[i / 4] >> (8 * (i % 4) + sh)) & 0xF) - mm;
-    }
-}
-
-template <> __device__ __forceinline__ void chunk<GGML_TYPE_Q5_K>(const wview &m, int64_t r, int64_t k, float *v)
-{
-    const block_q5_K *b = (const block_q5_K *)m.w + r * (m.n_in / QK_K) + k / QK_K;
-    const int j = (int)(k % QK_K) / 32;
-    uint8_t sc, mn;
-    qb_scale_min_k4(j, b->scales, &sc, &mn);
-    const float d = qb_half(b->d) * sc, mm = qb_half(b->dmin) * mn;
-    const uint8_t *ql = b->qs + 32 * (j / 2);
-    const int sh = 4 * (j & 1);
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        const int q = ((ql[i] >> sh) & 0xF) + ((b->qh[i] >> j) & 1) * 16;
-        v[i] = d * (float)q - mm;
-    }
-}
-
-template <> __device__ __forceinline__ void chunk<GGML_TYPE_Q6_K>(const wview &m, int64_t r, int64_t k, float *v)
-{
-    const int64_t ib = r * (m.n_in / QK_K) + k / QK_K;
-    const int c = (int)(k % QK_K) / 32, n = c / 4, qq = c % 4;
-    const uint8_t *qlh = m.w + ib * 192;
-    const uint8_t *ql = qlh + 64 * n + 32 * (qq & 1), *qh = qlh + 128 + 32 * n;
-    const int8_t *sc = (const int8_t *)(m.w + q6_sc_off(m.nblk) + ib * 16) + 8 * n + 2 * qq;
-    const float d = qb_half(*(const uint16_t *)(m.w + q6_d_off(m.nblk) + ib * 2));
-    const int shl = 4 * (qq >> 1), shh = 2 * qq;
-    const float d0 = d * sc[0], d1 = d * sc[1];
-#pragma unroll
-    for (int l = 0; l < 32; l++) {
-        const int q = (int)(((ql[l] >> shl) & 0xF) | (((qh[l] >> shh) & 3) << 4)) - 32;
-        v[l] = (l < 16 ? d0 : d1) * (float)q;
-    }
-}
-
-template <> __device__ __forceinline__ void chunk<GGML_TYPE_Q8_0>(const wview &m, int64_t r, int64_t k, float *v)
-{
-    const int64_t ib = (r * m.n_in + k) / 32;
-    const float d = qb_half(*(const uint16_t *)(m.w + q8_d_off(m.nblk) + ib * 2));
-    const int4 *q = (const int4 *)(m.w + ib * 32);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int4 u = q[h];
-        const int w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 16; i++) v[16 * h + i] = d * (float)(int8_t)(w4[i / 4] >> (8 * (i % 4)));
-    }
-}
 
 template <> __device__ __forceinline__ void chunk<GGML_TYPE_F16>(const wview &m, int64_t r, int64_t k, float *v)
 {
@@ -295,26 +230,22 @@ template <uint32_t T, int NT, bool LOX, bool LOW> static size_t gemm_smem()
 
 template <uint32_t T, int NT, bool LOX, bool LOW>
 static void launch_nt(const gemv_matrix *w, const float *x, int64_t ld_x, float *y, int64_t ld_y,
-                      int add, int B, float *work, const cuda_launch *l)
+                      int add, int B, float *work, int kps, int splits, const cuda_launch *l)
 {
     const size_t smem = gemm_smem<T, NT, LOX, LOW>();
     const wview m = {(const uint8_t *)w->d_w, w->n_in, w->n_in * w->n_out / gemm_block(T)};
-    const int kps = steps_per_split(w), splits = n_splits(w);
     const dim3 grid(ds_div_up(w->n_out, GEMM_M), ds_div_up(B, NT * 16), splits);
     ds_launch(gemm_kernel<T, NT, LOX, LOW>, grid, GEMM_THREADS, smem, l, m, w->n_out, x, ld_x, y,
               ld_y, add, B, work, kps);
-    if (splits > 1)
-        ds_launch(gemm_reduce_kernel, dim3(ds_div_up(w->n_out, 256), B), 256, 0, l,
-                  (const float *)work, splits, B, w->n_out, y, ld_y, add);
 }
 
 template <uint32_t T, bool LOX, bool LOW>
 static void launch_t(const gemv_matrix *w, const float *x, int64_t ld_x, float *y, int64_t ld_y,
-                     int add, int B, float *work, const cuda_launch *l)
+                     int add, int B, float *work, int kps, int splits, const cuda_launch *l)
 {
-    if (B <= 16) launch_nt<T, 1, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
-    else if (B <= 32) launch_nt<T, 2, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
-    else launch_nt<T, 4, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, l);
+    if (B <= 16) launch_nt<T, 1, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, kps, splits, l);
+    else if (B <= 32) launch_nt<T, 2, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, kps, splits, l);
+    else launch_nt<T, 4, LOX, LOW>(w, x, ld_x, y, ld_y, add, B, work, kps, splits, l);
 }
 
 template <uint32_t T, bool LOX, bool LOW> static cudaError_t init_t()
@@ -332,34 +263,58 @@ template <uint32_t T, bool LOX, bool LOW> static cudaError_t init_t()
 
 extern "C" int gemm_init(status *st)
 {
-    CUDA_TRY(st, (init_t<GGML_TYPE_Q4_K, false, false>()));
-    CUDA_TRY(st, (init_t<GGML_TYPE_Q5_K, false, false>()));
-    CUDA_TRY(st, (init_t<GGML_TYPE_Q6_K, false, false>()));
-    CUDA_TRY(st, (init_t<GGML_TYPE_Q8_0, false, false>()));
+    CUDA_TRY(st, gemm_q_init());
     CUDA_TRY(st, (init_t<GGML_TYPE_F16, true, false>()));
     CUDA_TRY(st, (init_t<GGML_TYPE_BF16, true, false>()));
     CUDA_TRY(st, (init_t<GGML_TYPE_F32, true, true>()));
     return STATUS_OK;
 }
 
-extern "C" void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x, float *d_y,
-                          int64_t ld_y, gemv_epilogue ep, int B, float *d_work,
-                          const cuda_launch *l)
+extern "C" bool gemm_reads_half(uint32_t type)
+{
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K ||
+           type == GGML_TYPE_Q8_0;
+}
+
+extern "C" void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x,
+                          const uint16_t *d_xh, float *d_y, int64_t ld_y, gemv_epilogue ep, int B,
+                          float *d_work, const cuda_launch *l)
 {
     DS_ASSERT(gemm_supported(w->type, w->n_in) && B >= 1 && B <= GEMM_MAX_ROWS);
-    DS_ASSERT(ld_x % 4 == 0 && ld_x >= w->n_in && ld_y >= w->n_out);
+    DS_ASSERT(ld_y >= w->n_out && (d_xh || !gemm_reads_half(w->type)));
+    DS_ASSERT(gemm_reads_half(w->type) || (d_x && ld_x % 4 == 0 && ld_x >= w->n_in));
     DS_ASSERT(d_work || gemm_work_floats(w, B) == 0);
     const int add = ep == GEMV_ADD;
+    const int kps = steps_per_split(w), splits = n_splits(w);
     switch (w->type) {
-    case GGML_TYPE_Q4_K: launch_t<GGML_TYPE_Q4_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_Q5_K: launch_t<GGML_TYPE_Q5_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_Q6_K: launch_t<GGML_TYPE_Q6_K, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_Q8_0: launch_t<GGML_TYPE_Q8_0, false, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_F16: launch_t<GGML_TYPE_F16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_BF16: launch_t<GGML_TYPE_BF16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    case GGML_TYPE_F32: launch_t<GGML_TYPE_F32, true, true>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, l); break;
-    default: DS_ASSERT(!"gemm_rows: unsupported type");
+    case GGML_TYPE_F16: launch_t<GGML_TYPE_F16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, kps, splits, l); break;
+    case GGML_TYPE_BF16: launch_t<GGML_TYPE_BF16, true, false>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, kps, splits, l); break;
+    case GGML_TYPE_F32: launch_t<GGML_TYPE_F32, true, true>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, kps, splits, l); break;
+    default: gemm_q_launch(w, d_xh, d_y, ld_y, add, B, d_work, kps, splits, l);
     }
+    if (splits > 1)
+        ds_launch(gemm_reduce_kernel, dim3(ds_div_up(w->n_out, 256), B), 256, 0, l,
+                  (const float *)d_work, splits, B, w->n_out, d_y, ld_y, add);
+}
+
+static __global__ void x_half_kernel(const float *__restrict__ x, int64_t ld_x, int64_t n,
+                                     __half *__restrict__ xh)
+{
+    ds_grid_dep();
+    const int i = blockIdx.y;
+    const int64_t k = 4 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    if (k >= n) return;
+    const float4 t = *(const float4 *)(x + (int64_t)i * ld_x + k);
+    __half2 h[2] = {__floats2half2_rn(sat_half(t.x), sat_half(t.y)),
+                    __floats2half2_rn(sat_half(t.z), sat_half(t.w))};
+    *(uint2 *)(xh + (int64_t)i * n + k) = *(const uint2 *)h;
+}
+
+extern "C" void gemm_x_half(const float *d_x, int64_t ld_x, int64_t n, uint16_t *d_xh, int B,
+                            const cuda_launch *l)
+{
+    DS_ASSERT(n > 0 && n % 4 == 0 && ld_x % 4 == 0 && ld_x >= n && B >= 1 && B < 65536);
+    ds_launch(x_half_kernel, dim3(ds_div_up(n / 4, 256), B), 256, 0, l, d_x, ld_x, n, (__half *)d_xh);
 }
 
 // ---- the batched step's row-wise helpers ----

@@ -38,7 +38,7 @@ static const tcase k_cases[] = {
     {GGML_TYPE_BF16, 160, 77},    {GGML_TYPE_F32, 64, 128},     {GGML_TYPE_F32, 128, 1500},
     {GGML_TYPE_Q4_K, 9728, 130},  {GGML_TYPE_Q6_K, 4096, 200},  {GGML_TYPE_F32, 2048, 64},
 };
-static const int k_batches[] = {1, 3, 17, 64, 256};
+static const int k_batches[] = {1, 3, 17, 64, 100, 256};
 
 /* the check of one launch's output against the twin; returns the number of bad elements */
 static int64_t check(const float *got, const float *ref, const float *bound, int64_t n, double tol)
@@ -89,10 +89,12 @@ static bool run_case(const tcase *tc, bool perturb)
 
     void *d_raw = NULL, *d_w = NULL;
     float *d_x = NULL, *d_y = NULL, *d_work = NULL;
+    uint16_t *d_xh = NULL;
     bool ok = false;
     if (cuda_alloc(&d_raw, raw, "raw", &st) || cuda_alloc(&d_w, packed, "packed", &st) ||
         cuda_alloc((void **)&d_x, (size_t)(Bmax * n_in) * 4, "x", &st) ||
         cuda_alloc((void **)&d_y, (size_t)(Bmax * n_out) * 4, "y", &st) ||
+        cuda_alloc((void **)&d_xh, (size_t)(Bmax * n_in) * 2, "xh", &st) ||
         cuda_upload(d_raw, host, raw, &st) || cuda_upload(d_x, x, (size_t)(Bmax * n_in) * 4, &st))
         goto done;
     gemv_pack(tc->type, d_raw, d_w, n_in, n_out, NULL);
@@ -101,9 +103,12 @@ static bool run_case(const tcase *tc, bool perturb)
     const int64_t work = gemm_work_floats(&m, (int)Bmax);
     if (work && cuda_alloc((void **)&d_work, (size_t)work * 4, "work", &st)) goto done;
 
+    /* X's F16 rows for the quantised kernels: row b alone is the same row of all Bmax */
+    gemm_x_half(d_x, n_in, n_in, d_xh, (int)Bmax, NULL);
     /* every row alone (B = 1), the invariance reference */
     for (int64_t b = 0; b < Bmax; b++)
-        gemm_rows(&m, d_x + b * n_in, n_in, d_y + b * n_out, n_out, GEMV_STORE, 1, d_work, NULL);
+        gemm_rows(&m, d_x + b * n_in, n_in, d_xh + b * n_in, d_y + b * n_out, n_out, GEMV_STORE, 1,
+                  d_work, NULL);
     if (cuda_sync(NULL, "gemm alone", &st) || cuda_download(alone, d_y, (size_t)(Bmax * n_out) * 4, &st))
         goto done;
     int64_t bad = check(alone, ref, bound, Bmax * n_out, tol);
@@ -112,7 +117,7 @@ static bool run_case(const tcase *tc, bool perturb)
         const int B = k_batches[ib];
         for (int add = 0; add < 2; add++) {
             if (cuda_upload(d_y, y0, (size_t)(B * n_out) * 4, &st)) goto done;
-            gemm_rows(&m, d_x, n_in, d_y, n_out, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
+            gemm_rows(&m, d_x, n_in, d_xh, d_y, n_out, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
             if (cuda_sync(NULL, "gemm", &st) || cuda_download(got, d_y, (size_t)(B * n_out) * 4, &st))
                 goto done;
             if (perturb) got[(B * n_out) / 2] += 0.05f * (1.0f + fabsf(got[(B * n_out) / 2]));
@@ -138,6 +143,7 @@ done:
     cuda_free(d_raw);
     cuda_free(d_w);
     cuda_free(d_x);
+    cuda_free(d_xh);
     cuda_free(d_y);
     cuda_free(d_work);
     free(host), free(W), free(x), free(y0), free(ref), free(bound), free(got), free(alone);
