@@ -293,9 +293,15 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
     cp_async_wait();
     __syncthreads();
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NT];
+    // warps: WM along the weight rows x WN along the batch rows; a warp's tile is FM x FN
+    // fragments of 16x16 (A loaded FN times less often than one warp a 16-row strip would)
+    constexpr int WM = NT >= 4 ? 4 : 8, WN = 8 / WM, FM = GEMM_M / 16 / WM, FN = NT / WN;
+    const int wm = warp % WM, wn = warp / WM;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
 #pragma unroll
-    for (int j = 0; j < NT; j++) wmma::fill_fragment(acc[j], 0.0f);
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
 
     int s = 0;
     for (int64_t k0 = k_begin; k0 < k_end; k0 += GEMM_KT, s ^= 1) {
@@ -307,17 +313,20 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
             x_async<N>(xh, m.n_in, b0, B, kn, k_end, Xn, tid);
             cp_async_commit();
         }
-        const __half *Wc = Ws + s * GEMM_M * GQ_LDS + warp * 16 * GQ_LDS, *Xc = Xs + s * N * GQ_LDS;
+        const __half *Wc = Ws + (s * GEMM_M + wm * FM * 16) * GQ_LDS;
+        const __half *Xc = Xs + (s * N + wn * FN * 16) * GQ_LDS;
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-            wmma::load_matrix_sync(a, Wc + kk, GQ_LDS);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bf[FN];
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bf;
-                wmma::load_matrix_sync(bf, Xc + j * 16 * GQ_LDS + kk, GQ_LDS);
-                wmma::mma_sync(acc[j], a, bf, acc[j]);
-            }
+            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(a[i], Wc + i * 16 * GQ_LDS + kk, GQ_LDS);
+#pragma unroll
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(bf[j], Xc + j * 16 * GQ_LDS + kk, GQ_LDS);
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], a[i], bf[j], acc[i][j]);
         }
         if (more) {
             qput(q, kn, c, Wn + rr * GQ_LDS);
@@ -326,8 +335,11 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
         __syncthreads();
     }
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-        wmma::store_matrix_sync(Cs + warp * 16 * LDC + j * 16, acc[j], LDC, wmma::mem_row_major);
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++)
+            wmma::store_matrix_sync(Cs + (wm * FM + i) * 16 * LDC + (wn * FN + j) * 16, acc[i][j], LDC,
+                                    wmma::mem_row_major);
     __syncthreads();
     for (int e = tid; e < GEMM_M * N; e += GQ_THREADS) {
         const int i = e / GEMM_M, rw = e % GEMM_M;
