@@ -2,8 +2,8 @@
  * columns so the two compare line by line.
  *   deltaserve bench batch --model F --prompt 512 --gen 128 --batch 1,16,64,256 [--device cuda]
  * For each B: B slots start; their prompts (PP random token ids each, distinct per sequence) go
- * in as the server feeds them: one token of every sequence per step (B rows a step, until the
- * prefill kernels come); then TG greedy decode steps of B rows each. Columns:
+ * in as chunks, every sequence max(1, step-tokens / B) tokens a step (llama-batched-bench's
+ * ubatch: 512 tokens a step); then TG greedy decode steps of B rows each. Columns:
  *   PP, TG, B; N_KV = B·(PP + TG); T_PP / S_PP = prompt time and B·PP / T_PP; T_TG / S_TG =
  *   decode time and B·TG / T_TG; T / S = both, and N_KV / T. */
 #include <stddef.h>
@@ -23,7 +23,7 @@
 
 typedef struct batch_opts {
     const char *model, *device, *batch;
-    int prompt, gen, threads;
+    int prompt, gen, threads, step_tokens;
     bool batch_invariant;
 } batch_opts;
 
@@ -33,6 +33,7 @@ static const flag_spec batch_flags[] = {
     {"prompt", NULL, "512", FLAG_INT, offsetof(batch_opts, prompt), "prompt tokens per sequence (PP)"},
     {"gen", NULL, "128", FLAG_INT, offsetof(batch_opts, gen), "generated tokens per sequence (TG)"},
     {"batch", NULL, "1,16,64,256", FLAG_STR, offsetof(batch_opts, batch), "sequences at once (B), comma-separated"},
+    {"step-tokens", NULL, "512", FLAG_INT, offsetof(batch_opts, step_tokens), "prompt tokens of all sequences per step"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
     {0},
@@ -54,30 +55,34 @@ static int parse_sizes(const char *s, int *out)
     return n;
 }
 
-/* One line of the table for B sequences. */
+/* One line of the table for B sequences; toks: [B][prompt + 1]. */
 static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_item *items,
                    int32_t *toks, status *st)
 {
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    const int V = b->vocab;
+    const int V = b->vocab, ld = o->prompt + 1;
     uint64_t rng = 0x5eed0000u + (uint64_t)B;
-    for (int i = 0; i < B; i++)
+    for (int i = 0; i < B; i++) {
         if (b->vt->seq_start(b, i, &greedy, st)) return st->code;
+        for (int p = 0; p < o->prompt; p++)
+            toks[(size_t)i * ld + p] = (int32_t)(splitmix64_next(&rng) % (uint64_t)V);
+    }
+    const int chunk = o->step_tokens / B > 1 ? o->step_tokens / B : 1;
     const double t0 = clock_now_s();
-    for (int p = 0; p < o->prompt; p++) { /* one prompt token of every sequence a step */
-        for (int i = 0; i < B; i++) {
-            toks[i] = (int32_t)(splitmix64_next(&rng) % (uint64_t)V);
-            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[i], .n_tokens = 1,
-                                           .prompt = true, .sample = p == o->prompt - 1};
-        }
+    for (int p = 0; p < o->prompt; p += chunk) { /* a chunk of every sequence's prompt a step */
+        const int n = o->prompt - p < chunk ? o->prompt - p : chunk;
+        for (int i = 0; i < B; i++)
+            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[(size_t)i * ld + p],
+                                           .n_tokens = n, .prompt = true,
+                                           .sample = p + n == o->prompt};
         if (b->vt->step(b, items, B, st)) return st->code;
     }
     const double t1 = clock_now_s();
     for (int g = 0; g < o->gen - 1; g++) { /* the prompt's last step sampled the first token */
         for (int i = 0; i < B; i++) {
-            toks[i] = items[i].token;
-            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[i], .n_tokens = 1,
-                                           .sample = true};
+            toks[(size_t)i * ld] = items[i].token;
+            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[(size_t)i * ld],
+                                           .n_tokens = 1, .sample = true};
         }
         if (b->vt->step(b, items, B, st)) return st->code;
     }
@@ -94,18 +99,18 @@ static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_i
 int cmd_bench_batch(int argc, char **argv)
 {
     const char *usage = "deltaserve bench batch --model F [--prompt 512] [--gen 128] "
-                        "[--batch 1,16,64,256] [--device cuda|cpu]";
+                        "[--batch 1,16,64,256] [--step-tokens 512] [--device cuda|cpu]";
     batch_opts o = {0};
     status st = {0};
     int rc = flags_parse(batch_flags, &o, argc, argv, usage, &st);
     if (rc == STATUS_CANCELLED) return 0;
     int sizes[BATCH_MAX_SIZES];
     const int n_sizes = rc ? 0 : parse_sizes(o.batch, sizes);
-    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || !n_sizes) {
+    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes) {
         fprintf(stderr, "deltaserve bench batch: %s\n",
                 rc ? st.msg : !o.model ? "--model is required"
                 : !n_sizes ? "--batch: a comma-separated list of sizes in [1, 4096]"
-                           : "--prompt and --gen must be >= 1");
+                           : "--prompt, --gen and --step-tokens must be >= 1");
         return 2;
     }
     int max_b = 0;
@@ -117,9 +122,9 @@ int cmd_bench_batch(int argc, char **argv)
     }
     worker_backend *b = NULL;
     worker_batch_item *items = calloc((size_t)max_b, sizeof *items);
-    int32_t *toks = calloc((size_t)max_b, sizeof *toks);
+    int32_t *toks = calloc((size_t)max_b * (o.prompt + 1), sizeof *toks);
     const worker_backend_opts bo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
-                                    .n_threads = o.threads, .max_prefill_tokens = 1,
+                                    .n_threads = o.threads, .max_prefill_tokens = o.step_tokens,
                                     .batch_invariant = o.batch_invariant};
     rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
                          : worker_backend_create(o.device, m, &bo, &b, &st);

@@ -110,7 +110,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
     const size_t batch_pinned =
-        e->b.rows ? 4 * (6 * (size_t)e->max_rows + 3 * (size_t)e->b.rows) +
+        e->b.rows ? 4 * (10 * (size_t)e->max_rows + 5 * (size_t)e->b.rows) +
                         8 * (2 * (size_t)e->max_rows + (size_t)e->b.rows)
                   : 0;
     const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 + batch_pinned;
@@ -268,6 +268,7 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
 
 int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
 int qwen35_cuda_max_rows(const qwen35_cuda *e) { return e->max_rows; }
+int qwen35_cuda_pass_rows(const qwen35_cuda *e) { return e->b.rows; }
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
 {
@@ -399,21 +400,17 @@ int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits,
     return fc_read_sample(e, r, -1, st);
 }
 
-/* true when the step goes through the batched graphs: some two rows of other slots (or every
- * step, batch invariant) */
-static bool step_batched(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
+/* true when the step goes through the batched graphs: more than one row (decode rows of several
+ * slots, a prompt chunk), or every step when batch invariant */
+static bool step_batched(const qwen35_cuda *e, int B)
 {
-    if (!e->b.rows) return false;
-    if (e->batch_invariant) return true;
-    for (int i = 1; i < B; i++)
-        if (rows[i].slot != rows[0].slot) return true;
-    return false;
+    return e->b.rows && (B > 1 || e->batch_invariant);
 }
 
 int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
 {
     if (check_rows(e, rows, B, st)) return st->code;
-    if (step_batched(e, rows, B)) return fc_batch_step(e, rows, B, st);
+    if (step_batched(e, B)) return fc_batch_step(e, rows, B, st);
     stage_tokens(e, rows, B);
     for (int i = 0; i < B;) {
         int j = i + 1;

@@ -12,11 +12,12 @@
  * Nothing is allocated after create.
  *
  * The step takes a batch of B rows (token, slot, position; the slot carries its sampling
- * parameters). Rows of one slot only (a prompt chunk, a lone sequence) replay that slot's
- * batch-1 graph row after row (GEMV kernels); rows of several slots go in rounds through the
- * batched graphs (forward_cuda_batch.c: one graph per bucket of rows, every weight read once a
- * round). Either way the step costs one host sync before reading back the sampled ids (8 bytes
- * per greedy row, the result struct per sampled row).
+ * parameters). A step of one row (a lone sequence decoding) replays that slot's batch-1 graph
+ * (GEMV kernels); a step of more rows (decode rows of several slots, prompt chunks, both) goes in
+ * passes of up to 256 rows through the batched graphs (forward_cuda_batch.c: one graph per bucket
+ * of rows, every weight read once a pass, a prompt chunk's recurrent state carried on chip from
+ * token to token). Either way the step costs one host sync before reading back the sampled ids
+ * (8 bytes per greedy row, the result struct per sampled row).
  *
  *   qwen35_cuda *e;
  *   qwen35_cuda_create(model, &(qwen35_cuda_opts){.n_ctx = 4096, .n_slots = 8}, &e, &st);
@@ -96,6 +97,9 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot);
 int qwen35_cuda_n_slots(const qwen35_cuda *e);
 int qwen35_cuda_max_rows(const qwen35_cuda *e);
+/* Rows of the largest batched graph (a pass), 0 when there is no batched path (then every row of
+ * a step replays its slot's batch-1 graph: a prompt goes token by token). */
+int qwen35_cuda_pass_rows(const qwen35_cuda *e);
 
 /* Benchmarks only: the slot continues at position n_past as if that context had been consumed
  * (its KV rows hold a constant finite pattern, the recurrent state is kept). */

@@ -1,17 +1,24 @@
-/* The batched step of the CUDA forward (forward_cuda_impl.h fc_batch): the rows of a step whose
- * slots are distinct run together, one graph launch for all of them, every weight read once.
+/* The batched step of the CUDA forward (forward_cuda_impl.h fc_batch): the rows of a step run
+ * together, one graph launch for up to the largest bucket of rows, every weight read once.
  *
- * Rounds: rows of one slot are consecutive in a step (a prompt chunk); round k takes the k-th
- * row of every slot's run, so each round has distinct slots and a slot's rows stay in order.
- * A round of n rows runs the graph of the smallest bucket >= n (1, 2, 4, ..., rows), the rows
- * past n padded with the pad slot (its state absorbs them; their outputs are not read). Before
- * each round one host-to-device copy stages its tokens, slots and positions; after it, its
- * argmax keys are copied back, its sampled rows sampled, its logits copied for eval. Each round
- * has its own pinned staging, so the whole step still costs one host sync.
+ * Passes: a step's rows go in order, in passes of at most the largest bucket; a pass of n rows
+ * runs the graph of the smallest bucket >= n (1, 2, 4, ..., rows), the rows past n padded with
+ * the pad slot (outputs not read). Rows of one slot are consecutive (a prompt chunk, or one
+ * decode token): a run. Every kernel but the DeltaNet conv and delta rule computes each row on
+ * its own (the attention rows read the KV cache up to their own position, which the pass's
+ * attn_prep wrote first); those two take the pass's runs (kernels/cuda/gdn.h "Runs") and carry a
+ * run's state from row to row on chip. So a prompt chunk of T tokens is one pass (prefill: every
+ * weight read once for T tokens, the recurrent state once) and decode rows of other sequences
+ * share it. Before each pass one host-to-device copy stages its tokens, slots, positions and runs
+ * (20 bytes a row); after it, the argmax keys come back (8 bytes a row), each run's last row is
+ * sampled when asked, eval rows copy their logits. Each pass has its own pinned staging, so the
+ * whole step still costs one host sync.
  *
- * Batch invariance: the batched GEMM and the rows kernels compute each row on its own in a fixed
- * order, so a row's logits do not depend on the bucket or on the other rows. Batch-1 steps take
- * the GEMV graphs (faster at one row, other rounding) unless qwen35_cuda_opts.batch_invariant. */
+ * Batch invariance: each row's arithmetic is the same in every bucket, beside any other rows and
+ * in any run (a run's rows are bit-identical to the same tokens fed one per step), so a row's
+ * logits do not depend on the bucket, the other rows or the chunking of its prompt. Steps of one
+ * decode row take the GEMV graphs (faster at one row, other rounding) unless
+ * qwen35_cuda_opts.batch_invariant. */
 #include <stdio.h>
 #include <string.h>
 
@@ -46,11 +53,12 @@ void fc_batch_plan(qwen35_cuda *e)
 {
     fc_batch *b = &e->b;
     const qwen35_config *c = &e->cfg;
-    int want = e->n_slots < e->max_rows ? e->n_slots : e->max_rows;
-    if (want > 256) want = 256;
+    /* decode rows of every slot and prompt chunks: up to 256 rows a pass (the GEMM is compute
+     * bound from there; longer steps take several passes) */
+    const int want = e->max_rows < 256 ? e->max_rows : 256;
     b->rows = 0;
-    if (e->n_slots < 2 && !e->batch_invariant) {
-        snprintf(b->why_not, sizeof b->why_not, "one slot");
+    if (want < 2 && !e->batch_invariant) {
+        snprintf(b->why_not, sizeof b->why_not, "one row a step");
         return;
     }
     const gemv_matrix *u = unsupported_matrix(e);
@@ -118,7 +126,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
-    b->d_rows = fc_arena_take(a, 3 * R * 4);
+    b->d_rows = fc_arena_take(a, 5 * R * 4);
     b->d_best = fc_arena_take(a, R * 8);
     b->act_bytes = a->used - before;
 }
@@ -146,30 +154,39 @@ void fc_batch_destroy(qwen35_cuda *e)
     for (int i = 0; i < e->b.n_buckets; i++) cuda_graph_exec_destroy(e->b.graph[i]);
 }
 
-/* rows [i0, i0 + n) of round's list idx[] as one bucket launch; h_rows / h_best: this round's
- * pinned staging */
-static int run_round(qwen35_cuda *e, qwen35_cuda_row *rows, const int *idx, int n, int32_t *h_rows,
-                     unsigned long long *h_best, status *st)
+/* rows[i0 .. i0 + n) as one bucket launch: their tokens, slots, positions and runs staged
+ * through this pass's pinned h_rows, the argmax keys of its rows back into h_best; each row's
+ * bookkeeping, logits copy and sampler enqueued behind the graph. */
+static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int i0, int n, int32_t *h_rows,
+                    unsigned long long *h_best, status *st)
 {
     fc_batch *b = &e->b;
     int k = 0;
     while (b->bucket[k] < n) k++;
     const int nb = b->bucket[k], V = e->cfg.V;
+    int32_t *tok = h_rows, *slot = h_rows + nb, *pos = h_rows + 2 * nb, *run = h_rows + 3 * nb;
+    int n_runs = 0;
     for (int j = 0; j < nb; j++) {
         const bool real = j < n;
-        const qwen35_cuda_row *r = real ? &rows[idx[j]] : NULL;
-        h_rows[j] = real ? r->token : 0;
-        h_rows[nb + j] = real ? r->slot : e->n_slots; /* the pad slot */
-        h_rows[2 * nb + j] = real ? r->pos : 0;
+        const qwen35_cuda_row *r = real ? &rows[i0 + j] : NULL;
+        tok[j] = real ? r->token : 0;
+        slot[j] = real ? r->slot : e->n_slots; /* the pad slot */
+        pos[j] = real ? r->pos : 0;
+        if (real && (j == 0 || slot[j - 1] != slot[j])) {
+            run[n_runs] = j;
+            run[nb + n_runs++] = 0;
+        }
+        if (real) run[nb + n_runs - 1]++;
     }
-    cuda_copy_h2d_async(b->d_rows, h_rows, (size_t)nb * 12, e->launch.stream);
+    for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
+    cuda_copy_h2d_async(b->d_rows, h_rows, (size_t)nb * 20, e->launch.stream);
     if (cuda_graph_launch(b->graph[k], e->launch.stream)) return cuda_check("cudaGraphLaunch (batch)", st);
     cuda_copy_d2h_async(h_best, b->d_best, (size_t)n * 8, e->launch.stream);
     e->stats.graph_launches++;
-    e->stats.h2d_bytes += (uint64_t)nb * 12;
+    e->stats.h2d_bytes += (uint64_t)nb * 20;
     e->stats.d2h_bytes += (uint64_t)n * 8;
     for (int j = 0; j < n; j++) {
-        qwen35_cuda_row *r = &rows[idx[j]];
+        qwen35_cuda_row *r = &rows[i0 + j];
         fc_slot *sl = &e->slots[r->slot];
         const float *d_logits = b->d_logits + (int64_t)j * V;
         sl->n_past++;
@@ -179,7 +196,10 @@ static int run_round(qwen35_cuda *e, qwen35_cuda_row *rows, const int *idx, int 
             cuda_copy_d2h_async(r->logits, d_logits, (size_t)V * 4, e->launch.stream);
             e->stats.d2h_bytes += (uint64_t)V * 4;
         }
-        fc_accept_rows(e, rows, idx[j], idx[j] + 1);
+        if (j + 1 < n && rows[i0 + j + 1].slot == r->slot) continue; /* not the run's last */
+        int j0 = j;
+        while (j0 > 0 && rows[i0 + j0 - 1].slot == r->slot) j0--;
+        fc_accept_rows(e, rows, i0 + j0, i0 + j + 1);
         if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);
         if (r->sample && !sl->greedy && !sl->sampler && fc_sample_on_host(e, r, d_logits, st))
             return st->code;
@@ -190,37 +210,18 @@ static int run_round(qwen35_cuda *e, qwen35_cuda_row *rows, const int *idx, int 
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
 {
     fc_batch *b = &e->b;
-    /* runs of one slot: start and length, in step order */
-    int start[B], len[B], n_runs = 0, max_len = 0;
-    for (int i = 0; i < B;) {
-        int j = i + 1;
-        while (j < B && rows[j].slot == rows[i].slot) j++;
-        start[n_runs] = i;
-        len[n_runs++] = j - i;
-        if (j - i > max_len) max_len = j - i;
-        i = j;
-    }
-    int idx[B], best_of[B];
     int32_t *h_rows = b->h_rows;
-    unsigned long long *h_best = b->h_best;
-    for (int k = 0; k < max_len; k++) {
-        int n = 0;
-        for (int s = 0; s < n_runs; s++)
-            if (len[s] > k) idx[n++] = start[s] + k;
-        for (int off = 0; off < n; off += b->rows) { /* more slots than the largest bucket */
-            const int m = n - off < b->rows ? n - off : b->rows;
-            for (int j = 0; j < m; j++) best_of[idx[off + j]] = (int)(h_best - b->h_best) + j;
-            if (run_round(e, rows, idx + off, m, h_rows, h_best, st)) return st->code;
-            h_rows += 3 * pow2_ceil(m);
-            h_best += m;
-        }
+    for (int i = 0; i < B; i += b->rows) { /* passes of at most the largest bucket */
+        const int m = B - i < b->rows ? B - i : b->rows;
+        if (run_pass(e, rows, i, m, h_rows, b->h_best + i, st)) return st->code;
+        h_rows += 5 * pow2_ceil(m);
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;
     e->stats.steps++;
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
         if (!rows[i].sample || !(sl->greedy || sl->sampler)) continue;
-        if (fc_read_sample(e, &rows[i], gemv_argmax_row(b->h_best[best_of[i]]), st)) return st->code;
+        if (fc_read_sample(e, &rows[i], gemv_argmax_row(b->h_best[i]), st)) return st->code;
     }
     return STATUS_OK;
 }

@@ -99,9 +99,10 @@ typedef struct fc_act {
     int32_t *d_tok_out; /* [1] the token of the current row */
 } fc_act;
 
-/* The batched step (forward_cuda_batch.c): rows of distinct slots through one graph per bucket
- * of rows (1, 2, 4, ... rows, the rows padded with the pad slot), every weight read once per
- * step by the batched GEMM (kernels/cuda/gemm.h). Activations [rows][ld]. */
+/* The batched step (forward_cuda_batch.c): rows in runs of one slot (decode tokens, prompt
+ * chunks) through one graph per bucket of rows (1, 2, 4, ... rows, the rows padded with the pad
+ * slot), every weight read once per pass by the batched GEMM (kernels/cuda/gemm.h). Activations
+ * [rows][ld]. */
 #define FC_MAX_BUCKETS 10
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
@@ -114,11 +115,12 @@ typedef struct fc_batch {
     uint16_t *d_xh;                /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
                                       (gemm_x_half), read by the quantised matrices */
     bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
-    int32_t *d_rows;               /* [3 * rows]: a bucket of nb reads tokens [0, nb), slots
-                                      [nb, 2nb), positions [2nb, 3nb) */
+    int32_t *d_rows;               /* [5 * rows]: a bucket of nb reads tokens [0, nb), slots
+                                      [nb, 2nb), positions [2nb, 3nb), the runs' first rows
+                                      [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs") */
     unsigned long long *d_best;    /* [rows] argmax keys */
-    int32_t *h_rows;               /* pinned [6 * max_rows + 3 * rows]: each round's staging */
-    unsigned long long *h_best;    /* pinned [2 * max_rows + rows]: each round's argmax keys */
+    int32_t *h_rows;               /* pinned [10 * max_rows + 5 * rows]: each pass's staging */
+    unsigned long long *h_best;    /* pinned [2 * max_rows + rows]: the step's argmax keys */
     int64_t slot_stride;           /* bytes from one slot's state to the next */
     uint64_t act_bytes;
     char why_not[128];             /* why there is no batched path */
@@ -167,7 +169,7 @@ void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
 int fc_batch_capture(qwen35_cuda *e, status *st);   /* the bucket graphs */
 void fc_batch_destroy(qwen35_cuda *e);
-/* the rows of one step in rounds through the bucket graphs, sampled rows read after the sync */
+/* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
 /* forward_cuda.c, shared with the batched step */
 void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j);

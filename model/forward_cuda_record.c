@@ -107,7 +107,7 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
     cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
 }
 
-/* ---- the batched step: run_step for nb rows of distinct slots (forward_cuda_batch.c) ----
+/* ---- the batched step: run_step for nb rows in runs of one slot (forward_cuda_batch.c) ----
  * The same sublayers on [nb][...] activations: the batched GEMM (kernels/cuda/gemm.h) for every
  * matrix, the rows kernels for the rest, each row's recurrent state and KV cache found by its
  * slot id (slot 0's view + slot id * slot stride). The DeltaNet conv runs after its GEMM
@@ -145,12 +145,13 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, int
     fc_batch *b = &e->b;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
     recb_in_proj(e, L, nb);
-    gdn_conv_rows(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, c->C,
+    const int32_t *run = b->d_rows + 3 * nb;
+    gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run, c->C,
                   c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    gdn_decode_rows(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
-                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, b->d_o,
-                    D_v, nb, &e->launch);
+    gdn_decode_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
+                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
+                    b->d_o, D_v, nb, &e->launch);
     gdn_norm_gated_rows(b->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y,
                         b->ld_y, NULL, nb, &e->launch);
 }

@@ -1,6 +1,6 @@
 /* The CUDA backend (worker/backend.h) over the CUDA forward (model/forward_cuda.h): a step's
- * items become rows (one per token: decode items one row, prefill chunks one row per prompt
- * token), run as one forward step with one host sync; the forward samples each item's last
+ * items become rows (one per token: decode items one row, prefill chunks a run of rows, one per
+ * prompt token), run as one forward step with one host sync; the forward samples each item's last
  * row on the GPU (the greedy argmax inside the step graph, or the GPU sampler behind it).
  * Twin of backend_cpu.c. */
 #include <stdio.h>
@@ -139,9 +139,11 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
         status_fail(st, STATUS_NOMEM, "cuda backend: %d rows", c->max_rows);
         goto fail;
     }
-    /* prompt tokens are rows of the step like decode tokens (no prefill kernels yet): one per
-     * request while others decode, so a long prompt does not hold their tokens back */
-    b->prompt_rows_while_decoding = 1;
+    /* a prompt chunk is a run of rows in the step's batched pass, beside the decode rows
+     * (model/forward_cuda.h): the engine's step budget bounds it. Without a batched path prompt
+     * tokens replay the batch-1 graph one by one: one per request while others decode, so a
+     * long prompt does not hold their tokens back. */
+    b->prompt_rows_while_decoding = qwen35_cuda_pass_rows(c->fwd) ? 0 : 1;
     qwen35_cuda_stats s;
     qwen35_cuda_get_stats(c->fwd, &s);
     b->state_bytes = s.state_bytes / (uint64_t)(b->n_slots + 1);

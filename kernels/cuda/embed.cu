@@ -97,9 +97,10 @@ extern "C" void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in,
 
 // ---- the embedding of a batched step ----
 
-// CTA i: row i's token (clamped into the vocabulary), its slot's device position set to the
-// row's (pos[0] = position, pos[1] = position + 1, as gemv_embed_step leaves it) so the slot's
-// batch-1 graphs continue from there, and the embedding row into x[i].
+// CTA i: row i's token (clamped into the vocabulary), the embedding row into x[i], and, when row
+// i is the last of its slot's consecutive rows, its slot's device position set to the row's
+// (pos[0] = position, pos[1] = position + 1, as gemv_embed_step leaves it) so the slot's
+// batch-1 graphs continue from there.
 static __global__ void __launch_bounds__(256)
     embed_rows_kernel(const uint8_t *__restrict__ W, uint32_t type, int64_t n_in, int64_t n_out,
                       const int32_t *__restrict__ tok, const int32_t *__restrict__ slot,
@@ -111,7 +112,7 @@ static __global__ void __launch_bounds__(256)
     int64_t t = tok[i];
     if (t < 0) t = 0;
     if (t >= n_out) t = n_out - 1;
-    if (threadIdx.x == 0 && pos) {
+    if (threadIdx.x == 0 && pos && (i + 1 == (int)gridDim.x || slot[i + 1] != slot[i])) {
         int32_t *p = pos + (int64_t)slot[i] * pos_stride;
         p[0] = row_pos[i];
         p[1] = row_pos[i] + 1;

@@ -3,10 +3,10 @@
 // Every kernel takes B rows (the grid's last dimension; gdn.h "Rows"); the B = 1 launchers are
 // the rows launchers with B = 1 and no slot map.
 //
-// gdn_decode: grid (n_v, splits, B), 4 warps per CTA. Every CTA normalises its key head's q and k
-// (128 values each, cheap to redo), then owns d_v/splits value columns j; a warp takes one
-// column at a time: lanes hold S[hv][j][lane*EPL ..] (coalesced), decay, u = S_j·k (warp sum),
-// δ = β(v_j − u), S_j += δ k, o_j = S_j·q (warp sum). Columns are independent, which is what
+// gdn_decode: grid (n_v, d_v / 32, B), 4 warps per CTA. Every CTA normalises its key head's q and
+// k (128 values each, cheap to redo), then owns 32 value columns j, 8 a warp: lanes hold
+// S[hv][j][lane*EPL ..] (coalesced), decay, u = S_j·k (warp sum), δ = β(v_j − u), S_j += δ k,
+// o_j = S_j·q (warp sum). Columns are independent, which is what
 // lets one head spread over several CTAs; the per-head norm runs in gdn_norm_gated.
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
@@ -16,18 +16,25 @@
 #define GDN_WARPS 4
 #define GDN_CPW 8 // S columns in flight per warp
 
-// out may alias mixed (in place: each element is read, then written, by one thread)
+// out may alias mixed (in place: each element is read, then written, by one thread). Without
+// runs, grid row blockIdx.y is row blockIdx.y; with runs (run: [2][R], starts then lengths), it is
+// run blockIdx.y, whose rows go through the channel's window in order.
 static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
                                        int64_t state_stride, const int32_t *__restrict__ slot,
-                                       int C, int K, float *out, int64_t ld_out)
+                                       const int32_t *__restrict__ run, int R, int C, int K,
+                                       float *out, int64_t ld_out)
 {
     ds_grid_dep();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int64_t row = blockIdx.y, s = slot ? slot[row] : 0;
-    out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], w + (int64_t)c * K,
-                                             state + s * state_stride + (int64_t)c * (K - 1), K);
+    const int64_t row0 = run ? run[blockIdx.y] : blockIdx.y, n = run ? run[R + blockIdx.y] : 1;
+    if (n <= 0) return;
+    const int64_t s = slot ? slot[row0] : 0;
+    float *st = state + s * state_stride + (int64_t)c * (K - 1);
+    const float *wc = w + (int64_t)c * K;
+    for (int64_t row = row0; row < row0 + n; row++)
+        out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], wc, st, K);
 }
 
 extern "C" cuda_launch_dims gdn_conv_rows_dims(int C, int B)
@@ -40,10 +47,19 @@ extern "C" void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const floa
                               const int32_t *d_slot, int C, int K_conv, float *d_out,
                               int64_t ld_out, int B, const cuda_launch *l)
 {
-    DS_ASSERT(C > 0 && K_conv >= 1 && B >= 1 && B <= 65535);
-    const cuda_launch_dims d = gdn_conv_rows_dims(C, B);
+    gdn_conv_runs(d_mixed, ld_mixed, d_conv_w, d_conv_state, state_slot_stride, d_slot, NULL, C,
+                  K_conv, d_out, ld_out, B, l);
+}
+
+extern "C" void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
+                              float *d_conv_state, int64_t state_slot_stride,
+                              const int32_t *d_slot, const int32_t *d_run, int C, int K_conv,
+                              float *d_out, int64_t ld_out, int R, const cuda_launch *l)
+{
+    DS_ASSERT(C > 0 && K_conv >= 1 && R >= 1 && R <= 65535);
+    const cuda_launch_dims d = gdn_conv_rows_dims(C, R);
     ds_launch(gdn_conv_kernel, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
-              d_conv_state, state_slot_stride, d_slot, C, K_conv, d_out, ld_out);
+              d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
 }
 
 extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
@@ -58,87 +74,67 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                       const float *__restrict__ b, const float *__restrict__ a, int64_t ld_ba,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, int n_k,
                       int d_v, float eps, float *__restrict__ S, int64_t S_stride,
-                      const int32_t *__restrict__ slot, float *__restrict__ o, int64_t ld_o,
-                      int cols)
+                      const int32_t *__restrict__ slot, const int32_t *__restrict__ run, int R,
+                      float *__restrict__ o, int64_t ld_o)
 {
-    constexpr int d_k = 32 * EPL;
+    constexpr int d_k = 32 * EPL, NC = GDN_WARPS * GDN_CPW; // NC: the CTA's columns
     __shared__ float sq[d_k], sk[d_k], scratch[32];
-    // row blockIdx.z: its slot's state (the slot id is a step input, read before ds_grid_dep
-    // like S itself: gdn.h), its activations
-    const int64_t row = blockIdx.z;
+    // grid z: a row, or a run of rows of one sequence (gdn.h "Runs"); the slot and the runs are
+    // step inputs, read before ds_grid_dep like S itself (gdn.h)
+    const int64_t row0 = run ? run[blockIdx.z] : blockIdx.z, n = run ? run[R + blockIdx.z] : 1;
+    if (n <= 0) return;
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    S += (slot ? slot[row] : 0) * S_stride + (int64_t)hv * d_v * d_k + lane * EPL; // + j·d_k
-    conv += row * ld_conv;
-    b += row * ld_ba;
-    a += row * ld_ba;
-    o += row * ld_o + (int64_t)hv * d_v; // + j
-    const int j0 = blockIdx.y * cols, j1 = min(j0 + cols, d_v);
-    // batches of GDN_WARPS * GDN_CPW columns: every S column of a batch is loaded before the
-    // first is used (one memory latency per batch, not one per column); the first batch's loads
-    // are issued before the q/k norms so they overlap them
-    const float *v = conv + 2 * D_k + (int64_t)hv * d_v;
-    float s[GDN_CPW][EPL] = {}, vj[GDN_CPW] = {};
-    auto load_batch = [&](int jb) {
+    const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
+    S += (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k + lane * EPL; // + j·d_k
+    // the CTA's S columns stay in registers through every row of the run: loaded once, before
+    // the q/k norms and (under programmatic dependent launch) before griddepcontrol.wait, so the
+    // loads overlap the in-projection's tail; stored once after the last row
+    float s[GDN_CPW][EPL];
 #pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            const int j = jb + warp + GDN_WARPS * c;
-            if (j >= j1) break;
-            const float *Sj = S + (int64_t)j * d_k;
-            if constexpr (EPL == 4) {
-                const float4 t = *(const float4 *)Sj;
-                s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
-            } else {
+    for (int c = 0; c < GDN_CPW; c++) {
+        const float *Sj = S + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
+        if constexpr (EPL == 4) {
+            const float4 t = *(const float4 *)Sj;
+            s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
+        } else {
 #pragma unroll
-                for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
-            }
+            for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
         }
-    };
-    auto load_v = [&](int jb) {
-#pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            const int j = jb + warp + GDN_WARPS * c;
-            if (j >= j1) break;
-            vj[c] = v[j];
-        }
-    };
-    // S (this layer's state, last written by this kernel one token ago) and the weights do not
-    // depend on the preceding kernel: under programmatic dependent launch their loads go out
-    // before griddepcontrol.wait and overlap the in-projection GEMV's tail
-    load_batch(j0);
+    }
     const float dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
     ds_grid_dep();
-    load_v(j0);
-    const float b_hv = b[hv], a_hv = a[hv];
-    // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
-    float qv = 0.0f, kv = 0.0f;
-    for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
-        qv = conv[kh * d_k + i];
-        kv = conv[D_k + kh * d_k + i];
-        sq[i] = qv;
-        sk[i] = kv;
-    }
-    float ssq = 0.0f, ssk = 0.0f;
-    for (int i = threadIdx.x; i < d_k; i += blockDim.x) ssq += sq[i] * sq[i], ssk += sk[i] * sk[i];
-    ssq = ds_block_sum(ssq, scratch);
-    ssk = ds_block_sum(ssk, scratch);
-    const float rq = 1.0f / sqrtf(ssq + eps) / sqrtf((float)d_k), rk = 1.0f / sqrtf(ssk + eps);
-    float q[EPL], k[EPL];
+    for (int64_t row = row0; row < row0 + n; row++) {
+        const float *cr = conv + row * ld_conv, *v = cr + 2 * D_k + (int64_t)hv * d_v;
+        float vj[GDN_CPW];
 #pragma unroll
-    for (int e = 0; e < EPL; e++) {
-        q[e] = sq[lane * EPL + e] * rq;
-        k[e] = sk[lane * EPL + e] * rk;
-    }
-    // gates: β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)
-    const float beta = 1.0f / (1.0f + expf(-b_hv));
-    const float x = a_hv + dt_hv;
-    const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
-    const float eg = expf(g);
-    // the batch's GDN_CPW columns of a warp are independent: each step below runs over all of
-    // them before the next, so their warp sums interleave (two shuffle chains per batch, not
-    // two per column). Columns past j1 compute on stale registers and are not stored.
-    for (int jb = j0; jb < j1; jb += GDN_WARPS * GDN_CPW) {
-        if (jb != j0) load_batch(jb), load_v(jb);
+        for (int c = 0; c < GDN_CPW; c++) vj[c] = v[j0 + warp + GDN_WARPS * c];
+        const float b_hv = b[row * ld_ba + hv], a_hv = a[row * ld_ba + hv];
+        if (row != row0) __syncthreads(); // every lane has read the last row's sq, sk
+        // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
+        for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
+            sq[i] = cr[kh * d_k + i];
+            sk[i] = cr[D_k + kh * d_k + i];
+        }
+        float ssq = 0.0f, ssk = 0.0f;
+        for (int i = threadIdx.x; i < d_k; i += blockDim.x)
+            ssq += sq[i] * sq[i], ssk += sk[i] * sk[i];
+        ssq = ds_block_sum(ssq, scratch);
+        ssk = ds_block_sum(ssk, scratch);
+        const float rq = 1.0f / sqrtf(ssq + eps) / sqrtf((float)d_k), rk = 1.0f / sqrtf(ssk + eps);
+        float q[EPL], k[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            q[e] = sq[lane * EPL + e] * rq;
+            k[e] = sk[lane * EPL + e] * rk;
+        }
+        // gates: β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)
+        const float beta = 1.0f / (1.0f + expf(-b_hv));
+        const float x = a_hv + dt_hv;
+        const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
+        const float eg = expf(g);
+        // a warp's GDN_CPW columns are independent: each step below runs over all of them
+        // before the next, so their warp sums interleave (two shuffle chains, not two a column)
         float u[GDN_CPW], oj[GDN_CPW];
 #pragma unroll
         for (int c = 0; c < GDN_CPW; c++) {
@@ -161,29 +157,55 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
             }
         }
         ds_warp_sum_n<GDN_CPW>(oj);
+        if (lane == 0)
 #pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            const int j = jb + warp + GDN_WARPS * c;
-            if (j >= j1) break;
-            float *Sj = S + (int64_t)j * d_k;
-            if constexpr (EPL == 4) {
-                *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
-            } else {
+            for (int c = 0; c < GDN_CPW; c++)
+                o[row * ld_o + (int64_t)hv * d_v + j0 + warp + GDN_WARPS * c] = oj[c];
+    }
 #pragma unroll
-                for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
-            }
-            if (lane == 0) o[j] = oj[c];
+    for (int c = 0; c < GDN_CPW; c++) {
+        float *Sj = S + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
+        if constexpr (EPL == 4) {
+            *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
         }
     }
 }
 
-// Column split: d_v/32 CTAs of 32 columns per head (4 at d_v 128), the same at every B (a CTA
-// is then one batch of columns, all its S loads in flight at once; a column's arithmetic does
-// not depend on the split anyway). Grid (n_v, splits, B): 48 x 4 x 256 for the 27B at B 256.
+// Column split: d_v/32 CTAs of 32 columns per head (4 at d_v 128), the same at every B: a CTA's
+// columns are one batch, all their S loads in flight at once and kept in registers through a
+// run; a column's arithmetic does not depend on the split. Grid (n_v, d_v/32, B or R): 48 x 4 x
+// 256 for the 27B at B 256.
 extern "C" cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B)
 {
-    const int splits = d_v >= 128 ? 4 : d_v / 32; // 32 columns per CTA
-    return (cuda_launch_dims){(unsigned)n_v, (unsigned)splits, (unsigned)B, GDN_WARPS * 32};
+    return (cuda_launch_dims){(unsigned)n_v, (unsigned)(d_v / (GDN_WARPS * GDN_CPW)), (unsigned)B,
+                              GDN_WARPS * 32};
+}
+
+extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b,
+                                const float *d_a, int64_t ld_ba, const float *d_dt_bias,
+                                const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
+                                float eps, float *d_S, int64_t S_slot_stride,
+                                const int32_t *d_slot, const int32_t *d_run, float *d_o,
+                                int64_t ld_o, int R, const cuda_launch *l)
+{
+    static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
+    DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && R >= 1 && R <= 65535);
+    DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0); // S is read as float4
+    const cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, R);
+#define GDN_DECODE_LAUNCH(EPL)                                                                  \
+    ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
+              ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_run, R,   \
+              d_o, ld_o)
+    switch (d_k) {
+    case 32: GDN_DECODE_LAUNCH(1); break;
+    case 64: GDN_DECODE_LAUNCH(2); break;
+    case 128: GDN_DECODE_LAUNCH(4); break;
+    default: DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
+    }
+#undef GDN_DECODE_LAUNCH
 }
 
 extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b,
@@ -193,21 +215,8 @@ extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const floa
                                 const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
                                 const cuda_launch *l)
 {
-    DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && B >= 1 && B <= 65535);
-    DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0); // S is read as float4
-    const cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, B);
-    const int cols = d_v / (int)d.grid_y;
-#define GDN_DECODE_LAUNCH(EPL)                                                                  \
-    ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
-              ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_o, ld_o,  \
-              cols)
-    switch (d_k) {
-    case 32: GDN_DECODE_LAUNCH(1); break;
-    case 64: GDN_DECODE_LAUNCH(2); break;
-    case 128: GDN_DECODE_LAUNCH(4); break;
-    default: DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
-    }
-#undef GDN_DECODE_LAUNCH
+    gdn_decode_runs(d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps,
+                    d_S, S_slot_stride, d_slot, NULL, d_o, ld_o, B, l);
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,

@@ -15,7 +15,16 @@
  * the launch. d_slot is a step input: gdn_decode_rows reads it before waiting for the preceding
  * launch under PDL (to start loading S early), so it must not be written by the launch just
  * before that one (uploading it at the start of the step is fine). *_rows_dims: the launch
- * grids, for limit checks. */
+ * grids, for limit checks.
+ *
+ * Runs (prefill): gdn_conv_runs and gdn_decode_runs take rows in runs, d_run = [2][R]: run r is
+ * rows [d_run[r], d_run[r] + d_run[R + r]), consecutive tokens of one sequence in position order,
+ * slot d_slot[d_run[r]]; a run of length 0 does nothing (a bucket's unused runs). A launch takes
+ * up to R runs (the grid's row dimension is R), their slots distinct. A run's rows go through
+ * the state in order, the delta-rule state kept on chip between them and written back once:
+ * every row's output and the final state are bit-identical to the rows launchers run once per
+ * row in order (the rows launchers are the runs launchers with runs of one row). d_run is a step
+ * input, like d_slot. */
 #ifndef DS_KERNELS_CUDA_GDN_H
 #define DS_KERNELS_CUDA_GDN_H
 
@@ -37,7 +46,12 @@ void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, 
 void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
                    float *d_conv_state, int64_t state_slot_stride, const int32_t *d_slot, int C,
                    int K_conv, float *d_out, int64_t ld_out, int B, const cuda_launch *l);
-cuda_launch_dims gdn_conv_rows_dims(int C, int B);
+/* Runs: conv state of run r at d_conv_state + d_slot[start]*state_slot_stride. */
+void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
+                   float *d_conv_state, int64_t state_slot_stride, const int32_t *d_slot,
+                   const int32_t *d_run, int C, int K_conv, float *d_out, int64_t ld_out, int R,
+                   const cuda_launch *l);
+cuda_launch_dims gdn_conv_rows_dims(int C, int B); /* also of R runs */
 
 /* conv: [C] = [q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)] after gdn_conv; b, a: [n_v] (W_beta·h,
  * W_alpha·h); dt_bias, ssm_a: [n_v]; S: [n_v][d_v][d_k] in/out; o: [n_v·d_v] raw outputs. */
@@ -52,7 +66,12 @@ void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, con
                      int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
                      const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
                      const cuda_launch *l);
-cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B);
+void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
+                     int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
+                     int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
+                     const int32_t *d_slot, const int32_t *d_run, float *d_o, int64_t ld_o, int R,
+                     const cuda_launch *l);
+cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B); /* also of R runs */
 
 /* y_hv = RMSNorm(o_hv) · norm_w · silu(z_hv) per value head. o, z: [n_v·d_v]; norm_w: [d_v];
  * y: [n_v·d_v] F32 (may be NULL); y_q8: gemv_xq_bytes(n_v·d_v) (may be NULL). */

@@ -160,10 +160,11 @@ void gemv_embed_step(const gemv_matrix *emb, const int32_t *d_tok_in, int32_t *d
                      unsigned long long *d_best, int32_t *d_tok_out, int32_t *d_pos,
                      float *d_x, const cuda_launch *l);
 
-/* The first kernel of a batched step (B rows, distinct slots): row i's token d_tok[i] (clamped
- * into the vocabulary), embedding row into d_x[i] ([B][ld_x]); when d_pos is not NULL, the
- * device position of slot d_slot[i] (d_pos + d_slot[i] * pos_stride, int32 [2]) becomes
- * {d_row_pos[i], d_row_pos[i] + 1}, as gemv_embed_step leaves it. */
+/* The first kernel of a batched step (B rows; rows of one slot consecutive, in position order):
+ * row i's token d_tok[i] (clamped into the vocabulary), embedding row into d_x[i] ([B][ld_x]);
+ * when d_pos is not NULL, the device position of the slot of each run's last row i
+ * (d_pos + d_slot[i] * pos_stride, int32 [2]) becomes {d_row_pos[i], d_row_pos[i] + 1}, as
+ * gemv_embed_step leaves it. */
 void gemv_embed_rows(const gemv_matrix *emb, const int32_t *d_tok, const int32_t *d_slot,
                      const int32_t *d_row_pos, int32_t *d_pos, int64_t pos_stride, float *d_x,
                      int64_t ld_x, int B, const cuda_launch *l);

@@ -6,6 +6,10 @@
  *    kernels; without it such steps take the batch-1 GEMV graphs, another rounding: their
  *    agreement is printed, not required); with a fixed seed the sampled tokens (temperature,
  *    top-k, top-p) are the same alone and together;
+ *  - prefill: the prompts fed as chunks (whole, or 7 tokens a step; every sequence together or
+ *    alone) give the same greedy and sampled tokens as token by token, and, on the reference
+ *    models, bit-identical logits on every row (a chunk is a run of the batched pass:
+ *    model/forward_cuda_batch.c);
  *  - the batched logits against the CPU forward (the specification) on the reference models:
  *    float weights keep F16 remainders in the batched GEMM, bound 2e-3 of max|logit| (H200 run
  *    31: at most 3.9e-4); a
@@ -56,11 +60,12 @@ static void seqs_make(seqs *s, int V, bool sampled)
     }
 }
 
-/* The sequences in groups of `group` (1: each alone), every step one token of every running
- * sequence of the group; out[i][0..N_GEN) the generated tokens. logits (may be NULL):
- * [N_SEQ][MAX_PROMPT + N_GEN][V], every row's logits. */
-static int run_groups(worker_backend *b, const seqs *s, int group, int32_t out[N_SEQ][N_GEN],
-                      float *logits, status *st)
+/* The sequences in groups of `group` (1: each alone), every step up to `chunk` prompt tokens
+ * (1: token by token, as the engine fed them before prefill) or the one generated token of
+ * every running sequence of the group; out[i][0..N_GEN) the generated tokens. logits (may be
+ * NULL): [N_SEQ][MAX_PROMPT + N_GEN][V], every row's logits. */
+static int run_chunks(worker_backend *b, const seqs *s, int group, int chunk,
+                      int32_t out[N_SEQ][N_GEN], float *logits, status *st)
 {
     const int V = b->vocab;
     worker_batch_item it[N_SEQ];
@@ -75,10 +80,12 @@ static int run_groups(worker_backend *b, const seqs *s, int group, int32_t out[N
             for (int i = g0; i < g1; i++) {
                 if (gen[i] == N_GEN) continue;
                 const bool prompt = fed[i] < s->plen[i];
-                tok[n] = prompt ? s->prompt[i][fed[i]] : out[i][gen[i] - 1];
+                int nt = 1;
+                if (prompt) nt = s->plen[i] - fed[i] < chunk ? s->plen[i] - fed[i] : chunk;
+                tok[n] = prompt ? 0 : out[i][gen[i] - 1];
                 it[n] = (worker_batch_item){
-                    .slot = i - g0, .tokens = &tok[n], .n_tokens = 1, .prompt = prompt,
-                    .sample = fed[i] + 1 >= s->plen[i],
+                    .slot = i - g0, .tokens = prompt ? &s->prompt[i][fed[i]] : &tok[n],
+                    .n_tokens = nt, .prompt = prompt, .sample = fed[i] + nt >= s->plen[i],
                     .logits = logits ? logits + ((size_t)i * (MAX_PROMPT + N_GEN) + fed[i]) * V : NULL};
                 who[n++] = i;
             }
@@ -86,12 +93,18 @@ static int run_groups(worker_backend *b, const seqs *s, int group, int32_t out[N
             if (b->vt->step(b, it, n, st)) return st->code;
             for (int k = 0; k < n; k++) {
                 const int i = who[k];
-                fed[i]++;
+                fed[i] += it[k].n_tokens;
                 if (it[k].sample) out[i][gen[i]++] = it[k].token;
             }
         }
     }
     return STATUS_OK;
+}
+
+static int run_groups(worker_backend *b, const seqs *s, int group, int32_t out[N_SEQ][N_GEN],
+                      float *logits, status *st)
+{
+    return run_chunks(b, s, group, 1, out, logits, st);
 }
 
 static int count_same(int32_t a[N_SEQ][N_GEN], int32_t b[N_SEQ][N_GEN])
@@ -128,7 +141,8 @@ static void check_model(const char *path, bool cpu_logits)
     qwen35_model *m = NULL;
     worker_backend *inv = NULL, *def = NULL, *cpu = NULL;
     static int32_t alone[N_SEQ][N_GEN], all[N_SEQ][N_GEN], pairs[N_SEQ][N_GEN],
-        gemv[N_SEQ][N_GEN], s_alone[N_SEQ][N_GEN], s_all[N_SEQ][N_GEN], c_all[N_SEQ][N_GEN];
+        gemv[N_SEQ][N_GEN], s_alone[N_SEQ][N_GEN], s_all[N_SEQ][N_GEN], c_all[N_SEQ][N_GEN],
+        pre_all[N_SEQ][N_GEN], pre_alone[N_SEQ][N_GEN], pre_7[N_SEQ][N_GEN], s_pre[N_SEQ][N_GEN];
     float *lg = NULL, *lc = NULL;
     static seqs greedy, sampled;
     if (qwen35_model_load(&m, path, &st)) goto done;
@@ -136,7 +150,7 @@ static void check_model(const char *path, bool cpu_logits)
     seqs_make(&greedy, V, false);
     seqs_make(&sampled, V, true);
     const worker_backend_opts oi = {.n_slots = N_SEQ, .n_ctx = MAX_PROMPT + N_GEN + 1,
-                                    .max_prefill_tokens = 1, .batch_invariant = true};
+                                    .max_prefill_tokens = 256, .batch_invariant = true};
     worker_backend_opts od = oi;
     od.batch_invariant = false;
     if (worker_backend_create("cuda", m, &oi, &inv, &st) ||
@@ -147,7 +161,21 @@ static void check_model(const char *path, bool cpu_logits)
         run_groups(inv, &sampled, 1, s_alone, NULL, &st) ||
         run_groups(inv, &sampled, N_SEQ, s_all, NULL, &st))
         goto done;
+    /* prefill: each prompt as one chunk (all together: passes of 256 rows cut runs), alone, and
+     * in chunks of 7; sampled with whole-prompt chunks */
+    if (run_chunks(inv, &greedy, N_SEQ, MAX_PROMPT, pre_all, NULL, &st) ||
+        run_chunks(inv, &greedy, 1, MAX_PROMPT, pre_alone, NULL, &st) ||
+        run_chunks(inv, &greedy, N_SEQ, 7, pre_7, NULL, &st) ||
+        run_chunks(inv, &sampled, N_SEQ, MAX_PROMPT, s_pre, NULL, &st))
+        goto done;
     const int n = N_SEQ * N_GEN;
+    printf("  %s: prefill chunks = token by token, %d tokens: whole prompts together %d, alone "
+           "%d, chunks of 7 %d; sampled %d\n", path, n, count_same(pre_all, all),
+           count_same(pre_alone, all), count_same(pre_7, all), count_same(s_pre, s_all));
+    CU_ASSERT_EQUAL(count_same(pre_all, all), n);
+    CU_ASSERT_EQUAL(count_same(pre_alone, all), n);
+    CU_ASSERT_EQUAL(count_same(pre_7, all), n);
+    CU_ASSERT_EQUAL(count_same(s_pre, s_all), n);
     printf("  %s: greedy, %d tokens: alone (batch invariant) = all %d together: %d; pairs = all: %d;"
            " sampled alone = together: %d; batch-1 GEMV graphs = batched: %d (not required)\n",
            path, n, N_SEQ, count_same(alone, all), count_same(pairs, all),
@@ -184,6 +212,23 @@ static void check_model(const char *path, bool cpu_logits)
                "greedy tokens equal to the CPU's: %d of %d\n", path, rows_cmp, w,
                count_same(c_all, all), n);
         CU_ASSERT(w <= 2e-3);
+        /* the prompt's rows through prefill runs, bit for bit the rows fed token by token */
+        float *lp = calloc(rows * V, sizeof *lp);
+        if (!lp) {
+            status_fail(&st, STATUS_NOMEM, "logits");
+            goto done;
+        }
+        memset(lg, 0, rows * V * sizeof *lg);
+        if (run_chunks(inv, &greedy, N_SEQ, 1, all, lg, &st) ||
+            run_chunks(inv, &greedy, N_SEQ, MAX_PROMPT, pre_all, lp, &st)) {
+            free(lp);
+            goto done;
+        }
+        const int same_logits = !memcmp(lg, lp, rows * V * sizeof *lg);
+        printf("  %s: logits of every row, prompts in one chunk vs token by token: %s\n", path,
+               same_logits ? "bit-identical" : "DIFFERENT");
+        CU_ASSERT(same_logits);
+        free(lp);
         lg[(size_t)7 * V + 3] += 0.05f * (1.0f + fabsf(lg[(size_t)7 * V + 3])) * 100;
         CU_ASSERT(worst_rel(lc, lg, 8, V) > 2e-3); /* perturbed: must fail */
     }

@@ -1,5 +1,6 @@
 /* The batched ("rows") decode kernels of kernels/cuda (norm_rms_rows, gdn_conv_rows,
- * gdn_decode_rows, gdn_norm_gated_rows, attn_prep_rows, attn_decode_rows) over B = 1, 3, 17, 64
+ * gdn_decode_rows, gdn_norm_gated_rows, attn_prep_rows, attn_decode_rows; gdn_conv_runs and
+ * gdn_decode_runs, the prefill runs) over B = 1, 3, 17, 64
  * and 256 rows, at the shapes of small models and of the 4B and 27B. Row i sits on slot
  * slot[i], the first B of a random permutation of more slots than rows, and (attention) at its
  * own position: 33 (in the second chunk), 0, 31 and 32 (either side of the first chunk
@@ -361,6 +362,104 @@ static void test_gdn_rows(void)
         for (int b = 0; b < N_BS; b++) CU_ASSERT_TRUE(gdn_rows_case(shapes[i], g_Bs[b], PERTURB_NONE));
 }
 
+/* Runs (prefill): rows in runs of one slot through gdn_conv_runs (in place, as the forward) and
+ * gdn_decode_runs, one launch of R runs (R >= n_runs: the rest empty, as a bucket's padding),
+ * against the same rows fed one at a time, in order, through the B = 1 launchers: every conv and
+ * delta-rule output row and every slot's final state bit-identical, slots no run names untouched.
+ * The B = 1 launchers are checked against the CPU twin above, so runs are too. */
+static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum perturb perturb)
+{
+    const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
+    const float eps = 1e-6f;
+    const int64_t nS = (int64_t)sh.n_v * sh.d_v * sh.d_k, nCS = (int64_t)C * (K - 1);
+    const int64_t S_stride = nS + 64, CS_stride = nCS + 16, ld_p = C + D_v + 2 * sh.n_v + 3;
+    const int64_t ld_o = D_v + 2;
+    int B = 0;
+    for (int r = 0; r < n_runs; r++) B += len[r];
+    const int n_slots = n_runs + 3;
+    int32_t *slot = xmalloc((size_t)B * 4), *run = xmalloc((size_t)2 * R * 4);
+    int32_t *perm = xmalloc((size_t)n_slots * 4);
+    for (int i = 0; i < n_slots; i++) perm[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) {
+        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int r = 0, i = 0; r < R; r++) {
+        run[r] = r < n_runs ? i : 0;
+        run[R + r] = r < n_runs ? len[r] : 0;
+        for (int k = 0; r < n_runs && k < len[r]; k++) slot[i++] = perm[r];
+    }
+    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
+    float *ssm_a = rand_vec(sh.n_v, 1.0f);
+    for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]);
+    float *S0 = rand_vec(n_slots * S_stride, 0.05f), *cs0 = rand_vec(n_slots * CS_stride, 1.0f);
+    float *p = rand_vec((int64_t)B * ld_p, 1.0f);
+    const size_t Sb = (size_t)n_slots * S_stride * 4, CSb = (size_t)n_slots * CS_stride * 4;
+    const size_t Pb = (size_t)B * ld_p * 4, Ob = (size_t)B * ld_o * 4;
+    float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
+    float *d_sa = dev_from(ssm_a, sh.n_v * 4);
+    int32_t *d_slot = dev_from(slot, (size_t)B * 4), *d_run = dev_from(run, (size_t)2 * R * 4);
+    float *d_p = dev_from(p, Pb), *d_p1 = dev_from(p, Pb);
+    float *d_S = dev_from(S0, Sb), *d_S1 = dev_from(S0, Sb);
+    float *d_cs = dev_from(cs0, CSb), *d_cs1 = dev_from(cs0, CSb);
+    float *d_o = dev_fill(SENTINEL, Ob), *d_o1 = dev_fill(SENTINEL, Ob);
+    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, C, K, d_p, ld_p, R, NULL);
+    gdn_decode_runs(d_p, ld_p, d_p + C + D_v, d_p + C + D_v + sh.n_v, ld_p, d_dt, d_sa, sh.n_k,
+                    sh.n_v, sh.d_k, sh.d_v, eps, d_S, S_stride, d_slot, d_run, d_o, ld_o, R, NULL);
+    for (int i = 0; i < B; i++) {
+        const int64_t s = slot[i];
+        float *pi = d_p1 + i * ld_p;
+        gdn_conv(pi, d_cw, d_cs1 + s * CS_stride, C, K, pi, NULL);
+        gdn_decode(pi, pi + C + D_v, pi + C + D_v + sh.n_v, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k,
+                   sh.d_v, eps, d_S1 + s * S_stride, d_o1 + i * ld_o, NULL);
+    }
+    float *P = host_of(d_p, Pb), *P1 = host_of(d_p1, Pb), *o = host_of(d_o, Ob);
+    float *o1 = host_of(d_o1, Ob), *S = host_of(d_S, Sb), *S1 = host_of(d_S1, Sb);
+    float *cs = host_of(d_cs, CSb), *cs1 = host_of(d_cs1, CSb);
+    if (perturb == PERTURB_OUTPUT) o[(B - 1) * ld_o + D_v / 2] += 1e-3f;
+    char name[160];
+    snprintf(name, sizeof name, "gdn runs n_k %d n_v %d d_k %d d_v %d: %d runs (%d rows) in %d%s",
+             sh.n_k, sh.n_v, sh.d_k, sh.d_v, n_runs, B, R,
+             perturb == PERTURB_OUTPUT ? " (output perturbed)" : "");
+    int bad_rows = 0, bad_slots = 0;
+    for (int i = 0; i < B; i++)
+        bad_rows += memcmp(P + i * ld_p, P1 + i * ld_p, (size_t)ld_p * 4) != 0 ||
+                    memcmp(o + i * ld_o, o1 + i * ld_o, (size_t)D_v * 4) != 0;
+    for (int s = 0; s < n_slots; s++) {
+        bool named = false;
+        for (int r = 0; r < n_runs; r++) named |= perm[r] == s;
+        const bool same = !memcmp(S + s * S_stride, S1 + s * S_stride, (size_t)nS * 4) &&
+                          !memcmp(cs + s * CS_stride, cs1 + s * CS_stride, (size_t)nCS * 4);
+        const bool kept = !memcmp(S + s * S_stride, S0 + s * S_stride, (size_t)nS * 4) &&
+                          !memcmp(cs + s * CS_stride, cs0 + s * CS_stride, (size_t)nCS * 4);
+        bad_slots += !same || (!named && !kept);
+    }
+    if (bad_rows || bad_slots)
+        printf("  %s: %d rows and %d slots differ from the rows fed one at a time\n", name,
+               bad_rows, bad_slots);
+    else
+        printf("  %s: bit-identical to the rows fed one at a time\n", name);
+    cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_slot), cuda_free(d_run);
+    cuda_free(d_p), cuda_free(d_p1), cuda_free(d_S), cuda_free(d_S1), cuda_free(d_cs);
+    cuda_free(d_cs1), cuda_free(d_o), cuda_free(d_o1);
+    free(slot), free(run), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0), free(cs0);
+    free(p), free(P), free(P1), free(o), free(o1), free(S), free(S1), free(cs), free(cs1);
+    return !bad_rows && !bad_slots;
+}
+
+static void test_gdn_runs(void)
+{
+    if (!g_have_gpu) return;
+    static const int prefill[] = {200}, mixed[] = {1, 7, 1, 64, 3, 1, 65, 1},
+                     decode[] = {1, 1, 1, 1, 1};
+    CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, prefill, 1, 1, PERTURB_NONE));
+    CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, mixed, 8, 16, PERTURB_NONE));
+    CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, mixed, 8, 8, PERTURB_NONE));
+    CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){4, 4, 32, 32}, decode, 5, 8, PERTURB_NONE));
+    CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 48, 128, 128}, prefill, 1, 4, PERTURB_NONE));
+}
+
 /* ---- attention: prep (norms, RoPE, KV append) and the split softmax ---- */
 typedef struct attn_shape {
     int n_h, n_kv, d_h, n_rot;
@@ -561,6 +660,8 @@ static void test_perturbed_fails(void)
     CU_ASSERT_FALSE(norm_rows_case(1024, 17, PERTURB_OUTPUT));
     CU_ASSERT_FALSE(gdn_rows_case((gdn_shape){2, 4, 64, 64}, 17, PERTURB_OUTPUT));
     CU_ASSERT_FALSE(gdn_rows_case((gdn_shape){2, 4, 64, 64}, 17, PERTURB_STATE));
+    static const int runs[] = {3, 9};
+    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, PERTURB_OUTPUT));
     CU_ASSERT_FALSE(attn_rows_case((attn_shape){4, 2, 64, 16}, 17, 300, ATTN_KV_F16, PERTURB_OUTPUT));
     CU_ASSERT_FALSE(attn_rows_case((attn_shape){4, 2, 64, 16}, 17, 300, ATTN_KV_F32, PERTURB_STATE));
 }
@@ -647,6 +748,7 @@ int main(void)
     CU_add_test(s, "launch_dims", test_launch_dims);
     CU_add_test(s, "norm_rows", test_norm_rows);
     CU_add_test(s, "gdn_rows", test_gdn_rows);
+    CU_add_test(s, "gdn_runs", test_gdn_runs);
     CU_add_test(s, "attn_rows", test_attn_rows);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_basic_set_mode(CU_BRM_VERBOSE);
