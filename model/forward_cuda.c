@@ -109,10 +109,9 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
+    e->b.max_passes = e->b.rows ? (e->max_rows + e->b.rows - 1) / e->b.rows : 0;
     const size_t batch_pinned =
-        e->b.rows ? 4 * (10 * (size_t)e->max_rows + 5 * (size_t)e->b.rows) +
-                        8 * (2 * (size_t)e->max_rows + (size_t)e->b.rows)
-                  : 0;
+        e->b.rows ? 4 * 6 * (size_t)e->b.rows * e->b.max_passes + 8 * (size_t)e->max_rows : 0;
     const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 + batch_pinned;
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
         cuda_alloc(&e->d_act, aa.used, "activations", st) ||
@@ -128,7 +127,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     if (e->b.rows) {
         const size_t off = (8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 7) & ~(size_t)7;
         e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
-        e->b.h_rows = (int32_t *)(e->b.h_best + 2 * (size_t)e->max_rows + e->b.rows);
+        e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
     }
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");

@@ -9,10 +9,13 @@
  * attn_prep wrote first); those two take the pass's runs (kernels/cuda/gdn.h "Runs") and carry a
  * run's state from row to row on chip. So a prompt chunk of T tokens is one pass (prefill: every
  * weight read once for T tokens, the recurrent state once) and decode rows of other sequences
- * share it. Before each pass one host-to-device copy stages its tokens, slots, positions and runs
- * (20 bytes a row); after it, the argmax keys come back (8 bytes a row), each run's last row is
- * sampled when asked, eval rows copy their logits. Each pass has its own pinned staging, so the
- * whole step still costs one host sync.
+ * share it. The lm_head runs in a second graph, on the rows whose logits are read only (a run's
+ * sampled last row, eval rows), gathered by the final norm: a prompt chunk's other rows cost no
+ * vocabulary-wide GEMM. Before each pass one host-to-device copy stages its tokens, slots,
+ * positions, runs and lm_head rows (20 bytes a row + 4 a bucket row); after it, the argmax keys
+ * of the lm_head rows come back (8 bytes each), each run's last row is sampled when asked, eval
+ * rows copy their logits. Each pass has its own pinned staging, so the whole step still costs one
+ * host sync.
  *
  * Batch invariance: each row's arithmetic is the same in every bucket, beside any other rows and
  * in any run (a run's rows are bit-identical to the same tokens fed one per step), so a row's
@@ -126,7 +129,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
-    b->d_rows = fc_arena_take(a, 5 * R * 4);
+    b->d_rows = fc_arena_take(a, 6 * R * 4);
     b->d_best = fc_arena_take(a, R * 8);
     b->act_bytes = a->used - before;
 }
@@ -143,6 +146,9 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
         rc = cuda_graph_capture_begin(e->launch.stream, st);
         if (!rc) fc_record_batch(e, b->bucket[i]);
         if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph[i], NULL, st);
+        if (!rc) rc = cuda_graph_capture_begin(e->launch.stream, st);
+        if (!rc) fc_record_head(e, b->bucket[i]);
+        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->head[i], NULL, st);
     }
     e->launch.pdl = false;
     if (!rc) rc = cuda_check("batched graph capture", st);
@@ -151,24 +157,42 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
 
 void fc_batch_destroy(qwen35_cuda *e)
 {
-    for (int i = 0; i < e->b.n_buckets; i++) cuda_graph_exec_destroy(e->b.graph[i]);
+    for (int i = 0; i < e->b.n_buckets; i++) {
+        cuda_graph_exec_destroy(e->b.graph[i]);
+        cuda_graph_exec_destroy(e->b.head[i]);
+    }
 }
 
-/* rows[i0 .. i0 + n) as one bucket launch: their tokens, slots, positions and runs staged
- * through this pass's pinned h_rows, the argmax keys of its rows back into h_best; each row's
- * bookkeeping, logits copy and sampler enqueued behind the graph. */
-static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int i0, int n, int32_t *h_rows,
-                    unsigned long long *h_best, status *st)
+static int bucket_of(const fc_batch *b, int n)
 {
-    fc_batch *b = &e->b;
     int k = 0;
     while (b->bucket[k] < n) k++;
-    const int nb = b->bucket[k], V = e->cfg.V;
-    int32_t *tok = h_rows, *slot = h_rows + nb, *pos = h_rows + 2 * nb, *run = h_rows + 3 * nb;
-    int n_runs = 0;
+    return k;
+}
+
+/* true when row i's logits are read: eval rows, and the sampled row (the last of its run) */
+static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
+{
+    const bool last = i + 1 == n || rows[i + 1].slot != rows[i].slot;
+    return rows[i].logits || (rows[i].sample && last);
+}
+
+/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged through
+ * the pass's pinned h_rows ([6 * rows]), the body graph of the smallest bucket >= n, then, when
+ * some row's logits are read, the lm_head graph of the smallest bucket >= those rows; their
+ * argmax keys back into h_best[0 ..), head[i] = row i's lm_head row (-1: none). Each row's
+ * bookkeeping, logits copy and sampler are enqueued behind the graphs. */
+static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_rows,
+                    unsigned long long *h_best, int *head, status *st)
+{
+    fc_batch *b = &e->b;
+    const int k = bucket_of(b, n), nb = b->bucket[k], V = e->cfg.V;
+    int32_t *hrow = h_rows, *tok = h_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
+    int32_t *run = tok + 3 * nb;
+    int n_runs = 0, nh = 0;
     for (int j = 0; j < nb; j++) {
         const bool real = j < n;
-        const qwen35_cuda_row *r = real ? &rows[i0 + j] : NULL;
+        const qwen35_cuda_row *r = real ? &rows[j] : NULL;
         tok[j] = real ? r->token : 0;
         slot[j] = real ? r->slot : e->n_slots; /* the pad slot */
         pos[j] = real ? r->pos : 0;
@@ -177,18 +201,24 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int i0, int n, int32_
             run[nb + n_runs++] = 0;
         }
         if (real) run[nb + n_runs - 1]++;
+        if (real) head[j] = needs_head(rows, j, n) ? nh : -1;
+        if (real && head[j] >= 0) hrow[nh++] = j;
     }
     for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
-    cuda_copy_h2d_async(b->d_rows, h_rows, (size_t)nb * 20, e->launch.stream);
-    if (cuda_graph_launch(b->graph[k], e->launch.stream)) return cuda_check("cudaGraphLaunch (batch)", st);
-    cuda_copy_d2h_async(h_best, b->d_best, (size_t)n * 8, e->launch.stream);
-    e->stats.graph_launches++;
-    e->stats.h2d_bytes += (uint64_t)nb * 20;
-    e->stats.d2h_bytes += (uint64_t)n * 8;
+    const int kh = nh ? bucket_of(b, nh) : 0;
+    for (int j = nh; nh && j < b->bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
+    cuda_copy_h2d_async(b->d_rows, h_rows, ((size_t)b->rows + 5 * (size_t)nb) * 4, e->launch.stream);
+    if (cuda_graph_launch(b->graph[k], e->launch.stream) ||
+        (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
+        return cuda_check("cudaGraphLaunch (batch)", st);
+    if (nh) cuda_copy_d2h_async(h_best, b->d_best, (size_t)nh * 8, e->launch.stream);
+    e->stats.graph_launches += 1 + (nh > 0);
+    e->stats.h2d_bytes += ((uint64_t)b->rows + 5 * (uint64_t)nb) * 4;
+    e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
-        qwen35_cuda_row *r = &rows[i0 + j];
+        qwen35_cuda_row *r = &rows[j];
         fc_slot *sl = &e->slots[r->slot];
-        const float *d_logits = b->d_logits + (int64_t)j * V;
+        const float *d_logits = b->d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
         sl->n_past++;
         sl->chain_ok = false;
         e->stats.tokens++;
@@ -196,10 +226,10 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int i0, int n, int32_
             cuda_copy_d2h_async(r->logits, d_logits, (size_t)V * 4, e->launch.stream);
             e->stats.d2h_bytes += (uint64_t)V * 4;
         }
-        if (j + 1 < n && rows[i0 + j + 1].slot == r->slot) continue; /* not the run's last */
+        if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
-        while (j0 > 0 && rows[i0 + j0 - 1].slot == r->slot) j0--;
-        fc_accept_rows(e, rows, i0 + j0, i0 + j + 1);
+        while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
+        fc_accept_rows(e, rows, j0, j + 1);
         if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);
         if (r->sample && !sl->greedy && !sl->sampler && fc_sample_on_host(e, r, d_logits, st))
             return st->code;
@@ -210,18 +240,21 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int i0, int n, int32_
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
 {
     fc_batch *b = &e->b;
-    int32_t *h_rows = b->h_rows;
-    for (int i = 0; i < B; i += b->rows) { /* passes of at most the largest bucket */
+    int head[B];
+    for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
-        if (run_pass(e, rows, i, m, h_rows, b->h_best + i, st)) return st->code;
-        h_rows += 5 * pow2_ceil(m);
+        DS_ASSERT(p < b->max_passes);
+        if (run_pass(e, rows + i, m, b->h_rows + (size_t)p * 6 * b->rows, b->h_best + i, head + i,
+                     st))
+            return st->code;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;
     e->stats.steps++;
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
-        if (!rows[i].sample || !(sl->greedy || sl->sampler)) continue;
-        if (fc_read_sample(e, &rows[i], gemv_argmax_row(b->h_best[i]), st)) return st->code;
+        if (!rows[i].sample || head[i] < 0 || !(sl->greedy || sl->sampler)) continue;
+        if (fc_read_sample(e, &rows[i], gemv_argmax_row(b->h_best[i - (i % b->rows) + head[i]]), st))
+            return st->code;
     }
     return STATUS_OK;
 }

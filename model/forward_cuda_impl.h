@@ -115,12 +115,15 @@ typedef struct fc_batch {
     uint16_t *d_xh;                /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
                                       (gemm_x_half), read by the quantised matrices */
     bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
-    int32_t *d_rows;               /* [5 * rows]: a bucket of nb reads tokens [0, nb), slots
-                                      [nb, 2nb), positions [2nb, 3nb), the runs' first rows
-                                      [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs") */
-    unsigned long long *d_best;    /* [rows] argmax keys */
-    int32_t *h_rows;               /* pinned [10 * max_rows + 5 * rows]: each pass's staging */
-    unsigned long long *h_best;    /* pinned [2 * max_rows + rows]: the step's argmax keys */
+    cuda_graph_exec head[FC_MAX_BUCKETS];  /* owned: the lm_head of a bucket of rows */
+    int32_t *d_rows;               /* [6 * rows]: the lm_head's rows [0, rows), then a bucket of
+                                      nb reads from rows: tokens [0, nb), slots [nb, 2nb),
+                                      positions [2nb, 3nb), the runs' first rows [3nb, 4nb) and
+                                      lengths [4nb, 5nb) (gdn.h "Runs") */
+    unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
+    int32_t *h_rows;               /* pinned [max_passes][6 * rows]: each pass's staging */
+    int max_passes;                /* passes of a step of max_rows rows */
+    unsigned long long *h_best;    /* pinned [max_rows]: the step's argmax keys */
     int64_t slot_stride;           /* bytes from one slot's state to the next */
     uint64_t act_bytes;
     char why_not[128];             /* why there is no batched path */
@@ -162,8 +165,10 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
-/* forward_cuda_record.c: the batched step of nb rows (bucket graphs). */
+/* forward_cuda_record.c: the batched step of nb rows up to the last layer, and the lm_head of
+ * nh of its rows (bucket graphs). */
 void fc_record_batch(qwen35_cuda *e, int nb);
+void fc_record_head(qwen35_cuda *e, int nh);
 /* forward_cuda_batch.c */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */

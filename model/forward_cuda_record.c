@@ -139,13 +139,13 @@ static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
                   GEMV_STORE, nb, b->d_work, &e->launch);
 }
 
-static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, int nb)
+static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *run,
+                     int nb)
 {
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
     recb_in_proj(e, L, nb);
-    const int32_t *run = b->d_rows + 3 * nb;
     gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run, c->C,
                   c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
@@ -180,7 +180,8 @@ void fc_record_batch(qwen35_cuda *e, int nb)
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
     const cuda_launch *l = &e->launch;
-    const int32_t *tok = b->d_rows, *slot = b->d_rows + nb, *pos = b->d_rows + 2 * nb;
+    const int32_t *tok = b->d_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
+    const int32_t *run = tok + 3 * nb;
     const int64_t H = c->H, F = c->F;
     gemv_embed_rows(&e->w.embd, tok, slot, pos, e->slots[0].d_pos, b->slot_stride / 4, b->d_x, H,
                     nb, l);
@@ -189,7 +190,7 @@ void fc_record_batch(qwen35_cuda *e, int nb)
         norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
         recb_x_half(e, b->d_h, H, H, nb);
         if (L->gdn)
-            recb_gdn(e, L, slot, nb);
+            recb_gdn(e, L, slot, run, nb);
         else
             recb_attn(e, L, slot, pos, nb);
         recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
@@ -202,8 +203,22 @@ void fc_record_batch(qwen35_cuda *e, int nb)
         recb_x_half(e, b->d_ffn, F, F, nb);
         gemm_rows(&L->down, b->d_ffn, F, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l);
     }
-    norm_rms_rows(b->d_x, H, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
-    recb_x_half(e, b->d_h, H, H, nb);
-    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits, c->V, GEMV_STORE, nb, b->d_work, l);
-    gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nb, l);
+}
+
+/* The lm_head of nh rows of the pass's residual stream, the rows d_rows[0, nh) (those whose
+ * logits are read: sampled and eval rows), gathered by the final norm; logits and argmax keys
+ * in rows [0, nh). */
+void fc_record_head(qwen35_cuda *e, int nh)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_batch *b = &e->b;
+    const cuda_launch *l = &e->launch;
+    const int64_t H = c->H;
+    /* the graph's first kernel: a plain launch, as the body's embedding */
+    const cuda_launch plain = {l->stream, false};
+    norm_rms_gather(b->d_x, H, b->d_rows, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nh,
+                    &plain);
+    recb_x_half(e, b->d_h, H, H, nh);
+    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits, c->V, GEMV_STORE, nh, b->d_work, l);
+    gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nh, l);
 }

@@ -12,12 +12,13 @@
 #define NORM_EPT 8
 
 static __global__ void __launch_bounds__(NORM_THREADS)
-    norm_rms_kernel(const float *__restrict__ x, int64_t ld_x, const float *__restrict__ w, int n,
-                    float eps, float *__restrict__ y, int64_t ld_y, void *__restrict__ yq)
+    norm_rms_kernel(const float *__restrict__ x, int64_t ld_x, const int32_t *__restrict__ src,
+                    const float *__restrict__ w, int n, float eps, float *__restrict__ y,
+                    int64_t ld_y, void *__restrict__ yq)
 {
     ds_grid_dep();
     const int64_t row = blockIdx.x;
-    x += row * ld_x;
+    x += (src ? src[row] : row) * ld_x;
     y = ds_row(y, row, ld_y);
     yq = ds_row_bytes(yq, row, ds_q8_bytes(n));
     __shared__ float scratch[32];
@@ -45,13 +46,13 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 
 // any n: two passes over x
 static __global__ void __launch_bounds__(NORM_THREADS)
-    norm_rms_long_kernel(const float *__restrict__ x, int64_t ld_x, const float *__restrict__ w,
-                         int n, float eps, float *__restrict__ y, int64_t ld_y,
-                         void *__restrict__ yq)
+    norm_rms_long_kernel(const float *__restrict__ x, int64_t ld_x,
+                         const int32_t *__restrict__ src, const float *__restrict__ w, int n,
+                         float eps, float *__restrict__ y, int64_t ld_y, void *__restrict__ yq)
 {
     ds_grid_dep();
     const int64_t row = blockIdx.x;
-    x += row * ld_x;
+    x += (src ? src[row] : row) * ld_x;
     y = ds_row(y, row, ld_y);
     yq = ds_row_bytes(yq, row, ds_q8_bytes(n));
     __shared__ float scratch[32];
@@ -74,17 +75,24 @@ extern "C" cuda_launch_dims norm_rms_rows_dims(int n, int B)
     return (cuda_launch_dims){(unsigned)B, 1, 1, NORM_THREADS};
 }
 
-extern "C" void norm_rms_rows(const float *d_x, int64_t ld_x, const float *d_w, int n, float eps,
-                              float *d_y, int64_t ld_y, void *d_y_q8, int B, const cuda_launch *l)
+extern "C" void norm_rms_gather(const float *d_x, int64_t ld_x, const int32_t *d_src,
+                                const float *d_w, int n, float eps, float *d_y, int64_t ld_y,
+                                void *d_y_q8, int B, const cuda_launch *l)
 {
     DS_ASSERT(n > 0 && (!d_y_q8 || n % 32 == 0) && B >= 1 && B <= 65535);
     const cuda_launch_dims d = norm_rms_rows_dims(n, B);
     if (n <= NORM_THREADS * NORM_EPT)
-        ds_launch(norm_rms_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_w, n, eps, d_y, ld_y,
-                  d_y_q8);
-    else
-        ds_launch(norm_rms_long_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_w, n, eps, d_y,
+        ds_launch(norm_rms_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_src, d_w, n, eps, d_y,
                   ld_y, d_y_q8);
+    else
+        ds_launch(norm_rms_long_kernel, ds_grid(d), d.block, 0, l, d_x, ld_x, d_src, d_w, n, eps,
+                  d_y, ld_y, d_y_q8);
+}
+
+extern "C" void norm_rms_rows(const float *d_x, int64_t ld_x, const float *d_w, int n, float eps,
+                              float *d_y, int64_t ld_y, void *d_y_q8, int B, const cuda_launch *l)
+{
+    norm_rms_gather(d_x, ld_x, NULL, d_w, n, eps, d_y, ld_y, d_y_q8, B, l);
 }
 
 extern "C" void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y,

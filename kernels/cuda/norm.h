@@ -24,6 +24,11 @@ void norm_rms(const float *d_x, const float *d_w, int n, float eps, float *d_y, 
  * between rows. */
 void norm_rms_rows(const float *d_x, int64_t ld_x, const float *d_w, int n, float eps, float *d_y,
                    int64_t ld_y, void *d_y_q8, int B, const cuda_launch *l);
+/* The same, row i of the output from row d_src[i] of d_x (a step input: the rows that need the
+ * lm_head, gathered); bit-identical to norm_rms_rows on those rows. */
+void norm_rms_gather(const float *d_x, int64_t ld_x, const int32_t *d_src, const float *d_w,
+                     int n, float eps, float *d_y, int64_t ld_y, void *d_y_q8, int B,
+                     const cuda_launch *l);
 /* The launch grid of norm_rms_rows (cuda_device.h), for limit checks. */
 cuda_launch_dims norm_rms_rows_dims(int n, int B);
 

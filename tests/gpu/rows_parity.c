@@ -1,6 +1,6 @@
 /* The batched ("rows") decode kernels of kernels/cuda (norm_rms_rows, gdn_conv_rows,
  * gdn_decode_rows, gdn_norm_gated_rows, attn_prep_rows, attn_decode_rows; gdn_conv_runs and
- * gdn_decode_runs, the prefill runs) over B = 1, 3, 17, 64
+ * gdn_decode_runs, the prefill runs; norm_rms_gather) over B = 1, 3, 17, 64
  * and 256 rows, at the shapes of small models and of the 4B and 27B. Row i sits on slot
  * slot[i], the first B of a random permutation of more slots than rows, and (attention) at its
  * own position: 33 (in the second chunk), 0, 31 and 32 (either side of the first chunk
@@ -220,6 +220,20 @@ static bool norm_rows_case(int n, int B, enum perturb perturb)
     ok &= same_rows(name, y, y1, B, (size_t)n * 4, ld * 4);
     ok &= same_rows("  its Q8", q, q1, B, qb, qb);
     ok &= pad_untouched(name, y, B, (size_t)n * 4, ld * 4);
+    /* gathered (the lm_head's rows): row i from row src[i], bit-identical to that row above */
+    int32_t *src = xmalloc((size_t)B * 4);
+    for (int i = 0; i < B; i++) src[i] = (int32_t)((B - 1 - i + (i % 3 == 1)) % B);
+    int32_t *d_src = dev_from(src, (size_t)B * 4);
+    float *d_g = dev_fill(SENTINEL, yb);
+    norm_rms_gather(d_x, ld, d_src, d_w, n, eps, d_g, ld, NULL, B, NULL);
+    float *g = host_of(d_g, yb);
+    int bad_g = 0;
+    for (int i = 0; i < B; i++)
+        bad_g += memcmp(g + i * ld, y1 + (int64_t)src[i] * ld, (size_t)n * 4) != 0;
+    if (bad_g) printf("  %s: %d gathered rows differ from their source rows\n", name, bad_g);
+    ok &= bad_g == 0;
+    cuda_free(d_src), cuda_free(d_g);
+    free(src), free(g);
     cuda_free(d_x), cuda_free(d_w), cuda_free(d_y), cuda_free(d_y1), cuda_free(d_q), cuda_free(d_q1);
     free(x), free(w), free(y), free(y1), free(q), free(q1), free(ref);
     return ok;
