@@ -15,6 +15,7 @@
 
 #define GDN_WARPS 4
 #define GDN_CPW 8 // S columns in flight per warp
+#define GDN_CONV_AHEAD 8 // rows of a run whose conv inputs are loaded together
 
 // out may alias mixed (in place: each element is read, then written, by one thread). Without
 // runs, grid row blockIdx.y is row blockIdx.y; with runs (run: [2][R], starts then lengths), it is
@@ -33,8 +34,35 @@ static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
     const int64_t s = slot ? slot[row0] : 0;
     float *st = state + s * state_stride + (int64_t)c * (K - 1);
     const float *wc = w + (int64_t)c * K;
-    for (int64_t row = row0; row < row0 + n; row++)
-        out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], wc, st, K);
+    if (K != 4 || n == 1) {
+        for (int64_t row = row0; row < row0 + n; row++)
+            out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], wc, st, K);
+        return;
+    }
+    // a run of the model's 4-tap conv: the window in registers, the inputs of GDN_CONV_AHEAD rows
+    // loaded before the first of them is written (in place, each element is this thread's own),
+    // so the loads of a run overlap instead of forming one dependent chain; the arithmetic is
+    // gdn_conv_channel's, in its order
+    const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3];
+    float s0 = st[0], s1 = st[1], s2 = st[2];
+    for (int64_t r0 = row0; r0 < row0 + n; r0 += GDN_CONV_AHEAD) {
+        const int m = (int)min((int64_t)GDN_CONV_AHEAD, row0 + n - r0);
+        float xs[GDN_CONV_AHEAD];
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_AHEAD; u++)
+            if (u < m) xs[u] = mixed[(r0 + u) * ld_mixed + c];
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_AHEAD; u++) {
+            if (u >= m) break;
+            float acc = w3 * xs[u];
+            acc += w0 * s0;
+            acc += w1 * s1;
+            acc += w2 * s2;
+            s0 = s1, s1 = s2, s2 = xs[u];
+            out[(r0 + u) * ld_out + c] = acc / (1.0f + expf(-acc));
+        }
+    }
+    st[0] = s0, st[1] = s1, st[2] = s2;
 }
 
 extern "C" cuda_launch_dims gdn_conv_rows_dims(int C, int B)
