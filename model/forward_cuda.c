@@ -111,7 +111,9 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     e->state_bytes = sa.used, e->act_bytes = aa.used;
     e->b.max_passes = e->b.rows ? (e->max_rows + e->b.rows - 1) / e->b.rows : 0;
     const size_t batch_pinned =
-        e->b.rows ? 4 * 6 * (size_t)e->b.rows * e->b.max_passes + 8 * (size_t)e->max_rows : 0;
+        e->b.rows ? 4 * (size_t)FC_STAGE_INTS(e->b.rows) * e->b.max_passes +
+                        8 * (size_t)e->max_rows
+                  : 0;
     const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 + batch_pinned;
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
         cuda_alloc(&e->d_act, aa.used, "activations", st) ||

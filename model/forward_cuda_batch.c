@@ -27,6 +27,7 @@
 
 #include "common/log.h"
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "model/forward_cuda_impl.h"
 
@@ -129,7 +130,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
-    b->d_rows = fc_arena_take(a, 6 * R * 4);
+    b->d_rows = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
     b->d_best = fc_arena_take(a, R * 8);
     b->act_bytes = a->used - before;
 }
@@ -139,7 +140,7 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     fc_batch *b = &e->b;
     if (!b->rows) return STATUS_OK;
     b->slot_stride = (int64_t)((uint8_t *)e->slots[1].d_conv - (uint8_t *)e->slots[0].d_conv);
-    if (gemm_init(st)) return st->code;
+    if (gemm_init(st) || gdn_chunk_init(st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
     for (int i = 0; i < b->n_buckets && !rc; i++) {
@@ -178,7 +179,8 @@ static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
 }
 
 /* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged through
- * the pass's pinned h_rows ([6 * rows]), the body graph of the smallest bucket >= n, then, when
+ * the pass's pinned h_rows (fc_batch.d_rows' layout), the body graph of the smallest bucket >= n,
+ * then, when
  * some row's logits are read, the lm_head graph of the smallest bucket >= those rows; their
  * argmax keys back into h_best[0 ..), head[i] = row i's lm_head row (-1: none). Each row's
  * bookkeeping, logits copy and sampler are enqueued behind the graphs. */
@@ -188,7 +190,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
     fc_batch *b = &e->b;
     const int k = bucket_of(b, n), nb = b->bucket[k], V = e->cfg.V;
     int32_t *hrow = h_rows, *tok = h_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
-    int32_t *run = tok + 3 * nb;
+    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb;
     int n_runs = 0, nh = 0;
     for (int j = 0; j < nb; j++) {
         const bool real = j < n;
@@ -205,15 +207,19 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
         if (real && head[j] >= 0) hrow[nh++] = j;
     }
     for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
+    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs) */
+    for (int x = 0; x < n_runs; x++)
+        if (run[nb + x] > 1) lng[1 + lng[0]++] = x;
     const int kh = nh ? bucket_of(b, nh) : 0;
     for (int j = nh; nh && j < b->bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
-    cuda_copy_h2d_async(b->d_rows, h_rows, ((size_t)b->rows + 5 * (size_t)nb) * 4, e->launch.stream);
+    const size_t staged = ((size_t)b->rows + 6 * (size_t)nb + 1) * 4;
+    cuda_copy_h2d_async(b->d_rows, h_rows, staged, e->launch.stream);
     if (cuda_graph_launch(b->graph[k], e->launch.stream) ||
         (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
         return cuda_check("cudaGraphLaunch (batch)", st);
     if (nh) cuda_copy_d2h_async(h_best, b->d_best, (size_t)nh * 8, e->launch.stream);
     e->stats.graph_launches += 1 + (nh > 0);
-    e->stats.h2d_bytes += ((uint64_t)b->rows + 5 * (uint64_t)nb) * 4;
+    e->stats.h2d_bytes += staged;
     e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
         qwen35_cuda_row *r = &rows[j];
@@ -244,8 +250,8 @@ int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
     for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
         DS_ASSERT(p < b->max_passes);
-        if (run_pass(e, rows + i, m, b->h_rows + (size_t)p * 6 * b->rows, b->h_best + i, head + i,
-                     st))
+        if (run_pass(e, rows + i, m, b->h_rows + (size_t)p * FC_STAGE_INTS(b->rows),
+                     b->h_best + i, head + i, st))
             return st->code;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;

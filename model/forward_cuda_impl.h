@@ -104,6 +104,7 @@ typedef struct fc_act {
  * slot), every weight read once per pass by the batched GEMM (kernels/cuda/gemm.h). Activations
  * [rows][ld]. */
 #define FC_MAX_BUCKETS 10
+#define FC_STAGE_INTS(rows) (7 * (rows) + 8) /* a pass's staged ints (d_rows), rounded up */
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
     int n_buckets;
@@ -116,12 +117,15 @@ typedef struct fc_batch {
                                       (gemm_x_half), read by the quantised matrices */
     bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
     cuda_graph_exec head[FC_MAX_BUCKETS];  /* owned: the lm_head of a bucket of rows */
-    int32_t *d_rows;               /* [6 * rows]: the lm_head's rows [0, rows), then a bucket of
-                                      nb reads from rows: tokens [0, nb), slots [nb, 2nb),
-                                      positions [2nb, 3nb), the runs' first rows [3nb, 4nb) and
-                                      lengths [4nb, 5nb) (gdn.h "Runs") */
+    int32_t *d_rows;               /* [FC_STAGE_INTS(rows)]: the lm_head's rows [0, rows), then
+                                      a bucket of nb reads from rows: tokens [0, nb), slots
+                                      [nb, 2nb), positions [2nb, 3nb), the runs' first rows
+                                      [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs"), the
+                                      number of runs of two or more rows and their indices
+                                      [5nb, 6nb + 1) (gdn.h "Chunked runs") */
     unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
-    int32_t *h_rows;               /* pinned [max_passes][6 * rows]: each pass's staging */
+    int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
+                                      staging */
     int max_passes;                /* passes of a step of max_rows rows */
     unsigned long long *h_best;    /* pinned [max_rows]: the step's argmax keys */
     int64_t slot_stride;           /* bytes from one slot's state to the next */

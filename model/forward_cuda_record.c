@@ -140,7 +140,7 @@ static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
 }
 
 static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *run,
-                     int nb)
+                     const int32_t *lng, int nb)
 {
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
@@ -149,9 +149,16 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
     gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run, c->C,
                   c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
+    /* prompt chunks by the chunked rule, decode rows by the row-by-row one; batch invariant:
+     * every run row by row, so a prompt's results do not depend on how it was cut */
+    const bool chunked = !e->batch_invariant;
     gdn_decode_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                     c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
-                    b->d_o, D_v, nb, &e->launch);
+                    chunked, b->d_o, D_v, nb, &e->launch);
+    if (chunked)
+        gdn_chunk_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
+                       c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
+                       lng, b->d_o, D_v, nb, &e->launch);
     gdn_norm_gated_rows(b->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y,
                         b->ld_y, NULL, nb, &e->launch);
 }
@@ -181,7 +188,7 @@ void fc_record_batch(qwen35_cuda *e, int nb)
     fc_batch *b = &e->b;
     const cuda_launch *l = &e->launch;
     const int32_t *tok = b->d_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
-    const int32_t *run = tok + 3 * nb;
+    const int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb;
     const int64_t H = c->H, F = c->F;
     gemv_embed_rows(&e->w.embd, tok, slot, pos, e->slots[0].d_pos, b->slot_stride / 4, b->d_x, H,
                     nb, l);
@@ -190,7 +197,7 @@ void fc_record_batch(qwen35_cuda *e, int nb)
         norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
         recb_x_half(e, b->d_h, H, H, nb);
         if (L->gdn)
-            recb_gdn(e, L, slot, run, nb);
+            recb_gdn(e, L, slot, run, lng, nb);
         else
             recb_attn(e, L, slot, pos, nb);
         recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);

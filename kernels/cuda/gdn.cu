@@ -8,6 +8,8 @@
 // S[hv][j][lane*EPL ..] (coalesced), decay, u = S_j·k (warp sum), δ = β(v_j − u), S_j += δ k,
 // o_j = S_j·q (warp sum). Columns are independent, which is what
 // lets one head spread over several CTAs; the per-head norm runs in gdn_norm_gated.
+#include <limits.h>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gdn_conv.cuh"
@@ -103,14 +105,14 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, int n_k,
                       int d_v, float eps, float *__restrict__ S, int64_t S_stride,
                       const int32_t *__restrict__ slot, const int32_t *__restrict__ run, int R,
-                      float *__restrict__ o, int64_t ld_o)
+                      int max_len, float *__restrict__ o, int64_t ld_o)
 {
     constexpr int d_k = 32 * EPL, NC = GDN_WARPS * GDN_CPW; // NC: the CTA's columns
     __shared__ float sq[d_k], sk[d_k], scratch[32];
     // grid z: a row, or a run of rows of one sequence (gdn.h "Runs"); the slot and the runs are
     // step inputs, read before ds_grid_dep like S itself (gdn.h)
     const int64_t row0 = run ? run[blockIdx.z] : blockIdx.z, n = run ? run[R + blockIdx.z] : 1;
-    if (n <= 0) return;
+    if (n <= 0 || n > max_len) return; // longer runs: gdn_chunk_runs
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
@@ -216,8 +218,8 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
                                 const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
                                 float eps, float *d_S, int64_t S_slot_stride,
-                                const int32_t *d_slot, const int32_t *d_run, float *d_o,
-                                int64_t ld_o, int R, const cuda_launch *l)
+                                const int32_t *d_slot, const int32_t *d_run, bool one_row_runs,
+                                float *d_o, int64_t ld_o, int R, const cuda_launch *l)
 {
     static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && R >= 1 && R <= 65535);
@@ -226,7 +228,7 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
     ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
               ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_run, R,   \
-              d_o, ld_o)
+              one_row_runs ? 1 : INT_MAX, d_o, ld_o)
     switch (d_k) {
     case 32: GDN_DECODE_LAUNCH(1); break;
     case 64: GDN_DECODE_LAUNCH(2); break;
@@ -244,7 +246,7 @@ extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const floa
                                 const cuda_launch *l)
 {
     gdn_decode_runs(d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps,
-                    d_S, S_slot_stride, d_slot, NULL, d_o, ld_o, B, l);
+                    d_S, S_slot_stride, d_slot, NULL, false, d_o, ld_o, B, l);
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,
