@@ -195,6 +195,26 @@ static void test_reference_logits(void)
     }
 }
 
+/* Prefill of P tokens as one item (the batched pass: chunked delta rule, chunks of 64 from the
+ * prompt's start, passes of 256 rows) at P = 1, 63, 64, 65, 200 and 4000, then 4 tokens decoded
+ * on the state it left: every position within 1e-3 of max|logit| of the CPU forward (whose
+ * prefill is chunked too), so the state after the prompt is checked through the logits it
+ * gives the next tokens. */
+static void test_prefill_lengths(void)
+{
+    if (!g_have_gpu) return;
+    static const int Ps[] = {1, 63, 64, 65, 200, 4000};
+    for (int i = 0; i < N_REF; i++) {
+        char path[1024];
+        ref_path(i, path, sizeof path);
+        for (size_t k = 0; k < sizeof Ps / sizeof Ps[0]; k++) {
+            cmp_result r;
+            CU_ASSERT_EQUAL(compare_model(path, Ps[k] + 4, Ps[k], 1e-3, false, &r), STATUS_OK);
+            CU_ASSERT(r.worst_rel <= 1e-3);
+        }
+    }
+}
+
 /* The check can fail: the same run with one logit moved is rejected. */
 static void test_perturbed_fails(void)
 {
@@ -396,6 +416,7 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite("engine_parity", NULL, NULL);
     CU_add_test(s, "reference_logits", test_reference_logits);
+    CU_add_test(s, "prefill_lengths", test_prefill_lengths);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "greedy_and_counters", test_greedy_and_counters);
     CU_add_test(s, "worker_backend", test_worker_backend);
