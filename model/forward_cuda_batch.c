@@ -2,26 +2,30 @@
  * together, one graph launch for up to the largest bucket of rows, every weight read once.
  *
  * Passes: a step's rows go in order, in passes of at most the largest bucket; a pass of n rows
- * runs the graph of the smallest bucket >= n (1, 2, 4, ..., rows), the rows past n padded with
- * the pad slot (outputs not read). Rows of one slot are consecutive (a prompt chunk, or one
- * decode token): a run. Every kernel but the DeltaNet conv and delta rule computes each row on
- * its own (the attention rows read the KV cache up to their own position, which the pass's
- * attn_prep wrote first); those two take the pass's runs (kernels/cuda/gdn.h "Runs") and carry a
- * run's state from row to row on chip. So a prompt chunk of T tokens is one pass (prefill: every
- * weight read once for T tokens, the recurrent state once) and decode rows of other sequences
- * share it. The lm_head runs in a second graph, on the rows whose logits are read only (a run's
- * sampled last row, eval rows), gathered by the final norm: a prompt chunk's other rows cost no
+ * runs a graph of the smallest bucket >= n (1, 2, 4, ..., rows), the rows past n padded with
+ * the pad slot (outputs not read). Rows of one slot are consecutive: a run (one decode token, or
+ * a prompt chunk). The DeltaNet conv and delta rule take the pass's runs (kernels/cuda/gdn.h
+ * "Runs") and carry a run's state from row to row on chip; every other kernel computes each row
+ * on its own (an attention row reads the KV cache up to its own position, which the pass's
+ * attn_prep wrote first). So a prompt chunk of T tokens is one pass (prefill: every weight read
+ * once for T tokens) and decode rows of other sequences share it. A bucket has two body graphs:
+ * one for passes of decode rows only, one for passes with prompt chunks, whose runs of two or
+ * more rows go through the chunked delta rule (gdn_chunk_runs) and, with an F16 cache, the tiled
+ * attention (attn_prefill_runs) — unless batch invariant, when every run goes row by row. The
+ * lm_head runs in a third graph, on the rows whose logits are read only (a run's sampled last
+ * row, eval rows), gathered by the final norm: a prompt chunk's other rows cost no
  * vocabulary-wide GEMM. Before each pass one host-to-device copy stages its tokens, slots,
- * positions, runs and lm_head rows (20 bytes a row + 4 a bucket row); after it, the argmax keys
- * of the lm_head rows come back (8 bytes each), each run's last row is sampled when asked, eval
- * rows copy their logits. Each pass has its own pinned staging, so the whole step still costs one
- * host sync.
+ * positions, runs, long runs, tiled rows and lm_head rows (FC_STAGE_INTS); after it, the argmax
+ * keys of the lm_head rows come back (8 bytes each), each run's last row is sampled when asked,
+ * eval rows copy their logits. Each pass has its own pinned staging, so the whole step still
+ * costs one host sync.
  *
- * Batch invariance: each row's arithmetic is the same in every bucket, beside any other rows and
- * in any run (a run's rows are bit-identical to the same tokens fed one per step), so a row's
- * logits do not depend on the bucket, the other rows or the chunking of its prompt. Steps of one
- * decode row take the GEMV graphs (faster at one row, other rounding) unless
- * qwen35_cuda_opts.batch_invariant. */
+ * Batch invariance: each decode row's arithmetic is the same in every bucket and beside any
+ * other rows, so its logits do not depend on the bucket or the other rows. A prompt chunk's
+ * chunked rule depends on where its chunks start (equal to the row-by-row rule in exact
+ * arithmetic); with qwen35_cuda_opts.batch_invariant every run goes row by row, bit-identical
+ * to the same tokens fed one per step. Steps of one decode row take the GEMV graphs (faster at
+ * one row, other rounding) unless batch_invariant. */
 #include <stdio.h>
 #include <string.h>
 
@@ -72,6 +76,8 @@ void fc_batch_plan(qwen35_cuda *e)
         return;
     }
     b->rows = pow2_ceil(want);
+    b->chunked = !e->batch_invariant;
+    b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
     b->n_buckets = 0;
     for (int nb = 1; nb <= b->rows; nb *= 2) b->bucket[b->n_buckets++] = nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
@@ -140,13 +146,18 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     fc_batch *b = &e->b;
     if (!b->rows) return STATUS_OK;
     b->slot_stride = (int64_t)((uint8_t *)e->slots[1].d_conv - (uint8_t *)e->slots[0].d_conv);
-    if (gemm_init(st) || gdn_chunk_init(st)) return st->code;
+    if (gemm_init(st) || gdn_chunk_init(st) || attn_prefill_init(st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
     for (int i = 0; i < b->n_buckets && !rc; i++) {
         rc = cuda_graph_capture_begin(e->launch.stream, st);
-        if (!rc) fc_record_batch(e, b->bucket[i]);
+        if (!rc) fc_record_batch(e, b->bucket[i], false);
         if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph[i], NULL, st);
+        if (!rc && b->chunked && b->bucket[i] > 1) {
+            rc = cuda_graph_capture_begin(e->launch.stream, st);
+            if (!rc) fc_record_batch(e, b->bucket[i], true);
+            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph_pf[i], NULL, st);
+        }
         if (!rc) rc = cuda_graph_capture_begin(e->launch.stream, st);
         if (!rc) fc_record_head(e, b->bucket[i]);
         if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->head[i], NULL, st);
@@ -160,6 +171,7 @@ void fc_batch_destroy(qwen35_cuda *e)
 {
     for (int i = 0; i < e->b.n_buckets; i++) {
         cuda_graph_exec_destroy(e->b.graph[i]);
+        cuda_graph_exec_destroy(e->b.graph_pf[i]);
         cuda_graph_exec_destroy(e->b.head[i]);
     }
 }
@@ -190,7 +202,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
     fc_batch *b = &e->b;
     const int k = bucket_of(b, n), nb = b->bucket[k], V = e->cfg.V;
     int32_t *hrow = h_rows, *tok = h_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
-    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb;
+    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb, *skip = lng + 1 + nb;
     int n_runs = 0, nh = 0;
     for (int j = 0; j < nb; j++) {
         const bool real = j < n;
@@ -207,14 +219,19 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
         if (real && head[j] >= 0) hrow[nh++] = j;
     }
     for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
-    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs) */
+    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs, attn_prefill_runs) */
     for (int x = 0; x < n_runs; x++)
         if (run[nb + x] > 1) lng[1 + lng[0]++] = x;
+    for (int j = 0; j < nb; j++) /* the rows attn_prefill_runs takes */
+        skip[j] = b->attn_tiles && j < n &&
+                  ((j > 0 && slot[j - 1] == slot[j]) || (j + 1 < n && slot[j + 1] == slot[j]));
     const int kh = nh ? bucket_of(b, nh) : 0;
     for (int j = nh; nh && j < b->bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
-    const size_t staged = ((size_t)b->rows + 6 * (size_t)nb + 1) * 4;
+    const size_t staged = ((size_t)b->rows + 7 * (size_t)nb + 1) * 4;
     cuda_copy_h2d_async(b->d_rows, h_rows, staged, e->launch.stream);
-    if (cuda_graph_launch(b->graph[k], e->launch.stream) ||
+    /* passes with prompt chunks take the graph with their kernels; decode rows the other */
+    cuda_graph_exec body = b->chunked && lng[0] > 0 ? b->graph_pf[k] : b->graph[k];
+    if (cuda_graph_launch(body, e->launch.stream) ||
         (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
         return cuda_check("cudaGraphLaunch (batch)", st);
     if (nh) cuda_copy_d2h_async(h_best, b->d_best, (size_t)nh * 8, e->launch.stream);

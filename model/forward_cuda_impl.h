@@ -104,12 +104,13 @@ typedef struct fc_act {
  * slot), every weight read once per pass by the batched GEMM (kernels/cuda/gemm.h). Activations
  * [rows][ld]. */
 #define FC_MAX_BUCKETS 10
-#define FC_STAGE_INTS(rows) (7 * (rows) + 8) /* a pass's staged ints (d_rows), rounded up */
+#define FC_STAGE_INTS(rows) (8 * (rows) + 8) /* a pass's staged ints (d_rows), rounded up */
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
     int n_buckets;
     int bucket[FC_MAX_BUCKETS];       /* ascending powers of two, the last = rows */
-    cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned */
+    cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned: decode rows (runs of one row) */
+    cuda_graph_exec graph_pf[FC_MAX_BUCKETS]; /* owned, when chunked: passes with prompt chunks */
     int64_t ld_proj, ld_y;
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
     float *d_work;                 /* the batched GEMM's split-K partials (gemm_work_floats) */
@@ -122,7 +123,11 @@ typedef struct fc_batch {
                                       [nb, 2nb), positions [2nb, 3nb), the runs' first rows
                                       [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs"), the
                                       number of runs of two or more rows and their indices
-                                      [5nb, 6nb + 1) (gdn.h "Chunked runs") */
+                                      [5nb, 6nb + 1) (gdn.h "Chunked runs"), and per row 1 when
+                                      attn_prefill_runs takes it [6nb + 1, 7nb + 1) */
+    bool chunked;                  /* runs of two or more rows (prompt chunks) by the chunked
+                                      delta rule (not batch invariant) */
+    bool attn_tiles;               /* and their attention by attn_prefill_runs (F16 cache) */
     unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
     int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
                                       staging */
@@ -169,9 +174,10 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
-/* forward_cuda_record.c: the batched step of nb rows up to the last layer, and the lm_head of
- * nh of its rows (bucket graphs). */
-void fc_record_batch(qwen35_cuda *e, int nb);
+/* forward_cuda_record.c: the batched step of nb rows up to the last layer (prefill: with the
+ * kernels of runs of two or more rows, fc_batch.chunked), and the lm_head of nh of its rows
+ * (bucket graphs). */
+void fc_record_batch(qwen35_cuda *e, int nb, bool prefill);
 void fc_record_head(qwen35_cuda *e, int nh);
 /* forward_cuda_batch.c */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */

@@ -149,9 +149,10 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
     gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run, c->C,
                   c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    /* prompt chunks by the chunked rule, decode rows by the row-by-row one; batch invariant:
-     * every run row by row, so a prompt's results do not depend on how it was cut */
-    const bool chunked = !e->batch_invariant;
+    /* prompt chunks (lng: the prefill graph's long runs) by the chunked rule, decode rows by
+     * the row-by-row one; batch invariant: every run row by row, so a prompt's results do not
+     * depend on how it was cut */
+    const bool chunked = lng != NULL;
     gdn_decode_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                     c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
                     chunked, b->d_o, D_v, nb, &e->launch);
@@ -164,7 +165,7 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
 }
 
 static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *pos,
-                      int nb)
+                      const int32_t *run, const int32_t *lng, int nb)
 {
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
@@ -177,12 +178,18 @@ static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, co
     attn_prep_rows(qg, k, v, b->ld_proj, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h,
                    c->n_rot, c->rope_base, c->eps, pos, slot, kc, vc, (uint64_t)b->slot_stride,
                    b->d_q, HA, e->kv_type, nb, &e->launch);
+    /* prompt chunks' rows in tiles (attn_prefill_runs), marked for attn_decode_rows to skip */
+    const bool tiles = lng && b->attn_tiles;
+    const int32_t *skip = tiles ? lng + 1 + nb : NULL;
+    if (tiles)
+        attn_prefill_runs(b->d_q, HA, kc, vc, (uint64_t)b->slot_stride, slot, pos, run, lng,
+                          c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, nb, nb, &e->launch);
     attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, (uint64_t)b->slot_stride, slot, pos,
-                     c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL,
+                     skip, c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL,
                      e->kv_type, nb, &e->launch);
 }
 
-void fc_record_batch(qwen35_cuda *e, int nb)
+void fc_record_batch(qwen35_cuda *e, int nb, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
@@ -197,9 +204,9 @@ void fc_record_batch(qwen35_cuda *e, int nb)
         norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
         recb_x_half(e, b->d_h, H, H, nb);
         if (L->gdn)
-            recb_gdn(e, L, slot, run, lng, nb);
+            recb_gdn(e, L, slot, run, prefill ? lng : NULL, nb);
         else
-            recb_attn(e, L, slot, pos, nb);
+            recb_attn(e, L, slot, pos, run, prefill ? lng : NULL, nb);
         recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
         gemm_rows(&L->out, b->d_y, b->ld_y, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l); /* residual */
         norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);

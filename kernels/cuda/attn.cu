@@ -193,9 +193,11 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     attn_split_kernel(const float *__restrict__ q, int64_t ld_q, const T *__restrict__ kc,
                       const T *__restrict__ vc, uint64_t cache_stride,
                       const int32_t *__restrict__ d_slot, const int32_t *__restrict__ d_pos,
-                      int n_h, int n_kv, float *__restrict__ part, int n_split)
+                      const int32_t *__restrict__ d_skip, int n_h, int n_kv,
+                      float *__restrict__ part, int n_split)
 {
     ds_grid_dep();
+    if (d_skip && d_skip[blockIdx.z]) return; // attn_prefill_runs wrote this row's partials
     constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
     constexpr int big = sizeof(T) == 2 ? 32 : 16; // registers: q, o for G heads, the rows
     constexpr int B = G * EPL > big ? ATTN_BATCH / 2 : ATTN_BATCH;
@@ -405,15 +407,16 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
 template <typename T>
 static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q,
                        const void *d_k_cache, const void *d_v_cache, uint64_t cache_stride,
-                       const int32_t *d_slot, const int32_t *d_pos, int n_h, int n_kv, int d_h,
-                       int n_split, float *d_partial, const cuda_launch *l)
+                       const int32_t *d_slot, const int32_t *d_pos, const int32_t *d_skip,
+                       int n_h, int n_kv, int d_h, int n_split, float *d_partial,
+                       const cuda_launch *l)
 {
     const T *kc = (const T *)d_k_cache, *vc = (const T *)d_v_cache;
     const int G = n_h / n_kv;
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
         ds_launch(attn_split_kernel<T, E, GG>, ds_grid(d), d.block, 0, l, d_q, ld_q, kc, vc,    \
-                  cache_stride, d_slot, d_pos, n_h, n_kv, d_partial, n_split);                   \
+                  cache_stride, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split);           \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
     switch (G) {                                                                                 \
@@ -455,9 +458,10 @@ extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int
 extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
                                  const void *d_k_cache, const void *d_v_cache,
                                  uint64_t cache_slot_stride, const int32_t *d_slot,
-                                 const int32_t *d_pos, int n_h, int n_kv, int d_h, int n_ctx,
-                                 float *d_partial, float *d_o, int64_t ld_o, void *d_o_q8,
-                                 attn_kv_type kv_type, int B, const cuda_launch *l)
+                                 const int32_t *d_pos, const int32_t *d_skip, int n_h, int n_kv,
+                                 int d_h, int n_ctx, float *d_partial, float *d_o, int64_t ld_o,
+                                 void *d_o_q8, attn_kv_type kv_type, int B,
+                                 const cuda_launch *l)
 {
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
@@ -472,10 +476,10 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
     attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);
     if (kv_type == ATTN_KV_F32)
         attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
-                          n_h, n_kv, d_h, n_split, d_partial, l);
+                          d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
     else
         attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
-                           n_h, n_kv, d_h, n_split, d_partial, l);
+                           d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
 #define ATTN_COMBINE(E)                                                                         \
     ds_launch(attn_combine_kernel<E>, ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h,  \
               n_split, d_pos, d_o, ld_o, d_o_q8)
@@ -493,6 +497,6 @@ extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k
                             const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
                             attn_kv_type kv_type, const cuda_launch *l)
 {
-    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, 0, NULL, d_pos, n_h, n_kv, d_h, n_ctx,
+    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, 0, NULL, d_pos, NULL, n_h, n_kv, d_h, n_ctx,
                      d_partial, d_o, 0, d_o_q8, kv_type, 1, l);
 }

@@ -33,7 +33,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/status.h"
 #include "kernels/cuda/cuda_device.h"
 
 #ifdef __cplusplus

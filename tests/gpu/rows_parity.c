@@ -567,7 +567,7 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
 
     attn_prep_rows(d_p, d_k, d_v, ld_in, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps,
                    r.d_pos, r.d_slot, d_kc, d_vc, stride, d_q, ld_q, kv, B, NULL);
-    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, stride, r.d_slot, r.d_pos, sh.n_h, sh.n_kv,
+    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, stride, r.d_slot, r.d_pos, NULL, sh.n_h, sh.n_kv,
                      sh.d_h, n_ctx, d_part, d_o, ld_o, d_oq, kv, B, NULL);
     for (int i = 0; i < B; i++) {
         uint8_t *kc1 = d_kc1 + (size_t)r.slot[i] * stride, *vc1 = d_vc1 + (size_t)r.slot[i] * stride;
