@@ -52,7 +52,7 @@ static __global__ void __launch_bounds__(AP_THREADS)
                         const __half *__restrict__ vc, uint64_t cache_stride,
                         const int32_t *__restrict__ slot, const int32_t *__restrict__ pos,
                         const int32_t *__restrict__ run, int R, const int32_t *__restrict__ lng,
-                        int n_h, int n_kv, int n_ctx, int n_split, float *__restrict__ part)
+                        int n_h, int n_kv, int n_split, float *__restrict__ part)
 {
     using SM = ap_smem<D>;
     constexpr int LQ = SM::LQ, LKV = SM::LKV, LS = SM::LS, LP = SM::LP, LO = SM::LO;
@@ -98,12 +98,14 @@ static __global__ void __launch_bounds__(AP_THREADS)
         __syncthreads();
         const int p_max = pos[row0 + t0 + nt - 1]; // positions rise along a run
         for (int c0 = 0; c0 <= p_max; c0 += AP_KC) {
-            // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load (zeros past the cache)
+            // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load; zeros past the tile's last
+            // position (rows not written yet: a masked probability 0 times a NaN there would
+            // still be NaN)
             constexpr int U = D / 8; // uint4 per row
             for (int i = tid; i < AP_KC * U; i += AP_THREADS) {
                 const int p = i / U, u = i % U;
                 uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-                if (c0 + p < n_ctx) {
+                if (c0 + p <= p_max) {
                     kk = ((const uint4 *)(kh + (int64_t)(c0 + p) * n_kv * D))[u];
                     vv = ((const uint4 *)(vh + (int64_t)(c0 + p) * n_kv * D))[u];
                 }
@@ -244,7 +246,7 @@ extern "C" void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_
 #define AP_LAUNCH(D)                                                                            \
     ds_launch(attn_prefill_kernel<D>, ds_grid(d), d.block, smem, l, d_q, ld_q,                   \
               (const __half *)d_k_cache, (const __half *)d_v_cache, cache_slot_stride, d_slot,  \
-              d_pos, d_run, R, d_long, n_h, n_kv, n_ctx, n_split, d_partial)
+              d_pos, d_run, R, d_long, n_h, n_kv, n_split, d_partial)
     switch (d_h) {
     case 32: AP_LAUNCH(32); break;
     case 64: AP_LAUNCH(64); break;
