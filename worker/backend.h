@@ -7,6 +7,7 @@
  *
  * The scheduler (engine.c) calls, from its one engine thread only:
  *   seq_start(slot, sampling)  - a new sequence in this slot: state forgotten, sampler seeded;
+ *   seq_end(slot)              - (optional) it has ended: its KV blocks back to the pool;
  *   step(items, n)             - one engine step: item i feeds tokens[0..n_tokens) to its slot at
  *                                the slot's next positions and, if sample, samples the next
  *                                token from the logits after the last fed token (penalties see
@@ -86,9 +87,9 @@ typedef struct worker_backend_vt {
     int (*fill)(worker_backend *b, int slot, int n_past, status *st);
     /* Optional (NULL: no device counters). */
     void (*get_stats)(const worker_backend *b, worker_backend_stats *s);
-    /* Optional (NULL: no paged KV cache, reported as 0/0). Called from any thread (GetLoad on
-     * the gRPC CQ thread): must be thread-safe and must not block. */
-    void (*kv_blocks)(worker_backend *b, uint32_t *free_blocks, uint32_t *total_blocks);
+    /* Optional: the sequence in slot has ended (finished, cancelled or failed after seq_start):
+     * its KV blocks go back to the pool. A paged backend needs it. */
+    void (*seq_end)(worker_backend *b, int slot);
 } worker_backend_vt;
 
 struct worker_backend {
@@ -100,6 +101,13 @@ struct worker_backend {
                                        decodes (0: no limit): a backend whose prompt tokens run
                                        one row at a time keeps running streams from waiting */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
+    /* Paged KV (0 / 0: none, each slot holds its whole context): a pool of kv_blocks_total
+     * blocks of kv_block_tokens positions shared by the slots. A sequence takes blocks as it
+     * grows (step) and returns them at seq_end / seq_start; the caller must never have more
+     * positions in flight than the pool holds (the engine reserves each request's worst case at
+     * admission), or step fails with STATUS_EXHAUSTED. */
+    int kv_block_tokens;
+    uint32_t kv_blocks_total;
 };
 
 /* The CPU backend (model/forward.h + model/sampler.h). */

@@ -37,6 +37,8 @@ struct engine {
     uint64_t next_admit_seq;
     bool draining, stop, failed;
     uint64_t outstanding; /* prompt tokens to feed + tokens to generate, all requests */
+    uint32_t kv_total, kv_reserved; /* paged KV blocks (worker_backend.kv_blocks_total): every
+                                       running request reserves its worst case at admission */
     uint64_t steps, tokens_generated, n_finished;
     int64_t tps_t0;
     uint64_t tps_tok0;
@@ -65,6 +67,22 @@ static int free_slot(const engine *e)
     return -1;
 }
 
+/* The KV blocks a request can use at most: its prompt and every token it may generate (the
+ * request was validated against the context), in the backend's blocks; 0 without paged KV. */
+static uint32_t kv_need(const engine *e, const engine_params *p)
+{
+    if (!e->kv_total) return 0;
+    const int64_t tok = (int64_t)p->n_prompt + p->max_new_tokens, bt = e->b->kv_block_tokens;
+    return (uint32_t)((tok + bt - 1) / bt);
+}
+
+/* A free slot for r, and room in the KV pool for its worst case: the slot, else -1. */
+static int slot_for(const engine *e, const engine_request *r)
+{
+    if (e->kv_total && e->kv_reserved + r->kv_blocks > e->kv_total) return -1;
+    return free_slot(e);
+}
+
 static void admit(engine *e, engine_request *r, int slot, int64_t now)
 {
     r->slot = slot;
@@ -72,14 +90,16 @@ static void admit(engine *e, engine_request *r, int slot, int64_t now)
     r->admit_seq = e->next_admit_seq++;
     e->running[slot] = r;
     e->n_running++;
+    e->kv_reserved += r->kv_blocks;
 }
 
-/* Waiting requests take free slots, oldest first. After every locked section that frees a
- * slot this runs, so "a slot is free" implies "nobody waits" (submit relies on it). */
+/* Waiting requests take free slots (and KV room), oldest first: a request that does not fit
+ * holds the ones behind it (FIFO). After every locked section that frees a slot or KV this
+ * runs, so "the head could run" implies "nobody waits" (submit relies on it). */
 static void admit_waiting(engine *e, int64_t now)
 {
     int slot;
-    while (e->wait_head && (slot = free_slot(e)) >= 0) {
+    while (e->wait_head && (slot = slot_for(e, e->wait_head)) >= 0) {
         engine_request *r = e->wait_head;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
@@ -105,15 +125,23 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     memcpy(copy, p->prompt, (size_t)p->n_prompt * sizeof *copy);
     int64_t now = clock_now_us();
 
+    const uint32_t need = kv_need(e, p);
     pthread_mutex_lock(&e->mu);
     int rc = STATUS_OK;
-    int slot = free_slot(e); /* free slot => nobody waits (admit_waiting): FIFO holds */
-    DS_ASSERT(slot < 0 || e->n_waiting == 0);
+    /* a slot and KV room now, and nobody ahead (admit_waiting keeps the head waiting only
+     * while it cannot run): FIFO holds */
+    const engine_request probe = {.kv_blocks = need};
+    int slot = e->n_waiting ? -1 : slot_for(e, &probe);
     if (e->draining || e->stop) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker is draining");
         engine_metrics_rejected(&e->m, true);
     } else if (e->failed) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker backend failed");
+    } else if (need > e->kv_total) {
+        rc = status_fail(st, STATUS_RANGE,
+                         "request %s: %d prompt + %d new tokens need %u KV blocks of %d tokens; "
+                         "the worker's cache holds %u", p->id, p->n_prompt, p->max_new_tokens,
+                         need, e->b->kv_block_tokens, e->kv_total);
     } else if (slot < 0 && e->n_waiting >= e->o.queue) {
         rc = status_fail(st, STATUS_EXHAUSTED,
                          "request %s: admission queue full (%d running, %d waiting)", p->id,
@@ -135,6 +163,7 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     r->slot = -1;
     r->stop_token = -1;
     r->t_arrival = now;
+    r->kv_blocks = need;
     r->sink = sink;
     r->sink_arg = sink_arg;
     status_clear(&r->result);
@@ -194,6 +223,8 @@ void engine_get_load(engine *e, engine_load *out)
     out->total_slots = e->n_slots;
     out->free_slots = e->n_slots - e->n_running;
     out->queue_capacity = e->o.queue;
+    out->total_kv_blocks = e->kv_total;
+    out->free_kv_blocks = e->kv_total - e->kv_reserved;
     out->outstanding_tokens = e->outstanding;
     /* the engine refreshes tps every second while it works; when idle it goes stale */
     double dt = (double)(now - e->tps_t0) / 1e6;
@@ -385,6 +416,7 @@ static void retire(engine *e, engine_request **done, int nd)
             DS_ASSERT(e->running[r->slot] == r);
             e->running[r->slot] = NULL;
             e->n_running--;
+            e->kv_reserved -= r->kv_blocks;
         }
         free(r->prompt_copy);
         r->prompt_copy = NULL;
@@ -404,6 +436,10 @@ static void retire(engine *e, engine_request **done, int nd)
     engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
     pthread_mutex_unlock(&e->mu);
 
+    for (int i = 0; i < nd; i++) { /* the backend's KV blocks back, before any new seq_start */
+        const engine_request *r = &e->retired[i];
+        if (r->slot >= 0 && r->started && e->b->vt->seq_end) e->b->vt->seq_end(e->b, r->slot);
+    }
     for (int i = 0; i < nd; i++) {
         const engine_request *r = &e->retired[i];
         log_request(r);
@@ -521,6 +557,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     if (e->o.queue < 0) e->o.queue = 64;
     if (e->o.step_tokens <= 0) e->o.step_tokens = 256;
     e->n_slots = b->n_slots;
+    e->kv_total = b->kv_block_tokens > 0 ? b->kv_blocks_total : 0;
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);
     e->running = calloc((size_t)e->n_slots, sizeof *e->running);

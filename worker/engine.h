@@ -66,6 +66,7 @@ typedef struct engine_request {
     bool aborted;           /* Worker/Abort or drain (under the engine lock) */
     status abort_result;    /* the result an abort ends it with (OK for Worker/Abort) */
     bool started;           /* backend seq_start done (engine thread only) */
+    uint32_t kv_blocks;     /* KV blocks reserved for it while it holds a slot (paged backends) */
     uint64_t admit_seq;     /* admission order, for prefill priority */
     int64_t t_arrival, t_admit, t_first, t_last, t_end;
     const struct engine_sink *sink;
@@ -99,6 +100,8 @@ typedef struct engine engine;
 
 typedef struct engine_load {
     int running, waiting, free_slots, total_slots, queue_capacity;
+    uint32_t free_kv_blocks, total_kv_blocks; /* paged KV: not reserved by a running request;
+                                                 0 / 0 for a backend without paged KV */
     uint64_t outstanding_tokens;
     double tokens_per_second;
     bool draining;

@@ -180,10 +180,8 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
     Deltaserve__V1__Load l = DELTASERVE__V1__LOAD__INIT;
     pthread_mutex_lock(&ws->mu);
     engine *e = ws->engine;
-    worker_backend *b = ws->backend;
     bool draining = ws->state == WS_DRAINING;
     pthread_mutex_unlock(&ws->mu);
-    if (b && b->vt->kv_blocks) b->vt->kv_blocks(b, &l.free_kv_blocks, &l.total_kv_blocks);
     if (e) {
         engine_load el;
         engine_get_load(e, &el);
@@ -192,6 +190,8 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
         l.free_slots = (uint32_t)el.free_slots;
         l.total_slots = (uint32_t)el.total_slots;
         l.outstanding_tokens = el.outstanding_tokens;
+        l.free_kv_blocks = el.free_kv_blocks;
+        l.total_kv_blocks = el.total_kv_blocks;
         l.tokens_per_second = (float)el.tokens_per_second;
         l.queue_capacity = (uint32_t)el.queue_capacity;
         draining = draining || el.draining;

@@ -332,7 +332,19 @@ typedef struct fake_backend {
     int n_chunks;
     int max_items;   /* largest batch seen */
     status_code fail_with; /* non-OK: the next step fails with it */
+    int n_seq_end;   /* seq_end calls */
+    int kv_held_max; /* most KV blocks held at once (paged: base.kv_block_tokens > 0) */
+    bool kv_over;    /* a step went past base.kv_blocks_total */
 } fake_backend;
+
+/* blocks the slots hold, as a paged backend would: ceil(fed / block) each */
+static int fake_kv_held(const fake_backend *f)
+{
+    int n = 0;
+    for (int s = 0; s < f->base.n_slots; s++)
+        n += (f->fed[s] + f->base.kv_block_tokens - 1) / f->base.kv_block_tokens;
+    return n;
+}
 
 static int fake_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st)
 {
@@ -358,6 +370,14 @@ static int fake_step(worker_backend *b, worker_batch_item *items, int n, status 
         f->fed[it->slot] += it->n_tokens;
         if (it->sample) it->token = f->fed[it->slot] % 50 + 100;
     }
+    if (f->base.kv_block_tokens > 0) {
+        const int held = fake_kv_held(f);
+        if (held > f->kv_held_max) f->kv_held_max = held;
+        if (held > (int)f->base.kv_blocks_total) {
+            f->kv_over = true;
+            if (fail == STATUS_OK) fail = STATUS_EXHAUSTED;
+        }
+    }
     pthread_mutex_unlock(&f->mu);
     if (fail) return status_fail(st, fail, "fake device failure");
     return STATUS_OK;
@@ -365,7 +385,17 @@ static int fake_step(worker_backend *b, worker_batch_item *items, int n, status 
 
 static void fake_destroy(worker_backend *b) { (void)b; }
 
-static const worker_backend_vt fake_vt = {fake_seq_start, fake_step, fake_destroy, NULL};
+static void fake_seq_end(worker_backend *b, int slot)
+{
+    fake_backend *f = (fake_backend *)b;
+    pthread_mutex_lock(&f->mu);
+    f->fed[slot] = 0;
+    f->n_seq_end++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static const worker_backend_vt fake_vt = {.seq_start = fake_seq_start, .step = fake_step,
+                                          .destroy = fake_destroy, .seq_end = fake_seq_end};
 
 static void fake_init(fake_backend *f, int slots)
 {
@@ -452,6 +482,58 @@ static void test_queue_full_is_exhausted(void)
     CU_ASSERT_EQUAL(a.n_tokens, 5);
     CU_ASSERT_EQUAL(b.n_tokens, 5);
     CU_ASSERT(!c.done); /* a refused request never reaches its sink */
+    engine_destroy(e);
+}
+
+/* Paged KV: 4 slots, a pool of 10 blocks of 16 tokens; requests of 20 + 44 tokens reserve 4
+ * blocks each, so two run at once while slots are free; GetLoad counts the blocks; the backend
+ * never holds more than the pool; every ended sequence gives its blocks back (seq_end); a
+ * request that could never fit is refused at once. */
+static void test_kv_blocks_admission(void)
+{
+    fake_backend f;
+    fake_init(&f, 4);
+    f.base.kv_block_tokens = 16;
+    f.base.kv_blocks_total = 10;
+    engine *e;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 8}, &e, &st), STATUS_OK);
+    fake_hold(&f, true);
+    collector c[4];
+    for (int i = 0; i < 4; i++) {
+        col_init(&c[i]);
+        char id[8];
+        snprintf(id, sizeof id, "r%d", i);
+        engine_params p = fake_params(id, 20, 44);
+        CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &c[i], &st), STATUS_OK);
+    }
+    CU_ASSERT_FATAL(fake_wait_in_step(&f));
+    engine_load l;
+    engine_get_load(e, &l);
+    CU_ASSERT_EQUAL(l.running, 2);
+    CU_ASSERT_EQUAL(l.waiting, 2);
+    CU_ASSERT_EQUAL(l.free_slots, 2);
+    CU_ASSERT_EQUAL(l.total_kv_blocks, 10);
+    CU_ASSERT_EQUAL(l.free_kv_blocks, 2);
+    collector big;
+    col_init(&big);
+    engine_params p = fake_params("big", 100, 100); /* 13 blocks > 10 */
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &big, &st), STATUS_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "KV blocks"));
+    fake_hold(&f, false);
+    for (int i = 0; i < 4; i++) {
+        CU_ASSERT(col_wait(&c[i], 0));
+        CU_ASSERT_EQUAL(c[i].n_tokens, 44);
+        CU_ASSERT_EQUAL(c[i].result.code, STATUS_OK);
+    }
+    CU_ASSERT(engine_wait_idle(e, 5000));
+    engine_get_load(e, &l);
+    CU_ASSERT_EQUAL(l.free_kv_blocks, 10);
+    CU_ASSERT_EQUAL(f.n_seq_end, 4);
+    CU_ASSERT(!f.kv_over);
+    CU_ASSERT(f.kv_held_max <= 10 && f.kv_held_max >= 6);
+    printf("  KV blocks: at most %d of 10 held, %d seq_end calls\n", f.kv_held_max, f.n_seq_end);
+    CU_ASSERT(!big.done);
     engine_destroy(e);
 }
 
@@ -638,6 +720,7 @@ int main(void)
     CU_add_test(s, "cancel_frees_slot", test_cancel_frees_slot);
     CU_add_test(s, "queue_full_is_exhausted", test_queue_full_is_exhausted);
     CU_add_test(s, "abort_by_id", test_abort_by_id);
+    CU_add_test(s, "kv_blocks_admission", test_kv_blocks_admission);
     CU_add_test(s, "prefill_chunks_within_budget", test_prefill_chunks_within_budget);
     CU_add_test(s, "drain", test_drain);
     CU_add_test(s, "device_failure_is_fatal", test_device_failure_is_fatal);
