@@ -114,7 +114,11 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
         e->b.rows ? 4 * (size_t)FC_STAGE_INTS(e->b.rows) * e->b.max_passes +
                         8 * (size_t)e->max_rows
                   : 0;
-    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 + batch_pinned;
+    const size_t table_bytes = (size_t)(e->n_slots + 1) * e->kv.ld * 4;
+    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 +
+                          batch_pinned + table_bytes + 16;
+    e->kv.free_ids = malloc((size_t)e->kv.n_blocks * 4);
+    if (!e->kv.free_ids) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
         cuda_alloc(&e->d_act, aa.used, "activations", st) ||
         cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
@@ -131,6 +135,10 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
         e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
         e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
     }
+    e->kv.h_table = (int32_t *)(((uintptr_t)((uint8_t *)e->h_pinned + pinned - table_bytes - 16) + 15) &
+                                ~(uintptr_t)15);
+    fc_kv_init(e);
+    if (cuda_upload(e->kv.d_table, e->kv.h_table, table_bytes, st)) return st->code;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
     for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
@@ -140,39 +148,61 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
-/* n_slots from free device memory (after the weights): what one slot's state and KV take, what a
- * batched step's activations take at 256 rows, and a reserve of 2 GB or 5% (the CUDA context,
- * graphs, fragmentation), at most 256 slots. */
-static int size_slots(qwen35_cuda *e, status *st)
+/* n_slots and the KV pool from free device memory (after the weights). A slot's recurrent state
+ * is held whole; KV goes in blocks from one pool (paged), so the pool is sized for every slot
+ * holding a quarter of n_ctx on average (the engine reserves each request's worst case, so
+ * longer ones wait for room rather than fail): slots = room / (state + n_ctx/4 positions of KV),
+ * at most 256, the pool the rest (at most what full contexts would take). The room: free memory
+ * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
+ * context, graphs, fragmentation). With n_slots given, the pool holds every slot's full
+ * context, as a contiguous cache would. */
+static int size_state(qwen35_cuda *e, status *st)
 {
+    fc_kv *kv = &e->kv;
+    kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
+    const qwen35_config *c = &e->cfg;
+    const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
+                           e->kv_elem_bytes; /* K and V of one block, every layer */
+    if (e->n_slots) {
+        kv->n_blocks = e->n_slots * kv->ld + 1; /* + the pad slot's */
+        return STATUS_OK;
+    }
     fc_slot probe[2];
     memset(probe, 0, sizeof probe);
     e->slots = probe;
     e->n_slots = 1;
+    kv->n_blocks = 0;
     fc_arena a = {0};
-    fc_state_layout(e, &a); /* one slot and the pad slot */
+    fc_state_layout(e, &a); /* one slot and the pad slot, no KV */
     e->slots = NULL;
     e->n_slots = 0;
     const uint64_t per_slot = a.used / 2;
     cuda_device_props p;
     if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    const qwen35_config *c = &e->cfg;
     const uint64_t row = 4 * ((uint64_t)c->V + 3ull * c->F + 4ull * c->H + 2ull * c->C +
                               4ull * c->n_h * c->d_h + 2ull * c->n_v * c->d_v) +
                          4 * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
     uint64_t reserve = p.mem_total_bytes / 20;
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
     reserve += 256 * row;
-    const uint64_t room = p.mem_free_bytes > reserve + per_slot ? p.mem_free_bytes - reserve : 0;
-    uint64_t fit = room / per_slot;
-    if (fit < 1)
-        return status_fail(st, STATUS_NOMEM, "cuda: one slot needs %.1f MB (%d positions) and "
-                           "%.2f GB are free beyond the reserve", per_slot / 1e6, e->n_ctx,
-                           (double)room / 1e9);
-    e->n_slots = fit > 256 ? 256 : (int)fit;
-    LOG_INFO("cuda: %.1f MB of recurrent state and KV per slot (%d positions); %.1f GB free: "
-             "%llu slots fit, using %d (--slots overrides)", per_slot / 1e6, e->n_ctx,
-             p.mem_free_bytes / 1e9, (unsigned long long)fit, e->n_slots);
+    const uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
+    const uint64_t quarter = (uint64_t)(kv->ld + 3) / 4 * block;
+    const uint64_t full = (uint64_t)kv->ld * block;
+    uint64_t fit = room / (per_slot + quarter);
+    if (fit > 256) fit = 256;
+    if (fit < 1 || room < per_slot + full + block)
+        return status_fail(st, STATUS_NOMEM, "cuda: one slot needs %.1f MB of state and %.1f MB "
+                           "of KV (%d positions); %.2f GB are free beyond the reserve",
+                           per_slot / 1e6, full / 1e6, e->n_ctx, (double)room / 1e9);
+    e->n_slots = (int)fit;
+    uint64_t blocks = (room - fit * per_slot) / block;
+    if (blocks > fit * kv->ld + 1) blocks = fit * kv->ld + 1;
+    kv->n_blocks = (int)blocks;
+    LOG_INFO("cuda: %.1f MB of recurrent state per slot, %.1f KB of KV per position; %.1f GB "
+             "free: %d slots, KV pool of %d blocks of %d positions (%.1f GB: %.1f full contexts "
+             "of %d; --slots overrides)", per_slot / 1e6, block / 1e3 / ATTN_KV_BLOCK,
+             p.mem_free_bytes / 1e9, e->n_slots, kv->n_blocks - 1, ATTN_KV_BLOCK,
+             (double)blocks * block / 1e9, (double)(kv->n_blocks - 1) / kv->ld, e->n_ctx);
     return STATUS_OK;
 }
 
@@ -193,7 +223,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->batch_invariant = o && o->batch_invariant;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
-        fc_weights_upload(e, st) || (!e->n_slots && size_slots(e, st)))
+        fc_weights_upload(e, st) || size_state(e, st))
         goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
     e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */
@@ -203,9 +233,11 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     }
     fc_batch_plan(e);
     if (alloc_run_state(e, st)) goto fail;
-    LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots x %d positions, KV %s), "
-             "scratch %.1f MB", e->props.name, e->w.bytes / 1e9, e->state_bytes / 1e9,
-             e->n_slots, e->n_ctx, e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->act_bytes / 1e6);
+    LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots of up to %d positions, KV "
+             "%s in %d blocks of %d), scratch %.1f MB", e->props.name, e->w.bytes / 1e9,
+             e->state_bytes / 1e9, e->n_slots, e->n_ctx,
+             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.n_blocks - 1, ATTN_KV_BLOCK,
+             e->act_bytes / 1e6);
     if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
     if (e->b.rows)
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
@@ -245,6 +277,7 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
     free(e->slots);
     free(e->h_logits);
     free(e->h_ids);
+    free(e->kv.free_ids);
     cuda_free(e->w.d_arena);
     cuda_free(e->d_state);
     cuda_free(e->d_act);
@@ -261,10 +294,23 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
     sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
     p = &sl->params;
     sl->greedy = sampling_params_is_greedy(p);
+    fc_kv_release(e, slot);
     if (fc_slot_clear(e, slot, st)) return st->code;
     if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
     sampler_reset(sl->host_sampler, p);
     return STATUS_OK;
+}
+
+void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
+{
+    DS_ASSERT(slot >= 0 && slot < e->n_slots);
+    fc_kv_release(e, slot);
+}
+
+int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions)
+{
+    if (block_positions) *block_positions = ATTN_KV_BLOCK;
+    return e->kv.n_blocks - 1;
 }
 
 int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
@@ -411,6 +457,10 @@ static bool step_batched(const qwen35_cuda *e, int B)
 int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
 {
     if (check_rows(e, rows, B, st)) return st->code;
+    for (int i = 0; i < B; i++) /* KV blocks up to each slot's last row of the step */
+        if ((i + 1 == B || rows[i + 1].slot != rows[i].slot) &&
+            fc_kv_grow(e, rows[i].slot, rows[i].pos, st))
+            return st->code;
     if (step_batched(e, B)) return fc_batch_step(e, rows, B, st);
     stage_tokens(e, rows, B);
     for (int i = 0; i < B;) {

@@ -4,8 +4,10 @@
  * Lifetimes, as the CPU forward's (STYLE.md "Memory"):
  *   weights - uploaded once at create into one device arena, re-laid out for the GEMV
  *             (forward_cuda_weights.c);
- *   state   - n_slots sequence slots, each its conv windows, delta-rule state, F16 KV cache and
- *             device position, plus the activations one step shares (forward_cuda_state.c);
+ *   state   - n_slots sequence slots, each its conv windows, delta-rule state and device
+ *             position; the KV cache in blocks of 64 positions from one pool, a block table row
+ *             per slot (kernels/cuda/attn.h "KV blocks"), taken as a sequence grows and returned
+ *             when it ends; the activations one step shares (forward_cuda_state.c);
  *   step    - one token of one slot recorded once per slot as a CUDA graph
  *             (forward_cuda_record.c: one function per sublayer, as run_step in forward.c) and
  *             replayed (forward_cuda.c).
@@ -38,7 +40,9 @@
 typedef struct qwen35_cuda_opts {
     int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
     int n_slots;  /* sequences with resident state; 0 -> as many as fit in free device memory
-                     (at most 256, leaving a reserve; the log says the bytes per slot) */
+                     (at most 256, leaving a reserve; the log says the bytes per slot), the KV
+                     pool sized for a quarter of n_ctx per slot on average; given: a pool with
+                     every slot's whole context */
     int max_rows; /* most rows of one step; 0 -> n_slots + 256 */
     int device;   /* CUDA device index */
     bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
@@ -93,6 +97,14 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
  * id, slot, position or a full context (no row run); STATUS_INTERNAL when a sampled row found
  * no token (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed. */
 int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+
+/* The sequence in slot has ended: its KV blocks go back to the pool (seq_start does it too). */
+void qwen35_cuda_seq_end(qwen35_cuda *e, int slot);
+
+/* The paged KV cache: blocks in the pool for sequences (*block_positions positions each). A
+ * step fails with STATUS_EXHAUSTED, running nothing, when its rows need more blocks than are
+ * free: callers that admit sequences by their worst case (worker/engine.c) never see it. */
+int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions);
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot);
 int qwen35_cuda_n_slots(const qwen35_cuda *e);

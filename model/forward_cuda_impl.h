@@ -64,7 +64,6 @@ typedef struct fc_weights {
 typedef struct fc_slot {
     float *d_conv;          /* [n_gdn][C][K_conv-1] */
     float *d_S;             /* [n_gdn][n_v][d_v][d_k] */
-    void *d_kc, *d_vc;      /* [n_attn][n_ctx][n_kv][d_h] of kv_type */
     int32_t *d_pos;         /* [2]: position of the current token, next position */
     unsigned long long *d_best; /* [1]: the step's argmax key (gemv_argmax) */
     unsigned long long *h_best; /* pinned view: the argmax key read back by the graph */
@@ -77,7 +76,20 @@ typedef struct fc_slot {
     bool chain_ok;             /* d_best holds the argmax of this slot's last step */
     int32_t last_next;         /* the token that argmax was */
     int n_past;
+    int n_blocks;              /* KV blocks it holds: its table row's first n_blocks entries */
 } fc_slot;
+
+/* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
+ * block table row per slot; blocks taken as a sequence grows (the step), returned when it
+ * ends. Host-side bookkeeping is the engine thread's (the forward's one caller). */
+typedef struct fc_kv {
+    void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
+    uint64_t layer_bytes; /* one layer's pool of K (or V) */
+    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device (the pad slot's row: block 0) */
+    int32_t *h_table;     /* pinned mirror, the host's copy of record */
+    int32_t *free_ids;    /* owned, [n_blocks]: a stack of the free blocks */
+    int n_blocks, n_free, ld; /* ld: blocks of n_ctx positions */
+} fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */
 typedef struct fc_act {
@@ -153,6 +165,7 @@ struct qwen35_cuda {
     uint64_t state_bytes, act_bytes;
     fc_slot *slots;   /* owned, [n_slots + 1]: the last is the pad slot of batched steps (state
                          only: no graphs, no sampler) */
+    fc_kv kv;
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     fc_act a;
@@ -171,6 +184,13 @@ int fc_weights_upload(qwen35_cuda *e, status *st);
 void fc_state_layout(qwen35_cuda *e, fc_arena *a);
 void fc_act_layout(qwen35_cuda *e, fc_arena *a);
 int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
+/* KV blocks: the pools' layer base, the slot's table row; blocks for positions up to `last` of
+ * the slot (STATUS_EXHAUSTED when the pool is empty; new table entries copied to the device on
+ * the stream); the slot's blocks back to the pool. */
+void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
+int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
+void fc_kv_release(qwen35_cuda *e, int slot);
+void fc_kv_init(qwen35_cuda *e); /* every block free, the pad slot's one taken */
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);

@@ -63,15 +63,15 @@ static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
-    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
-    void *kc = (uint8_t *)sl->d_kc + L->kind_index * kv_layer;
-    void *vc = (uint8_t *)sl->d_vc + L->kind_index * kv_layer;
+    void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
+    void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
+    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.ld; /* its row */
     rec_in_proj(e, L, NULL);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
-              c->eps, sl->d_pos, kc, vc, a->d_q, e->kv_type, &e->launch);
-    attn_decode(a->d_q, qg, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, sl->d_pos, a->d_part,
-                a->d_y, a->d_yq, e->kv_type, &e->launch);
+              c->eps, sl->d_pos, table, kc, vc, a->d_q, e->kv_type, &e->launch);
+    attn_decode(a->d_q, qg, table, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, sl->d_pos,
+                a->d_part, a->d_y, a->d_yq, e->kv_type, &e->launch);
 }
 
 /* ffn + residual: x += down(silu(gate·h) * (up·h)) */
@@ -170,23 +170,24 @@ static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, co
     const qwen35_config *c = &e->cfg;
     fc_batch *b = &e->b;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
-    const uint64_t kv_layer = (uint64_t)e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
-    void *kc = (uint8_t *)e->slots[0].d_kc + L->kind_index * kv_layer;
-    void *vc = (uint8_t *)e->slots[0].d_vc + L->kind_index * kv_layer;
+    void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
+    void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
+    const int32_t *table = e->kv.d_table;
+    const int ld = e->kv.ld;
     recb_in_proj(e, L, nb);
     const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep_rows(qg, k, v, b->ld_proj, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h,
-                   c->n_rot, c->rope_base, c->eps, pos, slot, kc, vc, (uint64_t)b->slot_stride,
-                   b->d_q, HA, e->kv_type, nb, &e->launch);
+                   c->n_rot, c->rope_base, c->eps, pos, slot, table, ld, kc, vc, b->d_q, HA,
+                   e->kv_type, nb, &e->launch);
     /* prompt chunks' rows in tiles (attn_prefill_runs), marked for attn_decode_rows to skip */
     const bool tiles = lng && b->attn_tiles;
     const int32_t *skip = tiles ? lng + 1 + nb : NULL;
     if (tiles)
-        attn_prefill_runs(b->d_q, HA, kc, vc, (uint64_t)b->slot_stride, slot, pos, run, lng,
-                          c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, nb, nb, &e->launch);
-    attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, (uint64_t)b->slot_stride, slot, pos,
-                     skip, c->n_h, c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL,
-                     e->kv_type, nb, &e->launch);
+        attn_prefill_runs(b->d_q, HA, kc, vc, slot, table, ld, pos, run, lng, c->n_h, c->n_kv,
+                          c->d_h, e->n_ctx, b->d_part, nb, nb, &e->launch);
+    attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, slot, table, ld, pos, skip, c->n_h,
+                     c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL, e->kv_type, nb,
+                     &e->launch);
 }
 
 void fc_record_batch(qwen35_cuda *e, int nb, bool prefill)

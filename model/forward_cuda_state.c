@@ -1,15 +1,19 @@
-/* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, KV cache
- * (F16 or F32, e->kv_type), device position and argmax word in one arena; the activations one row uses (shared by
+/* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, device
+ * position and argmax word, the KV cache's block pools (F16 or F32, e->kv_type) and block table
+ * in one arena; the activations one row uses (shared by
  * every slot: rows run one after another) in another. Laid out by a sizing pass (NULL base),
  * then for real. */
 #include "model/forward_cuda_impl.h"
 
+#include <string.h>
+
 #include "kernels/cuda/attn.h"
 
-static uint64_t kv_bytes(const qwen35_cuda *e) /* one of K or V, every attention layer */
+/* one block of one layer's K (or V) pool */
+static uint64_t kv_block_bytes(const qwen35_cuda *e)
 {
     const qwen35_config *c = &e->cfg;
-    return (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes;
+    return (uint64_t)ATTN_KV_BLOCK * c->n_kv * c->d_h * e->kv_elem_bytes;
 }
 
 void fc_state_layout(qwen35_cuda *e, fc_arena *a)
@@ -19,11 +23,58 @@ void fc_state_layout(qwen35_cuda *e, fc_arena *a)
         fc_slot *sl = &e->slots[i];
         sl->d_conv = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
         sl->d_S = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
-        sl->d_kc = fc_arena_take(a, kv_bytes(e));
-        sl->d_vc = fc_arena_take(a, kv_bytes(e));
         sl->d_pos = fc_arena_take(a, 8);
         sl->d_best = fc_arena_take(a, 8);
     }
+    fc_kv *kv = &e->kv;
+    kv->layer_bytes = (uint64_t)kv->n_blocks * kv_block_bytes(e);
+    kv->d_k = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
+    kv->d_v = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
+    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
+}
+
+void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
+{
+    return (uint8_t *)pool + (uint64_t)kind_index * e->kv.layer_bytes;
+}
+
+void fc_kv_init(qwen35_cuda *e)
+{
+    fc_kv *kv = &e->kv;
+    kv->n_free = 0;
+    for (int b = kv->n_blocks - 1; b >= 1; b--) kv->free_ids[kv->n_free++] = b; /* 1 on top */
+    memset(kv->h_table, 0, (size_t)(e->n_slots + 1) * kv->ld * 4);
+    for (int i = 0; i < e->n_slots; i++) e->slots[i].n_blocks = 0;
+    e->slots[e->n_slots].n_blocks = 1; /* the pad slot: block 0, its rows all at position 0 */
+}
+
+int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
+{
+    fc_kv *kv = &e->kv;
+    fc_slot *sl = &e->slots[slot];
+    const int need = last / ATTN_KV_BLOCK + 1, first = sl->n_blocks;
+    if (need <= first) return STATUS_OK;
+    DS_ASSERT(need <= kv->ld);
+    if (need - first > kv->n_free)
+        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%d more blocks of %d "
+                           "positions needed, %d of %d free)", slot, need - first,
+                           ATTN_KV_BLOCK, kv->n_free, kv->n_blocks - 1);
+    int32_t *row = kv->h_table + (size_t)slot * kv->ld;
+    for (int b = first; b < need; b++) row[b] = kv->free_ids[--kv->n_free];
+    sl->n_blocks = need;
+    cuda_copy_h2d_async(kv->d_table + (size_t)slot * kv->ld + first, row + first,
+                        (size_t)(need - first) * 4, e->launch.stream);
+    e->stats.h2d_bytes += (uint64_t)(need - first) * 4;
+    return STATUS_OK;
+}
+
+void fc_kv_release(qwen35_cuda *e, int slot)
+{
+    fc_kv *kv = &e->kv;
+    fc_slot *sl = &e->slots[slot];
+    const int32_t *row = kv->h_table + (size_t)slot * kv->ld;
+    for (int b = sl->n_blocks - 1; b >= 0; b--) kv->free_ids[kv->n_free++] = row[b];
+    sl->n_blocks = 0;
 }
 
 void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
@@ -52,12 +103,13 @@ void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
     a->d_tok_out = fc_arena_take(ar, 4);
 }
 
-/* Position 0, recurrent state and KV zeroed (setup path: synchronous). */
+/* Position 0, recurrent state zeroed (setup path: synchronous); its KV blocks are the caller's
+ * (fc_kv_release): positions are written before they are read. */
 int fc_slot_clear(qwen35_cuda *e, int slot, status *st)
 {
     fc_slot *sl = &e->slots[slot];
     const int32_t pos[2] = {0, 0};
-    /* conv windows, S and the KV cache lie back to back before d_pos (fc_state_layout) */
+    /* conv windows and S lie back to back before d_pos (fc_state_layout) */
     if (cuda_memset(sl->d_conv, 0, (size_t)((uint8_t *)sl->d_pos - (uint8_t *)sl->d_conv), st) ||
         cuda_upload(sl->d_pos, pos, sizeof pos, st) || cuda_memset(sl->d_best, 0, 8, st))
         return st->code;
@@ -73,10 +125,22 @@ int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
     if (n_past < 0 || n_past >= e->n_ctx)
         return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
     fc_slot *sl = &e->slots[slot];
-    /* finite values, which do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32
-     * 2.45e-12 (exponent 0x58: normal, not a NaN or infinity) */
-    if (cuda_memset(sl->d_kc, 0x2c, kv_bytes(e), st) || cuda_memset(sl->d_vc, 0x2c, kv_bytes(e), st))
-        return st->code;
+    /* blocks for positions 0 .. n_past (the next token's too), holding finite values, which
+     * do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32 2.45e-12 (exponent 0x58:
+     * normal, not a NaN or infinity) */
+    fc_kv_release(e, slot);
+    if (fc_kv_grow(e, slot, n_past, st)) return st->code;
+    const int32_t *row = e->kv.h_table + (size_t)slot * e->kv.ld;
+    for (int il = 0; il < e->cfg.n_attn_layers; il++)
+        for (int b = 0; b < sl->n_blocks; b++) {
+            const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
+            if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
+                            kv_block_bytes(e), st) ||
+                cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_v, il) + off, 0x2c,
+                            kv_block_bytes(e), st))
+                return st->code;
+        }
+    if (cuda_sync(e->launch.stream, "KV block table", st)) return st->code;
     const int32_t pos[2] = {n_past > 0 ? n_past - 1 : 0, n_past};
     if (cuda_upload(sl->d_pos, pos, sizeof pos, st)) return st->code;
     sl->n_past = n_past;

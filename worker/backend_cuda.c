@@ -82,6 +82,11 @@ static int cw_step(worker_backend *b, worker_batch_item *items, int n, status *s
     return cw_flush(c, nr, st);
 }
 
+static void cw_seq_end(worker_backend *b, int slot)
+{
+    qwen35_cuda_seq_end(((cuda_worker *)b)->fwd, slot);
+}
+
 static int cw_fill(worker_backend *b, int slot, int n_past, status *st)
 {
     return qwen35_cuda_fill(((cuda_worker *)b)->fwd, slot, n_past, st);
@@ -110,7 +115,7 @@ static void cw_destroy(worker_backend *b)
 
 static const worker_backend_vt cw_vt = {
     .seq_start = cw_seq_start, .step = cw_step, .destroy = cw_destroy, .fill = cw_fill,
-    .get_stats = cw_get_stats};
+    .get_stats = cw_get_stats, .seq_end = cw_seq_end};
 
 int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts *o,
                                worker_backend **out, status *st)
@@ -144,6 +149,7 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
      * tokens replay the batch-1 graph one by one: one per request while others decode, so a
      * long prompt does not hold their tokens back. */
     b->prompt_rows_while_decoding = qwen35_cuda_pass_rows(c->fwd) ? 0 : 1;
+    b->kv_blocks_total = (uint32_t)qwen35_cuda_kv_blocks(c->fwd, &b->kv_block_tokens);
     qwen35_cuda_stats s;
     qwen35_cuda_get_stats(c->fwd, &s);
     b->state_bytes = s.state_bytes / (uint64_t)(b->n_slots + 1);

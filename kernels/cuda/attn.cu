@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/attn_kv.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/q8.cuh"
 
@@ -25,8 +26,9 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
                                         const float *__restrict__ qw, const float *__restrict__ kw,
                                         int n_h, int n_kv, int d_h, int n_rot, float base,
                                         float eps, const int32_t *__restrict__ d_pos,
-                                        const int32_t *__restrict__ d_slot, T *__restrict__ kc,
-                                        T *__restrict__ vc, uint64_t cache_stride,
+                                        const int32_t *__restrict__ d_slot,
+                                        const int32_t *__restrict__ table, int table_ld,
+                                        T *__restrict__ kc, T *__restrict__ vc,
                                         float *__restrict__ q_out, int64_t ld_q)
 {
     ds_grid_dep();
@@ -54,10 +56,9 @@ static __global__ void attn_prep_kernel(const float *__restrict__ qg, const floa
     if (is_q) {
         q_out[r * ld_q + (int64_t)j * d_h + t] = y;
     } else {
-        const uint64_t slot = d_slot ? (uint64_t)d_slot[r] : 0;
-        kc = (T *)((uint8_t *)kc + slot * cache_stride);
-        vc = (T *)((uint8_t *)vc + slot * cache_stride);
-        const int64_t at = ((int64_t)pos * n_kv + j) * d_h + t;
+        const int64_t slot = d_slot ? d_slot[r] : 0;
+        const int64_t blk = attn_kv_block(table, table_ld, slot, pos / ATTN_KV_BLOCK);
+        const int64_t at = ((blk * ATTN_KV_BLOCK + pos % ATTN_KV_BLOCK) * n_kv + j) * d_h + t;
         kv_store(kc + at, y);
         kv_store(vc + at, v[r * ld_in + (int64_t)j * d_h + t]);
     }
@@ -71,9 +72,10 @@ extern "C" cuda_launch_dims attn_prep_rows_dims(int n_h, int n_kv, int d_h, int 
 extern "C" void attn_prep_rows(const float *d_qg, const float *d_k, const float *d_v,
                                int64_t ld_in, const float *d_q_norm_w, const float *d_k_norm_w,
                                int n_h, int n_kv, int d_h, int n_rot, float rope_base, float eps,
-                               const int32_t *d_pos, const int32_t *d_slot, void *d_k_cache,
-                               void *d_v_cache, uint64_t cache_slot_stride, float *d_q_out,
-                               int64_t ld_q, attn_kv_type kv_type, int B, const cuda_launch *l)
+                               const int32_t *d_pos, const int32_t *d_slot,
+                               const int32_t *d_table, int table_ld, void *d_k_cache,
+                               void *d_v_cache, float *d_q_out, int64_t ld_q,
+                               attn_kv_type kv_type, int B, const cuda_launch *l)
 {
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256 && n_rot <= d_h && n_rot % 2 == 0);
     DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
@@ -82,21 +84,21 @@ extern "C" void attn_prep_rows(const float *d_qg, const float *d_k, const float 
     if (kv_type == ATTN_KV_F32)
         ds_launch(attn_prep_kernel<float>, ds_grid(d), d.block, 0, l, d_qg, d_k, d_v, ld_in,
                   d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, d_slot,
-                  (float *)d_k_cache, (float *)d_v_cache, cache_slot_stride, d_q_out, ld_q);
+                  d_table, table_ld, (float *)d_k_cache, (float *)d_v_cache, d_q_out, ld_q);
     else
         ds_launch(attn_prep_kernel<__half>, ds_grid(d), d.block, 0, l, d_qg, d_k, d_v, ld_in,
                   d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base, eps, d_pos, d_slot,
-                  (__half *)d_k_cache, (__half *)d_v_cache, cache_slot_stride, d_q_out, ld_q);
+                  d_table, table_ld, (__half *)d_k_cache, (__half *)d_v_cache, d_q_out, ld_q);
 }
 
 extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                           const float *d_q_norm_w, const float *d_k_norm_w, int n_h, int n_kv,
                           int d_h, int n_rot, float rope_base, float eps, const int32_t *d_pos,
-                          void *d_k_cache, void *d_v_cache, float *d_q_out,
-                          attn_kv_type kv_type, const cuda_launch *l)
+                          const int32_t *d_table, void *d_k_cache, void *d_v_cache,
+                          float *d_q_out, attn_kv_type kv_type, const cuda_launch *l)
 {
     attn_prep_rows(d_qg, d_k, d_v, 0, d_q_norm_w, d_k_norm_w, n_h, n_kv, d_h, n_rot, rope_base,
-                   eps, d_pos, NULL, d_k_cache, d_v_cache, 0, d_q_out, 0, kv_type, 1, l);
+                   eps, d_pos, NULL, d_table, 0, d_k_cache, d_v_cache, d_q_out, 0, kv_type, 1, l);
 }
 
 // One row's partials (layout below), rounded up to 256 bytes so that every row's o partials
@@ -191,7 +193,7 @@ static __device__ __forceinline__ float kv_at(const kv_raw<float, 1> &r, int) { 
 template <typename T, int EPL, int G> // T: cache element, d_h = 32 * EPL, G = n_h / n_kv
 static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     attn_split_kernel(const float *__restrict__ q, int64_t ld_q, const T *__restrict__ kc,
-                      const T *__restrict__ vc, uint64_t cache_stride,
+                      const T *__restrict__ vc, const int32_t *__restrict__ table, int table_ld,
                       const int32_t *__restrict__ d_slot, const int32_t *__restrict__ d_pos,
                       const int32_t *__restrict__ d_skip, int n_h, int n_kv,
                       float *__restrict__ part, int n_split)
@@ -209,9 +211,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     const int n = d_pos[row] + 1;
     // a chunk past the row's position has no partial: attn_combine reads the chunks below it
     if ((int)blockIdx.y * ATTN_CHUNK >= n) return;
-    const uint64_t slot = d_slot ? (uint64_t)d_slot[row] : 0;
-    kc = (const T *)((const uint8_t *)kc + slot * cache_stride);
-    vc = (const T *)((const uint8_t *)vc + slot * cache_stride);
+    const int64_t slot = d_slot ? d_slot[row] : 0;
     part += row * partial_row_floats(n_h, n_split, d_h);
     float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
@@ -221,6 +221,10 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
     for (int split = blockIdx.y; split * ATTN_CHUNK < n; split += gridDim.y) {
         if (split != (int)blockIdx.y) __syncthreads(); // the last chunk's merge has read s_*
         const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
+        // the chunk lies in one KV block: position t of it at kh + shift + t·rs
+        const int64_t b0 = t0 / ATTN_KV_BLOCK;
+        const int64_t shift = (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
+        const T *kb = kh + shift, *vb = vh + shift;
         float qr[G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -238,8 +242,8 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
 #pragma unroll
             for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
                 const int64_t t = tb + b < w1 ? tb + b : tb;
-                kr[b] = load_kv<T, EPL>(kh + t * rs);
-                vr[b] = load_kv<T, EPL>(vh + t * rs);
+                kr[b] = load_kv<T, EPL>(kb + t * rs);
+                vr[b] = load_kv<T, EPL>(vb + t * rs);
             }
             // every score of the batch first (B x G independent warp sums, interleaved), then one
             // online-softmax step per head for the whole batch
@@ -406,8 +410,9 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
 // attn_split for cache element T: one instantiation per (d_h, G) the asserts admit
 template <typename T>
 static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q,
-                       const void *d_k_cache, const void *d_v_cache, uint64_t cache_stride,
-                       const int32_t *d_slot, const int32_t *d_pos, const int32_t *d_skip,
+                       const void *d_k_cache, const void *d_v_cache, const int32_t *d_table,
+                       int table_ld, const int32_t *d_slot, const int32_t *d_pos,
+                       const int32_t *d_skip,
                        int n_h, int n_kv, int d_h, int n_split, float *d_partial,
                        const cuda_launch *l)
 {
@@ -416,7 +421,7 @@ static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
         ds_launch(attn_split_kernel<T, E, GG>, ds_grid(d), d.block, 0, l, d_q, ld_q, kc, vc,    \
-                  cache_stride, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split);           \
+                  d_table, table_ld, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split);      \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
     switch (G) {                                                                                 \
@@ -457,7 +462,7 @@ extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int
 
 extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
                                  const void *d_k_cache, const void *d_v_cache,
-                                 uint64_t cache_slot_stride, const int32_t *d_slot,
+                                 const int32_t *d_slot, const int32_t *d_table, int table_ld,
                                  const int32_t *d_pos, const int32_t *d_skip, int n_h, int n_kv,
                                  int d_h, int n_ctx, float *d_partial, float *d_o, int64_t ld_o,
                                  void *d_o_q8, attn_kv_type kv_type, int B,
@@ -469,16 +474,17 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
     DS_ASSERT(n_ctx >= 1 && (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK <= 65535);
     DS_ASSERT(B >= 1 && B <= 65535);
     // K/V rows are read 16 bytes at a time, the partials as float4
-    DS_ASSERT(cache_slot_stride % 16 == 0 && (uintptr_t)d_k_cache % 16 == 0 &&
-              (uintptr_t)d_v_cache % 16 == 0 && (uintptr_t)d_partial % 16 == 0);
+    DS_ASSERT((uintptr_t)d_k_cache % 16 == 0 && (uintptr_t)d_v_cache % 16 == 0 &&
+              (uintptr_t)d_partial % 16 == 0);
+    DS_ASSERT(d_slot == NULL || d_table || table_ld * ATTN_KV_BLOCK >= n_ctx);
     const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     cuda_launch_dims ds, dc;
     attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);
     if (kv_type == ATTN_KV_F32)
-        attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
+        attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
                           d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
     else
-        attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, cache_slot_stride, d_slot, d_pos,
+        attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
                            d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
 #define ATTN_COMBINE(E)                                                                         \
     ds_launch(attn_combine_kernel<E>, ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h,  \
@@ -492,11 +498,11 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
 #undef ATTN_COMBINE
 }
 
-extern "C" void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
-                            const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
-                            const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
-                            attn_kv_type kv_type, const cuda_launch *l)
+extern "C" void attn_decode(const float *d_q, const float *d_qg, const int32_t *d_table,
+                            const void *d_k_cache, const void *d_v_cache, int n_h, int n_kv,
+                            int d_h, int n_ctx, const int32_t *d_pos, float *d_partial,
+                            float *d_o, void *d_o_q8, attn_kv_type kv_type, const cuda_launch *l)
 {
-    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, 0, NULL, d_pos, NULL, n_h, n_kv, d_h, n_ctx,
-                     d_partial, d_o, 0, d_o_q8, kv_type, 1, l);
+    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, NULL, d_table, 0, d_pos, NULL, n_h,
+                     n_kv, d_h, n_ctx, d_partial, d_o, 0, d_o_q8, kv_type, 1, l);
 }

@@ -8,11 +8,18 @@
  * element type (attn_kv_type) is the caller's choice: F32 holds K and V as computed, F16 halves
  * the bytes read per token and rounds them (2^-11 relative).
  *
+ * KV blocks (paged cache): k_cache and v_cache are pools of blocks of ATTN_KV_BLOCK positions,
+ * [n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type (16-byte aligned). Position p of slot s lies
+ * in block d_table[s*table_ld + p / ATTN_KV_BLOCK] at row p % ATTN_KV_BLOCK (d_table: int32 on
+ * the device, a step input: read after waiting for the preceding launch); d_table NULL: slot s
+ * owns blocks s*table_ld .. s*table_ld + table_ld - 1, a contiguous cache of table_ld blocks
+ * per slot (one slot and table_ld 0 for B = 1: the plain [n_ctx][n_kv][d_h] cache). Which blocks
+ * a slot holds changes nothing in the arithmetic: a paged cache gives bit-identical results.
+ *
  * Rows: each function has a *_rows form running B rows (1 <= B <= 65535) in one launch. Row i
  * is the token of sequence slot d_slot[i] at position d_pos[i] (d_pos: [B] int32 on the device,
- * indexed by row): its caches start at base + d_slot[i]*cache_slot_stride BYTES (d_slot NULL:
- * every row uses the base, for B = 1; caches and stride 16-byte aligned, asserted by
- * attn_decode_rows); the slots of one launch must be distinct. ld_*: elements
+ * indexed by row; d_slot NULL: slot 0 for every row, for B = 1); the rows of one slot are its
+ * consecutive positions (a prompt chunk) or one. ld_*: elements
  * between consecutive rows of a [B][...] activation. There is one kernel per step: the B = 1
  * functions are the rows functions with B = 1 and no slot map (d_pos[0] the position), and the
  * split into chunks and their merge depend only on the row's position, so a row's outputs and
@@ -32,6 +39,7 @@ extern "C" {
 #endif
 
 #define ATTN_CHUNK 32
+#define ATTN_KV_BLOCK 64  /* positions of a KV cache block */
 #define ATTN_MAX_GROUP 8 /* n_h / n_kv */
 
 /* Element type of the KV cache. Defined identically in kernels/cpu/attn.h, whose twin
@@ -45,20 +53,22 @@ typedef enum attn_kv_type {
 #endif
 
 /* qg: [n_h][2][d_h] (attn_q output: per head the query then the gate); k, v: [n_kv][d_h];
- * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: [n_ctx][n_kv][d_h] of kv_type (row *d_pos
- * written); q_out: [n_h][d_h] normalised and rotated query. d_h % 32 == 0, d_h <= 256. */
+ * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: the slot's blocks (d_table: its row of the
+ * block table, or NULL: a plain [n_ctx][n_kv][d_h] cache) of kv_type, position *d_pos written;
+ * q_out: [n_h][d_h] normalised and rotated query. d_h % 32 == 0, d_h <= 256. */
 void attn_prep(const float *d_qg, const float *d_k, const float *d_v, const float *d_q_norm_w,
                const float *d_k_norm_w, int n_h, int n_kv, int d_h, int n_rot,
-               float rope_base, float eps, const int32_t *d_pos, void *d_k_cache,
-               void *d_v_cache, float *d_q_out, attn_kv_type kv_type, const cuda_launch *l);
+               float rope_base, float eps, const int32_t *d_pos, const int32_t *d_table,
+               void *d_k_cache, void *d_v_cache, float *d_q_out, attn_kv_type kv_type,
+               const cuda_launch *l);
 /* Rows: qg, k, v of row i at d_qg + i*ld_in, d_k + i*ld_in, d_v + i*ld_in (one stride: the
- * three are slices of one projection row); q_out row i at d_q_out + i*ld_q; cache row d_pos[i]
- * of slot d_slot[i] written. */
+ * three are slices of one projection row); q_out row i at d_q_out + i*ld_q; position d_pos[i]
+ * of slot d_slot[i] written ("KV blocks"). */
 void attn_prep_rows(const float *d_qg, const float *d_k, const float *d_v, int64_t ld_in,
                     const float *d_q_norm_w, const float *d_k_norm_w, int n_h, int n_kv, int d_h,
                     int n_rot, float rope_base, float eps, const int32_t *d_pos,
-                    const int32_t *d_slot, void *d_k_cache, void *d_v_cache,
-                    uint64_t cache_slot_stride, float *d_q_out, int64_t ld_q,
+                    const int32_t *d_slot, const int32_t *d_table, int table_ld,
+                    void *d_k_cache, void *d_v_cache, float *d_q_out, int64_t ld_q,
                     attn_kv_type kv_type, int B, const cuda_launch *l);
 cuda_launch_dims attn_prep_rows_dims(int n_h, int n_kv, int d_h, int B);
 
@@ -72,9 +82,9 @@ int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B);
  * 0..*d_pos valid;
  * partial: attn_partial_floats; o: [n_h·d_h] F32 (may be NULL); o_q8: gemv_xq_bytes (may be
  * NULL). */
-void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
-                 const void *d_v_cache, int n_h, int n_kv, int d_h, int n_ctx,
-                 const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
+void attn_decode(const float *d_q, const float *d_qg, const int32_t *d_table,
+                 const void *d_k_cache, const void *d_v_cache, int n_h, int n_kv, int d_h,
+                 int n_ctx, const int32_t *d_pos, float *d_partial, float *d_o, void *d_o_q8,
                  attn_kv_type kv_type, const cuda_launch *l);
 /* Rows: row i attends over positions 0..d_pos[i] of slot d_slot[i]'s caches (n_ctx positions
  * each); q, qg, o rows at d_q + i*ld_q, d_qg + i*ld_qg, d_o + i*ld_o (d_o may be NULL); the Q8
@@ -84,19 +94,19 @@ void attn_decode(const float *d_q, const float *d_qg, const void *d_k_cache,
  * row's chunks below its position and leaving at once past it, so short rows in a large batch
  * cost little and no host-side position bound is needed (the grid is fixed for a CUDA graph). */
 void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
-                      const void *d_k_cache, const void *d_v_cache, uint64_t cache_slot_stride,
-                      const int32_t *d_slot, const int32_t *d_pos, const int32_t *d_skip,
-                      int n_h, int n_kv, int d_h, int n_ctx, float *d_partial, float *d_o,
-                      int64_t ld_o, void *d_o_q8, attn_kv_type kv_type, int B,
-                      const cuda_launch *l);
+                      const void *d_k_cache, const void *d_v_cache, const int32_t *d_slot,
+                      const int32_t *d_table, int table_ld, const int32_t *d_pos,
+                      const int32_t *d_skip, int n_h, int n_kv, int d_h, int n_ctx,
+                      float *d_partial, float *d_o, int64_t ld_o, void *d_o_q8,
+                      attn_kv_type kv_type, int B, const cuda_launch *l);
 /* The grids of attn_decode_rows' two launches (the chunk partials, then their merge). */
 void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B, cuda_launch_dims *split,
                            cuda_launch_dims *combine);
 
 /* Prefill runs (prompt chunks): rows in runs of one sequence (kernels/cuda/gdn.h "Runs": d_run
  * = [2][R] first rows and lengths, d_long = the number of runs of two or more rows, then their
- * indices), each row at its own position d_pos[row] of slot d_slot[first row]'s F16 caches,
- * whose rows up to the run's last position attn_prep_rows has written. attn_prefill_runs
+ * indices), each row at its own position d_pos[row] of slot d_slot[first row]'s F16 cache
+ * blocks ("KV blocks"), whose rows up to the run's last position attn_prep_rows has written. attn_prefill_runs
  * computes the softmax attention of every row of the long runs, a tile of 64 / G rows and the G
  * query heads of one KV head a CTA, K and V read once a tile, on tensor cores (F16 products
  * with F16 remainders for q and the probabilities, F32 scores, softmax and sums), and writes it
@@ -107,10 +117,10 @@ void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B, cuda_la
 int attn_prefill_init(status *st);
 size_t attn_prefill_smem_bytes(int d_h); /* 0 for an unsupported d_h */
 void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_k_cache,
-                       const void *d_v_cache, uint64_t cache_slot_stride, const int32_t *d_slot,
-                       const int32_t *d_pos, const int32_t *d_run, const int32_t *d_long,
-                       int n_h, int n_kv, int d_h, int n_ctx, float *d_partial, int B, int R,
-                       const cuda_launch *l);
+                       const void *d_v_cache, const int32_t *d_slot, const int32_t *d_table,
+                       int table_ld, const int32_t *d_pos, const int32_t *d_run,
+                       const int32_t *d_long, int n_h, int n_kv, int d_h, int n_ctx,
+                       float *d_partial, int B, int R, const cuda_launch *l);
 cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int R);
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@
 #include <mma.h>
 
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/attn_kv.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/q8.cuh"
 
@@ -24,6 +25,7 @@ using namespace nvcuda;
 #define AP_KC 32      // positions of a chunk
 #define AP_THREADS 256
 #define AP_RUN_CTAS 4 // runs in flight per (KV head, tile)
+static_assert(ATTN_KV_BLOCK % AP_KC == 0, "a chunk lies in one KV block");
 
 template <int D> struct ap_smem { // offsets in bytes
     static constexpr int LQ = D + 8, LKV = D + 8, LS = AP_KC + 4, LP = AP_KC + 8, LO = D + 4;
@@ -49,8 +51,9 @@ static __device__ __forceinline__ int64_t ap_row_floats(int n_h, int n_split, in
 template <int D>
 static __global__ void __launch_bounds__(AP_THREADS)
     attn_prefill_kernel(const float *__restrict__ q, int64_t ld_q, const __half *__restrict__ kc,
-                        const __half *__restrict__ vc, uint64_t cache_stride,
-                        const int32_t *__restrict__ slot, const int32_t *__restrict__ pos,
+                        const __half *__restrict__ vc, const int32_t *__restrict__ table,
+                        int table_ld, const int32_t *__restrict__ slot,
+                        const int32_t *__restrict__ pos,
                         const int32_t *__restrict__ run, int R, const int32_t *__restrict__ lng,
                         int n_h, int n_kv, int n_split, float *__restrict__ part)
 {
@@ -74,9 +77,8 @@ static __global__ void __launch_bounds__(AP_THREADS)
         const int64_t t0 = (int64_t)blockIdx.y * QT;
         if (n_run < 2 || t0 >= n_run) continue;
         const int nt = (int)min((int64_t)QT, n_run - t0); // rows of this tile
-        const uint64_t sl = (uint64_t)slot[row0];
-        const __half *kh = (const __half *)((const uint8_t *)kc + sl * cache_stride) + (int64_t)j * D;
-        const __half *vh = (const __half *)((const uint8_t *)vc + sl * cache_stride) + (int64_t)j * D;
+        const int64_t sl = slot[row0];
+        const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
         __syncthreads(); // the last tile's partials are written
         // the tile's query vectors, hi and lo halves of q / sqrt(d_h); state m, l, O
         for (int i = tid; i < AP_QM * D; i += AP_THREADS) {
@@ -102,12 +104,15 @@ static __global__ void __launch_bounds__(AP_THREADS)
             // position (rows not written yet: a masked probability 0 times a NaN there would
             // still be NaN)
             constexpr int U = D / 8; // uint4 per row
+            const int64_t b0 = c0 / ATTN_KV_BLOCK; // the chunk lies in one block
+            const int64_t row_b = attn_kv_block(table, table_ld, sl, (int)b0) * ATTN_KV_BLOCK -
+                                  b0 * ATTN_KV_BLOCK; // + position = the row in the pool
             for (int i = tid; i < AP_KC * U; i += AP_THREADS) {
                 const int p = i / U, u = i % U;
                 uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
                 if (c0 + p <= p_max) {
-                    kk = ((const uint4 *)(kh + (int64_t)(c0 + p) * n_kv * D))[u];
-                    vv = ((const uint4 *)(vh + (int64_t)(c0 + p) * n_kv * D))[u];
+                    kk = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
+                    vv = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
                 }
                 *(uint4 *)(sK + p * LKV + u * 8) = kk;
                 *(uint4 *)(sV + p * LKV + u * 8) = vv;
@@ -230,22 +235,22 @@ extern "C" cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int
 }
 
 extern "C" void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_k_cache,
-                                  const void *d_v_cache, uint64_t cache_slot_stride,
-                                  const int32_t *d_slot, const int32_t *d_pos,
+                                  const void *d_v_cache, const int32_t *d_slot,
+                                  const int32_t *d_table, int table_ld, const int32_t *d_pos,
                                   const int32_t *d_run, const int32_t *d_long, int n_h, int n_kv,
                                   int d_h, int n_ctx, float *d_partial, int B, int R,
                                   const cuda_launch *l)
 {
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(B >= 1 && B <= 65535 && R >= 1 && R <= 65535 && n_ctx >= 1);
-    DS_ASSERT(cache_slot_stride % 16 == 0 && (uintptr_t)d_k_cache % 16 == 0 &&
-              (uintptr_t)d_v_cache % 16 == 0);
+    DS_ASSERT((uintptr_t)d_k_cache % 16 == 0 && (uintptr_t)d_v_cache % 16 == 0);
+    DS_ASSERT(d_table || table_ld * ATTN_KV_BLOCK >= n_ctx);
     const cuda_launch_dims d = attn_prefill_runs_dims(n_h, n_kv, B, R);
     const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const size_t smem = attn_prefill_smem_bytes(d_h);
 #define AP_LAUNCH(D)                                                                            \
     ds_launch(attn_prefill_kernel<D>, ds_grid(d), d.block, smem, l, d_q, ld_q,                   \
-              (const __half *)d_k_cache, (const __half *)d_v_cache, cache_slot_stride, d_slot,  \
+              (const __half *)d_k_cache, (const __half *)d_v_cache, d_table, table_ld, d_slot,  \
               d_pos, d_run, R, d_long, n_h, n_kv, n_split, d_partial)
     switch (d_h) {
     case 32: AP_LAUNCH(32); break;

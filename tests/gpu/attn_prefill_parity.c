@@ -3,8 +3,8 @@
  * ref_attn_decode in rows_parity), at the 0.8B / 4B / 27B head shapes (d_h 256, G 4 and 6) and
  * small ones (G 1, 2, 3; d_h 64, 128).
  *
- * A step holds runs of 1, 2, 40, 1 and 150 rows on distinct slots of a cache of random F16
- * contents; the long runs start at position 0 or part-way (a later prompt chunk reads the
+ * A step holds runs of 1, 2, 40, 1 and 150 rows on distinct slots of a paged cache (the slots'
+ * blocks at random places of one pool) of random F16 contents; the long runs start at position 0 or part-way (a later prompt chunk reads the
  * cache its earlier chunks left), the one-row runs anywhere. The projections are random;
  * attn_prep_rows appends every row's K and V first, as the forward does. Checked:
  *  - every output row within 2e-4 + 2e-3·|ref| per element and normalised squared error 1e-8
@@ -60,7 +60,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
 {
     const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
     const float base = 1e7f, eps = 1e-6f;
-    const size_t slot_bytes = (size_t)n_ctx * KVA * 2, stride = slot_bytes + 256;
+    const int table_ld = (n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
     int B = 0;
     for (int r = 0; r < n_runs; r++) B += len[r];
     const int R = B, n_slots = n_runs + 1;
@@ -82,7 +82,16 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     float *qw = rand_vec(sh.d_h, 0.5f), *kw = rand_vec(sh.d_h, 0.5f);
     for (int i = 0; i < sh.d_h; i++) qw[i] += 1.0f, kw[i] += 1.0f;
     float *p = rand_vec((int64_t)B * ld_in, 1.0f);
-    const size_t cb = (size_t)n_slots * stride;
+    /* a paged cache: the slots' blocks at random places of one pool */
+    const int n_blk = n_slots * table_ld;
+    const size_t cb = (size_t)n_blk * ATTN_KV_BLOCK * KVA * 2;
+    int32_t *table = xmalloc((size_t)n_blk * 4);
+    for (int i = 0; i < n_blk; i++) table[i] = i;
+    for (int i = n_blk - 1; i > 0; i--) {
+        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
+        const int32_t t = table[i];
+        table[i] = table[j], table[j] = t;
+    }
     uint16_t *c0 = xmalloc(cb);
     for (size_t i = 0; i < cb / 2; i++)
         c0[i] = quant_f32_to_f16(2.0f * gpu_rng_uniform(&g_rng) - 1.0f);
@@ -91,21 +100,23 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     uint8_t *d_kc = dev_from(c0, cb), *d_vc = dev_from(c0, cb);
     int32_t *d_slot = dev_from(slot, (size_t)B * 4), *d_pos = dev_from(pos, (size_t)B * 4);
     int32_t *d_run = dev_from(run, (size_t)2 * R * 4), *d_long = dev_from(lng, (size_t)(1 + R) * 4);
-    int32_t *d_skip = dev_from(skip, (size_t)B * 4);
+    int32_t *d_skip = dev_from(skip, (size_t)B * 4), *d_table = dev_from(table, (size_t)n_blk * 4);
     float *d_q = dev((size_t)B * ld_q * 4), *d_o = dev((size_t)B * ld_o * 4);
     float *d_o1 = dev((size_t)B * ld_o * 4);
     float *d_part = dev(attn_partial_floats_rows(sh.n_h, sh.d_h, n_ctx, B) * 4);
     const float *d_k = d_p + 2 * HA, *d_v = d_k + KVA;
     status st;
     attn_prep_rows(d_p, d_k, d_v, ld_in, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps,
-                   d_pos, d_slot, d_kc, d_vc, stride, d_q, ld_q, ATTN_KV_F16, B, NULL);
+                   d_pos, d_slot, d_table, table_ld, d_kc, d_vc, d_q, ld_q, ATTN_KV_F16, B, NULL);
     /* the row kernels on every row, then the tiles with the row kernels on the rest */
-    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, stride, d_slot, d_pos, NULL, sh.n_h,
-                     sh.n_kv, sh.d_h, n_ctx, d_part, d_o1, ld_o, NULL, ATTN_KV_F16, B, NULL);
-    attn_prefill_runs(d_q, ld_q, d_kc, d_vc, stride, d_slot, d_pos, d_run, d_long, sh.n_h,
-                      sh.n_kv, sh.d_h, n_ctx, d_part, B, R, NULL);
-    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, stride, d_slot, d_pos, d_skip, sh.n_h,
-                     sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, NULL, ATTN_KV_F16, B, NULL);
+    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, d_slot, d_table, table_ld, d_pos, NULL,
+                     sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o1, ld_o, NULL, ATTN_KV_F16, B,
+                     NULL);
+    attn_prefill_runs(d_q, ld_q, d_kc, d_vc, d_slot, d_table, table_ld, d_pos, d_run, d_long,
+                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, B, R, NULL);
+    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, d_slot, d_table, table_ld, d_pos, d_skip,
+                     sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, NULL, ATTN_KV_F16, B,
+                     NULL);
     CU_ASSERT_EQUAL(cuda_check("attention launches", &st), STATUS_OK);
     float *o = host_of(d_o, (size_t)B * ld_o * 4), *o1 = host_of(d_o1, (size_t)B * ld_o * 4);
     if (perturb) o[(B - 1) * ld_o + HA / 2] += 0.01f;
@@ -131,6 +142,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
            "nmse %.3g; one-row runs differing: %d\n", bad, first, worst, nmse, bad_one);
     cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_p), cuda_free(d_kc), cuda_free(d_vc);
     cuda_free(d_slot), cuda_free(d_pos), cuda_free(d_run), cuda_free(d_long), cuda_free(d_skip);
+    cuda_free(d_table), free(table);
     cuda_free(d_q), cuda_free(d_o), cuda_free(d_o1), cuda_free(d_part);
     free(slot), free(pos), free(run), free(lng), free(skip), free(qw), free(kw), free(p);
     free(c0), free(o), free(o1);

@@ -235,7 +235,7 @@ static bool attn_case(attn_shape sh, int P, int n_ctx, attn_kv_type kv)
         cuda_upload(d_qg, qg, 2 * HA * 4, &st), cuda_upload(d_k, k, KVA * 4, &st);
         cuda_upload(d_v, v, KVA * 4, &st), cuda_upload(d_pos, &t, 4, &st);
         attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps, d_pos,
-                  d_kc, d_vc, d_q, kv, NULL);
+                  NULL, d_kc, d_vc, d_q, kv, NULL);
         /* CPU: the same per-token steps; the cache holds the values of the GPU's type */
         ref_rmsnorm_heads(k, kw, sh.n_kv, sh.d_h, eps);
         ref_rope(k, sh.n_kv, sh.d_h, sh.n_rot, t, base);
@@ -245,8 +245,8 @@ static bool attn_case(attn_shape sh, int P, int n_ctx, attn_kv_type kv)
         }
         free(k), free(v);
     }
-    attn_decode(d_q, d_qg, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o, d_oq,
-                kv, NULL);
+    attn_decode(d_q, d_qg, NULL, d_kc, d_vc, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_pos, d_part, d_o,
+                d_oq, kv, NULL);
     to_host(got, d_o, HA * 4);
     int8_t *gq = malloc(gemv_xq_bytes(HA));
     to_host(gq, d_oq, gemv_xq_bytes(HA));
@@ -324,8 +324,8 @@ static bool prep_case(attn_shape sh, int pos, bool perturb, attn_kv_type kv)
     status st;
     CU_ASSERT_EQUAL(cuda_memset(d_kc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_memset(d_vc, PREP_SENTINEL, cache_bytes, &st), STATUS_OK);
-    attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, d_pos, d_kc,
-              d_vc, d_q, kv, NULL);
+    attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, d_pos, NULL,
+              d_kc, d_vc, d_q, kv, NULL);
     to_host(q_got, d_q, HA * 4);
     to_host(kc_got, d_kc, cache_bytes);
     to_host(vc_got, d_vc, cache_bytes);

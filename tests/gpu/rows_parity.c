@@ -5,7 +5,9 @@
  * slot[i], the first B of a random permutation of more slots than rows, and (attention) at its
  * own position: 33 (in the second chunk), 0, 31 and 32 (either side of the first chunk
  * boundary), n_ctx - 1, then random. Activations have row strides longer than a row, slots a
- * stride longer than a slot's state. Checked:
+ * stride longer than a slot's state; the batched attention reads a paged KV cache (every block
+ * of every slot at a random place of one pool, kernels/cuda/attn.h "KV blocks"), the B = 1
+ * launches a contiguous one. Checked:
  *  - every row against the CPU twins (kernels/cpu ref_*) with kernels_parity's bounds, and the
  *    Q8 forms against the F32 outputs they were made from;
  *  - every row's outputs, Q8 forms, state and cache bit-identical (memcmp) to the same row run
@@ -506,6 +508,20 @@ static uint8_t *random_caches(int n_slots, int64_t per_slot, size_t stride, attn
     return c;
 }
 
+/* A pool of n_blk blocks of blk bytes: to_paged: block i of the contiguous layout (slot
+ * i / table_ld, block i % table_ld) goes to block table[i]; else back. A new buffer. */
+static uint8_t *paged(const uint8_t *src, const int32_t *table, int n_blk, size_t blk, bool to_paged)
+{
+    uint8_t *dst = xmalloc((size_t)n_blk * blk);
+    for (int i = 0; i < n_blk; i++) {
+        if (to_paged)
+            memcpy(dst + (size_t)table[i] * blk, src + (size_t)i * blk, blk);
+        else
+            memcpy(dst + (size_t)i * blk, src + (size_t)table[i] * blk, blk);
+    }
+    return dst;
+}
+
 /* attn_prep's twin checks of one row (kernels_parity's prep_case bounds, from the same
  * analysis): q out, the K and V rows at pos, every other row of the slot's cache unchanged. */
 static bool prep_row_ok(const char *name, attn_shape sh, int pos, attn_kv_type kv,
@@ -542,12 +558,27 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
 {
     const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
     const float base = 1e7f, eps = 1e-6f;
-    const size_t slot_bytes = (size_t)n_ctx * KVA * kv_elem(kv), stride = slot_bytes + 256;
+    /* a slot's cache: table_ld blocks (n_ctx positions and the rest of the last block) */
+    const int table_ld = (n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
+    const size_t blk = (size_t)ATTN_KV_BLOCK * KVA * kv_elem(kv);
+    const size_t slot_bytes = (size_t)n_ctx * KVA * kv_elem(kv), stride = table_ld * blk;
     const int64_t ld_in = 2 * HA + 2 * KVA + 3, ld_q = HA + 1, ld_o = HA + 2;
     const size_t qb = gemv_xq_bytes(HA);
     rows r;
     rows_make(&r, B, n_ctx);
     const size_t cb = (size_t)r.n_slots * stride;
+    /* the batched launches read a paged cache: every block of every slot at a random place of
+     * the pool (table); the B = 1 launches the contiguous one. The paged pool is made from, and
+     * read back into, the contiguous layout, so every check below compares slot by slot. */
+    const int n_blk = r.n_slots * table_ld;
+    int32_t *table = xmalloc((size_t)n_blk * 4);
+    for (int i = 0; i < n_blk; i++) table[i] = i;
+    for (int i = n_blk - 1; i > 0; i--) {
+        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
+        const int32_t t = table[i];
+        table[i] = table[j], table[j] = t;
+    }
+    int32_t *d_table = dev_from(table, (size_t)n_blk * 4);
     float *qw = rand_vec(sh.d_h, 0.5f), *kw = rand_vec(sh.d_h, 0.5f);
     for (int i = 0; i < sh.d_h; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
     float *p = rand_vec(B * ld_in, 1.0f);
@@ -556,7 +587,8 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
 
     float *d_qw = dev_from(qw, sh.d_h * 4), *d_kw = dev_from(kw, sh.d_h * 4);
     float *d_p = dev_from(p, (size_t)B * ld_in * 4);
-    uint8_t *d_kc = dev_from(kc0, cb), *d_vc = dev_from(vc0, cb);
+    uint8_t *kcp = paged(kc0, table, n_blk, blk, true), *vcp = paged(vc0, table, n_blk, blk, true);
+    uint8_t *d_kc = dev_from(kcp, cb), *d_vc = dev_from(vcp, cb);
     uint8_t *d_kc1 = dev_from(kc0, cb), *d_vc1 = dev_from(vc0, cb);
     float *d_q = dev_fill(SENTINEL, B * ld_q * 4), *d_q1 = dev_fill(SENTINEL, B * ld_q * 4);
     float *d_o = dev_fill(SENTINEL, B * ld_o * 4), *d_o1 = dev_fill(SENTINEL, B * ld_o * 4);
@@ -566,20 +598,22 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
     const float *d_k = d_p + 2 * HA, *d_v = d_k + KVA;
 
     attn_prep_rows(d_p, d_k, d_v, ld_in, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps,
-                   r.d_pos, r.d_slot, d_kc, d_vc, stride, d_q, ld_q, kv, B, NULL);
-    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, stride, r.d_slot, r.d_pos, NULL, sh.n_h, sh.n_kv,
-                     sh.d_h, n_ctx, d_part, d_o, ld_o, d_oq, kv, B, NULL);
+                   r.d_pos, r.d_slot, d_table, table_ld, d_kc, d_vc, d_q, ld_q, kv, B, NULL);
+    attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, r.d_slot, d_table, table_ld, r.d_pos,
+                     NULL, sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, d_oq, kv, B, NULL);
     for (int i = 0; i < B; i++) {
         uint8_t *kc1 = d_kc1 + (size_t)r.slot[i] * stride, *vc1 = d_vc1 + (size_t)r.slot[i] * stride;
         attn_prep(d_p + i * ld_in, d_k + i * ld_in, d_v + i * ld_in, d_qw, d_kw, sh.n_h, sh.n_kv,
-                  sh.d_h, sh.n_rot, base, eps, r.d_pos + i, kc1, vc1, d_q1 + i * ld_q, kv, NULL);
-        attn_decode(d_q1 + i * ld_q, d_p + i * ld_in, kc1, vc1, sh.n_h, sh.n_kv, sh.d_h, n_ctx,
-                    r.d_pos + i, d_part1, d_o1 + i * ld_o, d_oq1 + i * qb, kv, NULL);
+                  sh.d_h, sh.n_rot, base, eps, r.d_pos + i, NULL, kc1, vc1, d_q1 + i * ld_q, kv,
+                  NULL);
+        attn_decode(d_q1 + i * ld_q, d_p + i * ld_in, NULL, kc1, vc1, sh.n_h, sh.n_kv, sh.d_h,
+                    n_ctx, r.d_pos + i, d_part1, d_o1 + i * ld_o, d_oq1 + i * qb, kv, NULL);
     }
     float *q = host_of(d_q, B * ld_q * 4), *q1 = host_of(d_q1, B * ld_q * 4);
     float *o = host_of(d_o, B * ld_o * 4), *o1 = host_of(d_o1, B * ld_o * 4);
     int8_t *oq = host_of(d_oq, B * qb), *oq1 = host_of(d_oq1, B * qb);
-    uint8_t *kc = host_of(d_kc, cb), *vc = host_of(d_vc, cb);
+    uint8_t *kcp_got = host_of(d_kc, cb), *vcp_got = host_of(d_vc, cb);
+    uint8_t *kc = paged(kcp_got, table, n_blk, blk, false), *vc = paged(vcp_got, table, n_blk, blk, false);
     uint8_t *kc1 = host_of(d_kc1, cb), *vc1 = host_of(d_vc1, cb);
     if (perturb == PERTURB_OUTPUT) o[(B / 2) * ld_o + HA / 3] += 0.01f;
     if (perturb == PERTURB_STATE) { /* a byte of a slot no row names */
@@ -636,6 +670,7 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
     ok &= same_slots("  K cache", &r, kc, kc1, kc0, slot_bytes, stride);
     ok &= same_slots("  V cache", &r, vc, vc1, vc0, slot_bytes, stride);
 
+    cuda_free(d_table), free(table), free(kcp), free(vcp), free(kcp_got), free(vcp_got);
     cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_p), cuda_free(d_kc), cuda_free(d_vc);
     cuda_free(d_kc1), cuda_free(d_vc1), cuda_free(d_q), cuda_free(d_q1), cuda_free(d_o);
     cuda_free(d_o1), cuda_free(d_oq), cuda_free(d_oq1), cuda_free(d_part), cuda_free(d_part1);
