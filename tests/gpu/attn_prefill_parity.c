@@ -32,27 +32,6 @@ typedef struct shape {
     int n_h, n_kv, d_h, n_rot;
 } shape;
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    DS_ASSERT(p);
-    return p;
-}
-static void *host_of(const void *d, size_t bytes)
-{
-    status st;
-    void *h = xmalloc(bytes);
-    CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "attention kernels", &st), STATUS_OK);
-    CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
-    return h;
-}
-static float *rand_vec(int64_t n, float scale)
-{
-    float *v = xmalloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(&g_rng);
-    return v;
-}
-
 /* len[r] rows at positions start[r] .. (long runs: consecutive; caches hold random values
  * below) through both paths; true when they agree as the header says. */
 static bool prefill_case(shape sh, const int *len, const int *start, int n_runs, int n_ctx,
@@ -65,9 +44,9 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     for (int r = 0; r < n_runs; r++) B += len[r];
     const int R = B, n_slots = n_runs + 1;
     const int64_t ld_in = 2 * HA + 2 * KVA + 3, ld_q = HA + 1, ld_o = HA + 2;
-    int32_t *slot = xmalloc((size_t)B * 4), *pos = xmalloc((size_t)B * 4);
-    int32_t *run = xmalloc((size_t)2 * R * 4), *lng = xmalloc((size_t)(1 + R) * 4);
-    int32_t *skip = xmalloc((size_t)B * 4);
+    int32_t *slot = gpu_xmalloc((size_t)B * 4), *pos = gpu_xmalloc((size_t)B * 4);
+    int32_t *run = gpu_xmalloc((size_t)2 * R * 4), *lng = gpu_xmalloc((size_t)(1 + R) * 4);
+    int32_t *skip = gpu_xmalloc((size_t)B * 4);
     lng[0] = 0;
     for (int r = 0, i = 0; r < R; r++) {
         run[r] = r < n_runs ? i : 0;
@@ -79,20 +58,20 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
             skip[i] = len[r] > 1;
         }
     }
-    float *qw = rand_vec(sh.d_h, 0.5f), *kw = rand_vec(sh.d_h, 0.5f);
+    float *qw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f), *kw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f);
     for (int i = 0; i < sh.d_h; i++) qw[i] += 1.0f, kw[i] += 1.0f;
-    float *p = rand_vec((int64_t)B * ld_in, 1.0f);
+    float *p = gpu_rand_vec(&g_rng, (int64_t)B * ld_in, 1.0f);
     /* a paged cache: the slots' blocks at random places of one pool */
     const int n_blk = n_slots * table_ld;
     const size_t cb = (size_t)n_blk * ATTN_KV_BLOCK * KVA * 2;
-    int32_t *table = xmalloc((size_t)n_blk * 4);
+    int32_t *table = gpu_xmalloc((size_t)n_blk * 4);
     for (int i = 0; i < n_blk; i++) table[i] = i;
     for (int i = n_blk - 1; i > 0; i--) {
         const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
         const int32_t t = table[i];
         table[i] = table[j], table[j] = t;
     }
-    uint16_t *c0 = xmalloc(cb);
+    uint16_t *c0 = gpu_xmalloc(cb);
     for (size_t i = 0; i < cb / 2; i++)
         c0[i] = quant_f32_to_f16(2.0f * gpu_rng_uniform(&g_rng) - 1.0f);
     float *d_qw = dev_from(qw, sh.d_h * 4), *d_kw = dev_from(kw, sh.d_h * 4);
@@ -118,7 +97,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, NULL, ATTN_KV_F16, B,
                      NULL);
     CU_ASSERT_EQUAL(cuda_check("attention launches", &st), STATUS_OK);
-    float *o = host_of(d_o, (size_t)B * ld_o * 4), *o1 = host_of(d_o1, (size_t)B * ld_o * 4);
+    float *o = gpu_host_of(d_o, (size_t)B * ld_o * 4), *o1 = gpu_host_of(d_o1, (size_t)B * ld_o * 4);
     if (perturb) o[(B - 1) * ld_o + HA / 2] += 0.01f;
 
     printf("  attn prefill n_h %d n_kv %d d_h %d: %d runs (%d rows), n_ctx %d%s\n", sh.n_h,

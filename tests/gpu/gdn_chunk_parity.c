@@ -33,27 +33,6 @@ typedef struct shape {
     int n_k, n_v, d_k, d_v;
 } shape;
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    DS_ASSERT(p);
-    return p;
-}
-static void *host_of(const void *d, size_t bytes)
-{
-    status st;
-    void *h = xmalloc(bytes);
-    CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "gdn chunk kernels", &st), STATUS_OK);
-    CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
-    return h;
-}
-static float *rand_vec(int64_t n, float scale)
-{
-    float *v = xmalloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(&g_rng);
-    return v;
-}
-
 /* worst per-element excess over atol + rtol |ref| (0: all within) and the nmse, printed */
 static bool close_to(const char *what, const float *got, const float *ref, int64_t n)
 {
@@ -86,9 +65,9 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     int B = 0;
     for (int r = 0; r < n_runs; r++) B += len[r];
     const int n_slots = n_runs + 2;
-    int32_t *slot = xmalloc((size_t)B * 4), *run = xmalloc((size_t)2 * R * 4);
-    int32_t *lng = xmalloc((size_t)(1 + R) * 4);
-    int32_t *perm = xmalloc((size_t)n_slots * 4);
+    int32_t *slot = gpu_xmalloc((size_t)B * 4), *run = gpu_xmalloc((size_t)2 * R * 4);
+    int32_t *lng = gpu_xmalloc((size_t)(1 + R) * 4);
+    int32_t *perm = gpu_xmalloc((size_t)n_slots * 4);
     for (int i = 0; i < n_slots; i++) perm[i] = i;
     for (int i = n_slots - 1; i > 0; i--) {
         const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
@@ -103,11 +82,11 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     lng[0] = 0;
     for (int r = 0; r < n_runs; r++)
         if (len[r] > 1) lng[1 + lng[0]++] = r;
-    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
-    float *ssm_a = rand_vec(sh.n_v, 1.0f);
+    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
+    float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]);
-    float *S0 = rand_vec(n_slots * S_stride, 0.05f), *cs0 = rand_vec((int64_t)n_slots * nCS, 1.0f);
-    float *p = rand_vec((int64_t)B * ld_p, 1.0f);
+    float *S0 = gpu_rand_vec(&g_rng, n_slots * S_stride, 0.05f), *cs0 = gpu_rand_vec(&g_rng, (int64_t)n_slots * nCS, 1.0f);
+    float *p = gpu_rand_vec(&g_rng, (int64_t)B * ld_p, 1.0f);
     const size_t Sb = (size_t)n_slots * S_stride * 4, CSb = (size_t)n_slots * nCS * 4;
     const size_t Pb = (size_t)B * ld_p * 4, Ob = (size_t)B * ld_o * 4;
     float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
@@ -130,8 +109,8 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
                     d_S1, S_stride, d_slot, d_run, false, d_o1, ld_o, R, NULL);
     CU_ASSERT_EQUAL(cuda_check("gdn chunk launches", &st), STATUS_OK);
-    float *P = host_of(d_p, Pb), *o = host_of(d_o, Ob), *o1 = host_of(d_o1, Ob);
-    float *S = host_of(d_S, Sb), *S1 = host_of(d_S1, Sb);
+    float *P = gpu_host_of(d_p, Pb), *o = gpu_host_of(d_o, Ob), *o1 = gpu_host_of(d_o1, Ob);
+    float *S = gpu_host_of(d_S, Sb), *S1 = gpu_host_of(d_S1, Sb);
     if (perturb) o[(B - 1) * ld_o + D_v / 2] += 0.01f;
 
     /* the twin: per run and value head, norms and gates as ref_gdn_decode, then ref_gdn_chunked */
@@ -139,9 +118,9 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     snprintf(name, sizeof name, "gdn chunk n_k %d n_v %d d_k %d d_v %d: %d runs (%d rows) in %d%s",
              sh.n_k, sh.n_v, sh.d_k, sh.d_v, n_runs, B, R, perturb ? " (perturbed)" : "");
     printf("  %s\n", name);
-    float *qk = xmalloc((size_t)B * C * 4), *beta = xmalloc((size_t)B * sh.n_v * 4);
-    float *g = xmalloc((size_t)B * sh.n_v * 4), *o_ref = xmalloc((size_t)B * D_v * 4);
-    float *S_ref = xmalloc(Sb), *scratch = xmalloc(ref_gdn_chunked_scratch_floats(sh.d_k, sh.d_v) * 4);
+    float *qk = gpu_xmalloc((size_t)B * C * 4), *beta = gpu_xmalloc((size_t)B * sh.n_v * 4);
+    float *g = gpu_xmalloc((size_t)B * sh.n_v * 4), *o_ref = gpu_xmalloc((size_t)B * D_v * 4);
+    float *S_ref = gpu_xmalloc(Sb), *scratch = gpu_xmalloc(ref_gdn_chunked_scratch_floats(sh.d_k, sh.d_v) * 4);
     memcpy(S_ref, S0, Sb);
     for (int i = 0; i < B; i++) {
         memcpy(qk + (size_t)i * C, P + i * ld_p, (size_t)C * 4);
@@ -162,7 +141,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
         }
     }
     bool ok = true;
-    float *o_rows = xmalloc((size_t)B * D_v * 4), *o1_rows = xmalloc((size_t)B * D_v * 4);
+    float *o_rows = gpu_xmalloc((size_t)B * D_v * 4), *o1_rows = gpu_xmalloc((size_t)B * D_v * 4);
     for (int i = 0; i < B; i++) {
         memcpy(o_rows + (size_t)i * D_v, o + i * ld_o, (size_t)D_v * 4);
         memcpy(o1_rows + (size_t)i * D_v, o1 + i * ld_o, (size_t)D_v * 4);

@@ -5,6 +5,7 @@
 
 #include <CUnit/Basic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/status.h"
 #include "kernels/cuda/cuda_device.h"
@@ -24,6 +25,24 @@ static inline void *dev_from(const void *h, size_t bytes)
     void *p = dev(bytes);
     CU_ASSERT_EQUAL(cuda_upload(p, h, bytes, &st), STATUS_OK);
     return p;
+}
+
+/* Host memory for a test (the process stops when there is none). */
+static inline void *gpu_xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    DS_ASSERT(p);
+    return p;
+}
+
+/* A device buffer's bytes once the device is done with it, in a new host buffer. */
+static inline void *gpu_host_of(const void *d, size_t bytes)
+{
+    status st;
+    void *h = gpu_xmalloc(bytes);
+    CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "the kernels under test", &st), STATUS_OK);
+    CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
+    return h;
 }
 
 #endif

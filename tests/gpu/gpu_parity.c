@@ -70,6 +70,14 @@ float gpu_rng_normal(gpu_rng *r)
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
 }
 
+float *gpu_rand_vec(gpu_rng *r, int64_t n, float scale)
+{
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    DS_ASSERT(v);
+    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(r);
+    return v;
+}
+
 static void random_bytes(uint8_t *p, uint64_t n, gpu_rng *r)
 {
     for (uint64_t i = 0; i < n; i++) p[i] = (uint8_t)(gpu_rng_u64(r) >> 56);

@@ -29,6 +29,8 @@ void gpu_rng_seed(gpu_rng *r, uint64_t seed);
 uint64_t gpu_rng_u64(gpu_rng *r);
 float gpu_rng_uniform(gpu_rng *r);
 float gpu_rng_normal(gpu_rng *r);
+/* n floats scale·N(0, 1) in a new host buffer (the process stops when there is no memory). */
+float *gpu_rand_vec(gpu_rng *r, int64_t n, float scale);
 
 /* Fills dst with n elements (whole blocks) of ggml type `type`: random bytes for every quant
  * field (all bit patterns of scales/qh/qs) and finite scales d, dmin of magnitude ~scale;

@@ -41,14 +41,6 @@ static void to_host(void *h, const void *d, size_t bytes)
     CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "kernels", &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
 }
-static float *rand_vec(int64_t n, float scale)
-{
-    float *v = malloc((size_t)n * sizeof(float));
-    DS_ASSERT(v);
-    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(&g_rng);
-    return v;
-}
-
 /* ---- RMSNorm ---- */
 static void test_norm(void)
 {
@@ -56,7 +48,7 @@ static void test_norm(void)
     static const int ns[] = {32, 256, 1024, 2560, 5120, 4096 + 32};
     for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
         const int n = ns[c];
-        float *x = rand_vec(n, 3.0f), *w = rand_vec(n, 1.0f), *ref = malloc(n * 4),
+        float *x = gpu_rand_vec(&g_rng, n, 3.0f), *w = gpu_rand_vec(&g_rng, n, 1.0f), *ref = malloc(n * 4),
               *got = malloc(n * 4);
         int8_t *q = malloc(gemv_xq_bytes(n));
         ref_rmsnorm(x, w, n, 1e-6f, ref);
@@ -88,10 +80,10 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
 {
     const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
     const int64_t nS = (int64_t)sh.n_v * sh.d_v * sh.d_k;
-    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
-    float *ssm_a = rand_vec(sh.n_v, 1.0f), *norm_w = rand_vec(sh.d_v, 1.0f);
+    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
+    float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f), *norm_w = gpu_rand_vec(&g_rng, sh.d_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]); /* -exp(A_log) */
-    float *cs = calloc((size_t)C * (K - 1), 4), *S = rand_vec(nS, 0.05f);
+    float *cs = calloc((size_t)C * (K - 1), 4), *S = gpu_rand_vec(&g_rng, nS, 0.05f);
     float *y = malloc(D_v * 4), *got = malloc(D_v * 4), *scratch =
         malloc(ref_gdn_decode_scratch_floats(C, sh.n_v) * 4);
     float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
@@ -103,8 +95,8 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool perturb)
     bool ok = true;
     char name[96];
     for (int t = 0; t < n_tokens; t++) {
-        float *mixed = rand_vec(C, 1.0f), *z = rand_vec(D_v, 1.0f), *b = rand_vec(sh.n_v, 1.0f),
-              *a = rand_vec(sh.n_v, 1.0f);
+        float *mixed = gpu_rand_vec(&g_rng, C, 1.0f), *z = gpu_rand_vec(&g_rng, D_v, 1.0f), *b = gpu_rand_vec(&g_rng, sh.n_v, 1.0f),
+              *a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
         status st;
         cuda_upload(d_mixed, mixed, C * 4, &st), cuda_upload(d_z, z, D_v * 4, &st);
         cuda_upload(d_b, b, sh.n_v * 4, &st), cuda_upload(d_a, a, sh.n_v * 4, &st);
@@ -151,8 +143,8 @@ static void test_gemv_conv(void)
     const uint64_t raw = quant_row_bytes(GGML_TYPE_Q4_K, (uint64_t)n_in * n_out);
     void *host = malloc(raw);
     gpu_random_tensor(GGML_TYPE_Q4_K, (int64_t)n_in * n_out, 0.1f, &g_rng, host);
-    float *x = rand_vec(n_in, 1.0f), *xd = malloc(n_in * 4), *cw = rand_vec(n_conv * K, 0.5f);
-    float *cs = rand_vec(n_conv * (K - 1), 1.0f), *mixed = malloc(n_out * 4), *ref = malloc(n_out * 4);
+    float *x = gpu_rand_vec(&g_rng, n_in, 1.0f), *xd = malloc(n_in * 4), *cw = gpu_rand_vec(&g_rng, n_conv * K, 0.5f);
+    float *cs = gpu_rand_vec(&g_rng, n_conv * (K - 1), 1.0f), *mixed = malloc(n_out * 4), *ref = malloc(n_out * 4);
     float *got = malloc(n_out * 4), *gcs = malloc(n_conv * (K - 1) * 4);
     int8_t *qs = malloc(n_in);
     float *qd = malloc(n_in / 32 * 4), *qsum = malloc(n_in / 32 * 4);
@@ -217,7 +209,7 @@ static bool attn_case(attn_shape sh, int P, int n_ctx, attn_kv_type kv)
 {
     const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
     const float base = 1e7f, eps = 1e-6f;
-    float *qw = rand_vec(sh.d_h, 1.0f), *kw = rand_vec(sh.d_h, 1.0f);
+    float *qw = gpu_rand_vec(&g_rng, sh.d_h, 1.0f), *kw = gpu_rand_vec(&g_rng, sh.d_h, 1.0f);
     float *kc = malloc((size_t)P * KVA * 4), *vc = malloc((size_t)P * KVA * 4);
     float *q = malloc(HA * 4), *o = malloc(HA * 4), *got = malloc(HA * 4), *scores =
         malloc(REF_ATTN_BLOCK * 4), *qg = NULL;
@@ -230,8 +222,8 @@ static bool attn_case(attn_shape sh, int P, int n_ctx, attn_kv_type kv)
     status st;
     for (int t = 0; t < P; t++) {
         free(qg);
-        qg = rand_vec(2 * HA, 1.0f);
-        float *k = rand_vec(KVA, 1.0f), *v = rand_vec(KVA, 1.0f);
+        qg = gpu_rand_vec(&g_rng, 2 * HA, 1.0f);
+        float *k = gpu_rand_vec(&g_rng, KVA, 1.0f), *v = gpu_rand_vec(&g_rng, KVA, 1.0f);
         cuda_upload(d_qg, qg, 2 * HA * 4, &st), cuda_upload(d_k, k, KVA * 4, &st);
         cuda_upload(d_v, v, KVA * 4, &st), cuda_upload(d_pos, &t, 4, &st);
         attn_prep(d_qg, d_k, d_v, d_qw, d_kw, sh.n_h, sh.n_kv, sh.d_h, sh.n_rot, base, eps, d_pos,
@@ -304,8 +296,8 @@ static bool prep_case(attn_shape sh, int pos, bool perturb, attn_kv_type kv)
     const float base = 1e7f, eps = 1e-6f;
     const size_t row = (size_t)KVA * kv_elem(kv), cache_bytes = (size_t)n_ctx * row;
     const size_t at = pos * row;
-    float *qg = rand_vec(2 * HA, 2.0f), *k = rand_vec(KVA, 2.0f), *v = rand_vec(KVA, 2.0f);
-    float *qw = rand_vec(d, 0.5f), *kw = rand_vec(d, 0.5f);
+    float *qg = gpu_rand_vec(&g_rng, 2 * HA, 2.0f), *k = gpu_rand_vec(&g_rng, KVA, 2.0f), *v = gpu_rand_vec(&g_rng, KVA, 2.0f);
+    float *qw = gpu_rand_vec(&g_rng, d, 0.5f), *kw = gpu_rand_vec(&g_rng, d, 0.5f);
     for (int i = 0; i < d; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
     float *q_ref = malloc(HA * 4), *q_got = malloc(HA * 4);
     float *k_ref = malloc(KVA * 4), *k_got = malloc(KVA * 4);

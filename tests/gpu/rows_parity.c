@@ -51,12 +51,6 @@ static const int g_Bs[] = {1, 3, 17, 64, 256};
 enum perturb { PERTURB_NONE, PERTURB_OUTPUT, PERTURB_STATE };
 
 /* ---- host and device buffers: every failure is a test failure with the message printed ---- */
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    DS_ASSERT(p);
-    return p;
-}
 static void *dev_fill(int byte, size_t bytes)
 {
     status st;
@@ -64,21 +58,6 @@ static void *dev_fill(int byte, size_t bytes)
     CU_ASSERT_EQUAL(cuda_memset(p, byte, bytes, &st), STATUS_OK);
     return p;
 }
-static void *host_of(const void *d, size_t bytes)
-{
-    status st;
-    void *h = xmalloc(bytes);
-    CU_ASSERT_EQUAL_FATAL(cuda_sync(NULL, "rows kernels", &st), STATUS_OK);
-    CU_ASSERT_EQUAL(cuda_download(h, d, bytes, &st), STATUS_OK);
-    return h;
-}
-static float *rand_vec(int64_t n, float scale)
-{
-    float *v = xmalloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = scale * gpu_rng_normal(&g_rng);
-    return v;
-}
-
 /* ---- the row map ---- */
 typedef struct rows {
     int B, n_slots;
@@ -93,7 +72,7 @@ static void rows_make(rows *r, int B, int n_ctx)
     DS_ASSERT(B >= 1 && B <= ROWS_MAX);
     r->B = B;
     r->n_slots = B + B / 4 + 3;
-    int32_t *perm = xmalloc((size_t)r->n_slots * sizeof *perm);
+    int32_t *perm = gpu_xmalloc((size_t)r->n_slots * sizeof *perm);
     for (int i = 0; i < r->n_slots; i++) perm[i] = i;
     for (int i = r->n_slots - 1; i > 0; i--) {
         const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
@@ -202,20 +181,20 @@ static bool norm_rows_case(int n, int B, enum perturb perturb)
     const float eps = 1e-6f;
     const int64_t ld = n + 3;
     const size_t qb = gemv_xq_bytes(n), yb = (size_t)B * ld * 4;
-    float *x = rand_vec((int64_t)B * ld, 3.0f), *w = rand_vec(n, 1.0f);
+    float *x = gpu_rand_vec(&g_rng, (int64_t)B * ld, 3.0f), *w = gpu_rand_vec(&g_rng, n, 1.0f);
     float *d_x = dev_from(x, (size_t)B * ld * 4), *d_w = dev_from(w, (size_t)n * 4);
     float *d_y = dev_fill(SENTINEL, yb), *d_y1 = dev_fill(SENTINEL, yb);
     uint8_t *d_q = dev_fill(SENTINEL, B * qb), *d_q1 = dev_fill(SENTINEL, B * qb);
     norm_rms_rows(d_x, ld, d_w, n, eps, d_y, ld, d_q, B, NULL);
     for (int i = 0; i < B; i++)
         norm_rms(d_x + i * ld, d_w, n, eps, d_y1 + i * ld, d_q1 + i * qb, NULL);
-    float *y = host_of(d_y, yb), *y1 = host_of(d_y1, yb);
-    int8_t *q = host_of(d_q, B * qb), *q1 = host_of(d_q1, B * qb);
+    float *y = gpu_host_of(d_y, yb), *y1 = gpu_host_of(d_y1, yb);
+    int8_t *q = gpu_host_of(d_q, B * qb), *q1 = gpu_host_of(d_q1, B * qb);
     if (perturb == PERTURB_OUTPUT) y[(B / 2) * ld + n / 3] += 0.01f;
 
     char name[96];
     snprintf(name, sizeof name, "norm_rms_rows n %d B %d%s", n, B, perturb ? " (perturbed)" : "");
-    float *ref = xmalloc((size_t)B * n * 4);
+    float *ref = gpu_xmalloc((size_t)B * n * 4);
     for (int i = 0; i < B; i++) ref_rmsnorm(x + i * ld, w, n, eps, ref + (size_t)i * n);
     bool ok = rows_parity(name, y, ld, ref, n, B, 1e-5, 1e-5, 1e-10);
     for (int i = 0; i < B; i++) ok &= gpu_check_q8_of(name, y + i * ld, q + i * qb, n);
@@ -223,12 +202,12 @@ static bool norm_rows_case(int n, int B, enum perturb perturb)
     ok &= same_rows("  its Q8", q, q1, B, qb, qb);
     ok &= pad_untouched(name, y, B, (size_t)n * 4, ld * 4);
     /* gathered (the lm_head's rows): row i from row src[i], bit-identical to that row above */
-    int32_t *src = xmalloc((size_t)B * 4);
+    int32_t *src = gpu_xmalloc((size_t)B * 4);
     for (int i = 0; i < B; i++) src[i] = (int32_t)((B - 1 - i + (i % 3 == 1)) % B);
     int32_t *d_src = dev_from(src, (size_t)B * 4);
     float *d_g = dev_fill(SENTINEL, yb);
     norm_rms_gather(d_x, ld, d_src, d_w, n, eps, d_g, ld, NULL, B, NULL);
-    float *g = host_of(d_g, yb);
+    float *g = gpu_host_of(d_g, yb);
     int bad_g = 0;
     for (int i = 0; i < B; i++)
         bad_g += memcmp(g + i * ld, y1 + (int64_t)src[i] * ld, (size_t)n * 4) != 0;
@@ -266,11 +245,11 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     const size_t qb = gemv_xq_bytes(D_v);
     rows r;
     rows_make(&r, B, 0);
-    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
-    float *ssm_a = rand_vec(sh.n_v, 1.0f), *norm_w = rand_vec(sh.d_v, 1.0f);
+    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
+    float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f), *norm_w = gpu_rand_vec(&g_rng, sh.d_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]); /* -exp(A_log) */
-    float *S0 = rand_vec(r.n_slots * S_stride, 0.05f), *cs0 = rand_vec(r.n_slots * CS_stride, 1.0f);
-    float *p = rand_vec(B * ld_p, 1.0f);
+    float *S0 = gpu_rand_vec(&g_rng, r.n_slots * S_stride, 0.05f), *cs0 = gpu_rand_vec(&g_rng, r.n_slots * CS_stride, 1.0f);
+    float *p = gpu_rand_vec(&g_rng, B * ld_p, 1.0f);
     const size_t Sb = (size_t)r.n_slots * S_stride * 4, CSb = (size_t)r.n_slots * CS_stride * 4;
 
     float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
@@ -299,13 +278,13 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
         gdn_norm_gated(d_o1 + i * ld_o, d_z + i * ld_p, d_nw, sh.n_v, sh.d_v, eps, d_y1 + i * ld_y,
                        d_q1 + i * qb, NULL);
     }
-    float *c = host_of(d_c, B * ld_c * 4), *c1 = host_of(d_c1, B * ld_c * 4);
-    float *o = host_of(d_o, B * ld_o * 4), *o1 = host_of(d_o1, B * ld_o * 4);
-    float *y = host_of(d_y, B * ld_y * 4), *y1 = host_of(d_y1, B * ld_y * 4);
-    int8_t *q = host_of(d_q, B * qb), *q1 = host_of(d_q1, B * qb);
-    float *S = host_of(d_S, Sb), *S1 = host_of(d_S1, Sb);
-    float *cs = host_of(d_cs, CSb), *cs1 = host_of(d_cs1, CSb);
-    float *pin = host_of(d_pin, (size_t)B * ld_p * 4), *csin = host_of(d_csin, CSb);
+    float *c = gpu_host_of(d_c, B * ld_c * 4), *c1 = gpu_host_of(d_c1, B * ld_c * 4);
+    float *o = gpu_host_of(d_o, B * ld_o * 4), *o1 = gpu_host_of(d_o1, B * ld_o * 4);
+    float *y = gpu_host_of(d_y, B * ld_y * 4), *y1 = gpu_host_of(d_y1, B * ld_y * 4);
+    int8_t *q = gpu_host_of(d_q, B * qb), *q1 = gpu_host_of(d_q1, B * qb);
+    float *S = gpu_host_of(d_S, Sb), *S1 = gpu_host_of(d_S1, Sb);
+    float *cs = gpu_host_of(d_cs, CSb), *cs1 = gpu_host_of(d_cs1, CSb);
+    float *pin = gpu_host_of(d_pin, (size_t)B * ld_p * 4), *csin = gpu_host_of(d_csin, CSb);
     if (perturb == PERTURB_OUTPUT) y[(B / 2) * ld_y + D_v / 3] += 0.01f;
     if (perturb == PERTURB_STATE) { /* a byte of a slot no row names */
         for (int s = 0; s < r.n_slots; s++)
@@ -316,8 +295,8 @@ static bool gdn_rows_case(gdn_shape sh, int B, enum perturb perturb)
     }
 
     /* the CPU twin, row by row on its slot's states */
-    float *y_ref = xmalloc((size_t)B * D_v * 4), *S_ref = xmalloc(nS * 4),
-          *cs_ref = xmalloc(nCS * 4), *scratch = xmalloc(ref_gdn_decode_scratch_floats(C, sh.n_v) * 4);
+    float *y_ref = gpu_xmalloc((size_t)B * D_v * 4), *S_ref = gpu_xmalloc(nS * 4),
+          *cs_ref = gpu_xmalloc(nCS * 4), *scratch = gpu_xmalloc(ref_gdn_decode_scratch_floats(C, sh.n_v) * 4);
     char name[128];
     snprintf(name, sizeof name, "gdn rows n_k %d n_v %d d_k %d d_v %d B %d%s", sh.n_k, sh.n_v,
              sh.d_k, sh.d_v, B, perturb == PERTURB_OUTPUT ? " (output perturbed)"
@@ -393,8 +372,8 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
     int B = 0;
     for (int r = 0; r < n_runs; r++) B += len[r];
     const int n_slots = n_runs + 3;
-    int32_t *slot = xmalloc((size_t)B * 4), *run = xmalloc((size_t)2 * R * 4);
-    int32_t *perm = xmalloc((size_t)n_slots * 4);
+    int32_t *slot = gpu_xmalloc((size_t)B * 4), *run = gpu_xmalloc((size_t)2 * R * 4);
+    int32_t *perm = gpu_xmalloc((size_t)n_slots * 4);
     for (int i = 0; i < n_slots; i++) perm[i] = i;
     for (int i = n_slots - 1; i > 0; i--) {
         const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
@@ -406,11 +385,11 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
         run[R + r] = r < n_runs ? len[r] : 0;
         for (int k = 0; r < n_runs && k < len[r]; k++) slot[i++] = perm[r];
     }
-    float *conv_w = rand_vec((int64_t)C * K, 0.5f), *dt = rand_vec(sh.n_v, 1.0f);
-    float *ssm_a = rand_vec(sh.n_v, 1.0f);
+    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
+    float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]);
-    float *S0 = rand_vec(n_slots * S_stride, 0.05f), *cs0 = rand_vec(n_slots * CS_stride, 1.0f);
-    float *p = rand_vec((int64_t)B * ld_p, 1.0f);
+    float *S0 = gpu_rand_vec(&g_rng, n_slots * S_stride, 0.05f), *cs0 = gpu_rand_vec(&g_rng, n_slots * CS_stride, 1.0f);
+    float *p = gpu_rand_vec(&g_rng, (int64_t)B * ld_p, 1.0f);
     const size_t Sb = (size_t)n_slots * S_stride * 4, CSb = (size_t)n_slots * CS_stride * 4;
     const size_t Pb = (size_t)B * ld_p * 4, Ob = (size_t)B * ld_o * 4;
     float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
@@ -431,9 +410,9 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
         gdn_decode(pi, pi + C + D_v, pi + C + D_v + sh.n_v, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k,
                    sh.d_v, eps, d_S1 + s * S_stride, d_o1 + i * ld_o, NULL);
     }
-    float *P = host_of(d_p, Pb), *P1 = host_of(d_p1, Pb), *o = host_of(d_o, Ob);
-    float *o1 = host_of(d_o1, Ob), *S = host_of(d_S, Sb), *S1 = host_of(d_S1, Sb);
-    float *cs = host_of(d_cs, CSb), *cs1 = host_of(d_cs1, CSb);
+    float *P = gpu_host_of(d_p, Pb), *P1 = gpu_host_of(d_p1, Pb), *o = gpu_host_of(d_o, Ob);
+    float *o1 = gpu_host_of(d_o1, Ob), *S = gpu_host_of(d_S, Sb), *S1 = gpu_host_of(d_S1, Sb);
+    float *cs = gpu_host_of(d_cs, CSb), *cs1 = gpu_host_of(d_cs1, CSb);
     if (perturb == PERTURB_OUTPUT) o[(B - 1) * ld_o + D_v / 2] += 1e-3f;
     char name[160];
     snprintf(name, sizeof name, "gdn runs n_k %d n_v %d d_k %d d_v %d: %d runs (%d rows) in %d%s",
@@ -492,7 +471,7 @@ static float kv_get(const uint8_t *cache, int64_t i, attn_kv_type t)
 /* Random cache contents for every position of every slot, and random padding bytes. */
 static uint8_t *random_caches(int n_slots, int64_t per_slot, size_t stride, attn_kv_type t)
 {
-    uint8_t *c = xmalloc((size_t)n_slots * stride);
+    uint8_t *c = gpu_xmalloc((size_t)n_slots * stride);
     const size_t used = (size_t)per_slot * kv_elem(t);
     for (int s = 0; s < n_slots; s++) {
         uint8_t *at = c + (size_t)s * stride;
@@ -512,7 +491,7 @@ static uint8_t *random_caches(int n_slots, int64_t per_slot, size_t stride, attn
  * i / table_ld, block i % table_ld) goes to block table[i]; else back. A new buffer. */
 static uint8_t *paged(const uint8_t *src, const int32_t *table, int n_blk, size_t blk, bool to_paged)
 {
-    uint8_t *dst = xmalloc((size_t)n_blk * blk);
+    uint8_t *dst = gpu_xmalloc((size_t)n_blk * blk);
     for (int i = 0; i < n_blk; i++) {
         if (to_paged)
             memcpy(dst + (size_t)table[i] * blk, src + (size_t)i * blk, blk);
@@ -532,7 +511,7 @@ static bool prep_row_ok(const char *name, attn_shape sh, int pos, attn_kv_type k
     const int KVA = sh.n_kv * sh.d_h, HA = sh.n_h * sh.d_h;
     const size_t row = (size_t)KVA * kv_elem(kv), at = (size_t)pos * row;
     const double atol = 2e-5 + 2e-6 * pos, nmse_pos = 1e-13 * (double)pos * pos;
-    float *kg = xmalloc(KVA * 4), *kr = xmalloc(KVA * 4), *vg = xmalloc(KVA * 4), *vr = xmalloc(KVA * 4);
+    float *kg = gpu_xmalloc(KVA * 4), *kr = gpu_xmalloc(KVA * 4), *vg = gpu_xmalloc(KVA * 4), *vr = gpu_xmalloc(KVA * 4);
     for (int i = 0; i < KVA; i++) {
         kg[i] = kv_get(kc_got + at, i, kv), kr[i] = kv_get(kc_ref + at, i, kv);
         vg[i] = kv_get(vc_got + at, i, kv), vr[i] = kv_get(vc_ref + at, i, kv);
@@ -571,7 +550,7 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
      * the pool (table); the B = 1 launches the contiguous one. The paged pool is made from, and
      * read back into, the contiguous layout, so every check below compares slot by slot. */
     const int n_blk = r.n_slots * table_ld;
-    int32_t *table = xmalloc((size_t)n_blk * 4);
+    int32_t *table = gpu_xmalloc((size_t)n_blk * 4);
     for (int i = 0; i < n_blk; i++) table[i] = i;
     for (int i = n_blk - 1; i > 0; i--) {
         const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
@@ -579,9 +558,9 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
         table[i] = table[j], table[j] = t;
     }
     int32_t *d_table = dev_from(table, (size_t)n_blk * 4);
-    float *qw = rand_vec(sh.d_h, 0.5f), *kw = rand_vec(sh.d_h, 0.5f);
+    float *qw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f), *kw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f);
     for (int i = 0; i < sh.d_h; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
-    float *p = rand_vec(B * ld_in, 1.0f);
+    float *p = gpu_rand_vec(&g_rng, B * ld_in, 1.0f);
     uint8_t *kc0 = random_caches(r.n_slots, (int64_t)n_ctx * KVA, stride, kv);
     uint8_t *vc0 = random_caches(r.n_slots, (int64_t)n_ctx * KVA, stride, kv);
 
@@ -609,12 +588,12 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
         attn_decode(d_q1 + i * ld_q, d_p + i * ld_in, NULL, kc1, vc1, sh.n_h, sh.n_kv, sh.d_h,
                     n_ctx, r.d_pos + i, d_part1, d_o1 + i * ld_o, d_oq1 + i * qb, kv, NULL);
     }
-    float *q = host_of(d_q, B * ld_q * 4), *q1 = host_of(d_q1, B * ld_q * 4);
-    float *o = host_of(d_o, B * ld_o * 4), *o1 = host_of(d_o1, B * ld_o * 4);
-    int8_t *oq = host_of(d_oq, B * qb), *oq1 = host_of(d_oq1, B * qb);
-    uint8_t *kcp_got = host_of(d_kc, cb), *vcp_got = host_of(d_vc, cb);
+    float *q = gpu_host_of(d_q, B * ld_q * 4), *q1 = gpu_host_of(d_q1, B * ld_q * 4);
+    float *o = gpu_host_of(d_o, B * ld_o * 4), *o1 = gpu_host_of(d_o1, B * ld_o * 4);
+    int8_t *oq = gpu_host_of(d_oq, B * qb), *oq1 = gpu_host_of(d_oq1, B * qb);
+    uint8_t *kcp_got = gpu_host_of(d_kc, cb), *vcp_got = gpu_host_of(d_vc, cb);
     uint8_t *kc = paged(kcp_got, table, n_blk, blk, false), *vc = paged(vcp_got, table, n_blk, blk, false);
-    uint8_t *kc1 = host_of(d_kc1, cb), *vc1 = host_of(d_vc1, cb);
+    uint8_t *kc1 = gpu_host_of(d_kc1, cb), *vc1 = gpu_host_of(d_vc1, cb);
     if (perturb == PERTURB_OUTPUT) o[(B / 2) * ld_o + HA / 3] += 0.01f;
     if (perturb == PERTURB_STATE) { /* a byte of a slot no row names */
         for (int s = 0; s < r.n_slots; s++)
@@ -630,8 +609,8 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
              perturb == PERTURB_OUTPUT ? " (output perturbed)"
              : perturb == PERTURB_STATE ? " (cache perturbed)" : "");
     /* prep: the twin on a copy of the row's slot as it was */
-    uint8_t *kc_ref = xmalloc(slot_bytes), *vc_ref = xmalloc(slot_bytes);
-    float *q_ref = xmalloc(HA * 4);
+    uint8_t *kc_ref = gpu_xmalloc(slot_bytes), *vc_ref = gpu_xmalloc(slot_bytes);
+    float *q_ref = gpu_xmalloc(HA * 4);
     int bad_prep = 0;
     for (int i = 0; i < B; i++) {
         const size_t at = (size_t)r.slot[i] * stride;
@@ -647,8 +626,8 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
     if (bad_prep) printf("  %s: attn_prep off the twin in %d rows\n", name, bad_prep);
     bool ok = bad_prep == 0;
     /* decode: the twin on the GPU's q and cache (what prep wrote is checked above) */
-    float *o_ref = xmalloc((size_t)B * HA * 4), *scores = xmalloc(REF_ATTN_BLOCK * 4);
-    float *kf = xmalloc((size_t)n_ctx * KVA * 4), *vf = xmalloc((size_t)n_ctx * KVA * 4);
+    float *o_ref = gpu_xmalloc((size_t)B * HA * 4), *scores = gpu_xmalloc(REF_ATTN_BLOCK * 4);
+    float *kf = gpu_xmalloc((size_t)n_ctx * KVA * 4), *vf = gpu_xmalloc((size_t)n_ctx * KVA * 4);
     for (int i = 0; i < B; i++) {
         const int n = r.pos[i] + 1;
         const uint8_t *ks = kc + (size_t)r.slot[i] * stride, *vs = vc + (size_t)r.slot[i] * stride;
