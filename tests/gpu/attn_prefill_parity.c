@@ -65,12 +65,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     const int n_blk = n_slots * table_ld;
     const size_t cb = (size_t)n_blk * ATTN_KV_BLOCK * KVA * 2;
     int32_t *table = gpu_xmalloc((size_t)n_blk * 4);
-    for (int i = 0; i < n_blk; i++) table[i] = i;
-    for (int i = n_blk - 1; i > 0; i--) {
-        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
-        const int32_t t = table[i];
-        table[i] = table[j], table[j] = t;
-    }
+    gpu_rng_permutation(&g_rng, table, n_blk);
     uint16_t *c0 = gpu_xmalloc(cb);
     for (size_t i = 0; i < cb / 2; i++)
         c0[i] = quant_f32_to_f16(2.0f * gpu_rng_uniform(&g_rng) - 1.0f);

@@ -68,17 +68,8 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     int32_t *slot = gpu_xmalloc((size_t)B * 4), *run = gpu_xmalloc((size_t)2 * R * 4);
     int32_t *lng = gpu_xmalloc((size_t)(1 + R) * 4);
     int32_t *perm = gpu_xmalloc((size_t)n_slots * 4);
-    for (int i = 0; i < n_slots; i++) perm[i] = i;
-    for (int i = n_slots - 1; i > 0; i--) {
-        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
-        const int32_t t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    for (int r = 0, i = 0; r < R; r++) {
-        run[r] = r < n_runs ? i : 0;
-        run[R + r] = r < n_runs ? len[r] : 0;
-        for (int k = 0; r < n_runs && k < len[r]; k++) slot[i++] = perm[r];
-    }
+    gpu_rng_permutation(&g_rng, perm, n_slots);
+    gpu_runs_make(len, n_runs, R, perm, slot, run);
     lng[0] = 0;
     for (int r = 0; r < n_runs; r++)
         if (len[r] > 1) lng[1 + lng[0]++] = r;

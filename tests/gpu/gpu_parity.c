@@ -78,6 +78,26 @@ float *gpu_rand_vec(gpu_rng *r, int64_t n, float scale)
     return v;
 }
 
+void gpu_rng_permutation(gpu_rng *r, int32_t *a, int n)
+{
+    for (int i = 0; i < n; i++) a[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)(gpu_rng_u64(r) % (uint64_t)(i + 1));
+        const int32_t t = a[i];
+        a[i] = a[j], a[j] = t;
+    }
+}
+
+void gpu_runs_make(const int *len, int n_runs, int R, const int32_t *slot_of, int32_t *slot,
+                   int32_t *run)
+{
+    for (int k = 0, i = 0; k < R; k++) {
+        run[k] = k < n_runs ? i : 0;
+        run[R + k] = k < n_runs ? len[k] : 0;
+        for (int t = 0; k < n_runs && t < len[k]; t++) slot[i++] = slot_of[k];
+    }
+}
+
 static void random_bytes(uint8_t *p, uint64_t n, gpu_rng *r)
 {
     for (uint64_t i = 0; i < n; i++) p[i] = (uint8_t)(gpu_rng_u64(r) >> 56);

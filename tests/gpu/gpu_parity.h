@@ -31,6 +31,14 @@ float gpu_rng_uniform(gpu_rng *r);
 float gpu_rng_normal(gpu_rng *r);
 /* n floats scale·N(0, 1) in a new host buffer (the process stops when there is no memory). */
 float *gpu_rand_vec(gpu_rng *r, int64_t n, float scale);
+/* a[0 .. n) = a random permutation of 0 .. n-1. */
+void gpu_rng_permutation(gpu_rng *r, int32_t *a, int n);
+
+/* Rows in runs (kernels/cuda/gdn.h "Runs"): run k is len[k] consecutive rows on slot
+ * slot_of[k]. Writes each row's slot (slot[], sum of len entries) and the run table (run[],
+ * [2][R]: first rows then lengths; entries n_runs .. R empty). */
+void gpu_runs_make(const int *len, int n_runs, int R, const int32_t *slot_of, int32_t *slot,
+                   int32_t *run);
 
 /* Fills dst with n elements (whole blocks) of ggml type `type`: random bytes for every quant
  * field (all bit patterns of scales/qh/qs) and finite scales d, dmin of magnitude ~scale;

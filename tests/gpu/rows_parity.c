@@ -73,12 +73,7 @@ static void rows_make(rows *r, int B, int n_ctx)
     r->B = B;
     r->n_slots = B + B / 4 + 3;
     int32_t *perm = gpu_xmalloc((size_t)r->n_slots * sizeof *perm);
-    for (int i = 0; i < r->n_slots; i++) perm[i] = i;
-    for (int i = r->n_slots - 1; i > 0; i--) {
-        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
-        const int32_t t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
+    gpu_rng_permutation(&g_rng, perm, r->n_slots);
     static const int fixed[] = {33, 0, 31, 32, -1};
     for (int i = 0; i < B; i++) {
         r->slot[i] = perm[i];
@@ -374,17 +369,8 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
     const int n_slots = n_runs + 3;
     int32_t *slot = gpu_xmalloc((size_t)B * 4), *run = gpu_xmalloc((size_t)2 * R * 4);
     int32_t *perm = gpu_xmalloc((size_t)n_slots * 4);
-    for (int i = 0; i < n_slots; i++) perm[i] = i;
-    for (int i = n_slots - 1; i > 0; i--) {
-        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
-        const int32_t t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    for (int r = 0, i = 0; r < R; r++) {
-        run[r] = r < n_runs ? i : 0;
-        run[R + r] = r < n_runs ? len[r] : 0;
-        for (int k = 0; r < n_runs && k < len[r]; k++) slot[i++] = perm[r];
-    }
+    gpu_rng_permutation(&g_rng, perm, n_slots);
+    gpu_runs_make(len, n_runs, R, perm, slot, run);
     float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]);
@@ -551,12 +537,7 @@ static bool attn_rows_case(attn_shape sh, int B, int n_ctx, attn_kv_type kv, enu
      * read back into, the contiguous layout, so every check below compares slot by slot. */
     const int n_blk = r.n_slots * table_ld;
     int32_t *table = gpu_xmalloc((size_t)n_blk * 4);
-    for (int i = 0; i < n_blk; i++) table[i] = i;
-    for (int i = n_blk - 1; i > 0; i--) {
-        const int j = (int)(gpu_rng_u64(&g_rng) % (uint64_t)(i + 1));
-        const int32_t t = table[i];
-        table[i] = table[j], table[j] = t;
-    }
+    gpu_rng_permutation(&g_rng, table, n_blk);
     int32_t *d_table = dev_from(table, (size_t)n_blk * 4);
     float *qw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f), *kw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f);
     for (int i = 0; i < sh.d_h; i++) qw[i] += 1.0f, kw[i] += 1.0f; /* GGUF norms hold 1 + w */
