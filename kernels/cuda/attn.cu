@@ -101,13 +101,6 @@ extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
                    eps, d_pos, NULL, d_table, 0, d_k_cache, d_v_cache, d_q_out, 0, kv_type, 1, l);
 }
 
-// One row's partials (layout below), rounded up to 256 bytes so that every row's o partials
-// start 16-byte aligned (attn_combine reads them as float4).
-static inline __host__ __device__ int64_t partial_row_floats(int n_h, int n_split, int d_h)
-{
-    return ((int64_t)n_h * n_split * (d_h + 2) + 63) & ~(int64_t)63;
-}
-
 extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
 {
     return partial_row_floats(n_h, (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK, d_h);

@@ -42,12 +42,6 @@ template <int D> struct ap_smem { // offsets in bytes
     static constexpr size_t BYTES = POS + AP_QM * 4;
 };
 
-// one row's partials (attn.cu's layout): o [n_h][n_split][d_h], m [n_h][n_split], l [...]
-static __device__ __forceinline__ int64_t ap_row_floats(int n_h, int n_split, int d_h)
-{
-    return ((int64_t)n_h * n_split * (d_h + 2) + 63) & ~(int64_t)63;
-}
-
 template <int D>
 static __global__ void __launch_bounds__(AP_THREADS)
     attn_prefill_kernel(const float *__restrict__ q, int64_t ld_q, const __half *__restrict__ kc,
@@ -179,7 +173,7 @@ static __global__ void __launch_bounds__(AP_THREADS)
         }
         // out: each valid vector's (o, m, l) as chunk 0 of its row's partials, the other chunks
         // below its position emptied (l = 0), as attn_split leaves them
-        const int64_t prow = ap_row_floats(n_h, n_split, D);
+        const int64_t prow = partial_row_floats(n_h, n_split, D);
         for (int i = tid; i < QV * D; i += AP_THREADS) {
             const int v = i / D, d = i % D, rr = v / G, g = v % G;
             if (rr >= nt) continue;
