@@ -19,6 +19,7 @@
 typedef struct eval_opts {
     const char *model, *ids, *logits_out, *mode, *device;
     int threads, prompt_len, batch_tokens, ctx, tp;
+    bool exact_dot;
 } eval_opts;
 
 static const flag_spec eval_flags[] = {
@@ -31,6 +32,7 @@ static const flag_spec eval_flags[] = {
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(eval_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
+    {"exact-dot", NULL, "false", FLAG_BOOL, offsetof(eval_opts, exact_dot), "cpu: quantised weights dotted in float with the F32 activations, not Q8 ones (comparisons with a float reference)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(eval_opts, ctx), "context length (0: the model's)"},
     {0},
 };
@@ -90,7 +92,7 @@ int cmd_eval(int argc, char **argv)
     }
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2,
                                     .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens,
-                                    .tp = o.tp};
+                                    .tp = o.tp, .exact_dot = o.exact_dot};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (worker_backend_create(o.device, m, &bo, &be, &st) ||
         be->vt->seq_start(be, 0, &greedy, &st))

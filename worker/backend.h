@@ -59,6 +59,8 @@ typedef struct worker_backend_opts {
     int device;             /* CUDA device index (cuda backends) */
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
+    bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
+                               (QWEN35_DOT_EXACT: reference comparisons), not with Q8 ones */
 } worker_backend_opts;
 
 /* Device counters (benchmarks and tests); backends without them leave the hook NULL. */

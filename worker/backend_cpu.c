@@ -172,7 +172,8 @@ int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *
         goto fail;
     }
     qwen35_ctx_opts co = {.max_batch = o->n_slots, .max_tokens = o->max_prefill_tokens,
-                          .n_threads = o->n_threads};
+                          .n_threads = o->n_threads,
+                          .dot_mode = o->exact_dot ? QWEN35_DOT_EXACT : QWEN35_DOT_DEFAULT};
     if (tp ? qwen35_tp_create(m, o->tp, &co, &c->tp, st) : qwen35_ctx_create(m, &co, &c->ctx, st))
         goto fail;
     for (int i = 0; i < o->n_slots; i++) {

@@ -342,6 +342,27 @@ def round_f16_matrices(model):
                 prm.copy_(prm.to(torch.float16).to(prm.dtype))
 
 
+def q8_0_roundtrip(a):
+    """A 2-D array (rows of a multiple of 32) through Q8_0 and back: the values a Q8_0 GGUF holds
+    (gguf-py's quantizer, the one llama.cpp's convert_hf_to_gguf.py uses)."""
+    import gguf
+    q = gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32),
+                             gguf.GGMLQuantizationType.Q8_0)
+    return gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(a.shape)
+
+
+def round_q8_matrices(model):
+    """Rounds, in place, the HF parameters that export_gguf(q8=True) stores as Q8_0 (every 2-D
+    parameter) through Q8_0, so that the HF forward runs on the GGUF's values. The GGUF's row
+    and column permutations (gguf_tensors' tiled) move whole 32-value blocks (d_v % 32 == 0), so
+    blocks of the HF rows are blocks of the GGUF rows."""
+    import torch
+    with torch.no_grad():
+        for _, prm in model.named_parameters():
+            if prm.dim() == 2:
+                prm.copy_(torch.from_numpy(q8_0_roundtrip(prm.detach().cpu().numpy())).to(prm.dtype))
+
+
 def gguf_tensors(model, c, layer_types):
     sd = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     H, n_k, n_v = c["hidden_size"], c["linear_num_key_heads"], c["linear_num_value_heads"]
@@ -388,15 +409,17 @@ def gguf_tensors(model, c, layer_types):
     return [(n, np.ascontiguousarray(t, dtype=np.float32)) for n, t in out]
 
 
-def export_gguf(path, name, model, c, layer_types, sec, tk, f16=False):
-    """Writes the GGUF: all F32, or with f16 the matrices of f16_matrix() as F16
-    (general.file_type 1, MOSTLY_F16)."""
+def export_gguf(path, name, model, c, layer_types, sec, tk, f16=False, q8=False):
+    """Writes the GGUF: all F32, or the matrices of f16_matrix() as F16 (f16: general.file_type
+    1, MOSTLY_F16) or Q8_0 (q8: file_type 7, MOSTLY_Q8_0; the HF model's matrices should have
+    gone through round_q8_matrices for its outputs to be the GGUF's)."""
     import gguf
+    assert not (f16 and q8)
     arch = "qwen35"
     w = gguf.GGUFWriter(path, arch)
     w.add_custom_alignment(32)
     w.add_name(name)
-    w.add_file_type(1 if f16 else 0)  # MOSTLY_F16, ALL_F32
+    w.add_file_type(7 if q8 else 1 if f16 else 0)  # MOSTLY_Q8_0, MOSTLY_F16, ALL_F32
     w.add_quantization_version(2)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -429,7 +452,11 @@ def export_gguf(path, name, model, c, layer_types, sec, tk, f16=False):
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     for n, t in gguf_tensors(model, c, layer_types):
-        w.add_tensor(n, t.astype(np.float16) if f16 and f16_matrix(n) else t)
+        if q8 and f16_matrix(n):
+            q8t = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(n, gguf.quants.quantize(t, q8t), raw_dtype=q8t)
+        else:
+            w.add_tensor(n, t.astype(np.float16) if f16 and f16_matrix(n) else t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -45,11 +45,11 @@ TOKENIZER_TEXTS = [
 ]
 
 
-def load_model(run, vocab_size):
+def load_model(run, vocab_size, config=None):
     import torch
     from safetensors.torch import load_file
     from transformers import Qwen3_5ForCausalLM
-    cfg, c, layer_types, sec = recipe.hf_config(vocab_size)
+    cfg, c, layer_types, sec = recipe.hf_config(vocab_size, config)
     model = Qwen3_5ForCausalLM(cfg).float().eval()
     sd = {}
     for f in sorted(glob.glob(os.path.join(run, "model-*.safetensors"))):
@@ -93,6 +93,9 @@ def main():
     ap.add_argument("--pack", default=".train/pack")
     ap.add_argument("--models", default="models")
     ap.add_argument("--png", default="docs/demo-model-loss.png")
+    ap.add_argument("--q8", action="store_true",
+                    help="matrices Q8_0 in the GGUF (and rounded so in the HF model the reference "
+                         "case comes from), about half the bytes of F16")
     a = ap.parse_args()
     import torch
     from tokenizers import Tokenizer
@@ -102,16 +105,19 @@ def main():
     tk = Tokenizer.from_file(os.path.join(a.pack, "tokenizer.json"))
     V = tk.get_vocab_size()
     log = json.load(open(os.path.join(a.run, "log.json")))
-    model, c, layer_types, sec = load_model(a.run, V)
+    model, c, layer_types, sec = load_model(a.run, V, log.get("config"))
     name = recipe.NAME
     os.makedirs(a.models, exist_ok=True)
+    if a.q8:
+        mr.round_q8_matrices(model)
     mr.export_gguf(os.path.join(a.models, name + ".gguf"), name, model, c, layer_types, sec, tk,
-                   f16=True)
+                   f16=not a.q8, q8=a.q8)
     p = dict(seed=log["train"]["seed"], vocab_size=V, tokenizer_texts=TOKENIZER_TEXTS,
              prompts=PROMPTS)
     mr.write_case(name, a.models, p, model, tk, c, layer_types, sec,
                   extra=dict(weights="trained by tools/train/train.py (see models/README.md); "
-                             "matrices F16 in the GGUF and in the HF model", f16=True))
+                             "matrices %s in the GGUF and in the HF model" %
+                             ("Q8_0" if a.q8 else "F16"), f16=not a.q8, q8=a.q8))
     shutil.copyfile(os.path.join(a.run, "log.json"), os.path.join(a.models, name + ".train-log.json"))
     plot(log, a.png)
     print("wrote %s/%s.{gguf,json,logits.f32,train-log.json} and %s" % (a.models, name, a.png))

@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--windows", type=int, default=0, help="first N windows (default all)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--q8", action="store_true",
+                    help="the GGUF's matrices are Q8_0 (export.py --q8): the HF model's too")
     a = ap.parse_args()
     import torch
     import export
@@ -56,7 +58,10 @@ def main():
     if a.windows:
         n = min(n, a.windows)
     meta = json.load(open(os.path.join(a.pack, "meta.json")))
-    model = export.load_model(a.run, meta["vocab_size"])[0]
+    log = json.load(open(os.path.join(a.run, "log.json")))
+    model = export.load_model(a.run, meta["vocab_size"], log.get("config"))[0]
+    if a.q8:
+        recipe.refgen().round_q8_matrices(model)
     hf, ds = [], []
     t_hf = t_ds = 0.0
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,7 +75,8 @@ def main():
             t1 = time.time()
             subprocess.run([a.bin, "eval", "--model", a.model, "--ids", ",".join(map(str, ids)),
                             "--mode", "prefill", "--threads", str(a.threads),
-                            "--logits-out", out], check=True, stderr=subprocess.DEVNULL)
+                            "--logits-out", out] + (["--exact-dot"] if a.q8 else []),
+                           check=True, stderr=subprocess.DEVNULL)
             got = np.fromfile(out, dtype="<f4").reshape(T, -1)
             ds.append(nll_sum(got, ids))
             t_ds += time.time() - t1
