@@ -135,8 +135,8 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
         e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
         e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
     }
-    e->kv.h_table = (int32_t *)(((uintptr_t)((uint8_t *)e->h_pinned + pinned - table_bytes - 16) + 15) &
-                                ~(uintptr_t)15);
+    const uintptr_t table_at = (uintptr_t)e->h_pinned + pinned - table_bytes - 16;
+    e->kv.h_table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */
     fc_kv_init(e);
     if (cuda_upload(e->kv.d_table, e->kv.h_table, table_bytes, st)) return st->code;
     e->h_ids = malloc((size_t)e->max_rows * 4);

@@ -276,8 +276,8 @@ int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
         if (!rows[i].sample || head[i] < 0 || !(sl->greedy || sl->sampler)) continue;
-        if (fc_read_sample(e, &rows[i], gemv_argmax_row(b->h_best[i - (i % b->rows) + head[i]]), st))
-            return st->code;
+        const unsigned long long key = b->h_best[i - (i % b->rows) + head[i]]; /* its pass's */
+        if (fc_read_sample(e, &rows[i], gemv_argmax_row(key), st)) return st->code;
     }
     return STATUS_OK;
 }

@@ -216,7 +216,8 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
         const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
         // the chunk lies in one KV block: position t of it at kh + shift + t·rs
         const int64_t b0 = t0 / ATTN_KV_BLOCK;
-        const int64_t shift = (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
+        const int64_t shift =
+            (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
         const T *kb = kh + shift, *vb = vh + shift;
         float qr[G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll

@@ -150,7 +150,8 @@ static __global__ void __launch_bounds__(AP_THREADS)
                 }
             }
             __syncthreads();
-            for (int i = tid; i < AP_QM * D; i += AP_THREADS) sO[(i / D) * LO + i % D] *= sAl[i / D];
+            for (int i = tid; i < AP_QM * D; i += AP_THREADS)
+                sO[(i / D) * LO + i % D] *= sAl[i / D];
             __syncthreads();
             // O += P V: 4 x D/16 tiles, warp w the tiles w, w + 8, ...
             for (int t = warp; t < 4 * (D / 16); t += AP_THREADS / 32) {

@@ -232,12 +232,10 @@ extern "C" size_t gdn_chunk_smem_bytes(int d_k)
 
 extern "C" int gdn_chunk_init(status *st)
 {
-    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)chunk_smem<32>::BYTES));
-    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)chunk_smem<64>::BYTES));
-    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)chunk_smem<128>::BYTES));
+    const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<1>, smem, (int)chunk_smem<32>::BYTES));
+    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<2>, smem, (int)chunk_smem<64>::BYTES));
+    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_kernel<4>, smem, (int)chunk_smem<128>::BYTES));
     return STATUS_OK;
 }
 

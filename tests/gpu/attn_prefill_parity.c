@@ -4,9 +4,10 @@
  * small ones (G 1, 2, 3; d_h 64, 128).
  *
  * A step holds runs of 1, 2, 40, 1 and 150 rows on distinct slots of a paged cache (the slots'
- * blocks at random places of one pool) of random F16 contents; the long runs start at position 0 or part-way (a later prompt chunk reads the
- * cache its earlier chunks left), the one-row runs anywhere. The projections are random;
- * attn_prep_rows appends every row's K and V first, as the forward does. Checked:
+ * blocks at random places of one pool) of random F16 contents; the long runs start at position
+ * 0 or part-way (a later prompt chunk reads the cache its earlier chunks left), the one-row runs
+ * anywhere. The projections are random; attn_prep_rows appends every row's K and V first, as the
+ * forward does. Checked:
  *  - every output row within 2e-4 + 2e-3·|ref| per element and normalised squared error 1e-8
  *    of the row kernels' (the tiles' F16 products carry F16 remainders, so the two differ by
  *    F32 rounding);
@@ -92,7 +93,8 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, NULL, ATTN_KV_F16, B,
                      NULL);
     CU_ASSERT_EQUAL(cuda_check("attention launches", &st), STATUS_OK);
-    float *o = gpu_host_of(d_o, (size_t)B * ld_o * 4), *o1 = gpu_host_of(d_o1, (size_t)B * ld_o * 4);
+    float *o = gpu_host_of(d_o, (size_t)B * ld_o * 4);
+    float *o1 = gpu_host_of(d_o1, (size_t)B * ld_o * 4);
     if (perturb) o[(B - 1) * ld_o + HA / 2] += 0.01f;
 
     printf("  attn prefill n_h %d n_kv %d d_h %d: %d runs (%d rows), n_ctx %d%s\n", sh.n_h,

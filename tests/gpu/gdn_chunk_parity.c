@@ -73,10 +73,12 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     lng[0] = 0;
     for (int r = 0; r < n_runs; r++)
         if (len[r] > 1) lng[1 + lng[0]++] = r;
-    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
+    float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f);
+    float *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     for (int h = 0; h < sh.n_v; h++) ssm_a[h] = -expf(0.5f * ssm_a[h]);
-    float *S0 = gpu_rand_vec(&g_rng, n_slots * S_stride, 0.05f), *cs0 = gpu_rand_vec(&g_rng, (int64_t)n_slots * nCS, 1.0f);
+    float *S0 = gpu_rand_vec(&g_rng, n_slots * S_stride, 0.05f);
+    float *cs0 = gpu_rand_vec(&g_rng, (int64_t)n_slots * nCS, 1.0f);
     float *p = gpu_rand_vec(&g_rng, (int64_t)B * ld_p, 1.0f);
     const size_t Sb = (size_t)n_slots * S_stride * 4, CSb = (size_t)n_slots * nCS * 4;
     const size_t Pb = (size_t)B * ld_p * 4, Ob = (size_t)B * ld_o * 4;
@@ -111,7 +113,8 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     printf("  %s\n", name);
     float *qk = gpu_xmalloc((size_t)B * C * 4), *beta = gpu_xmalloc((size_t)B * sh.n_v * 4);
     float *g = gpu_xmalloc((size_t)B * sh.n_v * 4), *o_ref = gpu_xmalloc((size_t)B * D_v * 4);
-    float *S_ref = gpu_xmalloc(Sb), *scratch = gpu_xmalloc(ref_gdn_chunked_scratch_floats(sh.d_k, sh.d_v) * 4);
+    float *S_ref = gpu_xmalloc(Sb);
+    float *scratch = gpu_xmalloc(ref_gdn_chunked_scratch_floats(sh.d_k, sh.d_v) * 4);
     memcpy(S_ref, S0, Sb);
     for (int i = 0; i < B; i++) {
         memcpy(qk + (size_t)i * C, P + i * ld_p, (size_t)C * 4);
@@ -158,9 +161,11 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
                "changed: %d\n", bad_one, bad_kept);
     ok &= !bad_one && !bad_kept;
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_cs), cuda_free(d_slot);
-    cuda_free(d_run), cuda_free(d_long), cuda_free(d_p), cuda_free(d_S), cuda_free(d_S1), cuda_free(d_o);
+    cuda_free(d_run), cuda_free(d_long), cuda_free(d_p), cuda_free(d_S), cuda_free(d_S1);
+    cuda_free(d_o);
     cuda_free(d_o1);
-    free(slot), free(run), free(lng), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0), free(cs0);
+    free(slot), free(run), free(lng), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0);
+    free(cs0);
     free(p), free(P), free(o), free(o1), free(S), free(S1), free(qk), free(beta), free(g);
     free(o_ref), free(S_ref), free(scratch), free(o_rows), free(o1_rows);
     return ok;
@@ -190,7 +195,8 @@ static void test_dims(void)
         CU_ASSERT(b > 0 && b <= 227 * 1024);
     }
     CU_ASSERT_EQUAL(gdn_chunk_smem_bytes(96), 0);
-    const cuda_launch_dims a = gdn_chunk_runs_dims(48, 128, 256), c = gdn_chunk_runs_dims(16, 128, 1);
+    const cuda_launch_dims a = gdn_chunk_runs_dims(48, 128, 256);
+    const cuda_launch_dims c = gdn_chunk_runs_dims(16, 128, 1);
     CU_ASSERT(a.grid_x == 48 && a.grid_y == 4 && a.grid_z >= 1 && a.grid_z <= 256);
     CU_ASSERT(c.grid_z == 1 && c.block % 32 == 0 && c.block <= 1024);
 }
