@@ -114,11 +114,14 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
         e->b.rows ? 4 * (size_t)FC_STAGE_INTS(e->b.rows) * e->b.max_passes +
                         8 * (size_t)e->max_rows
                   : 0;
-    const size_t table_bytes = (size_t)(e->n_slots + 1) * e->kv.ld * 4;
+    fc_kv_blocks *blk = &e->kv.blk;
+    blk->n_rows = e->n_slots + 1;
+    const size_t table_bytes = (size_t)blk->n_rows * blk->ld * 4;
     const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 +
                           batch_pinned + table_bytes + 16;
-    e->kv.free_ids = malloc((size_t)e->kv.n_blocks * 4);
-    if (!e->kv.free_ids) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
+    blk->free_ids = malloc((size_t)blk->n_blocks * 4);
+    blk->held = calloc((size_t)blk->n_rows, sizeof *blk->held);
+    if (!blk->free_ids || !blk->held) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
         cuda_alloc(&e->d_act, aa.used, "activations", st) ||
         cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
@@ -136,9 +139,9 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
         e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
     }
     const uintptr_t table_at = (uintptr_t)e->h_pinned + pinned - table_bytes - 16;
-    e->kv.h_table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */
+    blk->table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */
     fc_kv_init(e);
-    if (cuda_upload(e->kv.d_table, e->kv.h_table, table_bytes, st)) return st->code;
+    if (cuda_upload(e->kv.d_table, blk->table, table_bytes, st)) return st->code;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
     for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
@@ -158,7 +161,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
  * context, as a contiguous cache would. */
 static int size_state(qwen35_cuda *e, status *st)
 {
-    fc_kv *kv = &e->kv;
+    fc_kv_blocks *kv = &e->kv.blk;
     kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
     const qwen35_config *c = &e->cfg;
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
@@ -236,7 +239,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots of up to %d positions, KV "
              "%s in %d blocks of %d), scratch %.1f MB", e->props.name, e->w.bytes / 1e9,
              e->state_bytes / 1e9, e->n_slots, e->n_ctx,
-             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.n_blocks - 1, ATTN_KV_BLOCK,
+             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
     if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
     if (e->b.rows)
@@ -277,7 +280,8 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
     free(e->slots);
     free(e->h_logits);
     free(e->h_ids);
-    free(e->kv.free_ids);
+    free(e->kv.blk.free_ids);
+    free(e->kv.blk.held);
     cuda_free(e->w.d_arena);
     cuda_free(e->d_state);
     cuda_free(e->d_act);
@@ -310,7 +314,7 @@ void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
 int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions)
 {
     if (block_positions) *block_positions = ATTN_KV_BLOCK;
-    return e->kv.n_blocks - 1;
+    return e->kv.blk.n_blocks - 1;
 }
 
 int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }

@@ -33,6 +33,7 @@
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
+#include "model/forward_cuda_host.h"
 #include "model/forward_cuda_impl.h"
 
 static int pow2_ceil(int n)
@@ -176,20 +177,6 @@ void fc_batch_destroy(qwen35_cuda *e)
     }
 }
 
-static int bucket_of(const fc_batch *b, int n)
-{
-    int k = 0;
-    while (b->bucket[k] < n) k++;
-    return k;
-}
-
-/* true when row i's logits are read: eval rows, and the sampled row (the last of its run) */
-static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
-{
-    const bool last = i + 1 == n || rows[i + 1].slot != rows[i].slot;
-    return rows[i].logits || (rows[i].sample && last);
-}
-
 /* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged through
  * the pass's pinned h_rows (fc_batch.d_rows' layout), the body graph of the smallest bucket >= n,
  * then, when
@@ -200,37 +187,14 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
-    const int k = bucket_of(b, n), nb = b->bucket[k], V = e->cfg.V;
-    int32_t *hrow = h_rows, *tok = h_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
-    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb, *skip = lng + 1 + nb;
-    int n_runs = 0, nh = 0;
-    for (int j = 0; j < nb; j++) {
-        const bool real = j < n;
-        const qwen35_cuda_row *r = real ? &rows[j] : NULL;
-        tok[j] = real ? r->token : 0;
-        slot[j] = real ? r->slot : e->n_slots; /* the pad slot */
-        pos[j] = real ? r->pos : 0;
-        if (real && (j == 0 || slot[j - 1] != slot[j])) {
-            run[n_runs] = j;
-            run[nb + n_runs++] = 0;
-        }
-        if (real) run[nb + n_runs - 1]++;
-        if (real) head[j] = needs_head(rows, j, n) ? nh : -1;
-        if (real && head[j] >= 0) hrow[nh++] = j;
-    }
-    for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
-    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs, attn_prefill_runs) */
-    for (int x = 0; x < n_runs; x++)
-        if (run[nb + x] > 1) lng[1 + lng[0]++] = x;
-    for (int j = 0; j < nb; j++) /* the rows attn_prefill_runs takes */
-        skip[j] = b->attn_tiles && j < n &&
-                  ((j > 0 && slot[j - 1] == slot[j]) || (j + 1 < n && slot[j + 1] == slot[j]));
-    const int kh = nh ? bucket_of(b, nh) : 0;
-    for (int j = nh; nh && j < b->bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
-    const size_t staged = ((size_t)b->rows + 7 * (size_t)nb + 1) * 4;
+    const int V = e->cfg.V;
+    fc_pass_info in;
+    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_rows, head, &in);
+    const int k = in.k, kh = in.kh, nh = in.nh;
+    const size_t staged = (size_t)in.staged_ints * 4;
     cuda_copy_h2d_async(b->d_rows, h_rows, staged, e->launch.stream);
     /* passes with prompt chunks take the graph with their kernels; decode rows the other */
-    cuda_graph_exec body = b->chunked && lng[0] > 0 ? b->graph_pf[k] : b->graph[k];
+    cuda_graph_exec body = b->chunked && in.n_long > 0 ? b->graph_pf[k] : b->graph[k];
     if (cuda_graph_launch(body, e->launch.stream) ||
         (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
         return cuda_check("cudaGraphLaunch (batch)", st);

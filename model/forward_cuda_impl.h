@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/sample.h"
 #include "model/forward_cuda.h"
+#include "model/forward_cuda_host.h"
 #include "model/qwen35.h"
 #include "model/sampler.h"
 
@@ -76,7 +77,6 @@ typedef struct fc_slot {
     bool chain_ok;             /* d_best holds the argmax of this slot's last step */
     int32_t last_next;         /* the token that argmax was */
     int n_past;
-    int n_blocks;              /* KV blocks it holds: its table row's first n_blocks entries */
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
@@ -86,9 +86,8 @@ typedef struct fc_kv {
     void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
     uint64_t layer_bytes; /* one layer's pool of K (or V) */
     int32_t *d_table;     /* [n_slots + 1][ld] block ids, device (the pad slot's row: block 0) */
-    int32_t *h_table;     /* pinned mirror, the host's copy of record */
-    int32_t *free_ids;    /* owned, [n_blocks]: a stack of the free blocks */
-    int n_blocks, n_free, ld; /* ld: blocks of n_ctx positions */
+    fc_kv_blocks blk;     /* the host's allocator: table pinned (mirrored to d_table), free_ids
+                             and held owned; blk.n_blocks blocks, blk.ld of n_ctx positions */
 } fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */
@@ -116,7 +115,7 @@ typedef struct fc_act {
  * slot), every weight read once per pass by the batched GEMM (kernels/cuda/gemm.h). Activations
  * [rows][ld]. */
 #define FC_MAX_BUCKETS 10
-#define FC_STAGE_INTS(rows) (8 * (rows) + 8) /* a pass's staged ints (d_rows), rounded up */
+
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
     int n_buckets;

@@ -5,8 +5,6 @@
  * then for real. */
 #include "model/forward_cuda_impl.h"
 
-#include <string.h>
-
 #include "kernels/cuda/attn.h"
 
 /* one block of one layer's K (or V) pool */
@@ -27,10 +25,10 @@ void fc_state_layout(qwen35_cuda *e, fc_arena *a)
         sl->d_best = fc_arena_take(a, 8);
     }
     fc_kv *kv = &e->kv;
-    kv->layer_bytes = (uint64_t)kv->n_blocks * kv_block_bytes(e);
+    kv->layer_bytes = (uint64_t)kv->blk.n_blocks * kv_block_bytes(e);
     kv->d_k = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
     kv->d_v = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
-    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
+    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->blk.ld * 4);
 }
 
 void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
@@ -40,42 +38,26 @@ void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
 
 void fc_kv_init(qwen35_cuda *e)
 {
-    fc_kv *kv = &e->kv;
-    kv->n_free = 0;
-    for (int b = kv->n_blocks - 1; b >= 1; b--) kv->free_ids[kv->n_free++] = b; /* 1 on top */
-    memset(kv->h_table, 0, (size_t)(e->n_slots + 1) * kv->ld * 4);
-    for (int i = 0; i < e->n_slots; i++) e->slots[i].n_blocks = 0;
-    e->slots[e->n_slots].n_blocks = 1; /* the pad slot: block 0, its rows all at position 0 */
+    fc_kv_blocks_reset(&e->kv.blk, e->n_slots); /* the pad slot holds block 0 */
 }
 
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
 {
-    fc_kv *kv = &e->kv;
-    fc_slot *sl = &e->slots[slot];
-    const int need = last / ATTN_KV_BLOCK + 1, first = sl->n_blocks;
-    if (need <= first) return STATUS_OK;
-    DS_ASSERT(need <= kv->ld);
-    if (need - first > kv->n_free)
+    fc_kv_blocks *k = &e->kv.blk;
+    const int first = k->held[slot], got = fc_kv_blocks_grow(k, slot, last, ATTN_KV_BLOCK);
+    if (got < 0)
         return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%d more blocks of %d "
-                           "positions needed, %d of %d free)", slot, need - first,
-                           ATTN_KV_BLOCK, kv->n_free, kv->n_blocks - 1);
-    int32_t *row = kv->h_table + (size_t)slot * kv->ld;
-    for (int b = first; b < need; b++) row[b] = kv->free_ids[--kv->n_free];
-    sl->n_blocks = need;
-    cuda_copy_h2d_async(kv->d_table + (size_t)slot * kv->ld + first, row + first,
-                        (size_t)(need - first) * 4, e->launch.stream);
-    e->stats.h2d_bytes += (uint64_t)(need - first) * 4;
+                           "positions needed, %d of %d free)", slot,
+                           last / ATTN_KV_BLOCK + 1 - first, ATTN_KV_BLOCK, k->n_free,
+                           k->n_blocks - 1);
+    if (!got) return STATUS_OK;
+    const size_t at = (size_t)slot * k->ld + first;
+    cuda_copy_h2d_async(e->kv.d_table + at, k->table + at, (size_t)got * 4, e->launch.stream);
+    e->stats.h2d_bytes += (uint64_t)got * 4;
     return STATUS_OK;
 }
 
-void fc_kv_release(qwen35_cuda *e, int slot)
-{
-    fc_kv *kv = &e->kv;
-    fc_slot *sl = &e->slots[slot];
-    const int32_t *row = kv->h_table + (size_t)slot * kv->ld;
-    for (int b = sl->n_blocks - 1; b >= 0; b--) kv->free_ids[kv->n_free++] = row[b];
-    sl->n_blocks = 0;
-}
+void fc_kv_release(qwen35_cuda *e, int slot) { fc_kv_blocks_release(&e->kv.blk, slot); }
 
 void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
 {
@@ -130,9 +112,9 @@ int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
      * normal, not a NaN or infinity) */
     fc_kv_release(e, slot);
     if (fc_kv_grow(e, slot, n_past, st)) return st->code;
-    const int32_t *row = e->kv.h_table + (size_t)slot * e->kv.ld;
+    const int32_t *row = e->kv.blk.table + (size_t)slot * e->kv.blk.ld;
     for (int il = 0; il < e->cfg.n_attn_layers; il++)
-        for (int b = 0; b < sl->n_blocks; b++) {
+        for (int b = 0; b < e->kv.blk.held[slot]; b++) {
             const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
             if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
                             kv_block_bytes(e), st) ||

@@ -1,0 +1,85 @@
+/* Host-side pieces of the CUDA forward: a batched pass's staged inputs and the KV block
+ * allocator (forward_cuda_host.h). */
+#include "model/forward_cuda_host.h"
+
+#include <string.h>
+
+#include "common/status.h"
+
+static int bucket_of(const int *bucket, int n_buckets, int n)
+{
+    int k = 0;
+    while (k + 1 < n_buckets && bucket[k] < n) k++;
+    DS_ASSERT(bucket[k] >= n);
+    return k;
+}
+
+/* true when row i's logits are read: eval rows, and the sampled row (the last of its run) */
+static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
+{
+    const bool last = i + 1 == n || rows[i + 1].slot != rows[i].slot;
+    return rows[i].logits || (rows[i].sample && last);
+}
+
+void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
+                   int pad_slot, bool attn_tiles, int32_t *stage, int *head, fc_pass_info *info)
+{
+    const int rows_max = bucket[n_buckets - 1];
+    const int k = bucket_of(bucket, n_buckets, n), nb = bucket[k];
+    int32_t *hrow = stage, *tok = stage + rows_max, *slot = tok + nb, *pos = tok + 2 * nb;
+    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb, *skip = lng + 1 + nb;
+    int n_runs = 0, nh = 0;
+    for (int j = 0; j < nb; j++) {
+        const bool real = j < n;
+        tok[j] = real ? rows[j].token : 0;
+        slot[j] = real ? rows[j].slot : pad_slot;
+        pos[j] = real ? rows[j].pos : 0;
+        if (!real) continue;
+        if (j == 0 || slot[j - 1] != slot[j]) {
+            run[n_runs] = j;
+            run[nb + n_runs++] = 0;
+        }
+        run[nb + n_runs - 1]++;
+        head[j] = needs_head(rows, j, n) ? nh : -1;
+        if (head[j] >= 0) hrow[nh++] = j;
+    }
+    for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
+    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs, attn_prefill_runs) */
+    for (int x = 0; x < n_runs; x++)
+        if (run[nb + x] > 1) lng[1 + lng[0]++] = x;
+    for (int j = 0; j < nb; j++) /* the rows attn_prefill_runs takes */
+        skip[j] = attn_tiles && j < n &&
+                  ((j > 0 && slot[j - 1] == slot[j]) || (j + 1 < n && slot[j + 1] == slot[j]));
+    const int kh = nh ? bucket_of(bucket, n_buckets, nh) : 0;
+    for (int j = nh; nh && j < bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
+    *info = (fc_pass_info){.k = k, .nb = nb, .n_runs = n_runs, .n_long = lng[0], .nh = nh,
+                           .kh = kh, .staged_ints = rows_max + 7 * nb + 1};
+}
+
+void fc_kv_blocks_reset(fc_kv_blocks *k, int reserved)
+{
+    k->n_free = 0;
+    for (int b = k->n_blocks - 1; b >= 1; b--) k->free_ids[k->n_free++] = b; /* 1 on top */
+    memset(k->table, 0, (size_t)k->n_rows * k->ld * sizeof *k->table);
+    for (int r = 0; r < k->n_rows; r++) k->held[r] = 0;
+    k->held[reserved] = 1;
+}
+
+int fc_kv_blocks_grow(fc_kv_blocks *k, int row, int last, int block_positions)
+{
+    const int need = last / block_positions + 1, first = k->held[row];
+    DS_ASSERT(row >= 0 && row < k->n_rows && last >= 0 && need <= k->ld);
+    if (need <= first) return 0;
+    if (need - first > k->n_free) return -1;
+    int32_t *t = k->table + (size_t)row * k->ld;
+    for (int b = first; b < need; b++) t[b] = k->free_ids[--k->n_free];
+    k->held[row] = need;
+    return need - first;
+}
+
+void fc_kv_blocks_release(fc_kv_blocks *k, int row)
+{
+    const int32_t *t = k->table + (size_t)row * k->ld;
+    for (int b = k->held[row] - 1; b >= 0; b--) k->free_ids[k->n_free++] = t[b];
+    k->held[row] = 0;
+}

@@ -1,0 +1,57 @@
+/* Host-side pieces of the CUDA forward that touch no device (plain C, tested on the CPU by
+ * tests/model/forward_cuda_host_test.c): the staged inputs of a batched pass and the paged KV
+ * cache's block allocator. forward_cuda_batch.c and forward_cuda_state.c copy what they produce
+ * to the device. */
+#ifndef DS_MODEL_FORWARD_CUDA_HOST_H
+#define DS_MODEL_FORWARD_CUDA_HOST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/forward_cuda.h"
+
+/* ---- a batched pass's staged inputs (forward_cuda_impl.h fc_batch.d_rows) ----
+ * A pass of n rows runs the bucket of nb >= n rows; its ints, from the buffer's start:
+ *   [0, rows)           the lm_head's rows (the rows whose logits are read), padded to their
+ *                       bucket with the first one;
+ *   then, from `rows`:  tokens [0, nb), slots [nb, 2nb) (the pad slot past n), positions
+ *                       [2nb, 3nb), the runs' first rows [3nb, 4nb) and lengths [4nb, 5nb)
+ *                       (runs of one slot's consecutive rows; entries past the runs empty),
+ *                       the number of runs of two or more rows and their indices
+ *                       [5nb, 6nb + 1), and per row 1 when attn_prefill_runs takes it (a row
+ *                       of such a run, when attn_tiles) [6nb + 1, 7nb + 1). */
+#define FC_STAGE_INTS(rows) (8 * (rows) + 8) /* a pass's staged ints, rounded up */
+
+typedef struct fc_pass_info {
+    int k, nb;        /* the body's bucket index and rows */
+    int n_runs, n_long;
+    int nh, kh;       /* lm_head rows, and their bucket index (when nh > 0) */
+    int staged_ints;  /* ints to copy: rows + 7 nb + 1 */
+} fc_pass_info;
+
+/* Stages rows[0 .. n) (1 <= n <= the largest bucket): bucket[0 .. n_buckets) ascending powers of
+ * two, the last = rows; head[j] = row j's lm_head row (-1: its logits are not read: a prompt
+ * row before its run's last, unless it asks for logits). */
+void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
+                   int pad_slot, bool attn_tiles, int32_t *stage, int *head, fc_pass_info *info);
+
+/* ---- the paged KV cache's blocks (kernels/cuda/attn.h "KV blocks") ----
+ * n_rows table rows (the slots and the pad slot) of ld blocks; block ids in [0, n_blocks), a
+ * stack of the free ones. */
+typedef struct fc_kv_blocks {
+    int32_t *table;    /* [n_rows][ld]: row r's blocks, its first held[r] entries valid */
+    int32_t *free_ids; /* [n_blocks]: the free blocks, a stack of n_free */
+    int *held;         /* [n_rows] */
+    int n_rows, ld, n_blocks, n_free;
+} fc_kv_blocks;
+
+/* Every block free but block 0, which row `reserved` holds (the pad slot: its rows all sit at
+ * position 0); every table entry 0. */
+void fc_kv_blocks_reset(fc_kv_blocks *k, int reserved);
+/* Blocks for row's positions up to `last` (< ld * block positions): the blocks taken, new
+ * entries at table[row][held before ..]; -1 (nothing taken) when too few are free. */
+int fc_kv_blocks_grow(fc_kv_blocks *k, int row, int last, int block_positions);
+/* Row's blocks back to the stack. */
+void fc_kv_blocks_release(fc_kv_blocks *k, int row);
+
+#endif

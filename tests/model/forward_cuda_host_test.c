@@ -1,0 +1,208 @@
+/* The CUDA forward's host-side pieces (model/forward_cuda_host.h), on the CPU:
+ *  - a batched pass's staged inputs for steps of decode rows, prompt chunks, both, eval rows and
+ *    padding: every field of the layout checked against what the rows say;
+ *  - the paged KV cache's block allocator: growth by positions, exhaustion that takes nothing,
+ *    release, every block owned once (a random workload of 2,000 operations). */
+#include <CUnit/Basic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/splitmix64.h"
+#include "model/forward_cuda_host.h"
+
+static const int g_bucket[] = {1, 2, 4, 8, 16};
+#define N_BUCKETS 5
+#define ROWS 16
+#define PAD 9 /* the pad slot */
+
+/* rows: runs given as (slot, length, first position); the last row of each run samples */
+static int make_rows(qwen35_cuda_row *rows, const int (*runs)[3], int n_runs)
+{
+    int n = 0;
+    for (int r = 0; r < n_runs; r++)
+        for (int k = 0; k < runs[r][1]; k++, n++)
+            rows[n] = (qwen35_cuda_row){.token = 100 + n, .slot = runs[r][0],
+                                        .pos = runs[r][2] + k, .prompt = runs[r][1] > 1,
+                                        .sample = k == runs[r][1] - 1};
+    return n;
+}
+
+/* the layout of fc_stage_pass for these rows, checked field by field */
+static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
+{
+    int32_t stage[FC_STAGE_INTS(ROWS)];
+    int head[ROWS];
+    fc_pass_info in;
+    memset(stage, 0x7f, sizeof stage);
+    fc_stage_pass(rows, n, g_bucket, N_BUCKETS, PAD, tiles, stage, head, &in);
+    int nb = 1;
+    while (nb < n) nb *= 2;
+    CU_ASSERT_EQUAL(in.nb, nb);
+    CU_ASSERT_EQUAL(g_bucket[in.k], nb);
+    CU_ASSERT_EQUAL(in.staged_ints, ROWS + 7 * nb + 1);
+    const int32_t *tok = stage + ROWS, *slot = tok + nb, *pos = tok + 2 * nb, *run = tok + 3 * nb;
+    const int32_t *lng = tok + 5 * nb, *skip = lng + 1 + nb;
+    for (int j = 0; j < nb; j++) {
+        CU_ASSERT_EQUAL(tok[j], j < n ? rows[j].token : 0);
+        CU_ASSERT_EQUAL(slot[j], j < n ? rows[j].slot : PAD);
+        CU_ASSERT_EQUAL(pos[j], j < n ? rows[j].pos : 0);
+    }
+    /* runs: maximal stretches of one slot, in order, covering the n rows; the rest empty */
+    int covered = 0, n_runs = 0, n_long = 0;
+    for (int x = 0; x < nb; x++) {
+        if (run[nb + x] == 0) {
+            CU_ASSERT_EQUAL(run[x], 0);
+            continue;
+        }
+        CU_ASSERT_EQUAL(x, n_runs); /* the runs come first */
+        CU_ASSERT_EQUAL(run[x], covered);
+        for (int k = 0; k < run[nb + x]; k++) CU_ASSERT_EQUAL(rows[covered + k].slot, rows[covered].slot);
+        covered += run[nb + x];
+        if (covered < n) CU_ASSERT_NOT_EQUAL(rows[covered].slot, rows[covered - 1].slot);
+        if (run[nb + x] > 1) {
+            CU_ASSERT_EQUAL(lng[1 + n_long], x);
+            n_long++;
+        }
+        n_runs++;
+    }
+    CU_ASSERT_EQUAL(covered, n);
+    CU_ASSERT_EQUAL(in.n_runs, n_runs);
+    CU_ASSERT_EQUAL(lng[0], n_long);
+    CU_ASSERT_EQUAL(in.n_long, n_long);
+    for (int j = 0; j < nb; j++) { /* tiles take the rows of the long runs, and only with tiles */
+        bool in_long = false;
+        for (int x = 0, at = 0; x < n_runs; at += run[nb + x], x++)
+            if (j >= at && j < at + run[nb + x]) in_long = run[nb + x] > 1;
+        CU_ASSERT_EQUAL(skip[j], tiles && j < n && in_long);
+    }
+    /* the lm_head's rows: each run's sampled last row and every row asking for logits, padded
+     * to their bucket with the first */
+    int nh = 0;
+    for (int j = 0; j < n; j++) {
+        const bool last = j + 1 == n || rows[j + 1].slot != rows[j].slot;
+        const bool want = rows[j].logits || (rows[j].sample && last);
+        CU_ASSERT_EQUAL(head[j] >= 0, want);
+        if (want) {
+            CU_ASSERT_EQUAL(head[j], nh);
+            CU_ASSERT_EQUAL(stage[nh], j);
+            nh++;
+        }
+    }
+    CU_ASSERT_EQUAL(in.nh, nh);
+    if (nh) {
+        CU_ASSERT(g_bucket[in.kh] >= nh && (in.kh == 0 || g_bucket[in.kh - 1] < nh));
+        for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(stage[j], stage[0]);
+    }
+}
+
+static void test_stage_pass(void)
+{
+    qwen35_cuda_row rows[ROWS];
+    static const int decode[][3] = {{3, 1, 40}, {0, 1, 7}, {5, 1, 0}};
+    static const int prompt[][3] = {{2, 11, 64}};
+    static const int mixed[][3] = {{3, 1, 40}, {1, 6, 0}, {0, 1, 7}, {4, 5, 10}, {6, 1, 2}};
+    static const int one[][3] = {{7, 1, 99}};
+    static const int full[][3] = {{1, 9, 0}, {2, 7, 3}};
+    for (int t = 0; t < 2; t++) {
+        int n = make_rows(rows, decode, 3);
+        check_stage(rows, n, t);
+        n = make_rows(rows, prompt, 1);
+        check_stage(rows, n, t);
+        rows[4].logits = (float *)rows; /* an eval row mid-run: its logits are read */
+        check_stage(rows, n, t);
+        n = make_rows(rows, mixed, 5);
+        check_stage(rows, n, t);
+        n = make_rows(rows, one, 1);
+        check_stage(rows, n, t);
+        n = make_rows(rows, full, 2);
+        CU_ASSERT_EQUAL(n, 16);
+        check_stage(rows, n, t);
+        rows[8].sample = false; /* a chunk that does not end its prompt: no lm_head row */
+        rows[15].sample = false;
+        check_stage(rows, n, t);
+    }
+}
+
+/* ---- KV blocks ---- */
+static void check_owned_once(const fc_kv_blocks *k)
+{
+    int *owner = calloc((size_t)k->n_blocks, sizeof *owner);
+    for (int i = 0; i < k->n_free; i++) owner[k->free_ids[i]]++;
+    for (int r = 0; r < k->n_rows; r++)
+        for (int b = 0; b < k->held[r]; b++) owner[k->table[r * k->ld + b]]++;
+    int bad = 0;
+    for (int b = 0; b < k->n_blocks; b++) bad += owner[b] != 1;
+    CU_ASSERT_EQUAL(bad, 0);
+    free(owner);
+}
+
+static void test_kv_blocks(void)
+{
+    enum { ROWS_K = 5, LD = 4, BLOCKS = 12, BP = 64 };
+    int32_t table[ROWS_K * LD], free_ids[BLOCKS];
+    int held[ROWS_K];
+    fc_kv_blocks k = {table, free_ids, held, ROWS_K, LD, BLOCKS, 0};
+    fc_kv_blocks_reset(&k, ROWS_K - 1);
+    CU_ASSERT_EQUAL(k.n_free, BLOCKS - 1);
+    CU_ASSERT_EQUAL(k.held[ROWS_K - 1], 1);
+    CU_ASSERT_EQUAL(k.table[(ROWS_K - 1) * LD], 0); /* the pad row: block 0 */
+    check_owned_once(&k);
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 0, BP), 1);      /* position 0: one block */
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 63, BP), 0);     /* still in it */
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 64, BP), 1);     /* the next */
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 1, 4 * BP - 1, BP), 4); /* a whole context at once */
+    CU_ASSERT_EQUAL(k.held[0], 2);
+    CU_ASSERT_EQUAL(k.held[1], 4);
+    CU_ASSERT_EQUAL(k.n_free, BLOCKS - 1 - 6);
+    check_owned_once(&k);
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 2, 4 * BP - 1, BP), 4);
+    CU_ASSERT_EQUAL(k.n_free, 1);
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 3, 2 * BP - 1, BP), -1); /* 2 needed, 1 free */
+    CU_ASSERT_EQUAL(k.held[3], 0);                                  /* nothing taken */
+    CU_ASSERT_EQUAL(k.n_free, 1);
+    fc_kv_blocks_release(&k, 1);
+    CU_ASSERT_EQUAL(k.n_free, 5);
+    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 3, 2 * BP - 1, BP), 2);
+    check_owned_once(&k);
+    /* a random workload: grow a row to a random position or release it */
+    uint64_t rng = 77;
+    fc_kv_blocks_reset(&k, ROWS_K - 1);
+    int fails = 0;
+    for (int i = 0; i < 2000; i++) {
+        const int r = (int)(splitmix64_next(&rng) % (ROWS_K - 1));
+        if (splitmix64_next(&rng) % 4 == 0) {
+            fc_kv_blocks_release(&k, r);
+        } else {
+            const int before = k.held[r], free_before = k.n_free;
+            const int last = (int)(splitmix64_next(&rng) % (LD * BP));
+            const int got = fc_kv_blocks_grow(&k, r, last, BP);
+            const int need = last / BP + 1;
+            if (got < 0) {
+                fails++;
+                CU_ASSERT(need - before > free_before);
+                CU_ASSERT_EQUAL(k.held[r], before);
+                CU_ASSERT_EQUAL(k.n_free, free_before);
+            } else {
+                CU_ASSERT_EQUAL(k.held[r], need > before ? need : before);
+                CU_ASSERT_EQUAL(got, k.held[r] - before);
+            }
+        }
+    }
+    check_owned_once(&k);
+    CU_ASSERT(fails > 0); /* the workload did run the pool dry */
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 2;
+    CU_pSuite s = CU_add_suite("forward_cuda_host", NULL, NULL);
+    CU_add_test(s, "stage_pass", test_stage_pass);
+    CU_add_test(s, "kv_blocks", test_kv_blocks);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
