@@ -28,7 +28,7 @@ static const flag_spec eval_flags[] = {
     {"logits-out", NULL, NULL, FLAG_STR, offsetof(eval_opts, logits_out), "output file: float32 [T][V]"},
     {"mode", NULL, "prefill", FLAG_STR, offsetof(eval_opts, mode), "prefill | decode"},
     {"prompt-len", NULL, "0", FLAG_INT, offsetof(eval_opts, prompt_len), "decode mode: tokens prefilled first"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda (no GPU: the CPU)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(eval_opts, device), "cpu | cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs; no GPU: the CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(eval_opts, threads), "CPU threads (0: all online CPUs)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(eval_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"batch-tokens", NULL, "512", FLAG_INT, offsetof(eval_opts, batch_tokens), "tokens per prefill step"},
@@ -56,8 +56,9 @@ int cmd_eval(int argc, char **argv)
         fprintf(stderr, "deltaserve eval: --mode must be prefill or decode, not '%s'\n", o.mode);
         return 2;
     }
-    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) {
-        fprintf(stderr, "deltaserve eval: --device must be cpu or cuda, not '%s'\n", o.device);
+    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda") && strncmp(o.device, "cuda:", 5)) {
+        fprintf(stderr, "deltaserve eval: --device must be cpu, cuda, cuda:N or cuda:A,B,... (the "
+                "GPUs of --tp ranks), not '%s'\n", o.device);
         return 2;
     }
     if (o.batch_tokens < 1 || o.prompt_len < 0 || o.ctx < 0) {

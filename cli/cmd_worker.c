@@ -37,7 +37,7 @@ typedef struct worker_opts {
 static const flag_spec worker_flags[] = {
     {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(worker_opts, model), "GGUF model file (arch qwen35)"},
     {"listen", "DS_LISTEN", "0.0.0.0:50051", FLAG_STR, offsetof(worker_opts, listen), "gRPC address HOST:PORT (port 0: pick one)"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs; cuda without a GPU: CPU)"},
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
     {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
@@ -106,8 +106,9 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     log_threshold = (log_level)lvl;
-    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) {
-        fprintf(stderr, "deltaserve worker: --device must be cpu or cuda, not '%s'\n", o.device);
+    if (strcmp(o.device, "cpu") && strcmp(o.device, "cuda") && strncmp(o.device, "cuda:", 5)) {
+        fprintf(stderr, "deltaserve worker: --device must be cpu, cuda, cuda:N or cuda:A,B,... (the "
+                "GPUs of --tp ranks), not '%s'\n", o.device);
         return 2;
     }
     if (worker_backend_check_tp(o.device, o.tp, &st)) {

@@ -45,7 +45,7 @@ static attn_kv_type choose_kv_type(const qwen35_model *m)
  * 6% / 1.3% faster on the 0.8B / 4B / 27B. */
 static int capture_graphs(qwen35_cuda *e, status *st)
 {
-    e->pdl = e->props.cc_major >= 9;
+    e->pdl = e->props.cc_major >= 9 && !e->tp; /* PDL edges and NCCL's kernels: not mixed */
     for (;;) {
         int rc = STATUS_OK;
         e->launch.pdl = e->pdl;
@@ -82,6 +82,7 @@ static int capture_graphs(qwen35_cuda *e, status *st)
 static int create_samplers(qwen35_cuda *e, status *st)
 {
     const int V = e->cfg.V;
+    if (!fc_samples(e)) return STATUS_OK; /* tensor parallel: rank 0 samples */
     for (int i = 0; i < e->n_slots; i++) {
         if (!sample_create(&e->slots[i].sampler, V, e->n_ctx, st)) continue;
         if (st->code != STATUS_UNSUPPORTED) return st->code;
@@ -167,7 +168,8 @@ static int size_state(qwen35_cuda *e, status *st)
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
                            e->kv_elem_bytes; /* K and V of one block, every layer */
     if (e->n_slots) {
-        kv->n_blocks = e->n_slots * kv->ld + 1; /* + the pad slot's */
+        kv->n_blocks = e->kv_blocks_opt > 0 ? e->kv_blocks_opt + 1
+                                            : e->n_slots * kv->ld + 1; /* + the pad slot's */
         return STATUS_OK;
     }
     fc_slot probe[2];
@@ -224,6 +226,10 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->kv_type = choose_kv_type(m);
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
+    e->kv_blocks_opt = o ? o->kv_blocks : 0;
+    e->tp = o ? o->tp : NULL;
+    e->tp_rank = o && o->tp ? o->tp_rank : 0;
+    e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
         fc_weights_upload(e, st) || size_state(e, st))
@@ -242,6 +248,11 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
              e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
     if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
+    if (e->tp_failed) {
+        status_fail(st, STATUS_DEVICE, "cuda: an all-reduce could not be recorded (rank %d)",
+                    e->tp_rank);
+        goto fail;
+    }
     if (e->b.rows)
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
                  e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
@@ -300,6 +311,7 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
     sl->greedy = sampling_params_is_greedy(p);
     fc_kv_release(e, slot);
     if (fc_slot_clear(e, slot, st)) return st->code;
+    if (!fc_samples(e)) return STATUS_OK;
     if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
     sampler_reset(sl->host_sampler, p);
     return STATUS_OK;
@@ -356,6 +368,7 @@ static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, 
  * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
 void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
 {
+    if (!fc_samples(e)) return;
     fc_slot *sl = &e->slots[rows[i].slot];
     int n = 0;
     for (int k = i; k < j; k++)
@@ -482,7 +495,7 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
         fc_accept_rows(e, rows, i, j);
         if (rows[j - 1].sample && !sl->greedy && sl->sampler)
             sample_run(sl->sampler, e->a.d_logits, &e->launch);
-        if (rows[j - 1].sample && !sl->greedy && !sl->sampler &&
+        if (rows[j - 1].sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
             fc_sample_on_host(e, &rows[j - 1], e->a.d_logits, st))
             return st->code;
         i = j;

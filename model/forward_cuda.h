@@ -48,6 +48,15 @@ typedef struct qwen35_cuda_opts {
     bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
                              logits then do not depend on the rows beside it, at the price of the
                              batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
+    int kv_blocks;        /* > 0: the KV pool's blocks (the tensor-parallel ranks all take rank
+                             0's); 0: sized with the slots */
+    /* Tensor parallel (model/forward_cuda_tp.h; the model is then the rank's shard): this
+     * rank's communicator (NULL: none), its rank (rank 0 samples and reports; every rank sums
+     * the row-parallel outputs and gathers the vocabulary-split logits in its graphs) and its
+     * first lm_head row in the vocabulary. */
+    struct tp_comm *tp;
+    int tp_rank;
+    int64_t vocab_begin;
 } qwen35_cuda_opts;
 
 /* One row of a step: a token fed to a slot. Rows of one slot must be consecutive within a step

@@ -167,12 +167,17 @@ struct qwen35_cuda {
     fc_kv kv;
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
+    int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
     bool pdl;          /* the graphs use programmatic dependent launch */
+    struct tp_comm *tp;   /* borrowed: tensor parallel (qwen35_cuda_opts), NULL: none */
+    int tp_rank;
+    int64_t vocab_begin;
+    int tp_failed;        /* an all-reduce failed while recording (checked after capture) */
     char path[96];
     qwen35_cuda_stats stats;
 };
@@ -205,6 +210,12 @@ int fc_batch_capture(qwen35_cuda *e, status *st);   /* the bucket graphs */
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+/* tensor parallel (forward_cuda_record.c): the residual matmuls' epilogue (rank 0 adds to x,
+ * the others store their partial sums), the sum of n floats over the ranks (nothing without
+ * tp), and whether this rank samples (rank 0) */
+gemv_epilogue fc_residual_ep(const qwen35_cuda *e);
+void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n);
+static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
 /* forward_cuda.c, shared with the batched step */
 void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j);
 int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);

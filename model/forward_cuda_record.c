@@ -11,6 +11,7 @@
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/tp_comm.h"
 #include "model/forward_cuda_impl.h"
 
 /* norm_rows: h = RMSNorm(x) * w, with its Q8 form */
@@ -57,6 +58,18 @@ static void rec_gdn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
 }
 
+gemv_epilogue fc_residual_ep(const qwen35_cuda *e)
+{
+    return e->tp && e->tp_rank > 0 ? GEMV_STORE : GEMV_ADD;
+}
+
+void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n)
+{
+    if (!e->tp) return;
+    status st;
+    if (tp_comm_sum(e->tp, d_buf, (size_t)n, e->launch.stream, &st)) e->tp_failed = 1;
+}
+
 /* fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
 static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
 {
@@ -80,7 +93,8 @@ static void rec_ffn(qwen35_cuda *e, const fc_layer *L)
     fc_act *a = &e->a;
     gemv_swiglu(&L->gate, &L->up, a->d_h, a->d_hq, a->d_ffn, &e->launch);
     gemv_quantize_x(a->d_ffn, a->d_ffnq, e->cfg.F, &e->launch);
-    gemv(&L->down, a->d_ffn, a->d_ffnq, a->d_x, GEMV_ADD, &e->launch);
+    gemv(&L->down, a->d_ffn, a->d_ffnq, a->d_x, fc_residual_ep(e), &e->launch);
+    fc_tp_sum(e, a->d_x, e->cfg.H);
 }
 
 /* run_step for one row: embed, the layers, the final norm, the lm_head with the argmax, and the
@@ -98,12 +112,20 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
             rec_gdn(e, sl, L);
         else
             rec_attn(e, sl, L);
-        gemv(&L->out, a->d_y, a->d_yq, a->d_x, GEMV_ADD, &e->launch); /* residual */
+        gemv(&L->out, a->d_y, a->d_yq, a->d_x, fc_residual_ep(e), &e->launch); /* residual */
+        fc_tp_sum(e, a->d_x, c->H);
         rec_norm(e, L->d_post_norm);
         rec_ffn(e, L);
     }
     rec_norm(e, e->w.d_out_norm);
-    gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
+    if (e->tp) { /* this rank's vocabulary rows, the others' zeros, summed: all the logits */
+        cuda_memset_async(a->d_logits, 0, (size_t)c->V * 4, e->launch.stream);
+        gemv(&e->w.head, a->d_h, a->d_hq, a->d_logits + e->vocab_begin, GEMV_STORE, &e->launch);
+        fc_tp_sum(e, a->d_logits, c->V);
+        gemm_argmax_rows(a->d_logits, c->V, c->V, sl->d_best, 1, &e->launch);
+    } else {
+        gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
+    }
     cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
 }
 
@@ -209,14 +231,17 @@ void fc_record_batch(qwen35_cuda *e, int nb, bool prefill)
         else
             recb_attn(e, L, slot, pos, run, prefill ? lng : NULL, nb);
         recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
-        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l); /* residual */
+        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_xh, b->d_x, H, fc_residual_ep(e), nb, b->d_work,
+                  l); /* residual */
+        fc_tp_sum(e, b->d_x, nb * H);
         norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
         recb_x_half(e, b->d_h, H, H, nb);
         gemm_rows(&L->gate, b->d_h, H, b->d_xh, b->d_gu, 2 * F, GEMV_STORE, nb, b->d_work, l);
         gemm_rows(&L->up, b->d_h, H, b->d_xh, b->d_gu + F, 2 * F, GEMV_STORE, nb, b->d_work, l);
         gemm_swiglu_rows(b->d_gu, 2 * F, (int)F, b->d_ffn, F, nb, l);
         recb_x_half(e, b->d_ffn, F, F, nb);
-        gemm_rows(&L->down, b->d_ffn, F, b->d_xh, b->d_x, H, GEMV_ADD, nb, b->d_work, l);
+        gemm_rows(&L->down, b->d_ffn, F, b->d_xh, b->d_x, H, fc_residual_ep(e), nb, b->d_work, l);
+        fc_tp_sum(e, b->d_x, nb * H);
     }
 }
 
@@ -234,6 +259,10 @@ void fc_record_head(qwen35_cuda *e, int nh)
     norm_rms_gather(b->d_x, H, b->d_rows, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nh,
                     &plain);
     recb_x_half(e, b->d_h, H, H, nh);
-    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits, c->V, GEMV_STORE, nh, b->d_work, l);
+    if (e->tp) /* this rank's vocabulary columns, the others' zeros: summed, all the logits */
+        cuda_memset_async(b->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
+    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh,
+              b->d_work, l);
+    fc_tp_sum(e, b->d_logits, (int64_t)nh * c->V);
     gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nh, l);
 }

@@ -62,14 +62,25 @@ static int upload_mats(fc_upload *u, const qwen35_mat *const *mats, int n, gemv_
         u->total += raw;
         return STATUS_OK;
     }
-    /* GGUF rows -> device staging (concatenated on the host when several), then repacked */
+    /* GGUF rows -> device staging (gathered on the host when several matrices, or rows with a
+     * longer stride: a tensor-parallel shard's columns of a row-parallel weight), repacked */
     const void *src = m0->data;
-    for (int i = 0; i < n; i++) DS_ASSERT(mats[i]->row_bytes == rb);
-    if (n > 1) {
+    bool gather = n > 1;
+    for (int i = 0; i < n; i++) {
+        DS_ASSERT(mats[i]->row_bytes >= rb);
+        gather |= mats[i]->row_bytes != rb;
+    }
+    if (gather) {
         uint64_t off = 0;
         for (int i = 0; i < n; i++) {
-            memcpy(u->h_cat + off, mats[i]->data, rb * (uint64_t)mats[i]->n_out);
-            off += rb * (uint64_t)mats[i]->n_out;
+            const uint8_t *m = mats[i]->data;
+            if (mats[i]->row_bytes == rb) {
+                memcpy(u->h_cat + off, m, rb * (uint64_t)mats[i]->n_out);
+                off += rb * (uint64_t)mats[i]->n_out;
+                continue;
+            }
+            for (int64_t r = 0; r < mats[i]->n_out; r++, off += rb)
+                memcpy(u->h_cat + off, m + (uint64_t)r * mats[i]->row_bytes, rb);
         }
         src = u->h_cat;
     }
@@ -157,7 +168,9 @@ static int upload_layers(fc_upload *u, status *st)
     if (upload_one(u, &m->tok_embd, &e->w.embd, st) ||
         upload_vec(u, m->output_norm, c->H, &e->w.d_out_norm, st))
         return st->code;
-    if (c->tied)
+    /* tied: the embedding's rows serve as the lm_head, unless this is a tensor-parallel shard,
+     * whose lm_head is its slice of the vocabulary */
+    if (c->tied && m->output.data == m->tok_embd.data && m->output.n_out == m->tok_embd.n_out)
         e->w.head = e->w.embd;
     else if (upload_one(u, &m->output, &e->w.head, st))
         return st->code;

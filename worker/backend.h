@@ -54,9 +54,14 @@ typedef struct worker_backend_opts {
     int n_ctx;     /* positions per sequence (prompt + generated) */
     int n_threads; /* CPU threads; 0 = default */
     int tp;        /* tensor-parallel ranks (0 or 1: none): the CPU backend simulates them in one
-                      process (model/forward_tp.h); cuda refuses tp > 1 (no NCCL path yet) */
+                      process (model/forward_tp.h); cuda runs one rank per GPU over NCCL
+                      (model/forward_cuda_tp.h) */
     int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
-    int device;             /* CUDA device index (cuda backends) */
+    int device;             /* CUDA device index (cuda backends); with tp > 1 the first of
+                               tp consecutive ones, unless tp_devices lists them */
+    int n_tp_devices;       /* cuda, tp > 1: tp_devices[0 .. tp) the ranks' devices (0: from
+                               device) */
+    int tp_devices[64];
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
@@ -127,9 +132,10 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
 
 /* Whether --tp can run on device, before any model is loaded: tp 0 or 1 always, tp > 1 on
  * "cpu" (the simulated ranks; whether the model's heads split is checked at create). On
- * "cuda": STATUS_UNSUPPORTED "--tp N needs N GPUs, this host has M" when fewer GPUs are
- * visible, else "not built yet" (tensor parallel over NCCL is issue 15's GPU half).
- * STATUS_INVALID for tp < 0 or > 64. worker_backend_create makes the same check. */
+ * "cuda" / "cuda:N" / "cuda:A,B,...": STATUS_UNSUPPORTED "--tp N needs N GPUs, this host has
+ * M" when fewer GPUs are visible (or a listed one is not there), STATUS_INVALID when a list's
+ * length is not tp. STATUS_INVALID for tp < 0 or > 64. worker_backend_create makes the same
+ * check. */
 int worker_backend_check_tp(const char *device, int tp, status *st);
 
 /* true when this binary links the CUDA backend (//worker:cuda_worker) */

@@ -9,11 +9,13 @@
 
 #include "common/log.h"
 #include "model/forward_cuda.h"
+#include "model/forward_cuda_tp.h"
 #include "worker/backend.h"
 
 typedef struct cuda_worker {
     worker_backend base;
-    qwen35_cuda *fwd;     /* owned */
+    qwen35_cuda *fwd;     /* owned; with tp, rank 0's (owned by tp) */
+    qwen35_cuda_tp *tp;   /* owned: tensor parallel, or NULL */
     qwen35_cuda_row *rows; /* owned, [max_rows] */
     worker_batch_item **row_item; /* owned, [max_rows]: the item a sampled row answers */
     int max_rows;
@@ -23,14 +25,16 @@ static int cw_seq_start(worker_backend *b, int slot, const sampling_params *p, s
 {
     cuda_worker *c = (cuda_worker *)b;
     DS_ASSERT(slot >= 0 && slot < b->n_slots);
-    return qwen35_cuda_seq_start(c->fwd, slot, p, st);
+    return c->tp ? qwen35_cuda_tp_seq_start(c->tp, slot, p, st)
+                 : qwen35_cuda_seq_start(c->fwd, slot, p, st);
 }
 
 /* Runs rows[0..n) and hands each sampled row's result to its item. */
 static int cw_flush(cuda_worker *c, int n, status *st)
 {
     if (!n) return STATUS_OK;
-    if (qwen35_cuda_step(c->fwd, c->rows, n, st)) return st->code;
+    if (c->tp ? qwen35_cuda_tp_step(c->tp, c->rows, n, st) : qwen35_cuda_step(c->fwd, c->rows, n, st))
+        return st->code;
     for (int i = 0; i < n; i++) {
         const qwen35_cuda_row *r = &c->rows[i];
         worker_batch_item *it = c->row_item[i];
@@ -84,12 +88,18 @@ static int cw_step(worker_backend *b, worker_batch_item *items, int n, status *s
 
 static void cw_seq_end(worker_backend *b, int slot)
 {
-    qwen35_cuda_seq_end(((cuda_worker *)b)->fwd, slot);
+    cuda_worker *c = (cuda_worker *)b;
+    if (c->tp)
+        qwen35_cuda_tp_seq_end(c->tp, slot);
+    else
+        qwen35_cuda_seq_end(c->fwd, slot);
 }
 
 static int cw_fill(worker_backend *b, int slot, int n_past, status *st)
 {
-    return qwen35_cuda_fill(((cuda_worker *)b)->fwd, slot, n_past, st);
+    cuda_worker *c = (cuda_worker *)b;
+    return c->tp ? qwen35_cuda_tp_fill(c->tp, slot, n_past, st)
+                 : qwen35_cuda_fill(c->fwd, slot, n_past, st);
 }
 
 static void cw_get_stats(const worker_backend *b, worker_backend_stats *out)
@@ -107,7 +117,10 @@ static void cw_destroy(worker_backend *b)
 {
     cuda_worker *c = (cuda_worker *)b;
     if (!c) return;
-    qwen35_cuda_destroy(c->fwd);
+    if (c->tp)
+        qwen35_cuda_tp_destroy(c->tp);
+    else
+        qwen35_cuda_destroy(c->fwd);
     free(c->rows);
     free(c->row_item);
     free(c);
@@ -135,7 +148,14 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
     const qwen35_cuda_opts fo = {.n_ctx = o->n_ctx, .n_slots = o->n_slots,
                                  .max_rows = o->n_slots > 0 ? o->n_slots + prefill : 0,
                                  .device = o->device, .batch_invariant = o->batch_invariant};
-    if (qwen35_cuda_create(m, &fo, &c->fwd, st)) goto fail;
+    if (o->tp > 1) { /* one rank per GPU: the listed ones, or tp from o->device */
+        int devs[64];
+        for (int r = 0; r < o->tp; r++) devs[r] = o->n_tp_devices ? o->tp_devices[r] : o->device + r;
+        if (qwen35_cuda_tp_create(m, o->tp, devs, &fo, &c->tp, st)) goto fail;
+        c->fwd = qwen35_cuda_tp_rank(c->tp, 0);
+    } else if (qwen35_cuda_create(m, &fo, &c->fwd, st)) {
+        goto fail;
+    }
     b->n_slots = qwen35_cuda_n_slots(c->fwd);
     c->max_rows = qwen35_cuda_max_rows(c->fwd);
     c->rows = calloc((size_t)c->max_rows, sizeof *c->rows);
@@ -153,8 +173,18 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
     qwen35_cuda_stats s;
     qwen35_cuda_get_stats(c->fwd, &s);
     b->state_bytes = s.state_bytes / (uint64_t)(b->n_slots + 1);
-    snprintf(b->device, sizeof b->device, "cuda:%d %s", qwen35_cuda_device_index(c->fwd),
-             qwen35_cuda_device_name(c->fwd));
+    if (c->tp) {
+        int at = snprintf(b->device, sizeof b->device, "cuda:");
+        for (int r = 0; r < o->tp && at < (int)sizeof b->device; r++)
+            at += snprintf(b->device + at, sizeof b->device - (size_t)at, "%s%d", r ? "," : "",
+                           qwen35_cuda_device_index(qwen35_cuda_tp_rank(c->tp, r)));
+        if (at < (int)sizeof b->device)
+            snprintf(b->device + at, sizeof b->device - (size_t)at, " %s, tensor parallel %d",
+                     qwen35_cuda_device_name(c->fwd), o->tp);
+    } else {
+        snprintf(b->device, sizeof b->device, "cuda:%d %s", qwen35_cuda_device_index(c->fwd),
+                 qwen35_cuda_device_name(c->fwd));
+    }
     *out = b;
     return STATUS_OK;
 fail:

@@ -124,6 +124,11 @@ extern "C" int cuda_memset(void *d_dst, int byte, size_t bytes, status *st)
     return STATUS_OK;
 }
 
+extern "C" void cuda_memset_async(void *d_dst, int byte, size_t bytes, cuda_stream s)
+{
+    cudaMemsetAsync(d_dst, byte, bytes, s);
+}
+
 extern "C" void cuda_copy_async(void *d_dst, const void *d_src, size_t bytes, cuda_stream s)
 {
     cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, s);

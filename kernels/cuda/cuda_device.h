@@ -80,6 +80,7 @@ int cuda_download(void *dst, const void *d_src, size_t bytes, status *st);
 int cuda_memset(void *d_dst, int byte, size_t bytes, status *st);
 /* Asynchronous copies on a stream (capturable into a graph); host memory should be pinned. */
 void cuda_copy_async(void *d_dst, const void *d_src, size_t bytes, cuda_stream s);
+void cuda_memset_async(void *d_dst, int byte, size_t bytes, cuda_stream s); /* graph-capturable */
 void cuda_copy_h2d_async(void *d_dst, const void *h_src, size_t bytes, cuda_stream s);
 void cuda_copy_d2h_async(void *h_dst, const void *d_src, size_t bytes, cuda_stream s);
 

@@ -90,7 +90,7 @@ def test_errors(tmp):
     r = run("eval", "--model", model, "--ids", "1,2", "--logits-out", out, "--tp", "3")
     check(one_line_error(r, 1) and b"n_h = 4 query heads do not split over 3 ranks" in r.stderr,
           f"eval --tp 3: one line naming n_h ({r.stderr.strip()!r})")
-    gpu_msg = (b"needs 2 GPUs, this host has", b"not built yet")
+    gpu_msg = (b"needs 2 GPUs, this host has",)
     r = run("eval", "--model", model, "--ids", "1,2", "--logits-out", out, "--tp", "2", "--device", "cuda")
     check(one_line_error(r, 1) and any(m in r.stderr for m in gpu_msg),
           f"eval --tp 2 --device cuda: one line ({r.stderr.strip()!r})")
@@ -98,6 +98,14 @@ def test_errors(tmp):
     check(one_line_error(r, 2) and r.stderr.startswith(b"deltaserve worker: --tp 2")
           and any(m in r.stderr for m in gpu_msg) and not r.stdout,
           f"worker --tp 2 --device cuda: one line, exit 2 ({r.stderr.strip()!r})")
+    # the ranks' GPUs named: a list must match --tp, and the GPUs must be there
+    for args, want in ((["--device", "cuda:0,1"], b"lists 2 GPUs: give --tp 2"),
+                       (["--device", "cuda:0,1,2", "--tp", "2"], b"lists 3 GPUs for --tp 2"),
+                       (["--device", "cuda:2,3", "--tp", "2"], b"needs 4 GPUs, this host has"),
+                       (["--device", "cuda:0,x", "--tp", "2"], b"expected cuda, cuda:N or cuda:A,B")):
+        r = run("worker", "--model", model, "--listen", "127.0.0.1:0", *args)
+        check(one_line_error(r, 2) and want in r.stderr and not r.stdout,
+              f"worker {' '.join(args)}: one line, exit 2 ({r.stderr.strip()!r})")
     r = run("worker", "--model", model, "--listen", "127.0.0.1:0", "--tp", "-1")
     check(one_line_error(r, 2), f"worker --tp -1: one line, exit 2 ({r.stderr.strip()!r})")
     r = run("generate", "--model", model, "--ids", "1,2", "--tp", "3")

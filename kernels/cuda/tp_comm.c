@@ -1,0 +1,94 @@
+/* NCCL through dlopen (tp_comm.h). */
+#include "kernels/cuda/tp_comm.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <nccl.h>
+
+struct tp_comm {
+    ncclComm_t comm;
+};
+
+static struct {
+    pthread_once_t once;
+    void *lib;
+    __typeof__(&ncclCommInitAll) init_all;
+    __typeof__(&ncclAllReduce) all_reduce;
+    __typeof__(&ncclCommDestroy) destroy;
+    __typeof__(&ncclGetErrorString) error_string;
+    __typeof__(&ncclGetVersion) version;
+    char what[160];
+} g_nccl = {PTHREAD_ONCE_INIT};
+
+static void load(void)
+{
+    g_nccl.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!g_nccl.lib) {
+        snprintf(g_nccl.what, sizeof g_nccl.what, "libnccl.so.2 not found (%s); put its folder "
+                 "in LD_LIBRARY_PATH", dlerror());
+        return;
+    }
+    *(void **)&g_nccl.init_all = dlsym(g_nccl.lib, "ncclCommInitAll");
+    *(void **)&g_nccl.all_reduce = dlsym(g_nccl.lib, "ncclAllReduce");
+    *(void **)&g_nccl.destroy = dlsym(g_nccl.lib, "ncclCommDestroy");
+    *(void **)&g_nccl.error_string = dlsym(g_nccl.lib, "ncclGetErrorString");
+    *(void **)&g_nccl.version = dlsym(g_nccl.lib, "ncclGetVersion");
+    int v = 0;
+    if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.destroy || !g_nccl.error_string ||
+        !g_nccl.version || g_nccl.version(&v) != ncclSuccess) {
+        snprintf(g_nccl.what, sizeof g_nccl.what, "libnccl.so.2 lacks the NCCL 2 API");
+        dlclose(g_nccl.lib);
+        g_nccl.lib = NULL;
+        return;
+    }
+    snprintf(g_nccl.what, sizeof g_nccl.what, "NCCL %d.%d.%d (libnccl.so.2)", v / 10000,
+             v / 100 % 100, v % 100);
+}
+
+const char *tp_comm_describe(void)
+{
+    pthread_once(&g_nccl.once, load);
+    return g_nccl.what;
+}
+
+int tp_comm_init_all(int n, const int *devs, tp_comm **out, status *st)
+{
+    pthread_once(&g_nccl.once, load);
+    if (!g_nccl.lib) return status_fail(st, STATUS_UNAVAILABLE, "tensor parallel: %s", g_nccl.what);
+    ncclComm_t comms[64];
+    if (n < 1 || n > 64) return status_fail(st, STATUS_INVALID, "tensor parallel: %d ranks", n);
+    const ncclResult_t r = g_nccl.init_all(comms, n, devs);
+    if (r != ncclSuccess)
+        return status_fail(st, STATUS_DEVICE, "tensor parallel: ncclCommInitAll over %d GPUs: %s",
+                           n, g_nccl.error_string(r));
+    for (int i = 0; i < n; i++) {
+        out[i] = calloc(1, sizeof **out);
+        if (!out[i]) {
+            for (int j = 0; j < n; j++) g_nccl.destroy(comms[j]);
+            for (int j = 0; j < i; j++) free(out[j]), out[j] = NULL;
+            return status_fail(st, STATUS_NOMEM, "tensor parallel: communicators");
+        }
+        out[i]->comm = comms[i];
+    }
+    return STATUS_OK;
+}
+
+int tp_comm_sum(tp_comm *c, float *buf, size_t count, cuda_stream s, status *st)
+{
+    const ncclResult_t r = g_nccl.all_reduce(buf, buf, count, ncclFloat32, ncclSum, c->comm,
+                                             (cudaStream_t)s);
+    if (r != ncclSuccess)
+        return status_fail(st, STATUS_DEVICE, "tensor parallel: all-reduce of %zu floats: %s",
+                           count, g_nccl.error_string(r));
+    return STATUS_OK;
+}
+
+void tp_comm_destroy(tp_comm *c)
+{
+    if (!c) return;
+    if (g_nccl.lib) g_nccl.destroy(c->comm);
+    free(c);
+}
