@@ -173,15 +173,10 @@ fail:
 void qwen35_cuda_tp_destroy(qwen35_cuda_tp *t)
 {
     if (!t) return;
-    if (t->n_threads == t->n) {
+    t->n = t->n_threads; /* fewer when a thread never started: then nothing was created */
+    if (t->n) {
         (void)post(t, TP_QUIT, NULL);
         for (int r = 0; r < t->n; r++) pthread_join(t->th[r], NULL);
-    } else { /* some threads never started: nothing was created on any rank */
-        t->n = t->n_threads;
-        if (t->n) {
-            (void)post(t, TP_QUIT, NULL);
-            for (int r = 0; r < t->n_threads; r++) pthread_join(t->th[r], NULL);
-        }
     }
     for (int r = 0; r < TP_SHARD_MAX_RANKS; r++) {
         tp_comm_destroy(t->comm[r]);
