@@ -25,6 +25,7 @@ typedef struct batch_opts {
     const char *model, *device, *batch;
     int prompt, gen, threads, step_tokens;
     bool batch_invariant;
+    int dense_rows;
 } batch_opts;
 
 static const flag_spec batch_flags[] = {
@@ -35,6 +36,7 @@ static const flag_spec batch_flags[] = {
     {"batch", NULL, "1,16,64,256", FLAG_STR, offsetof(batch_opts, batch), "sequences at once (B), comma-separated"},
     {"step-tokens", NULL, "512", FLAG_INT, offsetof(batch_opts, step_tokens), "prompt tokens of all sequences per step"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
+    {"dense-rows", NULL, "128", FLAG_INT, offsetof(batch_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
     {0},
 };
@@ -106,11 +108,12 @@ int cmd_bench_batch(int argc, char **argv)
     if (rc == STATUS_CANCELLED) return 0;
     int sizes[BATCH_MAX_SIZES];
     const int n_sizes = rc ? 0 : parse_sizes(o.batch, sizes);
-    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes) {
+    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes ||
+        o.dense_rows < 0) {
         fprintf(stderr, "deltaserve bench batch: %s\n",
                 rc ? st.msg : !o.model ? "--model is required"
                 : !n_sizes ? "--batch: a comma-separated list of sizes in [1, 4096]"
-                           : "--prompt, --gen and --step-tokens must be >= 1");
+                           : "--prompt, --gen and --step-tokens must be >= 1; --dense-rows >= 0");
         return 2;
     }
     int max_b = 0;
@@ -125,7 +128,8 @@ int cmd_bench_batch(int argc, char **argv)
     int32_t *toks = calloc((size_t)max_b * (o.prompt + 1), sizeof *toks);
     const worker_backend_opts bo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
                                     .n_threads = o.threads, .max_prefill_tokens = o.step_tokens,
-                                    .batch_invariant = o.batch_invariant};
+                                    .batch_invariant = o.batch_invariant,
+                                    .dense_rows = o.dense_rows};
     rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
                          : worker_backend_create(o.device, m, &bo, &b, &st);
     if (!rc) {

@@ -31,6 +31,7 @@ typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level;
     int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls, tp;
     bool batch_invariant;
+    int dense_rows;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -41,6 +42,7 @@ static const flag_spec worker_flags[] = {
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
     {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
+    {"dense-rows", "DS_DENSE_ROWS", "128", FLAG_INT, offsetof(worker_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda needs one GPU each (NCCL: not built yet)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -97,12 +99,12 @@ int cmd_worker(int argc, char **argv)
     }
     int lvl = log_level_parse(o.log_level);
     if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
-        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1) {
+        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.dense_rows < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--threads and --grace-seconds >= 0");
+                            "--threads, --grace-seconds and --dense-rows >= 0");
         return 2;
     }
     log_threshold = (log_level)lvl;
@@ -177,7 +179,7 @@ int cmd_worker(int argc, char **argv)
                                      ? model->cfg.n_ctx_train : 4096);
     worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
                               .max_prefill_tokens = o.step_tokens,
-                              .batch_invariant = o.batch_invariant};
+                              .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
                       .on_fatal = on_fatal};

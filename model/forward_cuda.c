@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "gguf/quant.h"
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/blas.h"
 #include "model/forward_cuda_impl.h"
 
 static int check_shapes(const qwen35_config *c, status *st)
@@ -227,6 +228,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
+    e->dense_rows_opt = o && o->dense_rows > 0 ? o->dense_rows : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
@@ -248,6 +250,10 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
              e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
     if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
+    if (e->b.dense_failed) {
+        status_fail(st, STATUS_DEVICE, "cuda: a dense GEMM could not be recorded (cuBLAS)");
+        goto fail;
+    }
     if (e->tp_failed) {
         status_fail(st, STATUS_DEVICE, "cuda: an all-reduce could not be recorded (rank %d)",
                     e->tp_rank);
@@ -256,6 +262,8 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     if (e->b.rows)
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
                  e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
+    if (e->b.blas)
+        LOG_INFO("cuda: dense GEMM from %d rows: %s", e->b.dense_from, blas_describe());
     else
         LOG_INFO("cuda: no batched steps: %s", e->b.why_not);
     snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s%s",

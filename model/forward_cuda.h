@@ -48,6 +48,9 @@ typedef struct qwen35_cuda_opts {
     bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
                              logits then do not depend on the rows beside it, at the price of the
                              batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
+    int dense_rows;       /* passes of this many rows or more multiply the quantised matrices as
+                             F16 through cuBLAS (kernels/cuda/gemm.h "Dense path"); 0: never.
+                             Not with batch_invariant (cuBLAS's sums depend on the rows) */
     int kv_blocks;        /* > 0: the KV pool's blocks (the tensor-parallel ranks all take rank
                              0's); 0: sized with the slots */
     /* Tensor parallel (model/forward_cuda_tp.h; the model is then the rank's shard): this

@@ -31,6 +31,7 @@
 
 #include "common/log.h"
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/blas.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "model/forward_cuda_host.h"
@@ -79,6 +80,11 @@ void fc_batch_plan(qwen35_cuda *e)
     b->rows = pow2_ceil(want);
     b->chunked = !e->batch_invariant;
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
+    /* the dense path from the first bucket of dense_rows or more (cuBLAS's sums depend on the
+     * rows: never batch invariant) */
+    b->dense_from = 0;
+    if (!e->batch_invariant && e->dense_rows_opt > 0 && e->dense_rows_opt <= b->rows)
+        b->dense_from = pow2_ceil(e->dense_rows_opt);
     b->n_buckets = 0;
     for (int nb = 1; nb <= b->rows; nb *= 2) b->bucket[b->n_buckets++] = nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
@@ -87,6 +93,24 @@ void fc_batch_plan(qwen35_cuda *e)
     if (proj_attn > proj) proj = proj_attn;
     b->ld_proj = (proj + 31) / 32 * 32;
     b->ld_y = D_v > HA ? D_v : HA;
+}
+
+/* the largest F16 copy of a quantised layer matrix on the dense path (halves) */
+static int64_t dense_halves(const qwen35_cuda *e)
+{
+    int64_t w = 0;
+    for (int il = 0; il < e->cfg.n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        const gemv_matrix *m[4 + FC_MAX_GROUPS];
+        int n = 0;
+        m[n++] = &L->out, m[n++] = &L->gate, m[n++] = &L->up, m[n++] = &L->down;
+        for (int g = 0; g < L->n_in; g++) m[n++] = &L->in[g].m;
+        for (int i = 0; i < n; i++) {
+            const int64_t f = gemm_reads_half(m[i]->type) ? m[i]->n_out * gemm_dense_ld(m[i]) : 0;
+            w = f > w ? f : w;
+        }
+    }
+    return w;
 }
 
 /* the largest split-K workspace of any matrix at R rows */
@@ -139,6 +163,10 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     }
     b->d_rows = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
     b->d_best = fc_arena_take(a, R * 8);
+    if (b->dense_from) {
+        b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
+        b->d_blas_ws = fc_arena_take(a, FC_BLAS_WS);
+    }
     b->act_bytes = a->used - before;
 }
 
@@ -148,6 +176,12 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     if (!b->rows) return STATUS_OK;
     b->slot_stride = (int64_t)((uint8_t *)e->slots[1].d_conv - (uint8_t *)e->slots[0].d_conv);
     if (gemm_init(st) || gdn_chunk_init(st) || attn_prefill_init(st)) return st->code;
+    if (b->dense_from && blas_open(b->d_blas_ws, FC_BLAS_WS, &b->blas, st)) {
+        if (st->code != STATUS_UNAVAILABLE) return st->code;
+        LOG_WARN("cuda: no dense GEMM (%s): every pass on the quantised GEMM", st->msg);
+        b->dense_from = 0;
+        *st = (status){0};
+    }
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
     for (int i = 0; i < b->n_buckets && !rc; i++) {
@@ -170,6 +204,8 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
 
 void fc_batch_destroy(qwen35_cuda *e)
 {
+    blas_close(e->b.blas);
+    e->b.blas = NULL;
     for (int i = 0; i < e->b.n_buckets; i++) {
         cuda_graph_exec_destroy(e->b.graph[i]);
         cuda_graph_exec_destroy(e->b.graph_pf[i]);

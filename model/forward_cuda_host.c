@@ -44,12 +44,14 @@ void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_
         if (head[j] >= 0) hrow[nh++] = j;
     }
     for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
-    lng[0] = 0; /* the runs of two or more rows (gdn_chunk_runs, attn_prefill_runs) */
-    for (int x = 0; x < n_runs; x++)
-        if (run[nb + x] > 1) lng[1 + lng[0]++] = x;
-    for (int j = 0; j < nb; j++) /* the rows attn_prefill_runs takes */
-        skip[j] = attn_tiles && j < n &&
-                  ((j > 0 && slot[j - 1] == slot[j]) || (j + 1 < n && slot[j + 1] == slot[j]));
+    lng[0] = 0; /* the long runs (gdn_chunk_runs, attn_prefill_runs) */
+    for (int j = 0; j < nb; j++) skip[j] = 0;
+    for (int x = 0; x < n_runs; x++) {
+        if (run[nb + x] < FC_LONG_RUN_ROWS) continue;
+        lng[1 + lng[0]++] = x;
+        for (int j = run[x]; attn_tiles && j < run[x] + run[nb + x]; j++)
+            skip[j] = 1; /* the rows attn_prefill_runs takes */
+    }
     const int kh = nh ? bucket_of(bucket, n_buckets, nh) : 0;
     for (int j = nh; nh && j < bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
     *info = (fc_pass_info){.k = k, .nb = nb, .n_runs = n_runs, .n_long = lng[0], .nh = nh,

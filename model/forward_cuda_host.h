@@ -17,10 +17,14 @@
  *   then, from `rows`:  tokens [0, nb), slots [nb, 2nb) (the pad slot past n), positions
  *                       [2nb, 3nb), the runs' first rows [3nb, 4nb) and lengths [4nb, 5nb)
  *                       (runs of one slot's consecutive rows; entries past the runs empty),
- *                       the number of runs of two or more rows and their indices
- *                       [5nb, 6nb + 1), and per row 1 when attn_prefill_runs takes it (a row
- *                       of such a run, when attn_tiles) [6nb + 1, 7nb + 1). */
+ *                       the number of long runs (FC_LONG_RUN_ROWS rows or more) and their
+ *                       indices [5nb, 6nb + 1), and per row 1 when attn_prefill_runs takes it
+ *                       (a row of a long run, when attn_tiles) [6nb + 1, 7nb + 1). */
 #define FC_STAGE_INTS(rows) (8 * (rows) + 8) /* a pass's staged ints, rounded up */
+/* Runs of this many rows or more go to the chunked delta rule and the attention tiles; shorter
+ * ones row by row, which spreads them over more CTAs (a chunked CTA takes a run at a time, and
+ * 256 two-row runs of a pass measured 3x slower through it than row by row, BENCH.md run 37). */
+#define FC_LONG_RUN_ROWS 16
 
 typedef struct fc_pass_info {
     int k, nb;        /* the body's bucket index and rows */

@@ -115,6 +115,7 @@ typedef struct fc_act {
  * slot), every weight read once per pass by the batched GEMM (kernels/cuda/gemm.h). Activations
  * [rows][ld]. */
 #define FC_MAX_BUCKETS 10
+#define FC_BLAS_WS (32u << 20) /* cuBLAS workspace bytes (dense path) */
 
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
@@ -139,6 +140,12 @@ typedef struct fc_batch {
     bool chunked;                  /* runs of two or more rows (prompt chunks) by the chunked
                                       delta rule (not batch invariant) */
     bool attn_tiles;               /* and their attention by attn_prefill_runs (F16 cache) */
+    int dense_from;                /* buckets of this many rows or more take the dense path
+                                      (gemm.h "Dense path") for quantised matrices; 0: none */
+    struct blas *blas;             /* owned: cuBLAS, when dense_from */
+    uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time */
+    void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
+    int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
     unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
     int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
                                       staging */
@@ -168,6 +175,7 @@ struct qwen35_cuda {
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
+    int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */

@@ -7,7 +7,9 @@
  * epilogue; gate and up are one GEMV with SwiGLU (gemv_swiglu); the lm_head computes the greedy
  * argmax as it writes the logits (gemv_argmax); every kernel whose output feeds a quantised GEMV
  * also writes its Q8 form. */
+#include "common/log.h"
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/blas.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
@@ -153,12 +155,32 @@ static void recb_x_half(qwen35_cuda *e, const float *x, int64_t ld, int64_t n, i
     if (e->b.half_x) gemm_x_half(x, ld, n, e->b.d_xh, nb, &e->launch);
 }
 
+/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense_from rows for the quantised
+ * types, else the quantised GEMM; either reads x's F16 rows d_xh when the type does */
+static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int64_t ld_x,
+                      float *y, int64_t ld_y, gemv_epilogue ep, int nb)
+{
+    fc_batch *b = &e->b;
+    if (b->blas && nb >= b->dense_from && gemm_reads_half(m->type)) {
+        DS_ASSERT(ep == GEMV_STORE || ep == GEMV_ADD);
+        status st;
+        gemm_dequant_half(m, b->d_w16, &e->launch);
+        if (blas_gemm_f16(b->blas, m->n_out, nb, m->n_in, b->d_w16, gemm_dense_ld(m), b->d_xh,
+                          m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
+            LOG_ERROR("cuda: %s", st.msg);
+            b->dense_failed = 1;
+        }
+        return;
+    }
+    gemm_rows(m, x, ld_x, b->d_xh, y, ld_y, ep, nb, b->d_work, &e->launch);
+}
+
 static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
 {
     fc_batch *b = &e->b;
     for (int g = 0; g < L->n_in; g++)
-        gemm_rows(&L->in[g].m, b->d_h, e->cfg.H, b->d_xh, b->d_proj + L->in[g].y_off, b->ld_proj,
-                  GEMV_STORE, nb, b->d_work, &e->launch);
+        recb_gemm(e, &L->in[g].m, b->d_h, e->cfg.H, b->d_proj + L->in[g].y_off, b->ld_proj,
+                  GEMV_STORE, nb);
 }
 
 static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *run,
@@ -177,7 +199,7 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
     const bool chunked = lng != NULL;
     gdn_decode_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                     c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
-                    chunked, b->d_o, D_v, nb, &e->launch);
+                    chunked ? FC_LONG_RUN_ROWS : 0, b->d_o, D_v, nb, &e->launch);
     if (chunked)
         gdn_chunk_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                        c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
@@ -206,7 +228,7 @@ static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, co
     const int32_t *skip = tiles ? lng + 1 + nb : NULL;
     if (tiles)
         attn_prefill_runs(b->d_q, HA, kc, vc, slot, table, ld, pos, run, lng, c->n_h, c->n_kv,
-                          c->d_h, e->n_ctx, b->d_part, nb, nb, &e->launch);
+                          c->d_h, e->n_ctx, b->d_part, nb, nb, FC_LONG_RUN_ROWS, &e->launch);
     attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, slot, table, ld, pos, skip, c->n_h,
                      c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL, e->kv_type, nb,
                      &e->launch);
@@ -231,16 +253,15 @@ void fc_record_batch(qwen35_cuda *e, int nb, bool prefill)
         else
             recb_attn(e, L, slot, pos, run, prefill ? lng : NULL, nb);
         recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
-        gemm_rows(&L->out, b->d_y, b->ld_y, b->d_xh, b->d_x, H, fc_residual_ep(e), nb, b->d_work,
-                  l); /* residual */
+        recb_gemm(e, &L->out, b->d_y, b->ld_y, b->d_x, H, fc_residual_ep(e), nb); /* residual */
         fc_tp_sum(e, b->d_x, nb * H);
         norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
         recb_x_half(e, b->d_h, H, H, nb);
-        gemm_rows(&L->gate, b->d_h, H, b->d_xh, b->d_gu, 2 * F, GEMV_STORE, nb, b->d_work, l);
-        gemm_rows(&L->up, b->d_h, H, b->d_xh, b->d_gu + F, 2 * F, GEMV_STORE, nb, b->d_work, l);
+        recb_gemm(e, &L->gate, b->d_h, H, b->d_gu, 2 * F, GEMV_STORE, nb);
+        recb_gemm(e, &L->up, b->d_h, H, b->d_gu + F, 2 * F, GEMV_STORE, nb);
         gemm_swiglu_rows(b->d_gu, 2 * F, (int)F, b->d_ffn, F, nb, l);
         recb_x_half(e, b->d_ffn, F, F, nb);
-        gemm_rows(&L->down, b->d_ffn, F, b->d_xh, b->d_x, H, fc_residual_ep(e), nb, b->d_work, l);
+        recb_gemm(e, &L->down, b->d_ffn, F, b->d_x, H, fc_residual_ep(e), nb);
         fc_tp_sum(e, b->d_x, nb * H);
     }
 }

@@ -64,6 +64,8 @@ typedef struct worker_backend_opts {
     int tp_devices[64];
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
+    int dense_rows;         /* cuda: passes of this many rows or more multiply the quantised
+                               matrices through cuBLAS (qwen35_cuda_opts.dense_rows); 0: never */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
                                (QWEN35_DOT_EXACT: reference comparisons), not with Q8 ones */
 } worker_backend_opts;

@@ -375,6 +375,7 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
 #pragma unroll 4
         for (int s = s0 + warp; s < s1; s += NW) {
             const float w = sw[s - s0];
+            if (w == 0.0f) continue; // an emptied chunk (a prefill segment's): its o is not read
             const float *ps = po + (int64_t)s * d_h;
             if constexpr (EPL % 4 == 0) {
 #pragma unroll

@@ -104,15 +104,16 @@ void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B, cuda_la
                            cuda_launch_dims *combine);
 
 /* Prefill runs (prompt chunks): rows in runs of one sequence (kernels/cuda/gdn.h "Runs": d_run =
- * [2][R] first rows and lengths, d_long = the number of runs of two or more rows, then their
- * indices), each row at its own position d_pos[row] of slot d_slot[first row]'s F16 cache blocks
- * ("KV blocks"), whose rows up to the run's last position attn_prep_rows has written.
- * attn_prefill_runs computes the softmax attention of every row of the long runs, a tile of 64 / G
- * rows and the G query heads of one KV head a CTA, K and V read once a tile, on tensor cores (F16
- * products with F16 remainders for q and the probabilities, F32 scores, softmax and sums), and
- * writes it as the row's partials (d_partial as attn_decode_rows'); attn_decode_rows with d_skip
- * (1 for those rows, 0 for the others) then leaves their chunks alone and merges and gates every
- * row. Equal to attn_decode_rows in exact arithmetic, not bit for bit. attn_prefill_init (once,
+ * [2][R] first rows and lengths; d_long = the number of long runs, then their indices, each of
+ * long_rows >= 2 rows or more), each row at its own position d_pos[row] of slot d_slot[first
+ * row]'s F16 cache blocks ("KV blocks"), whose rows up to the run's last position attn_prep_rows
+ * has written. attn_prefill_runs computes the softmax attention of every row of the long runs:
+ * a tile of 64 / G rows and the G query heads of one KV head a CTA, over one of 16 segments of
+ * the tile's positions; K and V read once a tile, on tensor cores (F16 products with F16
+ * remainders for q and the probabilities, F32 scores, softmax and sums); each segment written as
+ * one of the row's partials (d_partial as attn_decode_rows'). attn_decode_rows with d_skip (1 for
+ * those rows, 0 for the others) then leaves their chunks alone and merges and gates every row.
+ * Equal to attn_decode_rows in exact arithmetic, not bit for bit. attn_prefill_init (once,
  * before the first launch or capture) raises the kernel's shared memory limit. */
 int attn_prefill_init(status *st);
 size_t attn_prefill_smem_bytes(int d_h); /* 0 for an unsupported d_h */
@@ -120,8 +121,8 @@ void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_k_cache,
                        const void *d_v_cache, const int32_t *d_slot, const int32_t *d_table,
                        int table_ld, const int32_t *d_pos, const int32_t *d_run,
                        const int32_t *d_long, int n_h, int n_kv, int d_h, int n_ctx,
-                       float *d_partial, int B, int R, const cuda_launch *l);
-cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int R);
+                       float *d_partial, int B, int R, int long_rows, const cuda_launch *l);
+cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int long_rows);
 
 #ifdef __cplusplus
 }

@@ -1,16 +1,19 @@
 // Prefill attention (attn.h "Prefill runs"): the query rows of a prompt chunk in tiles, K and V
 // read once per tile instead of once per row, on the tensor cores.
 //
-// Grid (n_kv, tiles, G_runs): a CTA takes a tile of QT = 64 / G consecutive rows of a run of two
-// or more rows and the G query heads of KV head blockIdx.x that read it: 64 query vectors at
-// most (v = row·G + head; the last rows of a tile, or vectors past QT·G, masked). Over chunks of
-// KC positions up to the tile's last position: S = Q Kᵀ (WMMA 16x16x16, F16 inputs, F32
+// Grid (n_kv, tiles, AP_SEGS): a CTA takes a tile of QT = 64 / G consecutive rows of a long run
+// (tile blockIdx.y of all the long runs' tiles, in d_long's order) and the G query heads of KV
+// head blockIdx.x that read it: 64 query vectors at most (v = row·G + head; the last rows of a
+// tile, or vectors past QT·G, masked), and segment blockIdx.z of the positions up to the tile's
+// last: AP_SEGS segments of equal length (a multiple of KC), so a tile's prefix is read by up to
+// AP_SEGS CTAs at once and each writes its own partial. Over chunks of KC positions of the
+// segment: S = Q Kᵀ (WMMA 16x16x16, F16 inputs, F32
 // accumulation), the causal mask and an online softmax per vector in F32 (running max m, sum l),
 // O = α O + P V (O in shared memory, F32). Q (scaled by 1/sqrt(d_h)) and P are split into an F16
 // part and an F16 remainder, each multiplied, so their rounding stays near F32's (K and V are the
-// F16 cache's own values). The result goes out as one chunk of attn_decode_rows' partials
-// (o unnormalised, m, l; the row's other chunks emptied), so attn_combine divides and gates it
-// as any row's.
+// F16 cache's own values). A segment's result goes out as the partial of its first chunk in
+// attn_decode_rows' layout (o unnormalised, m, l; the segment's other chunks emptied), so
+// attn_combine merges, divides and gates it as any row's.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -24,8 +27,9 @@ using namespace nvcuda;
 #define AP_QM 64      // query vectors of a tile (WMMA rows)
 #define AP_KC 32      // positions of a chunk
 #define AP_THREADS 256
-#define AP_RUN_CTAS 4 // runs in flight per (KV head, tile)
+#define AP_SEGS 16    // CTAs a tile's positions are split over
 static_assert(ATTN_KV_BLOCK % AP_KC == 0, "a chunk lies in one KV block");
+static_assert(AP_KC == ATTN_CHUNK, "a segment starts at a partial's chunk");
 
 template <int D> struct ap_smem { // offsets in bytes
     static constexpr int LQ = D + 8, LKV = D + 8, LS = AP_KC + 4, LP = AP_KC + 8, LO = D + 4;
@@ -64,16 +68,27 @@ static __global__ void __launch_bounds__(AP_THREADS)
     const int j = blockIdx.x, G = n_h / n_kv, QT = AP_QM / G, QV = QT * G;
     const float scale = rsqrtf((float)D);
     ds_grid_dep();
+    // this CTA's tile: tile y of the long runs' tiles, counted run by run
     const int n_long = lng[0];
-    for (int x = blockIdx.z; x < n_long; x += gridDim.z) {
-        const int r = lng[1 + x];
-        const int64_t row0 = run[r], n_run = run[R + r];
-        const int64_t t0 = (int64_t)blockIdx.y * QT;
-        if (n_run < 2 || t0 >= n_run) continue;
-        const int nt = (int)min((int64_t)QT, n_run - t0); // rows of this tile
+    int64_t row0 = 0, n_run = 0, t0 = -1;
+    for (int x = 0, y = blockIdx.y; x < n_long; x++) {
+        const int r = lng[1 + x], nt_r = (run[R + r] + QT - 1) / QT;
+        if (y < nt_r) {
+            row0 = run[r], n_run = run[R + r], t0 = (int64_t)y * QT;
+            break;
+        }
+        y -= nt_r;
+    }
+    if (t0 < 0 || n_run < 2) return; // past the tiles
+    const int nt = (int)min((int64_t)QT, n_run - t0); // rows of this tile
+    const int p_max = pos[row0 + t0 + nt - 1];       // positions rise along a run
+    // the segment: AP_SEGS equal parts of [0, p_max], whole chunks each
+    const int seg_len = ((p_max + 1 + AP_SEGS - 1) / AP_SEGS + AP_KC - 1) / AP_KC * AP_KC;
+    const int c_lo = blockIdx.z * seg_len, c_hi = min(p_max, c_lo + seg_len - 1);
+    if (c_lo > p_max) return; // no positions: no row's partials reach this segment
+    {
         const int64_t sl = slot[row0];
         const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
-        __syncthreads(); // the last tile's partials are written
         // the tile's query vectors, hi and lo halves of q / sqrt(d_h); state m, l, O
         for (int i = tid; i < AP_QM * D; i += AP_THREADS) {
             const int v = i / D, d = i % D, rr = v / G, g = v % G;
@@ -92,8 +107,7 @@ static __global__ void __launch_bounds__(AP_THREADS)
             sL[v] = 0.0f;
         }
         __syncthreads();
-        const int p_max = pos[row0 + t0 + nt - 1]; // positions rise along a run
-        for (int c0 = 0; c0 <= p_max; c0 += AP_KC) {
+        for (int c0 = c_lo; c0 <= c_hi; c0 += AP_KC) {
             // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load; zeros past the tile's last
             // position (rows not written yet: a masked probability 0 times a NaN there would
             // still be NaN)
@@ -104,7 +118,7 @@ static __global__ void __launch_bounds__(AP_THREADS)
             for (int i = tid; i < AP_KC * U; i += AP_THREADS) {
                 const int p = i / U, u = i % U;
                 uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-                if (c0 + p <= p_max) {
+                if (c0 + p <= c_hi) {
                     kk = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
                     vv = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
                 }
@@ -172,26 +186,28 @@ static __global__ void __launch_bounds__(AP_THREADS)
             }
             __syncthreads();
         }
-        // out: each valid vector's (o, m, l) as chunk 0 of its row's partials, the other chunks
-        // below its position emptied (l = 0), as attn_split leaves them
+        // out: each vector whose position reaches the segment, its (o, m, l) as the partial of
+        // the segment's first chunk, the segment's other chunks below its position emptied
+        // (l = 0), as attn_split leaves them
         const int64_t prow = partial_row_floats(n_h, n_split, D);
+        const int s_lo = c_lo / ATTN_CHUNK, s_hi = s_lo + seg_len / ATTN_CHUNK;
         for (int i = tid; i < QV * D; i += AP_THREADS) {
             const int v = i / D, d = i % D, rr = v / G, g = v % G;
-            if (rr >= nt) continue;
+            if (rr >= nt || sPos[v] < c_lo) continue;
             float *base = part + (row0 + t0 + rr) * prow;
-            const int64_t hs = (int64_t)(j * G + g) * n_split;
+            const int64_t hs = (int64_t)(j * G + g) * n_split + s_lo;
             base[hs * D + d] = sO[v * LO + d];
         }
         for (int v = warp; v < QV; v += AP_THREADS / 32) {
             const int rr = v / G, g = v % G;
-            if (rr >= nt) continue;
+            if (rr >= nt || sPos[v] < c_lo) continue;
             float *pm = part + (row0 + t0 + rr) * prow + (int64_t)n_h * n_split * D;
             float *pl = pm + (int64_t)n_h * n_split;
             const int64_t hs = (int64_t)(j * G + g) * n_split;
             const int ns = min(n_split, (sPos[v] + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
-            for (int s = lane; s < ns; s += 32) {
-                pm[hs + s] = s == 0 ? sM[v] : -INFINITY;
-                pl[hs + s] = s == 0 ? sL[v] : 0.0f;
+            for (int s = s_lo + lane; s < min(ns, s_hi); s += 32) {
+                pm[hs + s] = s == s_lo ? sM[v] : -INFINITY;
+                pl[hs + s] = s == s_lo ? sL[v] : 0.0f;
             }
         }
     }
@@ -222,11 +238,12 @@ extern "C" int attn_prefill_init(status *st)
     return STATUS_OK;
 }
 
-extern "C" cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int R)
+// The long runs' tiles: sum of ceil(n / QT) <= B / QT + (the number of long runs) + 1.
+extern "C" cuda_launch_dims attn_prefill_runs_dims(int n_h, int n_kv, int B, int long_rows)
 {
-    const int QT = AP_QM / (n_h / n_kv);
-    return (cuda_launch_dims){(unsigned)n_kv, (unsigned)((B + QT - 1) / QT),
-                              (unsigned)(R < AP_RUN_CTAS ? R : AP_RUN_CTAS), AP_THREADS};
+    const int QT = AP_QM / (n_h / n_kv), lr = long_rows > 2 ? long_rows : 2;
+    return (cuda_launch_dims){(unsigned)n_kv, (unsigned)((B + QT - 1) / QT + B / lr),
+                              AP_SEGS, AP_THREADS};
 }
 
 extern "C" void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_k_cache,
@@ -234,13 +251,14 @@ extern "C" void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_
                                   const int32_t *d_table, int table_ld, const int32_t *d_pos,
                                   const int32_t *d_run, const int32_t *d_long, int n_h, int n_kv,
                                   int d_h, int n_ctx, float *d_partial, int B, int R,
-                                  const cuda_launch *l)
+                                  int long_rows, const cuda_launch *l)
 {
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(B >= 1 && B <= 65535 && R >= 1 && R <= 65535 && n_ctx >= 1);
     DS_ASSERT((uintptr_t)d_k_cache % 16 == 0 && (uintptr_t)d_v_cache % 16 == 0);
     DS_ASSERT(d_table || table_ld * ATTN_KV_BLOCK >= n_ctx);
-    const cuda_launch_dims d = attn_prefill_runs_dims(n_h, n_kv, B, R);
+    DS_ASSERT(long_rows >= 2);
+    const cuda_launch_dims d = attn_prefill_runs_dims(n_h, n_kv, B, long_rows);
     const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const size_t smem = attn_prefill_smem_bytes(d_h);
 #define AP_LAUNCH(D)                                                                            \

@@ -218,7 +218,7 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
                                 const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
                                 float eps, float *d_S, int64_t S_slot_stride,
-                                const int32_t *d_slot, const int32_t *d_run, bool one_row_runs,
+                                const int32_t *d_slot, const int32_t *d_run, int long_rows,
                                 float *d_o, int64_t ld_o, int R, const cuda_launch *l)
 {
     static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
@@ -228,7 +228,7 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
     ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
               ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_run, R,   \
-              one_row_runs ? 1 : INT_MAX, d_o, ld_o)
+              long_rows > 0 ? long_rows - 1 : INT_MAX, d_o, ld_o)
     switch (d_k) {
     case 32: GDN_DECODE_LAUNCH(1); break;
     case 64: GDN_DECODE_LAUNCH(2); break;
@@ -246,7 +246,7 @@ extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const floa
                                 const cuda_launch *l)
 {
     gdn_decode_runs(d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps,
-                    d_S, S_slot_stride, d_slot, NULL, false, d_o, ld_o, B, l);
+                    d_S, S_slot_stride, d_slot, NULL, 0, d_o, ld_o, B, l);
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,

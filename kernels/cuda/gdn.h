@@ -24,8 +24,8 @@
  * the state in order, the delta-rule state kept on chip between them and written back once:
  * every row's output and the final state are bit-identical to the rows launchers run once per
  * row in order (the rows launchers are the runs launchers with runs of one row). d_run is a step
- * input, like d_slot. gdn_decode_runs with one_row_runs leaves runs of two or more rows to
- * gdn_chunk_runs (below). */
+ * input, like d_slot. gdn_decode_runs with long_rows > 0 leaves the runs of long_rows rows or
+ * more to gdn_chunk_runs (below); 0 takes every run. */
 #ifndef DS_KERNELS_CUDA_GDN_H
 #define DS_KERNELS_CUDA_GDN_H
 
@@ -72,17 +72,17 @@ void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, con
 void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                      int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
                      int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
-                     const int32_t *d_slot, const int32_t *d_run, bool one_row_runs,
+                     const int32_t *d_slot, const int32_t *d_run, int long_rows,
                      float *d_o, int64_t ld_o, int R, const cuda_launch *l);
 cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B); /* also of R runs */
 
-/* Chunked runs (prefill): the same contract as gdn_decode_runs for the runs of two or more rows
- * (runs of one row are left alone: gdn_decode_runs takes them), computed by the chunked WY / UT
+/* Chunked runs (prefill): the same contract as gdn_decode_runs for the runs d_long lists (the
+ * long ones: the caller's choice; a run of one row listed is skipped), computed by the chunked WY / UT
  * form of the CPU twin ref_gdn_chunked (kernels/cpu/gdn.h) over chunks of 64 rows from each
  * run's first row: equal to the row-by-row rule in exact arithmetic, not bit for bit (a run's
  * results depend on where its chunks start). A CTA keeps one head's 32 state columns in shared
- * memory through a run; the grid's third dimension takes min(R, 4) runs at a time. d_long (a
- * step input, like d_run): the number of runs of two or more rows, then their indices in d_run.
+ * memory through a run; the grid's third dimension takes min(R, 8) runs at a time. d_long (a
+ * step input, like d_run): the number of long runs, then their indices in d_run.
  * gdn_chunk_init (once, before the first launch or capture) raises the kernel's shared memory
  * limit; gdn_chunk_smem_bytes: what one CTA takes (0 for an unsupported d_k). */
 int gdn_chunk_init(status *st);

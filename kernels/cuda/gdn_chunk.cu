@@ -16,7 +16,7 @@
 #define GDN_CHUNK 64
 #define GDN_CHUNK_COLS 32    // value columns of a CTA
 #define GDN_CHUNK_THREADS 256
-#define GDN_CHUNK_RUN_CTAS 4 // G: runs in flight per head and column group
+#define GDN_CHUNK_RUN_CTAS 8 // G: runs in flight per head and column group
 
 // shared memory, floats: rows of d_k at stride d_k + 1 (odd: column-wise reads spread over banks)
 template <int DK> struct chunk_smem {

@@ -310,6 +310,17 @@ static __global__ void x_half_kernel(const float *__restrict__ x, int64_t ld_x, 
     *(uint2 *)(xh + (int64_t)i * n + k) = *(const uint2 *)h;
 }
 
+extern "C" int64_t gemm_dense_ld(const gemv_matrix *w)
+{
+    return (int64_t)ds_div_up(w->n_in, GEMM_KT) * GEMM_KT;
+}
+
+extern "C" void gemm_dequant_half(const gemv_matrix *w, uint16_t *d_w16, const cuda_launch *l)
+{
+    DS_ASSERT(gemm_reads_half(w->type));
+    gemm_q_half_launch(w, d_w16, gemm_dense_ld(w), l);
+}
+
 extern "C" void gemm_x_half(const float *d_x, int64_t ld_x, int64_t n, uint16_t *d_xh, int B,
                             const cuda_launch *l)
 {

@@ -60,6 +60,15 @@ void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x, const uint1
                const cuda_launch *l);
 int64_t gemm_work_floats(const gemv_matrix *w, int B);
 
+/* Dense path (passes of many rows, model/forward_cuda_record.c): a quantised matrix dequantised
+ * to F16 rows in a scratch, then multiplied by cuBLAS (kernels/cuda/blas.h) against the same F16
+ * rows of X. The weights round as the GEMM's tiles do (gemm_q.cu: the same code), so the two
+ * paths differ only in the order of the F32 sums. gemm_dense_ld: the scratch's row stride (n_in
+ * rounded up to 128, zeros past n_in); gemm_dequant_half writes [n_out][gemm_dense_ld(w)]
+ * halves to d_w16 (quantised types only: gemm_reads_half). */
+int64_t gemm_dense_ld(const gemv_matrix *w);
+void gemm_dequant_half(const gemv_matrix *w, uint16_t *d_w16, const cuda_launch *l);
+
 /* The batched FFN's middle: out[i][r] = silu(gu[i][r]) * gu[i][F + r] for r < F (gu: the gate
  * and up GEMMs' outputs side by side, [B][ld_gu]; out: [B][ld_out]). CPU twin: ref_swiglu
  * (kernels/cpu/act.h). */

@@ -355,6 +355,52 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
     }
 }
 
+// The dense path's weights (gemm.h): the matrix as F16 rows, by the same loads and half2
+// dequantisation as a gemm_q_kernel step (into a shared tile as there, each thread 64 halves of
+// its row), then out to global memory a row's 256 bytes by 16 lanes at a time (writes straight
+// from the threads, 32 rows apart a warp, ran at a third of the bandwidth). CTA: 128 rows x one
+// 128-wide K step. The scratch it writes was read by the last dense GEMM: written only after the
+// grid dependency.
+template <uint32_t T>
+static __global__ void __launch_bounds__(GQ_THREADS)
+    gemm_q_half_kernel(qview m, int64_t n_out, __half *__restrict__ w16, int64_t ld)
+{
+    __shared__ __align__(16) __half tile[GEMM_M * GQ_LDS];
+    const int tid = threadIdx.x, rr = tid % GEMM_M, c = tid / GEMM_M;
+    const int64_t r0 = (int64_t)blockIdx.x * GEMM_M, k0 = (int64_t)blockIdx.y * GEMM_KT;
+    qraw<T> q;
+    qload_or_zero(m, r0 + rr, r0 + rr < n_out, k0, m.n_in, c, q);
+    qput(q, k0, c, tile + rr * GQ_LDS);
+    __syncthreads();
+    ds_grid_dep();
+    constexpr int U = GEMM_KT / 8; // uint4 a row
+    for (int i = tid; i < GEMM_M * U; i += GQ_THREADS) {
+        const int row = i / U, u = i % U;
+        if (r0 + row < n_out)
+            *(uint4 *)(w16 + (r0 + row) * ld + k0 + 8 * u) = *(const uint4 *)(tile + row * GQ_LDS + 8 * u);
+    }
+}
+
+template <uint32_t T>
+static void half_t(const gemv_matrix *w, uint16_t *w16, int64_t ld, const cuda_launch *l)
+{
+    const int64_t bs = T == GGML_TYPE_Q8_0 ? 32 : QK_K;
+    const qview m = {(const uint8_t *)w->d_w, w->n_in, w->n_in * w->n_out / bs};
+    const dim3 grid(ds_div_up(w->n_out, GEMM_M), ds_div_up(w->n_in, GEMM_KT));
+    ds_launch(gemm_q_half_kernel<T>, grid, GQ_THREADS, 0, l, m, w->n_out, (__half *)w16, ld);
+}
+
+void gemm_q_half_launch(const gemv_matrix *w, uint16_t *w16, int64_t ld, const cuda_launch *l)
+{
+    switch (w->type) {
+    case GGML_TYPE_Q4_K: half_t<GGML_TYPE_Q4_K>(w, w16, ld, l); break;
+    case GGML_TYPE_Q5_K: half_t<GGML_TYPE_Q5_K>(w, w16, ld, l); break;
+    case GGML_TYPE_Q6_K: half_t<GGML_TYPE_Q6_K>(w, w16, ld, l); break;
+    case GGML_TYPE_Q8_0: half_t<GGML_TYPE_Q8_0>(w, w16, ld, l); break;
+    default: DS_ASSERT(!"gemm_q_half_launch: not a quantised type");
+    }
+}
+
 template <int NT> static size_t gq_smem() { return (size_t)(2 * GEMM_M + 2 * NT * 16) * GQ_LDS * 2; }
 
 template <uint32_t T, int NT>

@@ -17,5 +17,7 @@
 void gemm_q_launch(const gemv_matrix *w, const uint16_t *xh, float *y, int64_t ld_y, int add,
                    int B, float *part, int kps, int splits, const cuda_launch *l);
 cudaError_t gemm_q_init();
+// the matrix as F16 rows [n_out][ld] (ld >= n_in rounded up to GEMM_KT; past n_in: zeros)
+void gemm_q_half_launch(const gemv_matrix *w, uint16_t *w16, int64_t ld, const cuda_launch *l);
 
 #endif

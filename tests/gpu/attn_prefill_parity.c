@@ -33,10 +33,11 @@ typedef struct shape {
     int n_h, n_kv, d_h, n_rot;
 } shape;
 
-/* len[r] rows at positions start[r] .. (long runs: consecutive; caches hold random values
- * below) through both paths; true when they agree as the header says. */
+/* len[r] rows at positions start[r] .. (consecutive; caches hold random values below) through
+ * both paths, the runs of long_rows rows or more in tiles; true when they agree as the header
+ * says. */
 static bool prefill_case(shape sh, const int *len, const int *start, int n_runs, int n_ctx,
-                         bool perturb)
+                         int long_rows, bool perturb)
 {
     const int HA = sh.n_h * sh.d_h, KVA = sh.n_kv * sh.d_h;
     const float base = 1e7f, eps = 1e-6f;
@@ -52,11 +53,11 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     for (int r = 0, i = 0; r < R; r++) {
         run[r] = r < n_runs ? i : 0;
         run[R + r] = r < n_runs ? len[r] : 0;
-        if (r < n_runs && len[r] > 1) lng[1 + lng[0]++] = r;
+        if (r < n_runs && len[r] >= long_rows) lng[1 + lng[0]++] = r;
         for (int k = 0; r < n_runs && k < len[r]; k++, i++) {
             slot[i] = (r * 7 + 1) % n_slots; /* distinct: 7 and n_slots coprime below */
             pos[i] = start[r] + k;
-            skip[i] = len[r] > 1;
+            skip[i] = len[r] >= long_rows;
         }
     }
     float *qw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f), *kw = gpu_rand_vec(&g_rng, sh.d_h, 0.5f);
@@ -88,7 +89,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o1, ld_o, NULL, ATTN_KV_F16, B,
                      NULL);
     attn_prefill_runs(d_q, ld_q, d_kc, d_vc, d_slot, d_table, table_ld, d_pos, d_run, d_long,
-                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, B, R, NULL);
+                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, B, R, long_rows, NULL);
     attn_decode_rows(d_q, ld_q, d_p, ld_in, d_kc, d_vc, d_slot, d_table, table_ld, d_pos, d_skip,
                      sh.n_h, sh.n_kv, sh.d_h, n_ctx, d_part, d_o, ld_o, NULL, ATTN_KV_F16, B,
                      NULL);
@@ -97,8 +98,9 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     float *o1 = gpu_host_of(d_o1, (size_t)B * ld_o * 4);
     if (perturb) o[(B - 1) * ld_o + HA / 2] += 0.01f;
 
-    printf("  attn prefill n_h %d n_kv %d d_h %d: %d runs (%d rows), n_ctx %d%s\n", sh.n_h,
-           sh.n_kv, sh.d_h, n_runs, B, n_ctx, perturb ? " (perturbed)" : "");
+    printf("  attn prefill n_h %d n_kv %d d_h %d: %d runs (%d rows), n_ctx %d, tiles from %d "
+           "rows%s\n", sh.n_h, sh.n_kv, sh.d_h, n_runs, B, n_ctx, long_rows,
+           perturb ? " (perturbed)" : "");
     double num = 0, den = 0, worst = 0;
     int bad = 0, bad_one = 0, first = -1;
     for (int i = 0; i < B; i++) {
@@ -115,7 +117,7 @@ static bool prefill_case(shape sh, const int *len, const int *start, int n_runs,
     }
     const double nmse = num / (den > 0 ? den : 1);
     printf("    vs the row kernels: %d elements outside the bound (first row %d, worst %.3g), "
-           "nmse %.3g; one-row runs differing: %d\n", bad, first, worst, nmse, bad_one);
+           "nmse %.3g; rows of short runs differing: %d\n", bad, first, worst, nmse, bad_one);
     cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_p), cuda_free(d_kc), cuda_free(d_vc);
     cuda_free(d_slot), cuda_free(d_pos), cuda_free(d_run), cuda_free(d_long), cuda_free(d_skip);
     cuda_free(d_table), free(table);
@@ -134,10 +136,19 @@ static void test_prefill(void)
     static const shape shapes[] = {{8, 2, 256, 64},  {16, 4, 256, 64}, {24, 4, 256, 64},
                                    {4, 4, 64, 32},   {4, 2, 128, 32},  {6, 2, 64, 16}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        CU_ASSERT_TRUE(prefill_case(shapes[i], len, start, 5, 600, false));
+        CU_ASSERT_TRUE(prefill_case(shapes[i], len, start, 5, 600, 2, false));
     static const int one[] = {300}, at0[] = {0};
-    CU_ASSERT_TRUE(prefill_case(shapes[1], one, at0, 1, 300, false)); /* up to the last position */
-    CU_ASSERT_FALSE(prefill_case(shapes[3], len, start, 5, 600, true)); /* the check can fail */
+    CU_ASSERT_TRUE(prefill_case(shapes[1], one, at0, 1, 300, 2, false)); /* to the last position */
+    /* a late chunk of a long prompt: segments of many chunks each */
+    static const int late[] = {100}, at3k[] = {3000};
+    CU_ASSERT_TRUE(prefill_case(shapes[1], late, at3k, 1, 4000, 2, false));
+    CU_ASSERT_TRUE(prefill_case(shapes[0], late, at3k, 1, 4000, 2, false));
+    /* many long runs (16 rows or more) beside short ones: every long run's tiles in the grid */
+    static const int mix[] = {16, 15, 40, 3, 16, 17, 2, 33, 16, 20, 1, 18, 16, 16};
+    static const int mix_at[] = {0, 9, 500, 1, 70, 0, 30, 250, 64, 1000, 7, 2, 33, 480};
+    CU_ASSERT_TRUE(prefill_case(shapes[1], mix, mix_at, 14, 1100, 16, false));
+    CU_ASSERT_TRUE(prefill_case(shapes[5], mix, mix_at, 14, 1100, 16, false));
+    CU_ASSERT_FALSE(prefill_case(shapes[3], len, start, 5, 600, 2, true)); /* can fail */
 }
 
 /* shared memory within the H100/H200's 227 KB a block, grids within the limits (no GPU) */
@@ -149,7 +160,7 @@ static void test_dims(void)
         CU_ASSERT(b > 0 && b <= 227 * 1024);
     }
     CU_ASSERT_EQUAL(attn_prefill_smem_bytes(96), 0);
-    const cuda_launch_dims a = attn_prefill_runs_dims(24, 4, 256, 256);
+    const cuda_launch_dims a = attn_prefill_runs_dims(24, 4, 256, 2);
     CU_ASSERT(a.grid_x == 4 && a.grid_y >= 1 && a.grid_y <= 65535 && a.grid_z >= 1 &&
               a.grid_z <= 65535 && a.block % 32 == 0 && a.block <= 1024);
 }

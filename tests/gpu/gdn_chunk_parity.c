@@ -54,8 +54,9 @@ static bool close_to(const char *what, const float *got, const float *ref, int64
     return ok;
 }
 
-/* One launch of the runs len[0 .. n_runs) (entries past n_runs up to R empty). */
-static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb)
+/* One launch of the runs len[0 .. n_runs) (entries past n_runs up to R empty): those of
+ * long_rows rows or more chunked, the rest row by row. */
+static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_rows, bool perturb)
 {
     const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
     const int D_k = sh.n_k * sh.d_k;
@@ -72,7 +73,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     gpu_runs_make(len, n_runs, R, perm, slot, run);
     lng[0] = 0;
     for (int r = 0; r < n_runs; r++)
-        if (len[r] > 1) lng[1 + lng[0]++] = r;
+        if (len[r] >= long_rows) lng[1 + lng[0]++] = r;
     float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f);
     float *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
@@ -93,14 +94,14 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
     CU_ASSERT_EQUAL(cuda_memset(d_o1, 0, Ob, &st), STATUS_OK);
     gdn_conv_runs(d_p, ld_p, d_cw, d_cs, nCS, d_slot, d_run, C, K, d_p, ld_p, R, NULL);
     const float *d_b = d_p + C + D_v, *d_a = d_b + sh.n_v;
-    /* chunked: one-row runs by the row-by-row kernel, the rest by the chunked one */
+    /* chunked: short runs by the row-by-row kernel, the rest by the chunked one */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
-                    d_S, S_stride, d_slot, d_run, true, d_o, ld_o, R, NULL);
+                    d_S, S_stride, d_slot, d_run, long_rows, d_o, ld_o, R, NULL);
     gdn_chunk_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
                    d_S, S_stride, d_slot, d_run, d_long, d_o, ld_o, R, NULL);
     /* row by row, every run */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
-                    d_S1, S_stride, d_slot, d_run, false, d_o1, ld_o, R, NULL);
+                    d_S1, S_stride, d_slot, d_run, 0, d_o1, ld_o, R, NULL);
     CU_ASSERT_EQUAL(cuda_check("gdn chunk launches", &st), STATUS_OK);
     float *P = gpu_host_of(d_p, Pb), *o = gpu_host_of(d_o, Ob), *o1 = gpu_host_of(d_o1, Ob);
     float *S = gpu_host_of(d_S, Sb), *S1 = gpu_host_of(d_S1, Sb);
@@ -108,8 +109,9 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
 
     /* the twin: per run and value head, norms and gates as ref_gdn_decode, then ref_gdn_chunked */
     char name[160];
-    snprintf(name, sizeof name, "gdn chunk n_k %d n_v %d d_k %d d_v %d: %d runs (%d rows) in %d%s",
-             sh.n_k, sh.n_v, sh.d_k, sh.d_v, n_runs, B, R, perturb ? " (perturbed)" : "");
+    snprintf(name, sizeof name,
+             "gdn chunk n_k %d n_v %d d_k %d d_v %d: %d runs (%d rows) in %d, chunked from %d rows%s",
+             sh.n_k, sh.n_v, sh.d_k, sh.d_v, n_runs, B, R, long_rows, perturb ? " (perturbed)" : "");
     printf("  %s\n", name);
     float *qk = gpu_xmalloc((size_t)B * C * 4), *beta = gpu_xmalloc((size_t)B * sh.n_v * 4);
     float *g = gpu_xmalloc((size_t)B * sh.n_v * 4), *o_ref = gpu_xmalloc((size_t)B * D_v * 4);
@@ -150,14 +152,14 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, bool perturb
         ok &= close_to(what, S + s * S_stride, S_ref + s * S_stride, nS);
         snprintf(what, sizeof what, "run %d (%d rows): state vs row by row", r, len[r]);
         ok &= close_to(what, S + s * S_stride, S1 + s * S_stride, nS);
-        if (len[r] == 1)
+        if (len[r] < long_rows) /* row by row: bit-identical */
             bad_one += memcmp(o + run[r] * ld_o, o1 + run[r] * ld_o, (size_t)D_v * 4) != 0 ||
                        memcmp(S + s * S_stride, S1 + s * S_stride, (size_t)nS * 4) != 0;
     }
     for (int s = n_runs; s < n_slots; s++) /* slots no run names */
         bad_kept += memcmp(S + perm[s] * S_stride, S0 + perm[s] * S_stride, (size_t)nS * 4) != 0;
     if (bad_one || bad_kept)
-        printf("    one-row runs differing from the row-by-row kernel: %d; slots no run names "
+        printf("    short runs differing from the row-by-row kernel: %d; slots no run names "
                "changed: %d\n", bad_one, bad_kept);
     ok &= !bad_one && !bad_kept;
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_cs), cuda_free(d_slot);
@@ -177,12 +179,16 @@ static void test_chunk_runs(void)
     status st;
     CU_ASSERT_EQUAL_FATAL(gdn_chunk_init(&st), STATUS_OK);
     static const int runs[] = {2, 63, 1, 64, 65, 200, 1}, one[] = {130};
+    static const int many[] = {16, 15, 40, 3, 16, 17, 2, 33, 16, 20, 1, 18, 16, 16}; /* 10 long */
     static const shape shapes[] = {{16, 16, 128, 128}, {16, 32, 128, 128}, {16, 48, 128, 128},
                                    {2, 4, 64, 64}, {4, 4, 32, 32}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        CU_ASSERT_TRUE(chunk_case(shapes[i], runs, 7, 12, false));
-    CU_ASSERT_TRUE(chunk_case(shapes[1], one, 1, 1, false));
-    CU_ASSERT_FALSE(chunk_case(shapes[3], runs, 7, 7, true)); /* the check can fail */
+        CU_ASSERT_TRUE(chunk_case(shapes[i], runs, 7, 12, 2, false));
+    CU_ASSERT_TRUE(chunk_case(shapes[1], one, 1, 1, 2, false));
+    /* more long runs than the grid takes at once, short ones (< 16) row by row */
+    CU_ASSERT_TRUE(chunk_case(shapes[1], many, 14, 20, 16, false));
+    CU_ASSERT_TRUE(chunk_case(shapes[3], many, 14, 14, 16, false));
+    CU_ASSERT_FALSE(chunk_case(shapes[3], runs, 7, 7, 2, true)); /* the check can fail */
 }
 
 /* launch grids against the device limits, and the shared memory against the H100/H200's

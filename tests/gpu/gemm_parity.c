@@ -8,7 +8,11 @@
  * Batch invariance: every row of every launch is compared bit for bit with the same row run
  * alone (B = 1). A perturbed output must fail the check. The batched step's row helpers too:
  * gemm_swiglu_rows against ref_swiglu, gemm_argmax_rows against a first-maximum scan (ties to
- * the lowest column), gemv_embed_rows against the dequantised rows and the slots' positions. */
+ * the lowest column), gemv_embed_rows against the dequantised rows and the slots' positions.
+ * The dense path (gemm.h, quantised types): gemm_dequant_half then cuBLAS (blas.h), every B and
+ * both epilogues, against the twin with the GEMM's bound and against the GEMM's own rows within
+ * 2e-5 of the bound (the same F16 weights and x: only the order of the F32 sums differs), and the
+ * F16 scratch past n_in zero. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +22,7 @@
 #include "common/status.h"
 #include "gguf/quant.h"
 #include "kernels/cpu/act.h"
+#include "kernels/cuda/blas.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
@@ -25,6 +30,7 @@
 
 static bool g_have_gpu;
 static cuda_device_props g_props;
+static blas *g_blas; /* the dense path's cuBLAS (NULL: it could not be loaded: the test fails) */
 
 typedef struct tcase {
     uint32_t type;
@@ -52,6 +58,60 @@ static int64_t check(const float *got, const float *ref, const float *bound, int
         }
     }
     return bad;
+}
+
+/* The dense path of matrix m at every batch size and both epilogues (header). */
+static bool dense_case(const gemv_matrix *m, const float *d_x, const uint16_t *d_xh, float *d_y,
+                       const float *y0, const float *alone, const float *ref, const float *bound,
+                       float *got, double tol, status *st)
+{
+    (void)d_x;
+    if (!g_blas) {
+        printf("  dense path: no cuBLAS (%s)\n", blas_describe());
+        return false;
+    }
+    const int64_t n_in = m->n_in, n_out = m->n_out, ld = gemm_dense_ld(m);
+    uint16_t *d_w16 = NULL, *w16 = malloc((size_t)(n_out * ld) * 2);
+    bool ok = w16 && !cuda_alloc((void **)&d_w16, (size_t)(n_out * ld) * 2, "w16", st);
+    if (ok) {
+        gemm_dequant_half(m, d_w16, NULL);
+        ok = !cuda_sync(NULL, "dequant half", st) &&
+             !cuda_download(w16, d_w16, (size_t)(n_out * ld) * 2, st);
+    }
+    int64_t pad = 0;
+    for (int64_t r = 0; ok && r < n_out; r++)
+        for (int64_t k = n_in; k < ld; k++) pad += (w16[r * ld + k] & 0x7fff) != 0; /* ±0 */
+    if (pad) printf("  dense %s %lldx%lld: %lld nonzero halves past n_in\n",
+                    quant_get(m->type)->name, (long long)n_in, (long long)n_out, (long long)pad);
+    ok = ok && pad == 0;
+    for (size_t ib = 0; ok && ib < sizeof k_batches / sizeof k_batches[0]; ib++) {
+        const int B = k_batches[ib];
+        for (int add = 0; ok && add < 2; add++) {
+            if (cuda_upload(d_y, y0, (size_t)(B * n_out) * 4, st) ||
+                blas_gemm_f16(g_blas, n_out, B, n_in, d_w16, ld, d_xh, n_in, d_y, n_out, add,
+                              NULL, st) ||
+                cuda_sync(NULL, "dense gemm", st) ||
+                cuda_download(got, d_y, (size_t)(B * n_out) * 4, st)) {
+                ok = false;
+                break;
+            }
+            int64_t near = 0;
+            for (int64_t i = 0; i < B * n_out; i++) {
+                if (add) got[i] -= y0[i];
+                const double e = fabs((double)got[i] - alone[i]);
+                if (!(e <= 2e-5 * bound[i] + 1e-6)) near++;
+            }
+            const int64_t nb = check(got, ref, bound, B * n_out, tol);
+            if (nb || near)
+                printf("  dense %s %lldx%lld B=%d %s: %lld outside the bound, %lld away from the "
+                       "GEMM's\n", quant_get(m->type)->name, (long long)n_in, (long long)n_out,
+                       B, add ? "add" : "store", (long long)nb, (long long)near);
+            ok = nb == 0 && near == 0;
+        }
+    }
+    cuda_free(d_w16);
+    free(w16);
+    return ok;
 }
 
 /* One weight matrix, every batch size, both epilogues. perturb: corrupt one output first (the
@@ -135,6 +195,8 @@ static bool run_case(const tcase *tc, bool perturb)
             ok = ok && nb == 0 && nvar == 0;
         }
     }
+    if (quant && !perturb && !dense_case(&m, d_x, d_xh, d_y, y0, alone, ref, bound, got, tol, &st))
+        ok = false;
 done:
     if (st.code) {
         printf("  device: %s\n", st.msg);
@@ -267,6 +329,7 @@ int main(void)
             printf("gemm_init: %s\n", st.msg);
             return 1;
         }
+        if (blas_open(NULL, 0, &g_blas, &st)) printf("dense path: %s\n", st.msg);
     }
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("gemm_parity", NULL, NULL);
@@ -278,5 +341,6 @@ int main(void)
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();
     CU_cleanup_registry();
+    blas_close(g_blas);
     return fails ? 1 : 0;
 }

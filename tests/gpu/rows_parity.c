@@ -387,7 +387,7 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
     float *d_o = dev_fill(SENTINEL, Ob), *d_o1 = dev_fill(SENTINEL, Ob);
     gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, C, K, d_p, ld_p, R, NULL);
     gdn_decode_runs(d_p, ld_p, d_p + C + D_v, d_p + C + D_v + sh.n_v, ld_p, d_dt, d_sa, sh.n_k,
-                    sh.n_v, sh.d_k, sh.d_v, eps, d_S, S_stride, d_slot, d_run, false, d_o, ld_o, R,
+                    sh.n_v, sh.d_k, sh.d_v, eps, d_S, S_stride, d_slot, d_run, 0, d_o, ld_o, R,
                     NULL);
     for (int i = 0; i < B; i++) {
         const int64_t s = slot[i];

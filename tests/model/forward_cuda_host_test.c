@@ -12,9 +12,9 @@
 #include "common/splitmix64.h"
 #include "model/forward_cuda_host.h"
 
-static const int g_bucket[] = {1, 2, 4, 8, 16};
-#define N_BUCKETS 5
-#define ROWS 16
+static const int g_bucket[] = {1, 2, 4, 8, 16, 32, 64};
+#define N_BUCKETS ((int)(sizeof g_bucket / sizeof g_bucket[0]))
+#define ROWS 64
 #define PAD 9 /* the pad slot */
 
 /* rows: runs given as (slot, length, first position); the last row of each run samples */
@@ -61,7 +61,7 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
         for (int k = 0; k < run[nb + x]; k++) CU_ASSERT_EQUAL(rows[covered + k].slot, rows[covered].slot);
         covered += run[nb + x];
         if (covered < n) CU_ASSERT_NOT_EQUAL(rows[covered].slot, rows[covered - 1].slot);
-        if (run[nb + x] > 1) {
+        if (run[nb + x] >= FC_LONG_RUN_ROWS) {
             CU_ASSERT_EQUAL(lng[1 + n_long], x);
             n_long++;
         }
@@ -74,7 +74,7 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
     for (int j = 0; j < nb; j++) { /* tiles take the rows of the long runs, and only with tiles */
         bool in_long = false;
         for (int x = 0, at = 0; x < n_runs; at += run[nb + x], x++)
-            if (j >= at && j < at + run[nb + x]) in_long = run[nb + x] > 1;
+            if (j >= at && j < at + run[nb + x]) in_long = run[nb + x] >= FC_LONG_RUN_ROWS;
         CU_ASSERT_EQUAL(skip[j], tiles && j < n && in_long);
     }
     /* the lm_head's rows: each run's sampled last row and every row asking for logits, padded
@@ -105,6 +105,8 @@ static void test_stage_pass(void)
     static const int mixed[][3] = {{3, 1, 40}, {1, 6, 0}, {0, 1, 7}, {4, 5, 10}, {6, 1, 2}};
     static const int one[][3] = {{7, 1, 99}};
     static const int full[][3] = {{1, 9, 0}, {2, 7, 3}};
+    /* runs on both sides of FC_LONG_RUN_ROWS (16): only those of 16 rows or more are long */
+    static const int longer[][3] = {{1, 20, 0}, {2, 1, 5}, {3, 15, 3}, {4, 16, 30}, {5, 12, 0}};
     for (int t = 0; t < 2; t++) {
         int n = make_rows(rows, decode, 3);
         check_stage(rows, n, t);
@@ -121,6 +123,9 @@ static void test_stage_pass(void)
         check_stage(rows, n, t);
         rows[8].sample = false; /* a chunk that does not end its prompt: no lm_head row */
         rows[15].sample = false;
+        check_stage(rows, n, t);
+        n = make_rows(rows, longer, 5);
+        CU_ASSERT_EQUAL(n, 64);
         check_stage(rows, n, t);
     }
 }

@@ -7,7 +7,7 @@ if [ -x "$here/bin/deltaserve" ]; then
         [ -s /tmp/synth-$p.gguf ] || continue
         for pp in ${DS_GPU_TTFT_PP:-512 8192 32768}; do
             step "ttft_${p}_$pp" 240 "$here/bin/deltaserve" bench batch --model /tmp/synth-$p.gguf \
-                --prompt $pp --gen 2 --batch 1 --step-tokens 512
+                --prompt $pp --gen 2 --batch 1 --step-tokens 512 ${DS_GPU_BATCH_ARGS:-}
         done
     done
 fi
