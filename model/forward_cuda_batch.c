@@ -163,6 +163,10 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     }
     b->d_rows = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
     b->d_best = fc_arena_take(a, R * 8);
+    if (b->chunked && c->n_gdn_layers > 0)
+        b->d_gdn_scratch =
+            fc_arena_take(a, gdn_chunk_scratch_floats(c->n_v, c->d_k, c->d_v, (int)R,
+                                                      FC_LONG_RUN_ROWS) * 4);
     if (b->dense_from) {
         b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
         b->d_blas_ws = fc_arena_take(a, FC_BLAS_WS);

@@ -144,6 +144,7 @@ typedef struct fc_batch {
                                       (gemm.h "Dense path") for quantised matrices; 0: none */
     struct blas *blas;             /* owned: cuBLAS, when dense_from */
     uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time */
+    float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
     void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
     int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
     unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */

@@ -203,7 +203,7 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
     if (chunked)
         gdn_chunk_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                        c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
-                       lng, b->d_o, D_v, nb, &e->launch);
+                       lng, b->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS, b->d_gdn_scratch, &e->launch);
     gdn_norm_gated_rows(b->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y,
                         b->ld_y, NULL, nb, &e->launch);
 }

@@ -11,7 +11,9 @@
 // accumulation), the causal mask and an online softmax per vector in F32 (running max m, sum l),
 // O = α O + P V (O in shared memory, F32). Q (scaled by 1/sqrt(d_h)) and P are split into an F16
 // part and an F16 remainder, each multiplied, so their rounding stays near F32's (K and V are the
-// F16 cache's own values). A segment's result goes out as the partial of its first chunk in
+// F16 cache's own values). The next chunk's K and V load into registers while a chunk is
+// multiplied; the running max moves only when a chunk passes it by more than AP_LAZY, so O is
+// rescaled in a few early chunks, not in every one. A segment's result goes out as the partial of its first chunk in
 // attn_decode_rows' layout (o unnormalised, m, l; the segment's other chunks emptied), so
 // attn_combine merges, divides and gates it as any row's.
 #include <cuda_fp16.h>
@@ -28,6 +30,7 @@ using namespace nvcuda;
 #define AP_KC 32      // positions of a chunk
 #define AP_THREADS 256
 #define AP_SEGS 16    // CTAs a tile's positions are split over
+#define AP_LAZY 8.0f  // how far a chunk's max may pass the reference max before it moves
 static_assert(ATTN_KV_BLOCK % AP_KC == 0, "a chunk lies in one KV block");
 static_assert(AP_KC == ATTN_CHUNK, "a segment starts at a partial's chunk");
 
@@ -43,7 +46,8 @@ template <int D> struct ap_smem { // offsets in bytes
     static constexpr size_t O = PL + (size_t)AP_QM * LP * 2;
     static constexpr size_t M = O + (size_t)AP_QM * LO * 4; // m, l, α: [64] floats each
     static constexpr size_t POS = M + 3 * AP_QM * 4;        // [64] int: the vector's position
-    static constexpr size_t BYTES = POS + AP_QM * 4;
+    static constexpr size_t FLAG = POS + AP_QM * 4;         // int: some α of the chunk != 1
+    static constexpr size_t BYTES = FLAG + 16;
 };
 
 template <int D>
@@ -63,7 +67,7 @@ static __global__ void __launch_bounds__(AP_THREADS)
     float *sS = (float *)(smem + SM::S), *sO = (float *)(smem + SM::O);
     __half *sPh = (__half *)(smem + SM::PH), *sPl = (__half *)(smem + SM::PL);
     float *sM = (float *)(smem + SM::M), *sL = sM + AP_QM, *sAl = sL + AP_QM;
-    int *sPos = (int *)(smem + SM::POS);
+    int *sPos = (int *)(smem + SM::POS), *sFlag = (int *)(smem + SM::FLAG);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int j = blockIdx.x, G = n_h / n_kv, QT = AP_QM / G, QV = QT * G;
     const float scale = rsqrtf((float)D);
@@ -107,25 +111,37 @@ static __global__ void __launch_bounds__(AP_THREADS)
             sL[v] = 0.0f;
         }
         __syncthreads();
-        for (int c0 = c_lo; c0 <= c_hi; c0 += AP_KC) {
-            // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load; zeros past the tile's last
-            // position (rows not written yet: a masked probability 0 times a NaN there would
-            // still be NaN)
-            constexpr int U = D / 8; // uint4 per row
+        // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load, into registers a chunk ahead;
+        // zeros past the segment (rows not written yet: a masked probability 0 times a NaN
+        // there would still be NaN)
+        constexpr int U = D / 8, NL = (AP_KC * U + AP_THREADS - 1) / AP_THREADS; // a thread's
+        uint4 rk[NL], rv[NL];
+        auto load_kv = [&](int c0) {
             const int64_t b0 = c0 / ATTN_KV_BLOCK; // the chunk lies in one block
             const int64_t row_b = attn_kv_block(table, table_ld, sl, (int)b0) * ATTN_KV_BLOCK -
                                   b0 * ATTN_KV_BLOCK; // + position = the row in the pool
-            for (int i = tid; i < AP_KC * U; i += AP_THREADS) {
-                const int p = i / U, u = i % U;
-                uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-                if (c0 + p <= c_hi) {
-                    kk = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
-                    vv = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
+#pragma unroll
+            for (int e = 0; e < NL; e++) {
+                const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
+                rk[e] = rv[e] = make_uint4(0, 0, 0, 0);
+                if (i < AP_KC * U && c0 + p <= c_hi) {
+                    rk[e] = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
+                    rv[e] = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
                 }
-                *(uint4 *)(sK + p * LKV + u * 8) = kk;
-                *(uint4 *)(sV + p * LKV + u * 8) = vv;
             }
+        };
+        load_kv(c_lo);
+        for (int c0 = c_lo; c0 <= c_hi; c0 += AP_KC) {
+#pragma unroll
+            for (int e = 0; e < NL; e++) {
+                const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
+                if (i >= AP_KC * U) break;
+                *(uint4 *)(sK + p * LKV + u * 8) = rk[e];
+                *(uint4 *)(sV + p * LKV + u * 8) = rv[e];
+            }
+            if (tid == 0) *sFlag = 0;
             __syncthreads();
+            if (c0 + AP_KC <= c_hi) load_kv(c0 + AP_KC); // in flight through this chunk's math
             { // S = Q Kᵀ: 4 x 2 tiles of 16 x 16, one a warp
                 const int mi = warp >> 1, ni = warp & 1;
                 wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -143,11 +159,15 @@ static __global__ void __launch_bounds__(AP_THREADS)
                 wmma::store_matrix_sync(sS + mi * 16 * LS + ni * 16, acc, LS, wmma::mem_row_major);
             }
             __syncthreads();
-            // online softmax: warp w the vectors 8w .. 8w + 7, lane the chunk's position c0 + lane
+            // online softmax: warp w the vectors 8w .. 8w + 7, lane the chunk's position c0 +
+            // lane. The reference max m moves only when the chunk's max passes it by more than
+            // AP_LAZY (p stays <= e^AP_LAZY, far inside F16 and F32): O is rescaled in the
+            // chunks where some vector's m moved, the few early ones
             for (int v = warp * 8; v < warp * 8 + 8; v++) {
                 const bool valid = c0 + lane <= sPos[v];
                 const float s = valid ? sS[v * LS + lane] : -INFINITY;
-                const float m_old = sM[v], m_new = fmaxf(m_old, ds_warp_max(s));
+                const float m_old = sM[v], m_max = ds_warp_max(s);
+                const float m_new = m_old == -INFINITY || m_max > m_old + AP_LAZY ? m_max : m_old;
                 float p = 0.0f, alpha = 1.0f;
                 if (m_new != -INFINITY) {
                     alpha = expf(m_old - m_new);
@@ -161,12 +181,15 @@ static __global__ void __launch_bounds__(AP_THREADS)
                     sL[v] = sL[v] * alpha + lsum;
                     sM[v] = m_new;
                     sAl[v] = alpha;
+                    if (alpha != 1.0f) *sFlag = 1;
                 }
             }
             __syncthreads();
-            for (int i = tid; i < AP_QM * D; i += AP_THREADS)
-                sO[(i / D) * LO + i % D] *= sAl[i / D];
-            __syncthreads();
+            if (*sFlag) { // uniform: read after the barrier, reset before the next one
+                for (int i = tid; i < AP_QM * D; i += AP_THREADS)
+                    sO[(i / D) * LO + i % D] *= sAl[i / D];
+                __syncthreads();
+            }
             // O += P V: 4 x D/16 tiles, warp w the tiles w, w + 8, ...
             for (int t = warp; t < 4 * (D / 16); t += AP_THREADS / 32) {
                 const int mi = t / (D / 16), ni = t % (D / 16);

@@ -77,21 +77,26 @@ void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, con
 cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B); /* also of R runs */
 
 /* Chunked runs (prefill): the same contract as gdn_decode_runs for the runs d_long lists (the
- * long ones: the caller's choice; a run of one row listed is skipped), computed by the chunked WY / UT
- * form of the CPU twin ref_gdn_chunked (kernels/cpu/gdn.h) over chunks of 64 rows from each
- * run's first row: equal to the row-by-row rule in exact arithmetic, not bit for bit (a run's
- * results depend on where its chunks start). A CTA keeps one head's 32 state columns in shared
- * memory through a run; the grid's third dimension takes min(R, 8) runs at a time. d_long (a
- * step input, like d_run): the number of long runs, then their indices in d_run.
- * gdn_chunk_init (once, before the first launch or capture) raises the kernel's shared memory
- * limit; gdn_chunk_smem_bytes: what one CTA takes (0 for an unsupported d_k). */
+ * long ones: the caller's choice, each of long_rows >= 2 rows or more; a run of one row listed
+ * is skipped), computed by the chunked WY / UT form of the CPU twin ref_gdn_chunked
+ * (kernels/cpu/gdn.h) over chunks of 64 rows from each run's first row: equal to the row-by-row
+ * rule in exact arithmetic, not bit for bit (a run's results depend on where its chunks start).
+ * Two launches: what does not depend on the state, for every chunk and head at once, into
+ * d_scratch (gdn_chunk_scratch_floats for a pass of `rows` rows); then per run, head and 32
+ * state columns (kept in shared memory through the run) the chunks in order, the grid's third
+ * dimension taking min(R, 8) runs at a time. d_long (a step input, like d_run): the number of
+ * long runs, then their indices in d_run; their rows add up to at most `rows`.
+ * gdn_chunk_init (once, before the first launch or capture) raises the kernels' shared memory
+ * limit; gdn_chunk_smem_bytes: the most one CTA takes (0 for an unsupported d_k). */
 int gdn_chunk_init(status *st);
 size_t gdn_chunk_smem_bytes(int d_k);
+int64_t gdn_chunk_scratch_floats(int n_v, int d_k, int d_v, int rows, int long_rows);
 void gdn_chunk_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                     int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
                     int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
                     const int32_t *d_slot, const int32_t *d_run, const int32_t *d_long,
-                    float *d_o, int64_t ld_o, int R, const cuda_launch *l);
+                    float *d_o, int64_t ld_o, int R, int rows, int long_rows, float *d_scratch,
+                    const cuda_launch *l);
 cuda_launch_dims gdn_chunk_runs_dims(int n_v, int d_v, int R);
 
 /* y_hv = RMSNorm(o_hv) · norm_w · silu(z_hv) per value head. o, z: [n_v·d_v]; norm_w: [d_v];

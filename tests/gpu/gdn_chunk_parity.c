@@ -89,6 +89,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
     int32_t *d_long = dev_from(lng, (size_t)(1 + R) * 4);
     float *d_p = dev_from(p, Pb), *d_S = dev_from(S0, Sb), *d_S1 = dev_from(S0, Sb);
     float *d_o = dev(Ob), *d_o1 = dev(Ob);
+    float *d_scr = dev((size_t)gdn_chunk_scratch_floats(sh.n_v, sh.d_k, sh.d_v, B, long_rows) * 4);
     status st;
     CU_ASSERT_EQUAL(cuda_memset(d_o, 0, Ob, &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_memset(d_o1, 0, Ob, &st), STATUS_OK);
@@ -98,7 +99,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
                     d_S, S_stride, d_slot, d_run, long_rows, d_o, ld_o, R, NULL);
     gdn_chunk_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
-                   d_S, S_stride, d_slot, d_run, d_long, d_o, ld_o, R, NULL);
+                   d_S, S_stride, d_slot, d_run, d_long, d_o, ld_o, R, B, long_rows, d_scr, NULL);
     /* row by row, every run */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
                     d_S1, S_stride, d_slot, d_run, 0, d_o1, ld_o, R, NULL);
@@ -166,6 +167,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
     cuda_free(d_run), cuda_free(d_long), cuda_free(d_p), cuda_free(d_S), cuda_free(d_S1);
     cuda_free(d_o);
     cuda_free(d_o1);
+    cuda_free(d_scr);
     free(slot), free(run), free(lng), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0);
     free(cs0);
     free(p), free(P), free(o), free(o1), free(S), free(S1), free(qk), free(beta), free(g);
