@@ -26,6 +26,7 @@ typedef struct batch_opts {
     int prompt, gen, threads, step_tokens;
     bool batch_invariant;
     int dense_rows;
+    bool dense_per_pass;
 } batch_opts;
 
 static const flag_spec batch_flags[] = {
@@ -37,6 +38,7 @@ static const flag_spec batch_flags[] = {
     {"step-tokens", NULL, "512", FLAG_INT, offsetof(batch_opts, step_tokens), "prompt tokens of all sequences per step"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
     {"dense-rows", NULL, "128", FLAG_INT, offsetof(batch_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
+    {"dense-per-pass", NULL, "false", FLAG_BOOL, offsetof(batch_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
     {0},
 };
@@ -129,7 +131,8 @@ int cmd_bench_batch(int argc, char **argv)
     const worker_backend_opts bo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
                                     .n_threads = o.threads, .max_prefill_tokens = o.step_tokens,
                                     .batch_invariant = o.batch_invariant,
-                                    .dense_rows = o.dense_rows};
+                                    .dense_rows = o.dense_rows,
+                                    .dense_per_pass = o.dense_per_pass};
     rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
                          : worker_backend_create(o.device, m, &bo, &b, &st);
     if (!rc) {

@@ -32,6 +32,7 @@ typedef struct worker_opts {
     int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls, tp;
     bool batch_invariant;
     int dense_rows;
+    bool dense_per_pass;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -43,6 +44,7 @@ static const flag_spec worker_flags[] = {
     {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"dense-rows", "DS_DENSE_ROWS", "128", FLAG_INT, offsetof(worker_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
+    {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda needs one GPU each (NCCL: not built yet)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -179,7 +181,8 @@ int cmd_worker(int argc, char **argv)
                                      ? model->cfg.n_ctx_train : 4096);
     worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
                               .max_prefill_tokens = o.step_tokens,
-                              .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows};
+                              .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
+                              .dense_per_pass = o.dense_per_pass};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
                       .on_fatal = on_fatal};

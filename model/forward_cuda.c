@@ -161,6 +161,22 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
  * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
  * context, graphs, fragmentation). With n_slots given, the pool holds every slot's full
  * context, as a contiguous cache would. */
+/* The dense path's F16 copies resident when they take at most a quarter of the memory free
+ * after the weights (qwen35_cuda_opts.dense_per_pass); size_state leaves them their room. */
+static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
+{
+    e->dense_resident = false;
+    if (!wanted) return STATUS_OK;
+    cuda_device_props p;
+    if (cuda_device_props_get(e->device, &p, st)) return st->code;
+    const uint64_t bytes = fc_dense_bytes(e);
+    e->dense_resident = bytes > 0 && bytes <= p.mem_free_bytes / 4;
+    LOG_INFO("cuda: dense path's F16 weights (%.2f GB): %s", bytes / 1e9,
+             e->dense_resident ? "resident" : "dequantised every pass (over a quarter of the free "
+                                              "memory)");
+    return STATUS_OK;
+}
+
 static int size_state(qwen35_cuda *e, status *st)
 {
     fc_kv_blocks *kv = &e->kv.blk;
@@ -191,6 +207,7 @@ static int size_state(qwen35_cuda *e, status *st)
     uint64_t reserve = p.mem_total_bytes / 20;
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
     reserve += 256 * row;
+    if (e->dense_resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
     const uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
     const uint64_t quarter = (uint64_t)(kv->ld + 3) / 4 * block;
     const uint64_t full = (uint64_t)kv->ld * block;
@@ -228,13 +245,15 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
-    e->dense_rows_opt = o && o->dense_rows > 0 ? o->dense_rows : 0;
+    e->dense_rows_opt = o && o->dense_rows > 0 && !(o && o->batch_invariant) ? o->dense_rows : 0;
+    const bool dense_resident_wanted = e->dense_rows_opt > 0 && !(o && o->dense_per_pass);
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
-        fc_weights_upload(e, st) || size_state(e, st))
+        fc_weights_upload(e, st) || decide_dense(e, dense_resident_wanted, st) ||
+        size_state(e, st))
         goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
     e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */

@@ -27,6 +27,7 @@
  * to the same tokens fed one per step. Steps of one decode row take the GEMV graphs (faster at
  * one row, other rounding) unless batch_invariant. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -95,22 +96,80 @@ void fc_batch_plan(qwen35_cuda *e)
     b->ld_y = D_v > HA ? D_v : HA;
 }
 
-/* the largest F16 copy of a quantised layer matrix on the dense path (halves) */
-static int64_t dense_halves(const qwen35_cuda *e)
+/* the quantised layer matrices, which the dense path multiplies: their count, into out[] when
+ * not NULL */
+static int dense_matrices(const qwen35_cuda *e, const gemv_matrix **out)
 {
-    int64_t w = 0;
+    int n = 0;
     for (int il = 0; il < e->cfg.n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
         const gemv_matrix *m[4 + FC_MAX_GROUPS];
-        int n = 0;
-        m[n++] = &L->out, m[n++] = &L->gate, m[n++] = &L->up, m[n++] = &L->down;
-        for (int g = 0; g < L->n_in; g++) m[n++] = &L->in[g].m;
-        for (int i = 0; i < n; i++) {
-            const int64_t f = gemm_reads_half(m[i]->type) ? m[i]->n_out * gemm_dense_ld(m[i]) : 0;
-            w = f > w ? f : w;
-        }
+        int k = 0;
+        m[k++] = &L->out, m[k++] = &L->gate, m[k++] = &L->up, m[k++] = &L->down;
+        for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
+        for (int i = 0; i < k; i++)
+            if (gemm_reads_half(m[i]->type)) {
+                if (out) out[n] = m[i];
+                n++;
+            }
     }
+    return n;
+}
+
+static int64_t dense_halves_of(const gemv_matrix *m) { return m->n_out * gemm_dense_ld(m); }
+
+/* the largest F16 copy of a quantised layer matrix (halves): the per-pass scratch */
+static int64_t dense_halves(const qwen35_cuda *e)
+{
+    const int n = dense_matrices(e, NULL);
+    const gemv_matrix **m = malloc((size_t)(n ? n : 1) * sizeof *m);
+    int64_t w = 0;
+    if (!m) return 0;
+    dense_matrices(e, m);
+    for (int i = 0; i < n; i++) w = dense_halves_of(m[i]) > w ? dense_halves_of(m[i]) : w;
+    free(m);
     return w;
+}
+
+uint64_t fc_dense_bytes(const qwen35_cuda *e)
+{
+    const int n = dense_matrices(e, NULL);
+    const gemv_matrix **m = malloc((size_t)(n ? n : 1) * sizeof *m);
+    uint64_t b = 0;
+    if (!m) return 0;
+    dense_matrices(e, m);
+    for (int i = 0; i < n; i++) b += (uint64_t)dense_halves_of(m[i]) * 2;
+    free(m);
+    return b;
+}
+
+int fc_dense_upload(qwen35_cuda *e, status *st)
+{
+    fc_batch *b = &e->b;
+    if (!b->dense_from || !e->dense_resident) return STATUS_OK;
+    const int n = dense_matrices(e, NULL);
+    b->dense_m = malloc((size_t)(n ? n : 1) * sizeof *b->dense_m);
+    b->dense_w = malloc((size_t)(n ? n : 1) * sizeof *b->dense_w);
+    if (!b->dense_m || !b->dense_w) return status_fail(st, STATUS_NOMEM, "cuda: dense copies");
+    dense_matrices(e, b->dense_m);
+    if (cuda_alloc(&b->d_dense, fc_dense_bytes(e), "the dense path's F16 weights", st))
+        return st->code;
+    uint16_t *at = b->d_dense;
+    const cuda_launch plain = {e->launch.stream, false};
+    for (int i = 0; i < n; i++) {
+        b->dense_w[i] = at;
+        gemm_dequant_half(b->dense_m[i], at, &plain);
+        at += dense_halves_of(b->dense_m[i]);
+    }
+    b->n_dense = n;
+    return cuda_sync(e->launch.stream, "dense F16 weights", st);
+}
+
+const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m)
+{
+    for (int i = 0; i < e->b.n_dense; i++)
+        if (e->b.dense_m[i] == m) return e->b.dense_w[i];
+    return NULL;
 }
 
 /* the largest split-K workspace of any matrix at R rows */
@@ -168,7 +227,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
             fc_arena_take(a, gdn_chunk_scratch_floats(c->n_v, c->d_k, c->d_v, (int)R,
                                                       FC_LONG_RUN_ROWS) * 4);
     if (b->dense_from) {
-        b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
+        if (!e->dense_resident) b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
         b->d_blas_ws = fc_arena_take(a, FC_BLAS_WS);
     }
     b->act_bytes = a->used - before;
@@ -186,6 +245,7 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
         b->dense_from = 0;
         *st = (status){0};
     }
+    if (fc_dense_upload(e, st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
     for (int i = 0; i < b->n_buckets && !rc; i++) {
@@ -210,6 +270,11 @@ void fc_batch_destroy(qwen35_cuda *e)
 {
     blas_close(e->b.blas);
     e->b.blas = NULL;
+    cuda_free(e->b.d_dense);
+    e->b.d_dense = NULL;
+    free(e->b.dense_m);
+    free(e->b.dense_w);
+    e->b.dense_m = NULL, e->b.dense_w = NULL, e->b.n_dense = 0;
     for (int i = 0; i < e->b.n_buckets; i++) {
         cuda_graph_exec_destroy(e->b.graph[i]);
         cuda_graph_exec_destroy(e->b.graph_pf[i]);

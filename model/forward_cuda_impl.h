@@ -143,7 +143,12 @@ typedef struct fc_batch {
     int dense_from;                /* buckets of this many rows or more take the dense path
                                       (gemm.h "Dense path") for quantised matrices; 0: none */
     struct blas *blas;             /* owned: cuBLAS, when dense_from */
-    uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time */
+    uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time (not
+                                      resident) */
+    int n_dense;                   /* resident: the matrices' F16 copies in d_dense */
+    const gemv_matrix **dense_m;   /* owned [n_dense] */
+    uint16_t **dense_w;            /* owned [n_dense]: dense_m[i]'s copy */
+    void *d_dense;                 /* owned, device */
     float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
     void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
     int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
@@ -177,6 +182,8 @@ struct qwen35_cuda {
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
     int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows */
+    bool dense_resident;  /* the dense path's F16 copies resident (decided before the state is
+                             sized, taken when the plan has a dense path) */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
@@ -215,7 +222,12 @@ void fc_record_head(qwen35_cuda *e, int nh);
 /* forward_cuda_batch.c */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
-int fc_batch_capture(qwen35_cuda *e, status *st);   /* the bucket graphs */
+int fc_batch_capture(qwen35_cuda *e, status *st);
+/* The dense path's resident F16 copies: their bytes; uploaded (dequantised on the device) when
+ * e->dense_resident and the plan has a dense path; the copy of m, or NULL. */
+uint64_t fc_dense_bytes(const qwen35_cuda *e);
+int fc_dense_upload(qwen35_cuda *e, status *st);
+const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);   /* the bucket graphs */
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);

@@ -164,8 +164,9 @@ static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int6
     if (b->blas && nb >= b->dense_from && gemm_reads_half(m->type)) {
         DS_ASSERT(ep == GEMV_STORE || ep == GEMV_ADD);
         status st;
-        gemm_dequant_half(m, b->d_w16, &e->launch);
-        if (blas_gemm_f16(b->blas, m->n_out, nb, m->n_in, b->d_w16, gemm_dense_ld(m), b->d_xh,
+        const uint16_t *w16 = fc_dense_weights(e, m); /* resident, or dequantised now */
+        if (!w16) gemm_dequant_half(m, b->d_w16, &e->launch);
+        if (blas_gemm_f16(b->blas, m->n_out, nb, m->n_in, w16 ? w16 : b->d_w16, gemm_dense_ld(m), b->d_xh,
                           m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
             LOG_ERROR("cuda: %s", st.msg);
             b->dense_failed = 1;

@@ -66,6 +66,8 @@ typedef struct worker_backend_opts {
                                tokens do not depend on the others in its step (slower alone) */
     int dense_rows;         /* cuda: passes of this many rows or more multiply the quantised
                                matrices through cuBLAS (qwen35_cuda_opts.dense_rows); 0: never */
+    bool dense_per_pass;    /* cuda: dequantise for the dense path every pass, never keep the
+                               F16 copies resident (qwen35_cuda_opts.dense_per_pass) */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
                                (QWEN35_DOT_EXACT: reference comparisons), not with Q8 ones */
 } worker_backend_opts;

@@ -148,7 +148,7 @@ int worker_backend_cuda_create(const qwen35_model *m, const worker_backend_opts 
     const qwen35_cuda_opts fo = {.n_ctx = o->n_ctx, .n_slots = o->n_slots,
                                  .max_rows = o->n_slots > 0 ? o->n_slots + prefill : 0,
                                  .device = o->device, .batch_invariant = o->batch_invariant,
-                                 .dense_rows = o->dense_rows};
+                                 .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass};
     if (o->tp > 1) { /* one rank per GPU: the listed ones, or tp from o->device */
         int devs[64];
         for (int r = 0; r < o->tp; r++) devs[r] = o->n_tp_devices ? o->tp_devices[r] : o->device + r;
