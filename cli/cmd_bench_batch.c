@@ -37,7 +37,7 @@ static const flag_spec batch_flags[] = {
     {"batch", NULL, "1,16,64,256", FLAG_STR, offsetof(batch_opts, batch), "sequences at once (B), comma-separated"},
     {"step-tokens", NULL, "512", FLAG_INT, offsetof(batch_opts, step_tokens), "prompt tokens of all sequences per step"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
-    {"dense-rows", NULL, "128", FLAG_INT, offsetof(batch_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
+    {"dense-rows", NULL, "-1", FLAG_INT, offsetof(batch_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", NULL, "false", FLAG_BOOL, offsetof(batch_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
     {0},
@@ -110,12 +110,11 @@ int cmd_bench_batch(int argc, char **argv)
     if (rc == STATUS_CANCELLED) return 0;
     int sizes[BATCH_MAX_SIZES];
     const int n_sizes = rc ? 0 : parse_sizes(o.batch, sizes);
-    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes ||
-        o.dense_rows < 0) {
+    if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes) {
         fprintf(stderr, "deltaserve bench batch: %s\n",
                 rc ? st.msg : !o.model ? "--model is required"
                 : !n_sizes ? "--batch: a comma-separated list of sizes in [1, 4096]"
-                           : "--prompt, --gen and --step-tokens must be >= 1; --dense-rows >= 0");
+                           : "--prompt, --gen and --step-tokens must be >= 1");
         return 2;
     }
     int max_b = 0;

@@ -43,7 +43,7 @@ static const flag_spec worker_flags[] = {
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
     {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
-    {"dense-rows", "DS_DENSE_ROWS", "128", FLAG_INT, offsetof(worker_opts, dense_rows), "passes (GEMMs) of this many rows or more: quantised weights dequantised to F16 and multiplied by cuBLAS (0: never; cuda, not with --batch-invariant)"},
+    {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda needs one GPU each (NCCL: not built yet)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
@@ -101,12 +101,12 @@ int cmd_worker(int argc, char **argv)
     }
     int lvl = log_level_parse(o.log_level);
     if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
-        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.dense_rows < 0) {
+        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--threads, --grace-seconds and --dense-rows >= 0");
+                            "--threads and --grace-seconds >= 0");
         return 2;
     }
     log_threshold = (log_level)lvl;

@@ -49,8 +49,10 @@ typedef struct qwen35_cuda_opts {
                              logits then do not depend on the rows beside it, at the price of the
                              batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
     int dense_rows;       /* passes of this many rows or more multiply the quantised matrices as
-                             F16 through cuBLAS (kernels/cuda/gemm.h "Dense path"); 0: never.
-                             Not with batch_invariant (cuBLAS's sums depend on the rows) */
+                             F16 through cuBLAS (kernels/cuda/gemm.h "Dense path"); 0: never;
+                             < 0: 64 when the F16 copies are resident, 128 when each pass
+                             dequantises. Not with batch_invariant (cuBLAS's sums depend on the
+                             rows) */
     bool dense_per_pass;  /* the dense path dequantises each matrix every pass; by default the F16
                              copies stay resident when they take at most a quarter of the free
                              device memory (2 bytes a weight), else per pass */

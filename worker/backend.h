@@ -65,7 +65,8 @@ typedef struct worker_backend_opts {
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
     int dense_rows;         /* cuda: passes of this many rows or more multiply the quantised
-                               matrices through cuBLAS (qwen35_cuda_opts.dense_rows); 0: never */
+                               matrices through cuBLAS (qwen35_cuda_opts.dense_rows); 0: never,
+                               < 0: chosen by the forward */
     bool dense_per_pass;    /* cuda: dequantise for the dense path every pass, never keep the
                                F16 copies resident (qwen35_cuda_opts.dense_per_pass) */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
