@@ -38,7 +38,7 @@ static const flag_spec batch_flags[] = {
     {"step-tokens", NULL, "512", FLAG_INT, offsetof(batch_opts, step_tokens), "prompt tokens of all sequences per step"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(batch_opts, threads), "CPU threads (cpu)"},
     {"dense-rows", NULL, "-1", FLAG_INT, offsetof(batch_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
-    {"dense-per-pass", NULL, "false", FLAG_BOOL, offsetof(batch_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
+    {"dense-per-pass", NULL, "false", FLAG_BOOL, offsetof(batch_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
     {0},
 };

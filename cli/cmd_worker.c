@@ -44,7 +44,7 @@ static const flag_spec worker_flags[] = {
     {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
-    {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most a quarter of the free GPU memory)"},
+    {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},

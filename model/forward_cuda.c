@@ -153,6 +153,24 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
+/* The dense path's F16 copies resident when they take at most half of the memory free after
+ * the weights (the 27B's 54 GB do, the KV pool and the slots' state then share the rest;
+ * qwen35_cuda_opts.dense_per_pass); size_state leaves them their room (with n_slots given,
+ * fc_dense_upload falls back to per pass when they no longer fit). */
+static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
+{
+    e->dense_resident = false;
+    if (!wanted) return STATUS_OK;
+    cuda_device_props p;
+    if (cuda_device_props_get(e->device, &p, st)) return st->code;
+    const uint64_t bytes = fc_dense_bytes(e);
+    e->dense_resident = bytes > 0 && bytes <= p.mem_free_bytes / 2;
+    LOG_INFO("cuda: dense path's F16 weights (%.2f GB): %s", bytes / 1e9,
+             e->dense_resident ? "resident" : "dequantised every pass (over half of the free "
+                                              "memory)");
+    return STATUS_OK;
+}
+
 /* n_slots and the KV pool from free device memory (after the weights). A slot's recurrent state
  * is held whole; KV goes in blocks from one pool (paged), so the pool is sized for every slot
  * holding a quarter of n_ctx on average (the engine reserves each request's worst case, so
@@ -161,22 +179,6 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
  * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
  * context, graphs, fragmentation). With n_slots given, the pool holds every slot's full
  * context, as a contiguous cache would. */
-/* The dense path's F16 copies resident when they take at most a quarter of the memory free
- * after the weights (qwen35_cuda_opts.dense_per_pass); size_state leaves them their room. */
-static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
-{
-    e->dense_resident = false;
-    if (!wanted) return STATUS_OK;
-    cuda_device_props p;
-    if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    const uint64_t bytes = fc_dense_bytes(e);
-    e->dense_resident = bytes > 0 && bytes <= p.mem_free_bytes / 4;
-    LOG_INFO("cuda: dense path's F16 weights (%.2f GB): %s", bytes / 1e9,
-             e->dense_resident ? "resident" : "dequantised every pass (over a quarter of the free "
-                                              "memory)");
-    return STATUS_OK;
-}
-
 static int size_state(qwen35_cuda *e, status *st)
 {
     fc_kv_blocks *kv = &e->kv.blk;
@@ -258,6 +260,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     /* auto: from 64 rows with resident copies (decode at B = 64 gained 25-40%), from 128 when
      * every pass dequantises (decode at 64 lost: BENCH.md runs 39, 41) */
     e->dense_rows_opt = !dense_on ? 0 : dense_rows > 0 ? dense_rows : e->dense_resident ? 64 : 128;
+    e->dense_rows_auto = dense_on && dense_rows < 0;
     if (size_state(e, st)) goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
     e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */

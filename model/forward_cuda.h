@@ -54,7 +54,7 @@ typedef struct qwen35_cuda_opts {
                              dequantises. Not with batch_invariant (cuBLAS's sums depend on the
                              rows) */
     bool dense_per_pass;  /* the dense path dequantises each matrix every pass; by default the F16
-                             copies stay resident when they take at most a quarter of the free
+                             copies stay resident when they take at most half of the free
                              device memory (2 bytes a weight), else per pass */
     int kv_blocks;        /* > 0: the KV pool's blocks (the tensor-parallel ranks all take rank
                              0's); 0: sized with the slots */

@@ -147,6 +147,19 @@ int fc_dense_upload(qwen35_cuda *e, status *st)
 {
     fc_batch *b = &e->b;
     if (!b->dense_from || !e->dense_resident) return STATUS_OK;
+    cuda_device_props p;
+    if (cuda_device_props_get(e->device, &p, st)) return st->code;
+    if (p.mem_free_bytes < fc_dense_bytes(e) + (1ull << 30)) { /* given slots took the room */
+        LOG_WARN("cuda: %.2f GB free: too little for the dense path's F16 weights (%.2f GB); "
+                 "each pass dequantises", p.mem_free_bytes / 1e9, fc_dense_bytes(e) / 1e9);
+        e->dense_resident = false;
+        if (e->dense_rows_auto && b->dense_from < 128) b->dense_from = 128 <= b->rows ? 128 : 0;
+        if (!b->dense_from) return STATUS_OK;
+        if (cuda_alloc(&b->d_dense, (size_t)dense_halves(e) * 2, "the dense path's scratch", st))
+            return st->code;
+        b->d_w16 = b->d_dense;
+        return STATUS_OK;
+    }
     const int n = dense_matrices(e, NULL);
     b->dense_m = malloc((size_t)(n ? n : 1) * sizeof *b->dense_m);
     b->dense_w = malloc((size_t)(n ? n : 1) * sizeof *b->dense_w);

@@ -148,7 +148,8 @@ typedef struct fc_batch {
     int n_dense;                   /* resident: the matrices' F16 copies in d_dense */
     const gemv_matrix **dense_m;   /* owned [n_dense] */
     uint16_t **dense_w;            /* owned [n_dense]: dense_m[i]'s copy */
-    void *d_dense;                 /* owned, device */
+    void *d_dense;                 /* owned, device: the copies, or (resident copies that did
+                                      not fit at upload) the per-pass scratch d_w16 */
     float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
     void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
     int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
@@ -184,6 +185,7 @@ struct qwen35_cuda {
     int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows */
     bool dense_resident;  /* the dense path's F16 copies resident (decided before the state is
                              sized, taken when the plan has a dense path) */
+    bool dense_rows_auto; /* qwen35_cuda_opts.dense_rows < 0: from 64 rows resident, 128 not */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
