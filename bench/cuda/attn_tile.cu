@@ -1,0 +1,302 @@
+// A candidate for the prefill attention tile (kernels/cuda/attn_prefill.cu), kept out of the
+// product until a GPU says it wins (attn_tile_bench compares the two on one host; see
+// attn_tile.h). Same contract, grid and partials as attn_prefill_runs; what differs is the
+// inside of a CTA:
+//  - 4 warps, each the 16 query vectors of its rows of the 64-vector tile, on mma.sync
+//    m16n8k16 (F16 in, F32 accumulation) fed by ldmatrix, with the scores, the probabilities and
+//    the output O (16 x d_h a warp) in registers: no shared-memory round trip of S, P or O,
+//    and no barrier between the softmax and P·V;
+//  - per 32-position chunk one barrier-delimited load of K and V (cp.async, zeros past the
+//    segment), ~101 KB of shared memory a CTA (Q's F16 halves and the chunk), two CTAs an SM;
+//  - the softmax as the product's: F32, the reference max moved lazily (AP_LAZY), q and P split
+//    into an F16 part and an F16 remainder, each multiplied.
+#include <cuda_fp16.h>
+
+#include "bench/cuda/attn_tile.h"
+#include "kernels/cuda/attn_kv.cuh"
+#include "kernels/cuda/cuda_check.cuh"
+
+#define AT_QM 64 // query vectors of a tile
+#define AT_KC 32 // positions of a chunk
+#define AT_THREADS 128
+#define AT_SEGS 16
+#define AT_LAZY 8.0f
+static_assert(AT_KC == ATTN_CHUNK, "a segment starts at a partial's chunk");
+static_assert(ATTN_KV_BLOCK % AT_KC == 0, "a chunk lies in one KV block");
+
+template <int D> struct at_smem { // bytes; rows of D + 8 halves: 16 bytes apart mod 128, so the
+                                  // 8 rows of an ldmatrix hit 8 different bank groups
+    static constexpr int L = D + 8;
+    static constexpr size_t QH = 0;
+    static constexpr size_t QL = QH + (size_t)AT_QM * L * 2;
+    static constexpr size_t K = QL + (size_t)AT_QM * L * 2;
+    static constexpr size_t V = K + (size_t)AT_KC * L * 2;
+    static constexpr size_t POS = V + (size_t)AT_KC * L * 2;
+    static constexpr size_t BYTES = POS + AT_QM * 4;
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm4_t(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// c += a·b: a 16x16 (row), b 16x8 (col), F16 in, F32 accumulation
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ uint32_t h2u(__half2 h)
+{
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+// two probabilities as the F16 pair and the F16 pair of their remainders
+__device__ __forceinline__ void split2(float p0, float p1, uint32_t *hi, uint32_t *lo)
+{
+    const __half2 h = __floats2half2_rn(p0, p1);
+    *hi = h2u(h);
+    *lo = h2u(__floats2half2_rn(p0 - __low2float(h), p1 - __high2float(h)));
+}
+
+template <int D>
+static __global__ void __launch_bounds__(AT_THREADS, 2)
+    attn_tile_kernel(const float *__restrict__ q, int64_t ld_q, const __half *__restrict__ kc,
+                     const __half *__restrict__ vc, const int32_t *__restrict__ table,
+                     int table_ld, const int32_t *__restrict__ slot,
+                     const int32_t *__restrict__ pos, const int32_t *__restrict__ run, int R,
+                     const int32_t *__restrict__ lng, int n_h, int n_kv, int n_split,
+                     float *__restrict__ part)
+{
+    using SM = at_smem<D>;
+    constexpr int L = SM::L, NT = D / 8; // n-tiles of 8 over d_h
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *sQh = (__half *)(smem + SM::QH), *sQl = (__half *)(smem + SM::QL);
+    __half *sK = (__half *)(smem + SM::K), *sV = (__half *)(smem + SM::V);
+    int *sPos = (int *)(smem + SM::POS);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int j = blockIdx.x, G = n_h / n_kv, QT = AT_QM / G, QV = QT * G;
+    const float scale = rsqrtf((float)D);
+    ds_grid_dep();
+    // the tile (tile y of the long runs' tiles) and the segment, as attn_prefill_runs
+    const int n_long = lng[0];
+    int64_t row0 = 0, n_run = 0, t0 = -1;
+    for (int x = 0, y = blockIdx.y; x < n_long; x++) {
+        const int r = lng[1 + x], nt_r = (run[R + r] + QT - 1) / QT;
+        if (y < nt_r) {
+            row0 = run[r], n_run = run[R + r], t0 = (int64_t)y * QT;
+            break;
+        }
+        y -= nt_r;
+    }
+    if (t0 < 0 || n_run < 2) return;
+    const int nt = (int)min((int64_t)QT, n_run - t0);
+    const int p_max = pos[row0 + t0 + nt - 1];
+    const int seg_len = ((p_max + 1 + AT_SEGS - 1) / AT_SEGS + AT_KC - 1) / AT_KC * AT_KC;
+    const int c_lo = blockIdx.z * seg_len, c_hi = min(p_max, c_lo + seg_len - 1);
+    if (c_lo > p_max) return;
+    const int64_t sl = slot[row0];
+    const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
+    for (int i = tid; i < AT_QM * D; i += AT_THREADS) {
+        const int v = i / D, d = i % D, rr = v / G, g = v % G;
+        float qv = 0.0f;
+        if (v < QV && rr < nt) qv = q[(row0 + t0 + rr) * ld_q + (int64_t)(j * G + g) * D + d] * scale;
+        const __half h = __float2half(qv);
+        sQh[v * L + d] = h;
+        sQl[v * L + d] = __float2half(qv - __half2float(h));
+    }
+    if (tid < AT_QM) sPos[tid] = tid < QV && tid / G < nt ? pos[row0 + t0 + tid / G] : -1;
+    __syncthreads();
+    // this thread's rows of the warp's 16: vA (mma rows g) and vB (g + 8); columns 2t, 2t + 1
+    const int g = lane >> 2, t = lane & 3;
+    const int vA = warp * 16 + g, vB = vA + 8, posA = sPos[vA], posB = sPos[vB];
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f; // l: this thread's columns
+    // ldmatrix row addresses: A (Q) rows warp*16 + (lane%8) + 8*((lane/8)%2), column block
+    // 8*(lane/16); B from K rows (lane%8) + 8*(lane/16), column block 8*((lane/8)%2); V
+    // (transposed) rows (lane%8) + 8*((lane/8)%2), column block 8*(lane/16)
+    const int qa_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), qa_col = 8 * (lane >> 4);
+    const int kb_row = (lane & 7) + 8 * (lane >> 4), kb_col = 8 * ((lane >> 3) & 1);
+    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);
+    for (int c0 = c_lo; c0 <= c_hi; c0 += AT_KC) {
+        { // K, V rows c0 .. c0 + 31 (zeros past the segment's last position)
+            const int64_t b0 = c0 / ATTN_KV_BLOCK;
+            const int64_t row_b = attn_kv_block(table, table_ld, sl, (int)b0) * ATTN_KV_BLOCK -
+                                  b0 * ATTN_KV_BLOCK;
+            constexpr int U = D / 8;
+            for (int i = tid; i < AT_KC * U; i += AT_THREADS) {
+                const int p = i / U, u = i % U;
+                const bool ok = c0 + p <= c_hi;
+                const int64_t off = ok ? (row_b + c0 + p) * n_kv * D + u * 8 : 0;
+                cp_async16(sK + p * L + u * 8, kh + off, ok);
+                cp_async16(sV + p * L + u * 8, vh + off, ok);
+            }
+            asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads();
+        // S = Q Kᵀ: the warp's 16 rows x 32 positions, 4 n-tiles
+        float s[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            uint32_t ah[4], al[4], b[4];
+            ldsm4(ah, sQh + qa_row * L + k0 + qa_col);
+            ldsm4(al, sQl + qa_row * L + k0 + qa_col);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                ldsm4(b, sK + (np * 16 + kb_row) * L + k0 + kb_col);
+                mma16816(s[2 * np], ah, b[0], b[1]);
+                mma16816(s[2 * np], al, b[0], b[1]);
+                mma16816(s[2 * np + 1], ah, b[2], b[3]);
+                mma16816(s[2 * np + 1], al, b[2], b[3]);
+            }
+        }
+        // online softmax over the thread's 8 positions a row, the max across the row's 4 lanes
+        float mxA = -INFINITY, mxB = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int p = c0 + 8 * n + 2 * t + e;
+                if (p > posA) s[n][e] = -INFINITY;
+                if (p > posB) s[n][2 + e] = -INFINITY;
+                mxA = fmaxf(mxA, s[n][e]);
+                mxB = fmaxf(mxB, s[n][2 + e]);
+            }
+#pragma unroll
+        for (int w = 1; w <= 2; w <<= 1) {
+            mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, w));
+            mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, w));
+        }
+        const float nA = mA == -INFINITY || mxA > mA + AT_LAZY ? mxA : mA;
+        const float nB = mB == -INFINITY || mxB > mB + AT_LAZY ? mxB : mB;
+        if (nA != mA && nA != -INFINITY) { // the reference max moved: rescale row A
+            const float al = expf(mA - nA);
+            lA *= al;
+#pragma unroll
+            for (int n = 0; n < NT; n++) o[n][0] *= al, o[n][1] *= al;
+            mA = nA;
+        }
+        if (nB != mB && nB != -INFINITY) {
+            const float al = expf(mB - nB);
+            lB *= al;
+#pragma unroll
+            for (int n = 0; n < NT; n++) o[n][2] *= al, o[n][3] *= al;
+            mB = nB;
+        }
+        // P, as A fragments of the two k-steps (positions 16ks .. 16ks + 15), F16 + remainder
+        uint32_t ph[2][4], pl[2][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            float pa[2], pb[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                pa[e] = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - mA);
+                pb[e] = s[n][2 + e] == -INFINITY ? 0.0f : expf(s[n][2 + e] - mB);
+                lA += pa[e];
+                lB += pb[e];
+            }
+            const int ks = n >> 1, hi = n & 1; // n-tile 2ks: a0 (row g), a1 (g+8); 2ks+1: a2, a3
+            split2(pa[0], pa[1], &ph[ks][2 * hi], &pl[ks][2 * hi]);
+            split2(pb[0], pb[1], &ph[ks][2 * hi + 1], &pl[ks][2 * hi + 1]);
+        }
+        // O += P V: 2 k-steps x D/8 n-tiles
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int dp = 0; dp < NT / 2; dp++) {
+                uint32_t b[4];
+                ldsm4_t(b, sV + (ks * 16 + vb_row) * L + dp * 16 + vb_col);
+                mma16816(o[2 * dp], ph[ks], b[0], b[1]);
+                mma16816(o[2 * dp], pl[ks], b[0], b[1]);
+                mma16816(o[2 * dp + 1], ph[ks], b[2], b[3]);
+                mma16816(o[2 * dp + 1], pl[ks], b[2], b[3]);
+            }
+        __syncthreads(); // every warp is done with K and V
+    }
+#pragma unroll
+    for (int w = 1; w <= 2; w <<= 1) {
+        lA += __shfl_xor_sync(0xffffffffu, lA, w);
+        lB += __shfl_xor_sync(0xffffffffu, lB, w);
+    }
+    // out, as attn_prefill_runs: the partial of the segment's first chunk, its other chunks below
+    // the vector's position emptied
+    const int64_t prow = partial_row_floats(n_h, n_split, D);
+    const int s_lo = c_lo / ATTN_CHUNK, s_hi = s_lo + seg_len / ATTN_CHUNK;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int v = half ? vB : vA, pv = half ? posB : posA;
+        if (v >= QV || v / G >= nt || pv < c_lo) continue;
+        const int rr = v / G, gq = v % G;
+        float *base = part + (row0 + t0 + rr) * prow;
+        const int64_t hs = (int64_t)(j * G + gq) * n_split;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float *op = base + (hs + s_lo) * D + 8 * n + 2 * t;
+            op[0] = o[n][2 * half];
+            op[1] = o[n][2 * half + 1];
+        }
+        float *pm = base + (int64_t)n_h * n_split * D, *pl = pm + (int64_t)n_h * n_split;
+        const int ns = min(n_split, (pv + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
+        for (int sidx = s_lo + t; sidx < min(ns, s_hi); sidx += 4) {
+            pm[hs + sidx] = sidx == s_lo ? (half ? mB : mA) : -INFINITY;
+            pl[hs + sidx] = sidx == s_lo ? (half ? lB : lA) : 0.0f;
+        }
+    }
+}
+
+extern "C" int attn_tile_init(status *st)
+{
+    CUDA_TRY(st, cudaFuncSetAttribute(attn_tile_kernel<256>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)at_smem<256>::BYTES));
+    CUDA_TRY(st, cudaFuncSetAttribute(attn_tile_kernel<128>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)at_smem<128>::BYTES));
+    return STATUS_OK;
+}
+
+extern "C" void attn_tile_runs(const float *d_q, int64_t ld_q, const void *d_k_cache,
+                               const void *d_v_cache, const int32_t *d_slot,
+                               const int32_t *d_table, int table_ld, const int32_t *d_pos,
+                               const int32_t *d_run, const int32_t *d_long, int n_h, int n_kv,
+                               int d_h, int n_ctx, float *d_partial, int B, int R, int long_rows,
+                               const cuda_launch *l)
+{
+    DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP && long_rows >= 2);
+    const int QT = AT_QM / (n_h / n_kv), lr = long_rows;
+    const dim3 grid((unsigned)n_kv, (unsigned)((B + QT - 1) / QT + B / lr), AT_SEGS);
+    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+#define AT_LAUNCH(D)                                                                            \
+    ds_launch(attn_tile_kernel<D>, grid, AT_THREADS, at_smem<D>::BYTES, l, d_q, ld_q,            \
+              (const __half *)d_k_cache, (const __half *)d_v_cache, d_table, table_ld, d_slot,  \
+              d_pos, d_run, R, d_long, n_h, n_kv, n_split, d_partial)
+    switch (d_h) {
+    case 128: AT_LAUNCH(128); break;
+    case 256: AT_LAUNCH(256); break;
+    default: DS_ASSERT(!"attn_tile_runs: d_h must be 128 or 256");
+    }
+#undef AT_LAUNCH
+}
