@@ -97,22 +97,14 @@ static __global__ void __launch_bounds__(AT_THREADS, 2)
     const int j = blockIdx.x, G = n_h / n_kv, QT = AT_QM / G, QV = QT * G;
     const float scale = rsqrtf((float)D);
     ds_grid_dep();
-    // the tile (tile y of the long runs' tiles) and the segment, as attn_prefill_runs
-    const int n_long = lng[0];
-    int64_t row0 = 0, n_run = 0, t0 = -1;
-    for (int x = 0, y = blockIdx.y; x < n_long; x++) {
-        const int r = lng[1 + x], nt_r = (run[R + r] + QT - 1) / QT;
-        if (y < nt_r) {
-            row0 = run[r], n_run = run[R + r], t0 = (int64_t)y * QT;
-            break;
-        }
-        y -= nt_r;
-    }
+    // the tile and the segment, as attn_prefill_runs
+    int64_t row0 = 0, n_run = 0;
+    const int64_t t0 = attn_tile_at(run, R, lng, blockIdx.y, QT, &row0, &n_run);
     if (t0 < 0 || n_run < 2) return;
     const int nt = (int)min((int64_t)QT, n_run - t0);
     const int p_max = pos[row0 + t0 + nt - 1];
-    const int seg_len = ((p_max + 1 + AT_SEGS - 1) / AT_SEGS + AT_KC - 1) / AT_KC * AT_KC;
-    const int c_lo = blockIdx.z * seg_len, c_hi = min(p_max, c_lo + seg_len - 1);
+    int seg_len, c_lo, c_hi;
+    attn_segment(p_max, blockIdx.z, AT_SEGS, AT_KC, &seg_len, &c_lo, &c_hi);
     if (c_lo > p_max) return;
     const int64_t sl = slot[row0];
     const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;

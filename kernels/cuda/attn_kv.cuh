@@ -25,4 +25,33 @@ static inline __host__ __device__ int64_t partial_row_floats(int n_h, int n_spli
     return ((int64_t)n_h * n_split * (d_h + 2) + 63) & ~(int64_t)63;
 }
 
+// Prefill tiles (attn.h "Prefill runs"): tile y of the long runs' tiles of QT rows, counted run
+// by run in d_long's order: its run's first row and length, and the tile's first row in the run
+// (-1: past the last tile).
+static __device__ __forceinline__ int64_t attn_tile_at(const int32_t *run, int R,
+                                                       const int32_t *lng, int y, int QT,
+                                                       int64_t *row0, int64_t *n_run)
+{
+    const int n_long = lng[0];
+    for (int x = 0; x < n_long; x++) {
+        const int r = lng[1 + x], nt_r = (run[R + r] + QT - 1) / QT;
+        if (y < nt_r) {
+            *row0 = run[r], *n_run = run[R + r];
+            return (int64_t)y * QT;
+        }
+        y -= nt_r;
+    }
+    return -1;
+}
+
+// A tile's segment z of n_segs: equal parts of positions [0, p_max], whole chunks of kc
+// positions each; [*c_lo, *c_hi] (empty when *c_lo > p_max), *seg_len its length.
+static __device__ __forceinline__ void attn_segment(int p_max, int z, int n_segs, int kc,
+                                                    int *seg_len, int *c_lo, int *c_hi)
+{
+    *seg_len = ((p_max + 1 + n_segs - 1) / n_segs + kc - 1) / kc * kc;
+    *c_lo = z * *seg_len;
+    *c_hi = min(p_max, *c_lo + *seg_len - 1);
+}
+
 #endif

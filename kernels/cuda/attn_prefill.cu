@@ -72,23 +72,14 @@ static __global__ void __launch_bounds__(AP_THREADS)
     const int j = blockIdx.x, G = n_h / n_kv, QT = AP_QM / G, QV = QT * G;
     const float scale = rsqrtf((float)D);
     ds_grid_dep();
-    // this CTA's tile: tile y of the long runs' tiles, counted run by run
-    const int n_long = lng[0];
-    int64_t row0 = 0, n_run = 0, t0 = -1;
-    for (int x = 0, y = blockIdx.y; x < n_long; x++) {
-        const int r = lng[1 + x], nt_r = (run[R + r] + QT - 1) / QT;
-        if (y < nt_r) {
-            row0 = run[r], n_run = run[R + r], t0 = (int64_t)y * QT;
-            break;
-        }
-        y -= nt_r;
-    }
+    // this CTA's tile and segment
+    int64_t row0 = 0, n_run = 0;
+    const int64_t t0 = attn_tile_at(run, R, lng, blockIdx.y, QT, &row0, &n_run);
     if (t0 < 0 || n_run < 2) return; // past the tiles
     const int nt = (int)min((int64_t)QT, n_run - t0); // rows of this tile
     const int p_max = pos[row0 + t0 + nt - 1];       // positions rise along a run
-    // the segment: AP_SEGS equal parts of [0, p_max], whole chunks each
-    const int seg_len = ((p_max + 1 + AP_SEGS - 1) / AP_SEGS + AP_KC - 1) / AP_KC * AP_KC;
-    const int c_lo = blockIdx.z * seg_len, c_hi = min(p_max, c_lo + seg_len - 1);
+    int seg_len, c_lo, c_hi;
+    attn_segment(p_max, blockIdx.z, AP_SEGS, AP_KC, &seg_len, &c_lo, &c_hi);
     if (c_lo > p_max) return; // no positions: no row's partials reach this segment
     {
         const int64_t sl = slot[row0];
