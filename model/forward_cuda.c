@@ -247,21 +247,16 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
-    const int dense_rows = o ? o->dense_rows : 0;
-    const bool dense_on = dense_rows != 0 && !(o && o->batch_invariant);
-    const bool dense_resident_wanted = dense_on && !(o && o->dense_per_pass);
+    e->dense_rows_opt = o && !o->batch_invariant ? o->dense_rows : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
-        fc_weights_upload(e, st) || decide_dense(e, dense_resident_wanted, st))
+        fc_weights_upload(e, st) ||
+        decide_dense(e, e->dense_rows_opt != 0 && !(o && o->dense_per_pass), st) ||
+        size_state(e, st))
         goto fail;
-    /* auto: from 64 rows with resident copies (decode at B = 64 gained 25-40%), from 128 when
-     * every pass dequantises (decode at 64 lost: BENCH.md runs 39, 41) */
-    e->dense_rows_opt = !dense_on ? 0 : dense_rows > 0 ? dense_rows : e->dense_resident ? 64 : 128;
-    e->dense_rows_auto = dense_on && dense_rows < 0;
-    if (size_state(e, st)) goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
     e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */
     if (!e->slots) {

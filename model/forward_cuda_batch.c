@@ -60,6 +60,16 @@ static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
     return NULL;
 }
 
+/* The first bucket on the dense path (0: none): from dense_rows_opt rows, or by default from 64
+ * with resident F16 copies and from 128 when each pass dequantises (decode at B = 64 gained
+ * 25-40% with resident copies and lost with per-pass ones: BENCH.md runs 39, 41). Never batch
+ * invariant: cuBLAS's sums depend on the rows. */
+static int dense_from(const qwen35_cuda *e)
+{
+    const int r = e->dense_rows_opt > 0 ? e->dense_rows_opt : e->dense_resident ? 64 : 128;
+    return e->dense_rows_opt != 0 && !e->batch_invariant && r <= e->b.rows ? pow2_ceil(r) : 0;
+}
+
 void fc_batch_plan(qwen35_cuda *e)
 {
     fc_batch *b = &e->b;
@@ -81,11 +91,7 @@ void fc_batch_plan(qwen35_cuda *e)
     b->rows = pow2_ceil(want);
     b->chunked = !e->batch_invariant;
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
-    /* the dense path from the first bucket of dense_rows or more (cuBLAS's sums depend on the
-     * rows: never batch invariant) */
-    b->dense_from = 0;
-    if (!e->batch_invariant && e->dense_rows_opt > 0 && e->dense_rows_opt <= b->rows)
-        b->dense_from = pow2_ceil(e->dense_rows_opt);
+    b->dense_from = dense_from(e);
     b->n_buckets = 0;
     for (int nb = 1; nb <= b->rows; nb *= 2) b->bucket[b->n_buckets++] = nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
@@ -96,51 +102,49 @@ void fc_batch_plan(qwen35_cuda *e)
     b->ld_y = D_v > HA ? D_v : HA;
 }
 
-/* the quantised layer matrices, which the dense path multiplies: their count, into out[] when
- * not NULL */
-static int dense_matrices(const qwen35_cuda *e, const gemv_matrix **out)
+/* layer L's quantised matrices, which the dense path multiplies (at most 4 + FC_MAX_GROUPS) */
+static int layer_dense(const fc_layer *L, const gemv_matrix **out)
 {
-    int n = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        const gemv_matrix *m[4 + FC_MAX_GROUPS];
-        int k = 0;
-        m[k++] = &L->out, m[k++] = &L->gate, m[k++] = &L->up, m[k++] = &L->down;
-        for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
-        for (int i = 0; i < k; i++)
-            if (gemm_reads_half(m[i]->type)) {
-                if (out) out[n] = m[i];
-                n++;
-            }
-    }
+    const gemv_matrix *m[4 + FC_MAX_GROUPS] = {&L->out, &L->gate, &L->up, &L->down};
+    int k = 4, n = 0;
+    for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
+    for (int i = 0; i < k; i++)
+        if (gemm_reads_half(m[i]->type)) out[n++] = m[i];
     return n;
 }
 
 static int64_t dense_halves_of(const gemv_matrix *m) { return m->n_out * gemm_dense_ld(m); }
 
-/* the largest F16 copy of a quantised layer matrix (halves): the per-pass scratch */
+/* the largest F16 copy of a quantised layer matrix (halves: the per-pass scratch), and all of
+ * them (bytes: the resident copies) */
+static void dense_sizes(const qwen35_cuda *e, int64_t *largest, uint64_t *total)
+{
+    *largest = 0, *total = 0;
+    for (int il = 0; il < e->cfg.n_layer; il++) {
+        const gemv_matrix *m[4 + FC_MAX_GROUPS];
+        const int n = layer_dense(&e->w.layers[il], m);
+        for (int i = 0; i < n; i++) {
+            const int64_t h = dense_halves_of(m[i]);
+            *largest = h > *largest ? h : *largest;
+            *total += (uint64_t)h * 2;
+        }
+    }
+}
+
 static int64_t dense_halves(const qwen35_cuda *e)
 {
-    const int n = dense_matrices(e, NULL);
-    const gemv_matrix **m = malloc((size_t)(n ? n : 1) * sizeof *m);
-    int64_t w = 0;
-    if (!m) return 0;
-    dense_matrices(e, m);
-    for (int i = 0; i < n; i++) w = dense_halves_of(m[i]) > w ? dense_halves_of(m[i]) : w;
-    free(m);
-    return w;
+    int64_t largest;
+    uint64_t total;
+    dense_sizes(e, &largest, &total);
+    return largest;
 }
 
 uint64_t fc_dense_bytes(const qwen35_cuda *e)
 {
-    const int n = dense_matrices(e, NULL);
-    const gemv_matrix **m = malloc((size_t)(n ? n : 1) * sizeof *m);
-    uint64_t b = 0;
-    if (!m) return 0;
-    dense_matrices(e, m);
-    for (int i = 0; i < n; i++) b += (uint64_t)dense_halves_of(m[i]) * 2;
-    free(m);
-    return b;
+    int64_t largest;
+    uint64_t total;
+    dense_sizes(e, &largest, &total);
+    return total;
 }
 
 int fc_dense_upload(qwen35_cuda *e, status *st)
@@ -153,18 +157,19 @@ int fc_dense_upload(qwen35_cuda *e, status *st)
         LOG_WARN("cuda: %.2f GB free: too little for the dense path's F16 weights (%.2f GB); "
                  "each pass dequantises", p.mem_free_bytes / 1e9, fc_dense_bytes(e) / 1e9);
         e->dense_resident = false;
-        if (e->dense_rows_auto && b->dense_from < 128) b->dense_from = 128 <= b->rows ? 128 : 0;
+        b->dense_from = dense_from(e);
         if (!b->dense_from) return STATUS_OK;
         if (cuda_alloc(&b->d_dense, (size_t)dense_halves(e) * 2, "the dense path's scratch", st))
             return st->code;
         b->d_w16 = b->d_dense;
         return STATUS_OK;
     }
-    const int n = dense_matrices(e, NULL);
-    b->dense_m = malloc((size_t)(n ? n : 1) * sizeof *b->dense_m);
-    b->dense_w = malloc((size_t)(n ? n : 1) * sizeof *b->dense_w);
+    const int cap = e->cfg.n_layer * (4 + FC_MAX_GROUPS);
+    b->dense_m = malloc((size_t)cap * sizeof *b->dense_m);
+    b->dense_w = malloc((size_t)cap * sizeof *b->dense_w);
     if (!b->dense_m || !b->dense_w) return status_fail(st, STATUS_NOMEM, "cuda: dense copies");
-    dense_matrices(e, b->dense_m);
+    int n = 0;
+    for (int il = 0; il < e->cfg.n_layer; il++) n += layer_dense(&e->w.layers[il], b->dense_m + n);
     if (cuda_alloc(&b->d_dense, fc_dense_bytes(e), "the dense path's F16 weights", st))
         return st->code;
     uint16_t *at = b->d_dense;

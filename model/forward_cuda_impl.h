@@ -182,10 +182,9 @@ struct qwen35_cuda {
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
-    int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows */
+    int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows (0 with batch_invariant) */
     bool dense_resident;  /* the dense path's F16 copies resident (decided before the state is
                              sized, taken when the plan has a dense path) */
-    bool dense_rows_auto; /* qwen35_cuda_opts.dense_rows < 0: from 64 rows resident, 128 not */
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */

@@ -13,9 +13,9 @@
 // part and an F16 remainder, each multiplied, so their rounding stays near F32's (K and V are the
 // F16 cache's own values). The next chunk's K and V load into registers while a chunk is
 // multiplied; the running max moves only when a chunk passes it by more than AP_LAZY, so O is
-// rescaled in a few early chunks, not in every one. A segment's result goes out as the partial of its first chunk in
-// attn_decode_rows' layout (o unnormalised, m, l; the segment's other chunks emptied), so
-// attn_combine merges, divides and gates it as any row's.
+// rescaled in a few early chunks, not in every one. A segment's result goes out as the partial
+// of its first chunk in attn_decode_rows' layout (o unnormalised, m, l; the segment's other
+// chunks emptied), so attn_combine merges, divides and gates it as any row's.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -81,148 +81,146 @@ static __global__ void __launch_bounds__(AP_THREADS)
     int seg_len, c_lo, c_hi;
     attn_segment(p_max, blockIdx.z, AP_SEGS, AP_KC, &seg_len, &c_lo, &c_hi);
     if (c_lo > p_max) return; // no positions: no row's partials reach this segment
-    {
-        const int64_t sl = slot[row0];
-        const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
-        // the tile's query vectors, hi and lo halves of q / sqrt(d_h); state m, l, O
-        for (int i = tid; i < AP_QM * D; i += AP_THREADS) {
-            const int v = i / D, d = i % D, rr = v / G, g = v % G;
-            float qv = 0.0f;
-            if (v < QV && rr < nt)
-                qv = q[(row0 + t0 + rr) * ld_q + (int64_t)(j * G + g) * D + d] * scale;
-            const __half h = __float2half(qv);
-            sQh[v * LQ + d] = h;
-            sQl[v * LQ + d] = __float2half(qv - __half2float(h));
-            sO[v * LO + d] = 0.0f;
+    const int64_t sl = slot[row0];
+    const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
+    // the tile's query vectors, hi and lo halves of q / sqrt(d_h); state m, l, O
+    for (int i = tid; i < AP_QM * D; i += AP_THREADS) {
+        const int v = i / D, d = i % D, rr = v / G, g = v % G;
+        float qv = 0.0f;
+        if (v < QV && rr < nt)
+            qv = q[(row0 + t0 + rr) * ld_q + (int64_t)(j * G + g) * D + d] * scale;
+        const __half h = __float2half(qv);
+        sQh[v * LQ + d] = h;
+        sQl[v * LQ + d] = __float2half(qv - __half2float(h));
+        sO[v * LO + d] = 0.0f;
+    }
+    if (tid < AP_QM) {
+        const int v = tid, rr = v / G;
+        sPos[v] = v < QV && rr < nt ? pos[row0 + t0 + rr] : -1;
+        sM[v] = -INFINITY;
+        sL[v] = 0.0f;
+    }
+    __syncthreads();
+    // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load, into registers a chunk ahead;
+    // zeros past the segment (rows not written yet: a masked probability 0 times a NaN
+    // there would still be NaN)
+    constexpr int U = D / 8, NL = (AP_KC * U + AP_THREADS - 1) / AP_THREADS; // a thread's
+    uint4 rk[NL], rv[NL];
+    auto load_kv = [&](int c0) {
+        const int64_t b0 = c0 / ATTN_KV_BLOCK; // the chunk lies in one block
+        const int64_t row_b = attn_kv_block(table, table_ld, sl, (int)b0) * ATTN_KV_BLOCK -
+                              b0 * ATTN_KV_BLOCK; // + position = the row in the pool
+#pragma unroll
+        for (int e = 0; e < NL; e++) {
+            const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
+            rk[e] = rv[e] = make_uint4(0, 0, 0, 0);
+            if (i < AP_KC * U && c0 + p <= c_hi) {
+                rk[e] = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
+                rv[e] = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
+            }
         }
-        if (tid < AP_QM) {
-            const int v = tid, rr = v / G;
-            sPos[v] = v < QV && rr < nt ? pos[row0 + t0 + rr] : -1;
-            sM[v] = -INFINITY;
-            sL[v] = 0.0f;
+    };
+    load_kv(c_lo);
+    for (int c0 = c_lo; c0 <= c_hi; c0 += AP_KC) {
+#pragma unroll
+        for (int e = 0; e < NL; e++) {
+            const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
+            if (i >= AP_KC * U) break;
+            *(uint4 *)(sK + p * LKV + u * 8) = rk[e];
+            *(uint4 *)(sV + p * LKV + u * 8) = rv[e];
+        }
+        if (tid == 0) *sFlag = 0;
+        __syncthreads();
+        if (c0 + AP_KC <= c_hi) load_kv(c0 + AP_KC); // in flight through this chunk's math
+        { // S = Q Kᵀ: 4 x 2 tiles of 16 x 16, one a warp
+            const int mi = warp >> 1, ni = warp & 1;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+#pragma unroll 4
+            for (int k = 0; k < D; k += 16) {
+                wmma::load_matrix_sync(b, sK + ni * 16 * LKV + k, LKV);
+                wmma::load_matrix_sync(a, sQh + mi * 16 * LQ + k, LQ);
+                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(a, sQl + mi * 16 * LQ + k, LQ);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(sS + mi * 16 * LS + ni * 16, acc, LS, wmma::mem_row_major);
         }
         __syncthreads();
-        // K, V rows c0 .. c0 + KC of KV head j, 16 bytes a load, into registers a chunk ahead;
-        // zeros past the segment (rows not written yet: a masked probability 0 times a NaN
-        // there would still be NaN)
-        constexpr int U = D / 8, NL = (AP_KC * U + AP_THREADS - 1) / AP_THREADS; // a thread's
-        uint4 rk[NL], rv[NL];
-        auto load_kv = [&](int c0) {
-            const int64_t b0 = c0 / ATTN_KV_BLOCK; // the chunk lies in one block
-            const int64_t row_b = attn_kv_block(table, table_ld, sl, (int)b0) * ATTN_KV_BLOCK -
-                                  b0 * ATTN_KV_BLOCK; // + position = the row in the pool
-#pragma unroll
-            for (int e = 0; e < NL; e++) {
-                const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
-                rk[e] = rv[e] = make_uint4(0, 0, 0, 0);
-                if (i < AP_KC * U && c0 + p <= c_hi) {
-                    rk[e] = ((const uint4 *)(kh + (row_b + c0 + p) * n_kv * D))[u];
-                    rv[e] = ((const uint4 *)(vh + (row_b + c0 + p) * n_kv * D))[u];
-                }
+        // online softmax: warp w the vectors 8w .. 8w + 7, lane the chunk's position c0 +
+        // lane. The reference max m moves only when the chunk's max passes it by more than
+        // AP_LAZY (p stays <= e^AP_LAZY, far inside F16 and F32): O is rescaled in the
+        // chunks where some vector's m moved, the few early ones
+        for (int v = warp * 8; v < warp * 8 + 8; v++) {
+            const bool valid = c0 + lane <= sPos[v];
+            const float s = valid ? sS[v * LS + lane] : -INFINITY;
+            const float m_old = sM[v], m_max = ds_warp_max(s);
+            const float m_new = m_old == -INFINITY || m_max > m_old + AP_LAZY ? m_max : m_old;
+            float p = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) {
+                alpha = expf(m_old - m_new);
+                p = valid ? expf(s - m_new) : 0.0f;
             }
-        };
-        load_kv(c_lo);
-        for (int c0 = c_lo; c0 <= c_hi; c0 += AP_KC) {
-#pragma unroll
-            for (int e = 0; e < NL; e++) {
-                const int i = tid + e * AP_THREADS, p = i / U, u = i % U;
-                if (i >= AP_KC * U) break;
-                *(uint4 *)(sK + p * LKV + u * 8) = rk[e];
-                *(uint4 *)(sV + p * LKV + u * 8) = rv[e];
+            const float lsum = ds_warp_sum(p);
+            const __half ph = __float2half(p);
+            sPh[v * LP + lane] = ph;
+            sPl[v * LP + lane] = __float2half(p - __half2float(ph));
+            if (lane == 0) {
+                sL[v] = sL[v] * alpha + lsum;
+                sM[v] = m_new;
+                sAl[v] = alpha;
+                if (alpha != 1.0f) *sFlag = 1;
             }
-            if (tid == 0) *sFlag = 0;
-            __syncthreads();
-            if (c0 + AP_KC <= c_hi) load_kv(c0 + AP_KC); // in flight through this chunk's math
-            { // S = Q Kᵀ: 4 x 2 tiles of 16 x 16, one a warp
-                const int mi = warp >> 1, ni = warp & 1;
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-                wmma::fill_fragment(acc, 0.0f);
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-#pragma unroll 4
-                for (int k = 0; k < D; k += 16) {
-                    wmma::load_matrix_sync(b, sK + ni * 16 * LKV + k, LKV);
-                    wmma::load_matrix_sync(a, sQh + mi * 16 * LQ + k, LQ);
-                    wmma::mma_sync(acc, a, b, acc);
-                    wmma::load_matrix_sync(a, sQl + mi * 16 * LQ + k, LQ);
-                    wmma::mma_sync(acc, a, b, acc);
-                }
-                wmma::store_matrix_sync(sS + mi * 16 * LS + ni * 16, acc, LS, wmma::mem_row_major);
-            }
-            __syncthreads();
-            // online softmax: warp w the vectors 8w .. 8w + 7, lane the chunk's position c0 +
-            // lane. The reference max m moves only when the chunk's max passes it by more than
-            // AP_LAZY (p stays <= e^AP_LAZY, far inside F16 and F32): O is rescaled in the
-            // chunks where some vector's m moved, the few early ones
-            for (int v = warp * 8; v < warp * 8 + 8; v++) {
-                const bool valid = c0 + lane <= sPos[v];
-                const float s = valid ? sS[v * LS + lane] : -INFINITY;
-                const float m_old = sM[v], m_max = ds_warp_max(s);
-                const float m_new = m_old == -INFINITY || m_max > m_old + AP_LAZY ? m_max : m_old;
-                float p = 0.0f, alpha = 1.0f;
-                if (m_new != -INFINITY) {
-                    alpha = expf(m_old - m_new);
-                    p = valid ? expf(s - m_new) : 0.0f;
-                }
-                const float lsum = ds_warp_sum(p);
-                const __half ph = __float2half(p);
-                sPh[v * LP + lane] = ph;
-                sPl[v * LP + lane] = __float2half(p - __half2float(ph));
-                if (lane == 0) {
-                    sL[v] = sL[v] * alpha + lsum;
-                    sM[v] = m_new;
-                    sAl[v] = alpha;
-                    if (alpha != 1.0f) *sFlag = 1;
-                }
-            }
-            __syncthreads();
-            if (*sFlag) { // uniform: read after the barrier, reset before the next one
-                for (int i = tid; i < AP_QM * D; i += AP_THREADS)
-                    sO[(i / D) * LO + i % D] *= sAl[i / D];
-                __syncthreads();
-            }
-            // O += P V: 4 x D/16 tiles, warp w the tiles w, w + 8, ...
-            for (int t = warp; t < 4 * (D / 16); t += AP_THREADS / 32) {
-                const int mi = t / (D / 16), ni = t % (D / 16);
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-                wmma::load_matrix_sync(acc, sO + mi * 16 * LO + ni * 16, LO, wmma::mem_row_major);
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-#pragma unroll
-                for (int k = 0; k < AP_KC; k += 16) {
-                    wmma::load_matrix_sync(b, sV + k * LKV + ni * 16, LKV);
-                    wmma::load_matrix_sync(a, sPh + mi * 16 * LP + k, LP);
-                    wmma::mma_sync(acc, a, b, acc);
-                    wmma::load_matrix_sync(a, sPl + mi * 16 * LP + k, LP);
-                    wmma::mma_sync(acc, a, b, acc);
-                }
-                wmma::store_matrix_sync(sO + mi * 16 * LO + ni * 16, acc, LO, wmma::mem_row_major);
-            }
+        }
+        __syncthreads();
+        if (*sFlag) { // uniform: read after the barrier, reset before the next one
+            for (int i = tid; i < AP_QM * D; i += AP_THREADS)
+                sO[(i / D) * LO + i % D] *= sAl[i / D];
             __syncthreads();
         }
-        // out: each vector whose position reaches the segment, its (o, m, l) as the partial of
-        // the segment's first chunk, the segment's other chunks below its position emptied
-        // (l = 0), as attn_split leaves them
-        const int64_t prow = partial_row_floats(n_h, n_split, D);
-        const int s_lo = c_lo / ATTN_CHUNK, s_hi = s_lo + seg_len / ATTN_CHUNK;
-        for (int i = tid; i < QV * D; i += AP_THREADS) {
-            const int v = i / D, d = i % D, rr = v / G, g = v % G;
-            if (rr >= nt || sPos[v] < c_lo) continue;
-            float *base = part + (row0 + t0 + rr) * prow;
-            const int64_t hs = (int64_t)(j * G + g) * n_split + s_lo;
-            base[hs * D + d] = sO[v * LO + d];
-        }
-        for (int v = warp; v < QV; v += AP_THREADS / 32) {
-            const int rr = v / G, g = v % G;
-            if (rr >= nt || sPos[v] < c_lo) continue;
-            float *pm = part + (row0 + t0 + rr) * prow + (int64_t)n_h * n_split * D;
-            float *pl = pm + (int64_t)n_h * n_split;
-            const int64_t hs = (int64_t)(j * G + g) * n_split;
-            const int ns = min(n_split, (sPos[v] + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
-            for (int s = s_lo + lane; s < min(ns, s_hi); s += 32) {
-                pm[hs + s] = s == s_lo ? sM[v] : -INFINITY;
-                pl[hs + s] = s == s_lo ? sL[v] : 0.0f;
+        // O += P V: 4 x D/16 tiles, warp w the tiles w, w + 8, ...
+        for (int t = warp; t < 4 * (D / 16); t += AP_THREADS / 32) {
+            const int mi = t / (D / 16), ni = t % (D / 16);
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, sO + mi * 16 * LO + ni * 16, LO, wmma::mem_row_major);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+#pragma unroll
+            for (int k = 0; k < AP_KC; k += 16) {
+                wmma::load_matrix_sync(b, sV + k * LKV + ni * 16, LKV);
+                wmma::load_matrix_sync(a, sPh + mi * 16 * LP + k, LP);
+                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(a, sPl + mi * 16 * LP + k, LP);
+                wmma::mma_sync(acc, a, b, acc);
             }
+            wmma::store_matrix_sync(sO + mi * 16 * LO + ni * 16, acc, LO, wmma::mem_row_major);
+        }
+        __syncthreads();
+    }
+    // out: each vector whose position reaches the segment, its (o, m, l) as the partial of
+    // the segment's first chunk, the segment's other chunks below its position emptied
+    // (l = 0), as attn_split leaves them
+    const int64_t prow = partial_row_floats(n_h, n_split, D);
+    const int s_lo = c_lo / ATTN_CHUNK, s_hi = s_lo + seg_len / ATTN_CHUNK;
+    for (int i = tid; i < QV * D; i += AP_THREADS) {
+        const int v = i / D, d = i % D, rr = v / G, g = v % G;
+        if (rr >= nt || sPos[v] < c_lo) continue;
+        float *base = part + (row0 + t0 + rr) * prow;
+        const int64_t hs = (int64_t)(j * G + g) * n_split + s_lo;
+        base[hs * D + d] = sO[v * LO + d];
+    }
+    for (int v = warp; v < QV; v += AP_THREADS / 32) {
+        const int rr = v / G, g = v % G;
+        if (rr >= nt || sPos[v] < c_lo) continue;
+        float *pm = part + (row0 + t0 + rr) * prow + (int64_t)n_h * n_split * D;
+        float *pl = pm + (int64_t)n_h * n_split;
+        const int64_t hs = (int64_t)(j * G + g) * n_split;
+        const int ns = min(n_split, (sPos[v] + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
+        for (int s = s_lo + lane; s < min(ns, s_hi); s += 32) {
+            pm[hs + s] = s == s_lo ? sM[v] : -INFINITY;
+            pl[hs + s] = s == s_lo ? sL[v] : 0.0f;
         }
     }
 }
