@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The container's runtime tree (tools/runtime-tree) serves on its own: assemble it from the
-# built binary, start a worker (tiny synthetic model, as tools/run makes its default) and a
+# built binary, start a worker (tiny synthetic model, as tools/run --random makes) and a
 # router with the tree's loader and libraries only (an empty environment, --inhibit-cache,
 # --library-path into the tree), stream one generation through the router with the tree's
 # `deltaserve client`, and check in /proc/PID/maps that every file the servers mapped lies in

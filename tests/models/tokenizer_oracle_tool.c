@@ -1,0 +1,1 @@
+../model/tokenizer_oracle_tool.c
