@@ -29,8 +29,9 @@ elif [ "${DS_GPU_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     cat "$OUT/ncu-summary.txt"
 fi
 # Only with DS_GPU_PROFILE_PREFILL=1: ncu over DS_GPU_PROFILE_COUNT (700) kernels from launch
-# DS_GPU_PROFILE_SKIP (9000) of one 8192-token prompt (bench batch, passes of 256 rows: a pass
-# late in the prompt), per-kernel sums by tools/ncu_summary.py into $OUT/ncu-summary.txt.
+# DS_GPU_PROFILE_SKIP (9000) of one 8192-token prompt (bench batch, passes of 512 rows as the
+# TTFT steps: passes late in the prompt), per-kernel sums by tools/ncu_summary.py into
+# $OUT/ncu-summary.txt; the raw CSV comes back too.
 if [ "${DS_GPU_PROFILE_PREFILL:-0}" = 1 ] && command -v ncu >/dev/null; then
     for p in ${DS_GPU_PROFILE_MODELS:-4b}; do
         [ -s /tmp/synth-$p.gguf ] || continue
@@ -38,7 +39,7 @@ if [ "${DS_GPU_PROFILE_PREFILL:-0}" = 1 ] && command -v ncu >/dev/null; then
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size \
             --launch-skip ${DS_GPU_PROFILE_SKIP:-9000} --launch-count ${DS_GPU_PROFILE_COUNT:-700} \
             \"$here/bin/deltaserve\" bench batch --model /tmp/synth-$p.gguf --prompt 8192 --gen 2 \
-            --batch 1 > $OUT/ncu-prefill-$p.csv 2>&1"
+            --batch 1 --step-tokens 512 > $OUT/ncu-prefill-$p.csv 2>&1"
         { echo "== prefill $p"; python3 "$DS_REPO_ROOT/tools/ncu_summary.py" "$OUT/ncu-prefill-$p.csv" 1; } >> "$OUT/ncu-summary.txt" 2>&1
     done
     cat "$OUT/ncu-summary.txt"
