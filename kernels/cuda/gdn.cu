@@ -109,14 +109,19 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
 {
     constexpr int d_k = 32 * EPL, NC = GDN_WARPS * GDN_CPW; // NC: the CTA's columns
     __shared__ float sq[d_k], sk[d_k], scratch[32];
-    // grid z: a row, or a run of rows of one sequence (gdn.h "Runs"); the slot and the runs are
-    // step inputs, read before ds_grid_dep like S itself (gdn.h)
-    const int64_t row0 = run ? run[blockIdx.z] : blockIdx.z, n = run ? run[R + blockIdx.z] : 1;
-    if (n <= 0 || n > max_len) return; // longer runs: gdn_chunk_runs
+    // grid z: a row, or a run of rows of one sequence (gdn.h "Runs"), and every gridDim.z-th
+    // after it; the slot and the runs are step inputs, read before ds_grid_dep like S itself
+    // (gdn.h)
+    const float *const S_base = S;
+    for (int z = blockIdx.z; z < R; z += gridDim.z) {
+    const int64_t row0 = run ? run[z] : z, n = run ? run[R + z] : 1;
+    if (n <= 0 || n > max_len) continue; // longer runs: gdn_chunk_runs
+    if (z != (int)blockIdx.z) __syncthreads(); // every lane has read the last run's sq, sk
     const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
-    S += (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k + lane * EPL; // + j·d_k
+    S = (float *)S_base + (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k +
+        lane * EPL; // + j·d_k
     // the CTA's S columns stay in registers through every row of the run: loaded once, before
     // the q/k norms and (under programmatic dependent launch) before griddepcontrol.wait, so the
     // loads overlap the in-projection's tail; stored once after the last row
@@ -202,7 +207,10 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
             for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
         }
     }
+    }
 }
+
+#define GDN_RUNS_BESIDE_CHUNKS 64
 
 // Column split: d_v/32 CTAs of 32 columns per head (4 at d_v 128), the same at every B: a CTA's
 // columns are one batch, all their S loads in flight at once and kept in registers through a
@@ -224,7 +232,11 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
     static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && R >= 1 && R <= 65535);
     DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0); // S is read as float4
-    const cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, R);
+    cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, R);
+    // beside the chunked rule (long_rows > 0) most of the R run slots of a prompt pass are
+    // empty: GDN_RUNS_BESIDE_CHUNKS CTAs of z each take every that-many-th run (an empty grid of
+    // R = 256 cost 22 µs a 4B layer, run 43)
+    if (long_rows > 0 && d.grid_z > GDN_RUNS_BESIDE_CHUNKS) d.grid_z = GDN_RUNS_BESIDE_CHUNKS;
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
     ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
               ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_run, R,   \

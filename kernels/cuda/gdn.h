@@ -74,7 +74,9 @@ void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, con
                      int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
                      const int32_t *d_slot, const int32_t *d_run, int long_rows,
                      float *d_o, int64_t ld_o, int R, const cuda_launch *l);
-cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B); /* also of R runs */
+/* also of R runs, but for gdn_decode_runs with long_rows > 0: at most 64 in z, each CTA taking
+ * every 64th run */
+cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B);
 
 /* Chunked runs (prefill): the same contract as gdn_decode_runs for the runs d_long lists (the
  * long ones: the caller's choice, each of long_rows >= 2 rows or more; a run of one row listed

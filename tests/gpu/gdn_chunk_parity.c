@@ -10,8 +10,8 @@
  *  - every output row and every named slot's final state against the twin (per element
  *    |err| <= 2e-4 + 2e-3 |ref|, and the normalised squared error <= 1e-8);
  *  - the same against the row-by-row rule (the two forms agree in exact arithmetic);
- *  - the one-row runs bit-identical to the row-by-row launch (the same kernel), slots no run
- *    names untouched;
+ *  - the one-row runs bit-identical to the row-by-row launch (the same kernel, also when its
+ *    CTAs take several runs each beside the chunked rule), slots no run names untouched;
  *  - a perturbed output fails the check. */
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -190,6 +190,11 @@ static void test_chunk_runs(void)
     /* more long runs than the grid takes at once, short ones (< 16) row by row */
     CU_ASSERT_TRUE(chunk_case(shapes[1], many, 14, 20, 16, false));
     CU_ASSERT_TRUE(chunk_case(shapes[3], many, 14, 14, 16, false));
+    /* more run entries than gdn_decode_runs' CTAs in z beside the chunked rule (64): its CTAs
+     * each take several short runs, still bit-identical to the row-by-row launch */
+    int lots[90];
+    for (int r = 0; r < 90; r++) lots[r] = r == 40 ? 70 : r == 77 ? 16 : 1 + r % 5;
+    CU_ASSERT_TRUE(chunk_case(shapes[1], lots, 90, 150, 16, false));
     CU_ASSERT_FALSE(chunk_case(shapes[3], runs, 7, 7, 2, true)); /* the check can fail */
 }
 

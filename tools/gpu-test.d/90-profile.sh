@@ -29,8 +29,8 @@ elif [ "${DS_GPU_PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
     cat "$OUT/ncu-summary.txt"
 fi
 # Only with DS_GPU_PROFILE_PREFILL=1: ncu over DS_GPU_PROFILE_COUNT (700) kernels from launch
-# DS_GPU_PROFILE_SKIP (9000) of one 8192-token prompt (bench batch, passes of 512 rows as the
-# TTFT steps: passes late in the prompt), per-kernel sums by tools/ncu_summary.py into
+# DS_GPU_PROFILE_SKIP (9000) of one 8192-token prompt (bench batch with the TTFT steps' 512
+# tokens, two passes of 256 rows each: passes late in the prompt), per-kernel sums by tools/ncu_summary.py into
 # $OUT/ncu-summary.txt; the raw CSV comes back too.
 if [ "${DS_GPU_PROFILE_PREFILL:-0}" = 1 ] && command -v ncu >/dev/null; then
     for p in ${DS_GPU_PROFILE_MODELS:-4b}; do
