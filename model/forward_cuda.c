@@ -280,13 +280,14 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
                     e->tp_rank);
         goto fail;
     }
-    if (e->b.rows)
+    if (e->b.rows) {
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
                  e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
-    if (e->b.blas)
-        LOG_INFO("cuda: dense GEMM from %d rows: %s", e->b.dense_from, blas_describe());
-    else
+        if (e->b.blas)
+            LOG_INFO("cuda: dense GEMM from %d rows: %s", e->b.dense_from, blas_describe());
+    } else {
         LOG_INFO("cuda: no batched steps: %s", e->b.why_not);
+    }
     snprintf(e->path, sizeof e->path, "GEMV kernels from the tuning table%s%s%s",
              e->pdl ? ", PDL" : "", e->h_logits ? ", host sampler" : ", GPU sampler",
              e->b.rows ? ", batched GEMM" : "");
