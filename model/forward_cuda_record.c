@@ -191,8 +191,9 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, con
     fc_batch *b = &e->b;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
     recb_in_proj(e, L, nb);
-    gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run, c->C,
-                  c->K_conv, b->d_proj, b->ld_proj, nb, &e->launch);
+    gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run,
+                  lng ? FC_LONG_RUN_ROWS : 0, c->C, c->K_conv, b->d_proj, b->ld_proj, nb,
+                  &e->launch);
     const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
     /* prompt chunks (lng: the prefill graph's long runs) by the chunked rule, decode rows by
      * the row-by-row one; batch invariant: every run row by row, so a prompt's results do not

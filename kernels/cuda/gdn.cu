@@ -17,11 +17,14 @@
 
 #define GDN_WARPS 4
 #define GDN_CPW 8 // S columns in flight per warp
-#define GDN_CONV_AHEAD 8 // rows of a run whose conv inputs are loaded together
 
 // out may alias mixed (in place: each element is read, then written, by one thread). Without
 // runs, grid row blockIdx.y is row blockIdx.y; with runs (run: [2][R], starts then lengths), it is
 // run blockIdx.y, whose rows go through the channel's window in order.
+// AHEAD: rows of a run whose conv inputs are loaded together: 8 for decode rows and short runs
+// (52 registers), 32 beside prompt chunks (128 registers; 8 took 41 µs a 4B layer of one
+// 256-row run, run 43: 32 CTAs, each thread 32 dependent load round trips)
+template <int AHEAD>
 static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
                                        int64_t state_stride, const int32_t *__restrict__ slot,
@@ -41,20 +44,20 @@ static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
             out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], wc, st, K);
         return;
     }
-    // a run of the model's 4-tap conv: the window in registers, the inputs of GDN_CONV_AHEAD rows
+    // a run of the model's 4-tap conv: the window in registers, the inputs of AHEAD rows
     // loaded before the first of them is written (in place, each element is this thread's own),
     // so the loads of a run overlap instead of forming one dependent chain; the arithmetic is
     // gdn_conv_channel's, in its order
     const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3];
     float s0 = st[0], s1 = st[1], s2 = st[2];
-    for (int64_t r0 = row0; r0 < row0 + n; r0 += GDN_CONV_AHEAD) {
-        const int m = (int)min((int64_t)GDN_CONV_AHEAD, row0 + n - r0);
-        float xs[GDN_CONV_AHEAD];
+    for (int64_t r0 = row0; r0 < row0 + n; r0 += AHEAD) {
+        const int m = (int)min((int64_t)AHEAD, row0 + n - r0);
+        float xs[AHEAD];
 #pragma unroll
-        for (int u = 0; u < GDN_CONV_AHEAD; u++)
+        for (int u = 0; u < AHEAD; u++)
             if (u < m) xs[u] = mixed[(r0 + u) * ld_mixed + c];
 #pragma unroll
-        for (int u = 0; u < GDN_CONV_AHEAD; u++) {
+        for (int u = 0; u < AHEAD; u++) {
             if (u >= m) break;
             float acc = w3 * xs[u];
             acc += w0 * s0;
@@ -77,19 +80,24 @@ extern "C" void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const floa
                               const int32_t *d_slot, int C, int K_conv, float *d_out,
                               int64_t ld_out, int B, const cuda_launch *l)
 {
-    gdn_conv_runs(d_mixed, ld_mixed, d_conv_w, d_conv_state, state_slot_stride, d_slot, NULL, C,
-                  K_conv, d_out, ld_out, B, l);
+    gdn_conv_runs(d_mixed, ld_mixed, d_conv_w, d_conv_state, state_slot_stride, d_slot, NULL, 0,
+                  C, K_conv, d_out, ld_out, B, l);
 }
 
 extern "C" void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
                               float *d_conv_state, int64_t state_slot_stride,
-                              const int32_t *d_slot, const int32_t *d_run, int C, int K_conv,
-                              float *d_out, int64_t ld_out, int R, const cuda_launch *l)
+                              const int32_t *d_slot, const int32_t *d_run, int long_rows, int C,
+                              int K_conv, float *d_out, int64_t ld_out, int R,
+                              const cuda_launch *l)
 {
     DS_ASSERT(C > 0 && K_conv >= 1 && R >= 1 && R <= 65535);
     const cuda_launch_dims d = gdn_conv_rows_dims(C, R);
-    ds_launch(gdn_conv_kernel, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
-              d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
+    if (long_rows > 0)
+        ds_launch(gdn_conv_kernel<32>, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
+                  d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
+    else
+        ds_launch(gdn_conv_kernel<8>, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
+                  d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
 }
 
 extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,

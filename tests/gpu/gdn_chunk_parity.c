@@ -93,7 +93,7 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
     status st;
     CU_ASSERT_EQUAL(cuda_memset(d_o, 0, Ob, &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_memset(d_o1, 0, Ob, &st), STATUS_OK);
-    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, nCS, d_slot, d_run, C, K, d_p, ld_p, R, NULL);
+    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, nCS, d_slot, d_run, long_rows, C, K, d_p, ld_p, R, NULL);
     const float *d_b = d_p + C + D_v, *d_a = d_b + sh.n_v;
     /* chunked: short runs by the row-by-row kernel, the rest by the chunked one */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,

@@ -385,7 +385,10 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, enum 
     float *d_S = dev_from(S0, Sb), *d_S1 = dev_from(S0, Sb);
     float *d_cs = dev_from(cs0, CSb), *d_cs1 = dev_from(cs0, CSb);
     float *d_o = dev_fill(SENTINEL, Ob), *d_o1 = dev_fill(SENTINEL, Ob);
-    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, C, K, d_p, ld_p, R, NULL);
+    /* the conv's two builds (8 or 32 rows a run loaded ahead): the 32 one beside prompt chunks,
+     * here whenever R is a multiple of 4 */
+    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, R % 4 == 0 ? 16 : 0, C, K, d_p,
+                  ld_p, R, NULL);
     gdn_decode_runs(d_p, ld_p, d_p + C + D_v, d_p + C + D_v + sh.n_v, ld_p, d_dt, d_sa, sh.n_k,
                     sh.n_v, sh.d_k, sh.d_v, eps, d_S, S_stride, d_slot, d_run, 0, d_o, ld_o, R,
                     NULL);
