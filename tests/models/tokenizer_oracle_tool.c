@@ -1,1 +1,0 @@
-../model/tokenizer_oracle_tool.c
