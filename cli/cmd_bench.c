@@ -23,12 +23,13 @@
 
 typedef struct bench_opts {
     const char *model, *device;
-    int ctx, tokens, warmup, threads;
+    int ctx, tokens, warmup, threads, tp;
 } bench_opts;
 
 static const flag_spec bench_flags[] = {
     {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(bench_opts, model), "GGUF model file"},
-    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(bench_opts, device), "cuda | cpu (cuda without a GPU: CPU)"},
+    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(bench_opts, device), "cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs) | cpu (cuda without a GPU: CPU)"},
+    {"tp", "DS_TP", "1", FLAG_INT, offsetof(bench_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "4096", FLAG_INT, offsetof(bench_opts, ctx), "context already consumed"},
     {"tokens", NULL, "256", FLAG_INT, offsetof(bench_opts, tokens), "tokens decoded and timed"},
     {"warmup", NULL, "16", FLAG_INT, offsetof(bench_opts, warmup), "untimed tokens first"},
@@ -52,7 +53,8 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
     worker_backend *b = NULL;
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2,
-                                    .n_threads = o->threads, .max_prefill_tokens = 1};
+                                    .n_threads = o->threads, .max_prefill_tokens = 1,
+                                    .tp = o->tp};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     const double t_load = clock_now_s();
     if (worker_backend_create(o->device, m, &bo, &b, st) || b->vt->seq_start(b, 0, &greedy, st) ||
@@ -91,7 +93,7 @@ fail:
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *usage = "deltaserve bench decode --model F [--ctx 4096] [--tokens 256] [--device cuda|cpu]\n"
+    const char *usage = "deltaserve bench decode --model F [--ctx 4096] [--tokens 256] [--device cuda|cpu] [--tp N]\n"
                         "       deltaserve bench batch --model F [--prompt 512] [--gen 128] [--batch 1,16,64,256]";
     if (argc >= 2 && !strcmp(argv[1], "batch")) return cmd_bench_batch(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "decode")) {
@@ -111,8 +113,9 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "deltaserve bench: %s\n", st.msg);
         return 1;
     }
-    if (strcmp(o.device, "cuda") && strcmp(o.device, "cpu")) {
-        fprintf(stderr, "deltaserve bench: unknown --device '%s' (cuda, cpu)\n", o.device);
+    if (strcmp(o.device, "cuda") && strncmp(o.device, "cuda:", 5) && strcmp(o.device, "cpu")) {
+        fprintf(stderr, "deltaserve bench: unknown --device '%s' (cuda, cuda:N, cuda:A,B,..., cpu)\n",
+                o.device);
         qwen35_model_free(m);
         return 2;
     }

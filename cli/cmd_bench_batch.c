@@ -23,7 +23,7 @@
 
 typedef struct batch_opts {
     const char *model, *device, *batch;
-    int prompt, gen, threads, step_tokens;
+    int prompt, gen, threads, step_tokens, tp;
     bool batch_invariant;
     int dense_rows;
     bool dense_per_pass;
@@ -31,7 +31,8 @@ typedef struct batch_opts {
 
 static const flag_spec batch_flags[] = {
     {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(batch_opts, model), "GGUF model file"},
-    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(batch_opts, device), "cuda | cuda:N | cpu (cuda without a GPU: CPU)"},
+    {"device", "DS_DEVICE", "cuda", FLAG_STR, offsetof(batch_opts, device), "cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs) | cpu (cuda without a GPU: CPU)"},
+    {"tp", "DS_TP", "1", FLAG_INT, offsetof(batch_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"prompt", NULL, "512", FLAG_INT, offsetof(batch_opts, prompt), "prompt tokens per sequence (PP)"},
     {"gen", NULL, "128", FLAG_INT, offsetof(batch_opts, gen), "generated tokens per sequence (TG)"},
     {"batch", NULL, "1,16,64,256", FLAG_STR, offsetof(batch_opts, batch), "sequences at once (B), comma-separated"},
@@ -103,7 +104,7 @@ static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_i
 int cmd_bench_batch(int argc, char **argv)
 {
     const char *usage = "deltaserve bench batch --model F [--prompt 512] [--gen 128] "
-                        "[--batch 1,16,64,256] [--step-tokens 512] [--device cuda|cpu]";
+                        "[--batch 1,16,64,256] [--step-tokens 512] [--device cuda|cpu] [--tp N]";
     batch_opts o = {0};
     status st = {0};
     int rc = flags_parse(batch_flags, &o, argc, argv, usage, &st);
@@ -131,7 +132,7 @@ int cmd_bench_batch(int argc, char **argv)
                                     .n_threads = o.threads, .max_prefill_tokens = o.step_tokens,
                                     .batch_invariant = o.batch_invariant,
                                     .dense_rows = o.dense_rows,
-                                    .dense_per_pass = o.dense_per_pass};
+                                    .dense_per_pass = o.dense_per_pass, .tp = o.tp};
     rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
                          : worker_backend_create(o.device, m, &bo, &b, &st);
     if (!rc) {

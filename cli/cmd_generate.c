@@ -55,7 +55,7 @@ static const flag_spec gen_flags[] = {
     {"frequency-penalty", NULL, "0", FLAG_FLOAT, offsetof(gen_opts, frequency_penalty), "[-2, 2]"},
     {"seed", NULL, "-1", FLAG_I64, offsetof(gen_opts, seed), "RNG seed; -1: from the clock"},
     {"print-ids", NULL, "0", FLAG_BOOL, offsetof(gen_opts, print_ids), "print the generated ids as one JSON line instead of text"},
-    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(gen_opts, device), "cpu | cuda (cuda without a GPU: CPU)"},
+    {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(gen_opts, device), "cpu | cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs; cuda without a GPU: CPU)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(gen_opts, threads), "CPU threads (0: all online CPUs)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(gen_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
