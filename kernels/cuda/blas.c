@@ -1,13 +1,14 @@
 /* cuBLAS through dlopen (blas.h). */
 #include "kernels/cuda/blas.h"
 
-#include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <cublas_v2.h>
+
+#include "common/dynlib.h"
 
 struct blas {
     cublasHandle_t h;
@@ -29,28 +30,25 @@ static struct {
 
 static void load(void)
 {
-    g_blas.lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!g_blas.lib) {
-        snprintf(g_blas.what, sizeof g_blas.what, "libcublas.so.13 not found (%s); put its "
-                 "folder in LD_LIBRARY_PATH", dlerror());
-        return;
-    }
-    *(void **)&g_blas.create = dlsym(g_blas.lib, "cublasCreate_v2");
-    *(void **)&g_blas.destroy = dlsym(g_blas.lib, "cublasDestroy_v2");
-    *(void **)&g_blas.set_stream = dlsym(g_blas.lib, "cublasSetStream_v2");
-    *(void **)&g_blas.set_workspace = dlsym(g_blas.lib, "cublasSetWorkspace_v2");
-    *(void **)&g_blas.set_math = dlsym(g_blas.lib, "cublasSetMathMode");
-    *(void **)&g_blas.gemm_ex = dlsym(g_blas.lib, "cublasGemmEx");
-    *(void **)&g_blas.status_string = dlsym(g_blas.lib, "cublasGetStatusString");
-    *(void **)&g_blas.property = dlsym(g_blas.lib, "cublasGetProperty");
+    const dynlib_sym syms[] = {
+        {"cublasCreate_v2", (void **)&g_blas.create},
+        {"cublasDestroy_v2", (void **)&g_blas.destroy},
+        {"cublasSetStream_v2", (void **)&g_blas.set_stream},
+        {"cublasSetWorkspace_v2", (void **)&g_blas.set_workspace},
+        {"cublasSetMathMode", (void **)&g_blas.set_math},
+        {"cublasGemmEx", (void **)&g_blas.gemm_ex},
+        {"cublasGetStatusString", (void **)&g_blas.status_string},
+        {"cublasGetProperty", (void **)&g_blas.property},
+    };
+    g_blas.lib = dynlib_open("libcublas.so.13", syms, (int)(sizeof syms / sizeof syms[0]),
+                             g_blas.what, sizeof g_blas.what);
+    if (!g_blas.lib) return;
     int major = 0, minor = 0, patch = 0;
-    if (!g_blas.create || !g_blas.destroy || !g_blas.set_stream || !g_blas.set_workspace ||
-        !g_blas.set_math || !g_blas.gemm_ex || !g_blas.status_string || !g_blas.property ||
-        g_blas.property(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+    if (g_blas.property(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
         g_blas.property(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
         g_blas.property(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(g_blas.what, sizeof g_blas.what, "libcublas.so.13 lacks the cuBLAS v2 API");
-        dlclose(g_blas.lib);
+        snprintf(g_blas.what, sizeof g_blas.what, "libcublas.so.13 gives no version");
+        dynlib_close(g_blas.lib);
         g_blas.lib = NULL;
         return;
     }

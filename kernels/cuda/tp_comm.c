@@ -1,12 +1,13 @@
 /* NCCL through dlopen (tp_comm.h). */
 #include "kernels/cuda/tp_comm.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <nccl.h>
+
+#include "common/dynlib.h"
 
 struct tp_comm {
     ncclComm_t comm;
@@ -25,22 +26,20 @@ static struct {
 
 static void load(void)
 {
-    g_nccl.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!g_nccl.lib) {
-        snprintf(g_nccl.what, sizeof g_nccl.what, "libnccl.so.2 not found (%s); put its folder "
-                 "in LD_LIBRARY_PATH", dlerror());
-        return;
-    }
-    *(void **)&g_nccl.init_all = dlsym(g_nccl.lib, "ncclCommInitAll");
-    *(void **)&g_nccl.all_reduce = dlsym(g_nccl.lib, "ncclAllReduce");
-    *(void **)&g_nccl.destroy = dlsym(g_nccl.lib, "ncclCommDestroy");
-    *(void **)&g_nccl.error_string = dlsym(g_nccl.lib, "ncclGetErrorString");
-    *(void **)&g_nccl.version = dlsym(g_nccl.lib, "ncclGetVersion");
+    const dynlib_sym syms[] = {
+        {"ncclCommInitAll", (void **)&g_nccl.init_all},
+        {"ncclAllReduce", (void **)&g_nccl.all_reduce},
+        {"ncclCommDestroy", (void **)&g_nccl.destroy},
+        {"ncclGetErrorString", (void **)&g_nccl.error_string},
+        {"ncclGetVersion", (void **)&g_nccl.version},
+    };
+    g_nccl.lib = dynlib_open("libnccl.so.2", syms, (int)(sizeof syms / sizeof syms[0]),
+                             g_nccl.what, sizeof g_nccl.what);
+    if (!g_nccl.lib) return;
     int v = 0;
-    if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.destroy || !g_nccl.error_string ||
-        !g_nccl.version || g_nccl.version(&v) != ncclSuccess) {
-        snprintf(g_nccl.what, sizeof g_nccl.what, "libnccl.so.2 lacks the NCCL 2 API");
-        dlclose(g_nccl.lib);
+    if (g_nccl.version(&v) != ncclSuccess) {
+        snprintf(g_nccl.what, sizeof g_nccl.what, "libnccl.so.2 gives no version");
+        dynlib_close(g_nccl.lib);
         g_nccl.lib = NULL;
         return;
     }
