@@ -44,22 +44,6 @@ static const flag_spec batch_flags[] = {
     {0},
 };
 
-/* "1,16,64" -> sizes; 0 on a malformed list */
-static int parse_sizes(const char *s, int *out)
-{
-    int n = 0;
-    while (*s) {
-        char *end = NULL;
-        const long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 4096 || n == BATCH_MAX_SIZES) return 0;
-        out[n++] = (int)v;
-        if (*end == ',') end++;
-        else if (*end) return 0;
-        s = end;
-    }
-    return n;
-}
-
 /* One line of the table for B sequences; toks: [B][prompt + 1]. */
 static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_item *items,
                    int32_t *toks, status *st)
@@ -110,7 +94,7 @@ int cmd_bench_batch(int argc, char **argv)
     int rc = flags_parse(batch_flags, &o, argc, argv, usage, &st);
     if (rc == STATUS_CANCELLED) return 0;
     int sizes[BATCH_MAX_SIZES];
-    const int n_sizes = rc ? 0 : parse_sizes(o.batch, sizes);
+    const int n_sizes = rc ? 0 : flags_int_list(o.batch, sizes, BATCH_MAX_SIZES, 1, 4096);
     if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes) {
         fprintf(stderr, "deltaserve bench batch: %s\n",
                 rc ? st.msg : !o.model ? "--model is required"

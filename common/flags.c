@@ -130,3 +130,18 @@ int flags_parse(const flag_spec *specs, void *opts, int argc, char **argv, const
 {
     return flags_parse_pos(specs, opts, argc, argv, usage, NULL, 0, NULL, st);
 }
+
+int flags_int_list(const char *s, int *out, int max, int lo, int hi)
+{
+    int n = 0;
+    while (s && *s) {
+        char *end = NULL;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < lo || v > hi || n == max) return 0;
+        out[n++] = (int)v;
+        if (*end == ',') end++;
+        else if (*end) return 0;
+        s = end;
+    }
+    return n;
+}

@@ -104,22 +104,6 @@ static void *ar_main(void *arg)
     return NULL;
 }
 
-/* "0,1" -> ints in [lo, hi]; the count, 0 when malformed */
-static int parse_list(const char *s, int *out, int max, int lo, int hi)
-{
-    int n = 0;
-    while (*s) {
-        char *end = NULL;
-        const long v = strtol(s, &end, 10);
-        if (end == s || v < lo || v > hi || n == max) return 0;
-        out[n++] = (int)v;
-        if (*end == ',') end++;
-        else if (*end) return 0;
-        s = end;
-    }
-    return n;
-}
-
 int main(int argc, char **argv)
 {
     const char *usage = "tp_allreduce_bench [--gpus 0,1] [--hidden 5120] [--layers 64] "
@@ -129,8 +113,8 @@ int main(int argc, char **argv)
     int rc = flags_parse(ar_flags, &o, argc, argv, usage, &st);
     if (rc == STATUS_CANCELLED) return 0;
     int devs[AR_MAX_RANKS], rows[AR_MAX_ROWS];
-    const int n = rc ? 0 : parse_list(o.gpus, devs, AR_MAX_RANKS, 0, 1023);
-    const int n_rows = rc ? 0 : parse_list(o.rows, rows, AR_MAX_ROWS, 1, 4096);
+    const int n = rc ? 0 : flags_int_list(o.gpus, devs, AR_MAX_RANKS, 0, 1023);
+    const int n_rows = rc ? 0 : flags_int_list(o.rows, rows, AR_MAX_ROWS, 1, 4096);
     if (rc || n < 2 || !n_rows || o.hidden < 1 || o.layers < 1 || o.iters < 1) {
         fprintf(stderr, "tp_allreduce_bench: %s\n",
                 rc ? st.msg : "--gpus: two or more GPU indices; --rows: sizes in [1, 4096]; "
