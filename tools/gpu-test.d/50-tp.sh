@@ -50,7 +50,9 @@ serve_two() { # serve_two SIZE: loadgen 64 streams on one worker, then on two be
             pids="$pids $!"; workers="$workers,127.0.0.1:$wp1"
         fi
         for i in $(seq 1 900); do
-            [ "$(cat /tmp/two-w0.log $([ $n = 2 ] && echo /tmp/two-w1.log) | grep -c 'ready:')" -ge $n ] && break
+            # the worker's last start-up line ("info ready: MODEL, ..."; the CUDA engine's own
+            # "cuda: ready:" comes before it)
+            [ "$(cat /tmp/two-w0.log $([ $n = 2 ] && echo /tmp/two-w1.log) | grep -c ' info ready: ')" -ge $n ] && break
             sleep 0.2
         done
         "$here/bin/deltaserve" router --listen 127.0.0.1:$rp --workers "$workers" --poll-ms 100 > /tmp/two-r.log 2>&1 &
@@ -60,7 +62,7 @@ serve_two() { # serve_two SIZE: loadgen 64 streams on one worker, then on two be
         "$here/bin/loadgen" --addr 127.0.0.1:$rp --concurrency 64 --warmup 64 --requests 256 \
             --ids 9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16 --max-tokens 128 --ignore-eos --timeout-ms 120000 || rc=1
         kill $pids 2>/dev/null; wait $pids 2>/dev/null
-        grep -h "ready:" /tmp/two-w0.log $([ $n = 2 ] && echo /tmp/two-w1.log)
+        grep -h " info ready: " /tmp/two-w0.log $([ $n = 2 ] && echo /tmp/two-w1.log)
     done
     return $rc
 }
