@@ -8,9 +8,16 @@
  *
  *   bazel-bin/bench/loadgen --addr 127.0.0.1:50051 --concurrency 8 --requests 400 \
  *       --ids 1,2,3,4 --max-tokens 32 --ignore-eos
+ *
+ * Cancellation churn: --cancel-after N cancels each counted stream after k tokens, k from 0 to
+ * N spread over the streams (k = 0: before the first token); those end CANCELLED and count as
+ * cancelled, not failed. --load-addr A,B,...: the workers' GetLoad after the warm-up and again
+ * once the run is over and they are idle (30 s at most): exit 1 unless every worker has the
+ * same free slots and KV blocks after as before, with nothing running or waiting.
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,8 +32,8 @@
 #include "rpc/rpc_status.h"
 
 typedef struct loadgen_opts {
-    const char *addr, *ids, *prompt;
-    int concurrency, requests, warmup, max_tokens, ignore_eos, worker;
+    const char *addr, *ids, *prompt, *load_addr;
+    int concurrency, requests, warmup, max_tokens, ignore_eos, worker, cancel_after;
     float duration_s, temperature;
     int64_t timeout_ms;
 } loadgen_opts;
@@ -54,6 +61,10 @@ static const flag_spec specs[] = {
      "deadline per stream"},
     {"worker", NULL, NULL, FLAG_BOOL, offsetof(loadgen_opts, worker),
      "--addr is a worker: deltaserve.v1.Worker/Generate"},
+    {"cancel-after", NULL, "-1", FLAG_INT, offsetof(loadgen_opts, cancel_after),
+     "cancel each counted stream after 0..N tokens (spread over the streams); -1: never"},
+    {"load-addr", NULL, NULL, FLAG_STR, offsetof(loadgen_opts, load_addr),
+     "workers (A,B,...) whose GetLoad must be the same after the run as before it"},
     {0},
 };
 
@@ -103,7 +114,7 @@ typedef struct loadgen_thread {
     double end_s;         /* monotonic deadline with --duration-s, else 0 */
     pthread_t th;
     /* results (counted streams only) */
-    int64_t ok, tokens, errors[17];
+    int64_t ok, tokens, errors[17], cancelled;
     loadgen_vec ttft_srv, itl_srv, ttft_cli, itl_cli;
 } loadgen_thread;
 
@@ -126,6 +137,12 @@ static void *run_thread(void *arg)
         ProtobufCMessage *pm;
         rpc_client_result res;
         int64_t n_tok = 0;
+        /* --cancel-after: this stream's cancel point, spread over 0..N by the stream's index */
+        const int64_t cut = counted && t->o->cancel_after >= 0
+                                ? (int64_t)((uint64_t)k * 2654435761u % (uint64_t)(t->o->cancel_after + 1))
+                                : -1;
+        bool cut_done = cut == 0;
+        if (cut_done) rpc_client_stream_cancel(s);
         loadgen_vec gaps = {0};
         float srv_ttft = -1, srv_itl = -1;
         while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &pm,
@@ -139,6 +156,10 @@ static void *run_thread(void *arg)
                         vec_push(&gaps, (now - last) * 1e3 / (double)m->n_token_ids);
                 last = now;
                 n_tok += (int64_t)m->n_token_ids;
+                if (cut > 0 && !cut_done && n_tok >= cut) {
+                    rpc_client_stream_cancel(s);
+                    cut_done = true;
+                }
             }
             if (m->finish_reason && m->timings) {
                 srv_ttft = m->timings->ttft_ms;
@@ -148,7 +169,9 @@ static void *run_thread(void *arg)
         }
         rpc_client_stream_destroy(s);
         if (counted) {
-            if (res.code == 0) {
+            if (cut_done && res.code == GRPC_STATUS_CANCELLED) {
+                t->cancelled++;
+            } else if (res.code == 0) {
                 t->ok++;
                 t->tokens += n_tok;
                 if (srv_ttft >= 0) vec_push(&t->ttft_srv, srv_ttft);
@@ -194,6 +217,52 @@ static void print_pcts(const char *what, loadgen_vec *a)
     qsort(a->v, a->n, sizeof *a->v, cmp_double);
     printf("  %-36s p50 %8.2f   p90 %8.2f   p99 %8.2f   (n=%zu)\n", what, pct(a, 50), pct(a, 90),
            pct(a, 99), a->n);
+}
+
+#define LOADGEN_MAX_WORKERS 16
+
+/* Worker/GetLoad of `addr`; 0 on success */
+static int get_load(const char *addr, Deltaserve__V1__Load *out, char *why, size_t why_size)
+{
+    rpc_client_channel *ch;
+    status st;
+    if (rpc_client_channel_create(&ch, addr, &st)) {
+        snprintf(why, why_size, "%s", st.msg);
+        return -1;
+    }
+    Deltaserve__V1__GetLoadRequest req = DELTASERVE__V1__GET_LOAD_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    rpc_client_result r;
+    const int code = rpc_client_unary(ch, "/deltaserve.v1.Worker/GetLoad", &req.base,
+                                      &deltaserve__v1__load__descriptor, &resp, 5000, &r);
+    rpc_client_channel_destroy(ch);
+    if (code) {
+        snprintf(why, why_size, "GetLoad: %s (%s)", rpc_status_grpc_name((grpc_status_code)code),
+                 r.message);
+        return -1;
+    }
+    *out = *(Deltaserve__V1__Load *)resp;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}
+
+/* the --load-addr workers' loads into loads[0 .. n); the count, -1 on an error (printed) */
+static int get_loads(const char *list, Deltaserve__V1__Load *loads, char addrs[][128])
+{
+    int n = 0;
+    for (const char *s = list; s && *s && n < LOADGEN_MAX_WORKERS;) {
+        const char *e = strchr(s, ',');
+        const size_t len = e ? (size_t)(e - s) : strlen(s);
+        snprintf(addrs[n], 128, "%.*s", (int)len, s);
+        char why[600];
+        if (get_load(addrs[n], &loads[n], why, sizeof why)) {
+            fprintf(stderr, "loadgen: --load-addr %s: %s\n", addrs[n], why);
+            return -1;
+        }
+        n++;
+        s = e ? e + 1 : s + len;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -269,6 +338,11 @@ int main(int argc, char **argv)
         memset(ts, 0, (size_t)o.concurrency * sizeof *ts);
         t_start = clock_now_s();
     }
+    /* --load-addr: every worker's load before the counted streams */
+    Deltaserve__V1__Load load0[LOADGEN_MAX_WORKERS];
+    char load_addrs[LOADGEN_MAX_WORKERS][128];
+    const int n_load = o.load_addr ? get_loads(o.load_addr, load0, load_addrs) : 0;
+    if (n_load < 0) return 1;
     loadgen_opts mo = o;
     mo.warmup = 0;
     for (int i = 0; i < o.concurrency; i++) {
@@ -286,11 +360,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
     double elapsed = clock_now_s() - t_start;
 
-    int64_t ok = 0, tokens = 0, errors[17] = {0}, n_err = 0;
+    int64_t ok = 0, tokens = 0, errors[17] = {0}, n_err = 0, cancelled = 0;
     loadgen_vec ttft_srv = {0}, itl_srv = {0}, ttft_cli = {0}, itl_cli = {0};
     for (int i = 0; i < o.concurrency; i++) {
         ok += ts[i].ok;
         tokens += ts[i].tokens;
+        cancelled += ts[i].cancelled;
         for (int c = 0; c < 17; c++) {
             errors[c] += ts[i].errors[c];
             n_err += ts[i].errors[c];
@@ -307,6 +382,9 @@ int main(int argc, char **argv)
     printf("loadgen: %s %s, concurrency %d, %lld streams ok, %lld failed, %.2f s\n", o.addr,
            o.worker ? "Worker/Generate" : "Generation/Generate", o.concurrency, (long long)ok,
            (long long)n_err, elapsed);
+    if (o.cancel_after >= 0)
+        printf("  cancelled by this client: %lld (after 0..%d tokens)\n", (long long)cancelled,
+               o.cancel_after);
     for (int c = 0; c < 17; c++)
         if (errors[c])
             printf("  errors %s: %lld\n", rpc_status_grpc_name((grpc_status_code)c),
@@ -322,8 +400,37 @@ int main(int argc, char **argv)
     free(itl_srv.v);
     free(ttft_cli.v);
     free(itl_cli.v);
+    /* --load-addr: the same loads once the workers are idle again */
+    int load_bad = 0;
+    for (int w = 0; w < n_load; w++) {
+        Deltaserve__V1__Load l1;
+        char why[600];
+        const double until = clock_now_s() + 30.0;
+        int rc1;
+        while ((rc1 = get_load(load_addrs[w], &l1, why, sizeof why)) == 0 &&
+               (l1.running || l1.waiting) && clock_now_s() < until) {
+            struct timespec pause = {0, 100 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (rc1) {
+            fprintf(stderr, "loadgen: --load-addr %s: %s\n", load_addrs[w], why);
+            load_bad = 1;
+            continue;
+        }
+        const Deltaserve__V1__Load *l0 = &load0[w];
+        const bool same = !l1.running && !l1.waiting && l1.free_slots == l0->free_slots &&
+                          l1.total_slots == l0->total_slots &&
+                          l1.free_kv_blocks == l0->free_kv_blocks &&
+                          l1.total_kv_blocks == l0->total_kv_blocks;
+        printf("  load of %s: free slots %u -> %u of %u, free KV blocks %u -> %u of %u, "
+               "running %u, waiting %u: %s\n",
+               load_addrs[w], l0->free_slots, l1.free_slots, l1.total_slots, l0->free_kv_blocks,
+               l1.free_kv_blocks, l1.total_kv_blocks, l1.running, l1.waiting,
+               same ? "the same" : "CHANGED");
+        load_bad |= !same;
+    }
     free(ts);
     free(ids);
     rpc_client_channel_destroy(ch);
-    return n_err ? 1 : 0;
+    return n_err || load_bad ? 1 : 0;
 }

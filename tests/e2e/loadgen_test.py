@@ -1,9 +1,10 @@
 """The load-test scenarios of docs/LOADTEST.md run with bench/loadgen against CPU workers: a
 router and two workers on the tiny reference model, then each scenario's loadgen command line
 (the same flags, smaller counts so the test stays short): closed-loop streams through the
-router, one stream at a time, a duration-bounded run, a text prompt, and a worker called
-directly (--worker). Each must exit 0 (loadgen exits 1 when any stream failed) and report
-exactly the streams and tokens asked for (--ignore-eos: max_tokens each)."""
+router, one stream at a time, a duration-bounded run, a text prompt, a worker called directly
+(--worker), and cancellation churn with the workers' loads checked before and after. Each must
+exit 0 (loadgen exits 1 when any stream failed) and report exactly the streams and tokens asked
+for (--ignore-eos: max_tokens each)."""
 import os
 import re
 import subprocess
@@ -83,6 +84,28 @@ class LoadgenScenarios(unittest.TestCase):
         rc, out = run("--worker", "--addr", self.workers[0].addr, "--ids", "1,2,3,4",
                       "--requests", "8", "--max-tokens", "8", "--ignore-eos")
         self.check(rc, out, streams=8, tokens=8)
+
+    def test_cancellation_churn_frees_every_slot(self):
+        # every stream cancelled after 0..12 of its 24 tokens (some before the first): none
+        # fails, and each worker's GetLoad afterwards equals the one before (docs/LOADTEST.md)
+        addrs = ",".join(w.addr for w in self.workers)
+        rc, out = run("--addr", self.router.addr, "--concurrency", "8", "--requests", "48",
+                      "--warmup", "4", "--max-tokens", "24", "--ignore-eos",
+                      "--cancel-after", "12", "--load-addr", addrs)
+        ok, failed, _ = summary(out)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(failed, 0, out)
+        m = re.search(r"cancelled by this client: (\d+)", out)
+        self.assertIsNotNone(m, out)
+        self.assertGreater(int(m.group(1)), 24, out)  # all but the races with a stream's end
+        self.assertEqual(out.count(": the same"), 2, out)
+        self.assertNotIn("CHANGED", out)
+
+    def test_load_check_fails_on_a_wrong_address(self):
+        rc, out = run("--addr", self.router.addr, "--requests", "2", "--max-tokens", "2",
+                      "--load-addr", "127.0.0.1:1")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("--load-addr 127.0.0.1:1", out)
 
     def test_failures_are_reported(self):
         # a deadline no stream can meet: loadgen must exit 1 and count the failures
