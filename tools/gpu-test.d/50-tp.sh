@@ -84,3 +84,17 @@ if [ -x "$here/bin/deltaserve" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge
             step "serve_two_workers_$p" 400 bash -c "$(declare -f serve_two); here='$here'; serve_two $p"
     done
 fi
+
+# On a host with one GPU (issue 15): `--tp 2` refused at start, non-zero, in one line.
+tp_refused() { # tp_refused MODEL
+    local out rc
+    out=$("$here/bin/deltaserve" eval --model "$1" --ids 1,2,3 --device cuda --tp 2 --logits-out /tmp/tp-refused.f32 2>&1)
+    rc=$?
+    echo "exit $rc: $out"
+    [ $rc -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] && printf '%s' "$out" | grep -q "needs 2 GPUs"
+}
+if [ -x "$here/bin/deltaserve" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -eq 1 ]; then
+    for g in "$DS_REPO_ROOT"/tests/reference/own-r2-tied.gguf; do
+        [ -s "$g" ] && step "tp2_refused_one_gpu" 60 bash -c "$(declare -f tp_refused); here='$here'; tp_refused '$g'"
+    done
+fi
