@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
+#include "router/router_dns.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_status.h"
 
@@ -219,8 +220,6 @@ static void print_pcts(const char *what, loadgen_vec *a)
            pct(a, 99), a->n);
 }
 
-#define LOADGEN_MAX_WORKERS 16
-
 /* Worker/GetLoad of `addr`; 0 on success */
 static int get_load(const char *addr, Deltaserve__V1__Load *out, char *why, size_t why_size)
 {
@@ -246,23 +245,17 @@ static int get_load(const char *addr, Deltaserve__V1__Load *out, char *why, size
     return 0;
 }
 
-/* the --load-addr workers' loads into loads[0 .. n); the count, -1 on an error (printed) */
-static int get_loads(const char *list, Deltaserve__V1__Load *loads, char addrs[][128])
+/* the loads of the workers w->addr[0 .. w->n) into loads[]; 0, or -1 on an error (printed) */
+static int get_loads(const router_dns_list *w, Deltaserve__V1__Load *loads)
 {
-    int n = 0;
-    for (const char *s = list; s && *s && n < LOADGEN_MAX_WORKERS;) {
-        const char *e = strchr(s, ',');
-        const size_t len = e ? (size_t)(e - s) : strlen(s);
-        snprintf(addrs[n], 128, "%.*s", (int)len, s);
+    for (int i = 0; i < w->n; i++) {
         char why[600];
-        if (get_load(addrs[n], &loads[n], why, sizeof why)) {
-            fprintf(stderr, "loadgen: --load-addr %s: %s\n", addrs[n], why);
+        if (get_load(w->addr[i], &loads[i], why, sizeof why)) {
+            fprintf(stderr, "loadgen: --load-addr %s: %s\n", w->addr[i], why);
             return -1;
         }
-        n++;
-        s = e ? e + 1 : s + len;
     }
-    return n;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -339,10 +332,16 @@ int main(int argc, char **argv)
         t_start = clock_now_s();
     }
     /* --load-addr: every worker's load before the counted streams */
-    Deltaserve__V1__Load load0[LOADGEN_MAX_WORKERS];
-    char load_addrs[LOADGEN_MAX_WORKERS][128];
-    const int n_load = o.load_addr ? get_loads(o.load_addr, load0, load_addrs) : 0;
-    if (n_load < 0) return 1;
+    router_dns_list *lw = calloc(1, sizeof *lw);
+    Deltaserve__V1__Load *load0 = NULL;
+    if (!lw) return 1;
+    if (o.load_addr && router_dns_parse_list(o.load_addr, lw, &st)) {
+        fprintf(stderr, "loadgen: --load-addr: %s\n", st.msg);
+        return 2;
+    }
+    if (lw->n && (!(load0 = calloc((size_t)lw->n, sizeof *load0)) || get_loads(lw, load0)))
+        return 1;
+    const int n_load = lw->n;
     loadgen_opts mo = o;
     mo.warmup = 0;
     for (int i = 0; i < o.concurrency; i++) {
@@ -407,13 +406,13 @@ int main(int argc, char **argv)
         char why[600];
         const double until = clock_now_s() + 30.0;
         int rc1;
-        while ((rc1 = get_load(load_addrs[w], &l1, why, sizeof why)) == 0 &&
+        while ((rc1 = get_load(lw->addr[w], &l1, why, sizeof why)) == 0 &&
                (l1.running || l1.waiting) && clock_now_s() < until) {
             struct timespec pause = {0, 100 * 1000 * 1000};
             nanosleep(&pause, NULL);
         }
         if (rc1) {
-            fprintf(stderr, "loadgen: --load-addr %s: %s\n", load_addrs[w], why);
+            fprintf(stderr, "loadgen: --load-addr %s: %s\n", lw->addr[w], why);
             load_bad = 1;
             continue;
         }
@@ -424,13 +423,15 @@ int main(int argc, char **argv)
                           l1.total_kv_blocks == l0->total_kv_blocks;
         printf("  load of %s: free slots %u -> %u of %u, free KV blocks %u -> %u of %u, "
                "running %u, waiting %u: %s\n",
-               load_addrs[w], l0->free_slots, l1.free_slots, l1.total_slots, l0->free_kv_blocks,
+               lw->addr[w], l0->free_slots, l1.free_slots, l1.total_slots, l0->free_kv_blocks,
                l1.free_kv_blocks, l1.total_kv_blocks, l1.running, l1.waiting,
                same ? "the same" : "CHANGED");
         load_bad |= !same;
     }
     free(ts);
     free(ids);
+    free(load0);
+    free(lw);
     rpc_client_channel_destroy(ch);
     return n_err || load_bad ? 1 : 0;
 }

@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/attn_kv.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 
 #define AP_QM 64 // query vectors of a tile
@@ -51,21 +52,17 @@ template <int D> struct ap_smem { // bytes; rows of D + 8 halves: 16 bytes apart
     static constexpr size_t BYTES = POS + AP_QM * 4;
 };
 
-static __device__ __forceinline__ unsigned smem_u32(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
 static __device__ __forceinline__ void ldsm4(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(smem_addr(p)));
 }
 static __device__ __forceinline__ void ldsm4_t(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(smem_addr(p)));
 }
 // c += a·b: a 16x16 (row), b 16x8 (col), F16 in, F32 accumulation
 static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -74,11 +71,6 @@ static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(ok ? 16 : 0));
 }
 static __device__ __forceinline__ uint32_t h2u(__half2 h)
 {
@@ -160,7 +152,8 @@ static __global__ void __launch_bounds__(AP_THREADS, 2)
                 cp_async16(sK + p * L + u * 8, kh + off, ok);
                 cp_async16(sV + p * L + u * 8, vh + off, ok);
             }
-            asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+            cp_async_commit();
+            cp_async_wait_all();
         }
         __syncthreads();
         // S = Q Kᵀ: the warp's 16 rows x 32 positions, 4 n-tiles

@@ -120,101 +120,102 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     // grid z: a row, or a run of rows of one sequence (gdn.h "Runs"), and every gridDim.z-th
     // after it; the slot and the runs are step inputs, read before ds_grid_dep like S itself
     // (gdn.h)
-    const float *const S_base = S;
     for (int z = blockIdx.z; z < R; z += gridDim.z) {
-    const int64_t row0 = run ? run[z] : z, n = run ? run[R + z] : 1;
-    if (n <= 0 || n > max_len) continue; // longer runs: gdn_chunk_runs
-    if (z != (int)blockIdx.z) __syncthreads(); // every lane has read the last run's sq, sk
-    const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
-    S = (float *)S_base + (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k +
-        lane * EPL; // + j·d_k
-    // the CTA's S columns stay in registers through every row of the run: loaded once, before
-    // the q/k norms and (under programmatic dependent launch) before griddepcontrol.wait, so the
-    // loads overlap the in-projection's tail; stored once after the last row
-    float s[GDN_CPW][EPL];
-#pragma unroll
-    for (int c = 0; c < GDN_CPW; c++) {
-        const float *Sj = S + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
-        if constexpr (EPL == 4) {
-            const float4 t = *(const float4 *)Sj;
-            s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
-        } else {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
-        }
-    }
-    const float dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
-    ds_grid_dep();
-    for (int64_t row = row0; row < row0 + n; row++) {
-        const float *cr = conv + row * ld_conv, *v = cr + 2 * D_k + (int64_t)hv * d_v;
-        float vj[GDN_CPW];
-#pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) vj[c] = v[j0 + warp + GDN_WARPS * c];
-        const float b_hv = b[row * ld_ba + hv], a_hv = a[row * ld_ba + hv];
-        if (row != row0) __syncthreads(); // every lane has read the last row's sq, sk
-        // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
-        for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
-            sq[i] = cr[kh * d_k + i];
-            sk[i] = cr[D_k + kh * d_k + i];
-        }
-        float ssq = 0.0f, ssk = 0.0f;
-        for (int i = threadIdx.x; i < d_k; i += blockDim.x)
-            ssq += sq[i] * sq[i], ssk += sk[i] * sk[i];
-        ssq = ds_block_sum(ssq, scratch);
-        ssk = ds_block_sum(ssk, scratch);
-        const float rq = 1.0f / sqrtf(ssq + eps) / sqrtf((float)d_k), rk = 1.0f / sqrtf(ssk + eps);
-        float q[EPL], k[EPL];
-#pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            q[e] = sq[lane * EPL + e] * rq;
-            k[e] = sk[lane * EPL + e] * rk;
-        }
-        // gates: β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)
-        const float beta = 1.0f / (1.0f + expf(-b_hv));
-        const float x = a_hv + dt_hv;
-        const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
-        const float eg = expf(g);
-        // a warp's GDN_CPW columns are independent: each step below runs over all of them
-        // before the next, so their warp sums interleave (two shuffle chains, not two a column)
-        float u[GDN_CPW], oj[GDN_CPW];
-#pragma unroll
+        const int64_t row0 = run ? run[z] : z, n = run ? run[R + z] : 1;
+        if (n <= 0 || n > max_len) continue; // longer runs: gdn_chunk_runs
+        if (z != (int)blockIdx.z) __syncthreads(); // every lane has read the last run's sq, sk
+        const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
+        float *Sz = S + (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k +
+                    lane * EPL; // + j·d_k
+        // the CTA's S columns stay in registers through every row of the run: loaded once,
+        // before the q/k norms and (under programmatic dependent launch) before
+        // griddepcontrol.wait, so the loads overlap the in-projection's tail; stored once after
+        // the last row
+        float s[GDN_CPW][EPL];
+    #pragma unroll
         for (int c = 0; c < GDN_CPW; c++) {
-            u[c] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                s[c][e] *= eg;
-                u[c] += s[c][e] * k[e];
+            const float *Sj = Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
+            if constexpr (EPL == 4) {
+                const float4 t = *(const float4 *)Sj;
+                s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
+            } else {
+    #pragma unroll
+                for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
             }
         }
-        ds_warp_sum_n<GDN_CPW>(u);
-#pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            const float delta = beta * (vj[c] - u[c]);
-            oj[c] = 0.0f;
-#pragma unroll
+        const float dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
+        ds_grid_dep();
+        for (int64_t row = row0; row < row0 + n; row++) {
+            const float *cr = conv + row * ld_conv, *v = cr + 2 * D_k + (int64_t)hv * d_v;
+            float vj[GDN_CPW];
+    #pragma unroll
+            for (int c = 0; c < GDN_CPW; c++) vj[c] = v[j0 + warp + GDN_WARPS * c];
+            const float b_hv = b[row * ld_ba + hv], a_hv = a[row * ld_ba + hv];
+            if (row != row0) __syncthreads(); // every lane has read the last row's sq, sk
+            // q, k of key head kh: L2 norm (x / sqrt(Σx² + eps)), q also scaled by 1/sqrt(d_k)
+            for (int i = threadIdx.x; i < d_k; i += blockDim.x) {
+                sq[i] = cr[kh * d_k + i];
+                sk[i] = cr[D_k + kh * d_k + i];
+            }
+            float ssq = 0.0f, ssk = 0.0f;
+            for (int i = threadIdx.x; i < d_k; i += blockDim.x)
+                ssq += sq[i] * sq[i], ssk += sk[i] * sk[i];
+            ssq = ds_block_sum(ssq, scratch);
+            ssk = ds_block_sum(ssk, scratch);
+            const float rq = 1.0f / sqrtf(ssq + eps) / sqrtf((float)d_k);
+            const float rk = 1.0f / sqrtf(ssk + eps);
+            float q[EPL], k[EPL];
+    #pragma unroll
             for (int e = 0; e < EPL; e++) {
-                s[c][e] += k[e] * delta;
-                oj[c] += s[c][e] * q[e];
+                q[e] = sq[lane * EPL + e] * rq;
+                k[e] = sk[lane * EPL + e] * rk;
+            }
+            // gates: β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)
+            const float beta = 1.0f / (1.0f + expf(-b_hv));
+            const float x = a_hv + dt_hv;
+            const float g = A_hv * (x > 20.0f ? x : log1pf(expf(x)));
+            const float eg = expf(g);
+            // a warp's GDN_CPW columns are independent: each step below runs over all of them
+            // before the next, so their warp sums interleave (two shuffle chains, not two a column)
+            float u[GDN_CPW], oj[GDN_CPW];
+    #pragma unroll
+            for (int c = 0; c < GDN_CPW; c++) {
+                u[c] = 0.0f;
+    #pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    s[c][e] *= eg;
+                    u[c] += s[c][e] * k[e];
+                }
+            }
+            ds_warp_sum_n<GDN_CPW>(u);
+    #pragma unroll
+            for (int c = 0; c < GDN_CPW; c++) {
+                const float delta = beta * (vj[c] - u[c]);
+                oj[c] = 0.0f;
+    #pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    s[c][e] += k[e] * delta;
+                    oj[c] += s[c][e] * q[e];
+                }
+            }
+            ds_warp_sum_n<GDN_CPW>(oj);
+            if (lane == 0)
+    #pragma unroll
+                for (int c = 0; c < GDN_CPW; c++)
+                    o[row * ld_o + (int64_t)hv * d_v + j0 + warp + GDN_WARPS * c] = oj[c];
+        }
+    #pragma unroll
+        for (int c = 0; c < GDN_CPW; c++) {
+            float *Sj = Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
+            if constexpr (EPL == 4) {
+                *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
+            } else {
+    #pragma unroll
+                for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
             }
         }
-        ds_warp_sum_n<GDN_CPW>(oj);
-        if (lane == 0)
-#pragma unroll
-            for (int c = 0; c < GDN_CPW; c++)
-                o[row * ld_o + (int64_t)hv * d_v + j0 + warp + GDN_WARPS * c] = oj[c];
-    }
-#pragma unroll
-    for (int c = 0; c < GDN_CPW; c++) {
-        float *Sj = S + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
-        if constexpr (EPL == 4) {
-            *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
-        }
-    }
     }
 }
 

@@ -18,6 +18,7 @@
 // products that matter summed (hi·hi + hi·lo + lo·hi: near F32's rounding, the dropped lo·lo
 // term is 2⁻²² of the product); the rest (norms, gates, the decays, the 16 x 16 blocks of T) in
 // F32 on the CUDA cores. Rows past a chunk's last are zeros throughout.
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/q8.cuh"
@@ -114,24 +115,6 @@ static __device__ __forceinline__ void warp_mma3(float (&c)[NT][4], int K, unsig
 static __device__ __forceinline__ int k_rows(int n)
 {
     return (n + 7) & ~7;
-}
-static __device__ __forceinline__ unsigned smem_addr(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-// 16 bytes global -> shared, asynchronously; zeros when !ok
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(ok ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-static __device__ __forceinline__ void cp_async_wait_all()
-{
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
 // ---- launch 1: a (chunk, head) ----
@@ -406,7 +389,7 @@ static __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         }
         for (int64_t t0 = 0, y = y0; t0 < n_run; t0 += L, y++) {
             const int n = (int)min((int64_t)L, n_run - t0);
-            const float elast = scratch[(y * n_v + hv) * IF + 2 * L * DK + L * DK + L * d_v + L * L];
+            const float elast = scratch[(y * n_v + hv) * IF + 3 * L * DK + L * d_v + L * L];
             const bool more = t0 + L < n_run;
             const int n_next = more ? (int)min((int64_t)L, n_run - t0 - L) : 0;
             const float *it_next = scratch + ((y + 1) * n_v + hv) * IF;

@@ -19,6 +19,7 @@
 // scale, the min and the product to F16 (2^-11 relative each), x to F16.
 #include <mma.h>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_q.cuh"
 #include "kernels/cuda/gemv_slices.cuh"
@@ -243,14 +244,6 @@ __device__ __forceinline__ void qload_or_zero(const qview &m, int64_t r, bool ro
     }
 }
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 // the X rows b0.. of the step at k0 into Xs (zero past B and past k_end), 16 bytes a copy
 template <int N>
 __device__ __forceinline__ void x_async(const __half *xh, int64_t n_in, int b0, int B, int64_t k0,
@@ -290,7 +283,7 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
     x_async<N>(xh, m.n_in, b0, B, k_begin, k_end, Xs, tid);
     cp_async_commit();
     qput(q, k_begin, c, Ws + rr * GQ_LDS);
-    cp_async_wait();
+    cp_async_wait_all();
     __syncthreads();
 
     // warps: WM along the weight rows x WN along the batch rows; a warp's tile is FM x FN
@@ -330,7 +323,7 @@ static __global__ void __launch_bounds__(GQ_THREADS, gq_min_blocks<NT>())
         }
         if (more) {
             qput(q, kn, c, Wn + rr * GQ_LDS);
-            cp_async_wait();
+            cp_async_wait_all();
         }
         __syncthreads();
     }
