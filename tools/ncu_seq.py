@@ -11,7 +11,8 @@ import collections
 import csv
 import sys
 
-SCALE_T = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+SCALE_T = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+           "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # older ncu spells units out
 SCALE_B = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
 
 

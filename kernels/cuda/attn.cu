@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/attn_kv.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/q8.cuh"
 
@@ -183,34 +184,97 @@ static __device__ __forceinline__ float kv_at(const kv_raw<float, 2> &r, int e)
 }
 static __device__ __forceinline__ float kv_at(const kv_raw<float, 1> &r, int) { return r.v; }
 
+// What a warp stages of its positions: the K rows then the V rows (d_h elements of head j each)
+// in shared memory, copied by cp.async, 16 bytes a lane at a time; positions [a, b) of the
+// warp's first position w0. The lanes wait for their copies and meet at a __syncwarp before
+// reading (attn_split_kernel).
+template <typename T, int d_h>
+static __device__ __forceinline__ void stage_rows(T *sk, T *sv, const T *kb, const T *vb,
+                                                  int64_t rs, int w0, int a, int b, int lane)
+{
+    constexpr int P = d_h * (int)sizeof(T) / 16; // 16-byte pieces of a row
+    for (int i = lane; i < (b - a) * P; i += 32) {
+        const int t = a + i / P, p = i % P;
+        cp_async16((uint4 *)(sk + (t - w0) * d_h) + p, (const uint4 *)(kb + t * rs) + p, true);
+        cp_async16((uint4 *)(sv + (t - w0) * d_h) + p, (const uint4 *)(vb + t * rs) + p, true);
+    }
+}
+
+// K and V of a chunk staged in shared memory when they fit beside the other buffers (every F16
+// cache; F32 up to d_h 128); else each warp loads its rows into registers.
+// A staged chunk's positions go through the online softmax 2 at a time (the batch no longer
+// decides what is in flight), and its registers are capped for 4 CTAs an SM: one wave for a 4K
+// context at B = 1. Run 49 (27B / 4B decode at 4K, tok/s): registers 141.3 / 538.5, staged with
+// the register build's batch 142.2 / 542.5, capped for 3 CTAs 142.5 / 546.4, 2 a batch capped
+// for 4 (this) 143.0 / 548.5 (two reps: 143.2 / 548.3).
+#define ATTN_STAGE_BYTES 32768
+#define ATTN_STAGE_BATCH 2
+template <typename T, int EPL> static constexpr __host__ __device__ bool attn_staged()
+{
+    return 2 * ATTN_CHUNK * 32 * EPL * (int)sizeof(T) <= ATTN_STAGE_BYTES;
+}
+
 template <typename T, int EPL, int G> // T: cache element, d_h = 32 * EPL, G = n_h / n_kv
-static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
+static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, EPL>() ? 4 : 1)
     attn_split_kernel(const float *__restrict__ q, int64_t ld_q, const T *__restrict__ kc,
                       const T *__restrict__ vc, const int32_t *__restrict__ table, int table_ld,
                       const int32_t *__restrict__ d_slot, const int32_t *__restrict__ d_pos,
                       const int32_t *__restrict__ d_skip, int n_h, int n_kv,
-                      float *__restrict__ part, int n_split)
+                      float *__restrict__ part, int n_split, int early)
 {
-    ds_grid_dep();
-    if (d_skip && d_skip[blockIdx.z]) return; // attn_prefill_runs wrote this row's partials
     constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
     constexpr int big = sizeof(T) == 2 ? 32 : 16; // registers: q, o for G heads, the rows
-    constexpr int B = G * EPL > big ? ATTN_BATCH / 2 : ATTN_BATCH;
+    constexpr int ST = 2 * ATTN_CHUNK * d_h * (int)sizeof(T); // a chunk's K and V
+    constexpr bool STAGE = attn_staged<T, EPL>();
+    constexpr int B = STAGE ? ATTN_STAGE_BATCH : G * EPL > big ? ATTN_BATCH / 2 : ATTN_BATCH;
+    constexpr int OB = NW * G * d_h * 4, SB = STAGE && ST > OB ? ST : OB;
     __shared__ float s_m[NW][G], s_l[NW][G];
-    __shared__ float s_o[NW][G][d_h];
+    // the warps' o for the merge, and (staging) the chunk's K and V before it: the merge begins
+    // after a barrier that follows the last read of the staged rows
+    __shared__ __align__(16) unsigned char s_buf[SB];
+    float(*s_o)[G][d_h] = reinterpret_cast<float(*)[G][d_h]>(s_buf);
+    T *const sk = reinterpret_cast<T *>(s_buf) + (threadIdx.x >> 5) * 2 * PPW * d_h;
+    T *const sv = sk + PPW * d_h;
     const int j = blockIdx.x;
     const int64_t row = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = d_pos[row] + 1;
+    const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
+    // early (B = 1, attn_decode): the position and the cache rows below it were written before
+    // the preceding launch, so the first chunk's rows below the position are copied before
+    // waiting for it (under PDL they overlap attn_prep); the position's own row after
+    int n = 0, staged = 0; // positions of the first chunk staged early: [w0, staged)
+    int64_t shift0 = 0;
+    if (STAGE && early) {
+        n = d_pos[row] + 1;
+        const int split = blockIdx.y, t0 = split * ATTN_CHUNK;
+        if (t0 < n) {
+            const int t1 = min(t0 + ATTN_CHUNK, n), w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
+            const int64_t slot = d_slot ? d_slot[row] : 0, b0 = t0 / ATTN_KV_BLOCK;
+            shift0 = (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
+            staged = max(w0, min(w1, n - 1));
+            stage_rows<T, d_h>(sk, sv, kc + j * d_h + shift0, vc + j * d_h + shift0, rs, w0, w0,
+                               staged, lane);
+        }
+    }
+    ds_grid_dep();
+    if (d_skip && d_skip[blockIdx.z]) return; // attn_prefill_runs wrote this row's partials
+    n = d_pos[row] + 1;
     // a chunk past the row's position has no partial: attn_combine reads the chunks below it
     if ((int)blockIdx.y * ATTN_CHUNK >= n) return;
     const int64_t slot = d_slot ? d_slot[row] : 0;
     part += row * partial_row_floats(n_h, n_split, d_h);
     float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
-    const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
     const T *kh = kc + (int64_t)j * d_h + lane * EPL, *vh = vc + (int64_t)j * d_h + lane * EPL;
     const float scale = rsqrtf((float)d_h);
     q += row * ld_q;
+    // staging: the G scaled query heads in shared memory too (registers for o, not q: 4 CTAs
+    // an SM where the register build held 2)
+    __shared__ __align__(16) float s_q[STAGE ? G : 1][d_h];
+    if constexpr (STAGE) {
+        for (int i = threadIdx.x; i < G * d_h; i += NW * 32)
+            s_q[i / d_h][i % d_h] = q[(int64_t)j * G * d_h + i] * scale;
+        __syncthreads();
+    }
     for (int split = blockIdx.y; split * ATTN_CHUNK < n; split += gridDim.y) {
         if (split != (int)blockIdx.y) __syncthreads(); // the last chunk's merge has read s_*
         const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
@@ -219,38 +283,58 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
         const int64_t shift =
             (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
         const T *kb = kh + shift, *vb = vh + shift;
-        float qr[G][EPL], o[G][EPL], m[G], l[G];
+        const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
+        if constexpr (STAGE) {
+            const int from = split == (int)blockIdx.y && staged > w0 ? staged : w0;
+            stage_rows<T, d_h>(sk, sv, kc + j * d_h + shift, vc + j * d_h + shift, rs, w0, from,
+                               w1, lane);
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncwarp();
+        }
+        float qr[STAGE ? 1 : G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             m[g] = -INFINITY;
             l[g] = 0.0f;
 #pragma unroll
             for (int e = 0; e < EPL; e++) {
-                qr[g][e] = q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale;
+                if constexpr (!STAGE) qr[g][e] = q[(int64_t)(j * G + g) * d_h + lane * EPL + e] * scale;
                 o[g][e] = 0.0f;
             }
         }
-        const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
         for (int tb = w0; tb < w1; tb += B) {
             kv_raw<T, EPL> kr[B], vr[B];
 #pragma unroll
             for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
                 const int64_t t = tb + b < w1 ? tb + b : tb;
-                kr[b] = load_kv<T, EPL>(kb + t * rs);
-                vr[b] = load_kv<T, EPL>(vb + t * rs);
+                if constexpr (STAGE) {
+                    kr[b] = load_kv<T, EPL>(sk + (t - w0) * d_h + lane * EPL);
+                    vr[b] = load_kv<T, EPL>(sv + (t - w0) * d_h + lane * EPL);
+                } else {
+                    kr[b] = load_kv<T, EPL>(kb + t * rs);
+                    vr[b] = load_kv<T, EPL>(vb + t * rs);
+                }
             }
             // every score of the batch first (B x G independent warp sums, interleaved), then one
             // online-softmax step per head for the whole batch
             float sc[B][G];
 #pragma unroll
-            for (int b = 0; b < B; b++)
+            for (int g = 0; g < G; g++) {
+                float qv[EPL];
 #pragma unroll
-                for (int g = 0; g < G; g++) {
+                for (int e = 0; e < EPL; e++) {
+                    if constexpr (STAGE) qv[e] = s_q[g][lane * EPL + e];
+                    else qv[e] = qr[g][e];
+                }
+#pragma unroll
+                for (int b = 0; b < B; b++) {
                     float a = 0.0f;
 #pragma unroll
-                    for (int e = 0; e < EPL; e++) a += qr[g][e] * kv_at(kr[b], e);
+                    for (int e = 0; e < EPL; e++) a += qv[e] * kv_at(kr[b], e);
                     sc[b][g] = a;
                 }
+            }
             ds_warp_sum_n<B * G>(&sc[0][0]);
 #pragma unroll
             for (int g = 0; g < G; g++) {
@@ -272,7 +356,9 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32)
                 }
             }
         }
-        // merge the warps (a warp without positions has m = -inf, l = 0, o = 0)
+        // merge the warps (a warp without positions has m = -inf, l = 0, o = 0); s_o overlays
+        // the staged rows, which every warp has finished reading after this barrier
+        if constexpr (STAGE) __syncthreads();
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (lane == 0) s_m[warp][g] = m[g], s_l[warp][g] = l[g];
@@ -334,11 +420,12 @@ static __device__ __forceinline__ void combine_ml(const float *pm, const float *
     *L_out = ds_block_sum(L, scratch);
 }
 
-// one CTA per query head and row, d_h threads = d_h/32 warps. Block max M of the valid splits' m, the
-// weights w_s = exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum
-// L = Σ w_s l_s; then warp k sums w_s o_s over splits s = k, k + d_h/32, ... for all d_h dims
-// (lane l: dims [EPL·l, EPL·l + EPL), EPL·4 bytes per load, 4 splits in flight), and the
-// warps' sums are added in a fixed order through shared memory.
+// grid (n_h · d_h/32, B), d_h threads = d_h/32 warps: the CTA takes 32 of its query head's
+// dims (slice x % (d_h/32)). Block max M of the valid splits' m, the weights w_s = exp(m_s - M)
+// into shared memory (tiles of COMBINE_TILE splits), block sum L = Σ w_s l_s (each slice's CTA
+// computes the same M, L); then warp k sums w_s o_s over splits s = k, k + d_h/32, ... (lane l:
+// dim l of the slice, a warp's 32 dims one 128-byte line), and warp 0 adds the warps' sums in a
+// fixed order, divides, gates and writes the slice (F32 and its Q8 block).
 template <int EPL> // d_h = 32 * EPL
 static __global__ void attn_combine_kernel(const float *__restrict__ part,
                                            const float *__restrict__ qg, int64_t ld_qg, int n_h,
@@ -349,8 +436,9 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     ds_grid_dep();
     constexpr int d_h = 32 * EPL, NW = EPL;
     __shared__ float sw[COMBINE_TILE], scratch[32];
-    __shared__ float red[NW][d_h];
-    const int h = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    __shared__ float red[NW][32];
+    const int h = blockIdx.x / NW, c = (blockIdx.x % NW) * 32; // the slice's first dim
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int64_t row = blockIdx.y;
     d_pos += row;
     part += row * partial_row_floats(n_h, n_split, d_h);
@@ -360,46 +448,34 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     const float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     pm += (int64_t)h * n_split;
     pl += (int64_t)h * n_split;
-    po += (int64_t)h * n_split * d_h + lane * EPL;
+    po += (int64_t)h * n_split * d_h + c + lane;
     const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
     float M, L;
     combine_ml(pm, pl, ns, scratch, &M, &L);
-    float acc[EPL];
-#pragma unroll
-    for (int e = 0; e < EPL; e++) acc[e] = 0.0f;
+    float acc = 0.0f;
     for (int s0 = 0; s0 < ns; s0 += COMBINE_TILE) {
         const int s1 = min(ns, s0 + COMBINE_TILE);
         __syncthreads();
         for (int s = s0 + t; s < s1; s += d_h) sw[s - s0] = pl[s] > 0.0f ? expf(pm[s] - M) : 0.0f;
         __syncthreads();
-#pragma unroll 4
+#pragma unroll 8
         for (int s = s0 + warp; s < s1; s += NW) {
             const float w = sw[s - s0];
             if (w == 0.0f) continue; // an emptied chunk (a prefill segment's): its o is not read
-            const float *ps = po + (int64_t)s * d_h;
-            if constexpr (EPL % 4 == 0) {
-#pragma unroll
-                for (int e = 0; e < EPL; e += 4) {
-                    const float4 v = *(const float4 *)(ps + e);
-                    acc[e] += w * v.x, acc[e + 1] += w * v.y, acc[e + 2] += w * v.z, acc[e + 3] += w * v.w;
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < EPL; e++) acc[e] += w * ps[e];
-            }
+            acc += w * po[(int64_t)s * d_h];
         }
     }
-#pragma unroll
-    for (int e = 0; e < EPL; e++) red[warp][lane * EPL + e] = acc[e];
+    red[warp][lane] = acc;
     __syncthreads();
+    if (warp != 0) return;
     float r = 0.0f;
 #pragma unroll
-    for (int k = 0; k < NW; k++) r += red[k][t];
-    const float gate = qg[(int64_t)h * 2 * d_h + d_h + t];
+    for (int k = 0; k < NW; k++) r += red[k][lane];
+    const float gate = qg[(int64_t)h * 2 * d_h + d_h + c + lane];
     r = r / L * (1.0f / (1.0f + expf(-gate)));
-    const int64_t i = (int64_t)h * d_h + t;
+    const int64_t i = (int64_t)h * d_h + c + lane;
     if (o) o[i] = r;
-    if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
+    if (oq) ds_q8_store_warp(r, i - lane, (int64_t)n_h * d_h, oq);
 }
 
 // attn_split for cache element T: one instantiation per (d_h, G) the asserts admit
@@ -408,7 +484,7 @@ static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q
                        const void *d_k_cache, const void *d_v_cache, const int32_t *d_table,
                        int table_ld, const int32_t *d_slot, const int32_t *d_pos,
                        const int32_t *d_skip,
-                       int n_h, int n_kv, int d_h, int n_split, float *d_partial,
+                       int n_h, int n_kv, int d_h, int n_split, float *d_partial, int early,
                        const cuda_launch *l)
 {
     const T *kc = (const T *)d_k_cache, *vc = (const T *)d_v_cache;
@@ -416,7 +492,7 @@ static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
         ds_launch(attn_split_kernel<T, E, GG>, ds_grid(d), d.block, 0, l, d_q, ld_q, kc, vc,    \
-                  d_table, table_ld, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split);      \
+                  d_table, table_ld, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split, early); \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
     switch (G) {                                                                                 \
@@ -452,16 +528,17 @@ extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int
         per = per < 1 ? 1 : per > n_split ? n_split : per;
     }
     *split = (cuda_launch_dims){(unsigned)n_kv, (unsigned)per, (unsigned)B, ATTN_SPLIT_WARPS * 32};
-    *combine = (cuda_launch_dims){(unsigned)n_h, (unsigned)B, 1, (unsigned)d_h};
+    *combine = (cuda_launch_dims){(unsigned)(n_h * (d_h / 32)), (unsigned)B, 1, (unsigned)d_h};
 }
 
-extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
-                                 const void *d_k_cache, const void *d_v_cache,
-                                 const int32_t *d_slot, const int32_t *d_table, int table_ld,
-                                 const int32_t *d_pos, const int32_t *d_skip, int n_h, int n_kv,
-                                 int d_h, int n_ctx, float *d_partial, float *d_o, int64_t ld_o,
-                                 void *d_o_q8, attn_kv_type kv_type, int B,
-                                 const cuda_launch *l)
+// early: attn_decode's (B = 1) promise that the position and the cache rows below it are final
+// before the preceding launch (attn_split_kernel)
+static void decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
+                        const void *d_k_cache, const void *d_v_cache, const int32_t *d_slot,
+                        const int32_t *d_table, int table_ld, const int32_t *d_pos,
+                        const int32_t *d_skip, int n_h, int n_kv, int d_h, int n_ctx,
+                        float *d_partial, float *d_o, int64_t ld_o, void *d_o_q8,
+                        attn_kv_type kv_type, int B, int early, const cuda_launch *l)
 {
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
@@ -477,10 +554,10 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
     attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);
     if (kv_type == ATTN_KV_F32)
         attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
-                          d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
+                          d_skip, n_h, n_kv, d_h, n_split, d_partial, early, l);
     else
         attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
-                           d_skip, n_h, n_kv, d_h, n_split, d_partial, l);
+                           d_skip, n_h, n_kv, d_h, n_split, d_partial, early, l);
 #define ATTN_COMBINE(E)                                                                         \
     ds_launch(attn_combine_kernel<E>, ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h,  \
               n_split, d_pos, d_o, ld_o, d_o_q8)
@@ -493,11 +570,23 @@ extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_
 #undef ATTN_COMBINE
 }
 
+extern "C" void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
+                                 const void *d_k_cache, const void *d_v_cache,
+                                 const int32_t *d_slot, const int32_t *d_table, int table_ld,
+                                 const int32_t *d_pos, const int32_t *d_skip, int n_h, int n_kv,
+                                 int d_h, int n_ctx, float *d_partial, float *d_o, int64_t ld_o,
+                                 void *d_o_q8, attn_kv_type kv_type, int B,
+                                 const cuda_launch *l)
+{
+    decode_rows(d_q, ld_q, d_qg, ld_qg, d_k_cache, d_v_cache, d_slot, d_table, table_ld, d_pos,
+                d_skip, n_h, n_kv, d_h, n_ctx, d_partial, d_o, ld_o, d_o_q8, kv_type, B, 0, l);
+}
+
 extern "C" void attn_decode(const float *d_q, const float *d_qg, const int32_t *d_table,
                             const void *d_k_cache, const void *d_v_cache, int n_h, int n_kv,
                             int d_h, int n_ctx, const int32_t *d_pos, float *d_partial,
                             float *d_o, void *d_o_q8, attn_kv_type kv_type, const cuda_launch *l)
 {
-    attn_decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, NULL, d_table, 0, d_pos, NULL, n_h,
-                     n_kv, d_h, n_ctx, d_partial, d_o, 0, d_o_q8, kv_type, 1, l);
+    decode_rows(d_q, 0, d_qg, 0, d_k_cache, d_v_cache, NULL, d_table, 0, d_pos, NULL, n_h, n_kv,
+                d_h, n_ctx, d_partial, d_o, 0, d_o_q8, kv_type, 1, 1, l);
 }

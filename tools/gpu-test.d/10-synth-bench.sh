@@ -7,5 +7,9 @@ if [ -x "$here/bin/deltaserve" ]; then
     for p in ${DS_GPU_SYNTH:-0.8b 4b 27b}; do
         [ -s /tmp/synth-$p.gguf ] || continue
         step "bench_decode_$p" 120 "$here/bin/deltaserve" bench decode --model /tmp/synth-$p.gguf --ctx 4096 --tokens 256
+        # DS_GPU_DECODE_CTX="0 16384": the same bench at other contexts (what attention costs)
+        for c in ${DS_GPU_DECODE_CTX:-}; do
+            step "bench_decode_${p}_ctx$c" 120 "$here/bin/deltaserve" bench decode --model /tmp/synth-$p.gguf --ctx "$c" --tokens 256
+        done
     done
 fi
