@@ -14,4 +14,19 @@ static __device__ __forceinline__ float gdn_conv_channel(float x, const float *w
     return acc / (1.0f + expf(-acc));
 }
 
+// L2 prefetch of what gdn_conv_channel reads for channel `row` (its K weights and K-1 state
+// values): issued when a kernel starts, so that the epilogue after the row's dot product does
+// not wait a DRAM latency of its own. The state was last written by the previous token's step.
+static __device__ __forceinline__ void gdn_conv_prefetch(const float *w, const float *state,
+                                                         int64_t row, int K)
+{
+    const float *pw = w + row * K, *ps = state + row * (K - 1);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pw));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(pw + K - 1));
+    if (K > 1) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(ps));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(ps + K - 2));
+    }
+}
+
 #endif

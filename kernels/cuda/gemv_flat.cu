@@ -18,6 +18,12 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
 {
     constexpr int U = FLAT_U;
     constexpr int TPB = TT::TPB, G = FLAT_THREADS / TPB, STEP = U * G, NW = FLAT_THREADS / 32;
+    if constexpr (EP == EP_CONV) { // the stretch's conv channels, ahead of the epilogue
+        const int64_t c0 = (int64_t)blockIdx.x * n_out / gridDim.x;
+        const int64_t c1 = min((int64_t)(blockIdx.x + 1) * n_out / gridDim.x, ep.n_conv);
+        for (int64_t row = c0 + threadIdx.x; row < c1; row += FLAT_THREADS)
+            gdn_conv_prefetch(ep.conv_w, ep.conv_state, row, ep.K);
+    }
     ds_grid_dep();
     constexpr bool TWO = EP == EP_SWIGLU;
     extern __shared__ float s_part[]; // [nf] partials (then [nf] of W1 when TWO)
@@ -30,6 +36,12 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
     const uint64_t nblk = (uint64_t)n_out * (uint64_t)nb, fb = (uint64_t)r0 * (uint64_t)nb;
     float *s_up = s_part + nf;
 
+    // EP_ADD: y of the stretch's first FLAT_THREADS rows loaded before the dot loop (thread i:
+    // row r0 + i) and put in shared memory after it, so the epilogue does not wait for them
+    __shared__ float s_y[EP == EP_ADD ? FLAT_THREADS : 1];
+    float y_old = 0.0f;
+    if constexpr (EP == EP_ADD)
+        if (tid < nr) y_old = y[r0 + tid];
     const int grp = tid / TPB, c = tid % TPB;
     const int grp_w = (warp * 32) / TPB; // the warp's first group: keeps the loop warp-uniform
     const int dr = STEP % nb;
@@ -62,6 +74,8 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
             if (bb[u] >= nb) bb[u] -= nb;
         }
     }
+    if constexpr (EP == EP_ADD)
+        if (tid < nr) s_y[tid] = y_old;
     __syncthreads();
 
     unsigned long long my_best = 0;
@@ -76,7 +90,7 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
         if (lane == 0) {
             const int64_t row = r0 + i;
             if constexpr (EP == EP_ADD) {
-                y[row] += a;
+                y[row] = (i < FLAT_THREADS ? s_y[i] : y[row]) + a;
             } else if constexpr (TWO) {
                 y[row] = a / (1.0f + __expf(-a)) * up;
             } else if constexpr (EP == EP_CONV) {

@@ -190,14 +190,15 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
 
 // Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
 // add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax.
+// (EP_ADD: y_old is y[row] as loaded before the row's dot product.)
 template <int EP>
 static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restrict__ y,
-                                              int64_t row, float a, float u,
+                                              int64_t row, float a, float u, float y_old,
                                               unsigned long long *best)
 {
     if constexpr (EP == EP_SWIGLU) a = a / (1.0f + __expf(-a)) * u;
     if constexpr (EP == EP_ADD) {
-        y[row] += a;
+        y[row] = y_old + a;
     } else if constexpr (EP == EP_CONV) {
         y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
                                                     ep.conv_state + row * (ep.K - 1), ep.K)
@@ -238,6 +239,13 @@ static __device__ __forceinline__ void
     // i. The weights do not depend on the preceding kernel, so the first prefetches go out
     // before ds_grid_dep(): under programmatic dependent launch they overlap its tail.
     const int64_t cfirst = (int64_t)cta * cta_rows, goff = (int64_t)grp * R;
+    if constexpr (EP == EP_CONV) // the group's conv channels: lane l, row l % R of group l / R
+        if (wk == 0)
+            for (int l = lane;; l += 32) {
+                const int64_t row = cfirst + goff + (l / R) * rstride + l % R;
+                if (row >= ep.n_conv) break;
+                gdn_conv_prefetch(ep.conv_w, ep.conv_state, row, ep.K);
+            }
     if (wk == 0)
         for (int k = 0; k < ep.pf; k++) {
             prefetch_rows<TT>(W0, n_in, n_out, nblk, cfirst + goff + k * rstride, R, lane);
@@ -254,6 +262,12 @@ static __device__ __forceinline__ void
         int64_t rows[R];
 #pragma unroll
         for (int r = 0; r < R; r++) rows[r] = r0 + r < n_out ? r0 + r : n_out - 1;
+        // EP_ADD: the rows' y loaded now (after the wait: the preceding kernels may write it), so
+        // that its latency overlaps the dot product instead of following it
+        float y_old[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            y_old[r] = EP == EP_ADD && lane == 0 && wk == 0 ? y[rows[r]] : 0.0f;
         float a[R], u[R];
         rows_dot<TT, R>(W0, rows, n_in, nblk, x, xqs, xds, lr, nl, a);
         if constexpr (TWO) rows_dot<TT, R>(W1, rows, n_in, nblk, x, xqs, xds, lr, nl, u);
@@ -283,7 +297,7 @@ static __device__ __forceinline__ void
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= n_out) break;
-                ep_row<EP>(ep, y, r0 + r, a[r], TWO ? u[r] : 0.0f, &my_best);
+                ep_row<EP>(ep, y, r0 + r, a[r], TWO ? u[r] : 0.0f, y_old[r], &my_best);
             }
         }
     }
