@@ -420,13 +420,16 @@ static __device__ __forceinline__ void combine_ml(const float *pm, const float *
     *L_out = ds_block_sum(L, scratch);
 }
 
-// grid (n_h · d_h/32, B), d_h threads = d_h/32 warps: the CTA takes 32 of its query head's
-// dims (slice x % (d_h/32)). Block max M of the valid splits' m, the weights w_s = exp(m_s - M)
-// into shared memory (tiles of COMBINE_TILE splits), block sum L = Σ w_s l_s (each slice's CTA
-// computes the same M, L); then warp k sums w_s o_s over splits s = k, k + d_h/32, ... (lane l:
-// dim l of the slice, a warp's 32 dims one 128-byte line), and warp 0 adds the warps' sums in a
-// fixed order, divides, gates and writes the slice (F32 and its Q8 block).
-template <int EPL> // d_h = 32 * EPL
+// d_h threads = d_h/32 warps a CTA. Block max M of the valid splits' m, the weights w_s =
+// exp(m_s - M) into shared memory (tiles of COMBINE_TILE splits), block sum L = Σ w_s l_s; then
+// warp k sums w_s o_s over splits s = k, k + d_h/32, ... for the CTA's dims, and the warps' sums
+// are added in a fixed order through shared memory, divided, gated and written (F32 and Q8).
+// SLICE (B = 1): grid (n_h · d_h/32, 1), a CTA takes 32 dims of its head (lane l: dim l of the
+// slice, a warp's dims one 128-byte line) and warp 0 finishes them: 8x the CTAs of a 256-dim
+// head, each computing the same M and L. Else grid (n_h, B), a CTA takes the head's d_h dims
+// (lane l: dims [EPL·l, EPL·l + EPL), read as float4); a batch of prompt rows merges with
+// fewer, larger CTAs. Both are the same arithmetic for every dim, so B = 1 and rows agree.
+template <int EPL, bool SLICE> // d_h = 32 * EPL
 static __global__ void attn_combine_kernel(const float *__restrict__ part,
                                            const float *__restrict__ qg, int64_t ld_qg, int n_h,
                                            int n_split, const int32_t *__restrict__ d_pos,
@@ -434,10 +437,11 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
                                            void *__restrict__ oq)
 {
     ds_grid_dep();
-    constexpr int d_h = 32 * EPL, NW = EPL;
+    constexpr int d_h = 32 * EPL, NW = EPL, LE = SLICE ? 1 : EPL, SW = 32 * LE;
     __shared__ float sw[COMBINE_TILE], scratch[32];
-    __shared__ float red[NW][32];
-    const int h = blockIdx.x / NW, c = (blockIdx.x % NW) * 32; // the slice's first dim
+    __shared__ float red[NW][SW];
+    const int h = SLICE ? blockIdx.x / NW : blockIdx.x;
+    const int c = SLICE ? (blockIdx.x % NW) * 32 : 0; // the CTA's first dim
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int64_t row = blockIdx.y;
     d_pos += row;
@@ -448,34 +452,47 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     const float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
     pm += (int64_t)h * n_split;
     pl += (int64_t)h * n_split;
-    po += (int64_t)h * n_split * d_h + c + lane;
+    po += (int64_t)h * n_split * d_h + c + lane * LE;
     const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
     float M, L;
     combine_ml(pm, pl, ns, scratch, &M, &L);
-    float acc = 0.0f;
+    float acc[LE];
+#pragma unroll
+    for (int e = 0; e < LE; e++) acc[e] = 0.0f;
     for (int s0 = 0; s0 < ns; s0 += COMBINE_TILE) {
         const int s1 = min(ns, s0 + COMBINE_TILE);
         __syncthreads();
         for (int s = s0 + t; s < s1; s += d_h) sw[s - s0] = pl[s] > 0.0f ? expf(pm[s] - M) : 0.0f;
         __syncthreads();
-#pragma unroll 8
+#pragma unroll 4
         for (int s = s0 + warp; s < s1; s += NW) {
             const float w = sw[s - s0];
             if (w == 0.0f) continue; // an emptied chunk (a prefill segment's): its o is not read
-            acc += w * po[(int64_t)s * d_h];
+            const float *ps = po + (int64_t)s * d_h;
+            if constexpr (LE % 4 == 0) {
+#pragma unroll
+                for (int e = 0; e < LE; e += 4) {
+                    const float4 v = *(const float4 *)(ps + e);
+                    acc[e] += w * v.x, acc[e + 1] += w * v.y, acc[e + 2] += w * v.z, acc[e + 3] += w * v.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < LE; e++) acc[e] += w * ps[e];
+            }
         }
     }
-    red[warp][lane] = acc;
+#pragma unroll
+    for (int e = 0; e < LE; e++) red[warp][lane * LE + e] = acc[e];
     __syncthreads();
-    if (warp != 0) return;
+    if (t >= SW) return; // SLICE: warp 0 finishes the slice
     float r = 0.0f;
 #pragma unroll
-    for (int k = 0; k < NW; k++) r += red[k][lane];
-    const float gate = qg[(int64_t)h * 2 * d_h + d_h + c + lane];
+    for (int k = 0; k < NW; k++) r += red[k][t];
+    const float gate = qg[(int64_t)h * 2 * d_h + d_h + c + t];
     r = r / L * (1.0f / (1.0f + expf(-gate)));
-    const int64_t i = (int64_t)h * d_h + c + lane;
+    const int64_t i = (int64_t)h * d_h + c + t;
     if (o) o[i] = r;
-    if (oq) ds_q8_store_warp(r, i - lane, (int64_t)n_h * d_h, oq);
+    if (oq) ds_q8_store_warp(r, i & ~(int64_t)31, (int64_t)n_h * d_h, oq);
 }
 
 // attn_split for cache element T: one instantiation per (d_h, G) the asserts admit
@@ -528,7 +545,8 @@ extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int
         per = per < 1 ? 1 : per > n_split ? n_split : per;
     }
     *split = (cuda_launch_dims){(unsigned)n_kv, (unsigned)per, (unsigned)B, ATTN_SPLIT_WARPS * 32};
-    *combine = (cuda_launch_dims){(unsigned)(n_h * (d_h / 32)), (unsigned)B, 1, (unsigned)d_h};
+    *combine = (cuda_launch_dims){(unsigned)(B == 1 ? n_h * (d_h / 32) : n_h), (unsigned)B, 1,
+                                  (unsigned)d_h};
 }
 
 // early: attn_decode's (B = 1) promise that the position and the cache rows below it are final
@@ -559,8 +577,9 @@ static void decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64
         attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
                            d_skip, n_h, n_kv, d_h, n_split, d_partial, early, l);
 #define ATTN_COMBINE(E)                                                                         \
-    ds_launch(attn_combine_kernel<E>, ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h,  \
-              n_split, d_pos, d_o, ld_o, d_o_q8)
+    ds_launch(B == 1 ? attn_combine_kernel<E, true> : attn_combine_kernel<E, false>,            \
+              ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h, n_split, d_pos, d_o,     \
+              ld_o, d_o_q8)
     switch (d_h / 32) {
     case 1: ATTN_COMBINE(1); break;
     case 2: ATTN_COMBINE(2); break;

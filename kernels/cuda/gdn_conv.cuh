@@ -4,14 +4,29 @@
 #ifndef DS_KERNELS_CUDA_GDN_CONV_CUH
 #define DS_KERNELS_CUDA_GDN_CONV_CUH
 
+// (state_in: where the state is read, a copy in shared memory or state itself)
+static __device__ __forceinline__ float gdn_conv_channel_from(float x, const float *w,
+                                                              const float *state_in,
+                                                              float *state, int K)
+{
+    float acc = w[K - 1] * x;
+    for (int k = 0; k < K - 1; k++) acc += w[k] * state_in[k];
+    for (int k = 0; k < K - 2; k++) state[k] = state_in[k + 1];
+    if (K > 1) state[K - 2] = x;
+    return acc / (1.0f + expf(-acc));
+}
+
 static __device__ __forceinline__ float gdn_conv_channel(float x, const float *w, float *state,
                                                          int K)
 {
-    float acc = w[K - 1] * x;
-    for (int k = 0; k < K - 1; k++) acc += w[k] * state[k];
-    for (int k = 0; k < K - 2; k++) state[k] = state[k + 1];
-    if (K > 1) state[K - 2] = x;
-    return acc / (1.0f + expf(-acc));
+    return gdn_conv_channel_from(x, w, state, state, K);
+}
+
+// Value e (0 <= e < 2K-1) of channel row's conv inputs: its K weights, then its K-1 state values
+static __device__ __forceinline__ float gdn_conv_value(const float *w, const float *state,
+                                                       int64_t row, int K, int e)
+{
+    return e < K ? w[row * K + e] : state[row * (K - 1) + e - K];
 }
 
 // L2 prefetch of what gdn_conv_channel reads for channel `row` (its K weights and K-1 state

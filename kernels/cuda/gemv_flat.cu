@@ -36,12 +36,21 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
     const uint64_t nblk = (uint64_t)n_out * (uint64_t)nb, fb = (uint64_t)r0 * (uint64_t)nb;
     float *s_up = s_part + nf;
 
-    // EP_ADD: y of the stretch's first FLAT_THREADS rows loaded before the dot loop (thread i:
-    // row r0 + i) and put in shared memory after it, so the epilogue does not wait for them
-    __shared__ float s_y[EP == EP_ADD ? FLAT_THREADS : 1];
-    float y_old = 0.0f;
+    // What the epilogue reads besides the partials, loaded before the dot loop (one value a
+    // thread) and put in shared memory after it, so the epilogue does not wait for it: EP_ADD,
+    // y of the stretch's first FLAT_THREADS rows (thread i: row r0 + i); EP_CONV, the 2K-1 conv
+    // inputs of its first FLAT_THREADS / (2K-1) rows (thread i: value i % (2K-1) of row i /
+    // (2K-1)). The rows past those read their own.
+    constexpr bool PRE = EP == EP_ADD || EP == EP_CONV;
+    __shared__ float s_pre[PRE ? FLAT_THREADS : 1];
+    const int nv = EP == EP_CONV ? 2 * ep.K - 1 : 1;
+    const int n_pre = min(nr, FLAT_THREADS / nv) * nv; // values loaded
+    float pre = 0.0f;
     if constexpr (EP == EP_ADD)
-        if (tid < nr) y_old = y[r0 + tid];
+        if (tid < n_pre) pre = y[r0 + tid];
+    if constexpr (EP == EP_CONV)
+        if (tid < n_pre && r0 + tid / nv < ep.n_conv)
+            pre = gdn_conv_value(ep.conv_w, ep.conv_state, r0 + tid / nv, ep.K, tid % nv);
     const int grp = tid / TPB, c = tid % TPB;
     const int grp_w = (warp * 32) / TPB; // the warp's first group: keeps the loop warp-uniform
     const int dr = STEP % nb;
@@ -74,8 +83,8 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
             if (bb[u] >= nb) bb[u] -= nb;
         }
     }
-    if constexpr (EP == EP_ADD)
-        if (tid < nr) s_y[tid] = y_old;
+    if constexpr (PRE)
+        if (tid < n_pre) s_pre[tid] = pre;
     __syncthreads();
 
     unsigned long long my_best = 0;
@@ -90,13 +99,16 @@ static __global__ void __launch_bounds__(FLAT_THREADS)
         if (lane == 0) {
             const int64_t row = r0 + i;
             if constexpr (EP == EP_ADD) {
-                y[row] = (i < FLAT_THREADS ? s_y[i] : y[row]) + a;
+                y[row] = (i < n_pre ? s_pre[i] : y[row]) + a;
             } else if constexpr (TWO) {
                 y[row] = a / (1.0f + __expf(-a)) * up;
             } else if constexpr (EP == EP_CONV) {
-                y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
-                                                            ep.conv_state + row * (ep.K - 1), ep.K)
-                                         : a;
+                float *st = ep.conv_state + row * (ep.K - 1);
+                const float *cv = s_pre + i * nv;
+                y[row] = row >= ep.n_conv ? a
+                         : (i + 1) * nv <= n_pre
+                             ? gdn_conv_channel_from(a, cv, cv + ep.K, st, ep.K)
+                             : gdn_conv_channel(a, ep.conv_w + row * ep.K, st, ep.K);
             } else {
                 y[row] = a;
             }

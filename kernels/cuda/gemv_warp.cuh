@@ -190,19 +190,21 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
 
 // Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
 // add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax.
-// (EP_ADD: y_old is y[row] as loaded before the row's dot product.)
+// (EP_ADD: y_old is y[row] as loaded before the row's dot product; EP_CONV: cv, when not NULL,
+// the row's 2K-1 conv inputs as loaded before it, gdn_conv_value's order.)
 template <int EP>
 static __device__ __forceinline__ void ep_row(const ep_args &ep, float *__restrict__ y,
                                               int64_t row, float a, float u, float y_old,
-                                              unsigned long long *best)
+                                              const float *cv, unsigned long long *best)
 {
     if constexpr (EP == EP_SWIGLU) a = a / (1.0f + __expf(-a)) * u;
     if constexpr (EP == EP_ADD) {
         y[row] = y_old + a;
     } else if constexpr (EP == EP_CONV) {
-        y[row] = row < ep.n_conv ? gdn_conv_channel(a, ep.conv_w + row * ep.K,
-                                                    ep.conv_state + row * (ep.K - 1), ep.K)
-                                 : a;
+        float *st = ep.conv_state + row * (ep.K - 1);
+        y[row] = row >= ep.n_conv ? a
+                 : cv ? gdn_conv_channel_from(a, cv, cv + ep.K, st, ep.K)
+                      : gdn_conv_channel(a, ep.conv_w + row * ep.K, st, ep.K);
     } else {
         y[row] = a;
     }
@@ -228,6 +230,7 @@ static __device__ __forceinline__ void
 {
     constexpr bool TWO = EP == EP_SWIGLU;
     __shared__ float s_part[GEMV_WARPS][2 * R];
+    __shared__ float s_cv[GEMV_WARPS][EP == EP_CONV ? 32 : 1]; // EP_CONV: the rows' conv inputs
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wpr = ep.wpr, groups = GEMV_WARPS / wpr, grp = warp / wpr, wk = warp % wpr;
     const int lr = wk * 32 + lane, nl = wpr * 32;
@@ -268,6 +271,13 @@ static __device__ __forceinline__ void
 #pragma unroll
         for (int r = 0; r < R; r++)
             y_old[r] = EP == EP_ADD && lane == 0 && wk == 0 ? y[rows[r]] : 0.0f;
+        // EP_CONV: likewise the rows' conv inputs, lane l value l % (2K-1) of row l / (2K-1)
+        // when the R rows' fit in a warp's lanes (else the epilogue reads them itself)
+        const int nv = 2 * ep.K - 1;
+        const bool cv_pre = EP == EP_CONV && R * nv <= 32;
+        float cv = 0.0f;
+        if (cv_pre && wk == 0 && lane < R * nv && r0 + lane / nv < ep.n_conv)
+            cv = gdn_conv_value(ep.conv_w, ep.conv_state, r0 + lane / nv, ep.K, lane % nv);
         float a[R], u[R];
         rows_dot<TT, R>(W0, rows, n_in, nblk, x, xqs, xds, lr, nl, a);
         if constexpr (TWO) rows_dot<TT, R>(W1, rows, n_in, nblk, x, xqs, xds, lr, nl, u);
@@ -293,11 +303,16 @@ static __device__ __forceinline__ void
                     }
             __syncthreads();
         }
+        if (cv_pre && wk == 0) {
+            s_cv[warp][lane] = cv;
+            __syncwarp();
+        }
         if (lane == 0 && wk == 0) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= n_out) break;
-                ep_row<EP>(ep, y, r0 + r, a[r], TWO ? u[r] : 0.0f, y_old[r], &my_best);
+                ep_row<EP>(ep, y, r0 + r, a[r], TWO ? u[r] : 0.0f, y_old[r],
+                           cv_pre ? &s_cv[warp][r * nv] : nullptr, &my_best);
             }
         }
     }

@@ -735,7 +735,8 @@ static void test_launch_dims(void)
                     (B > 1 || ds.grid_y == (unsigned)n_split) &&
                     (B == 1 || (uint64_t)ds.grid_x * ds.grid_y * ds.grid_z <=
                                    (uint64_t)16384 + (uint64_t)s->n_kv * B) &&
-                    dc.grid_x == (unsigned)(s->n_h * (s->d_h / 32)) && dc.block == (unsigned)s->d_h;
+                    dc.grid_x == (unsigned)(B == 1 ? s->n_h * (s->d_h / 32) : s->n_h) &&
+                    dc.block == (unsigned)s->d_h;
                 if (!split_ok)
                     printf("  %s attn_decode_rows B %d n_ctx %d: split grid (%u, %u, %u)\n",
                            s->name, B, n_ctx, ds.grid_x, ds.grid_y, ds.grid_z);
