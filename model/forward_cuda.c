@@ -9,7 +9,6 @@
 #include "gguf/quant.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/blas.h"
-#include "kernels/cuda/tp_comm.h"
 #include "model/forward_cuda_impl.h"
 
 static int check_shapes(const qwen35_config *c, status *st)
@@ -45,20 +44,6 @@ static attn_kv_type choose_kv_type(const qwen35_model *m)
 /* Both graphs of every slot; with programmatic dependent launch where the device has it (a
  * capture that fails with it is retried without). H200 (BENCH.md run 7): PDL made the step 12% /
  * 6% / 1.3% faster on the 0.8B / 4B / 27B. */
-/* NCCL connects a communicator's peers at its first collective, and that may not happen inside
- * a stream capture (BENCH.md run 55: "failed to peer with device 1: operation not permitted when
- * stream is capturing", then every capture failed): one sum of the zeroed residual stream now,
- * outside any capture, on every rank (the ranks are created at the same time, each on its own
- * thread, so each rank's sum meets the others'). */
-static int tp_connect(qwen35_cuda *e, status *st)
-{
-    if (!e->tp) return STATUS_OK;
-    if (cuda_memset(e->a.d_x, 0, (size_t)e->cfg.H * 4, st) ||
-        tp_comm_sum(e->tp, e->a.d_x, (size_t)e->cfg.H, e->launch.stream, st))
-        return st->code;
-    return cuda_sync(e->launch.stream, "tensor parallel: the first all-reduce", st);
-}
-
 static int capture_graphs(qwen35_cuda *e, status *st)
 {
     e->pdl = e->props.cc_major >= 9 && !e->tp; /* PDL edges and NCCL's kernels: not mixed */
@@ -285,9 +270,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
              e->state_bytes / 1e9, e->n_slots, e->n_ctx,
              e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
-    if (tp_connect(e, st) || create_samplers(e, st) || capture_graphs(e, st) ||
-        fc_batch_capture(e, st))
-        goto fail;
+    if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
     if (e->b.dense_failed) {
         status_fail(st, STATUS_DEVICE, "cuda: a dense GEMM could not be recorded (cuBLAS)");
         goto fail;

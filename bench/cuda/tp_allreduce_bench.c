@@ -100,11 +100,6 @@ static void *ar_main(void *arg)
               !cuda_alloc((void **)&r->buf, bytes, "all-reduce buffer", &r->st) &&
               !cuda_memset(r->buf, 0, bytes, &r->st) && !cuda_stream_create(&r->s, &r->st) &&
               !cuda_event_create(&r->e0, &r->st) && !cuda_event_create(&r->e1, &r->st);
-    /* NCCL connects the peers at the first collective, which may not be captured (the engine's
-     * tp_connect in model/forward_cuda.c): one sum outside the capture first */
-    if (ar_sync(r, ok)) return NULL;
-    ok = !tp_comm_sum(r->comm, r->buf, r->sh->hidden, r->s, &r->st) &&
-         !cuda_sync(r->s, "the first all-reduce", &r->st);
     if (!ar_sync(r, ok)) ar_case(r);
     return NULL;
 }

@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include "common/dynlib.h"
+#include "kernels/cuda/cuda_device.h"
 
 struct tp_comm {
     ncclComm_t comm;
@@ -18,6 +19,8 @@ static struct {
     void *lib;
     __typeof__(&ncclCommInitAll) init_all;
     __typeof__(&ncclAllReduce) all_reduce;
+    __typeof__(&ncclGroupStart) group_start;
+    __typeof__(&ncclGroupEnd) group_end;
     __typeof__(&ncclCommDestroy) destroy;
     __typeof__(&ncclGetErrorString) error_string;
     __typeof__(&ncclGetVersion) version;
@@ -29,6 +32,8 @@ static void load(void)
     const dynlib_sym syms[] = {
         {"ncclCommInitAll", (void **)&g_nccl.init_all},
         {"ncclAllReduce", (void **)&g_nccl.all_reduce},
+        {"ncclGroupStart", (void **)&g_nccl.group_start},
+        {"ncclGroupEnd", (void **)&g_nccl.group_end},
         {"ncclCommDestroy", (void **)&g_nccl.destroy},
         {"ncclGetErrorString", (void **)&g_nccl.error_string},
         {"ncclGetVersion", (void **)&g_nccl.version},
@@ -53,6 +58,45 @@ const char *tp_comm_describe(void)
     return g_nccl.what;
 }
 
+/* NCCL connects a communicator's peers at its first collective, and that may not happen inside a
+ * stream capture (BENCH.md run 55, two H200s: "failed to peer with device 1: operation not
+ * permitted when stream is capturing", then every step graph's capture failed). So one small
+ * all-reduce on every communicator now, from this thread in one NCCL group, before any rank
+ * captures: a rank that fails later cannot leave the others waiting in it. */
+#define CONNECT_FLOATS 64
+
+static int connect_all(int n, const int *devs, ncclComm_t *comms, status *st)
+{
+    float *buf[64] = {0};
+    cuda_stream s[64] = {0};
+    cuda_device_props p;
+    int rc = STATUS_OK;
+    for (int i = 0; i < n && !rc; i++)
+        rc = cuda_device_props_get(devs[i], &p, st) ||
+             cuda_alloc((void **)&buf[i], CONNECT_FLOATS * 4, "tensor parallel: connect", st) ||
+             cuda_memset(buf[i], 0, CONNECT_FLOATS * 4, st) || cuda_stream_create(&s[i], st);
+    if (!rc) {
+        ncclResult_t r = g_nccl.group_start();
+        for (int i = 0; i < n && r == ncclSuccess; i++)
+            r = g_nccl.all_reduce(buf[i], buf[i], CONNECT_FLOATS, ncclFloat32, ncclSum, comms[i],
+                                  (cudaStream_t)s[i]);
+        const ncclResult_t e = g_nccl.group_end();
+        if (r == ncclSuccess) r = e;
+        if (r != ncclSuccess)
+            rc = status_fail(st, STATUS_DEVICE, "tensor parallel: connecting %d GPUs: %s", n,
+                             g_nccl.error_string(r));
+    }
+    for (int i = 0; i < n; i++) {
+        if (!buf[i] && !s[i]) continue;
+        status ignored;
+        if (cuda_device_props_get(devs[i], &p, &ignored)) continue;
+        if (s[i] && !rc) rc = cuda_sync(s[i], "tensor parallel: connecting the GPUs", st);
+        if (s[i]) cuda_stream_destroy(s[i]);
+        cuda_free(buf[i]);
+    }
+    return rc;
+}
+
 int tp_comm_init_all(int n, const int *devs, tp_comm **out, status *st)
 {
     pthread_once(&g_nccl.once, load);
@@ -63,6 +107,10 @@ int tp_comm_init_all(int n, const int *devs, tp_comm **out, status *st)
     if (r != ncclSuccess)
         return status_fail(st, STATUS_DEVICE, "tensor parallel: ncclCommInitAll over %d GPUs: %s",
                            n, g_nccl.error_string(r));
+    if (connect_all(n, devs, comms, st)) {
+        for (int j = 0; j < n; j++) g_nccl.destroy(comms[j]);
+        return st->code;
+    }
     for (int i = 0; i < n; i++) {
         out[i] = calloc(1, sizeof **out);
         if (!out[i]) {

@@ -15,7 +15,9 @@
 
 typedef struct tp_comm tp_comm;
 
-/* n communicators over devices devs[0 .. n) (out[r]: rank r's), from one thread.
+/* n communicators over devices devs[0 .. n) (out[r]: rank r's), from one thread, their peers
+ * connected (one all-reduce each, outside any capture: NCCL cannot connect inside one). Leaves
+ * devs[n-1] the calling thread's current device.
  * STATUS_UNAVAILABLE when libnccl.so.2 cannot be loaded (the message says where it looked),
  * STATUS_DEVICE when NCCL fails (its message). */
 int tp_comm_init_all(int n, const int *devs, tp_comm **out, status *st);
