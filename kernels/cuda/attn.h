@@ -24,8 +24,10 @@
  * functions are the rows functions with B = 1 and no slot map (d_pos[0] the position), and the
  * split into chunks and their merge depend only on the row's position, so a row's outputs and
  * cache rows are bit-identical whatever B is and whatever other rows share the launch.
- * d_pos and d_slot are read after waiting for the preceding launch (PDL). *_rows_dims: the
- * launch grids (cuda_device.h), for limit checks. */
+ * d_pos and d_slot are read after waiting for the preceding launch (PDL), except by attn_decode
+ * (B = 1), which reads *d_pos and copies the cache rows below it before that wait: the caller
+ * promises that the launch just before it (attn_prep) writes neither (only row *d_pos).
+ * *_rows_dims: the launch grids (cuda_device.h), for limit checks. */
 #ifndef DS_KERNELS_CUDA_ATTN_H
 #define DS_KERNELS_CUDA_ATTN_H
 
