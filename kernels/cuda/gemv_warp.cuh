@@ -186,9 +186,6 @@ static __device__ __forceinline__ void prefetch_rows(const uint8_t *W, int64_t n
 }
 
 // Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
-// add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax. (The fused
-
-// Row `row`'s epilogue, given its dot a (and, for EP_SWIGLU, the up dot u): store, residual
 // add, SwiGLU, the causal conv of the GDN in-projection, or store + running argmax.
 // (EP_ADD: y_old is y[row] as loaded before the row's dot product; EP_CONV: cv, when not NULL,
 // the row's 2K-1 conv inputs as loaded before it, gdn_conv_value's order.)
