@@ -3,14 +3,8 @@
 # tokens each: aggregate tok/s, TTFT and inter-token latency p50 / p99. DS_GPU_SERVE: the models
 # (default 4b).
 serve_loadgen() { # serve_loadgen SIZE: the worker and router logs go to the step's log
-    local m=/tmp/synth-$1.gguf wlog=/tmp/serve-worker-$1.log rlog=/tmp/serve-router-$1.log
-    local c=${DS_GPU_SERVE_C:-64} wp=50151 rp=50152 i
-    "$here/bin/deltaserve" worker --model "$m" --device cuda --listen 127.0.0.1:$wp > "$wlog" 2>&1 &
-    local wpid=$!
-    for i in $(seq 1 600); do grep -q "ready:" "$wlog" && break; kill -0 $wpid 2>/dev/null || break; sleep 0.2; done
-    "$here/bin/deltaserve" router --listen 127.0.0.1:$rp --workers 127.0.0.1:$wp --poll-ms 100 > "$rlog" 2>&1 &
-    local rpid=$!
-    sleep 1
+    local c=${DS_GPU_SERVE_C:-64} rp=50152 wlog rlog wpid rpid
+    serve_up serve-$1 50151 $rp --model /tmp/synth-$1.gguf --device cuda
     "$here/bin/loadgen" --addr 127.0.0.1:$rp --concurrency "$c" --warmup "$c" --requests $((4 * c)) \
         --ids 9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16 --max-tokens 128 --ignore-eos --timeout-ms 120000
     local rc=$?
@@ -23,6 +17,6 @@ if [ -x "$here/bin/deltaserve" ] && [ -x "$here/bin/loadgen" ]; then
     for p in ${DS_GPU_SERVE:-4b}; do
         [ -s /tmp/synth-$p.gguf ] || continue
         # step runs a command under timeout: the function travels as text
-        step "serve_loadgen_$p" 300 bash -c "$(declare -f serve_loadgen); here='$here'; serve_loadgen $p"
+        step "serve_loadgen_$p" 300 bash -c "$(declare -f serve_up serve_loadgen); here='$here'; serve_loadgen $p"
     done
 fi

@@ -4,14 +4,8 @@
 # running or waiting) and its GPU memory (nvidia-smi, the worker process) must be the same
 # after as before. DS_GPU_SERVE: the models (default 4b).
 serve_cancel() { # serve_cancel SIZE
-    local m=/tmp/synth-$1.gguf wlog=/tmp/cancel-worker-$1.log rlog=/tmp/cancel-router-$1.log
-    local wp=50171 rp=50172 i rc mem0 mem1
-    "$here/bin/deltaserve" worker --model "$m" --device cuda --listen 127.0.0.1:$wp > "$wlog" 2>&1 &
-    local wpid=$!
-    for i in $(seq 1 600); do grep -q " info ready: " "$wlog" && break; kill -0 $wpid 2>/dev/null || break; sleep 0.2; done
-    "$here/bin/deltaserve" router --listen 127.0.0.1:$rp --workers 127.0.0.1:$wp --poll-ms 100 > "$rlog" 2>&1 &
-    local rpid=$!
-    sleep 1
+    local wp=50171 rp=50172 rc mem0 mem1 wlog rlog wpid rpid
+    serve_up cancel-$1 $wp $rp --model /tmp/synth-$1.gguf --device cuda
     # warm every path first (a stream of each kind), then the worker's memory
     "$here/bin/loadgen" --addr 127.0.0.1:$rp --concurrency 64 --requests 64 \
         --ids 9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16 --max-tokens 128 --ignore-eos > /dev/null
@@ -31,6 +25,6 @@ serve_cancel() { # serve_cancel SIZE
 if [ -x "$here/bin/deltaserve" ] && [ -x "$here/bin/loadgen" ]; then
     for p in ${DS_GPU_SERVE:-4b}; do
         [ -s /tmp/synth-$p.gguf ] || continue
-        step "serve_cancel_$p" 300 bash -c "$(declare -f serve_cancel); here='$here'; serve_cancel $p"
+        step "serve_cancel_$p" 300 bash -c "$(declare -f serve_up serve_cancel); here='$here'; serve_cancel $p"
     done
 fi

@@ -5,15 +5,9 @@
 # token under that load. DS_GPU_LONG: the models (default 4b); worker --step-tokens
 # DS_GPU_STEP_TOKENS (256).
 serve_long_prompt() { # serve_long_prompt SIZE
-    local m=/tmp/synth-$1.gguf wlog=/tmp/long-worker-$1.log rlog=/tmp/long-router-$1.log
-    local wp=50161 rp=50162 i pp=${DS_GPU_LONG_PP:-8192} gen=${DS_GPU_LONG_GEN:-768}
-    "$here/bin/deltaserve" worker --model "$m" --device cuda --listen 127.0.0.1:$wp --slots 48 \
-        --ctx $((pp + 1024)) --step-tokens ${DS_GPU_STEP_TOKENS:-256} > "$wlog" 2>&1 &
-    local wpid=$!
-    for i in $(seq 1 600); do grep -q "ready:" "$wlog" && break; kill -0 $wpid 2>/dev/null || break; sleep 0.2; done
-    "$here/bin/deltaserve" router --listen 127.0.0.1:$rp --workers 127.0.0.1:$wp --poll-ms 100 > "$rlog" 2>&1 &
-    local rpid=$!
-    sleep 1
+    local rp=50162 pp=${DS_GPU_LONG_PP:-8192} gen=${DS_GPU_LONG_GEN:-768} wlog rlog wpid rpid
+    serve_up long-$1 50161 $rp --model /tmp/synth-$1.gguf --device cuda --slots 48 \
+        --ctx $((pp + 1024)) --step-tokens ${DS_GPU_STEP_TOKENS:-256}
     local streams="--addr 127.0.0.1:$rp --concurrency 32 --requests 32 --ids 9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16 --max-tokens $gen --ignore-eos --timeout-ms 120000"
     echo "--- 32 streams alone"
     "$here/bin/loadgen" $streams
@@ -34,6 +28,6 @@ serve_long_prompt() { # serve_long_prompt SIZE
 if [ -x "$here/bin/deltaserve" ] && [ -x "$here/bin/loadgen" ]; then
     for p in ${DS_GPU_LONG:-4b}; do
         [ -s /tmp/synth-$p.gguf ] || continue
-        step "serve_long_prompt_$p" 300 bash -c "$(declare -f serve_long_prompt); here='$here'; serve_long_prompt $p"
+        step "serve_long_prompt_$p" 300 bash -c "$(declare -f serve_up serve_long_prompt); here='$here'; serve_long_prompt $p"
     done
 fi
