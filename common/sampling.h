@@ -16,6 +16,17 @@
 
 #define SAMPLING_MAX_LOGPROBS 20
 
+/* What sampling one row gives, on every layer (the CPU and GPU samplers, the forward's rows, the
+ * engine's items, the sinks): the token, and its logprob and the top alternatives when the
+ * sequence asked for n_logprobs > 0 (n_top = n_logprobs then, else 0). */
+typedef struct sample_result {
+    int32_t token;
+    float logprob;                           /* of token, when asked */
+    int32_t n_top;
+    int32_t top_id[SAMPLING_MAX_LOGPROBS];   /* most likely first */
+    float top_logprob[SAMPLING_MAX_LOGPROBS];
+} sample_result;
+
 typedef struct sampling_params {
     float temperature;        /* 0 = greedy; > 0 divides the logits. Finite, >= 0 */
     int32_t top_k;            /* keep the k most likely; 0 = off (all). >= 0 */

@@ -433,7 +433,6 @@ static __device__ __forceinline__ void sample_result_write(cg::cluster_group &cl
     }
     sample_result *res = a.res;
     res->token = token;
-    res->step = a.step;
     res->logprob = 0.0f;
     if (lp) {
         float zt = a.logits[token];

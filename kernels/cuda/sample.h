@@ -32,19 +32,10 @@ extern "C" {
 
 #include "common/sampling.h" /* no C++ guards of its own */
 
-#define SAMPLE_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
 #define SAMPLE_MAX_VOCAB (16 * 16384) /* a cluster of at most 16 CTAs x 16384 logits */
 
-/* Written by the device (pinned, mapped host memory); valid after the stream sync that follows
- * sample_run, until the next sample_run. */
-typedef struct sample_result {
-    int32_t token;
-    float logprob;                         /* of token, when asked */
-    int32_t n_top;                         /* = n_logprobs */
-    int32_t top_id[SAMPLE_MAX_LOGPROBS];   /* most likely first; -1 beyond the vocabulary */
-    float top_logprob[SAMPLE_MAX_LOGPROBS];
-    uint64_t step; /* the RNG step this result used */
-} sample_result;
+/* sample_result (common/sampling.h) is written by the device (pinned, mapped host memory); valid
+ * after the stream sync that follows sample_run, until the next sample_run. */
 
 /* For tests: the top-p cut of the last sample_run (all 0 when top-p is off), valid as the
  * result. The nucleus target top_p * S and the masses of the weights above / at-or-above the

@@ -1,0 +1,161 @@
+/* The forward contract: one shape for every device. A forward holds a Qwen3.5 model's runtime
+ * on one device kind (a group of N >= 1 tensor-parallel ranks: N = 1 is the plain forward):
+ * n_slots sequence slots (recurrent state and a sampler each), a paged KV cache whose blocks the
+ * pool (model/kv_pool.h) hands out, and the workspaces of a step. Implementations:
+ * model/forward_cpu.c (the CPU forward, the specification) and model/forward_cuda.c (one CUDA
+ * GPU per rank).
+ *
+ * A step takes rows: a token fed to a slot at a position, and whether to sample the slot's next
+ * token from that row's logits. It returns, for every sampled row, the sampled id with its
+ * logprobs (sample_result, common/sampling.h), on the CPU as on the GPU: the sampler lives
+ * behind the forward. Nothing is allocated per step; a step costs one host sync on a device.
+ *
+ *   fwd *f;
+ *   fwd_create("cuda", model, &(fwd_opts){.n_ctx = 4096, .n_slots = 8}, &f, &st);
+ *   fwd_seq_start(f, slot, &params, &st);
+ *   rows[0] = (fwd_row){.token = t, .slot = slot, .pos = n_past, .sample = true};
+ *   fwd_step(f, rows, 1, &st);                 rows[0].out.token: the next token
+ *   fwd_seq_end(f, slot);                      its KV blocks back to the pool
+ *   fwd_destroy(f);
+ *
+ * Which devices a binary has is a registry Bazel builds (fwd_backends below): a binary links
+ * one of //model:backends_cpu or //model:backends_all, nothing is found through weak symbols.
+ *
+ * Threading: one caller thread at a time (the engine thread). */
+#ifndef DS_MODEL_FWD_H
+#define DS_MODEL_FWD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/sampling.h"
+#include "common/status.h"
+#include "model/kv_pool.h"
+#include "model/qwen35.h"
+
+#define FWD_MAX_RANKS 64
+
+typedef struct fwd_opts {
+    int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device: free GPU memory
+                          on cuda, 8 on the CPU) */
+    int n_ctx;         /* positions per sequence (prompt + generated) */
+    int max_rows;      /* most rows of one step (0: n_slots + 256) */
+    int ranks;         /* tensor-parallel ranks (0 or 1: one) */
+    int devices[FWD_MAX_RANKS]; /* cuda: the ranks' device indices */
+    int n_devices;     /* 0: devices 0 .. ranks-1 */
+    int kv_blocks;     /* > 0: blocks in the KV pool; 0: sized by the forward */
+    int kv_block_tokens; /* cpu: positions per KV block (0: 64); cuda: 64 (the kernels') */
+    int n_threads;     /* cpu: threads (0: all online CPUs) */
+    bool exact_dot;    /* cpu: quantised weights dotted in float with the F32 activations
+                          (reference comparisons), not with Q8 ones */
+    bool batch_invariant; /* cuda: every step through the batched kernels, so a sequence's tokens
+                             do not depend on the others in its step (slower alone) */
+    int dense_rows;       /* cuda: passes of this many rows or more multiply the quantised
+                             matrices as F16 through cuBLAS; 0: never; < 0: chosen */
+    bool dense_per_pass;  /* cuda: dequantise for the dense path every pass */
+} fwd_opts;
+
+/* One row of a step: a token fed to a slot. A slot's rows are consecutive within a step and in
+ * position order (a prompt chunk is a run of rows). */
+typedef struct fwd_row {
+    /* in */
+    int32_t token;  /* in [0, V) */
+    int slot;       /* in [0, n_slots) */
+    int pos;        /* the slot's next position (fwd_n_past), +1 per earlier row of the slot */
+    bool prompt;    /* a prompt token (counts for penalties when the params say so) */
+    bool sample;    /* sample the slot's next token from this row's logits */
+    float *logits;  /* NULL, or host [V]: this row's logits copied out (eval and tests) */
+    /* out, when sample */
+    sample_result out;
+} fwd_row;
+
+/* Device counters (benchmarks and tests). */
+typedef struct fwd_stats {
+    uint64_t tokens;            /* rows run */
+    uint64_t steps;             /* steps (one host sync each on a device) */
+    uint64_t graph_launches;
+    uint64_t kernels_per_token; /* kernel nodes of one token's graph */
+    uint64_t d2h_bytes, h2d_bytes; /* copied by steps */
+    uint64_t weight_bytes;      /* device bytes of weights */
+    uint64_t state_bytes;       /* recurrent state + KV cache, all slots */
+    uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
+} fwd_stats;
+
+typedef struct fwd fwd;
+
+typedef struct fwd_vt {
+    /* A new sequence in slot: position 0, recurrent state zeroed, its KV blocks released, the
+     * sampler reset with p (valid and resolved, common/sampling.h). */
+    int (*seq_start)(fwd *f, int slot, const sampling_params *p, status *st);
+    /* The sequence in slot has ended: its KV blocks go back to the pool. */
+    void (*seq_end)(fwd *f, int slot);
+    /* Runs rows[0 .. n) (1 <= n <= max_rows) in order; the KV blocks their positions need are
+     * taken from the pool (kv_pool_ensure) unless the caller took them before. Errors, no row
+     * run: STATUS_RANGE for a bad token id, slot, position or a full context, STATUS_EXHAUSTED
+     * when the pool has too few free blocks; STATUS_INTERNAL when a sampled row found no token
+     * (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed (sticky). */
+    int (*step)(fwd *f, fwd_row *rows, int n, status *st);
+    /* Benchmarks only: the slot continues at position n_past as if that context had been
+     * consumed (its KV rows hold a constant finite pattern, the recurrent state is kept). */
+    int (*fill)(fwd *f, int slot, int n_past, status *st);
+    void (*get_stats)(const fwd *f, fwd_stats *s);
+    void (*destroy)(fwd *f);
+} fwd_vt;
+
+/* The fields every forward fills at create; read-only to callers. */
+struct fwd {
+    const fwd_vt *vt;
+    const qwen35_model *model; /* borrowed */
+    int n_slots, n_ctx, vocab, ranks;
+    int max_rows;   /* most rows of one step */
+    int pass_rows;  /* rows of the largest batched pass: 0 when every row of a step runs alone
+                       (a prompt then goes token by token: the scheduler keeps it to one row a
+                       step beside decoding streams) */
+    kv_pool *kv;    /* owned: the KV blocks, one table per slot */
+    int *n_past;    /* owned, [n_slots]: each slot's next position */
+    uint64_t state_bytes; /* per slot, for logs */
+    char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
+};
+
+/* A device kind a binary can run on: an entry of the registry. */
+typedef struct fwd_backend {
+    const char *name; /* "cpu", "cuda" */
+    /* STATUS_UNAVAILABLE when the device is absent (no driver, no GPU): callers may fall back
+     * to another kind; STATUS_UNSUPPORTED for a model or shape the device cannot run (named). */
+    int (*create)(const qwen35_model *m, const fwd_opts *o, fwd **out, status *st);
+    /* devices of this kind on the host (NULL: not counted, e.g. the CPU) */
+    int (*device_count)(void);
+} fwd_backend;
+
+/* The registry: the device kinds this binary links, NULL-terminated, in the order "auto" tries
+ * them. Defined by the registry library the binary depends on (model/BUILD). */
+extern const fwd_backend *const fwd_backends[];
+
+/* The registry's entry named name ("cpu", "cuda"), or NULL. */
+const fwd_backend *fwd_backend_find(const char *name);
+
+/* Creates a forward on device kind name ("cpu", "cuda"); STATUS_INVALID naming the kind when
+ * this binary has none of that name. */
+int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd **out, status *st);
+
+static inline int fwd_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
+{
+    return f->vt->seq_start(f, slot, p, st);
+}
+static inline void fwd_seq_end(fwd *f, int slot) { f->vt->seq_end(f, slot); }
+static inline int fwd_step(fwd *f, fwd_row *rows, int n, status *st)
+{
+    return f->vt->step(f, rows, n, st);
+}
+static inline int fwd_fill(fwd *f, int slot, int n_past, status *st)
+{
+    return f->vt->fill(f, slot, n_past, st);
+}
+static inline void fwd_get_stats(const fwd *f, fwd_stats *s) { f->vt->get_stats(f, s); }
+static inline void fwd_destroy(fwd *f)
+{
+    if (f) f->vt->destroy(f);
+}
+static inline int fwd_n_past(const fwd *f, int slot) { return f->n_past[slot]; }
+
+#endif
