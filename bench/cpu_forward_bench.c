@@ -140,11 +140,11 @@ int main(int argc, char **argv)
     printf("model %s: H %d L %d V %d, weights read per decode step %.3f GB, threads %d\n", model,
            m->cfg.H, m->cfg.n_layer, V, gb, qwen35_ctx_n_threads(ctx));
     /* The output layer (lm_head) alone, the largest single matmul of a decode step: T = 1 and
-     * T = B inputs through ref_matmul with the ctx's thread count, best of 5 per mode. */
+     * T = B inputs through cpu_matmul with the ctx's thread count, best of 5 per mode. */
     const qwen35_mat *out = &m->output;
     cpu_pool *pool = NULL;
     if (cpu_pool_create(&pool, qwen35_ctx_n_threads(ctx), &st)) goto fail;
-    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(out->n_in, qwen35_ctx_n_threads(ctx)));
+    float *scratch = malloc(sizeof(float) * cpu_matmul_scratch_floats(out->n_in, qwen35_ctx_n_threads(ctx)));
     float *xin = malloc(sizeof(float) * out->n_in * B), *yout = malloc(sizeof(float) * out->n_out * B);
     for (long i = 0; i < out->n_in * B; i++) xin[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
     double lm_best[2][2] = {{1e30, 1e30}, {1e30, 1e30}}, lm_cpu[2][2] = {{0}};
@@ -154,8 +154,8 @@ int main(int argc, char **argv)
             for (int bi = 0; bi < (B > 1 ? 2 : 1); bi++) {
                 const int T = bi ? B : 1;
                 double c0 = cpu_now(), t0 = now();
-                ref_matmul(pool, out->data, out->type, out->row_bytes, out->n_in, out->n_out, xin, out->n_in, T,
-                           yout, out->n_out, scratch, (ref_matmul_dot)modes[mi]);
+                cpu_matmul(pool, out->data, out->type, out->row_bytes, out->n_in, out->n_out, xin, out->n_in, T,
+                           yout, out->n_out, scratch, (cpu_matmul_dot)modes[mi]);
                 double dt = now() - t0;
                 if (dt < lm_best[mi][bi]) lm_best[mi][bi] = dt, lm_cpu[mi][bi] = cpu_now() - c0;
             }

@@ -71,14 +71,13 @@ int main(int argc, char **argv) {
             return 1;
         }
         sampler_accept_prompt(sm, prompt, 2000);
-        sampler_logprob top[SAMPLER_MAX_LOGPROBS];
-        float lp;
+        sample_result res;
         for (int k = 0; k < iters; k++) {
             memcpy(z, base, (size_t)V * sizeof *z);
             double t0 = bench_now();
             /* logprobs only when the case asks for them, as the engine does */
             bool lps = cases[c].p.n_logprobs > 0;
-            sampler_sample(sm, z, lps ? top : NULL, lps ? &lp : NULL);
+            sampler_sample(sm, z, lps ? &res : NULL);
             t[k] = bench_now() - t0;
         }
         qsort(t, (size_t)iters, sizeof *t, bench_cmp);

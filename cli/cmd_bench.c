@@ -1,7 +1,8 @@
-/* deltaserve bench decode: batch-1 decode speed (bench batch: cmd_bench_batch.c) of one model, through the worker's backend
- * interface (worker/backend.h), as a served request decodes.
+/* deltaserve bench decode: batch-1 decode speed (bench batch: cmd_bench_batch.c) of one model,
+ * through the forward contract (model/fwd.h) on the device --device picks, as a served request
+ * decodes.
  *   deltaserve bench decode --model F --ctx 4096 --tokens 256 [--device cuda|cpu]
- * The slot starts at position --ctx as if that context had been consumed (backend fill: KV rows
+ * The slot starts at position --ctx as if that context had been consumed (fwd_fill: KV rows
  * 0..ctx-1 hold a constant pattern; attention reads all of them, the values do not change the
  * speed), warms up, then decodes --tokens tokens greedily, one step each (on the GPU: one graph
  * launch and one host sync). Prints tok/s; on the GPU also the bytes a token must move
@@ -17,6 +18,7 @@
 #include "common/flags.h"
 #include "common/sampling.h"
 #include "model/qwen35.h"
+#include "model/fwd.h"
 #include "worker/backend.h"
 
 #define BENCH_PEAK_GBS 4600.0
@@ -38,44 +40,41 @@ static const flag_spec bench_flags[] = {
 };
 
 /* n greedy decode steps of slot 0 from token *tok; *tok = the last sampled token */
-static int decode_steps(worker_backend *b, int n, int32_t *tok, status *st)
+static int decode_steps(fwd *f, int n, int32_t *tok, status *st)
 {
-    worker_batch_item it = {.slot = 0, .n_tokens = 1, .sample = true};
     for (int i = 0; i < n; i++) {
-        it.tokens = tok;
-        if (b->vt->step(b, &it, 1, st)) return st->code;
-        *tok = it.token;
+        fwd_row r = {.token = *tok, .slot = 0, .pos = fwd_n_past(f, 0), .sample = true};
+        if (fwd_step(f, &r, 1, st)) return st->code;
+        *tok = r.out.token;
     }
     return STATUS_OK;
 }
 
 static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
-    worker_backend *b = NULL;
-    const worker_backend_opts bo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2,
-                                    .n_threads = o->threads, .max_prefill_tokens = 1,
-                                    .tp = o->tp};
+    fwd *f = NULL;
+    const fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2, .max_rows = 2,
+                         .ranks = o->tp, .n_threads = o->threads};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     const double t_load = clock_now_s();
-    if (worker_backend_create(o->device, m, &bo, &b, st) || b->vt->seq_start(b, 0, &greedy, st) ||
-        b->vt->fill(b, 0, o->ctx, st))
+    if (worker_fwd_create(o->device, m, &fo, &f, st) || fwd_seq_start(f, 0, &greedy, st) ||
+        fwd_fill(f, 0, o->ctx, st))
         goto fail;
-    fprintf(stderr, "bench: %s ready in %.1f s\n", b->device, clock_now_s() - t_load);
+    fprintf(stderr, "bench: %s ready in %.1f s\n", f->device, clock_now_s() - t_load);
     int32_t tok = 1;
-    if (decode_steps(b, o->warmup, &tok, st)) goto fail;
-    worker_backend_stats s0 = {0}, s1 = {0};
-    const bool gpu = b->vt->get_stats != NULL;
-    if (gpu) b->vt->get_stats(b, &s0);
+    if (decode_steps(f, o->warmup, &tok, st)) goto fail;
+    fwd_stats s0 = {0}, s1 = {0};
+    fwd_get_stats(f, &s0);
     const double t0 = clock_now_s();
-    if (decode_steps(b, o->tokens, &tok, st)) goto fail;
+    if (decode_steps(f, o->tokens, &tok, st)) goto fail;
     const double dt = clock_now_s() - t0;
-    if (gpu) b->vt->get_stats(b, &s1);
+    fwd_get_stats(f, &s1);
     const double tps = o->tokens / dt;
-    printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model, b->device,
+    printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model, f->device,
            o->ctx + o->warmup, o->ctx + o->warmup + o->tokens);
     printf("decode: %d tokens in %.3f s = %.1f tok/s (%.1f us/token)\n", o->tokens, dt, tps,
            1e6 * dt / o->tokens);
-    if (gpu) {
+    if (s1.bytes_per_token) { /* a device that counts its traffic (the GPU) */
         const double n = (double)(s1.tokens - s0.tokens), gbs = (double)s1.bytes_per_token * tps / 1e9;
         printf("bytes/token: %.3f GB (weights %.3f GB + state + KV at ctx %d) -> %.0f GB/s = "
                "%.1f%% of 4.6 TB/s\n", s1.bytes_per_token / 1e9, s1.weight_bytes / 1e9, o->ctx,
@@ -87,7 +86,7 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
                (s1.h2d_bytes - s0.h2d_bytes) / n);
     }
 fail:
-    worker_backend_destroy(b);
+    fwd_destroy(f);
     return st->code;
 }
 

@@ -5,7 +5,9 @@
  * in as chunks, every sequence max(1, step-tokens / B) tokens a step (llama-batched-bench's
  * ubatch: 512 tokens a step); then TG greedy decode steps of B rows each. Columns:
  *   PP, TG, B; N_KV = B·(PP + TG); T_PP / S_PP = prompt time and B·PP / T_PP; T_TG / S_TG =
- *   decode time and B·TG / T_TG; T / S = both, and N_KV / T. */
+ *   decode time and B·TG / T_TG; T / S = both, and N_KV / T.
+ * Through the forward contract (model/fwd.h) on the device --device picks: a step's rows are
+ * every sequence's chunk (a run of rows each), or one decode row each. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "common/sampling.h"
 #include "common/splitmix64.h"
 #include "model/qwen35.h"
+#include "model/fwd.h"
 #include "worker/backend.h"
 
 #define BATCH_MAX_SIZES 16
@@ -44,36 +47,48 @@ static const flag_spec batch_flags[] = {
     {0},
 };
 
-/* One line of the table for B sequences; toks: [B][prompt + 1]. */
-static int run_one(worker_backend *b, const batch_opts *o, int B, worker_batch_item *items,
-                   int32_t *toks, status *st)
+/* Runs rows[0 .. n), in forward steps of at most max_rows rows (a run is never split). */
+static int run_rows(fwd *f, fwd_row *rows, int n, int run, status *st)
+{
+    const int per = f->max_rows / run * run;
+    for (int i = 0; i < n; i += per)
+        if (fwd_step(f, rows + i, n - i < per ? n - i : per, st)) return st->code;
+    return STATUS_OK;
+}
+
+/* One line of the table for B sequences; toks: [B][prompt]; rows: [B * max(1, step-tokens / B)]. */
+static int run_one(fwd *f, const batch_opts *o, int B, fwd_row *rows, int32_t *toks, status *st)
 {
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    const int V = b->vocab, ld = o->prompt + 1;
+    const int V = f->vocab, ld = o->prompt;
     uint64_t rng = 0x5eed0000u + (uint64_t)B;
     for (int i = 0; i < B; i++) {
-        if (b->vt->seq_start(b, i, &greedy, st)) return st->code;
+        if (fwd_seq_start(f, i, &greedy, st)) return st->code;
         for (int p = 0; p < o->prompt; p++)
             toks[(size_t)i * ld + p] = (int32_t)(splitmix64_next(&rng) % (uint64_t)V);
     }
-    const int chunk = o->step_tokens / B > 1 ? o->step_tokens / B : 1;
+    int chunk = o->step_tokens / B > 1 ? o->step_tokens / B : 1;
+    if (chunk > f->max_rows) chunk = f->max_rows;
     const double t0 = clock_now_s();
     for (int p = 0; p < o->prompt; p += chunk) { /* a chunk of every sequence's prompt a step */
         const int n = o->prompt - p < chunk ? o->prompt - p : chunk;
         for (int i = 0; i < B; i++)
-            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[(size_t)i * ld + p],
-                                           .n_tokens = n, .prompt = true,
-                                           .sample = p + n == o->prompt};
-        if (b->vt->step(b, items, B, st)) return st->code;
+            for (int k = 0; k < n; k++)
+                rows[i * n + k] = (fwd_row){.token = toks[(size_t)i * ld + p + k], .slot = i,
+                                            .pos = p + k, .prompt = true,
+                                            .sample = p + k == o->prompt - 1};
+        if (run_rows(f, rows, B * n, n, st)) return st->code;
     }
+    const int last = (o->prompt - 1) % chunk; /* the row of a sequence's sampled prompt token */
+    const int n_last = o->prompt - (o->prompt - 1) / chunk * chunk;
+    for (int i = 0; i < B; i++) toks[(size_t)i * ld] = rows[i * n_last + last].out.token;
     const double t1 = clock_now_s();
     for (int g = 0; g < o->gen - 1; g++) { /* the prompt's last step sampled the first token */
-        for (int i = 0; i < B; i++) {
-            toks[(size_t)i * ld] = items[i].token;
-            items[i] = (worker_batch_item){.slot = i, .tokens = &toks[(size_t)i * ld],
-                                           .n_tokens = 1, .sample = true};
-        }
-        if (b->vt->step(b, items, B, st)) return st->code;
+        for (int i = 0; i < B; i++)
+            rows[i] = (fwd_row){.token = toks[(size_t)i * ld], .slot = i, .pos = fwd_n_past(f, i),
+                                .sample = true};
+        if (run_rows(f, rows, B, 1, st)) return st->code;
+        for (int i = 0; i < B; i++) toks[(size_t)i * ld] = rows[i].out.token;
     }
     const double t2 = clock_now_s();
     const double t_pp = t1 - t0, t_tg = t2 - t1;
@@ -109,25 +124,25 @@ int cmd_bench_batch(int argc, char **argv)
         fprintf(stderr, "deltaserve bench batch: %s\n", st.msg);
         return 1;
     }
-    worker_backend *b = NULL;
-    worker_batch_item *items = calloc((size_t)max_b, sizeof *items);
-    int32_t *toks = calloc((size_t)max_b * (o.prompt + 1), sizeof *toks);
-    const worker_backend_opts bo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
-                                    .n_threads = o.threads, .max_prefill_tokens = o.step_tokens,
-                                    .batch_invariant = o.batch_invariant,
-                                    .dense_rows = o.dense_rows,
-                                    .dense_per_pass = o.dense_per_pass, .tp = o.tp};
-    rc = !items || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
-                         : worker_backend_create(o.device, m, &bo, &b, &st);
+    fwd *f = NULL;
+    const int chunk_max = o.step_tokens > 1 ? o.step_tokens : 1;
+    fwd_row *rows = calloc((size_t)max_b * (size_t)chunk_max, sizeof *rows);
+    int32_t *toks = calloc((size_t)max_b * o.prompt, sizeof *toks);
+    const fwd_opts fo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
+                         .max_rows = max_b + o.step_tokens, .ranks = o.tp, .n_threads = o.threads,
+                         .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
+                         .dense_per_pass = o.dense_per_pass};
+    rc = !rows || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
+                        : worker_fwd_create(o.device, m, &fo, &f, &st);
     if (!rc) {
-        printf("model %s\ndevice %s\n\n", o.model, b->device);
+        printf("model %s\ndevice %s\n\n", o.model, f->device);
         printf("|    PP |    TG |    B |    N_KV |   T_PP s |  S_PP t/s |   T_TG s |  S_TG t/s |      T s |    S t/s |\n");
         printf("|-------|-------|------|---------|----------|-----------|----------|-----------|----------|-----------|\n");
     }
-    for (int i = 0; i < n_sizes && !rc; i++) rc = run_one(b, &o, sizes[i], items, toks, &st);
+    for (int i = 0; i < n_sizes && !rc; i++) rc = run_one(f, &o, sizes[i], rows, toks, &st);
     if (rc) fprintf(stderr, "deltaserve bench batch: %s\n", st.msg);
-    worker_backend_destroy(b);
-    free(items);
+    fwd_destroy(f);
+    free(rows);
     free(toks);
     qwen35_model_free(m);
     return rc ? 1 : 0;

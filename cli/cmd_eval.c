@@ -3,8 +3,9 @@
  *   --mode prefill   one prefill of all T tokens (internally in steps of --batch-tokens)
  *   --mode decode    prefill the first --prompt-len tokens (0: none), then decode the rest one
  *                    token at a time
- * Through the worker's backend interface (worker/backend.h), on the device --device picks, as
- * a served request runs (the GPU runs a prefill chunk as rows of one step). */
+ * Through the forward contract (model/fwd.h) on the device --device picks (worker_fwd_create:
+ * the registry, "no GPU, using CPU" when there is none): a prefill chunk is the rows of one step,
+ * each row's logits copied out, as a served request runs. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "cli/cli_ids.h"
 #include "common/flags.h"
 #include "model/qwen35.h"
+#include "model/fwd.h"
 #include "worker/backend.h"
 
 typedef struct eval_opts {
@@ -69,7 +71,8 @@ int cmd_eval(int argc, char **argv)
     int32_t *ids = NULL;
     int T = 0;
     qwen35_model *m = NULL;
-    worker_backend *be = NULL;
+    fwd *f = NULL;
+    fwd_row *rows = NULL;
     float *logits = NULL;
     FILE *out = NULL;
     int ret = 1;
@@ -91,19 +94,23 @@ int cmd_eval(int argc, char **argv)
         status_fail(&st, STATUS_NOMEM, "out of memory for %d x %ld logits", T, V);
         goto fail;
     }
-    const worker_backend_opts bo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2,
-                                    .n_threads = o.threads, .max_prefill_tokens = o.batch_tokens,
-                                    .tp = o.tp, .exact_dot = o.exact_dot};
+    const fwd_opts fo = {.n_slots = 1, .n_ctx = T + 1 > 2 ? T + 1 : 2, .max_rows = o.batch_tokens, .ranks = o.tp,
+                         .n_threads = o.threads, .exact_dot = o.exact_dot};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    if (worker_backend_create(o.device, m, &bo, &be, &st) ||
-        be->vt->seq_start(be, 0, &greedy, &st))
+    if (worker_fwd_create(o.device, m, &fo, &f, &st) || fwd_seq_start(f, 0, &greedy, &st)) goto fail;
+    rows = malloc(sizeof *rows * (size_t)f->max_rows);
+    if (!rows) {
+        status_fail(&st, STATUS_NOMEM, "out of memory for %d rows", f->max_rows);
         goto fail;
+    }
     const int n_pre = decode ? (o.prompt_len < T ? o.prompt_len : T) : T;
+    const int step = o.batch_tokens < f->max_rows ? o.batch_tokens : f->max_rows;
     for (int t = 0; t < T;) { /* the prefill in chunks of --batch-tokens, then one by one */
-        const int n = t < n_pre ? (n_pre - t < o.batch_tokens ? n_pre - t : o.batch_tokens) : 1;
-        worker_batch_item it = {.slot = 0, .tokens = ids + t, .n_tokens = n, .prompt = true,
-                                .logits = logits + (size_t)t * V};
-        if (be->vt->step(be, &it, 1, &st)) goto fail;
+        const int n = t < n_pre ? (n_pre - t < step ? n_pre - t : step) : 1;
+        for (int k = 0; k < n; k++)
+            rows[k] = (fwd_row){.token = ids[t + k], .slot = 0, .pos = t + k, .prompt = true,
+                                .logits = logits + (size_t)(t + k) * V};
+        if (fwd_step(f, rows, n, &st)) goto fail;
         t += n;
     }
     out = fopen(o.logits_out, "wb");
@@ -123,7 +130,8 @@ fail:
     if (out) fclose(out);
     free(logits);
     free(ids);
-    worker_backend_destroy(be);
+    free(rows);
+    fwd_destroy(f);
     qwen35_model_free(m);
     return ret;
 }

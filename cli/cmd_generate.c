@@ -109,7 +109,7 @@ static void gen_on_token(void *arg, const engine_request *r, const worker_batch_
     gen_run *g = arg;
     pthread_mutex_lock(&g->mu);
     if (!g->n_gen) g->t_first_us = clock_now_us();
-    g->gen[g->n_gen++] = item->token;
+    g->gen[g->n_gen++] = item->out.token;
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
     (void)r;

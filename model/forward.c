@@ -19,15 +19,15 @@
 
 #define MAXL(a, b) ((a) > (b) ? (a) : (b))
 
-_Static_assert((int)QWEN35_DOT_DEFAULT == (int)REF_MATMUL_DOT_DEFAULT &&
-                   (int)QWEN35_DOT_Q8 == (int)REF_MATMUL_DOT_Q8 &&
-                   (int)QWEN35_DOT_EXACT == (int)REF_MATMUL_DOT_EXACT,
-               "qwen35_dot_mode mirrors ref_matmul_dot");
+_Static_assert((int)QWEN35_DOT_DEFAULT == (int)CPU_MATMUL_DOT_DEFAULT &&
+                   (int)QWEN35_DOT_Q8 == (int)CPU_MATMUL_DOT_Q8 &&
+                   (int)QWEN35_DOT_EXACT == (int)CPU_MATMUL_DOT_EXACT,
+               "qwen35_dot_mode mirrors cpu_matmul_dot");
 
-void fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
+void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
 {
-    ref_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
-               ctx->n_rows, y, w->n_out, ctx->mm_scratch, (ref_matmul_dot)ctx->dot_mode);
+    cpu_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
+               ctx->n_rows, y, w->n_out, ctx->mm_scratch, (cpu_matmul_dot)ctx->dot_mode);
 }
 
 /* ---- workspace ---- */
@@ -42,10 +42,10 @@ static float *alloc_f(long n, bool *ok)
 int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35_ctx **out,
                       status *st)
 {
-    return fwd_ctx_create(m, opts, NULL, out, st);
+    return cpu_fwd_ctx_create(m, opts, NULL, out, st);
 }
 
-int fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
+int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
                    qwen35_ctx **out, status *st)
 {
     *out = NULL;
@@ -95,7 +95,7 @@ int fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool 
     ctx->mix = alloc_f(R * ctx->n_mix, &ok);
     ctx->b = alloc_f(R * c->n_v, &ok);
     ctx->a = alloc_f(R * c->n_v, &ok);
-    ctx->mm_scratch = alloc_f((long)ref_matmul_scratch_floats(n_in_max, ctx->n_threads), &ok);
+    ctx->mm_scratch = alloc_f((long)cpu_matmul_scratch_floats(n_in_max, ctx->n_threads), &ok);
     ctx->gdn_scratch = alloc_f(ctx->n_threads * ctx->gdn_scratch_n, &ok);
     ctx->attn_scratch = alloc_f((long)ctx->n_threads * REF_ATTN_BLOCK, &ok);
     ctx->row_state = calloc((size_t)R, sizeof *ctx->row_state);
@@ -127,7 +127,7 @@ void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode) { ctx->dot_m
 
 /* ---- one step over ctx->n_rows rows ---- */
 
-void fwd_embed(qwen35_ctx *ctx, const int32_t *tokens)
+void cpu_fwd_embed(qwen35_ctx *ctx, const int32_t *tokens)
 {
     const qwen35_mat *e = &ctx->m->tok_embd;
     for (int r = 0; r < ctx->n_rows; r++)
@@ -142,56 +142,72 @@ static void norm_rows(qwen35_ctx *ctx, const float *w)
         ref_rmsnorm(ctx->x + (long)r * c->H, w, c->H, c->eps, ctx->xn + (long)r * c->H);
 }
 
-void fwd_residual(qwen35_ctx *ctx)
+void cpu_fwd_residual(qwen35_ctx *ctx)
 {
     long n = (long)ctx->n_rows * ctx->m->cfg.H;
     ref_add(ctx->x, ctx->out, (int)n);
 }
 
-void fwd_mixer(qwen35_ctx *ctx, int il)
+void cpu_fwd_mixer(qwen35_ctx *ctx, int il)
 {
     norm_rows(ctx, ctx->m->layers[il].attn_norm);
     if (ctx->m->cfg.recurrent[il])
-        fwd_gdn_layer(ctx, il);
+        cpu_fwd_gdn_layer(ctx, il);
     else
-        fwd_attn_layer(ctx, il);
+        cpu_fwd_attn_layer(ctx, il);
 }
 
-void fwd_ffn(qwen35_ctx *ctx, int il)
+void cpu_fwd_ffn(qwen35_ctx *ctx, int il)
 {
     const qwen35_layer *ly = &ctx->m->layers[il];
     norm_rows(ctx, ly->post_norm);
-    fwd_matmul(ctx, &ly->ffn_gate, ctx->xn, ctx->p1);
-    fwd_matmul(ctx, &ly->ffn_up, ctx->xn, ctx->p2);
+    cpu_fwd_matmul(ctx, &ly->ffn_gate, ctx->xn, ctx->p1);
+    cpu_fwd_matmul(ctx, &ly->ffn_up, ctx->xn, ctx->p2);
     ref_swiglu(ctx->p1, ctx->p2, ctx->n_rows * ctx->m->cfg.F, ctx->p1);
-    fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
+    cpu_fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
 }
 
-void fwd_head(qwen35_ctx *ctx, int first, float *logits, long ld)
+void cpu_fwd_head(qwen35_ctx *ctx, int first, int n, float *logits, long ld)
 {
     const qwen35_model *m = ctx->m;
     const qwen35_config *c = &m->cfg;
     const qwen35_mat *w = &m->output;
-    int n = ctx->n_rows - first;
+    DS_ASSERT(first >= 0 && n >= 1 && first + n <= ctx->n_rows);
     for (int r = 0; r < n; r++)
         ref_rmsnorm(ctx->x + (long)(first + r) * c->H, m->output_norm, c->H, c->eps,
                     ctx->xn + (long)r * c->H);
-    ref_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, ctx->xn, w->n_in, n,
-               logits, ld, ctx->mm_scratch, (ref_matmul_dot)ctx->dot_mode);
+    cpu_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, ctx->xn, w->n_in, n,
+               logits, ld, ctx->mm_scratch, (cpu_matmul_dot)ctx->dot_mode);
 }
 
-/* Runs every layer on the rows set up in ctx; then logits for rows [first, n_rows) into
- * logits (row stride V), unless logits is NULL. */
-static void run_step(qwen35_ctx *ctx, const int32_t *tokens, int first, float *logits)
+/* The in-memory all-reduce of the ranks' partial outputs [n_rows][H]: rank 0's buffer
+ * accumulates ranks 1..N-1 in order, then every rank gets a copy of the sum. */
+static void all_reduce(qwen35_ctx *const *ranks, int N)
 {
-    fwd_embed(ctx, tokens);
-    for (int il = 0; il < ctx->m->cfg.n_layer; il++) {
-        fwd_mixer(ctx, il);
-        fwd_residual(ctx);
-        fwd_ffn(ctx, il);
-        fwd_residual(ctx);
+    const long n = (long)ranks[0]->n_rows * ranks[0]->m->cfg.H;
+    float *sum = ranks[0]->out;
+    for (int r = 1; r < N; r++) ref_add(sum, ranks[r]->out, (int)n);
+    for (int r = 1; r < N; r++) memcpy(ranks[r]->out, sum, (size_t)n * sizeof(float));
+}
+
+void cpu_fwd_run(qwen35_ctx *const *ranks, int N, const int32_t *tokens)
+{
+    for (int r = 0; r < N; r++) cpu_fwd_embed(ranks[r], tokens);
+    for (int il = 0; il < ranks[0]->m->cfg.n_layer; il++) {
+        for (int r = 0; r < N; r++) cpu_fwd_mixer(ranks[r], il);
+        all_reduce(ranks, N);
+        for (int r = 0; r < N; r++) cpu_fwd_residual(ranks[r]);
+        for (int r = 0; r < N; r++) cpu_fwd_ffn(ranks[r], il);
+        all_reduce(ranks, N);
+        for (int r = 0; r < N; r++) cpu_fwd_residual(ranks[r]);
     }
-    if (logits) fwd_head(ctx, first, logits, ctx->m->cfg.V);
+}
+
+void cpu_fwd_run_head(qwen35_ctx *const *ranks, const int64_t *vocab_begin, int N, int first,
+                      int n, float *logits, long ld)
+{
+    for (int r = 0; r < N; r++)
+        cpu_fwd_head(ranks[r], first, n, logits + (vocab_begin ? vocab_begin[r] : 0), ld);
 }
 
 static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, status *st)
@@ -203,7 +219,7 @@ static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, sta
     return STATUS_OK;
 }
 
-int fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
+int cpu_fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
                       status *st)
 {
     DS_ASSERT(s->model == ctx->m);
@@ -216,7 +232,7 @@ int fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_
     return STATUS_OK;
 }
 
-int fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+int cpu_fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
                      int B, status *st)
 {
     if (B < 1 || B > ctx->max_batch)
@@ -233,7 +249,7 @@ int fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const i
     return STATUS_OK;
 }
 
-void fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n)
+void cpu_fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n)
 {
     DS_ASSERT(n >= 1 && n <= ctx->max_tokens);
     ctx->n_rows = n;
@@ -244,7 +260,7 @@ void fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n)
     }
 }
 
-void fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
+void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
 {
     DS_ASSERT(B >= 1 && B <= ctx->max_batch);
     ctx->n_rows = B;
@@ -258,18 +274,19 @@ void fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
 int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
                    float *logits, bool all_logits, status *st)
 {
-    int rc = fwd_check_prefill(ctx, s, tokens, T, st);
+    int rc = cpu_fwd_check_prefill(ctx, s, tokens, T, st);
     if (rc) return rc;
     int V = ctx->m->cfg.V;
     for (int t0 = 0; t0 < T; t0 += ctx->max_tokens) {
         int n = T - t0 < ctx->max_tokens ? T - t0 : ctx->max_tokens;
         bool last = t0 + n == T;
-        fwd_rows_prefill(ctx, s, n);
+        cpu_fwd_rows_prefill(ctx, s, n);
         float *lg = NULL;
         int first = 0;
         if (logits && all_logits) lg = logits + (long)t0 * V;
         else if (logits && last) lg = logits, first = n - 1;
-        run_step(ctx, tokens + t0, first, lg);
+        cpu_fwd_run(&ctx, 1, tokens + t0);
+        if (lg) cpu_fwd_run_head(&ctx, NULL, 1, first, n - first, lg, V);
         s->n_past += n;
     }
     return STATUS_OK;
@@ -278,10 +295,11 @@ int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int 
 int qwen35_decode_batch(qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
                         int B, float *logits, status *st)
 {
-    int rc = fwd_check_decode(ctx, states, tokens, B, st);
+    int rc = cpu_fwd_check_decode(ctx, states, tokens, B, st);
     if (rc) return rc;
-    fwd_rows_decode(ctx, states, B);
-    run_step(ctx, tokens, 0, logits);
+    cpu_fwd_rows_decode(ctx, states, B);
+    cpu_fwd_run(&ctx, 1, tokens);
+    if (logits) cpu_fwd_run_head(&ctx, NULL, 1, 0, B, logits, ctx->m->cfg.V);
     for (int b = 0; b < B; b++) states[b]->n_past++;
     return STATUS_OK;
 }

@@ -34,36 +34,70 @@
 #include "model/qwen35.h"
 
 /* Recurrent + KV state of one sequence. Layers are numbered separately per kind: the g-th
- * DeltaNet layer (in model order) owns conv/ssm slice g, the a-th attention layer owns
- * k_cache/v_cache slice a (qwen35_state_layer_slot gives the index of a model layer).
+ * DeltaNet layer (in model order) owns conv/ssm slice g, the a-th attention layer owns the KV
+ * cache's layer a (qwen35_state_layer_slot gives the index of a model layer).
  *
  * S layout: llama.cpp's key-contiguous one. For value head hv the HF matrix S[i][j]
  * (i over d_k keys, j over d_v values) is stored at ssm[((g*n_v + hv)*d_v + j)*d_k + i], so a
- * value column S[:, j] is contiguous: u_j = S[:,j]·k and o_j = S[:,j]·q are contiguous dots. */
+ * value column S[:, j] is contiguous: u_j = S[:,j]·k and o_j = S[:,j]·q are contiguous dots.
+ *
+ * KV layout (the one the CPU forward has): paged. k_cache and v_cache are pools of kv_blocks
+ * blocks of block_tokens positions per attention layer, [n_attn_layers][kv_blocks]
+ * [block_tokens][n_kv][d_h]; position p of the sequence lies in block block_table[p /
+ * block_tokens] at row p % block_tokens (qwen35_kv_offset). A state of qwen35_state_create owns
+ * its pool and an identity table (blocks of QWEN35_KV_BLOCK_TOKENS); the slots of a forward
+ * (model/forward_cpu.h) share the forward's pool, each reading its table from the block
+ * manager (model/kv_pool.h). */
+#define QWEN35_KV_BLOCK_TOKENS 64
+
 typedef struct qwen35_state {
     const qwen35_model *model; /* borrowed */
-    int n_ctx;                 /* KV capacity in tokens (positions 0..n_ctx-1) */
+    int n_ctx;                 /* positions the table can address (0..n_ctx-1) */
     int n_past;                /* tokens consumed so far = position of the next token */
     float *conv;    /* owned, [n_gdn_layers][C][K_conv-1]: last K_conv-1 pre-conv inputs per
                        channel, oldest first; zeros after reset */
     float *ssm;     /* owned, [n_gdn_layers][n_v][d_v][d_k] FP32 delta-rule state (see above) */
-    float *k_cache; /* owned, [n_attn_layers][n_ctx][n_kv][d_h]: K after k_norm and RoPE */
-    float *v_cache; /* owned, [n_attn_layers][n_ctx][n_kv][d_h] */
+    float *k_cache; /* the KV pool (owned when own_kv): K after k_norm and RoPE */
+    float *v_cache;
+    int kv_blocks;             /* blocks of the pool per attention layer */
+    int block_tokens;          /* positions per block */
+    const int32_t *block_table; /* [ceil(n_ctx / block_tokens)] (owned when own_kv) */
+    bool own_kv;
 } qwen35_state;
+
+/* Floats from the start of k_cache (or v_cache) to attention layer a's row of position pos. */
+static inline uint64_t qwen35_kv_offset(const qwen35_state *s, int a, int pos)
+{
+    const qwen35_config *c = &s->model->cfg;
+    const uint64_t block = (uint64_t)a * (uint64_t)s->kv_blocks +
+                           (uint64_t)s->block_table[pos / s->block_tokens];
+    return (block * (uint64_t)s->block_tokens + (uint64_t)(pos % s->block_tokens)) *
+           (uint64_t)c->n_kv * (uint64_t)c->d_h;
+}
 
 /* Bytes qwen35_state_create allocates for one sequence of n_ctx positions (for pool sizing). */
 uint64_t qwen35_state_bytes(const qwen35_model *m, int n_ctx);
+/* Bytes of the recurrent state alone (conv windows and S) of one sequence. */
+uint64_t qwen35_state_recurrent_bytes(const qwen35_model *m);
+/* Floats of one of K, V for kv_blocks blocks of block_tokens positions, every attention layer. */
+uint64_t qwen35_kv_floats(const qwen35_model *m, int kv_blocks, int block_tokens);
 
-/* Allocates a zeroed state able to hold n_ctx positions (1 <= n_ctx). STATUS_NOMEM on failure,
- * STATUS_INVALID for a bad n_ctx. */
+/* Allocates a zeroed state able to hold n_ctx positions (1 <= n_ctx) with its own KV pool.
+ * STATUS_NOMEM on failure, STATUS_INVALID for a bad n_ctx. */
 int qwen35_state_create(const qwen35_model *m, int n_ctx, qwen35_state **out, status *st);
+/* A state whose KV lives in a pool of the caller (k_cache, v_cache of qwen35_kv_floats(m,
+ * kv_blocks, block_tokens) floats each; block_table: the sequence's table, read at every step,
+ * must cover the positions a step feeds). Owns only its recurrent state. */
+int qwen35_state_create_paged(const qwen35_model *m, int n_ctx, float *k_cache, float *v_cache,
+                              int kv_blocks, int block_tokens, const int32_t *block_table,
+                              qwen35_state **out, status *st);
 void qwen35_state_destroy(qwen35_state *s);
 
 /* Forgets the sequence: n_past = 0, recurrent state zeroed (KV rows need no clearing). */
 void qwen35_state_reset(qwen35_state *s);
 
 /* Snapshot: dst becomes an exact copy of src (same model; dst->n_ctx >= src->n_past). Copies
- * only the n_past KV rows in use. */
+ * only the n_past KV rows in use, each to where dst's table puts it. */
 void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src);
 
 /* Index of model layer il within its kind (DeltaNet slot or attention slot). */
@@ -77,7 +111,7 @@ typedef enum qwen35_gdn_mode {
 
 #define QWEN35_GDN_CHUNK 64
 
-/* How matmuls dot quantised weights (kernels/cpu/matmul.h ref_matmul_dot). F32/F16/BF16
+/* How matmuls dot quantised weights (kernels/cpu/matmul.h cpu_matmul_dot). F32/F16/BF16
  * weights always take the float path, so the reference-model tests do not depend on this. */
 typedef enum qwen35_dot_mode {
     QWEN35_DOT_DEFAULT = 0, /* Q8 */

@@ -1,7 +1,9 @@
 /* Gated full-attention layer of the CPU forward pass (shared/QWEN35.md §2.2, §2.3):
  *   [q_h | gate_h] = (W_q h) viewed [n_h][2][d_h];  k = W_k h, v = W_v h
  *   q_h, k_j ← RMSNorm · q_norm / k_norm (per head), then partial NEOX RoPE at the position
- *   K, V appended to the cache; o_h = causal softmax(q_h·K/sqrt(d_h)) V  (GQA h / (n_h/n_kv))
+ *   K, V into the paged cache (the position's row of its block, forward.h "KV layout");
+ *   o_h = causal softmax(q_h·K/sqrt(d_h)) V  (GQA h / (n_h/n_kv)), each cached row read where
+ *   its block lies
  *   out = W_o (o ⊙ sigmoid(gate)) */
 #include <string.h>
 
@@ -16,11 +18,6 @@ typedef struct attn_job {
     int slot;
 } attn_job;
 
-static long kv_offset(const qwen35_config *c, const qwen35_state *s, int slot, int pos)
-{
-    return ((long)slot * s->n_ctx + pos) * c->n_kv * c->d_h;
-}
-
 /* task = row * n_h + head */
 static void attn_head_task(void *arg, int task)
 {
@@ -30,25 +27,28 @@ static void attn_head_task(void *arg, int task)
     int r = task / c->n_h, h = task % c->n_h, d = c->d_h;
     int kvh = h / (c->n_h / c->n_kv);
     const qwen35_state *s = ctx->row_state[r];
-    long base = kv_offset(c, s, j->slot, 0) + (long)kvh * d;
+    const long ld = (long)c->n_kv * d;
+    /* layer j->slot's first block, head kvh: the table picks the block of each position */
+    const uint64_t base = (uint64_t)j->slot * s->kv_blocks * s->block_tokens * ld + (uint64_t)kvh * d;
     const float *qg = ctx->p1 + (long)r * 2 * c->n_h * d + (long)h * 2 * d; /* [q_h | gate_h] */
     float *o = ctx->mix + (long)r * c->n_h * d + (long)h * d;
     float *scores = ctx->attn_scratch + (long)cpu_pool_thread_index() * REF_ATTN_BLOCK;
-    ref_attn_head(qg, s->k_cache + base, s->v_cache + base, (long)c->n_kv * d, ctx->row_pos[r] + 1,
-                  d, 1.0f / sqrtf((float)d), scores, o);
+    ref_attn_head_paged(qg, s->k_cache + base, s->v_cache + base, s->block_table, s->block_tokens,
+                        (long)s->block_tokens * ld, ld, ctx->row_pos[r] + 1, d,
+                        1.0f / sqrtf((float)d), scores, o);
     ref_sigmoid_gate(o, qg + d, d);
 }
 
-void fwd_attn_layer(qwen35_ctx *ctx, int il)
+void cpu_fwd_attn_layer(qwen35_ctx *ctx, int il)
 {
     const qwen35_config *c = &ctx->m->cfg;
     const qwen35_layer *ly = &ctx->m->layers[il];
     int n = ctx->n_rows, d = c->d_h;
     long qgd = 2L * c->n_h * d, kvd = (long)c->n_kv * d;
     attn_job j = {.ctx = ctx, .slot = c->slot[il]};
-    fwd_matmul(ctx, &ly->q, ctx->xn, ctx->p1); /* [n][n_h][2][d_h] */
-    fwd_matmul(ctx, &ly->k, ctx->xn, ctx->p2); /* [n][n_kv][d_h] */
-    fwd_matmul(ctx, &ly->v, ctx->xn, ctx->p3); /* [n][n_kv][d_h] */
+    cpu_fwd_matmul(ctx, &ly->q, ctx->xn, ctx->p1); /* [n][n_h][2][d_h] */
+    cpu_fwd_matmul(ctx, &ly->k, ctx->xn, ctx->p2); /* [n][n_kv][d_h] */
+    cpu_fwd_matmul(ctx, &ly->v, ctx->xn, ctx->p3); /* [n][n_kv][d_h] */
     for (int r = 0; r < n; r++) {
         int pos = ctx->row_pos[r];
         float *qg = ctx->p1 + r * qgd, *k = ctx->p2 + r * kvd;
@@ -59,10 +59,10 @@ void fwd_attn_layer(qwen35_ctx *ctx, int il)
         ref_rmsnorm_heads(k, ly->k_norm, c->n_kv, d, c->eps);
         ref_rope(k, c->n_kv, d, c->n_rot, pos, c->rope_base);
         qwen35_state *s = ctx->row_state[r];
-        long off = kv_offset(c, s, j.slot, pos);
+        const uint64_t off = qwen35_kv_offset(s, j.slot, pos);
         memcpy(s->k_cache + off, k, (size_t)kvd * sizeof(float));
         memcpy(s->v_cache + off, ctx->p3 + r * kvd, (size_t)kvd * sizeof(float));
     }
     cpu_pool_run(ctx->pool, attn_head_task, &j, n * c->n_h);
-    fwd_matmul(ctx, &ly->o, ctx->mix, ctx->out);
+    cpu_fwd_matmul(ctx, &ly->o, ctx->mix, ctx->out);
 }

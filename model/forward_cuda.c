@@ -457,12 +457,13 @@ int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, stat
             r->top_logprob[k] = res->top_logprob[k];
         }
     } else {
-        sampler_logprob top[SAMPLING_MAX_LOGPROBS];
-        r->next = sampler_sample(sl->host_sampler, e->h_logits, top, &r->logprob);
-        r->n_top = sl->params.n_logprobs;
+        sample_result res;
+        r->next = sampler_sample(sl->host_sampler, e->h_logits, &res);
+        r->logprob = res.logprob;
+        r->n_top = res.n_top;
         for (int k = 0; k < r->n_top; k++) {
-            r->top_id[k] = top[k].token;
-            r->top_logprob[k] = top[k].logprob;
+            r->top_id[k] = res.top_id[k];
+            r->top_logprob[k] = res.top_logprob[k];
         }
     }
     if (r->next < 0 || r->next >= e->cfg.V)

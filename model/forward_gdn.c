@@ -69,17 +69,17 @@ static void gdn_decode_head(void *arg, int task)
     ref_rmsnorm_gated(o, ctx->p2 + r * Dv + (long)hv * c->d_v, j->ly->ssm_norm, c->d_v, c->eps);
 }
 
-void fwd_gdn_layer(qwen35_ctx *ctx, int il)
+void cpu_fwd_gdn_layer(qwen35_ctx *ctx, int il)
 {
     const qwen35_config *c = &ctx->m->cfg;
     const qwen35_layer *ly = &ctx->m->layers[il];
     int n = ctx->n_rows;
     long C = c->C;
     gdn_job j = {.ctx = ctx, .ly = ly, .slot = c->slot[il]};
-    fwd_matmul(ctx, &ly->qkv, ctx->xn, ctx->p1);    /* mixed [n][C] */
-    fwd_matmul(ctx, &ly->gate, ctx->xn, ctx->p2);   /* z [n][D_v] */
-    fwd_matmul(ctx, &ly->beta, ctx->xn, ctx->b);    /* b [n][n_v] */
-    fwd_matmul(ctx, &ly->alpha, ctx->xn, ctx->a);   /* a [n][n_v] */
+    cpu_fwd_matmul(ctx, &ly->qkv, ctx->xn, ctx->p1);    /* mixed [n][C] */
+    cpu_fwd_matmul(ctx, &ly->gate, ctx->xn, ctx->p2);   /* z [n][D_v] */
+    cpu_fwd_matmul(ctx, &ly->beta, ctx->xn, ctx->b);    /* b [n][n_v] */
+    cpu_fwd_matmul(ctx, &ly->alpha, ctx->xn, ctx->a);   /* a [n][n_v] */
     if (ctx->prefill) {
         ref_gdn_conv(ctx->p1, C, n, c->C, c->K_conv, ly->conv1d,
                      conv_of(c, ctx->row_state[0], j.slot), ctx->p3);
@@ -99,5 +99,5 @@ void fwd_gdn_layer(qwen35_ctx *ctx, int il)
     } else {
         cpu_pool_run(ctx->pool, gdn_decode_head, &j, n * c->n_v);
     }
-    fwd_matmul(ctx, &ly->ssm_out, ctx->mix, ctx->out);
+    cpu_fwd_matmul(ctx, &ly->ssm_out, ctx->mix, ctx->out);
 }

@@ -7,7 +7,7 @@
 
 struct qwen35_ctx {
     const qwen35_model *m;
-    cpu_pool *pool;        /* owned unless borrowed_pool (the simulated ranks share one) */
+    cpu_pool *pool;        /* owned unless borrowed_pool (the ranks of a group share one) */
     bool borrowed_pool;
     int n_threads, max_batch, max_tokens;
     int max_rows;          /* max(max_batch, max_tokens): rows of every activation buffer */
@@ -21,7 +21,7 @@ struct qwen35_ctx {
     float *p3;             /* owned, [max_rows][n_p3] conv output (C) | v (n_kv d_h) */
     float *mix;            /* owned, [max_rows][n_mix] mixer output: D_v | n_h d_h */
     float *b, *a;          /* owned, [max_rows][n_v] beta / alpha projections, then β / g */
-    float *mm_scratch;     /* owned, ref_matmul scratch for n_in up to max(H, F, D_v, n_h d_h):
+    float *mm_scratch;     /* owned, cpu_matmul scratch for n_in up to max(H, F, D_v, n_h d_h):
                               the dequantised row tiles, or the Q8-quantised inputs */
     float *gdn_scratch;    /* owned, [n_threads][ref_gdn_chunked_scratch_floats(d_k, d_v)] */
     float *attn_scratch;   /* owned, [n_threads][REF_ATTN_BLOCK] */
@@ -35,39 +35,49 @@ struct qwen35_ctx {
 
 /* qwen35_ctx_create with the thread pool given (borrowed: used by one ctx at a time, outlives
  * ctx) or, pool NULL, one of opts->n_threads created and owned. */
-int fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
+int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
                    qwen35_ctx **out, status *st);
 
 /* The argument checks of qwen35_prefill / qwen35_decode_batch (codes as documented there). */
-int fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
+int cpu_fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
                       status *st);
-int fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+int cpu_fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
                      int B, status *st);
 
 /* The rows of the next step: n consecutive tokens of s from s->n_past (prefill), or one token of
  * each of the B states (decode). */
-void fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n);
-void fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B);
+void cpu_fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n);
+void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B);
 
-/* The pieces of one step over the rows (forward.c run_step is their plain sequence; the
- * tensor-parallel forward puts an all-reduce of ctx->out after each mixer and FFN):
- *   fwd_embed    x = token_embd[tokens[r]]
- *   fwd_mixer    out = Mixer_il(RMSNorm(x)·attn_norm)
- *   fwd_ffn      out = FFN_il(RMSNorm(x)·post_attention_norm)
- *   fwd_residual x += out
- *   fwd_head     logits rows [0, n_rows - first) = lm_head · RMSNorm(x[first..])·output_norm,
- *                row stride ld (the model's output rows: a shard writes its vocabulary slice) */
-void fwd_embed(qwen35_ctx *ctx, const int32_t *tokens);
-void fwd_mixer(qwen35_ctx *ctx, int il);
-void fwd_ffn(qwen35_ctx *ctx, int il);
-void fwd_residual(qwen35_ctx *ctx);
-void fwd_head(qwen35_ctx *ctx, int first, float *logits, long ld);
+/* The pieces of one step over the rows:
+ *   cpu_fwd_embed    x = token_embd[tokens[r]]
+ *   cpu_fwd_mixer    out = Mixer_il(RMSNorm(x)·attn_norm)
+ *   cpu_fwd_ffn      out = FFN_il(RMSNorm(x)·post_attention_norm)
+ *   cpu_fwd_residual x += out
+ *   cpu_fwd_head     logits rows [0, n) = lm_head · RMSNorm(x[first .. first + n))·output_norm,
+ *                    row stride ld (the model's output rows: a shard writes its vocabulary slice) */
+void cpu_fwd_embed(qwen35_ctx *ctx, const int32_t *tokens);
+void cpu_fwd_mixer(qwen35_ctx *ctx, int il);
+void cpu_fwd_ffn(qwen35_ctx *ctx, int il);
+void cpu_fwd_residual(qwen35_ctx *ctx);
+void cpu_fwd_head(qwen35_ctx *ctx, int first, int n, float *logits, long ld);
+
+/* A tensor-parallel group of n_ranks >= 1 ranks (model/tp_shard.h), each a ctx over its shard
+ * with its rows set up alike (cpu_fwd_rows_*): the one way a step runs, one rank or several.
+ * cpu_fwd_run: every layer on the rows; after each mixer and FFN the ranks' partial outputs
+ * [rows][H] are summed in rank order 0, 1, .., N-1 (the in-memory all-reduce: every rank gets
+ * the same bits; nothing to do for one rank) before the residual add.
+ * cpu_fwd_run_head: logits of rows [first, first + n) into logits (row stride ld), each rank
+ * writing its vocabulary slice at vocab_begin[r] (the gather; NULL: one rank, all of V). */
+void cpu_fwd_run(qwen35_ctx *const *ranks, int n_ranks, const int32_t *tokens);
+void cpu_fwd_run_head(qwen35_ctx *const *ranks, const int64_t *vocab_begin, int n_ranks,
+                      int first, int n, float *logits, long ld);
 
 /* y[r] = W · x[r] for the current rows (x: [n_rows][W.n_in], y: [n_rows][W.n_out]). */
-void fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y);
+void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y);
 
 /* Mixers: read ctx->xn (normed input), write ctx->out [n_rows][H]; update the rows' states. */
-void fwd_gdn_layer(qwen35_ctx *ctx, int il);
-void fwd_attn_layer(qwen35_ctx *ctx, int il);
+void cpu_fwd_gdn_layer(qwen35_ctx *ctx, int il);
+void cpu_fwd_attn_layer(qwen35_ctx *ctx, int il);
 
 #endif

@@ -108,10 +108,15 @@ static int32_t sampler_draw(sampler *s, const float *z, float zmax, uint64_t ste
     return dense ? (int32_t)pick : s->cand_id[pick];
 }
 
-int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *chosen_logprob) {
+int32_t sampler_sample(sampler *s, float *logits, sample_result *out) {
     const sampling_params *p = &s->p;
     const int32_t V = s->n_vocab;
     uint64_t step = s->step++;
+    if (out) {
+        out->token = -1;
+        out->logprob = 0;
+        out->n_top = 0;
+    }
     sampler_penalty_apply(s, logits);
     int64_t argmax;
     bool any_nan;
@@ -119,25 +124,28 @@ int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *c
     /* a broken model: nothing finite, a nan, or +inf (whose weight would be inf/inf) */
     if (any_nan || !(zmax > -INFINITY) || zmax == INFINITY) return -1;
     double lse = 0;
-    const bool want_top = top && p->n_logprobs > 0;
-    if (want_top || chosen_logprob) { /* log-softmax at temperature 1 over the vocabulary */
+    const bool want_lp = out && p->n_logprobs > 0;
+    if (want_lp) { /* log-softmax at temperature 1 over the vocabulary */
         sampler_select_exp(logits, zmax, 1.0f, s->cand_w, V);
         lse = (double)zmax + log(sampler_select_sum(s->cand_w, V));
-    }
-    if (want_top) {
         int32_t n = p->n_logprobs < V ? p->n_logprobs : V;
-        float bv[SAMPLER_MAX_LOGPROBS];
-        int32_t bi[SAMPLER_MAX_LOGPROBS];
+        float bv[SAMPLING_MAX_LOGPROBS];
+        int32_t bi[SAMPLING_MAX_LOGPROBS];
         sampler_select_best(logits, V, n, bv, bi);
-        for (int32_t j = 0; j < p->n_logprobs; j++)
-            top[j] = j < n ? (sampler_logprob){bi[j], (float)((double)bv[j] - lse)}
-                           : (sampler_logprob){-1, -INFINITY};
+        out->n_top = p->n_logprobs;
+        for (int32_t j = 0; j < p->n_logprobs; j++) {
+            out->top_id[j] = j < n ? bi[j] : -1;
+            out->top_logprob[j] = j < n ? (float)((double)bv[j] - lse) : -INFINITY;
+        }
     }
     int32_t tok;
     if (p->temperature == 0)
         tok = (int32_t)argmax; /* lowest id of the maximum */
     else
         tok = sampler_draw(s, logits, zmax, step);
-    if (chosen_logprob) *chosen_logprob = (float)((double)logits[tok] - lse);
+    if (out) {
+        out->token = tok;
+        if (want_lp) out->logprob = (float)((double)logits[tok] - lse);
+    }
     return tok;
 }

@@ -21,14 +21,6 @@
 #include "common/sampling.h"
 #include "common/status.h"
 
-#define SAMPLER_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
-
-/* One reported alternative: token id and its logprob (see sampler_sample). */
-typedef struct sampler_logprob {
-    int32_t token;
-    float logprob;
-} sampler_logprob;
-
 typedef struct sampler sampler;
 
 /* Allocates a sampler for a vocabulary of n_vocab tokens and sequences of at most n_ctx_max
@@ -53,15 +45,16 @@ void sampler_accept_prompt(sampler *s, const int32_t *ids, int64_t n);
 void sampler_accept(sampler *s, int32_t token);
 
 /* Samples one token from logits [n_vocab] (finite or -inf), which are modified in place
- * (penalties applied). Does not accept the token: call sampler_accept. Returns -1 when a
- * logit is NaN or +inf or none is finite (a broken model, never the sampler's doing); the
- * caller reports it as an error.
- * top: when non-NULL, receives params.n_logprobs entries, the highest penalised logits in
- * descending order (lowest id first on ties). chosen_logprob: when non-NULL, receives the
- * logprob of the returned token. Logprobs are log-softmax of the penalised logits at
- * temperature 1, over the whole vocabulary, before top-k/top-p/min-p (vLLM's "processed"
- * logprobs at temperature 1). Each call advances the RNG step by one, drawn or greedy. */
-int32_t sampler_sample(sampler *s, float *logits, sampler_logprob *top, float *chosen_logprob);
+ * (penalties applied), and returns it. Does not accept the token: call sampler_accept. Returns
+ * -1 when a logit is NaN or +inf or none is finite (a broken model, never the sampler's doing);
+ * the caller reports it as an error.
+ * out (may be NULL): the token, and when the sequence asked for n_logprobs > 0 its logprob and
+ * n_top = n_logprobs alternatives, the highest penalised logits in descending order (lowest id
+ * first on ties; id -1 and -inf past the vocabulary); n_top = 0 and logprob 0 otherwise.
+ * Logprobs are log-softmax of the penalised logits at temperature 1, over the whole vocabulary,
+ * before top-k/top-p/min-p (vLLM's "processed" logprobs at temperature 1). Each call advances
+ * the RNG step by one, drawn or greedy. */
+int32_t sampler_sample(sampler *s, float *logits, sample_result *out);
 
 /* Number of sampler_sample calls since create/reset: the RNG counter of the next draw. */
 uint64_t sampler_step(const sampler *s);

@@ -1,20 +1,22 @@
-/* The engine's backend interface: a vtable the scheduler drives, one implementation per device:
- * backend_cpu.c (model/forward.h + model/sampler.h) and backend_cuda.c (model/forward_cuda.h,
- * linked from //worker:cuda_worker). A backend owns the model's runtime: n_slots sequence slots
- * (recurrent state + KV for n_ctx positions each), the workspaces for up to n_slots sequences
- * per step, and a sampler per slot. Everything is allocated at creation; nothing per step or
- * per token.
+/* The engine's backend: one thin adapter over the forward contract (model/fwd.h), the same for
+ * every device. The forward (found by device name in the registry this binary links) owns the
+ * model's runtime: n_slots sequence slots, the paged KV cache and its block pool (kv), the
+ * workspaces of a step, and a sampler per slot; the adapter turns the engine's items into the
+ * forward's rows. Everything is allocated at creation; nothing per step or per token.
  *
  * The scheduler (engine.c) calls, from its one engine thread only:
- *   seq_start(slot, sampling)  - a new sequence in this slot: state forgotten, sampler seeded;
- *   seq_end(slot)              - (optional) it has ended: its KV blocks back to the pool;
- *   step(items, n)             - one engine step: item i feeds tokens[0..n_tokens) to its slot at
- *                                the slot's next positions and, if sample, samples the next
- *                                token from the logits after the last fed token (penalties see
- *                                every token fed to the slot since seq_start).
- * Items of one step have distinct slots. Decode items (one token) should run as one batch
- * (every weight read once for all of them); prefill chunks may run one by one. Results must
- * not depend on which other items share the step (tests check this). */
+ *   worker_backend_seq_start(slot, sampling)  a new sequence in this slot: state forgotten,
+ *                                             sampler seeded, its KV blocks back to the pool;
+ *   worker_backend_seq_end(slot)              it has ended: its KV blocks back to the pool;
+ *   worker_backend_step(items, n)             one engine step: item i feeds tokens[0..n_tokens)
+ *                                             to its slot at the slot's next positions and, if
+ *                                             sample, samples the next token from the logits
+ *                                             after the last fed token (penalties see every
+ *                                             token fed to the slot since seq_start).
+ * Items of one step have distinct slots. The forward batches them: decode items (one token)
+ * share one pass that reads every weight once; prompt chunks are runs of rows. Results do not
+ * depend on which other items share the step (tests check this). An item longer than the
+ * forward's max_rows goes over several forward steps. */
 #ifndef DS_WORKER_BACKEND_H
 #define DS_WORKER_BACKEND_H
 
@@ -23,14 +25,9 @@
 
 #include "common/sampling.h"
 #include "common/status.h"
+#include "model/fwd.h"
+#include "model/kv_pool.h"
 #include "model/qwen35.h"
-
-#define WORKER_MAX_LOGPROBS SAMPLING_MAX_LOGPROBS
-
-typedef struct worker_logprob {
-    int32_t id;
-    float logprob;
-} worker_logprob;
 
 typedef struct worker_batch_item {
     /* in */
@@ -41,114 +38,81 @@ typedef struct worker_batch_item {
     bool sample;
     float *logits;         /* NULL, or [n_tokens][vocab] out: the logits after each token
                               (eval and tests; not the serving path) */
-    /* out, when sample */
-    int32_t token;
-    float logprob;                           /* of token, when n_logprobs > 0 */
-    worker_logprob top[WORKER_MAX_LOGPROBS]; /* [n_top], most likely first */
-    int n_top;
+    /* out, when sample: the token, with its logprobs when the sequence asked for them */
+    sample_result out;
 } worker_batch_item;
 
 typedef struct worker_backend_opts {
-    int n_slots;   /* sequences alive at once (>= 1; 0: the CUDA backend sizes it from free
-                      device memory, the CPU backend takes 8) */
+    int n_slots;   /* sequences alive at once (>= 1; 0: sized by the device: from free memory on
+                      cuda, 8 on the CPU) */
     int n_ctx;     /* positions per sequence (prompt + generated) */
     int n_threads; /* CPU threads; 0 = default */
-    int tp;        /* tensor-parallel ranks (0 or 1: none): the CPU backend simulates them in one
-                      process (model/forward_tp.h); cuda runs one rank per GPU over NCCL
-                      (model/forward_cuda_tp.h) */
-    int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget) */
-    int device;             /* CUDA device index (cuda backends); with tp > 1 the first of
-                               tp consecutive ones, unless tp_devices lists them */
-    int n_tp_devices;       /* cuda, tp > 1: tp_devices[0 .. tp) the ranks' devices (0: from
-                               device) */
-    int tp_devices[64];
+    int tp;        /* tensor-parallel ranks (0 or 1: one): the CPU simulates them in one process
+                      (model/forward_cpu.h); cuda runs one rank per GPU over NCCL */
+    int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget): the
+                               forward's steps take n_slots + this many rows */
+    int kv_blocks;          /* > 0: blocks of the KV pool; 0: sized by the forward */
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
     int dense_rows;         /* cuda: passes of this many rows or more multiply the quantised
-                               matrices through cuBLAS (qwen35_cuda_opts.dense_rows); 0: never,
+                               matrices through cuBLAS (fwd_opts.dense_rows); 0: never,
                                < 0: chosen by the forward */
     bool dense_per_pass;    /* cuda: dequantise for the dense path every pass, never keep the
-                               F16 copies resident (qwen35_cuda_opts.dense_per_pass) */
+                               F16 copies resident */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
-                               (QWEN35_DOT_EXACT: reference comparisons), not with Q8 ones */
+                               (reference comparisons), not with Q8 ones */
 } worker_backend_opts;
 
-/* Device counters (benchmarks and tests); backends without them leave the hook NULL. */
-typedef struct worker_backend_stats {
-    uint64_t tokens;            /* rows (tokens) run */
-    uint64_t steps;             /* device steps (one host sync each) */
-    uint64_t graph_launches;
-    uint64_t kernels_per_token; /* kernel nodes of one token's graph */
-    uint64_t d2h_bytes, h2d_bytes; /* copied by steps */
-    uint64_t weight_bytes;      /* device bytes of weights */
-    uint64_t bytes_per_token;   /* weights + state read/written + KV read at n_ctx (estimate) */
-} worker_backend_stats;
-
-typedef struct worker_backend worker_backend;
-
-typedef struct worker_backend_vt {
-    /* s: validated and resolved (worker/request.c), seed picked. */
-    int (*seq_start)(worker_backend *b, int slot, const sampling_params *s, status *st);
-    /* STATUS_RANGE / STATUS_INVALID: a bad item (a caller bug: requests are validated);
-     * STATUS_DEVICE: the device failed (sticky: the worker should exit). */
-    int (*step)(worker_backend *b, worker_batch_item *items, int n, status *st);
-    void (*destroy)(worker_backend *b);
-    /* Benchmarks only: the slot continues at position n_past as if that context had been
-     * consumed (its KV rows hold a constant finite pattern, the recurrent state is kept).
-     * STATUS_RANGE for a bad slot or position. */
-    int (*fill)(worker_backend *b, int slot, int n_past, status *st);
-    /* Optional (NULL: no device counters). */
-    void (*get_stats)(const worker_backend *b, worker_backend_stats *s);
-    /* Optional: the sequence in slot has ended (finished, cancelled or failed after seq_start):
-     * its KV blocks go back to the pool. A paged backend needs it. */
-    void (*seq_end)(worker_backend *b, int slot);
-} worker_backend_vt;
-
-struct worker_backend {
-    const worker_backend_vt *vt;
+typedef struct worker_backend {
+    fwd *f;                    /* owned */
     const qwen35_model *model; /* borrowed */
     int n_slots, n_ctx, vocab;
     uint64_t state_bytes; /* per slot, for logs */
     int prompt_rows_while_decoding; /* most prompt tokens of one request in a step that also
-                                       decodes (0: no limit): a backend whose prompt tokens run
-                                       one row at a time keeps running streams from waiting */
-    char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
-    /* Paged KV (0 / 0: none, each slot holds its whole context): a pool of kv_blocks_total
-     * blocks of kv_block_tokens positions shared by the slots. A sequence takes blocks as it
-     * grows (step) and returns them at seq_end / seq_start; the caller must never have more
-     * positions in flight than the pool holds (the engine reserves each request's worst case at
-     * admission), or step fails with STATUS_EXHAUSTED. */
-    int kv_block_tokens;
-    uint32_t kv_blocks_total;
-};
+                                       decodes (0: no limit): a forward whose prompt tokens run
+                                       one row at a time (fwd.pass_rows 0) keeps running streams
+                                       from waiting */
+    char device[128];     /* the forward's: "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
+    kv_pool *kv;          /* the forward's KV blocks: the scheduler reads the free ones and grows
+                             each running sequence's table before a step */
+    fwd_row *rows;        /* owned, [f->max_rows] */
+    worker_batch_item **row_item; /* owned, [f->max_rows]: the item a sampled row answers */
+} worker_backend;
 
-/* The CPU backend (model/forward.h + model/sampler.h). */
-int worker_backend_cpu_create(const qwen35_model *m, const worker_backend_opts *o,
-                              worker_backend **out, status *st);
+/* The forward for a device name: "cpu"; "cuda" (devices 0 .. tp-1), "cuda:N" (N .. N+tp-1) or
+ * "cuda:A,B,..." (one per rank). A cuda name falls back to the CPU, saying "no GPU, using CPU"
+ * in one log line, when this binary's registry has no "cuda" or the forward says
+ * STATUS_UNAVAILABLE (no driver, no GPU); other failures (a model the GPU cannot run, too little
+ * device memory) are returned. STATUS_INVALID for an unknown or malformed name. The devices
+ * come from the name (o's devices are not read). */
+int worker_fwd_create(const char *device, const qwen35_model *m, const fwd_opts *o, fwd **out,
+                      status *st);
 
-/* Picks a backend by device name: "cpu", or "cuda" (falls back to the CPU, saying "no GPU, using
- * CPU" in one log line, when this build has no CUDA backend or the machine no GPU; other CUDA
- * failures, e.g. an unsupported weight type or too little device memory, are returned).
- * STATUS_INVALID for an unknown device name. The CUDA backend is the one of
- * worker/cuda_backend_worker.c (//worker:cuda_worker): a binary gets it by linking that library
- * (alwayslink; backend.c references it weakly), so CPU-only builds stay free of CUDA. */
+/* The forward of worker_fwd_create(device) for these options, behind the adapter. */
 int worker_backend_create(const char *device, const qwen35_model *m, const worker_backend_opts *o,
                           worker_backend **out, status *st);
+/* The adapter over a forward the caller made (ownership passes to the backend, also on error). */
+int worker_backend_wrap(fwd *f, worker_backend **out, status *st);
+void worker_backend_destroy(worker_backend *b);
 
 /* Whether --tp can run on device, before any model is loaded: tp 0 or 1 always, tp > 1 on
  * "cpu" (the simulated ranks; whether the model's heads split is checked at create). On
  * "cuda" / "cuda:N" / "cuda:A,B,...": STATUS_UNSUPPORTED "--tp N needs N GPUs, this host has
- * M" when fewer GPUs are visible (or a listed one is not there), STATUS_INVALID when a list's
- * length is not tp. STATUS_INVALID for tp < 0 or > 64. worker_backend_create makes the same
- * check. */
+ * M" when fewer GPUs are visible (the registry's device_count; 0 without a cuda entry) or a
+ * listed one is not there, STATUS_INVALID when a list's length is not tp. STATUS_INVALID for
+ * tp < 0 or > 64. worker_backend_create makes the same check. */
 int worker_backend_check_tp(const char *device, int tp, status *st);
 
-/* true when this binary links the CUDA backend (//worker:cuda_worker) */
-bool worker_backend_have_cuda(void);
-
-static inline void worker_backend_destroy(worker_backend *b)
-{
-    if (b) b->vt->destroy(b);
-}
+/* s: validated and resolved (worker/request.c), seed picked. */
+int worker_backend_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st);
+void worker_backend_seq_end(worker_backend *b, int slot);
+/* STATUS_RANGE / STATUS_INVALID: a bad item (a caller bug: requests are validated);
+ * STATUS_EXHAUSTED: the KV pool has too few free blocks for the items (nothing run);
+ * STATUS_INTERNAL: a sampled row found no finite logit; STATUS_DEVICE: the device failed (sticky:
+ * the worker should exit). */
+int worker_backend_step(worker_backend *b, worker_batch_item *items, int n, status *st);
+/* Benchmarks only: fwd_fill. */
+int worker_backend_fill(worker_backend *b, int slot, int n_past, status *st);
+void worker_backend_get_stats(const worker_backend *b, fwd_stats *s);
 
 #endif

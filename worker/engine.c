@@ -37,7 +37,7 @@ struct engine {
     uint64_t next_admit_seq;
     bool draining, stop, failed;
     uint64_t outstanding; /* prompt tokens to feed + tokens to generate, all requests */
-    uint32_t kv_total, kv_reserved; /* paged KV blocks (worker_backend.kv_blocks_total): every
+    uint32_t kv_total, kv_reserved; /* paged KV blocks (worker_backend.kv): every
                                        running request reserves its worst case at admission */
     uint64_t steps, tokens_generated, n_finished;
     int64_t tps_t0;
@@ -72,7 +72,7 @@ static int free_slot(const engine *e)
 static uint32_t kv_need(const engine *e, const engine_params *p)
 {
     if (!e->kv_total) return 0;
-    const int64_t tok = (int64_t)p->n_prompt + p->max_new_tokens, bt = e->b->kv_block_tokens;
+    const int64_t tok = (int64_t)p->n_prompt + p->max_new_tokens, bt = kv_pool_block_tokens(e->b->kv);
     return (uint32_t)((tok + bt - 1) / bt);
 }
 
@@ -141,7 +141,7 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
         rc = status_fail(st, STATUS_RANGE,
                          "request %s: %d prompt + %d new tokens need %u KV blocks of %d tokens; "
                          "the worker's cache holds %u", p->id, p->n_prompt, p->max_new_tokens,
-                         need, e->b->kv_block_tokens, e->kv_total);
+                         need, kv_pool_block_tokens(e->b->kv), e->kv_total);
     } else if (slot < 0 && e->n_waiting >= e->o.queue) {
         rc = status_fail(st, STATUS_EXHAUSTED,
                          "request %s: admission queue full (%d running, %d waiting)", p->id,
@@ -368,7 +368,7 @@ static bool is_in(int32_t t, const int32_t *v, int n)
 /* A sampled token for r: timings, sink, stop conditions. Returns true if r is finished. */
 static bool take_token(engine *e, engine_request *r, const worker_batch_item *it, int64_t now)
 {
-    int32_t t = it->token;
+    int32_t t = it->out.token;
     r->n_generated++;
     r->last_token = t;
     if (r->n_generated == 1) r->t_first = now;
@@ -438,7 +438,7 @@ static void retire(engine *e, engine_request **done, int nd)
 
     for (int i = 0; i < nd; i++) { /* the backend's KV blocks back, before any new seq_start */
         const engine_request *r = &e->retired[i];
-        if (r->slot >= 0 && r->started && e->b->vt->seq_end) e->b->vt->seq_end(e->b, r->slot);
+        if (r->slot >= 0 && r->started) worker_backend_seq_end(e->b, r->slot);
     }
     for (int i = 0; i < nd; i++) {
         const engine_request *r = &e->retired[i];
@@ -495,7 +495,7 @@ static void *engine_main(void *arg)
         for (int i = 0; i < na; i++) {
             engine_request *r = e->active[i];
             if (!r->started) {
-                if (e->b->vt->seq_start(e->b, r->slot, &r->p.sampling, &st) != STATUS_OK) {
+                if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, &st) != STATUS_OK) {
                     nd = fail_items(e, &r, 1, &st, nd);
                     continue;
                 }
@@ -507,7 +507,7 @@ static void *engine_main(void *arg)
         int n = build_batch(e, e->active, na);
         uint64_t generated = 0;
         if (n > 0) {
-            int rc = e->b->vt->step(e->b, e->items, n, &st);
+            int rc = worker_backend_step(e->b, e->items, n, &st);
             int64_t now = clock_now_us();
             if (rc != STATUS_OK) {
                 LOG_ERROR("engine step failed (%d items): %s", n, st.msg);
@@ -557,7 +557,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     if (e->o.queue < 0) e->o.queue = 64;
     if (e->o.step_tokens <= 0) e->o.step_tokens = 256;
     e->n_slots = b->n_slots;
-    e->kv_total = b->kv_block_tokens > 0 ? b->kv_blocks_total : 0;
+    e->kv_total = kv_pool_total_blocks(b->kv);
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);
     e->running = calloc((size_t)e->n_slots, sizeof *e->running);

@@ -51,23 +51,23 @@ static bool sink_cancelled(void *arg) { return rpc_call_cancelled(arg); }
 static void sink_token(void *arg, const engine_request *r, const worker_batch_item *it)
 {
     Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
-    int32_t id = it->token;
+    int32_t id = it->out.token;
     m.n_token_ids = 1;
     m.token_ids = &id;
     Deltaserve__V1__TokenLogprob lp = DELTASERVE__V1__TOKEN_LOGPROB__INIT;
     Deltaserve__V1__TokenLogprob *lps[1] = {&lp};
-    Deltaserve__V1__TopLogprob top[WORKER_MAX_LOGPROBS];
-    Deltaserve__V1__TopLogprob *tops[WORKER_MAX_LOGPROBS];
+    Deltaserve__V1__TopLogprob top[SAMPLING_MAX_LOGPROBS];
+    Deltaserve__V1__TopLogprob *tops[SAMPLING_MAX_LOGPROBS];
     if (r->p.sampling.n_logprobs > 0) {
-        lp.token_id = it->token;
-        lp.logprob = it->logprob;
-        for (int i = 0; i < it->n_top; i++) {
+        lp.token_id = it->out.token;
+        lp.logprob = it->out.logprob;
+        for (int i = 0; i < it->out.n_top; i++) {
             top[i] = (Deltaserve__V1__TopLogprob)DELTASERVE__V1__TOP_LOGPROB__INIT;
-            top[i].token_id = it->top[i].id;
-            top[i].logprob = it->top[i].logprob;
+            top[i].token_id = it->out.top_id[i];
+            top[i].logprob = it->out.top_logprob[i];
             tops[i] = &top[i];
         }
-        lp.n_top = (size_t)it->n_top;
+        lp.n_top = (size_t)it->out.n_top;
         lp.top = tops;
         m.n_logprobs = 1;
         m.logprobs = lps;

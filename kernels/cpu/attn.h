@@ -27,6 +27,14 @@ typedef enum attn_kv_type {
 void ref_attn_head(const float *q, const float *k, const float *v, long ld, int n, int d_h,
                    float scale, float *scores, float *o);
 
+/* ref_attn_head over a paged cache (the CPU forward's; kernels/cuda/attn.h "KV blocks"):
+ * position t's key and value rows at k + table[t / block_tokens] * block_ld
+ * + (t % block_tokens) * ld, and v alike (head offset already applied). Each row is read where
+ * it lies: nothing is gathered. ref_attn_head is the one-block case. */
+void ref_attn_head_paged(const float *q, const float *k, const float *v, const int32_t *table,
+                         int block_tokens, long block_ld, long ld, int n, int d_h, float scale,
+                         float *scores, float *o);
+
 /* One token, all heads (GQA: query head h reads KV head h / (n_h / n_kv)).
  * q: [n_h][d_h]; k_cache, v_cache: [n][n_kv][d_h] (positions 0..n-1, the new token's included);
  * scores: [REF_ATTN_BLOCK]; o: [n_h][d_h]. */

@@ -277,8 +277,8 @@ static int tile_min_t(uint32_t type)
     case GGML_TYPE_F32:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K: return REF_MATMUL_TILE_MIN_T_KQUANT;
-    default: return REF_MATMUL_TILE_MIN_T_OTHER;
+    case GGML_TYPE_Q6_K: return CPU_MATMUL_TILE_MIN_T_KQUANT;
+    default: return CPU_MATMUL_TILE_MIN_T_OTHER;
     }
 }
 
@@ -308,13 +308,13 @@ typedef struct mm_job {
 
 static int tile_rows_for(int64_t n_in)
 {
-    int64_t r = REF_MATMUL_TILE_FLOATS / n_in / 4 * 4;
+    int64_t r = CPU_MATMUL_TILE_FLOATS / n_in / 4 * 4;
     return r < 4 ? 4 : r > 64 ? 64 : (int)r;
 }
 
-size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads)
+size_t cpu_matmul_scratch_floats(int64_t n_in_max, int n_threads)
 {
-    size_t per = REF_MATMUL_TILE_FLOATS > 4 * n_in_max ? REF_MATMUL_TILE_FLOATS : 4 * (size_t)n_in_max;
+    size_t per = CPU_MATMUL_TILE_FLOATS > 4 * n_in_max ? CPU_MATMUL_TILE_FLOATS : 4 * (size_t)n_in_max;
     return (size_t)n_threads * per;
 }
 
@@ -322,8 +322,8 @@ size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads)
 static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
 {
     quant_dot_fn dot = j->qt->dot;
-    for (int64_t b = r0; b < r1; b += REF_MATMUL_DOT_BLOCK) {
-        int64_t e = b + REF_MATMUL_DOT_BLOCK < r1 ? b + REF_MATMUL_DOT_BLOCK : r1;
+    for (int64_t b = r0; b < r1; b += CPU_MATMUL_DOT_BLOCK) {
+        int64_t e = b + CPU_MATMUL_DOT_BLOCK < r1 ? b + CPU_MATMUL_DOT_BLOCK : r1;
         for (int t = 0; t < j->T; t++) {
             const float *x = j->x + t * j->ldx;
             float *y = j->y + t * j->ldy;
@@ -351,8 +351,8 @@ static void mm_rows_dot_q8(const mm_job *j, int64_t r0, int64_t r1)
     const int pd = q8_prefetch_rows(j->row_bytes);
     const uint64_t used = quant_row_bytes(j->type, (uint64_t)j->n_in);
     float out[QUANT_Q8_MAX_COLS];
-    for (int64_t b = r0; b < r1; b += REF_MATMUL_DOT_BLOCK) {
-        int64_t e = b + REF_MATMUL_DOT_BLOCK < r1 ? b + REF_MATMUL_DOT_BLOCK : r1;
+    for (int64_t b = r0; b < r1; b += CPU_MATMUL_DOT_BLOCK) {
+        int64_t e = b + CPU_MATMUL_DOT_BLOCK < r1 ? b + CPU_MATMUL_DOT_BLOCK : r1;
         for (int t = 0; t < j->T; t += QUANT_Q8_MAX_COLS) {
             const int nc = j->T - t < QUANT_Q8_MAX_COLS ? j->T - t : QUANT_Q8_MAX_COLS;
             const uint8_t *xq = j->xq + (uint64_t)t * j->xq_bytes;
@@ -404,7 +404,7 @@ static void mm_task(void *arg, int task)
     bool f32 = j->type == GGML_TYPE_F32 && j->row_bytes == (uint64_t)j->n_in * 4;
     int ti = cpu_pool_thread_index();
     DS_ASSERT(ti < j->n_threads);
-    float *tile = j->scratch + (size_t)ti * (ref_matmul_scratch_floats(j->n_in, 1));
+    float *tile = j->scratch + (size_t)ti * (cpu_matmul_scratch_floats(j->n_in, 1));
     for (int64_t r = r0; r < r1; r += j->tile_rows) {
         int n = r1 - r < j->tile_rows ? (int)(r1 - r) : j->tile_rows;
         const float *w = tile;
@@ -421,12 +421,12 @@ static void mm_run(cpu_pool *pool, mm_job *j, bool rows_dot)
 {
     /* ~4 tasks per thread for balance; a task is a multiple of the row tile (prefill) or of
      * the dot block (decode, integer path), at least 16 rows. Dotted rows are also capped at
-     * REF_MATMUL_TASK_BYTES of weights per task, so that a thread the OS preempts holds up at
+     * CPU_MATMUL_TASK_BYTES of weights per task, so that a thread the OS preempts holds up at
      * most a small task (the output layer: ~750 tasks, not 8). */
-    int64_t unit = rows_dot ? REF_MATMUL_DOT_BLOCK : j->tile_rows;
+    int64_t unit = rows_dot ? CPU_MATMUL_DOT_BLOCK : j->tile_rows;
     int64_t per = (j->n_out + 4 * j->n_threads - 1) / (4 * j->n_threads);
     if (rows_dot && j->n_threads > 1) {
-        int64_t cap = (int64_t)(REF_MATMUL_TASK_BYTES / j->row_bytes) / unit * unit;
+        int64_t cap = (int64_t)(CPU_MATMUL_TASK_BYTES / j->row_bytes) / unit * unit;
         if (cap < unit) cap = unit;
         if (per > cap) per = cap;
     }
@@ -437,14 +437,14 @@ static void mm_run(cpu_pool *pool, mm_job *j, bool rows_dot)
     cpu_pool_run(pool, mm_task, j, n_tasks);
 }
 
-void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
+void cpu_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
-                float *scratch, ref_matmul_dot dot)
+                float *scratch, cpu_matmul_dot dot)
 {
     const quant_traits *qt = quant_get(type);
     DS_ASSERT(qt && qt->supported && T >= 1 && n_out >= 1);
-    if (dot == REF_MATMUL_DOT_DEFAULT) dot = REF_MATMUL_DOT_Q8;
-    const bool q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8_cols;
+    if (dot == CPU_MATMUL_DOT_DEFAULT) dot = CPU_MATMUL_DOT_Q8;
+    const bool q8 = dot == CPU_MATMUL_DOT_Q8 && qt->dot_q8_cols;
     DS_ASSERT(q8 || T < tile_min_t(type) || type == GGML_TYPE_F32 || scratch);
     int n_threads = cpu_pool_n_threads(pool);
     mm_job j = {.w = w, .qt = qt, .type = type, .row_bytes = row_bytes, .n_in = n_in,
@@ -459,13 +459,13 @@ void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
         return;
     }
     /* Integer path: the inputs are quantised on this thread into the scratch (no tile is
-     * needed), as many columns at a time as fit (at least 14: see REF_MATMUL_Q8_MIN_COLS),
+     * needed), as many columns at a time as fit (at least 14: see CPU_MATMUL_Q8_MIN_COLS),
      * then every thread dots its rows with them. */
     DS_ASSERT(scratch);
     j.xq_bytes = quant_act_bytes(type, n_in);
     DS_ASSERT(j.xq_bytes > 0);
-    const uint64_t cap = ref_matmul_scratch_floats(n_in, n_threads) * sizeof(float) / j.xq_bytes;
-    DS_ASSERT(cap >= REF_MATMUL_Q8_MIN_COLS);
+    const uint64_t cap = cpu_matmul_scratch_floats(n_in, n_threads) * sizeof(float) / j.xq_bytes;
+    DS_ASSERT(cap >= CPU_MATMUL_Q8_MIN_COLS);
     uint8_t *xq = (uint8_t *)scratch;
     j.xq = xq;
     for (int t0 = 0; t0 < T; t0 += (int)cap) {

@@ -19,7 +19,7 @@
  * Exact vs integer path: the integer path quantises the input (about 0.2% relative error of a
  * dot on random data, |error| <= sum_i |w_i| d_block(i) / 2; tests/gguf/quant_q8_test.c); the
  * exact mode computes the F32 math on the dequantised weights (1e-5 relative), which is the
- * specification's. REF_MATMUL_DOT_EXACT selects it (per call; qwen35_ctx_opts.dot_mode per ctx). */
+ * specification's. CPU_MATMUL_DOT_EXACT selects it (per call; qwen35_ctx_opts.dot_mode per ctx). */
 #ifndef DS_KERNELS_CPU_MATMUL_H
 #define DS_KERNELS_CPU_MATMUL_H
 
@@ -30,37 +30,37 @@
 
 /* Floats of one thread's dequantised row tile on the prefill path (256 KiB: sits in L2 while
  * all T inputs stream past it); the tile holds max(4, this / n_in) rows, a multiple of 4. */
-#define REF_MATMUL_TILE_FLOATS 65536
+#define CPU_MATMUL_TILE_FLOATS 65536
 /* From this many input rows on, the dequantise-a-tile path is used: 3 for the K-quants and
  * F32, 6 for F16/BF16/Q8_0 (measured: below it, dotting the blocks directly per input is
  * cheaper than dequantising; above it the FP32 micro-kernel wins). */
-#define REF_MATMUL_TILE_MIN_T_KQUANT 3
-#define REF_MATMUL_TILE_MIN_T_OTHER 6
+#define CPU_MATMUL_TILE_MIN_T_KQUANT 3
+#define CPU_MATMUL_TILE_MIN_T_OTHER 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
-#define REF_MATMUL_DOT_BLOCK 32
+#define CPU_MATMUL_DOT_BLOCK 32
 /* Most weight bytes one task of the dot paths reads (threads claim tasks dynamically). */
-#define REF_MATMUL_TASK_BYTES (256 * 1024)
+#define CPU_MATMUL_TASK_BYTES (256 * 1024)
 /* The integer path quantises the inputs into the scratch (~1.14 n_in bytes each), as many as
  * fit at a time, at least this many (the scratch holds >= 16 n_in bytes). */
-#define REF_MATMUL_Q8_MIN_COLS 14
+#define CPU_MATMUL_Q8_MIN_COLS 14
 
 /* How quantised weights are dotted (F32/F16/BF16 weights always take the float path). */
-typedef enum ref_matmul_dot {
-    REF_MATMUL_DOT_DEFAULT = 0, /* Q8 */
-    REF_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised inputs */
-    REF_MATMUL_DOT_EXACT,       /* float dots against the F32 input */
-} ref_matmul_dot;
+typedef enum cpu_matmul_dot {
+    CPU_MATMUL_DOT_DEFAULT = 0, /* Q8 */
+    CPU_MATMUL_DOT_Q8,          /* integer dots against the Q8-quantised inputs */
+    CPU_MATMUL_DOT_EXACT,       /* float dots against the F32 input */
+} cpu_matmul_dot;
 
-/* Floats of scratch ref_matmul needs for rows up to n_in_max with n_threads threads. */
-size_t ref_matmul_scratch_floats(int64_t n_in_max, int n_threads);
+/* Floats of scratch cpu_matmul needs for rows up to n_in_max with n_threads threads. */
+size_t cpu_matmul_scratch_floats(int64_t n_in_max, int n_threads);
 
-/* y = x · Wᵀ as above. pool may be NULL (serial). scratch: ref_matmul_scratch_floats(n_in,
+/* y = x · Wᵀ as above. pool may be NULL (serial). scratch: cpu_matmul_scratch_floats(n_in,
  * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights, or in the
  * exact mode, with T < 3). The type must be supported by gguf/quant.h and n_in a multiple of
  * its block size (checked at load). */
-void ref_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
+void cpu_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,
-                float *scratch, ref_matmul_dot dot);
+                float *scratch, cpu_matmul_dot dot);
 
 /* FP32 vector helpers (AVX2+FMA when the CPU has it). */
 float ref_dot_f32(const float *a, const float *b, int64_t n);          /* a·b */

@@ -28,6 +28,16 @@ extern "C" bool cuda_device_available(status *st)
     return true;
 }
 
+extern "C" int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // as cuda_device_available: leave no error behind
+        return 0;
+    }
+    return n;
+}
+
 extern "C" int cuda_device_props_get(int dev, cuda_device_props *p, status *st)
 {
     cudaDeviceProp prop;

@@ -55,6 +55,8 @@ typedef struct cuda_launch_dims {
 
 /* true when at least one CUDA device is usable; false (st says why: no driver, no device) */
 bool cuda_device_available(status *st);
+/* The CUDA devices visible to this process; 0 without a driver or device. */
+int cuda_device_count(void);
 
 /* Properties of device `dev` (also selects it as current). */
 int cuda_device_props_get(int dev, cuda_device_props *p, status *st);

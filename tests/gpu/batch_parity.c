@@ -83,7 +83,7 @@ static int run_chunks(worker_backend *b, const seqs *s, int group, int chunk,
         const int g1 = g0 + group < s->n ? g0 + group : s->n;
         int fed[N_SEQ] = {0}, gen[N_SEQ] = {0};
         for (int i = g0; i < g1; i++)
-            if (b->vt->seq_start(b, i - g0, &s->sp[i], st)) return st->code;
+            if (worker_backend_seq_start(b, i - g0, &s->sp[i], st)) return st->code;
         for (;;) {
             int n = 0, who[N_SEQ];
             for (int i = g0; i < g1; i++) {
@@ -99,11 +99,11 @@ static int run_chunks(worker_backend *b, const seqs *s, int group, int chunk,
                 who[n++] = i;
             }
             if (!n) break;
-            if (b->vt->step(b, it, n, st)) return st->code;
+            if (worker_backend_step(b, it, n, st)) return st->code;
             for (int k = 0; k < n; k++) {
                 const int i = who[k];
                 fed[i] += it[k].n_tokens;
-                if (it[k].sample) out[i][gen[i]++] = it[k].token;
+                if (it[k].sample) out[i][gen[i]++] = it[k].out.token;
             }
         }
     }
@@ -201,7 +201,7 @@ static void check_model(const char *path, bool cpu_logits)
             status_fail(&st, STATUS_NOMEM, "logits");
             goto done;
         }
-        if (worker_backend_cpu_create(m, &oc, &cpu, &st) ||
+        if (worker_backend_create("cpu", m, &oc, &cpu, &st) ||
             run_groups(cpu, &greedy, N_SEQ, c_all, lc, &st) ||
             run_groups(def, &greedy, N_SEQ, all, lg, &st))
             goto done;
@@ -331,7 +331,7 @@ static void test_dense(void)
     if (worker_backend_create("cuda", m, &oq, &q, &st) ||
         worker_backend_create("cuda", m, &orr, &dr, &st) ||
         worker_backend_create("cuda", m, &op, &dp, &st) ||
-        worker_backend_cpu_create(m, &oq, &cpu, &st) ||
+        worker_backend_create("cpu", m, &oq, &cpu, &st) ||
         run_chunks(q, &greedy, N_SEQ, MAX_PROMPT, out_q, lq, &st) ||
         run_chunks(dr, &greedy, N_SEQ, MAX_PROMPT, out_r, lr, &st) ||
         run_chunks(dp, &greedy, N_SEQ, MAX_PROMPT, out_p, lp, &st) ||
@@ -399,14 +399,14 @@ static void test_abandon_and_reuse(void)
         worker_batch_item it[N_SEQ];
         int32_t tok[N_SEQ];
         for (int i = 0; i < N_SEQ; i++)
-            if (b->vt->seq_start(b, i, &s.sp[i], &st)) goto done;
+            if (worker_backend_seq_start(b, i, &s.sp[i], &st)) goto done;
         for (int step = 0; step < 1 + round % 5; step++) {
             for (int i = 0; i < N_SEQ; i++) {
                 tok[i] = (int32_t)((i * 31 + step + round) % m->cfg.V);
                 it[i] = (worker_batch_item){.slot = i, .tokens = &tok[i], .n_tokens = 1,
                                             .prompt = true, .sample = true};
             }
-            if (b->vt->step(b, it, N_SEQ, &st)) goto done;
+            if (worker_backend_step(b, it, N_SEQ, &st)) goto done;
         }
     }
     if (run_groups(b, &s, N_SEQ, again, NULL, &st)) goto done;

@@ -124,7 +124,7 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     if (qwen35_model_load(&m, path, &st) || qwen35_ctx_create(m, NULL, &ctx, &st) ||
         qwen35_state_create(m, T + 1, &s, &st) || worker_backend_create("cuda", m, &o, &g, &st) ||
-        g->vt->seq_start(g, 0, &greedy, &st))
+        worker_backend_seq_start(g, 0, &greedy, &st))
         goto fail;
     if (strncmp(g->device, "cuda:", 5)) {
         status_fail(&st, STATUS_UNAVAILABLE, "the backend is %s, not the GPU", g->device);
@@ -137,7 +137,7 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
     gpu_rng_seed(&rng, 99);
     for (int t = 0; t < P; t++) ids[t] = (int32_t)(gpu_rng_u64(&rng) % (uint64_t)V);
     worker_batch_item it = {.slot = 0, .tokens = ids, .n_tokens = P, .prompt = true, .logits = lg};
-    if (qwen35_prefill(ctx, s, ids, P, lc, true, &st) || g->vt->step(g, &it, 1, &st)) goto fail;
+    if (qwen35_prefill(ctx, s, ids, P, lc, true, &st) || worker_backend_step(g, &it, 1, &st)) goto fail;
     for (int t = P; t < T; t++) {
         int a1;
         double gap;
@@ -147,7 +147,7 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
         it = (worker_batch_item){.slot = 0, .tokens = ids + t, .n_tokens = 1, .prompt = true,
                                  .logits = lg + (size_t)t * V};
         if (qwen35_decode_batch(ctx, &s, ids + t, 1, lc + (size_t)t * V, &st) ||
-            g->vt->step(g, &it, 1, &st))
+            worker_backend_step(g, &it, 1, &st))
             goto fail;
     }
     if (perturb) {
@@ -231,12 +231,12 @@ static int greedy_tokens(worker_backend *b, const int32_t *prompt, int P, int n,
                          status *st)
 {
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    if (b->vt->seq_start(b, 0, &greedy, st)) return st->code;
+    if (worker_backend_seq_start(b, 0, &greedy, st)) return st->code;
     worker_batch_item it = {.slot = 0, .tokens = prompt, .n_tokens = P, .prompt = true,
                             .sample = true};
     for (int i = 0; i < n; i++) {
-        if (b->vt->step(b, &it, 1, st)) return st->code;
-        out[i] = it.token;
+        if (worker_backend_step(b, &it, 1, st)) return st->code;
+        out[i] = it.out.token;
         it = (worker_batch_item){.slot = 0, .tokens = &out[i], .n_tokens = 1, .sample = true};
     }
     return STATUS_OK;
@@ -260,8 +260,8 @@ static void test_greedy_and_counters(void)
         greedy_tokens(cpu, prompt, P, N, cpu_out, &st) ||
         greedy_tokens(gpu, prompt, P, 8, gpu_out, &st)) /* warm-up */
         goto fail;
-    worker_backend_stats s0, s1;
-    gpu->vt->get_stats(gpu, &s0);
+    fwd_stats s0, s1;
+    worker_backend_get_stats(gpu, &s0);
     const uint64_t dev0 = cuda_alloc_count();
     atomic_store(&g_allocs, 0);
     atomic_store(&g_mine, 0);
@@ -270,14 +270,14 @@ static void test_greedy_and_counters(void)
     atomic_store(&g_counting, 1);
     int rc = STATUS_OK;
     for (int i = 8; i < N && !rc; i++) {
-        rc = gpu->vt->step(gpu, &it, 1, &st);
-        gpu_out[i] = it.token;
+        rc = worker_backend_step(gpu, &it, 1, &st);
+        gpu_out[i] = it.out.token;
         it.tokens = &gpu_out[i];
     }
     atomic_store(&g_counting, 0);
     t_mine = 0;
     if (rc) goto fail;
-    gpu->vt->get_stats(gpu, &s1);
+    worker_backend_get_stats(gpu, &s1);
     const long host_allocs = atomic_load(&g_mine), other_allocs = atomic_load(&g_allocs) - host_allocs;
     const uint64_t dev_allocs = cuda_alloc_count() - dev0;
     const double n = (double)(s1.tokens - s0.tokens);
@@ -337,18 +337,18 @@ static int run_worker_with(worker_backend *b, const sampling_params *sp, int32_t
 {
     static const int32_t p0[] = {3, 17, 200, 5}, p1[] = {500, 2, 44}; /* ids < 773, the smallest reference vocabulary */
     for (int s = 0; s < 2; s++)
-        if (b->vt->seq_start(b, s, sp, st)) return st->code;
+        if (worker_backend_seq_start(b, s, sp, st)) return st->code;
     worker_batch_item it[2] = {{.slot = 0, .tokens = p0, .n_tokens = 4, .prompt = true, .sample = true},
                                {.slot = 1, .tokens = p1, .n_tokens = 3, .prompt = true, .sample = true}};
-    if (b->vt->step(b, it, 2, st)) return st->code;
+    if (worker_backend_step(b, it, 2, st)) return st->code;
     for (int k = 0; k < 12; k++) {
-        out[0][k] = it[0].token, out[1][k] = it[1].token;
+        out[0][k] = it[0].out.token, out[1][k] = it[1].out.token;
         for (int s = 0; s < 2; s++) {
             it[s].tokens = &out[s][k];
             it[s].n_tokens = 1;
             it[s].prompt = false;
         }
-        if (k + 1 < 12 && b->vt->step(b, it, 2, st)) return st->code;
+        if (k + 1 < 12 && worker_backend_step(b, it, 2, st)) return st->code;
     }
     return STATUS_OK;
 }
@@ -384,11 +384,11 @@ static void test_worker_backend(void)
     worker_backend *cpu = NULL, *gpu = NULL;
     int32_t a[2][12], g[2][12], as[2][2][12], gs[2][2][12];
     const worker_backend_opts o = {.n_slots = 2, .n_ctx = 64, .max_prefill_tokens = 16};
-    if (qwen35_model_load(&m, path, &st) || worker_backend_cpu_create(m, &o, &cpu, &st) ||
+    if (qwen35_model_load(&m, path, &st) || worker_backend_create("cpu", m, &o, &cpu, &st) ||
         worker_backend_create("cuda", m, &o, &gpu, &st))
         goto fail;
     /* the dispatch the worker binary uses must pick the GPU here (//worker:cuda_worker linked) */
-    CU_ASSERT(worker_backend_have_cuda());
+    CU_ASSERT_PTR_NOT_NULL(fwd_backend_find("cuda"));
     CU_ASSERT_EQUAL(strncmp(gpu->device, "cuda:", 5), 0);
     if (run_worker(cpu, a, &st) || run_worker(gpu, g, &st)) goto fail;
     printf("  worker backend (%s), 2 slots x 12 greedy tokens: %s\n", gpu->device,

@@ -87,7 +87,8 @@ typedef struct cpu_out {
     int32_t token;
     float logprob;
     int n_top;
-    sampler_logprob top[SAMPLING_MAX_LOGPROBS];
+    int32_t top_id[SAMPLING_MAX_LOGPROBS];
+    float top_logprob[SAMPLING_MAX_LOGPROBS];
 } cpu_out;
 
 /* The GPU's top-p threshold is within double rounding of the target: target ~ mass above tau
@@ -116,11 +117,11 @@ static bool check_step(const char *what, const cpu_out *c, const sample_result *
     else if (g->n_top != c->n_top)
         snprintf(why, sizeof why, "n_top %d, CPU %d", g->n_top, c->n_top);
     for (int j = 0; !why[0] && j < c->n_top; j++) {
-        const bool inf_both = isinf(c->top[j].logprob) && isinf(g->top_logprob[j]);
-        if (g->top_id[j] != c->top[j].token ||
-            !(inf_both || fabs((double)g->top_logprob[j] - c->top[j].logprob) <= LP_TOL))
+        const bool inf_both = isinf(c->top_logprob[j]) && isinf(g->top_logprob[j]);
+        if (g->top_id[j] != c->top_id[j] ||
+            !(inf_both || fabs((double)g->top_logprob[j] - c->top_logprob[j]) <= LP_TOL))
             snprintf(why, sizeof why, "top[%d] = {%d, %.7g}, CPU {%d, %.7g}", j, g->top_id[j],
-                     g->top_logprob[j], c->top[j].token, c->top[j].logprob);
+                     g->top_logprob[j], c->top_id[j], c->top_logprob[j]);
     }
     if (why[0] && !quiet) printf("  MISMATCH %s: %s\n", what, why);
     return !why[0];
@@ -149,7 +150,11 @@ static bool run_case(int V, dist d, const pcase *pc, int perturb, tally *ty)
         cuda_alloc((void **)&d_z, (size_t)V * sizeof *d_z, "logits", &st))
         goto fail;
     const sampling_params gp = sampling_params_resolve(&pc->p);
-    sampler_reset(cs, &pc->p);
+    /* the CPU sampler gives the chosen logprob with alternatives only: one asked for when the
+     * case wants the logprob alone (alternatives do not change the draw) */
+    sampling_params cp = pc->p;
+    if (pc->want_lp && !cp.n_logprobs) cp.n_logprobs = 1;
+    sampler_reset(cs, &cp);
     if (sample_reset(gs, &gp, pc->want_lp, NULL, &st)) goto fail;
     int32_t prompt[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) /* repeats, so counts > 1 */
@@ -160,8 +165,12 @@ static bool run_case(int V, dist d, const pcase *pc, int perturb, tally *ty)
         fill_logits(z, V, d, &rng);
         memcpy(zc, z, (size_t)V * sizeof *z);
         cpu_out c = {0};
+        sample_result cr;
+        c.token = sampler_sample(cs, zc, &cr);
+        c.logprob = pc->want_lp ? cr.logprob : 0;
         c.n_top = pc->p.n_logprobs;
-        c.token = sampler_sample(cs, zc, c.n_top ? c.top : NULL, pc->want_lp ? &c.logprob : NULL);
+        memcpy(c.top_id, cr.top_id, sizeof c.top_id);
+        memcpy(c.top_logprob, cr.top_logprob, sizeof c.top_logprob);
         if (cuda_upload(d_z, z, (size_t)V * sizeof *z, &st)) goto fail;
         sample_run(gs, d_z, NULL);
         if (cuda_sync(NULL, "sample_run", &st)) goto fail;
@@ -227,7 +236,7 @@ static void test_perturbed_result_fails(void)
  * pass; a different token, a logprob off by 3e-4 and a wrong alternative fail. */
 static void test_checker_can_fail(void)
 {
-    cpu_out c = {.token = 7, .logprob = -1.5f, .n_top = 2, .top = {{7, -1.5f}, {3, -2.0f}}};
+    cpu_out c = {.token = 7, .logprob = -1.5f, .n_top = 2, .top_id = {7, 3}, .top_logprob = {-1.5f, -2.0f}};
     sample_result g = {.token = 7, .logprob = -1.5f, .n_top = 2, .top_id = {7, 3}, .top_logprob = {-1.5f, -2.0f}};
     CU_ASSERT_TRUE(check_step("equal", &c, &g, true, true));
     g.token = 8;

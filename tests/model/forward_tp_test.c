@@ -1,11 +1,12 @@
-/* The tensor-parallel CPU forward (model/forward_tp.h over model/tp_shard.h) against the
- * unsharded forward (model/forward.h), on every reference case of ref_cases.h:
+/* The tensor-parallel CPU forward (model/forward_cpu.h: fwd_opts.ranks over model/tp_shard.h)
+ * against the unsharded reference forward (model/forward.h), on every reference case of
+ * ref_cases.h:
  *  - the split rules: every rank's ranges, their union (each row, column, head exactly once;
  *    replicated KV / key heads the expected number of times), the local configs, the 27B's
  *    ranges, and a clear STATUS_UNSUPPORTED naming the dimension for an N that does not split;
  *  - N = 1 is the unsharded forward bit for bit;
- *  - N = 2 and 4 (where the case's heads split): teacher-forced logits (prompt by prefill, in one
- *    step or 7-token steps, then decode; and all rows by prefill), 32 greedy tokens identical,
+ *  - N = 2 and 4 (where the case's heads split): teacher-forced logits (prompt in one step or
+ *    7-row steps, then one row a step; and all rows as prompt), 32 greedy tokens identical,
  *    batched decode, a Q8_0 copy in both dot modes; a Q4_K copy whose FFN columns are not whole
  *    blocks is refused naming the tensor;
  * Tolerance: max|Δ| <= 1e-5·max|logit| per row (issue 15) for batched decode and the Q8_0 copy.
@@ -30,7 +31,8 @@
 #include "gguf/quant.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
-#include "model/forward_tp.h"
+#include "model/fwd.h"
+#include "model/tp_shard.h"
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
@@ -104,40 +106,65 @@ static int run_ref(qwen35_ctx *ctx, const qwen35_model *m, const int32_t *ids, i
     return rc;
 }
 
-static int run_tp(qwen35_tp *tp, int V, const int32_t *ids, int T, int n_pre, float *logits)
+static const sampling_params GREEDY = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
+
+/* ids[0 .. n_pre) as prompt rows of slot 0 (steps of max_rows), then one row a step; logits of
+ * every row. */
+static int run_tp(fwd *f, int V, const int32_t *ids, int T, int n_pre, float *logits)
 {
-    qwen35_tp_state *s;
     status st;
-    if (qwen35_tp_state_create(tp, T + 1, &s, &st)) return -1;
-    int rc = n_pre ? qwen35_tp_prefill(tp, s, ids, n_pre, logits, true, &st) : 0;
-    for (int t = n_pre; t < T && !rc; t++)
-        rc = qwen35_tp_decode_batch(tp, &s, ids + t, 1, logits + (long)t * V, &st);
+    fwd_row *rows = malloc(sizeof *rows * (size_t)f->max_rows);
+    int rc = fwd_seq_start(f, 0, &GREEDY, &st);
+    for (int t = 0; t < T && !rc;) {
+        int n = t < n_pre ? n_pre - t : 1;
+        if (n > f->max_rows) n = f->max_rows;
+        for (int k = 0; k < n; k++)
+            rows[k] = (fwd_row){.token = ids[t + k], .slot = 0, .pos = t + k, .prompt = t + k < n_pre,
+                                .logits = logits + (long)(t + k) * V};
+        rc = fwd_step(f, rows, n, &st);
+        t += n;
+    }
     if (rc) fprintf(stderr, "run_tp: %s\n", st.msg);
-    if (!rc && qwen35_tp_state_n_past(s) != T) rc = -1;
-    qwen35_tp_state_destroy(s);
+    if (!rc && fwd_n_past(f, 0) != T) rc = -1;
+    fwd_seq_end(f, 0);
+    free(rows);
     return rc;
 }
 
-/* Greedy continuation of the prompt: GREEDY_STEPS ids into out. tp NULL: unsharded. */
-static int greedy(qwen35_ctx *ctx, const qwen35_model *m, qwen35_tp *tp, const ref_prompt *p,
+/* Greedy continuation of the prompt: GREEDY_STEPS ids into out. f NULL: the unsharded
+ * reference (argmax of its logits); else the forward's sampler. */
+static int greedy(qwen35_ctx *ctx, const qwen35_model *m, fwd *f, const ref_prompt *p,
                   int32_t *out)
 {
     int V = m->cfg.V, n = p->n_ids + GREEDY_STEPS + 1, rc;
-    float *lg = malloc(sizeof(float) * V);
     status st;
+    if (f) {
+        fwd_row *rows = malloc(sizeof *rows * (size_t)p->n_ids);
+        rc = fwd_seq_start(f, 0, &GREEDY, &st);
+        for (int t = 0; t < p->n_ids; t++)
+            rows[t] = (fwd_row){.token = p->ids[t], .slot = 0, .pos = t, .prompt = true,
+                                .sample = t == p->n_ids - 1};
+        if (!rc) rc = fwd_step(f, rows, p->n_ids, &st);
+        for (int g = 0; g < GREEDY_STEPS && !rc; g++) {
+            out[g] = rows[g ? 0 : p->n_ids - 1].out.token;
+            rows[0] = (fwd_row){.token = out[g], .slot = 0, .pos = p->n_ids + g, .sample = true};
+            rc = fwd_step(f, rows, 1, &st);
+        }
+        if (rc) fprintf(stderr, "greedy: %s\n", st.msg);
+        fwd_seq_end(f, 0);
+        free(rows);
+        return rc;
+    }
+    float *lg = malloc(sizeof(float) * V);
     qwen35_state *s = NULL;
-    qwen35_tp_state *ts = NULL;
-    rc = tp ? qwen35_tp_state_create(tp, n, &ts, &st) : qwen35_state_create(m, n, &s, &st);
-    if (!rc) rc = tp ? qwen35_tp_prefill(tp, ts, p->ids, p->n_ids, lg, false, &st)
-                     : qwen35_prefill(ctx, s, p->ids, p->n_ids, lg, false, &st);
+    rc = qwen35_state_create(m, n, &s, &st);
+    if (!rc) rc = qwen35_prefill(ctx, s, p->ids, p->n_ids, lg, false, &st);
     for (int g = 0; g < GREEDY_STEPS && !rc; g++) {
         out[g] = forward_test_argmax(lg, V);
-        rc = tp ? qwen35_tp_decode_batch(tp, &ts, &out[g], 1, lg, &st)
-                : qwen35_decode_batch(ctx, &s, &out[g], 1, lg, &st);
+        rc = qwen35_decode_batch(ctx, &s, &out[g], 1, lg, &st);
     }
     if (rc) fprintf(stderr, "greedy: %s\n", st.msg);
     qwen35_state_destroy(s);
-    qwen35_tp_state_destroy(ts);
     free(lg);
     return rc;
 }
@@ -282,19 +309,29 @@ static void test_split_rules(void)
 
 /* ---- the sharded forward against the unsharded one ---- */
 
-/* The case's tp on N ranks, or NULL when its heads do not split (then create must say so). */
-static qwen35_tp *tp_for(int c, int N, const qwen35_ctx_opts *o)
+#define TP_CTX 512 /* positions per slot: the longest prompt and its continuation */
+
+/* The case's forward on N ranks (steps of max_rows rows), or NULL when its heads do not split
+ * (then create must say so). */
+static fwd *tp_for_model(const qwen35_model *m, int N, int max_rows, bool exact, status *st)
+{
+    fwd *f = NULL;
+    fwd_create("cpu", m, &(fwd_opts){.n_slots = 3, .n_ctx = TP_CTX, .max_rows = max_rows, .ranks = N,
+                                     .n_threads = 2, .exact_dot = exact}, &f, st);
+    return f;
+}
+
+static fwd *tp_for(int c, int N, int max_rows)
 {
     status st, st2;
-    qwen35_tp *tp = NULL;
     int want = tp_shard_check(&models[c]->cfg, N, &st);
-    int rc = qwen35_tp_create(models[c], N, o, &tp, &st2);
-    CU_ASSERT_EQUAL(rc, want);
-    if (rc) {
-        CU_ASSERT_EQUAL(rc, STATUS_UNSUPPORTED);
+    fwd *f = tp_for_model(models[c], N, max_rows, false, &st2);
+    CU_ASSERT_EQUAL(f ? STATUS_OK : st2.code, want);
+    if (!f) {
+        CU_ASSERT_EQUAL(st2.code, STATUS_UNSUPPORTED);
         printf("\n    %s N=%d: refused: %s", case_list[c].name, N, st2.msg);
     }
-    return tp;
+    return f;
 }
 
 static const int Ns[] = {2, 4};
@@ -306,13 +343,19 @@ static void test_one_rank_is_unsharded(void)
         int32_t *ids = forward_test_full_ids(p);
         int V = p->V;
         float *a = malloc(sizeof(float) * p->rows * V), *b = malloc(sizeof(float) * p->rows * V);
-        qwen35_tp *tp = tp_for(c, 1, &OPTS);
-        CU_ASSERT_FATAL(tp != NULL);
+        fwd *f = tp_for(c, 1, OPTS.max_tokens);
+        CU_ASSERT_FATAL(f != NULL);
+        CU_ASSERT_EQUAL(f->ranks, 1);
         CU_ASSERT_EQUAL(run_ref(ctx1[c], models[c], ids, p->rows, p->n_ids, a), 0);
-        CU_ASSERT_EQUAL(run_tp(tp, V, ids, p->rows, p->n_ids, b), 0);
+        CU_ASSERT_EQUAL(run_tp(f, V, ids, p->rows, p->n_ids, b), 0);
         CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * p->rows * V), 0);
-        CU_ASSERT_EQUAL(qwen35_tp_shard(tp, 0)->arena_bytes, 0); /* all views */
-        qwen35_tp_destroy(tp);
+        fwd_destroy(f);
+        /* a one-rank shard would be views of the model too (the forward borrows the model) */
+        tp_shard_model *sh;
+        status st;
+        CU_ASSERT_FATAL(tp_shard_model_create(models[c], 1, 0, &sh, &st) == 0);
+        CU_ASSERT_EQUAL(sh->arena_bytes, 0);
+        tp_shard_model_destroy(sh);
         free(a), free(b), free(ids);
     }
 }
@@ -341,9 +384,9 @@ static double self_floor(int c, qwen35_ctx *small)
     return floor;
 }
 
-/* Every prompt, prompt by prefill then decode, and all rows by prefill: tp against the
+/* Every prompt, prompt rows then one row a step, and all rows as prompt: the ranks against the
  * unsharded ctx of the same prefill step. */
-static void check_logits(int c, int N, qwen35_tp *tp, qwen35_ctx *ref, double tol, bool small)
+static void check_logits(int c, int N, fwd *f, qwen35_ctx *ref, double tol, bool small)
 {
     for (int i = 0; i < n_prompts[c]; i++) {
         const ref_prompt *p = &prompts[c][i];
@@ -354,7 +397,7 @@ static void check_logits(int c, int N, qwen35_tp *tp, qwen35_ctx *ref, double to
         for (int mode = 0; mode < 2; mode++) {
             int n_pre = mode == 0 ? p->n_ids : T;
             CU_ASSERT_EQUAL(run_ref(ref, models[c], ids, T, n_pre, a), 0);
-            CU_ASSERT_EQUAL(run_tp(tp, V, ids, T, n_pre, b), 0);
+            CU_ASSERT_EQUAL(run_tp(f, V, ids, T, n_pre, b), 0);
             worst = fmax(worst, forward_test_rows_rel(b, a, T, V));
         }
         printf("\n    %s N=%d prompt %d (%d rows%s): worst row rel %.3g (bound %.3g)",
@@ -373,14 +416,14 @@ static void test_logits(void)
         double floor = self_floor(c, small), tol = fmax(TP_TOL, 3 * floor);
         printf("\n    %s: unsharded 512- vs 7-token steps worst row rel %.3g", case_list[c].name, floor);
         for (size_t k = 0; k < 2; k++) {
-            qwen35_tp *tp = tp_for(c, Ns[k], &OPTS);
-            if (!tp) continue;
+            fwd *f = tp_for(c, Ns[k], OPTS.max_tokens);
+            if (!f) continue;
             ran[k]++;
-            check_logits(c, Ns[k], tp, ctx1[c], tol, false);
-            qwen35_tp_destroy(tp);
-            CU_ASSERT_FATAL((tp = tp_for(c, Ns[k], &OPTS_SMALL)) != NULL);
-            check_logits(c, Ns[k], tp, small, tol, true);
-            qwen35_tp_destroy(tp);
+            check_logits(c, Ns[k], f, ctx1[c], tol, false);
+            fwd_destroy(f);
+            CU_ASSERT_FATAL((f = tp_for(c, Ns[k], OPTS_SMALL.max_tokens)) != NULL);
+            check_logits(c, Ns[k], f, small, tol, true);
+            fwd_destroy(f);
         }
         qwen35_ctx_destroy(small);
     }
@@ -397,12 +440,12 @@ static void test_greedy(void)
     int32_t a[GREEDY_STEPS], b[GREEDY_STEPS];
     for (size_t k = 0; k < 2; k++)
         for (int c = 0; c < N_CASES; c++) {
-            qwen35_tp *tp = tp_for(c, Ns[k], &OPTS);
-            if (!tp) continue;
+            fwd *f = tp_for(c, Ns[k], OPTS.max_tokens);
+            if (!f) continue;
             for (int i = 0; i < n_prompts[c]; i++) {
                 const ref_prompt *p = &prompts[c][i];
                 CU_ASSERT_EQUAL(greedy(ctx1[c], models[c], NULL, p, a), 0);
-                CU_ASSERT_EQUAL(greedy(NULL, models[c], tp, p, b), 0);
+                CU_ASSERT_EQUAL(greedy(NULL, models[c], f, p, b), 0);
                 int same = 0;
                 while (same < GREEDY_STEPS && a[same] == b[same]) same++;
                 if (same != GREEDY_STEPS)
@@ -410,47 +453,53 @@ static void test_greedy(void)
                             Ns[k], i, same);
                 CU_ASSERT_EQUAL(same, GREEDY_STEPS);
             }
-            qwen35_tp_destroy(tp);
+            fwd_destroy(f);
         }
 }
 
-/* B = 3 sequences of different lengths decoded together by the tp == each alone unsharded. */
+/* B = 3 sequences of different lengths decoded together by the ranks == each alone unsharded. */
 static void test_batch_decode(void)
 {
     for (size_t k = 0; k < 2; k++)
         for (int c = 0; c < N_CASES; c++) {
-            qwen35_tp *tp = tp_for(c, Ns[k], &OPTS);
-            if (!tp) continue;
+            fwd *f = tp_for(c, Ns[k], OPTS.max_tokens);
+            if (!f) continue;
             const qwen35_model *m = models[c];
             int V = m->cfg.V, B = 3, steps = 5;
-            qwen35_tp_state *ts[3];
             qwen35_state *s1[3];
             status st;
             float *lb = malloc(sizeof(float) * B * V), *l1 = malloc(sizeof(float) * V);
+            fwd_row rows[TP_CTX];
             for (int b = 0; b < B; b++) {
                 const ref_prompt *p = &prompts[c][b % n_prompts[c]];
                 int n = p->n_ids > 1 ? p->n_ids - b % 2 : 1;
-                CU_ASSERT_FATAL(qwen35_tp_state_create(tp, n + steps, &ts[b], &st) == 0);
                 CU_ASSERT_FATAL(qwen35_state_create(m, n + steps, &s1[b], &st) == 0);
-                CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, ts[b], p->ids, n, NULL, false, &st), 0);
                 CU_ASSERT_EQUAL(qwen35_prefill(ctx1[c], s1[b], p->ids, n, NULL, false, &st), 0);
+                CU_ASSERT_EQUAL(fwd_seq_start(f, b, &GREEDY, &st), 0);
+                for (int t = 0; t < n; t++)
+                    rows[t] = (fwd_row){.token = p->ids[t], .slot = b, .pos = t, .prompt = true};
+                CU_ASSERT_EQUAL(fwd_step(f, rows, n, &st), 0);
             }
             double worst = 0;
             for (int step = 0; step < steps; step++) {
                 int32_t toks[3];
-                for (int b = 0; b < B; b++) toks[b] = (int32_t)((b * 37 + step * 11) % V);
-                CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, ts, toks, B, lb, &st), 0);
+                for (int b = 0; b < B; b++) {
+                    toks[b] = (int32_t)((b * 37 + step * 11) % V);
+                    rows[b] = (fwd_row){.token = toks[b], .slot = b, .pos = fwd_n_past(f, b),
+                                        .logits = lb + (long)b * V};
+                }
+                CU_ASSERT_EQUAL(fwd_step(f, rows, B, &st), 0);
                 for (int b = 0; b < B; b++) {
                     CU_ASSERT_EQUAL(qwen35_decode_batch(ctx1[c], &s1[b], &toks[b], 1, l1, &st), 0);
                     worst = fmax(worst, forward_test_rows_rel(lb + (long)b * V, l1, 1, V));
                 }
             }
-            printf("\n    %s N=%d B=%d: batched tp vs single unsharded worst rel %.3g",
+            printf("\n    %s N=%d B=%d: batched ranks vs single unsharded worst rel %.3g",
                    case_list[c].name, Ns[k], B, worst);
             CU_ASSERT(worst <= TP_TOL);
-            for (int b = 0; b < B; b++) qwen35_tp_state_destroy(ts[b]), qwen35_state_destroy(s1[b]);
+            for (int b = 0; b < B; b++) qwen35_state_destroy(s1[b]);
             free(lb), free(l1);
-            qwen35_tp_destroy(tp);
+            fwd_destroy(f);
         }
 }
 
@@ -477,14 +526,14 @@ static void test_quantized(void)
         CU_ASSERT_FATAL(qwen35_ctx_create(m, &o, &ctx, &st) == 0);
         CU_ASSERT_EQUAL(run_ref(ctx, m, ids, T, 20, a), 0);
         for (size_t k = 0; k < 2; k++) {
-            qwen35_tp *tp;
-            CU_ASSERT_FATAL(qwen35_tp_create(m, Ns[k], &o, &tp, &st) == 0);
-            CU_ASSERT_EQUAL(run_tp(tp, V, ids, T, 20, b), 0);
+            fwd *f = tp_for_model(m, Ns[k], OPTS.max_tokens, dot == QWEN35_DOT_EXACT, &st);
+            CU_ASSERT_FATAL(f != NULL);
+            CU_ASSERT_EQUAL(run_tp(f, V, ids, T, 20, b), 0);
             double rel = forward_test_rows_rel(b, a, T, V);
             printf("\n    q8_0 N=%d %s: worst row rel %.3g", Ns[k],
                    dot == QWEN35_DOT_Q8 ? "integer" : "exact", rel);
             CU_ASSERT(rel <= TP_TOL);
-            qwen35_tp_destroy(tp);
+            fwd_destroy(f);
         }
         qwen35_ctx_destroy(ctx);
     }
@@ -493,13 +542,14 @@ static void test_quantized(void)
     snprintf(dst, sizeof dst, "%s/tp.q4_k.%d.gguf", testutil_tmp_dir(), (int)getpid());
     CU_ASSERT_FATAL(requant_file(src, dst, REQUANT_ALL, GGML_TYPE_Q4_K, &st) == 0);
     CU_ASSERT_FATAL(qwen35_model_load(&m, dst, &st) == 0);
-    qwen35_tp *tp = NULL;
-    CU_ASSERT_EQUAL(qwen35_tp_create(m, 2, &OPTS, &tp, &st), STATUS_UNSUPPORTED);
-    CU_ASSERT_PTR_NULL(tp);
+    fwd *f = tp_for_model(m, 2, 64, false, &st);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_EQUAL(st.code, STATUS_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "blk.0.ffn_down.weight"));
     printf("\n    q4_k N=2: %s", st.msg);
-    CU_ASSERT_EQUAL(qwen35_tp_create(m, 1, &OPTS, &tp, &st), 0); /* one rank: no split */
-    qwen35_tp_destroy(tp);
+    f = tp_for_model(m, 1, 64, false, &st); /* one rank: no split */
+    CU_ASSERT_PTR_NOT_NULL(f);
+    fwd_destroy(f);
     qwen35_model_free(m);
     unlink(dst);
     free(a), free(b);
@@ -512,51 +562,55 @@ static void test_indivisible(void)
     qwen35_model *m;
     ref_case_resolve_path("tiny-r2-tied", ".gguf", path, sizeof path);
     CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
-    qwen35_tp *tp = NULL;
-    CU_ASSERT_EQUAL(qwen35_tp_create(m, 3, &OPTS, &tp, &st), STATUS_UNSUPPORTED);
-    CU_ASSERT_PTR_NULL(tp);
+    fwd *f = tp_for_model(m, 3, 64, false, &st);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_EQUAL(st.code, STATUS_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "n_h = 4 query heads do not split over 3 ranks"));
     printf("\n    N=3: %s", st.msg);
-    CU_ASSERT_EQUAL(qwen35_tp_create(m, 0, &OPTS, &tp, &st), STATUS_INVALID);
-    CU_ASSERT_EQUAL(qwen35_tp_create(m, 1000, &OPTS, &tp, &st), STATUS_INVALID);
+    CU_ASSERT_PTR_NULL(tp_for_model(m, -1, 64, false, &st));
+    CU_ASSERT_EQUAL(st.code, STATUS_INVALID);
+    CU_ASSERT_PTR_NULL(tp_for_model(m, 1000, 64, false, &st));
+    CU_ASSERT_EQUAL(st.code, STATUS_INVALID);
+    f = tp_for_model(m, 0, 64, false, &st); /* 0: one rank */
+    CU_ASSERT(f && f->ranks == 1);
+    fwd_destroy(f);
     qwen35_model_free(m);
 }
 
+/* Refused steps change nothing on any rank: the slot continues as if they had not been. */
 static void test_errors(void)
 {
-    qwen35_tp *tp;
+    fwd *f;
     status st;
-    CU_ASSERT_FATAL((tp = tp_for(0, 2, &OPTS)) != NULL);
+    CU_ASSERT_FATAL((f = tp_for(0, 2, 64)) != NULL);
     const ref_prompt *p = &prompts[0][0];
     int V = models[0]->cfg.V;
-    qwen35_tp_state *a, *tiny;
-    CU_ASSERT_FATAL(qwen35_tp_state_create(tp, 64, &a, &st) == 0);
-    CU_ASSERT_FATAL(qwen35_tp_state_create(tp, 3, &tiny, &st) == 0);
-    CU_ASSERT(qwen35_tp_state_bytes(tp, 64) > qwen35_tp_state_bytes(tp, 3));
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, a, p->ids, p->n_ids, NULL, false, &st), 0);
-    int32_t bad[3] = {1, V, 2}, neg = -1, toks[5] = {0};
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, a, bad, 3, la, false, &st), STATUS_RANGE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "index 1"));
-    CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, &a, &neg, 1, la, &st), STATUS_RANGE);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, a, bad, 0, la, false, &st), STATUS_INVALID);
-    qwen35_tp_state *many[5] = {a, tiny, a, a, a};
-    CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, many, toks, 5, NULL, &st), STATUS_INVALID);
-    CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, many, toks, 0, NULL, &st), STATUS_INVALID);
-    for (int r = 0; r < 2; r++) CU_ASSERT_EQUAL(a->rank[r]->n_past, p->n_ids);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, tiny, p->ids, 4, NULL, false, &st), STATUS_RANGE);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, tiny, p->ids, 3, NULL, false, &st), 0);
-    CU_ASSERT_EQUAL(qwen35_tp_decode_batch(tp, &tiny, toks, 1, NULL, &st), STATUS_RANGE);
-    for (int r = 0; r < 2; r++) CU_ASSERT_EQUAL(tiny->rank[r]->n_past, 3);
-    /* reset forgets the sequence on every rank */
-    qwen35_tp_state_reset(tiny);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, tiny, p->ids, 3, la, false, &st), 0);
-    qwen35_tp_state_reset(tiny);
-    CU_ASSERT_EQUAL(qwen35_tp_prefill(tp, tiny, p->ids, 3, lb, false, &st), 0);
+    fwd_row rows[64];
+    CU_ASSERT_EQUAL(fwd_seq_start(f, 0, &GREEDY, &st), 0);
+    for (int t = 0; t < 3; t++) rows[t] = (fwd_row){.token = p->ids[t], .slot = 0, .pos = t, .prompt = true};
+    rows[1].token = V;
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), STATUS_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "row 1"));
+    rows[1].token = -1;
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), STATUS_RANGE);
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 0, &st), STATUS_RANGE);
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 65, &st), STATUS_RANGE);
+    CU_ASSERT_EQUAL(fwd_n_past(f, 0), 0);
+    /* the same 3 tokens after the refusals, and after seq_start: the same logits */
+    rows[1].token = p->ids[1];
+    rows[2].logits = la;
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), 0);
+    CU_ASSERT_EQUAL(fwd_n_past(f, 0), 3);
+    rows[0] = (fwd_row){.token = 1, .slot = 0, .pos = 2};
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 1, &st), STATUS_RANGE); /* a position already taken */
+    CU_ASSERT_EQUAL(fwd_seq_start(f, 0, &GREEDY, &st), 0);
+    for (int t = 0; t < 3; t++) rows[t] = (fwd_row){.token = p->ids[t], .slot = 0, .pos = t, .prompt = true};
+    rows[2].logits = lb;
+    CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), 0);
     CU_ASSERT_EQUAL(memcmp(la, lb, sizeof(float) * V), 0);
     free(la), free(lb);
-    qwen35_tp_state_destroy(a), qwen35_tp_state_destroy(tiny);
-    qwen35_tp_destroy(tp);
+    fwd_destroy(f);
 }
 
 static void test_no_alloc_per_token(void)
@@ -564,30 +618,38 @@ static void test_no_alloc_per_token(void)
     int c = ref_cases_find(case_list, N_CASES, "own-r2-tied");
     if (c < 0) c = 0;
     status st;
-    qwen35_tp *tp;
-    qwen35_tp_state *s[2];
-    const qwen35_ctx_opts o = {.max_batch = 2, .max_tokens = 48, .n_threads = 2};
-    CU_ASSERT_FATAL(qwen35_tp_create(models[c], 2, &o, &tp, &st) == 0);
-    for (int b = 0; b < 2; b++) CU_ASSERT_FATAL(qwen35_tp_state_create(tp, 256, &s[b], &st) == 0);
+    fwd *f;
+    CU_ASSERT_FATAL((f = tp_for_model(models[c], 2, 48, false, &st)) != NULL);
     int V = models[c]->cfg.V;
-    float *logits = malloc(sizeof(float) * 130 * V);
+    float *logits = malloc(sizeof(float) * 48 * V);
     int32_t ids[130];
     for (int i = 0; i < 130; i++) ids[i] = (i * 37) % V;
+    fwd_row rows[48];
     long before = atomic_load(&n_allocs);
-    CU_ASSERT(qwen35_tp_prefill(tp, s[0], ids, 130, logits, true, &st) == 0);
-    CU_ASSERT(qwen35_tp_prefill(tp, s[1], ids, 5, logits, false, &st) == 0);
-    for (int step = 0; step < 20; step++)
-        CU_ASSERT(qwen35_tp_decode_batch(tp, s, ids + step, 2, logits, &st) == 0);
+    for (int s = 0; s < 2; s++) CU_ASSERT(fwd_seq_start(f, s, &GREEDY, &st) == 0);
+    for (int t = 0; t < 130; t += 48) { /* slot 0: 130 prompt rows in steps of 48, every logit */
+        const int n = 130 - t < 48 ? 130 - t : 48;
+        for (int k = 0; k < n; k++)
+            rows[k] = (fwd_row){.token = ids[t + k], .slot = 0, .pos = t + k, .prompt = true,
+                                .logits = logits + (long)k * V};
+        CU_ASSERT(fwd_step(f, rows, n, &st) == 0);
+    }
+    for (int k = 0; k < 5; k++) rows[k] = (fwd_row){.token = ids[k], .slot = 1, .pos = k, .prompt = true};
+    CU_ASSERT(fwd_step(f, rows, 5, &st) == 0);
+    for (int step = 0; step < 20; step++) {
+        for (int s = 0; s < 2; s++)
+            rows[s] = (fwd_row){.token = ids[step], .slot = s, .pos = fwd_n_past(f, s), .sample = true};
+        CU_ASSERT(fwd_step(f, rows, 2, &st) == 0);
+    }
     long during = atomic_load(&n_allocs) - before;
     printf("\n    allocations during 135 prefill tokens and 40 decoded tokens over 2 ranks: %ld", during);
     CU_ASSERT_EQUAL(during, 0);
     CU_ASSERT(atomic_load(&n_allocs) > 0); /* the counter counts (create allocated) */
     free(logits);
-    for (int b = 0; b < 2; b++) qwen35_tp_state_destroy(s[b]);
-    qwen35_tp_destroy(tp);
+    fwd_destroy(f);
 }
 
-/* The comparison can fail: a tp over a model with one DeltaNet weight swapped misses the
+/* The comparison can fail: the ranks over a model with one DeltaNet weight swapped miss the
  * unsharded logits by far more than the tolerance. */
 static void test_check_can_fail(void)
 {
@@ -596,18 +658,18 @@ static void test_check_can_fail(void)
     const float *t = broken->layers[0].dt_bias;
     broken->layers[0].dt_bias = broken->layers[0].ssm_a;
     broken->layers[0].ssm_a = t;
-    qwen35_tp *tp;
     status st;
-    CU_ASSERT_FATAL(qwen35_tp_create(broken, 2, &OPTS, &tp, &st) == 0);
+    fwd *f = tp_for_model(broken, 2, OPTS.max_tokens, false, &st);
+    CU_ASSERT_FATAL(f != NULL);
     const ref_prompt *p = &prompts[0][0];
     int32_t *ids = forward_test_full_ids(p);
     float *a = malloc(sizeof(float) * p->rows * p->V), *b = malloc(sizeof(float) * p->rows * p->V);
     CU_ASSERT_EQUAL(run_ref(ctx1[0], models[0], ids, p->rows, p->n_ids, a), 0);
-    CU_ASSERT_EQUAL(run_tp(tp, p->V, ids, p->rows, p->n_ids, b), 0);
+    CU_ASSERT_EQUAL(run_tp(f, p->V, ids, p->rows, p->n_ids, b), 0);
     double rel = forward_test_rows_rel(b, a, p->rows, p->V);
     printf("\n    broken model over 2 ranks: worst row rel %.3g", rel);
     CU_ASSERT(rel > 100 * TP_TOL);
-    qwen35_tp_destroy(tp);
+    fwd_destroy(f);
     free(a), free(b), free(ids), free(broken);
 }
 

@@ -107,7 +107,7 @@ static void test_create_checks(void) {
     sampler_accept(s, 3);
     float lg[10] = {0};
     lg[3] = 1;
-    CU_ASSERT_EQUAL(sampler_sample(s, lg, NULL, NULL), 3);
+    CU_ASSERT_EQUAL(sampler_sample(s, lg, NULL), 3);
     CU_ASSERT_EQUAL(sampler_step(s), 1);
     p.temperature = 0.5f;
     sampler_reset(s, &p);
@@ -155,9 +155,9 @@ static void test_greedy(void) {
     float a[7] = {1, 5, -INFINITY, 5, 4.999f, -3, 0};
     float b[7];
     memcpy(b, a, sizeof a);
-    CU_ASSERT_EQUAL(sampler_sample(s, b, NULL, NULL), 1); /* tie 1 and 3: lowest id */
+    CU_ASSERT_EQUAL(sampler_sample(s, b, NULL), 1); /* tie 1 and 3: lowest id */
     float c[7] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -7};
-    CU_ASSERT_EQUAL(sampler_sample(s, c, NULL, NULL), 6);
+    CU_ASSERT_EQUAL(sampler_sample(s, c, NULL), 6);
     /* top_k = 1 and a tiny top_p are greedy at any temperature and seed */
     uint64_t r = 3;
     for (int trial = 0; trial < 200; trial++) {
@@ -170,11 +170,11 @@ static void test_greedy(void) {
         sampling_params q = {.temperature = 3.0f, .top_k = 1, .seed = (uint64_t)trial};
         sampler_reset(s, &q);
         memcpy(z2, z, sizeof z);
-        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
+        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL), arg);
         q.top_k = 0, q.top_p = 1e-6f;
         sampler_reset(s, &q);
         memcpy(z2, z, sizeof z);
-        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL, NULL), arg);
+        CU_ASSERT_EQUAL(sampler_sample(s, z2, NULL), arg);
     }
     sampler_destroy(s);
 }
@@ -184,7 +184,7 @@ static void draw_sequence(sampler *s, int n, int32_t *out) {
     for (int t = 0; t < n; t++) {
         float z[100];
         for (int i = 0; i < 100; i++) z[i] = 3 * rng_uniform(&r);
-        out[t] = sampler_sample(s, z, NULL, NULL);
+        out[t] = sampler_sample(s, z, NULL);
     }
 }
 
@@ -201,8 +201,8 @@ static void test_determinism(void) {
     for (int t = 0; t < 300; t++) {
         float z[100], junk[100];
         for (int i = 0; i < 100; i++) z[i] = 3 * rng_uniform(&r), junk[i] = (float)i;
-        sampler_sample(o, junk, NULL, NULL);
-        sb[t] = sampler_sample(b, z, NULL, NULL);
+        sampler_sample(o, junk, NULL);
+        sb[t] = sampler_sample(b, z, NULL);
     }
     CU_ASSERT(memcmp(sa, sb, sizeof sa) == 0);
     /* reset restarts the stream */
@@ -232,7 +232,7 @@ static void draw_counts(const sampling_params *p, long N, long *cnt) {
     for (long t = 0; t < N; t++) {
         float z[DIST_V];
         memcpy(z, dist_logits, sizeof z);
-        cnt[sampler_sample(s, z, NULL, NULL)]++;
+        cnt[sampler_sample(s, z, NULL)]++;
     }
     sampler_destroy(s);
 }
@@ -333,7 +333,7 @@ static void test_distribution_large_vocab(void) {
         static float zz[V];
         for (long t = 0; t < N; t++) {
             memcpy(zz, z, sizeof z);
-            cnt[sampler_sample(s, zz, NULL, NULL)]++;
+            cnt[sampler_sample(s, zz, NULL)]++;
         }
         sampler_destroy(s);
         long outside = 0;
@@ -367,7 +367,7 @@ static void test_ties_and_min_p(void) {
     long cnt[8] = {0};
     for (int t = 0; t < 40000; t++) {
         float z[8] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
-        cnt[sampler_sample(s, z, NULL, NULL)]++;
+        cnt[sampler_sample(s, z, NULL)]++;
     }
     for (int i = 0; i < 8; i++) CU_ASSERT(i < 4 ? labs(cnt[i] - 10000) < 600 : cnt[i] == 0);
     /* top_k 3 with a tie at the boundary: ids 0, 1 (the larger) and 2 (lowest of the tie) */
@@ -376,7 +376,7 @@ static void test_ties_and_min_p(void) {
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {1, 2, 0, 0, 0, -1, 0, -5};
-        cnt[sampler_sample(s, z, NULL, NULL)]++;
+        cnt[sampler_sample(s, z, NULL)]++;
     }
     CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[2] > 0);
     CU_ASSERT(cnt[3] + cnt[4] + cnt[5] + cnt[6] + cnt[7] == 0);
@@ -386,7 +386,7 @@ static void test_ties_and_min_p(void) {
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {0, -1.0f, -1.3f, -1.4f, -1.5f, -3, -8, 0.1f};
-        cnt[sampler_sample(s, z, NULL, NULL)]++;
+        cnt[sampler_sample(s, z, NULL)]++;
     }
     /* relative to the max 0.1: -1.0 -> e^-1.1 = .33 kept, -1.3 -> e^-1.4 = .247 dropped */
     CU_ASSERT(cnt[0] > 0 && cnt[1] > 0 && cnt[7] > 0);
@@ -398,7 +398,7 @@ static void test_ties_and_min_p(void) {
     memset(cnt, 0, sizeof cnt);
     for (int t = 0; t < 20000; t++) {
         float z[8] = {-5, 0, -6, -1.38f, -7, -8, -9, -1.4f}; /* e^-1.38 = .252, e^-1.4 = .247 */
-        cnt[sampler_sample(s, z, NULL, NULL)]++;
+        cnt[sampler_sample(s, z, NULL)]++;
     }
     CU_ASSERT(cnt[1] > 0 && cnt[3] > 0);
     CU_ASSERT(cnt[0] + cnt[2] + cnt[4] + cnt[5] + cnt[6] + cnt[7] == 0);
@@ -409,7 +409,7 @@ static void test_ties_and_min_p(void) {
         sampler_reset(s, &one);
         for (int t = 0; t < 100; t++) {
             float z[8] = {0.3f, 2.5f, -1, 2.4f, 0, 1, 2, -3};
-            CU_ASSERT_EQUAL(sampler_sample(s, z, NULL, NULL), 1);
+            CU_ASSERT_EQUAL(sampler_sample(s, z, NULL), 1);
         }
     }
     sampler_destroy(s);
@@ -425,19 +425,18 @@ static void test_no_finite_logit(void) {
     for (int k = 0; k < 3; k++) {
         sampler_reset(s, &ps[k]);
         sampler_reset(s9, &ps[k]);
-        sampler_logprob top[4];
-        float lp;
+        sample_result res;
         float z[8];
         for (int i = 0; i < 8; i++) z[i] = NAN;
-        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), -1);
+        CU_ASSERT_EQUAL(sampler_sample(s, z, &res), -1);
         for (int i = 0; i < 8; i++) z[i] = i & 1 ? -INFINITY : NAN;
-        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), -1);
+        CU_ASSERT_EQUAL(sampler_sample(s, z, &res), -1);
         for (int i = 0; i < 8; i++) z[i] = i == 5 ? 0.5f : -INFINITY;
-        CU_ASSERT_EQUAL(sampler_sample(s, z, top, &lp), 5);
+        CU_ASSERT_EQUAL(sampler_sample(s, z, &res), 5);
         for (int j = 0; j < 9; j++) { /* one NaN or +inf anywhere, past the 8-wide loop too */
             float y[9] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f};
             y[j] = j & 1 ? INFINITY : NAN;
-            CU_ASSERT_EQUAL(sampler_sample(s9, y, top, &lp), -1);
+            CU_ASSERT_EQUAL(sampler_sample(s9, y, &res), -1);
         }
     }
     sampler_destroy(s);
@@ -457,7 +456,7 @@ static void test_penalties_exact(void) {
         for (int i = 0; i < 3; i++) sampler_accept(s, 3);
         sampler_accept(s, 4);
         float z[6] = {1, 4, -2, 3, -1, 8};
-        sampler_sample(s, z, NULL, NULL);
+        sampler_sample(s, z, NULL);
         /* counted: token 1 x2 and 2 x1 (prompt, when penalize_prompt), 3 x3, 4 x1 */
         CU_ASSERT_EQUAL(z[0], 1.0f);
         CU_ASSERT_EQUAL(z[1], pp ? 4.0f / 2 - 2 * 0.5f - 0.25f : 4.0f);
@@ -473,12 +472,12 @@ static void test_penalties_exact(void) {
     const int32_t seq[5] = {5, 5, 2, 5, 1};
     sampler_accept_prompt(s, seq, 5);
     float z[6] = {0, 0, 0, 0, 0, 0};
-    sampler_sample(s, z, NULL, NULL);
+    sampler_sample(s, z, NULL);
     CU_ASSERT(z[1] == -1 && z[5] == -1 && z[2] == 0 && z[0] == 0);
     /* reset forgets everything */
     sampler_reset(s, &w);
     float y[6] = {0, 0, 0, 0, 0, 0};
-    sampler_sample(s, y, NULL, NULL);
+    sampler_sample(s, y, NULL);
     for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(y[i], 0.0f);
     sampler_destroy(s);
 }
@@ -504,7 +503,7 @@ static void test_penalty_window_stress(void) {
             sampler_accept(s, seq[t]);
             if (t % 250 != 249 && t != n_ctx - 1) continue;
             for (int32_t i = 0; i < V; i++) z[i] = 0;
-            sampler_sample(s, z, NULL, NULL);
+            sampler_sample(s, z, NULL);
             memset(want, 0, V * sizeof *want);
             for (int32_t k = W > 0 && t + 1 > W ? t + 1 - W : 0; k <= t; k++) want[seq[k]]++;
             for (int32_t i = 0; i < V; i++) bad += z[i] != -(float)want[i];
@@ -527,41 +526,52 @@ static void test_logprobs(void) {
     sampling_params p = {.temperature = 0.5f, .n_logprobs = 16, .repetition_penalty = 1.5f, .seed = 3};
     sampler *s = make(V, 32, &p);
     sampler_accept(s, 2);
-    sampler_logprob top[16], top2[16];
-    float z[16], chosen;
+    sample_result res, res2;
+    float z[16];
     memcpy(z, base, sizeof z);
-    int32_t tok = sampler_sample(s, z, top, &chosen);
+    int32_t tok = sampler_sample(s, z, &res);
+    CU_ASSERT_EQUAL(res.token, tok);
+    CU_ASSERT_EQUAL(res.n_top, 16);
     /* normalised over the whole vocabulary, descending, z[] penalised, ties by id */
     double sum = 0;
     for (int j = 0; j < V; j++) {
-        sum += exp(top[j].logprob);
-        if (j > 0) CU_ASSERT(top[j].logprob <= top[j - 1].logprob);
-        if (j > 0 && top[j].logprob == top[j - 1].logprob) CU_ASSERT(top[j].token > top[j - 1].token);
-        CU_ASSERT(fabsf(top[j].logprob - (z[top[j].token] - z[top[0].token]) - top[0].logprob) < 1e-5f);
+        sum += exp(res.top_logprob[j]);
+        if (j > 0) CU_ASSERT(res.top_logprob[j] <= res.top_logprob[j - 1]);
+        if (j > 0 && res.top_logprob[j] == res.top_logprob[j - 1]) CU_ASSERT(res.top_id[j] > res.top_id[j - 1]);
+        CU_ASSERT(fabsf(res.top_logprob[j] - (z[res.top_id[j]] - z[res.top_id[0]]) - res.top_logprob[0]) < 1e-5f);
     }
     CU_ASSERT(fabs(sum - 1) < 1e-5);
     for (int j = 0; j < V; j++)
-        if (top[j].token == tok) CU_ASSERT_EQUAL(top[j].logprob, chosen);
+        if (res.top_id[j] == tok) CU_ASSERT_EQUAL(res.top_logprob[j], res.logprob);
     /* temperature does not change them (temperature 1 semantics); penalty does */
     sampling_params q = p;
     q.temperature = 2.0f;
     sampler_reset(s, &q);
     sampler_accept(s, 2);
     memcpy(z, base, sizeof z);
-    sampler_sample(s, z, top2, NULL);
-    CU_ASSERT(memcmp(top, top2, sizeof top) == 0);
+    sampler_sample(s, z, &res2);
+    CU_ASSERT_EQUAL(res2.n_top, 16);
+    CU_ASSERT(memcmp(res.top_id, res2.top_id, 16 * sizeof res.top_id[0]) == 0);
+    CU_ASSERT(memcmp(res.top_logprob, res2.top_logprob, 16 * sizeof res.top_logprob[0]) == 0);
     /* greedy: chosen logprob is the best one; n_logprobs beyond the vocabulary pads */
     sampling_params g = {.n_logprobs = 20};
     sampler *s3 = make(3, 4, &g);
-    sampler_logprob t3[20];
+    sample_result r3;
     float z3[3] = {0, 1, 0};
-    float c3;
-    CU_ASSERT_EQUAL(sampler_sample(s3, z3, t3, &c3), 1);
-    CU_ASSERT_EQUAL(t3[0].token, 1);
-    CU_ASSERT_EQUAL(t3[1].token, 0);
-    CU_ASSERT_EQUAL(t3[2].token, 2);
-    CU_ASSERT(t3[3].token == -1 && isinf(t3[19].logprob));
-    CU_ASSERT(fabsf(c3 - (float)(1 - log(2 + exp(1.0)))) < 1e-6f);
+    CU_ASSERT_EQUAL(sampler_sample(s3, z3, &r3), 1);
+    CU_ASSERT_EQUAL(r3.n_top, 20);
+    CU_ASSERT_EQUAL(r3.top_id[0], 1);
+    CU_ASSERT_EQUAL(r3.top_id[1], 0);
+    CU_ASSERT_EQUAL(r3.top_id[2], 2);
+    CU_ASSERT(r3.top_id[3] == -1 && isinf(r3.top_logprob[19]));
+    CU_ASSERT(fabsf(r3.logprob - (float)(1 - log(2 + exp(1.0)))) < 1e-6f);
+    /* no logprobs asked: none given */
+    sampling_params g0 = {0};
+    sampler_reset(s3, &g0);
+    float z4[3] = {0, 1, 0};
+    r3.n_top = 7;
+    CU_ASSERT_EQUAL(sampler_sample(s3, z4, &r3), 1);
+    CU_ASSERT(r3.token == 1 && r3.n_top == 0 && r3.logprob == 0);
     sampler_destroy(s), sampler_destroy(s3);
 }
 
@@ -576,8 +586,7 @@ static void test_no_alloc_after_create(void) {
     sampler *s = make(V, 600, &p);
     CU_ASSERT(n_allocs > before); /* the counter works: create allocates */
     float *z = malloc(V * sizeof *z);
-    sampler_logprob top[5];
-    float lp;
+    sample_result res;
     int32_t prompt[100];
     for (int i = 0; i < 100; i++) prompt[i] = i * 37 % V;
     uint64_t r = 1;
@@ -588,7 +597,7 @@ static void test_no_alloc_after_create(void) {
         sampler_accept_prompt(s, prompt, 100);
         for (int t = 0; t < 150; t++) {
             for (int i = 0; i < V; i++) z[i] = 5 * rng_uniform(&r);
-            sampler_accept(s, sampler_sample(s, z, top, &lp));
+            sampler_accept(s, sampler_sample(s, z, &res));
         }
     }
     CU_ASSERT_EQUAL(n_allocs, after_create);

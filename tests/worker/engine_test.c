@@ -54,9 +54,9 @@ static void col_token(void *arg, const engine_request *r, const worker_batch_ite
 {
     collector *c = arg;
     pthread_mutex_lock(&c->mu);
-    if (c->n_tokens < 256) c->tokens[c->n_tokens++] = it->token;
-    if (r->p.sampling.n_logprobs > 0 && it->n_top == r->p.sampling.n_logprobs &&
-        it->top[0].logprob <= 0 && it->logprob <= 0)
+    if (c->n_tokens < 256) c->tokens[c->n_tokens++] = it->out.token;
+    if (r->p.sampling.n_logprobs > 0 && it->out.n_top == r->p.sampling.n_logprobs &&
+        it->out.top_logprob[0] <= 0 && it->out.logprob <= 0)
         c->n_logprob_tokens++;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -111,7 +111,7 @@ static int make_cpu_engine(int slots, int queue, int step_tokens, worker_backend
     status st;
     worker_backend_opts bo = {.n_slots = slots, .n_ctx = 256, .n_threads = 2,
                               .max_prefill_tokens = step_tokens};
-    if (worker_backend_cpu_create(g_model, &bo, b, &st)) return fprintf(stderr, "%s\n", st.msg), -1;
+    if (worker_backend_create("cpu", g_model, &bo, b, &st)) return fprintf(stderr, "%s\n", st.msg), -1;
     engine_opts eo = {.queue = queue, .step_tokens = step_tokens};
     if (engine_create(*b, &eo, e, &st)) return fprintf(stderr, "%s\n", st.msg), -1;
     return 0;
@@ -268,7 +268,7 @@ static void test_stop_token_and_length(void)
 
     /* eos from the engine options ends generation unless ignore_eos */
     worker_backend_opts bo = {.n_slots = 1, .n_ctx = 256, .n_threads = 2, .max_prefill_tokens = 64};
-    CU_ASSERT_EQUAL_FATAL(worker_backend_cpu_create(g_model, &bo, &b, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", g_model, &bo, &b, &st), STATUS_OK);
     engine_opts eo = {.queue = 2, .step_tokens = 64, .n_eos_ids = 1};
     eo.eos_ids[0] = pr->greedy[k];
     CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
@@ -318,42 +318,37 @@ static void test_cancel_frees_slot(void)
     free_engine(b, e);
 }
 
-/* ---- a scripted fake backend: token = slot's fed-token count; step can be held ---- */
+/* ---- a scripted fake forward behind the real adapter: token = slot's fed-token count; step
+ * can be held ---- */
 
 typedef struct fake_backend {
-    worker_backend base;
+    fwd base;          /* the fake forward (model/fwd.h) */
+    worker_backend *wb; /* the adapter over it, what the engine drives */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool hold;       /* steps wait for permits while true */
     int permits;     /* steps allowed while held */
     int in_step;     /* a step is waiting at the gate */
     int fed[16];     /* tokens fed per slot */
-    int chunk_log[64]; /* n_tokens of every prefill (n_tokens > 1 or !sample) item, in order */
+    int chunk_log[64]; /* rows of every prompt run (more than one row, or no sample), in order */
     int n_chunks;
-    int max_items;   /* largest batch seen */
+    int max_items;   /* most runs (items) of one step */
     status_code fail_with; /* non-OK: the next step fails with it */
     int n_seq_end;   /* seq_end calls */
-    int kv_held_max; /* most KV blocks held at once (paged: base.kv_block_tokens > 0) */
-    bool kv_over;    /* a step went past base.kv_blocks_total */
+    int kv_held_max; /* most KV blocks held at once */
+    bool kv_over;    /* a step found the pool short */
 } fake_backend;
 
-/* blocks the slots hold, as a paged backend would: ceil(fed / block) each */
-static int fake_kv_held(const fake_backend *f)
-{
-    int n = 0;
-    for (int s = 0; s < f->base.n_slots; s++)
-        n += (f->fed[s] + f->base.kv_block_tokens - 1) / f->base.kv_block_tokens;
-    return n;
-}
-
-static int fake_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st)
+static int fake_seq_start(fwd *b, int slot, const sampling_params *s, status *st)
 {
     fake_backend *f = (fake_backend *)b;
     f->fed[slot] = 0;
+    b->n_past[slot] = 0;
+    kv_pool_release(b->kv, slot);
     return STATUS_OK;
 }
 
-static int fake_step(worker_backend *b, worker_batch_item *items, int n, status *st)
+static int fake_step(fwd *b, fwd_row *rows, int n, status *st)
 {
     fake_backend *f = (fake_backend *)b;
     pthread_mutex_lock(&f->mu);
@@ -363,50 +358,74 @@ static int fake_step(worker_backend *b, worker_batch_item *items, int n, status 
     if (f->hold) f->permits--;
     f->in_step--;
     status_code fail = f->fail_with;
-    if (n > f->max_items) f->max_items = n;
-    for (int i = 0; i < n; i++) {
-        worker_batch_item *it = &items[i];
-        if ((it->n_tokens > 1 || !it->sample) && f->n_chunks < 64) f->chunk_log[f->n_chunks++] = it->n_tokens;
-        f->fed[it->slot] += it->n_tokens;
-        if (it->sample) it->token = f->fed[it->slot] % 50 + 100;
-    }
-    if (f->base.kv_block_tokens > 0) {
-        const int held = fake_kv_held(f);
-        if (held > f->kv_held_max) f->kv_held_max = held;
-        if (held > (int)f->base.kv_blocks_total) {
+    int runs = 0;
+    for (int i = 0; i < n;) {
+        int e = i + 1;
+        while (e < n && rows[e].slot == rows[i].slot) e++;
+        const int slot = rows[i].slot, len = e - i;
+        runs++;
+        if ((len > 1 || !rows[e - 1].sample) && f->n_chunks < 64) f->chunk_log[f->n_chunks++] = len;
+        if (kv_pool_ensure(b->kv, slot, (int64_t)f->fed[slot] + len, NULL)) {
             f->kv_over = true;
             if (fail == STATUS_OK) fail = STATUS_EXHAUSTED;
         }
+        f->fed[slot] += len;
+        b->n_past[slot] = f->fed[slot];
+        if (rows[e - 1].sample) rows[e - 1].out.token = f->fed[slot] % 50 + 100;
+        i = e;
     }
+    if (runs > f->max_items) f->max_items = runs;
+    const int held = (int)(kv_pool_total_blocks(b->kv) - kv_pool_free_blocks(b->kv));
+    if (held > f->kv_held_max) f->kv_held_max = held;
     pthread_mutex_unlock(&f->mu);
     if (fail) return status_fail(st, fail, "fake device failure");
     return STATUS_OK;
 }
 
-static void fake_destroy(worker_backend *b) { (void)b; }
+static void fake_destroy(fwd *b)
+{
+    kv_pool_destroy(b->kv);
+    free(b->n_past);
+}
 
-static void fake_seq_end(worker_backend *b, int slot)
+static void fake_seq_end(fwd *b, int slot)
 {
     fake_backend *f = (fake_backend *)b;
     pthread_mutex_lock(&f->mu);
     f->fed[slot] = 0;
+    b->n_past[slot] = 0;
+    kv_pool_release(b->kv, slot);
     f->n_seq_end++;
     pthread_mutex_unlock(&f->mu);
 }
 
-static const worker_backend_vt fake_vt = {.seq_start = fake_seq_start, .step = fake_step,
-                                          .destroy = fake_destroy, .seq_end = fake_seq_end};
+static const fwd_vt fake_vt = {.seq_start = fake_seq_start, .step = fake_step,
+                               .destroy = fake_destroy, .seq_end = fake_seq_end};
 
-static void fake_init(fake_backend *f, int slots)
+/* slots slots, a KV pool of n_blocks blocks of block_tokens positions */
+static void fake_init_kv(fake_backend *f, int slots, int block_tokens, int n_blocks)
 {
     memset(f, 0, sizeof *f);
     f->base.vt = &fake_vt;
     f->base.n_slots = slots;
     f->base.n_ctx = 1 << 20;
     f->base.vocab = 1000;
+    f->base.max_rows = 1024;
+    f->base.pass_rows = 1024;
+    f->base.n_past = calloc((size_t)slots, sizeof *f->base.n_past);
+    status st;
+    CU_ASSERT_FATAL(kv_pool_create(&(kv_pool_opts){.n_seqs = slots, .block_tokens = block_tokens,
+                                                   .n_blocks = n_blocks,
+                                                   .max_blocks_per_seq = (1 << 20) / block_tokens},
+                                   &f->base.kv, &st) == 0);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
+    CU_ASSERT_FATAL(worker_backend_wrap(&f->base, &f->wb, &st) == 0);
 }
+
+static void fake_init(fake_backend *f, int slots) { fake_init_kv(f, slots, 1024, slots * 1024); }
+
+static void fake_free(fake_backend *f) { worker_backend_destroy(f->wb); }
 
 static void fake_hold(fake_backend *f, bool hold)
 {
@@ -457,7 +476,7 @@ static void test_queue_full_is_exhausted(void)
     fake_init(&f, 1);
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 1}, &e, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 1}, &e, &st), STATUS_OK);
     fake_hold(&f, true);
     collector a, b, c;
     col_init(&a);
@@ -483,6 +502,7 @@ static void test_queue_full_is_exhausted(void)
     CU_ASSERT_EQUAL(b.n_tokens, 5);
     CU_ASSERT(!c.done); /* a refused request never reaches its sink */
     engine_destroy(e);
+    fake_free(&f);
 }
 
 /* Paged KV: 4 slots, a pool of 10 blocks of 16 tokens; requests of 20 + 44 tokens reserve 4
@@ -492,12 +512,10 @@ static void test_queue_full_is_exhausted(void)
 static void test_kv_blocks_admission(void)
 {
     fake_backend f;
-    fake_init(&f, 4);
-    f.base.kv_block_tokens = 16;
-    f.base.kv_blocks_total = 10;
+    fake_init_kv(&f, 4, 16, 10);
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 8}, &e, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 8}, &e, &st), STATUS_OK);
     fake_hold(&f, true);
     collector c[4];
     for (int i = 0; i < 4; i++) {
@@ -535,6 +553,7 @@ static void test_kv_blocks_admission(void)
     printf("  KV blocks: at most %d of 10 held, %d seq_end calls\n", f.kv_held_max, f.n_seq_end);
     CU_ASSERT(!big.done);
     engine_destroy(e);
+    fake_free(&f);
 }
 
 static void test_abort_by_id(void)
@@ -543,7 +562,7 @@ static void test_abort_by_id(void)
     fake_init(&f, 1);
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
     fake_hold(&f, true);
     collector a, b;
     col_init(&a);
@@ -564,6 +583,7 @@ static void test_abort_by_id(void)
     CU_ASSERT_EQUAL(b.n_tokens, 0);
     CU_ASSERT(engine_wait_idle(e, 5000));
     engine_destroy(e);
+    fake_free(&f);
 }
 
 static void test_prefill_chunks_within_budget(void)
@@ -572,7 +592,7 @@ static void test_prefill_chunks_within_budget(void)
     fake_init(&f, 2);
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 2, .step_tokens = 20}, &e, &st),
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 2, .step_tokens = 20}, &e, &st),
                           STATUS_OK);
     collector a, b;
     col_init(&a);
@@ -596,6 +616,7 @@ static void test_prefill_chunks_within_budget(void)
     /* fake tokens are the slot's fed count: a's first = 50 % 50 + 100 */
     CU_ASSERT_EQUAL(a.tokens[0], 100);
     engine_destroy(e);
+    fake_free(&f);
 }
 
 typedef struct drain_arg {
@@ -617,7 +638,7 @@ static void test_drain(void)
     fake_init(&f, 1);
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
     fake_hold(&f, true);
     collector a, b, c;
     col_init(&a);
@@ -646,10 +667,11 @@ static void test_drain(void)
     engine_get_load(e, &l);
     CU_ASSERT(l.draining);
     engine_destroy(e);
+    fake_free(&f);
 
     /* with enough grace, in-flight requests finish normally */
     fake_init(&f, 1);
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 2}, &e, &st), STATUS_OK);
     col_init(&a);
     p = fake_params("a", 3, 50);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
@@ -658,6 +680,7 @@ static void test_drain(void)
     CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_LENGTH);
     CU_ASSERT_EQUAL(a.n_tokens, 50);
     engine_destroy(e);
+    fake_free(&f);
 }
 
 static atomic_int g_fatal_calls;
@@ -670,7 +693,7 @@ static void test_device_failure_is_fatal(void)
     f.fail_with = STATUS_DEVICE;
     engine *e;
     status st;
-    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 2, .on_fatal = on_fatal},
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 2, .on_fatal = on_fatal},
                                         &e, &st), STATUS_OK);
     collector a, b;
     col_init(&a);
@@ -686,6 +709,7 @@ static void test_device_failure_is_fatal(void)
     p = fake_params("b", 3, 5);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &b, &st), STATUS_UNAVAILABLE);
     engine_destroy(e);
+    fake_free(&f);
 }
 
 static int suite_init(void)

@@ -332,7 +332,7 @@ static int suite_init(void)
         qwen35_model_load(&g_model, path, &st))
         return fprintf(stderr, "%s\n", st.msg), -1;
     worker_backend_opts bo = {.n_slots = 2, .n_ctx = 2048, .n_threads = 2, .max_prefill_tokens = 64};
-    if (worker_backend_cpu_create(g_model, &bo, &g_backend, &st) ||
+    if (worker_backend_create("cpu", g_model, &bo, &g_backend, &st) ||
         engine_create(g_backend, &(engine_opts){.queue = 1, .step_tokens = 64}, &g_engine, &st))
         return fprintf(stderr, "%s\n", st.msg), -1;
     g_ch = tc_channel(worker_service_port(g_ws));

@@ -1,4 +1,4 @@
-/* ref_matmul on every supported weight type against dequantise-then-double-dot, on both the
+/* cpu_matmul on every supported weight type against dequantise-then-double-dot, on both the
  * decode (dot) and prefill (tile) paths, serial and threaded, in the exact mode; in the
  * integer (Q8) mode, bit for bit against the scalar references of gguf/quant (quantise each
  * input, integer dot per row) where the integer path runs; and the pool itself. */
@@ -17,11 +17,11 @@
 static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
                                  GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
-/* Returns failures. n_in must fit the type's block. dot: the ref_matmul mode; in the Q8 mode
+/* Returns failures. n_in must fit the type's block. dot: the cpu_matmul mode; in the Q8 mode
  * the integer path's outputs (quantised types, any T) must equal the scalar references exactly,
  * float types the double dot within 1e-5 relative. */
 static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb,
-                         ref_matmul_dot dot)
+                         cpu_matmul_dot dot)
 {
     const quant_traits *qt = quant_get(type);
     kc_rng r = {77 + type * 131 + (uint64_t)T};
@@ -29,7 +29,7 @@ static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_
     uint8_t *w = malloc(rb * n_out);
     float *row = malloc(sizeof(float) * n_in), *x = malloc(sizeof(float) * T * (n_in + 3));
     float *y = malloc(sizeof(float) * T * (n_out + 5)), *ref = malloc(sizeof(float) * T * (n_out + 5));
-    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(n_in, cpu_pool_n_threads(pool)));
+    float *scratch = malloc(sizeof(float) * cpu_matmul_scratch_floats(n_in, cpu_pool_n_threads(pool)));
     long ldx = n_in + 3, ldy = n_out + 5; /* strided rows */
     kc_fill(&r, x, T * ldx, 1);
     double *acc = calloc((size_t)T * n_out, sizeof(double)), *mag = calloc((size_t)T * n_out, sizeof(double));
@@ -46,7 +46,7 @@ static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_
     for (long i = 0; i < T * ldy; i++) y[i] = ref[i] = -7; /* padding must stay untouched */
     for (int t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) ref[t * ldy + o] = (float)acc[t * n_out + o];
-    const int q8 = dot == REF_MATMUL_DOT_Q8 && qt->dot_q8;
+    const int q8 = dot == CPU_MATMUL_DOT_Q8 && qt->dot_q8;
     if (q8) { /* the integer path's exact expectation */
         uint64_t xb = quant_act_bytes(type, n_in);
         uint8_t *xq = malloc(xb);
@@ -57,7 +57,7 @@ static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_
         }
         free(xq);
     }
-    ref_matmul(pool, w, type, rb, n_in, n_out, x, ldx, T, y, ldy, scratch, dot);
+    cpu_matmul(pool, w, type, rb, n_in, n_out, x, ldx, T, y, ldy, scratch, dot);
     if (perturb) y[ldy * (T - 1) + n_out / 2] += q8 ? 1e-6f * fabsf(y[ldy * (T - 1) + n_out / 2]) + 1e-30f : 0.5f;
     long bad = 0;
     for (int t = 0; t < T; t++)
@@ -77,8 +77,8 @@ static long mm_case_mode(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_
 
 static long mm_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T, int perturb)
 {
-    return mm_case_mode(pool, type, n_in, n_out, T, perturb, REF_MATMUL_DOT_EXACT) +
-           mm_case_mode(pool, type, n_in, n_out, T, perturb, REF_MATMUL_DOT_Q8);
+    return mm_case_mode(pool, type, n_in, n_out, T, perturb, CPU_MATMUL_DOT_EXACT) +
+           mm_case_mode(pool, type, n_in, n_out, T, perturb, CPU_MATMUL_DOT_Q8);
 }
 
 static void run_types(cpu_pool *pool)
@@ -93,7 +93,7 @@ static void run_types(cpu_pool *pool)
         }
     }
     /* long rows: the integer path's inputs do not all fit the scratch at once (chunks of
-     * REF_MATMUL_Q8_MIN_COLS = 14 at n_in 16384 with one thread's scratch) */
+     * CPU_MATMUL_Q8_MIN_COLS = 14 at n_in 16384 with one thread's scratch) */
     CU_ASSERT_EQUAL(mm_case(pool, GGML_TYPE_Q4_K, 16384, 9, 35, 0), 0);
     CU_ASSERT_EQUAL(mm_case(pool, GGML_TYPE_Q8_0, 16384, 9, 31, 0), 0);
 }
@@ -111,7 +111,7 @@ static void test_threaded(void)
 
 static void test_check_can_fail(void)
 {
-    for (int m = REF_MATMUL_DOT_Q8; m <= REF_MATMUL_DOT_EXACT; m++) {
+    for (int m = CPU_MATMUL_DOT_Q8; m <= CPU_MATMUL_DOT_EXACT; m++) {
         CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q4_K, 256, 37, 5, 1, m), 0);
         CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q4_K, 256, 37, 20, 1, m), 0);
         CU_ASSERT_NOT_EQUAL(mm_case_mode(NULL, GGML_TYPE_Q8_0, 256, 37, 1, 1, m), 0);
@@ -126,12 +126,12 @@ static void test_modes_differ(void)
     uint64_t rb = quant_row_bytes(GGML_TYPE_Q4_K, n_in);
     uint8_t *w = malloc(rb * n_out);
     float row[512], x[512], a[40], b[40], c[40];
-    float *scratch = malloc(sizeof(float) * ref_matmul_scratch_floats(n_in, 1));
+    float *scratch = malloc(sizeof(float) * cpu_matmul_scratch_floats(n_in, 1));
     for (int64_t o = 0; o < n_out; o++) kc_fill(&r, row, n_in, 1), quant_get(GGML_TYPE_Q4_K)->quantize(row, w + o * rb, n_in);
     kc_fill(&r, x, n_in, 1);
-    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, a, n_out, scratch, REF_MATMUL_DOT_Q8);
-    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, b, n_out, scratch, REF_MATMUL_DOT_EXACT);
-    ref_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, c, n_out, scratch, REF_MATMUL_DOT_DEFAULT);
+    cpu_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, a, n_out, scratch, CPU_MATMUL_DOT_Q8);
+    cpu_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, b, n_out, scratch, CPU_MATMUL_DOT_EXACT);
+    cpu_matmul(NULL, w, GGML_TYPE_Q4_K, rb, n_in, n_out, x, n_in, 1, c, n_out, scratch, CPU_MATMUL_DOT_DEFAULT);
     CU_ASSERT(memcmp(a, b, sizeof a) != 0);
     CU_ASSERT(memcmp(c, a, sizeof a) == 0);
     free(w), free(scratch);

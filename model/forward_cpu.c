@@ -1,0 +1,409 @@
+/* The CPU forward behind model/fwd.h (forward_cpu.h): the ranks, their paged KV pools and slot
+ * states, the samplers, and a step's passes. The arithmetic is forward.c's (cpu_fwd_run). */
+#include "model/forward_cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward_impl.h"
+#include "model/sampler.h"
+#include "model/tp_shard.h"
+
+#define CPU_HEAD_MIN_ROWS 16 /* logits rows of the scratch at least (a prompt's head in groups) */
+#define CPU_FILL_VALUE 0.0659f /* fill(): any finite value */
+
+typedef struct cpu_rank {
+    const qwen35_model *m;   /* the model (one rank: borrowed) or the shard's */
+    tp_shard_model *shard;   /* owned; NULL for one rank */
+    float *k, *v;            /* owned: this rank's KV pool (qwen35_kv_floats) */
+    qwen35_state **slot;     /* owned, [n_slots]: recurrent state, KV in k / v by the slot's table */
+    qwen35_state **pass;     /* owned, [max_rows]: the states of a decode pass's rows */
+} cpu_rank;
+
+typedef struct cpu_forward {
+    fwd base;
+    int n_ranks;
+    cpu_pool *pool;          /* owned, shared by the ranks' ctx */
+    cpu_rank *rank;          /* owned, [n_ranks] */
+    qwen35_ctx **ctx;        /* owned, [n_ranks]: the ranks' workspaces */
+    int64_t *vocab_begin;    /* owned, [n_ranks]: each rank's first lm_head row */
+    int n_blocks, block_tokens;
+    sampler **samplers;      /* owned, [n_slots] */
+    int32_t *tokens;         /* owned, [max_rows]: a pass's tokens */
+    int *pass_row;           /* owned, [max_rows]: the step's row of pass row j */
+    uint32_t *seen;          /* owned, [n_slots]: the step (stamp) whose rows last named the slot */
+    uint32_t stamp;
+    float *logits;           /* owned, [head_rows][V] */
+    int head_rows;
+    fwd_stats stats;
+} cpu_forward;
+
+/* ---- a step ---- */
+
+static int check_rows(cpu_forward *c, const fwd_row *rows, int n, status *st)
+{
+    const fwd *f = &c->base;
+    if (n < 1 || n > f->max_rows)
+        return status_fail(st, STATUS_RANGE, "cpu forward: a step of %d rows (1..%d)", n, f->max_rows);
+    c->stamp++;
+    for (int i = 0; i < n; i++) {
+        const fwd_row *r = &rows[i];
+        if (r->token < 0 || r->token >= f->vocab)
+            return status_fail(st, STATUS_RANGE, "row %d: token %d is outside the vocabulary [0, %d)",
+                               i, r->token, f->vocab);
+        if (r->slot < 0 || r->slot >= f->n_slots)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d outside [0, %d)", i, r->slot, f->n_slots);
+        const bool cont = i > 0 && rows[i - 1].slot == r->slot;
+        if (!cont && c->seen[r->slot] == c->stamp)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d's rows are not consecutive", i, r->slot);
+        c->seen[r->slot] = c->stamp;
+        const int want = cont ? rows[i - 1].pos + 1 : f->n_past[r->slot];
+        if (r->pos != want)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d at position %d, expected %d", i,
+                               r->slot, r->pos, want);
+        if (r->pos >= f->n_ctx)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d's context of %d positions is full",
+                               i, r->slot, f->n_ctx);
+    }
+    return STATUS_OK;
+}
+
+/* The blocks every run needs, all or nothing. */
+static int take_blocks(cpu_forward *c, const fwd_row *rows, int n, status *st)
+{
+    kv_pool *kv = c->base.kv;
+    uint64_t need = 0;
+    for (int i = 0; i < n; i++)
+        if (i == n - 1 || rows[i + 1].slot != rows[i].slot) /* a run's last row */
+            need += kv_pool_need(kv, rows[i].slot, (int64_t)rows[i].pos + 1);
+    if (need > kv_pool_free_blocks(kv))
+        return status_fail(st, STATUS_EXHAUSTED, "cpu forward: the step needs %llu KV blocks, %u free",
+                           (unsigned long long)need, kv_pool_free_blocks(kv));
+    for (int i = 0; i < n; i++)
+        if ((i == n - 1 || rows[i + 1].slot != rows[i].slot) &&
+            kv_pool_ensure(kv, rows[i].slot, (int64_t)rows[i].pos + 1, st))
+            return st->code; /* not reached: counted above */
+    return STATUS_OK;
+}
+
+static void accept(cpu_forward *c, const fwd_row *r)
+{
+    if (r->prompt)
+        sampler_accept_prompt(c->samplers[r->slot], &r->token, 1);
+    else
+        sampler_accept(c->samplers[r->slot], r->token);
+}
+
+static bool wants_logits(const fwd_row *r) { return r->sample || r->logits; }
+
+/* After a pass of np rows (ctx row j = step row pass_row[j]): the rows' tokens accepted in
+ * order, the logits each row asks for, the sampled rows' next tokens. The lm_head runs on the
+ * rows that need it: straight into the caller's rows where they lie one after the other and none
+ * samples (eval), else through the scratch, head_rows at a time. */
+static int finish_pass(cpu_forward *c, fwd_row *rows, int np, status *st)
+{
+    const int V = c->base.vocab;
+    for (int j = 0; j < np;) {
+        fwd_row *r = &rows[c->pass_row[j]];
+        if (!wants_logits(r)) {
+            accept(c, r);
+            j++;
+            continue;
+        }
+        int k = j + 1;
+        if (!r->sample) { /* the caller's own rows, while they are contiguous */
+            while (k < np) {
+                const fwd_row *q = &rows[c->pass_row[k]];
+                if (q->sample || q->logits != rows[c->pass_row[k - 1]].logits + V) break;
+                k++;
+            }
+            cpu_fwd_run_head(c->ctx, c->vocab_begin, c->n_ranks, j, k - j, r->logits, V);
+            for (int t = j; t < k; t++) accept(c, &rows[c->pass_row[t]]);
+            j = k;
+            continue;
+        }
+        while (k < np && k - j < c->head_rows && wants_logits(&rows[c->pass_row[k]])) k++;
+        cpu_fwd_run_head(c->ctx, c->vocab_begin, c->n_ranks, j, k - j, c->logits, V);
+        for (int t = j; t < k; t++) {
+            fwd_row *q = &rows[c->pass_row[t]];
+            float *lg = c->logits + (size_t)(t - j) * V;
+            accept(c, q);
+            if (q->logits) memcpy(q->logits, lg, (size_t)V * sizeof(float));
+            if (q->sample && sampler_sample(c->samplers[q->slot], lg, &q->out) < 0)
+                return status_fail(st, STATUS_INTERNAL, "slot %d: the model produced no finite "
+                                   "logit (NaN or inf; are the weights broken?)", q->slot);
+        }
+        j = k;
+    }
+    return STATUS_OK;
+}
+
+/* Positions move on by n for slot's states on every rank and in fwd.n_past. */
+static void advance(cpu_forward *c, int slot, int n)
+{
+    for (int r = 0; r < c->n_ranks; r++) c->rank[r].slot[slot]->n_past += n;
+    c->base.n_past[slot] += n;
+}
+
+/* Every one-row run of the step in one batched pass. */
+static int decode_pass(cpu_forward *c, fwd_row *rows, int n, status *st)
+{
+    int B = 0;
+    for (int i = 0; i < n; i++) {
+        const bool alone = (i == 0 || rows[i - 1].slot != rows[i].slot) &&
+                           (i == n - 1 || rows[i + 1].slot != rows[i].slot);
+        if (!alone) continue;
+        for (int r = 0; r < c->n_ranks; r++) c->rank[r].pass[B] = c->rank[r].slot[rows[i].slot];
+        c->tokens[B] = rows[i].token;
+        c->pass_row[B++] = i;
+    }
+    if (!B) return STATUS_OK;
+    for (int r = 0; r < c->n_ranks; r++) cpu_fwd_rows_decode(c->ctx[r], c->rank[r].pass, B);
+    cpu_fwd_run(c->ctx, c->n_ranks, c->tokens);
+    for (int b = 0; b < B; b++) advance(c, rows[c->pass_row[b]].slot, 1);
+    return finish_pass(c, rows, B, st);
+}
+
+/* Each longer run, a pass of its own. */
+static int prefill_passes(cpu_forward *c, fwd_row *rows, int n, status *st)
+{
+    for (int i = 0; i < n;) {
+        int e = i + 1;
+        while (e < n && rows[e].slot == rows[i].slot) e++;
+        if (e - i > 1) {
+            const int slot = rows[i].slot, len = e - i;
+            for (int j = 0; j < len; j++) {
+                c->tokens[j] = rows[i + j].token;
+                c->pass_row[j] = i + j;
+            }
+            for (int r = 0; r < c->n_ranks; r++) cpu_fwd_rows_prefill(c->ctx[r], c->rank[r].slot[slot], len);
+            cpu_fwd_run(c->ctx, c->n_ranks, c->tokens);
+            advance(c, slot, len);
+            if (finish_pass(c, rows, len, st)) return st->code;
+        }
+        i = e;
+    }
+    return STATUS_OK;
+}
+
+static int cpu_step(fwd *f, fwd_row *rows, int n, status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (check_rows(c, rows, n, st) || take_blocks(c, rows, n, st)) return st->code;
+    if (decode_pass(c, rows, n, st) || prefill_passes(c, rows, n, st)) return st->code;
+    c->stats.tokens += (uint64_t)n;
+    c->stats.steps++;
+    return STATUS_OK;
+}
+
+/* ---- slots ---- */
+
+static int cpu_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, f->n_slots);
+    kv_pool_release(f->kv, slot);
+    for (int r = 0; r < c->n_ranks; r++) qwen35_state_reset(c->rank[r].slot[slot]);
+    f->n_past[slot] = 0;
+    sampler_reset(c->samplers[slot], p);
+    return STATUS_OK;
+}
+
+static void cpu_seq_end(fwd *f, int slot)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    DS_ASSERT(slot >= 0 && slot < f->n_slots);
+    kv_pool_release(f->kv, slot);
+    for (int r = 0; r < c->n_ranks; r++) c->rank[r].slot[slot]->n_past = 0;
+    f->n_past[slot] = 0;
+}
+
+static int cpu_fill(fwd *f, int slot, int n_past, status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, f->n_slots);
+    if (n_past < 0 || n_past >= f->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, f->n_ctx);
+    if (kv_pool_ensure(f->kv, slot, n_past, st)) return st->code;
+    const int32_t *table = kv_pool_table(f->kv, slot);
+    const int held = kv_pool_held(f->kv, slot);
+    for (int r = 0; r < c->n_ranks; r++) {
+        const qwen35_config *cf = &c->rank[r].m->cfg;
+        const size_t block = (size_t)c->block_tokens * cf->n_kv * cf->d_h;
+        for (int a = 0; a < cf->n_attn_layers; a++)
+            for (int b = 0; b < held; b++) {
+                const size_t off = ((size_t)a * c->n_blocks + (size_t)table[b]) * block;
+                for (size_t i = 0; i < block; i++) c->rank[r].k[off + i] = c->rank[r].v[off + i] = CPU_FILL_VALUE;
+            }
+        c->rank[r].slot[slot]->n_past = n_past;
+    }
+    f->n_past[slot] = n_past;
+    return STATUS_OK;
+}
+
+static void cpu_get_stats(const fwd *f, fwd_stats *s) { *s = ((const cpu_forward *)f)->stats; }
+
+static void cpu_destroy(fwd *f)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (!c) return;
+    for (int r = 0; c->rank && r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        for (int s = 0; k->slot && s < f->n_slots; s++) qwen35_state_destroy(k->slot[s]);
+        free(k->slot);
+        free(k->pass);
+        free(k->k);
+        free(k->v);
+        if (c->ctx) qwen35_ctx_destroy(c->ctx[r]);
+        tp_shard_model_destroy(k->shard);
+    }
+    for (int s = 0; c->samplers && s < f->n_slots; s++) sampler_destroy(c->samplers[s]);
+    cpu_pool_destroy(c->pool);
+    kv_pool_destroy(f->kv);
+    free(f->n_past);
+    free(c->rank);
+    free(c->ctx);
+    free(c->vocab_begin);
+    free(c->samplers);
+    free(c->tokens);
+    free(c->pass_row);
+    free(c->seen);
+    free(c->logits);
+    free(c);
+}
+
+static const fwd_vt cpu_vt = {
+    .seq_start = cpu_seq_start,
+    .seq_end = cpu_seq_end,
+    .step = cpu_step,
+    .fill = cpu_fill,
+    .get_stats = cpu_get_stats,
+    .destroy = cpu_destroy,
+};
+
+/* ---- create ---- */
+
+static int check_opts(const qwen35_model *m, const fwd_opts *o, status *st)
+{
+    if (o->n_slots < 0 || o->n_ctx < 1 || o->max_rows < 0 || o->n_threads < 0)
+        return status_fail(st, STATUS_INVALID, "cpu forward: need slots >= 0, ctx >= 1, rows >= 0 "
+                           "and threads >= 0 (got %d, %d, %d, %d)", o->n_slots, o->n_ctx,
+                           o->max_rows, o->n_threads);
+    if (o->kv_blocks < 0 || o->kv_block_tokens < 0)
+        return status_fail(st, STATUS_INVALID, "cpu forward: KV blocks %d of %d positions", o->kv_blocks,
+                           o->kv_block_tokens);
+    if (o->ranks < 0 || o->ranks > FWD_MAX_RANKS)
+        return status_fail(st, STATUS_INVALID, "--tp %d: expected 1..%d", o->ranks, FWD_MAX_RANKS);
+    return o->ranks > 1 ? tp_shard_check(&m->cfg, o->ranks, st) : STATUS_OK;
+}
+
+/* Rank r: its model (a shard, or the model itself for one rank), workspace, KV pool and slots. */
+static int rank_create(cpu_forward *c, const qwen35_model *m, const fwd_opts *o, int r, status *st)
+{
+    fwd *f = &c->base;
+    cpu_rank *k = &c->rank[r];
+    if (c->n_ranks > 1) {
+        int rc = tp_shard_model_create(m, c->n_ranks, r, &k->shard, st);
+        if (rc) return rc;
+        k->m = &k->shard->model;
+        c->vocab_begin[r] = k->shard->vocab_begin;
+    } else {
+        k->m = m;
+    }
+    const qwen35_ctx_opts co = {.max_batch = f->max_rows, .max_tokens = f->max_rows,
+                                .n_threads = o->n_threads,
+                                .dot_mode = o->exact_dot ? QWEN35_DOT_EXACT : QWEN35_DOT_DEFAULT};
+    int rc = cpu_fwd_ctx_create(k->m, &co, c->pool, &c->ctx[r], st);
+    if (rc) return rc;
+    const uint64_t kv = qwen35_kv_floats(k->m, c->n_blocks, c->block_tokens) + 1;
+    k->k = malloc(kv * sizeof(float));
+    k->v = malloc(kv * sizeof(float));
+    k->slot = calloc((size_t)f->n_slots, sizeof *k->slot);
+    k->pass = calloc((size_t)f->max_rows, sizeof *k->pass);
+    if (!k->k || !k->v || !k->slot || !k->pass)
+        return status_fail(st, STATUS_NOMEM, "cpu forward: out of memory for a KV pool of %d blocks "
+                           "of %d positions (%.1f MiB)", c->n_blocks, c->block_tokens,
+                           (double)kv * 8 / (1 << 20));
+    for (int s = 0; s < f->n_slots; s++)
+        if ((rc = qwen35_state_create_paged(k->m, f->n_ctx, k->k, k->v, c->n_blocks, c->block_tokens,
+                                            kv_pool_table(f->kv, s), &k->slot[s], st)))
+            return rc;
+    return STATUS_OK;
+}
+
+static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, status *st)
+{
+    *out = NULL;
+    int rc = check_opts(m, o, st);
+    if (rc) return rc;
+    cpu_forward *c = calloc(1, sizeof *c);
+    if (!c) return status_fail(st, STATUS_NOMEM, "cpu forward: out of memory");
+    fwd *f = &c->base;
+    f->vt = &cpu_vt;
+    f->model = m;
+    f->n_slots = o->n_slots ? o->n_slots : 8;
+    f->n_ctx = o->n_ctx;
+    f->vocab = m->cfg.V;
+    f->ranks = c->n_ranks = o->ranks > 1 ? o->ranks : 1;
+    f->max_rows = o->max_rows ? o->max_rows : f->n_slots + 256;
+    f->pass_rows = f->max_rows; /* a prompt chunk is one pass of rows */
+    c->block_tokens = o->kv_block_tokens ? o->kv_block_tokens : 64;
+    const int per_seq = (f->n_ctx + c->block_tokens - 1) / c->block_tokens;
+    const int64_t n_blocks = o->kv_blocks ? o->kv_blocks : (int64_t)f->n_slots * per_seq;
+    if (n_blocks > INT32_MAX) {
+        rc = status_fail(st, STATUS_INVALID, "cpu forward: %d slots x %d positions: too many KV blocks",
+                         f->n_slots, f->n_ctx);
+        goto fail;
+    }
+    c->n_blocks = (int)n_blocks;
+    c->head_rows = f->n_slots > CPU_HEAD_MIN_ROWS ? f->n_slots : CPU_HEAD_MIN_ROWS;
+    if (c->head_rows > f->max_rows) c->head_rows = f->max_rows;
+    if ((rc = kv_pool_create(&(kv_pool_opts){.n_seqs = f->n_slots, .block_tokens = c->block_tokens,
+                                             .n_blocks = c->n_blocks, .max_blocks_per_seq = per_seq},
+                             &f->kv, st)) ||
+        (rc = cpu_pool_create(&c->pool, o->n_threads, st)))
+        goto fail;
+    const size_t S = (size_t)f->n_slots, R = (size_t)f->max_rows, N = (size_t)c->n_ranks;
+    f->n_past = calloc(S, sizeof *f->n_past);
+    c->rank = calloc(N, sizeof *c->rank);
+    c->ctx = calloc(N, sizeof *c->ctx);
+    c->vocab_begin = calloc(N, sizeof *c->vocab_begin);
+    c->samplers = calloc(S, sizeof *c->samplers);
+    c->tokens = calloc(R, sizeof *c->tokens);
+    c->pass_row = calloc(R, sizeof *c->pass_row);
+    c->seen = calloc(S, sizeof *c->seen);
+    c->logits = malloc((size_t)c->head_rows * (size_t)f->vocab * sizeof(float));
+    if (!f->n_past || !c->rank || !c->ctx || !c->vocab_begin || !c->samplers || !c->tokens ||
+        !c->pass_row || !c->seen || !c->logits) {
+        rc = status_fail(st, STATUS_NOMEM, "cpu forward: out of memory for %d slots, %d rows",
+                         f->n_slots, f->max_rows);
+        goto fail;
+    }
+    for (int r = 0; r < c->n_ranks; r++)
+        if ((rc = rank_create(c, m, o, r, st))) goto fail;
+    const sampling_params greedy = sampling_params_resolve(&(sampling_params){0});
+    for (int s = 0; s < f->n_slots; s++)
+        if ((rc = sampler_create(&c->samplers[s], f->vocab, f->n_ctx, &greedy, st))) goto fail;
+    uint64_t per_slot = 0;
+    for (int r = 0; r < c->n_ranks; r++)
+        per_slot += qwen35_state_recurrent_bytes(c->rank[r].m) +
+                    8 * qwen35_kv_floats(c->rank[r].m, per_seq, c->block_tokens);
+    f->state_bytes = per_slot;
+    c->stats.state_bytes = per_slot * S;
+    const int nt = cpu_pool_n_threads(c->pool);
+    if (c->n_ranks > 1)
+        snprintf(f->device, sizeof f->device, "cpu (%d threads, tensor parallel: %d simulated ranks)",
+                 nt, c->n_ranks);
+    else
+        snprintf(f->device, sizeof f->device, "cpu (%d threads)", nt);
+    *out = f;
+    return STATUS_OK;
+fail:
+    cpu_destroy(f);
+    return rc;
+}
+
+const fwd_backend fwd_backend_cpu = {.name = "cpu", .create = cpu_create, .device_count = NULL};
