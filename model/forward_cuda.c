@@ -78,32 +78,6 @@ static int capture_graphs(qwen35_cuda *e, status *st)
     }
 }
 
-/* One GPU sampler per slot; when the device cannot run its cluster kernel, host samplers
- * (model/sampler.h) on copied-back logits instead, said once in the log. */
-static int create_samplers(qwen35_cuda *e, status *st)
-{
-    const int V = e->cfg.V;
-    if (!fc_samples(e)) return STATUS_OK; /* tensor parallel: rank 0 samples */
-    for (int i = 0; i < e->n_slots; i++) {
-        if (!sample_create(&e->slots[i].sampler, V, e->n_ctx, st)) continue;
-        if (st->code != STATUS_UNSUPPORTED) return st->code;
-        LOG_WARN("cuda: sampling on the host (%s)", st->msg);
-        status_clear(st);
-        for (int j = 0; j <= i; j++) {
-            sample_destroy(e->slots[j].sampler);
-            e->slots[j].sampler = NULL;
-        }
-        e->h_logits = malloc((size_t)V * sizeof(float));
-        if (!e->h_logits) return status_fail(st, STATUS_NOMEM, "cuda: host sampler logits");
-        const sampling_params greedy = {0};
-        for (int j = 0; j < e->n_slots; j++)
-            if (sampler_create(&e->slots[j].host_sampler, V, e->n_ctx, &greedy, st))
-                return st->code;
-        return STATUS_OK;
-    }
-    return STATUS_OK;
-}
-
 static int alloc_run_state(qwen35_cuda *e, status *st)
 {
     fc_arena sa = {0}, aa = {0};
@@ -270,7 +244,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
              e->state_bytes / 1e9, e->n_slots, e->n_ctx,
              e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
-    if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
+    if (fc_samplers_create(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
     if (e->b.dense_failed) {
         status_fail(st, STATUS_DEVICE, "cuda: a dense GEMM could not be recorded (cuBLAS)");
         goto fail;
@@ -311,15 +285,12 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
 {
     if (!e) return;
     for (int i = 0; e->slots && i < e->n_slots; i++) {
-        fc_slot *sl = &e->slots[i];
-        cuda_graph_exec_destroy(sl->g_forced);
-        cuda_graph_exec_destroy(sl->g_chained);
-        sample_destroy(sl->sampler);
-        sampler_destroy(sl->host_sampler);
+        cuda_graph_exec_destroy(e->slots[i].g_forced);
+        cuda_graph_exec_destroy(e->slots[i].g_chained);
     }
+    fc_samplers_destroy(e);
     fc_batch_destroy(e);
     free(e->slots);
-    free(e->h_logits);
     free(e->h_ids);
     free(e->kv.blk.free_ids);
     free(e->kv.blk.held);
@@ -335,16 +306,9 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
 {
     if (slot < 0 || slot >= e->n_slots)
         return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    fc_slot *sl = &e->slots[slot];
-    sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
-    p = &sl->params;
-    sl->greedy = sampling_params_is_greedy(p);
     fc_kv_release(e, slot);
     if (fc_slot_clear(e, slot, st)) return st->code;
-    if (!fc_samples(e)) return STATUS_OK;
-    if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
-    sampler_reset(sl->host_sampler, p);
-    return STATUS_OK;
+    return fc_sampler_start(e, &e->slots[slot], p, st);
 }
 
 void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
@@ -394,26 +358,6 @@ static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, 
     return STATUS_OK;
 }
 
-/* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
- * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
-void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
-{
-    if (!fc_samples(e)) return;
-    fc_slot *sl = &e->slots[rows[i].slot];
-    int n = 0;
-    for (int k = i; k < j; k++)
-        if (rows[k].prompt) e->h_ids[n++] = rows[k].token;
-    if (n && sl->sampler) sample_accept_prompt(sl->sampler, e->h_ids, n, &e->launch);
-    if (n && !sl->sampler) sampler_accept_prompt(sl->host_sampler, e->h_ids, n);
-    for (int k = i; k < j; k++) {
-        if (rows[k].prompt) continue;
-        if (sl->sampler)
-            sample_accept(sl->sampler, rows[k].token, &e->launch);
-        else
-            sampler_accept(sl->host_sampler, rows[k].token);
-    }
-}
-
 /* true when row i's token is its slot's last argmax, still on the device: the chained graph
  * takes it from there (only the first row of a slot in a step can be chained) */
 static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i)
@@ -438,39 +382,6 @@ static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status
     return STATUS_OK;
 }
 
-/* The sampled row's token from what the step left: the argmax (greedy: greedy_next), the GPU
- * sampler's result, or the host sampler on the copied-back logits (e->h_logits). */
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st)
-{
-    fc_slot *sl = &e->slots[r->slot];
-    r->n_top = 0;
-    r->logprob = 0;
-    if (sl->greedy) {
-        r->next = greedy_next;
-    } else if (sl->sampler) {
-        const sample_result *res = sample_result_get(sl->sampler);
-        r->next = res->token;
-        r->logprob = res->logprob;
-        r->n_top = res->n_top;
-        for (int k = 0; k < res->n_top; k++) {
-            r->top_id[k] = res->top_id[k];
-            r->top_logprob[k] = res->top_logprob[k];
-        }
-    } else {
-        sampler_logprob top[SAMPLING_MAX_LOGPROBS];
-        r->next = sampler_sample(sl->host_sampler, e->h_logits, top, &r->logprob);
-        r->n_top = sl->params.n_logprobs;
-        for (int k = 0; k < r->n_top; k++) {
-            r->top_id[k] = top[k].token;
-            r->top_logprob[k] = top[k].logprob;
-        }
-    }
-    if (r->next < 0 || r->next >= e->cfg.V)
-        return status_fail(st, STATUS_INTERNAL, "slot %d: sampling found no token (%d; NaN or "
-                           "inf logits? are the weights broken?)", r->slot, r->next);
-    return STATUS_OK;
-}
-
 /* Stages the forced rows' tokens behind a zero cursor, in launch order: one H2D copy (none when
  * every row is chained, as in greedy decode). */
 static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
@@ -482,16 +393,6 @@ static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
     e->h_stage[0] = 0; /* the cursor */
     cuda_copy_h2d_async(e->a.d_cursor, e->h_stage, (size_t)(n + 1) * 4, e->launch.stream);
     e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
-}
-
-/* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
- * runs where the device cannot run the GPU sampler). */
-int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st)
-{
-    cuda_copy_d2h_async(e->h_logits, d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
-    e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
-    if (cuda_sync(e->launch.stream, "step (host sampler)", st)) return st->code;
-    return fc_read_sample(e, r, -1, st);
 }
 
 /* true when the step goes through the batched graphs: more than one row (decode rows of several
@@ -521,13 +422,7 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
                 e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
             }
         }
-        const fc_slot *sl = &e->slots[rows[i].slot];
-        fc_accept_rows(e, rows, i, j);
-        if (rows[j - 1].sample && !sl->greedy && sl->sampler)
-            sample_run(sl->sampler, e->a.d_logits, &e->launch);
-        if (rows[j - 1].sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
-            fc_sample_on_host(e, &rows[j - 1], e->a.d_logits, st))
-            return st->code;
+        if (fc_sample_run(e, rows, i, j, e->a.d_logits, st)) return st->code;
         i = j;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;

@@ -339,11 +339,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
         while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
-        fc_accept_rows(e, rows, j0, j + 1);
-        if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);
-        if (r->sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
-            fc_sample_on_host(e, r, d_logits, st))
-            return st->code;
+        if (fc_sample_run(e, rows, j0, j + 1, d_logits, st)) return st->code;
     }
     return STATUS_OK;
 }

@@ -238,9 +238,19 @@ int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
 gemv_epilogue fc_residual_ep(const qwen35_cuda *e);
 void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n);
 static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
-/* forward_cuda.c, shared with the batched step */
-void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j);
+/* forward_cuda_sample.c: one GPU sampler per slot, or (where the device cannot run it) host
+ * samplers on e->h_logits, said once in the log; their release. */
+int fc_samplers_create(qwen35_cuda *e, status *st);
+void fc_samplers_destroy(qwen35_cuda *e);
+/* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
+int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st);
+/* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
+ * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
+ * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
+int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+                  status *st);
+/* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
+ * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
 int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
-int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st);
 
 #endif
