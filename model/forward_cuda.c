@@ -127,24 +127,6 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
-/* The dense path's F16 copies resident when they take at most half of the memory free after
- * the weights (the 27B's 54 GB do, the KV pool and the slots' state then share the rest;
- * qwen35_cuda_opts.dense_per_pass); size_state leaves them their room (with n_slots given,
- * fc_dense_upload falls back to per pass when they no longer fit). */
-static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
-{
-    e->dense_resident = false;
-    if (!wanted) return STATUS_OK;
-    cuda_device_props p;
-    if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    const uint64_t bytes = fc_dense_bytes(e);
-    e->dense_resident = bytes > 0 && bytes <= p.mem_free_bytes / 2;
-    LOG_INFO("cuda: dense path's F16 weights (%.2f GB): %s", bytes / 1e9,
-             e->dense_resident ? "resident" : "dequantised every pass (over half of the free "
-                                              "memory)");
-    return STATUS_OK;
-}
-
 /* n_slots and the KV pool from free device memory (after the weights). A slot's recurrent state
  * is held whole; KV goes in blocks from one pool (paged), so the pool is sized for every slot
  * holding a quarter of n_ctx on average (the engine reserves each request's worst case, so
@@ -183,7 +165,7 @@ static int size_state(qwen35_cuda *e, status *st)
     uint64_t reserve = p.mem_total_bytes / 20;
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
     reserve += 256 * row;
-    if (e->dense_resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
+    if (e->dense.resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
     const uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
     const uint64_t quarter = (uint64_t)(kv->ld + 3) / 4 * block;
     const uint64_t full = (uint64_t)kv->ld * block;
@@ -228,7 +210,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
         fc_weights_upload(e, st) ||
-        decide_dense(e, e->dense_rows_opt != 0 && !(o && o->dense_per_pass), st) ||
+        fc_dense_decide(e, e->dense_rows_opt != 0 && !(o && o->dense_per_pass), st) ||
         size_state(e, st))
         goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
@@ -245,7 +227,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
              e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
     if (fc_samplers_create(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
-    if (e->b.dense_failed) {
+    if (e->dense.failed) {
         status_fail(st, STATUS_DEVICE, "cuda: a dense GEMM could not be recorded (cuBLAS)");
         goto fail;
     }
@@ -257,8 +239,8 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     if (e->b.rows) {
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
                  e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
-        if (e->b.blas)
-            LOG_INFO("cuda: dense GEMM from %d rows: %s", e->b.dense_from, blas_describe());
+        if (e->dense.blas)
+            LOG_INFO("cuda: dense GEMM from %d rows: %s", e->dense.from, blas_describe());
     } else {
         LOG_INFO("cuda: no batched steps: %s", e->b.why_not);
     }
@@ -290,6 +272,7 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
     }
     fc_samplers_destroy(e);
     fc_batch_destroy(e);
+    fc_dense_destroy(e);
     free(e->slots);
     free(e->h_ids);
     free(e->kv.blk.free_ids);

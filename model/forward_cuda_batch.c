@@ -32,18 +32,10 @@
 
 #include "common/log.h"
 #include "kernels/cuda/attn.h"
-#include "kernels/cuda/blas.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "model/forward_cuda_host.h"
 #include "model/forward_cuda_impl.h"
-
-static int pow2_ceil(int n)
-{
-    int p = 1;
-    while (p < n) p *= 2;
-    return p;
-}
 
 /* every matrix of the model in a layout the batched GEMM reads, or the first that is not */
 static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
@@ -58,16 +50,6 @@ static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
     }
     if (!gemm_supported(e->w.head.type, e->w.head.n_in)) return &e->w.head;
     return NULL;
-}
-
-/* The first bucket on the dense path (0: none): from dense_rows_opt rows, or by default from 64
- * with resident F16 copies and from 128 when each pass dequantises (decode at B = 64 gained
- * 25-40% with resident copies and lost with per-pass ones: BENCH.md runs 39, 41). Never batch
- * invariant: cuBLAS's sums depend on the rows. */
-static int dense_from(const qwen35_cuda *e)
-{
-    const int r = e->dense_rows_opt > 0 ? e->dense_rows_opt : e->dense_resident ? 64 : 128;
-    return e->dense_rows_opt != 0 && !e->batch_invariant && r <= e->b.rows ? pow2_ceil(r) : 0;
 }
 
 void fc_batch_plan(qwen35_cuda *e)
@@ -88,10 +70,10 @@ void fc_batch_plan(qwen35_cuda *e)
                  u->type, (long long)u->n_in);
         return;
     }
-    b->rows = pow2_ceil(want);
+    b->rows = fc_pow2_ceil(want);
     b->chunked = !e->batch_invariant;
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
-    b->dense_from = dense_from(e);
+    fc_dense_plan(e);
     b->n_buckets = 0;
     for (int nb = 1; nb <= b->rows; nb *= 2) b->bucket[b->n_buckets++] = nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
@@ -100,94 +82,6 @@ void fc_batch_plan(qwen35_cuda *e)
     if (proj_attn > proj) proj = proj_attn;
     b->ld_proj = (proj + 31) / 32 * 32;
     b->ld_y = D_v > HA ? D_v : HA;
-}
-
-/* layer L's quantised matrices, which the dense path multiplies (at most 4 + FC_MAX_GROUPS) */
-static int layer_dense(const fc_layer *L, const gemv_matrix **out)
-{
-    const gemv_matrix *m[4 + FC_MAX_GROUPS] = {&L->out, &L->gate, &L->up, &L->down};
-    int k = 4, n = 0;
-    for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
-    for (int i = 0; i < k; i++)
-        if (gemm_reads_half(m[i]->type)) out[n++] = m[i];
-    return n;
-}
-
-static int64_t dense_halves_of(const gemv_matrix *m) { return m->n_out * gemm_dense_ld(m); }
-
-/* the largest F16 copy of a quantised layer matrix (halves: the per-pass scratch), and all of
- * them (bytes: the resident copies) */
-static void dense_sizes(const qwen35_cuda *e, int64_t *largest, uint64_t *total)
-{
-    *largest = 0, *total = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const gemv_matrix *m[4 + FC_MAX_GROUPS];
-        const int n = layer_dense(&e->w.layers[il], m);
-        for (int i = 0; i < n; i++) {
-            const int64_t h = dense_halves_of(m[i]);
-            *largest = h > *largest ? h : *largest;
-            *total += (uint64_t)h * 2;
-        }
-    }
-}
-
-static int64_t dense_halves(const qwen35_cuda *e)
-{
-    int64_t largest;
-    uint64_t total;
-    dense_sizes(e, &largest, &total);
-    return largest;
-}
-
-uint64_t fc_dense_bytes(const qwen35_cuda *e)
-{
-    int64_t largest;
-    uint64_t total;
-    dense_sizes(e, &largest, &total);
-    return total;
-}
-
-int fc_dense_upload(qwen35_cuda *e, status *st)
-{
-    fc_batch *b = &e->b;
-    if (!b->dense_from || !e->dense_resident) return STATUS_OK;
-    cuda_device_props p;
-    if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    if (p.mem_free_bytes < fc_dense_bytes(e) + (1ull << 30)) { /* given slots took the room */
-        LOG_WARN("cuda: %.2f GB free: too little for the dense path's F16 weights (%.2f GB); "
-                 "each pass dequantises", p.mem_free_bytes / 1e9, fc_dense_bytes(e) / 1e9);
-        e->dense_resident = false;
-        b->dense_from = dense_from(e);
-        if (!b->dense_from) return STATUS_OK;
-        if (cuda_alloc(&b->d_dense, (size_t)dense_halves(e) * 2, "the dense path's scratch", st))
-            return st->code;
-        b->d_w16 = b->d_dense;
-        return STATUS_OK;
-    }
-    const int cap = e->cfg.n_layer * (4 + FC_MAX_GROUPS);
-    b->dense_m = malloc((size_t)cap * sizeof *b->dense_m);
-    b->dense_w = malloc((size_t)cap * sizeof *b->dense_w);
-    if (!b->dense_m || !b->dense_w) return status_fail(st, STATUS_NOMEM, "cuda: dense copies");
-    int n = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) n += layer_dense(&e->w.layers[il], b->dense_m + n);
-    if (cuda_alloc(&b->d_dense, fc_dense_bytes(e), "the dense path's F16 weights", st))
-        return st->code;
-    uint16_t *at = b->d_dense;
-    const cuda_launch plain = {e->launch.stream, false};
-    for (int i = 0; i < n; i++) {
-        b->dense_w[i] = at;
-        gemm_dequant_half(b->dense_m[i], at, &plain);
-        at += dense_halves_of(b->dense_m[i]);
-    }
-    b->n_dense = n;
-    return cuda_sync(e->launch.stream, "dense F16 weights", st);
-}
-
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m)
-{
-    for (int i = 0; i < e->b.n_dense; i++)
-        if (e->b.dense_m[i] == m) return e->b.dense_w[i];
-    return NULL;
 }
 
 /* the largest split-K workspace of any matrix at R rows */
@@ -244,10 +138,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->d_gdn_scratch =
             fc_arena_take(a, gdn_chunk_scratch_floats(c->n_v, c->d_k, c->d_v, (int)R,
                                                       FC_LONG_RUN_ROWS) * 4);
-    if (b->dense_from) {
-        if (!e->dense_resident) b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
-        b->d_blas_ws = fc_arena_take(a, FC_BLAS_WS);
-    }
+    fc_dense_layout(e, a);
     b->act_bytes = a->used - before;
 }
 
@@ -257,13 +148,7 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     if (!b->rows) return STATUS_OK;
     b->slot_stride = (int64_t)((uint8_t *)e->slots[1].d_conv - (uint8_t *)e->slots[0].d_conv);
     if (gemm_init(st) || gdn_chunk_init(st) || attn_prefill_init(st)) return st->code;
-    if (b->dense_from && blas_open(b->d_blas_ws, FC_BLAS_WS, &b->blas, st)) {
-        if (st->code != STATUS_UNAVAILABLE) return st->code;
-        LOG_WARN("cuda: no dense GEMM (%s): every pass on the quantised GEMM", st->msg);
-        b->dense_from = 0;
-        *st = (status){0};
-    }
-    if (fc_dense_upload(e, st)) return st->code;
+    if (fc_dense_open(e, st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
     for (int i = 0; i < b->n_buckets && !rc; i++) {
@@ -286,13 +171,6 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
 
 void fc_batch_destroy(qwen35_cuda *e)
 {
-    blas_close(e->b.blas);
-    e->b.blas = NULL;
-    cuda_free(e->b.d_dense);
-    e->b.d_dense = NULL;
-    free(e->b.dense_m);
-    free(e->b.dense_w);
-    e->b.dense_m = NULL, e->b.dense_w = NULL, e->b.n_dense = 0;
     for (int i = 0; i < e->b.n_buckets; i++) {
         cuda_graph_exec_destroy(e->b.graph[i]);
         cuda_graph_exec_destroy(e->b.graph_pf[i]);

@@ -30,6 +30,13 @@ typedef struct fc_arena {
 
 void *fc_arena_take(fc_arena *a, uint64_t bytes);
 
+static inline int fc_pow2_ceil(int n)
+{
+    int p = 1;
+    while (p < n) p *= 2;
+    return p;
+}
+
 /* Matrices of one layer that read the same input, packed row after row when of one type. */
 typedef struct fc_group {
     gemv_matrix m;  /* d_w into the weight arena */
@@ -117,6 +124,23 @@ typedef struct fc_act {
 #define FC_MAX_BUCKETS 10
 #define FC_BLAS_WS (32u << 20) /* cuBLAS workspace bytes (dense path) */
 
+/* The batched step's dense path (forward_cuda_dense.c; kernels/cuda/gemm.h "Dense path"):
+ * buckets of `from` rows or more multiply the quantised matrices as F16 through cuBLAS. */
+typedef struct fc_dense {
+    int from;               /* the first bucket on the dense path; 0: none */
+    bool resident;          /* the F16 copies resident (decided before the state is sized, taken
+                               when the plan has a dense path), else dequantised every pass */
+    struct blas *blas;      /* owned: cuBLAS, when `from` */
+    void *d_blas_ws;        /* cuBLAS's workspace (FC_BLAS_WS bytes, in the activations) */
+    uint16_t *d_w16;        /* per pass: the F16 copy of one matrix at a time */
+    int n;                  /* resident: the matrices' F16 copies */
+    const gemv_matrix **m;  /* owned [n] */
+    uint16_t **w;           /* owned [n]: m[i]'s copy */
+    void *d_alloc;          /* owned, device: the copies, or (resident copies that did not fit
+                               at upload) the per-pass d_w16 */
+    int failed;             /* a dense GEMM could not be recorded (checked after capture) */
+} fc_dense;
+
 typedef struct fc_batch {
     int rows;                         /* rows of the largest bucket; 0: no batched path */
     int n_buckets;
@@ -140,19 +164,7 @@ typedef struct fc_batch {
     bool chunked;                  /* runs of two or more rows (prompt chunks) by the chunked
                                       delta rule (not batch invariant) */
     bool attn_tiles;               /* and their attention by attn_prefill_runs (F16 cache) */
-    int dense_from;                /* buckets of this many rows or more take the dense path
-                                      (gemm.h "Dense path") for quantised matrices; 0: none */
-    struct blas *blas;             /* owned: cuBLAS, when dense_from */
-    uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time (not
-                                      resident) */
-    int n_dense;                   /* resident: the matrices' F16 copies in d_dense */
-    const gemv_matrix **dense_m;   /* owned [n_dense] */
-    uint16_t **dense_w;            /* owned [n_dense]: dense_m[i]'s copy */
-    void *d_dense;                 /* owned, device: the copies, or (resident copies that did
-                                      not fit at upload) the per-pass scratch d_w16 */
     float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
-    void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
-    int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
     unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
     int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
                                       staging */
@@ -183,8 +195,7 @@ struct qwen35_cuda {
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
     int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows (0 with batch_invariant) */
-    bool dense_resident;  /* the dense path's F16 copies resident (decided before the state is
-                             sized, taken when the plan has a dense path) */
+    fc_dense dense;
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
@@ -212,6 +223,18 @@ void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
 void fc_kv_release(qwen35_cuda *e, int slot);
 void fc_kv_init(qwen35_cuda *e); /* every block free, the pad slot's one taken */
+/* forward_cuda_dense.c: the resident F16 copies' bytes; whether they stay resident (wanted:
+ * the options ask for a dense path; at most half of the free memory), before the state is
+ * sized; the first dense bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace
+ * in the activations; cuBLAS opened (none: no dense path, said in the log) and the resident
+ * copies uploaded, before capture; the resident copy of m, or NULL (dequantise per pass). */
+uint64_t fc_dense_bytes(const qwen35_cuda *e);
+int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st);
+void fc_dense_plan(qwen35_cuda *e);
+void fc_dense_layout(qwen35_cuda *e, fc_arena *a);
+int fc_dense_open(qwen35_cuda *e, status *st);
+const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);
+void fc_dense_destroy(qwen35_cuda *e);
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
@@ -224,11 +247,6 @@ void fc_record_head(qwen35_cuda *e, int nh);
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
 int fc_batch_capture(qwen35_cuda *e, status *st);
-/* The dense path's resident F16 copies: their bytes; uploaded (dequantised on the device) when
- * e->dense_resident and the plan has a dense path; the copy of m, or NULL. */
-uint64_t fc_dense_bytes(const qwen35_cuda *e);
-int fc_dense_upload(qwen35_cuda *e, status *st);
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);   /* the bucket graphs */
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);

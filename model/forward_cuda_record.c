@@ -155,21 +155,22 @@ static void recb_x_half(qwen35_cuda *e, const float *x, int64_t ld, int64_t n, i
     if (e->b.half_x) gemm_x_half(x, ld, n, e->b.d_xh, nb, &e->launch);
 }
 
-/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense_from rows for the quantised
+/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense.from rows for the quantised
  * types, else the quantised GEMM; either reads x's F16 rows d_xh when the type does */
 static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int64_t ld_x,
                       float *y, int64_t ld_y, gemv_epilogue ep, int nb)
 {
     fc_batch *b = &e->b;
-    if (b->blas && nb >= b->dense_from && gemm_reads_half(m->type)) {
+    fc_dense *d = &e->dense;
+    if (d->blas && nb >= d->from && gemm_reads_half(m->type)) {
         DS_ASSERT(ep == GEMV_STORE || ep == GEMV_ADD);
         status st;
         const uint16_t *w16 = fc_dense_weights(e, m); /* resident, or dequantised now */
-        if (!w16) gemm_dequant_half(m, b->d_w16, &e->launch);
-        if (blas_gemm_f16(b->blas, m->n_out, nb, m->n_in, w16 ? w16 : b->d_w16, gemm_dense_ld(m), b->d_xh,
-                          m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
+        if (!w16) gemm_dequant_half(m, d->d_w16, &e->launch);
+        if (blas_gemm_f16(d->blas, m->n_out, nb, m->n_in, w16 ? w16 : d->d_w16, gemm_dense_ld(m),
+                          b->d_xh, m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
             LOG_ERROR("cuda: %s", st.msg);
-            b->dense_failed = 1;
+            d->failed = 1;
         }
         return;
     }
