@@ -112,7 +112,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     if (e->b.rows) {
         const size_t off = (8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 7) & ~(size_t)7;
         e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
-        e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
+        e->b.h_stage = (int32_t *)(e->b.h_best + e->max_rows);
     }
     const uintptr_t table_at = (uintptr_t)e->h_pinned + pinned - table_bytes - 16;
     blk->table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */

@@ -15,7 +15,7 @@
  * lm_head runs in a third graph, on the rows whose logits are read only (a run's sampled last
  * row, eval rows), gathered by the final norm: a prompt chunk's other rows cost no
  * vocabulary-wide GEMM. Before each pass one host-to-device copy stages its tokens, slots,
- * positions, runs, long runs, tiled rows and lm_head rows (FC_STAGE_INTS); after it, the argmax
+ * positions, runs, long runs, tiled rows and lm_head rows (fc_stage); after it, the argmax
  * keys of the lm_head rows come back (8 bytes each), each run's last row is sampled when asked,
  * eval rows copy their logits. Each pass has its own pinned staging, so the whole step still
  * costs one host sync.
@@ -107,24 +107,25 @@ static int64_t work_floats(const qwen35_cuda *e, int R)
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
 {
     fc_batch *b = &e->b;
+    fc_batch_act *x = &b->act;
     const qwen35_config *c = &e->cfg;
     if (!b->rows) return;
     const int64_t R = b->rows, D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
     const uint64_t before = a->used;
-    b->d_x = fc_arena_take(a, R * c->H * 4);
-    b->d_h = fc_arena_take(a, R * c->H * 4);
-    b->d_proj = fc_arena_take(a, R * b->ld_proj * 4);
-    b->d_o = fc_arena_take(a, R * D_v * 4);
-    b->d_y = fc_arena_take(a, R * b->ld_y * 4);
-    b->d_gu = fc_arena_take(a, R * 2 * (int64_t)c->F * 4);
-    b->d_ffn = fc_arena_take(a, R * (int64_t)c->F * 4);
-    b->d_q = fc_arena_take(a, R * HA * 4);
-    b->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
-    b->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
-    b->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
+    x->d_x = fc_arena_take(a, R * c->H * 4);
+    x->d_h = fc_arena_take(a, R * c->H * 4);
+    x->d_proj = fc_arena_take(a, R * b->ld_proj * 4);
+    x->d_o = fc_arena_take(a, R * D_v * 4);
+    x->d_y = fc_arena_take(a, R * b->ld_y * 4);
+    x->d_gu = fc_arena_take(a, R * 2 * (int64_t)c->F * 4);
+    x->d_ffn = fc_arena_take(a, R * (int64_t)c->F * 4);
+    x->d_q = fc_arena_take(a, R * HA * 4);
+    x->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
+    x->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
+    x->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
     int64_t xw = c->H > c->F ? c->H : c->F;
     xw = xw > b->ld_y ? xw : b->ld_y;
-    b->d_xh = fc_arena_take(a, R * xw * 2);
+    x->d_xh = fc_arena_take(a, R * xw * 2);
     b->half_x = gemm_reads_half(e->w.head.type);
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
@@ -132,10 +133,11 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
-    b->d_rows = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
-    b->d_best = fc_arena_take(a, R * 8);
+    int32_t *d_stage = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
+    for (int k = 0; k < b->n_buckets; k++) b->stage[k] = fc_stage_at(d_stage, b->rows, b->bucket[k]);
+    x->d_best = fc_arena_take(a, R * 8);
     if (b->chunked && c->n_gdn_layers > 0)
-        b->d_gdn_scratch =
+        x->d_gdn_scratch =
             fc_arena_take(a, gdn_chunk_scratch_floats(c->n_v, c->d_k, c->d_v, (int)R,
                                                       FC_LONG_RUN_ROWS) * 4);
     fc_dense_layout(e, a);
@@ -151,18 +153,19 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     if (fc_dense_open(e, st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
-    for (int i = 0; i < b->n_buckets && !rc; i++) {
+    for (int k = 0; k < b->n_buckets && !rc; k++) {
+        const fc_stage *s = &b->stage[k];
         rc = cuda_graph_capture_begin(e->launch.stream, st);
-        if (!rc) fc_record_batch(e, b->bucket[i], false);
-        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph[i], NULL, st);
-        if (!rc && b->chunked && b->bucket[i] > 1) {
+        if (!rc) fc_record_batch(e, s, false);
+        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.body[k], NULL, st);
+        if (!rc && b->chunked && s->nb > 1) {
             rc = cuda_graph_capture_begin(e->launch.stream, st);
-            if (!rc) fc_record_batch(e, b->bucket[i], true);
-            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph_pf[i], NULL, st);
+            if (!rc) fc_record_batch(e, s, true);
+            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.prefill[k], NULL, st);
         }
         if (!rc) rc = cuda_graph_capture_begin(e->launch.stream, st);
-        if (!rc) fc_record_head(e, b->bucket[i]);
-        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->head[i], NULL, st);
+        if (!rc) fc_record_head(e, s);
+        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.head[k], NULL, st);
     }
     e->launch.pdl = false;
     if (!rc) rc = cuda_check("batched graph capture", st);
@@ -171,42 +174,43 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
 
 void fc_batch_destroy(qwen35_cuda *e)
 {
-    for (int i = 0; i < e->b.n_buckets; i++) {
-        cuda_graph_exec_destroy(e->b.graph[i]);
-        cuda_graph_exec_destroy(e->b.graph_pf[i]);
-        cuda_graph_exec_destroy(e->b.head[i]);
+    for (int k = 0; k < e->b.n_buckets; k++) {
+        cuda_graph_exec_destroy(e->b.g.body[k]);
+        cuda_graph_exec_destroy(e->b.g.prefill[k]);
+        cuda_graph_exec_destroy(e->b.g.head[k]);
     }
 }
 
-/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged through
- * the pass's pinned h_rows (fc_batch.d_rows' layout), the body graph of the smallest bucket >= n,
- * then, when
- * some row's logits are read, the lm_head graph of the smallest bucket >= those rows; their
- * argmax keys back into h_best[0 ..), head[i] = row i's lm_head row (-1: none). Each row's
- * bookkeeping, logits copy and sampler are enqueued behind the graphs. */
-static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_rows,
+/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged in
+ * h_stage (one pass's staging buffer) and copied to the device in one piece, the body graph of
+ * the smallest bucket >= n, then, when some row's logits are read, the lm_head graph of the
+ * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
+ * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
+ * the graphs. */
+static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_stage,
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
     const int V = e->cfg.V;
     fc_pass_info in;
-    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_rows, head, &in);
+    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_stage, head,
+                  &in);
     const int k = in.k, kh = in.kh, nh = in.nh;
     const size_t staged = (size_t)in.staged_ints * 4;
-    cuda_copy_h2d_async(b->d_rows, h_rows, staged, e->launch.stream);
+    cuda_copy_h2d_async(b->stage[k].head_rows, h_stage, staged, e->launch.stream);
     /* passes with prompt chunks take the graph with their kernels; decode rows the other */
-    cuda_graph_exec body = b->chunked && in.n_long > 0 ? b->graph_pf[k] : b->graph[k];
+    cuda_graph_exec body = b->chunked && in.n_long > 0 ? b->g.prefill[k] : b->g.body[k];
     if (cuda_graph_launch(body, e->launch.stream) ||
-        (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
+        (nh && cuda_graph_launch(b->g.head[kh], e->launch.stream)))
         return cuda_check("cudaGraphLaunch (batch)", st);
-    if (nh) cuda_copy_d2h_async(h_best, b->d_best, (size_t)nh * 8, e->launch.stream);
+    if (nh) cuda_copy_d2h_async(h_best, b->act.d_best, (size_t)nh * 8, e->launch.stream);
     e->stats.graph_launches += 1 + (nh > 0);
     e->stats.h2d_bytes += staged;
     e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
         qwen35_cuda_row *r = &rows[j];
         fc_slot *sl = &e->slots[r->slot];
-        const float *d_logits = b->d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
+        const float *d_logits = b->act.d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
         sl->n_past++;
         sl->chain_ok = false;
         e->stats.tokens++;
@@ -229,7 +233,7 @@ int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
     for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
         DS_ASSERT(p < b->max_passes);
-        if (run_pass(e, rows + i, m, b->h_rows + (size_t)p * FC_STAGE_INTS(b->rows),
+        if (run_pass(e, rows + i, m, b->h_stage + (size_t)p * FC_STAGE_INTS(b->rows),
                      b->h_best + i, head + i, st))
             return st->code;
     }

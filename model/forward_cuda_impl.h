@@ -141,38 +141,43 @@ typedef struct fc_dense {
     int failed;             /* a dense GEMM could not be recorded (checked after capture) */
 } fc_dense;
 
-typedef struct fc_batch {
-    int rows;                         /* rows of the largest bucket; 0: no batched path */
-    int n_buckets;
-    int bucket[FC_MAX_BUCKETS];       /* ascending powers of two, the last = rows */
-    cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned: decode rows (runs of one row) */
-    cuda_graph_exec graph_pf[FC_MAX_BUCKETS]; /* owned, when chunked: passes with prompt chunks */
-    int64_t ld_proj, ld_y;
+/* A batched pass's activations on the device, [rows][ld] (rows: the largest bucket's). */
+typedef struct fc_batch_act {
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
-    float *d_work;                 /* the batched GEMM's split-K partials (gemm_work_floats) */
-    uint16_t *d_xh;                /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
-                                      (gemm_x_half), read by the quantised matrices */
-    bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
-    cuda_graph_exec head[FC_MAX_BUCKETS];  /* owned: the lm_head of a bucket of rows */
-    int32_t *d_rows;               /* [FC_STAGE_INTS(rows)]: the lm_head's rows [0, rows), then
-                                      a bucket of nb reads from rows: tokens [0, nb), slots
-                                      [nb, 2nb), positions [2nb, 3nb), the runs' first rows
-                                      [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs"), the
-                                      number of runs of two or more rows and their indices
-                                      [5nb, 6nb + 1) (gdn.h "Chunked runs"), and per row 1 when
-                                      attn_prefill_runs takes it [6nb + 1, 7nb + 1) */
-    bool chunked;                  /* runs of two or more rows (prompt chunks) by the chunked
-                                      delta rule (not batch invariant) */
-    bool attn_tiles;               /* and their attention by attn_prefill_runs (F16 cache) */
-    float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
-    unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
-    int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
-                                      staging */
-    int max_passes;                /* passes of a step of max_rows rows */
-    unsigned long long *h_best;    /* pinned [max_rows]: the step's argmax keys */
-    int64_t slot_stride;           /* bytes from one slot's state to the next */
+    float *d_work;              /* the batched GEMM's split-K partials (gemm_work_floats) */
+    uint16_t *d_xh;             /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
+                                   (gemm_x_half), read by the quantised matrices */
+    unsigned long long *d_best; /* [rows] argmax keys of the lm_head's rows */
+    float *d_gdn_scratch;       /* gdn_chunk_runs' scratch (chunked) */
+} fc_batch_act;
+
+/* The graphs of each bucket of rows (bucket[k]: index k). */
+typedef struct fc_batch_graphs {
+    cuda_graph_exec body[FC_MAX_BUCKETS];    /* owned: passes of decode rows (runs of one row) */
+    cuda_graph_exec prefill[FC_MAX_BUCKETS]; /* owned, when chunked: passes with prompt chunks */
+    cuda_graph_exec head[FC_MAX_BUCKETS];    /* owned: the lm_head of a bucket of rows */
+} fc_batch_graphs;
+
+typedef struct fc_batch {
+    /* the plan (fc_batch_plan) */
+    int rows;                   /* rows of the largest bucket; 0: no batched path */
+    int n_buckets;
+    int bucket[FC_MAX_BUCKETS]; /* ascending powers of two, the last = rows */
+    bool chunked;               /* runs of two or more rows (prompt chunks) by the chunked delta
+                                   rule (not batch invariant) */
+    bool attn_tiles;            /* and their attention by attn_prefill_runs (F16 cache) */
+    bool half_x;                /* some matrix reads act.d_xh (gemm_reads_half) */
+    int64_t ld_proj, ld_y;
+    int64_t slot_stride;        /* bytes from one slot's state to the next */
+    int max_passes;             /* passes of a step of max_rows rows */
+    char why_not[128];          /* why there is no batched path */
+    fc_batch_act act;
+    fc_stage stage[FC_MAX_BUCKETS]; /* device: each bucket's view of the one staging buffer the
+                                       graphs read (forward_cuda_host.h) */
+    fc_batch_graphs g;
+    int32_t *h_stage;           /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's staging */
+    unsigned long long *h_best; /* pinned [max_rows]: the step's argmax keys */
     uint64_t act_bytes;
-    char why_not[128];             /* why there is no batched path */
 } fc_batch;
 
 struct qwen35_cuda {
@@ -238,11 +243,11 @@ void fc_dense_destroy(qwen35_cuda *e);
 /* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
  * token, else the slot's previous argmax. */
 void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
-/* forward_cuda_record.c: the batched step of nb rows up to the last layer (prefill: with the
- * kernels of runs of two or more rows, fc_batch.chunked), and the lm_head of nh of its rows
- * (bucket graphs). */
-void fc_record_batch(qwen35_cuda *e, int nb, bool prefill);
-void fc_record_head(qwen35_cuda *e, int nh);
+/* forward_cuda_record.c: the batched step of a bucket of rows (their inputs: the bucket's
+ * staging view) up to the last layer (prefill: with the kernels of long runs,
+ * fc_batch.chunked), and the lm_head of the first s->nb rows of s->head_rows (bucket graphs). */
+void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill);
+void fc_record_head(qwen35_cuda *e, const fc_stage *s);
 /* forward_cuda_batch.c */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
@@ -250,11 +255,7 @@ int fc_batch_capture(qwen35_cuda *e, status *st);
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
-/* tensor parallel (forward_cuda_record.c): the residual matmuls' epilogue (rank 0 adds to x,
- * the others store their partial sums), the sum of n floats over the ranks (nothing without
- * tp), and whether this rank samples (rank 0) */
-gemv_epilogue fc_residual_ep(const qwen35_cuda *e);
-void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n);
+/* tensor parallel: whether this rank samples (rank 0) */
 static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
 /* forward_cuda_sample.c: one GPU sampler per slot, or (where the device cannot run it) host
  * samplers on e->h_logits, said once in the log; their release. */

@@ -1,6 +1,7 @@
 /* The CUDA forward's host-side pieces (model/forward_cuda_host.h), on the CPU:
+ *  - a batched pass's staging buffer: its named arrays back to back in one copy (fc_stage_at);
  *  - a batched pass's staged inputs for steps of decode rows, prompt chunks, both, eval rows and
- *    padding: every field of the layout checked against what the rows say;
+ *    padding: every array checked against what the rows say;
  *  - the paged KV cache's block allocator: growth by positions, exhaustion that takes nothing,
  *    release, every block owned once (a random workload of 2,000 operations). */
 #include <CUnit/Basic.h>
@@ -29,6 +30,28 @@ static int make_rows(qwen35_cuda_row *rows, const int (*runs)[3], int n_runs)
     return n;
 }
 
+/* fc_stage_at: every array of the bucket inside one staging buffer, none overlapping, the
+ * last ending at s.ints (the one copy a pass makes) */
+static void test_stage_at(void)
+{
+    int32_t buf[FC_STAGE_INTS(ROWS)];
+    for (int k = 0; k < N_BUCKETS; k++) {
+        const int nb = g_bucket[k];
+        const fc_stage s = fc_stage_at(buf, ROWS, nb);
+        const struct { const int32_t *at; int n; } arr[] = {
+            {s.head_rows, ROWS}, {s.tokens, nb}, {s.slots, nb}, {s.pos, nb}, {s.runs, nb},
+            {s.run_len, nb}, {s.long_runs, 1}, {s.long_idx, nb}, {s.tile_rows, nb},
+        };
+        const int32_t *at = buf; /* back to back, in this order */
+        for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
+            CU_ASSERT_PTR_EQUAL(arr[i].at, at);
+            at += arr[i].n;
+        }
+        CU_ASSERT_EQUAL(at - buf, s.ints);
+        CU_ASSERT(s.ints <= FC_STAGE_INTS(ROWS));
+    }
+}
+
 /* the layout of fc_stage_pass for these rows, checked field by field */
 static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
 {
@@ -42,8 +65,13 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
     CU_ASSERT_EQUAL(in.nb, nb);
     CU_ASSERT_EQUAL(g_bucket[in.k], nb);
     CU_ASSERT_EQUAL(in.staged_ints, ROWS + 7 * nb + 1);
-    const int32_t *tok = stage + ROWS, *slot = tok + nb, *pos = tok + 2 * nb, *run = tok + 3 * nb;
-    const int32_t *lng = tok + 5 * nb, *skip = lng + 1 + nb;
+    const fc_stage s = fc_stage_at(stage, ROWS, nb);
+    CU_ASSERT_EQUAL(s.nb, nb);
+    CU_ASSERT_EQUAL(s.ints, in.staged_ints);
+    const int32_t *tok = s.tokens, *slot = s.slots, *pos = s.pos, *run = s.runs;
+    const int32_t *lng = s.long_runs, *skip = s.tile_rows;
+    CU_ASSERT_PTR_EQUAL(s.run_len, run + nb);     /* the kernels' [2][nb] runs */
+    CU_ASSERT_PTR_EQUAL(s.long_idx, lng + 1);     /* and their count-then-indices list */
     for (int j = 0; j < nb; j++) {
         CU_ASSERT_EQUAL(tok[j], j < n ? rows[j].token : 0);
         CU_ASSERT_EQUAL(slot[j], j < n ? rows[j].slot : PAD);
@@ -86,14 +114,14 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
         CU_ASSERT_EQUAL(head[j] >= 0, want);
         if (want) {
             CU_ASSERT_EQUAL(head[j], nh);
-            CU_ASSERT_EQUAL(stage[nh], j);
+            CU_ASSERT_EQUAL(s.head_rows[nh], j);
             nh++;
         }
     }
     CU_ASSERT_EQUAL(in.nh, nh);
     if (nh) {
         CU_ASSERT(g_bucket[in.kh] >= nh && (in.kh == 0 || g_bucket[in.kh - 1] < nh));
-        for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(stage[j], stage[0]);
+        for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(s.head_rows[j], s.head_rows[0]);
     }
 }
 
@@ -203,6 +231,7 @@ int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite("forward_cuda_host", NULL, NULL);
+    CU_add_test(s, "stage_at", test_stage_at);
     CU_add_test(s, "stage_pass", test_stage_pass);
     CU_add_test(s, "kv_blocks", test_kv_blocks);
     CU_basic_set_mode(CU_BRM_VERBOSE);
