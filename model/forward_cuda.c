@@ -78,6 +78,9 @@ static int capture_graphs(qwen35_cuda *e, status *st)
     }
 }
 
+/* The state and activation arenas (a sizing pass, then for real), the KV cache's block tables,
+ * the batched step's and the one-row step's pinned buffers; every slot and the pad slot
+ * cleared. */
 static int alloc_run_state(qwen35_cuda *e, status *st)
 {
     fc_arena sa = {0}, aa = {0};
@@ -85,42 +88,23 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
-    e->b.max_passes = e->b.rows ? (e->max_rows + e->b.rows - 1) / e->b.rows : 0;
-    const size_t batch_pinned =
-        e->b.rows ? 4 * (size_t)FC_STAGE_INTS(e->b.rows) * e->b.max_passes +
-                        8 * (size_t)e->max_rows
-                  : 0;
-    fc_kv_blocks *blk = &e->kv.blk;
-    blk->n_rows = e->n_slots + 1;
-    const size_t table_bytes = (size_t)blk->n_rows * blk->ld * 4;
-    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 +
-                          batch_pinned + table_bytes + 16;
-    blk->free_ids = malloc((size_t)blk->n_blocks * 4);
-    blk->held = calloc((size_t)blk->n_rows, sizeof *blk->held);
-    if (!blk->free_ids || !blk->held) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
-        cuda_alloc(&e->d_act, aa.used, "activations", st) ||
-        cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
+        cuda_alloc(&e->d_act, aa.used, "activations", st))
         return st->code;
     sa = (fc_arena){e->d_state, 0, e->state_bytes};
     aa = (fc_arena){e->d_act, 0, e->act_bytes};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
+    if (fc_kv_alloc(e, st) || fc_batch_alloc_host(e, st) ||
+        cuda_host_alloc(&e->h_pinned, 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1),
+                        "pinned step buffers", st))
+        return st->code;
     unsigned long long *h_best = (unsigned long long *)e->h_pinned;
     e->h_stage = (int32_t *)(h_best + e->n_slots);
-    if (e->b.rows) {
-        const size_t off = (8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 7) & ~(size_t)7;
-        e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
-        e->b.h_stage = (int32_t *)(e->b.h_best + e->max_rows);
-    }
-    const uintptr_t table_at = (uintptr_t)e->h_pinned + pinned - table_bytes - 16;
-    blk->table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */
-    fc_kv_init(e);
-    if (cuda_upload(e->kv.d_table, blk->table, table_bytes, st)) return st->code;
+    for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
-    for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     if (cuda_memset(e->d_act, 0, e->act_bytes, st)) return st->code;
     for (int i = 0; i <= e->n_slots; i++) /* and the pad slot */
         if (fc_slot_clear(e, i, st)) return st->code;
@@ -137,7 +121,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
  * context, as a contiguous cache would. */
 static int size_state(qwen35_cuda *e, status *st)
 {
-    fc_kv_blocks *kv = &e->kv.blk;
+    fc_kv *kv = &e->kv;
     kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
     const qwen35_config *c = &e->cfg;
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
@@ -224,7 +208,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots of up to %d positions, KV "
              "%s in %d blocks of %d), scratch %.1f MB", e->props.name, e->w.bytes / 1e9,
              e->state_bytes / 1e9, e->n_slots, e->n_ctx,
-             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
+             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
     if (fc_samplers_create(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
     if (e->dense.failed) {
@@ -275,8 +259,7 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
     fc_dense_destroy(e);
     free(e->slots);
     free(e->h_ids);
-    free(e->kv.blk.free_ids);
-    free(e->kv.blk.held);
+    fc_kv_destroy(e);
     cuda_free(e->w.d_arena);
     cuda_free(e->d_state);
     cuda_free(e->d_act);
@@ -303,12 +286,21 @@ void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
 int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions)
 {
     if (block_positions) *block_positions = ATTN_KV_BLOCK;
-    return e->kv.blk.n_blocks - 1;
+    return e->kv.n_blocks - 1;
 }
 
 int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
 int qwen35_cuda_max_rows(const qwen35_cuda *e) { return e->max_rows; }
 int qwen35_cuda_pass_rows(const qwen35_cuda *e) { return e->b.rows; }
+
+int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
+{
+    if (slot < 0 || slot >= e->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
+    if (n_past < 0 || n_past >= e->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
+    return fc_slot_fill(e, slot, n_past, st);
+}
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
 {

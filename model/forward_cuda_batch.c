@@ -144,6 +144,19 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     b->act_bytes = a->used - before;
 }
 
+int fc_batch_alloc_host(qwen35_cuda *e, status *st)
+{
+    fc_batch *b = &e->b;
+    if (!b->rows) return STATUS_OK;
+    b->max_passes = (e->max_rows + b->rows - 1) / b->rows;
+    const size_t bytes =
+        8 * (size_t)e->max_rows + 4 * (size_t)FC_STAGE_INTS(b->rows) * b->max_passes;
+    if (cuda_host_alloc(&b->h_pinned, bytes, "pinned batched step buffers", st)) return st->code;
+    b->h_best = b->h_pinned;
+    b->h_stage = (int32_t *)(b->h_best + e->max_rows);
+    return STATUS_OK;
+}
+
 int fc_batch_capture(qwen35_cuda *e, status *st)
 {
     fc_batch *b = &e->b;
@@ -179,6 +192,7 @@ void fc_batch_destroy(qwen35_cuda *e)
         cuda_graph_exec_destroy(e->b.g.prefill[k]);
         cuda_graph_exec_destroy(e->b.g.head[k]);
     }
+    cuda_host_free(e->b.h_pinned);
 }
 
 /* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged in

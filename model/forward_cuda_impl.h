@@ -88,13 +88,17 @@ typedef struct fc_slot {
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
  * block table row per slot; blocks taken as a sequence grows (the step), returned when it
- * ends. Host-side bookkeeping is the engine thread's (the forward's one caller). */
+ * ends. The host's bookkeeping is forward_cuda_state.c's alone (fc_kv_*), the engine thread's
+ * (the forward's one caller); the graphs read the device fields. */
 typedef struct fc_kv {
     void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
     uint64_t layer_bytes; /* one layer's pool of K (or V) */
-    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device (the pad slot's row: block 0) */
+    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device: the host tables' mirror (the
+                             pad slot's row: one block) */
+    int ld;               /* table entries per slot: n_ctx positions */
+    int n_blocks;         /* blocks in the pool, the pad slot's one included */
     fc_kv_blocks blk;     /* the host's allocator: table pinned (mirrored to d_table), free_ids
-                             and held owned; blk.n_blocks blocks, blk.ld of n_ctx positions */
+                             and held owned */
 } fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */
@@ -175,8 +179,9 @@ typedef struct fc_batch {
     fc_stage stage[FC_MAX_BUCKETS]; /* device: each bucket's view of the one staging buffer the
                                        graphs read (forward_cuda_host.h) */
     fc_batch_graphs g;
-    int32_t *h_stage;           /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's staging */
+    void *h_pinned;             /* owned: h_best, then h_stage */
     unsigned long long *h_best; /* pinned [max_rows]: the step's argmax keys */
+    int32_t *h_stage;           /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's staging */
     uint64_t act_bytes;
 } fc_batch;
 
@@ -202,7 +207,7 @@ struct qwen35_cuda {
     int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows (0 with batch_invariant) */
     fc_dense dense;
     fc_act a;
-    void *h_pinned;   /* owned: each slot's h_best, then h_stage */
+    void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's) */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
@@ -221,13 +226,19 @@ int fc_weights_upload(qwen35_cuda *e, status *st);
 void fc_state_layout(qwen35_cuda *e, fc_arena *a);
 void fc_act_layout(qwen35_cuda *e, fc_arena *a);
 int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
-/* KV blocks: the pools' layer base, the slot's table row; blocks for positions up to `last` of
- * the slot (STATUS_EXHAUSTED when the pool is empty; new table entries copied to the device on
- * the stream); the slot's blocks back to the pool. */
+/* qwen35_cuda_fill's work (slot and n_past valid): blocks for positions 0 .. n_past holding a
+ * constant finite pattern, the slot at position n_past. */
+int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st);
+/* KV blocks: the host's block tables for e->kv (ld, n_blocks) after the state's layout, every
+ * block free but the pad slot's one, mirrored to d_table; their release; the pools' layer base;
+ * blocks for positions up to `last` of the slot (STATUS_EXHAUSTED, nothing taken, when too few
+ * are free; new table entries copied to the device on the stream); the slot's blocks back to
+ * the pool. */
+int fc_kv_alloc(qwen35_cuda *e, status *st);
+void fc_kv_destroy(qwen35_cuda *e);
 void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
 void fc_kv_release(qwen35_cuda *e, int slot);
-void fc_kv_init(qwen35_cuda *e); /* every block free, the pad slot's one taken */
 /* forward_cuda_dense.c: the resident F16 copies' bytes; whether they stay resident (wanted:
  * the options ask for a dense path; at most half of the free memory), before the state is
  * sized; the first dense bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace
@@ -251,6 +262,7 @@ void fc_record_head(qwen35_cuda *e, const fc_stage *s);
 /* forward_cuda_batch.c */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
+int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and argmax keys */
 int fc_batch_capture(qwen35_cuda *e, status *st);
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */

@@ -83,7 +83,7 @@ static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
     void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
-    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.blk.ld; /* its row */
+    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.ld; /* its row */
     rec_in_proj(e, L, NULL);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
@@ -225,7 +225,7 @@ static void recb_attn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool
     void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
     void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
     const int32_t *table = e->kv.d_table;
-    const int ld = e->kv.blk.ld;
+    const int ld = e->kv.ld;
     recb_in_proj(e, L, nb);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep_rows(qg, k, v, b->ld_proj, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h,

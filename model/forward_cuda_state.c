@@ -1,11 +1,12 @@
 /* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, device
  * position and argmax word, the KV cache's block pools (F16 or F32, e->kv_type) and block table
- * in one arena; the activations one row uses (shared by
- * every slot: rows run one after another) in another. Laid out by a sizing pass (NULL base),
- * then for real. */
-#include "model/forward_cuda_impl.h"
+ * in one arena; the activations one row uses (shared by every slot: rows run one after another)
+ * in another. Laid out by a sizing pass (NULL base), then for real. The host's KV block tables
+ * (which block holds which positions of a slot) are kept here alone, behind fc_kv_*. */
+#include <stdlib.h>
 
 #include "kernels/cuda/attn.h"
+#include "model/forward_cuda_impl.h"
 
 /* one block of one layer's K (or V) pool */
 static uint64_t kv_block_bytes(const qwen35_cuda *e)
@@ -25,10 +26,10 @@ void fc_state_layout(qwen35_cuda *e, fc_arena *a)
         sl->d_best = fc_arena_take(a, 8);
     }
     fc_kv *kv = &e->kv;
-    kv->layer_bytes = (uint64_t)kv->blk.n_blocks * kv_block_bytes(e);
+    kv->layer_bytes = (uint64_t)kv->n_blocks * kv_block_bytes(e);
     kv->d_k = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
     kv->d_v = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
-    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->blk.ld * 4);
+    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
 }
 
 void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
@@ -36,9 +37,38 @@ void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
     return (uint8_t *)pool + (uint64_t)kind_index * e->kv.layer_bytes;
 }
 
-void fc_kv_init(qwen35_cuda *e)
+/* ---- the block tables: the host's allocator (forward_cuda_host.h) behind these functions ---- */
+
+/* slot's table row (host), its first kv_held entries valid */
+static const int32_t *kv_table(const qwen35_cuda *e, int slot)
 {
-    fc_kv_blocks_reset(&e->kv.blk, e->n_slots); /* the pad slot holds block 0 */
+    return e->kv.blk.table + (size_t)slot * e->kv.blk.ld;
+}
+
+static int kv_held(const qwen35_cuda *e, int slot) { return e->kv.blk.held[slot]; }
+
+int fc_kv_alloc(qwen35_cuda *e, status *st)
+{
+    fc_kv_blocks *blk = &e->kv.blk;
+    blk->n_rows = e->n_slots + 1;
+    blk->ld = e->kv.ld;
+    blk->n_blocks = e->kv.n_blocks;
+    const size_t table_bytes = (size_t)blk->n_rows * blk->ld * 4;
+    blk->free_ids = malloc((size_t)blk->n_blocks * 4);
+    blk->held = calloc((size_t)blk->n_rows, sizeof *blk->held);
+    if (!blk->free_ids || !blk->held) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
+    void *table;
+    if (cuda_host_alloc(&table, table_bytes, "KV block table", st)) return st->code;
+    blk->table = table;
+    fc_kv_blocks_reset(blk, e->n_slots); /* the pad slot holds block 0 */
+    return cuda_upload(e->kv.d_table, blk->table, table_bytes, st);
+}
+
+void fc_kv_destroy(qwen35_cuda *e)
+{
+    free(e->kv.blk.free_ids);
+    free(e->kv.blk.held);
+    cuda_host_free(e->kv.blk.table);
 }
 
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
@@ -100,21 +130,17 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st)
     return STATUS_OK;
 }
 
-int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
+int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st)
 {
-    if (slot < 0 || slot >= e->n_slots)
-        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    if (n_past < 0 || n_past >= e->n_ctx)
-        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
     fc_slot *sl = &e->slots[slot];
     /* blocks for positions 0 .. n_past (the next token's too), holding finite values, which
      * do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32 2.45e-12 (exponent 0x58:
      * normal, not a NaN or infinity) */
     fc_kv_release(e, slot);
     if (fc_kv_grow(e, slot, n_past, st)) return st->code;
-    const int32_t *row = e->kv.blk.table + (size_t)slot * e->kv.blk.ld;
+    const int32_t *row = kv_table(e, slot);
     for (int il = 0; il < e->cfg.n_attn_layers; il++)
-        for (int b = 0; b < e->kv.blk.held[slot]; b++) {
+        for (int b = 0; b < kv_held(e, slot); b++) {
             const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
             if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
                             kv_block_bytes(e), st) ||
