@@ -1,8 +1,6 @@
-/* Host-side pieces of the CUDA forward: a batched pass's staged inputs and the KV block
- * allocator (forward_cuda_host.h). */
+/* Host-side pieces of the CUDA forward: a batched pass's staged inputs and the KV block tables'
+ * device mirror (forward_cuda_host.h). */
 #include "model/forward_cuda_host.h"
-
-#include <string.h>
 
 #include "common/status.h"
 
@@ -71,30 +69,11 @@ void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_
                            .kh = kh, .staged_ints = s.ints};
 }
 
-void fc_kv_blocks_reset(fc_kv_blocks *k, int reserved)
+void fc_kv_mirror_sync(const kv_pool *p, int seq, fc_kv_mirror *m, int *from, int *to)
 {
-    k->n_free = 0;
-    for (int b = k->n_blocks - 1; b >= 1; b--) k->free_ids[k->n_free++] = b; /* 1 on top */
-    memset(k->table, 0, (size_t)k->n_rows * k->ld * sizeof *k->table);
-    for (int r = 0; r < k->n_rows; r++) k->held[r] = 0;
-    k->held[reserved] = 1;
-}
-
-int fc_kv_blocks_grow(fc_kv_blocks *k, int row, int last, int block_positions)
-{
-    const int need = last / block_positions + 1, first = k->held[row];
-    DS_ASSERT(row >= 0 && row < k->n_rows && last >= 0 && need <= k->ld);
-    if (need <= first) return 0;
-    if (need - first > k->n_free) return -1;
-    int32_t *t = k->table + (size_t)row * k->ld;
-    for (int b = first; b < need; b++) t[b] = k->free_ids[--k->n_free];
-    k->held[row] = need;
-    return need - first;
-}
-
-void fc_kv_blocks_release(fc_kv_blocks *k, int row)
-{
-    const int32_t *t = k->table + (size_t)row * k->ld;
-    for (int b = k->held[row] - 1; b >= 0; b--) k->free_ids[k->n_free++] = t[b];
-    k->held[row] = 0;
+    const uint32_t version = kv_pool_version(p, seq);
+    *from = version == m->version && m->held <= kv_pool_held(p, seq) ? m->held : 0;
+    *to = kv_pool_held(p, seq);
+    m->held = *to;
+    m->version = version;
 }

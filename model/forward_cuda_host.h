@@ -1,7 +1,7 @@
 /* Host-side pieces of the CUDA forward that touch no device (plain C, tested on the CPU by
- * tests/model/forward_cuda_host_test.c): the staged inputs of a batched pass and the paged KV
- * cache's block allocator. forward_cuda_batch.c and forward_cuda_state.c copy what they produce
- * to the device. */
+ * tests/model/forward_cuda_host_test.c): the staged inputs of a batched pass and which entries
+ * of the KV block tables the device lacks. forward_cuda_batch.c and forward_cuda_state.c copy
+ * what they produce to the device. */
 #ifndef DS_MODEL_FORWARD_CUDA_HOST_H
 #define DS_MODEL_FORWARD_CUDA_HOST_H
 
@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "model/forward_cuda.h"
+#include "model/kv_pool.h"
 
 /* ---- a batched pass's staged inputs (forward_cuda_impl.h fc_batch.stage) ----
  * A pass of n rows runs the bucket of nb >= n rows (rows: the largest bucket). Its inputs lie
@@ -59,23 +60,18 @@ typedef struct fc_pass_info {
 void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
                    int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info);
 
-/* ---- the paged KV cache's blocks (kernels/cuda/attn.h "KV blocks") ----
- * n_rows table rows (the slots and the pad slot) of ld blocks; block ids in [0, n_blocks), a
- * stack of the free ones. */
-typedef struct fc_kv_blocks {
-    int32_t *table;    /* [n_rows][ld]: row r's blocks, its first held[r] entries valid */
-    int32_t *free_ids; /* [n_blocks]: the free blocks, a stack of n_free */
-    int *held;         /* [n_rows] */
-    int n_rows, ld, n_blocks, n_free;
-} fc_kv_blocks;
+/* ---- the KV block tables' device mirror (kernels/cuda/attn.h "KV blocks") ----
+ * The block tables are model/kv_pool.h's; the forward keeps a device copy of each slot's table
+ * for its kernels. A mirror holds the first `held` entries of the table as it stood at
+ * `version` (kv_pool_version). */
+typedef struct fc_kv_mirror {
+    int held;
+    uint32_t version;
+} fc_kv_mirror;
 
-/* Every block free but block 0, which row `reserved` holds (the pad slot: its rows all sit at
- * position 0); every table entry 0. */
-void fc_kv_blocks_reset(fc_kv_blocks *k, int reserved);
-/* Blocks for row's positions up to `last` (< ld * block positions): the blocks taken, new
- * entries at table[row][held before ..]; -1 (nothing taken) when too few are free. */
-int fc_kv_blocks_grow(fc_kv_blocks *k, int row, int last, int block_positions);
-/* Row's blocks back to the stack. */
-void fc_kv_blocks_release(fc_kv_blocks *k, int row);
+/* The entries of seq's table the mirror lacks, [*from, *to): the appended ones while the
+ * table's version is the mirror's, else the whole table (it was released or shared since);
+ * the mirror then holds them (the caller copies them). *from == *to: nothing to copy. */
+void fc_kv_mirror_sync(const kv_pool *p, int seq, fc_kv_mirror *m, int *from, int *to);
 
 #endif

@@ -17,6 +17,7 @@
 #include "kernels/cuda/sample.h"
 #include "model/forward_cuda.h"
 #include "model/forward_cuda_host.h"
+#include "model/kv_pool.h"
 #include "model/qwen35.h"
 #include "model/sampler.h"
 
@@ -87,9 +88,9 @@ typedef struct fc_slot {
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
- * block table row per slot; blocks taken as a sequence grows (the step), returned when it
- * ends. The host's bookkeeping is forward_cuda_state.c's alone (fc_kv_*), the engine thread's
- * (the forward's one caller); the graphs read the device fields. */
+ * block table row per slot (model/kv_pool.h); blocks taken as a sequence grows (the step),
+ * returned when it ends. The host's bookkeeping is forward_cuda_state.c's alone (fc_kv_*), on
+ * the engine thread (the forward's one caller); the graphs read the device fields. */
 typedef struct fc_kv {
     void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
     uint64_t layer_bytes; /* one layer's pool of K (or V) */
@@ -97,8 +98,9 @@ typedef struct fc_kv {
                              pad slot's row: one block) */
     int ld;               /* table entries per slot: n_ctx positions */
     int n_blocks;         /* blocks in the pool, the pad slot's one included */
-    fc_kv_blocks blk;     /* the host's allocator: table pinned (mirrored to d_table), free_ids
-                             and held owned */
+    kv_pool *pool;        /* owned: the tables (sequence n_slots: the pad slot), in h_table */
+    int32_t *h_table;     /* owned, pinned [n_slots + 1][ld] */
+    fc_kv_mirror *mirror; /* owned [n_slots + 1]: what d_table holds of each table */
 } fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */

@@ -37,57 +37,57 @@ void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
     return (uint8_t *)pool + (uint64_t)kind_index * e->kv.layer_bytes;
 }
 
-/* ---- the block tables: the host's allocator (forward_cuda_host.h) behind these functions ---- */
-
-/* slot's table row (host), its first kv_held entries valid */
-static const int32_t *kv_table(const qwen35_cuda *e, int slot)
-{
-    return e->kv.blk.table + (size_t)slot * e->kv.blk.ld;
-}
-
-static int kv_held(const qwen35_cuda *e, int slot) { return e->kv.blk.held[slot]; }
+/* ---- the block tables: model/kv_pool.h's, mirrored to d_table ---- */
 
 int fc_kv_alloc(qwen35_cuda *e, status *st)
 {
-    fc_kv_blocks *blk = &e->kv.blk;
-    blk->n_rows = e->n_slots + 1;
-    blk->ld = e->kv.ld;
-    blk->n_blocks = e->kv.n_blocks;
-    const size_t table_bytes = (size_t)blk->n_rows * blk->ld * 4;
-    blk->free_ids = malloc((size_t)blk->n_blocks * 4);
-    blk->held = calloc((size_t)blk->n_rows, sizeof *blk->held);
-    if (!blk->free_ids || !blk->held) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
+    fc_kv *kv = &e->kv;
+    const int n_rows = e->n_slots + 1; /* and the pad slot */
+    const size_t table_bytes = (size_t)n_rows * kv->ld * 4;
     void *table;
     if (cuda_host_alloc(&table, table_bytes, "KV block table", st)) return st->code;
-    blk->table = table;
-    fc_kv_blocks_reset(blk, e->n_slots); /* the pad slot holds block 0 */
-    return cuda_upload(e->kv.d_table, blk->table, table_bytes, st);
+    kv->h_table = table;
+    kv->mirror = calloc((size_t)n_rows, sizeof *kv->mirror);
+    if (!kv->mirror) return status_fail(st, STATUS_NOMEM, "cuda: KV table mirrors");
+    const kv_pool_opts o = {.n_seqs = n_rows, .block_tokens = ATTN_KV_BLOCK,
+                            .n_blocks = kv->n_blocks, .max_blocks_per_seq = kv->ld,
+                            .table = kv->h_table};
+    /* the pad slot's rows all sit at position 0: one block, the pool's first */
+    if (kv_pool_create(&o, &kv->pool, st) || kv_pool_ensure(kv->pool, e->n_slots, 1, st))
+        return st->code;
+    for (int i = 0; i < n_rows; i++)
+        kv->mirror[i] = (fc_kv_mirror){kv_pool_held(kv->pool, i), kv_pool_version(kv->pool, i)};
+    return cuda_upload(kv->d_table, kv->h_table, table_bytes, st);
 }
 
 void fc_kv_destroy(qwen35_cuda *e)
 {
-    free(e->kv.blk.free_ids);
-    free(e->kv.blk.held);
-    cuda_host_free(e->kv.blk.table);
+    kv_pool_destroy(e->kv.pool);
+    free(e->kv.mirror);
+    cuda_host_free(e->kv.h_table);
 }
 
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
 {
-    fc_kv_blocks *k = &e->kv.blk;
-    const int first = k->held[slot], got = fc_kv_blocks_grow(k, slot, last, ATTN_KV_BLOCK);
-    if (got < 0)
-        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%d more blocks of %d "
-                           "positions needed, %d of %d free)", slot,
-                           last / ATTN_KV_BLOCK + 1 - first, ATTN_KV_BLOCK, k->n_free,
-                           k->n_blocks - 1);
-    if (!got) return STATUS_OK;
-    const size_t at = (size_t)slot * k->ld + first;
-    cuda_copy_h2d_async(e->kv.d_table + at, k->table + at, (size_t)got * 4, e->launch.stream);
-    e->stats.h2d_bytes += (uint64_t)got * 4;
+    fc_kv *kv = &e->kv;
+    const uint32_t need = kv_pool_need(kv->pool, slot, (int64_t)last + 1);
+    const uint32_t n_free = kv_pool_free_blocks(kv->pool);
+    if (need > n_free)
+        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%u more blocks of %d "
+                           "positions needed, %u of %d free)", slot, need, ATTN_KV_BLOCK, n_free,
+                           kv->n_blocks - 1);
+    if (need && kv_pool_ensure(kv->pool, slot, (int64_t)last + 1, st)) return st->code;
+    int from, to;
+    fc_kv_mirror_sync(kv->pool, slot, &kv->mirror[slot], &from, &to);
+    if (from == to) return STATUS_OK;
+    const size_t at = (size_t)slot * kv->ld + from;
+    cuda_copy_h2d_async(kv->d_table + at, kv->h_table + at, (size_t)(to - from) * 4,
+                        e->launch.stream);
+    e->stats.h2d_bytes += (uint64_t)(to - from) * 4;
     return STATUS_OK;
 }
 
-void fc_kv_release(qwen35_cuda *e, int slot) { fc_kv_blocks_release(&e->kv.blk, slot); }
+void fc_kv_release(qwen35_cuda *e, int slot) { kv_pool_release(e->kv.pool, slot); }
 
 void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
 {
@@ -138,9 +138,9 @@ int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st)
      * normal, not a NaN or infinity) */
     fc_kv_release(e, slot);
     if (fc_kv_grow(e, slot, n_past, st)) return st->code;
-    const int32_t *row = kv_table(e, slot);
+    const int32_t *row = kv_pool_table(e->kv.pool, slot);
     for (int il = 0; il < e->cfg.n_attn_layers; il++)
-        for (int b = 0; b < kv_held(e, slot); b++) {
+        for (int b = 0; b < kv_pool_held(e->kv.pool, slot); b++) {
             const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
             if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
                             kv_block_bytes(e), st) ||
