@@ -42,8 +42,8 @@ static attn_kv_type choose_kv_type(const qwen35_model *m)
 }
 
 /* Both graphs of every slot; with programmatic dependent launch where the device has it (a
- * capture that fails with it is retried without). H200 (BENCH.md run 7): PDL made the step 12% /
- * 6% / 1.3% faster on the 0.8B / 4B / 27B. */
+ * capture that fails with it is retried without). On the H200 PDL made the step 12% / 6% / 1.3%
+ * faster on the 0.8B / 4B / 27B. */
 static int capture_graphs(qwen35_cuda *e, status *st)
 {
     e->pdl = e->props.cc_major >= 9 && !e->tp; /* PDL edges and NCCL's kernels: not mixed */
