@@ -1,8 +1,15 @@
-/* Internals of the CUDA forward (model/forward_cuda.h), shared by its four files:
+/* Internals of the CUDA forward (model/forward_cuda.h), read one way down: each file calls only
+ * the files below it (tests/model:forward_cuda_layers_test fails on a call cycle).
+ *   forward_cuda_tp.c       tensor parallel: a thread per rank, each its own forward;
+ *   forward_cuda.c          create / destroy, sizing, the one-row graphs' capture, the step;
+ *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
+ *   forward_cuda_record.c   the graphs' contents, one function per sublayer of run_step;
+ *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
+ *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
+ *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and its block
+ *                           tables, the one-row step's activations;
  *   forward_cuda_weights.c  upload and packing of the weights into one arena;
- *   forward_cuda_state.c    slots (recurrent state, KV, position) and the step's activations;
- *   forward_cuda_record.c   one token recorded into a CUDA graph, one function per sublayer;
- *   forward_cuda.c          create / destroy, graph capture, the step and its sampling.
+ *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror.
  * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
 #ifndef DS_MODEL_FORWARD_CUDA_IMPL_H
 #define DS_MODEL_FORWARD_CUDA_IMPL_H
@@ -222,9 +229,59 @@ struct qwen35_cuda {
     qwen35_cuda_stats stats;
 };
 
-/* forward_cuda_weights.c: allocates e->w.d_arena and uploads every weight into it. */
-int fc_weights_upload(qwen35_cuda *e, status *st);
-/* forward_cuda_state.c */
+/* tensor parallel: whether this rank samples (rank 0) */
+static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
+
+/* ---- forward_cuda_batch.c ---- */
+void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
+void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
+int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and argmax keys */
+int fc_batch_capture(qwen35_cuda *e, status *st);
+void fc_batch_destroy(qwen35_cuda *e);
+/* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
+int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+
+/* ---- forward_cuda_record.c ----
+ * One token of slot sl; forced: the token is the step's next forced token, else the slot's
+ * previous argmax. */
+void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
+/* The batched step of a bucket of rows (their inputs: the bucket's staging view) up to the last
+ * layer (prefill: with the kernels of long runs, fc_batch.chunked), and the lm_head of the
+ * first s->nb rows of s->head_rows (bucket graphs). */
+void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill);
+void fc_record_head(qwen35_cuda *e, const fc_stage *s);
+
+/* ---- forward_cuda_sample.c ----
+ * One GPU sampler per slot, or (where the device cannot run it) host samplers on e->h_logits,
+ * said once in the log; their release. */
+int fc_samplers_create(qwen35_cuda *e, status *st);
+void fc_samplers_destroy(qwen35_cuda *e);
+/* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
+int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st);
+/* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
+ * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
+ * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
+int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+                  status *st);
+/* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
+ * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
+int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
+
+/* ---- forward_cuda_dense.c ----
+ * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a
+ * dense path; at most half of the free memory), before the state is sized; the first dense
+ * bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace in the activations;
+ * cuBLAS opened (none: no dense path, said in the log) and the resident copies uploaded, before
+ * capture; the resident copy of m, or NULL (dequantise per pass). */
+uint64_t fc_dense_bytes(const qwen35_cuda *e);
+int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st);
+void fc_dense_plan(qwen35_cuda *e);
+void fc_dense_layout(qwen35_cuda *e, fc_arena *a);
+int fc_dense_open(qwen35_cuda *e, status *st);
+const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);
+void fc_dense_destroy(qwen35_cuda *e);
+
+/* ---- forward_cuda_state.c ---- */
 void fc_state_layout(qwen35_cuda *e, fc_arena *a);
 void fc_act_layout(qwen35_cuda *e, fc_arena *a);
 int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
@@ -241,49 +298,9 @@ void fc_kv_destroy(qwen35_cuda *e);
 void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
 void fc_kv_release(qwen35_cuda *e, int slot);
-/* forward_cuda_dense.c: the resident F16 copies' bytes; whether they stay resident (wanted:
- * the options ask for a dense path; at most half of the free memory), before the state is
- * sized; the first dense bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace
- * in the activations; cuBLAS opened (none: no dense path, said in the log) and the resident
- * copies uploaded, before capture; the resident copy of m, or NULL (dequantise per pass). */
-uint64_t fc_dense_bytes(const qwen35_cuda *e);
-int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st);
-void fc_dense_plan(qwen35_cuda *e);
-void fc_dense_layout(qwen35_cuda *e, fc_arena *a);
-int fc_dense_open(qwen35_cuda *e, status *st);
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);
-void fc_dense_destroy(qwen35_cuda *e);
-/* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
- * token, else the slot's previous argmax. */
-void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
-/* forward_cuda_record.c: the batched step of a bucket of rows (their inputs: the bucket's
- * staging view) up to the last layer (prefill: with the kernels of long runs,
- * fc_batch.chunked), and the lm_head of the first s->nb rows of s->head_rows (bucket graphs). */
-void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill);
-void fc_record_head(qwen35_cuda *e, const fc_stage *s);
-/* forward_cuda_batch.c */
-void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
-void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
-int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and argmax keys */
-int fc_batch_capture(qwen35_cuda *e, status *st);
-void fc_batch_destroy(qwen35_cuda *e);
-/* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
-int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
-/* tensor parallel: whether this rank samples (rank 0) */
-static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
-/* forward_cuda_sample.c: one GPU sampler per slot, or (where the device cannot run it) host
- * samplers on e->h_logits, said once in the log; their release. */
-int fc_samplers_create(qwen35_cuda *e, status *st);
-void fc_samplers_destroy(qwen35_cuda *e);
-/* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
-int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st);
-/* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
- * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
- * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
-int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
-                  status *st);
-/* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
- * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
+
+/* ---- forward_cuda_weights.c ----
+ * Allocates e->w.d_arena and uploads every weight into it. */
+int fc_weights_upload(qwen35_cuda *e, status *st);
 
 #endif
