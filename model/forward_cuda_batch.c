@@ -134,7 +134,8 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
     int32_t *d_stage = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
-    for (int k = 0; k < b->n_buckets; k++) b->stage[k] = fc_stage_at(d_stage, b->rows, b->bucket[k]);
+    for (int k = 0; d_stage && k < b->n_buckets; k++) /* not in the sizing pass */
+        b->stage[k] = fc_stage_at(d_stage, b->rows, b->bucket[k]);
     x->d_best = fc_arena_take(a, R * 8);
     if (b->chunked && c->n_gdn_layers > 0)
         x->d_gdn_scratch =
