@@ -129,20 +129,6 @@ QUANT_AVX2 float quant_dot_avx2_q8_0(const void *row, const float *x, int64_t n)
  * and FMA'd with x. The 256-byte staging is per block and stays in L1; the bit twiddling at
  * byte width costs a quarter of doing it in 32-bit lanes. */
 
-/* The 12 packed scale bytes of Q4_K/Q5_K -> sc[0..7] in bytes 0..7, m[0..7] in bytes 8..15
- * (ggml's kmask trick; same result as get_scale_min_k4 for j = 0..7). */
-static inline void quant_unpack_k4_scales(const uint8_t *scales, uint8_t out[16]) {
-    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t uaux = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = uaux;
-    u[0] &= kmask1;
-    memcpy(out, u, 16);
-}
-
 /* sum of x over each 32-element sub-block: xs[j] = sum x[32j .. 32j+31], j < n/32. */
 QUANT_AVX2 static void quant_xsum32(const float *x, int64_t n, float *xs) {
     for (int64_t j = 0; j < n / 32; j++, x += 32) {

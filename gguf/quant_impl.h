@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gguf/quant.h"
 
@@ -16,6 +17,21 @@
 
 /* get_scale_min_k4 of ggml: 6-bit scale and min of sub-block j (0..7) from scales[12]. */
 void quant_scale_min_k4(int j, const uint8_t *scales, uint8_t *sc, uint8_t *m);
+
+/* The 12 packed scale bytes of Q4_K/Q5_K -> sc[0..7] in bytes 0..7, m[0..7] in bytes 8..15, all
+ * eight sub-blocks at once (ggml's kmask trick; equals quant_scale_min_k4 for j = 0..7): the
+ * AVX2 dots' unpacking. */
+static inline void quant_unpack_k4_scales(const uint8_t *scales, uint8_t out[16]) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = uaux;
+    u[0] &= kmask1;
+    memcpy(out, u, 16);
+}
 
 /* quant_quantize.c */
 void quant_quantize_f32(const float *src, void *dst, int64_t n);

@@ -206,20 +206,6 @@ QUANT_Q8_INLINE void quant_q8_0_cols(const block_q8_0 *w, const uint8_t *xq, uin
 
 /* ---- Q4_K / Q5_K x Q8_K ----------------------------------------------------------------- */
 
-/* The 12 packed scale bytes -> sc[0..7] in bytes 0..7, m[0..7] in bytes 8..15 (ggml's kmask
- * unpacking; equals quant_scale_min_k4 for j = 0..7). */
-static inline void quant_q8_unpack_k4_scales(const uint8_t *scales, uint8_t out[16]) {
-    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t uaux = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = uaux;
-    u[0] &= kmask1;
-    memcpy(out, u, 16);
-}
-
 /* Shuffle mask broadcasting int16 lane s (0..7) of each 128-bit half to all its lanes. */
 QUANT_AVX2 static inline __m256i quant_q8_bcast16_mask(int s) {
     return _mm256_set1_epi16((short)((2 * s) | ((2 * s + 1) << 8)));
@@ -242,7 +228,7 @@ QUANT_Q8_INLINE void quant_q8_k45_cols(const uint8_t *row, const uint8_t *xq, ui
         memcpy(&hdmin, row + 2, 2);
         const float fd = quant_q8_h2f(hd), fdmin = quant_q8_h2f(hdmin);
         uint8_t sm[16];
-        quant_q8_unpack_k4_scales(row + 4, sm);
+        quant_unpack_k4_scales(row + 4, sm);
         const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
         const __m128i mins = _mm256_extracti128_si256(sm16, 1);
         const block_q8_K *x[QUANT_Q8_MAX_COLS];

@@ -42,8 +42,8 @@ static attn_kv_type choose_kv_type(const qwen35_model *m)
 }
 
 /* Both graphs of every slot; with programmatic dependent launch where the device has it (a
- * capture that fails with it is retried without). H200 (BENCH.md run 7): PDL made the step 12% /
- * 6% / 1.3% faster on the 0.8B / 4B / 27B. */
+ * capture that fails with it is retried without). On the H200 PDL made the step 12% / 6% / 1.3%
+ * faster on the 0.8B / 4B / 27B. */
 static int capture_graphs(qwen35_cuda *e, status *st)
 {
     e->pdl = e->props.cc_major >= 9 && !e->tp; /* PDL edges and NCCL's kernels: not mixed */
@@ -78,32 +78,9 @@ static int capture_graphs(qwen35_cuda *e, status *st)
     }
 }
 
-/* One GPU sampler per slot; when the device cannot run its cluster kernel, host samplers
- * (model/sampler.h) on copied-back logits instead, said once in the log. */
-static int create_samplers(qwen35_cuda *e, status *st)
-{
-    const int V = e->cfg.V;
-    if (!fc_samples(e)) return STATUS_OK; /* tensor parallel: rank 0 samples */
-    for (int i = 0; i < e->n_slots; i++) {
-        if (!sample_create(&e->slots[i].sampler, V, e->n_ctx, st)) continue;
-        if (st->code != STATUS_UNSUPPORTED) return st->code;
-        LOG_WARN("cuda: sampling on the host (%s)", st->msg);
-        status_clear(st);
-        for (int j = 0; j <= i; j++) {
-            sample_destroy(e->slots[j].sampler);
-            e->slots[j].sampler = NULL;
-        }
-        e->h_logits = malloc((size_t)V * sizeof(float));
-        if (!e->h_logits) return status_fail(st, STATUS_NOMEM, "cuda: host sampler logits");
-        const sampling_params greedy = {0};
-        for (int j = 0; j < e->n_slots; j++)
-            if (sampler_create(&e->slots[j].host_sampler, V, e->n_ctx, &greedy, st))
-                return st->code;
-        return STATUS_OK;
-    }
-    return STATUS_OK;
-}
-
+/* The state and activation arenas (a sizing pass, then for real), the KV cache's block tables,
+ * the batched step's and the one-row step's pinned buffers; every slot and the pad slot
+ * cleared. */
 static int alloc_run_state(qwen35_cuda *e, status *st)
 {
     fc_arena sa = {0}, aa = {0};
@@ -111,63 +88,26 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
-    e->b.max_passes = e->b.rows ? (e->max_rows + e->b.rows - 1) / e->b.rows : 0;
-    const size_t batch_pinned =
-        e->b.rows ? 4 * (size_t)FC_STAGE_INTS(e->b.rows) * e->b.max_passes +
-                        8 * (size_t)e->max_rows
-                  : 0;
-    fc_kv_blocks *blk = &e->kv.blk;
-    blk->n_rows = e->n_slots + 1;
-    const size_t table_bytes = (size_t)blk->n_rows * blk->ld * 4;
-    const size_t pinned = 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 8 +
-                          batch_pinned + table_bytes + 16;
-    blk->free_ids = malloc((size_t)blk->n_blocks * 4);
-    blk->held = calloc((size_t)blk->n_rows, sizeof *blk->held);
-    if (!blk->free_ids || !blk->held) return status_fail(st, STATUS_NOMEM, "cuda: KV block list");
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
-        cuda_alloc(&e->d_act, aa.used, "activations", st) ||
-        cuda_host_alloc(&e->h_pinned, pinned, "pinned step buffers", st))
+        cuda_alloc(&e->d_act, aa.used, "activations", st))
         return st->code;
     sa = (fc_arena){e->d_state, 0, e->state_bytes};
     aa = (fc_arena){e->d_act, 0, e->act_bytes};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
+    if (fc_kv_alloc(e, st) || fc_batch_alloc_host(e, st) ||
+        cuda_host_alloc(&e->h_pinned, 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1),
+                        "pinned step buffers", st))
+        return st->code;
     unsigned long long *h_best = (unsigned long long *)e->h_pinned;
     e->h_stage = (int32_t *)(h_best + e->n_slots);
-    if (e->b.rows) {
-        const size_t off = (8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1) + 7) & ~(size_t)7;
-        e->b.h_best = (unsigned long long *)((uint8_t *)e->h_pinned + off);
-        e->b.h_rows = (int32_t *)(e->b.h_best + e->max_rows);
-    }
-    const uintptr_t table_at = (uintptr_t)e->h_pinned + pinned - table_bytes - 16;
-    blk->table = (int32_t *)((table_at + 15) & ~(uintptr_t)15); /* the last 16-byte slot */
-    fc_kv_init(e);
-    if (cuda_upload(e->kv.d_table, blk->table, table_bytes, st)) return st->code;
+    for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
-    for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     if (cuda_memset(e->d_act, 0, e->act_bytes, st)) return st->code;
     for (int i = 0; i <= e->n_slots; i++) /* and the pad slot */
         if (fc_slot_clear(e, i, st)) return st->code;
-    return STATUS_OK;
-}
-
-/* The dense path's F16 copies resident when they take at most half of the memory free after
- * the weights (the 27B's 54 GB do, the KV pool and the slots' state then share the rest;
- * qwen35_cuda_opts.dense_per_pass); size_state leaves them their room (with n_slots given,
- * fc_dense_upload falls back to per pass when they no longer fit). */
-static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
-{
-    e->dense_resident = false;
-    if (!wanted) return STATUS_OK;
-    cuda_device_props p;
-    if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    const uint64_t bytes = fc_dense_bytes(e);
-    e->dense_resident = bytes > 0 && bytes <= p.mem_free_bytes / 2;
-    LOG_INFO("cuda: dense path's F16 weights (%.2f GB): %s", bytes / 1e9,
-             e->dense_resident ? "resident" : "dequantised every pass (over half of the free "
-                                              "memory)");
     return STATUS_OK;
 }
 
@@ -181,7 +121,7 @@ static int decide_dense(qwen35_cuda *e, bool wanted, status *st)
  * context, as a contiguous cache would. */
 static int size_state(qwen35_cuda *e, status *st)
 {
-    fc_kv_blocks *kv = &e->kv.blk;
+    fc_kv *kv = &e->kv;
     kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
     const qwen35_config *c = &e->cfg;
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
@@ -209,7 +149,7 @@ static int size_state(qwen35_cuda *e, status *st)
     uint64_t reserve = p.mem_total_bytes / 20;
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
     reserve += 256 * row;
-    if (e->dense_resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
+    if (e->dense.resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
     const uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
     const uint64_t quarter = (uint64_t)(kv->ld + 3) / 4 * block;
     const uint64_t full = (uint64_t)kv->ld * block;
@@ -254,7 +194,7 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
         fc_weights_upload(e, st) ||
-        decide_dense(e, e->dense_rows_opt != 0 && !(o && o->dense_per_pass), st) ||
+        fc_dense_decide(e, e->dense_rows_opt != 0 && !(o && o->dense_per_pass), st) ||
         size_state(e, st))
         goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
@@ -268,10 +208,10 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots of up to %d positions, KV "
              "%s in %d blocks of %d), scratch %.1f MB", e->props.name, e->w.bytes / 1e9,
              e->state_bytes / 1e9, e->n_slots, e->n_ctx,
-             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.blk.n_blocks - 1, ATTN_KV_BLOCK,
+             e->kv_type == ATTN_KV_F32 ? "F32" : "F16", e->kv.n_blocks - 1, ATTN_KV_BLOCK,
              e->act_bytes / 1e6);
-    if (create_samplers(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
-    if (e->b.dense_failed) {
+    if (fc_samplers_create(e, st) || capture_graphs(e, st) || fc_batch_capture(e, st)) goto fail;
+    if (e->dense.failed) {
         status_fail(st, STATUS_DEVICE, "cuda: a dense GEMM could not be recorded (cuBLAS)");
         goto fail;
     }
@@ -283,8 +223,8 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     if (e->b.rows) {
         LOG_INFO("cuda: batched steps: buckets of 1..%d rows (%.1f MB of activations)%s", e->b.rows,
                  e->b.act_bytes / 1e6, e->batch_invariant ? ", every step (batch invariant)" : "");
-        if (e->b.blas)
-            LOG_INFO("cuda: dense GEMM from %d rows: %s", e->b.dense_from, blas_describe());
+        if (e->dense.blas)
+            LOG_INFO("cuda: dense GEMM from %d rows: %s", e->dense.from, blas_describe());
     } else {
         LOG_INFO("cuda: no batched steps: %s", e->b.why_not);
     }
@@ -311,18 +251,15 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
 {
     if (!e) return;
     for (int i = 0; e->slots && i < e->n_slots; i++) {
-        fc_slot *sl = &e->slots[i];
-        cuda_graph_exec_destroy(sl->g_forced);
-        cuda_graph_exec_destroy(sl->g_chained);
-        sample_destroy(sl->sampler);
-        sampler_destroy(sl->host_sampler);
+        cuda_graph_exec_destroy(e->slots[i].g_forced);
+        cuda_graph_exec_destroy(e->slots[i].g_chained);
     }
+    fc_samplers_destroy(e);
     fc_batch_destroy(e);
+    fc_dense_destroy(e);
     free(e->slots);
-    free(e->h_logits);
     free(e->h_ids);
-    free(e->kv.blk.free_ids);
-    free(e->kv.blk.held);
+    fc_kv_destroy(e);
     cuda_free(e->w.d_arena);
     cuda_free(e->d_state);
     cuda_free(e->d_act);
@@ -335,16 +272,9 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
 {
     if (slot < 0 || slot >= e->n_slots)
         return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    fc_slot *sl = &e->slots[slot];
-    sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
-    p = &sl->params;
-    sl->greedy = sampling_params_is_greedy(p);
     fc_kv_release(e, slot);
     if (fc_slot_clear(e, slot, st)) return st->code;
-    if (!fc_samples(e)) return STATUS_OK;
-    if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
-    sampler_reset(sl->host_sampler, p);
-    return STATUS_OK;
+    return fc_sampler_start(e, &e->slots[slot], p, st);
 }
 
 void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
@@ -356,12 +286,21 @@ void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
 int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions)
 {
     if (block_positions) *block_positions = ATTN_KV_BLOCK;
-    return e->kv.blk.n_blocks - 1;
+    return e->kv.n_blocks - 1;
 }
 
 int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
 int qwen35_cuda_max_rows(const qwen35_cuda *e) { return e->max_rows; }
 int qwen35_cuda_pass_rows(const qwen35_cuda *e) { return e->b.rows; }
+
+int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
+{
+    if (slot < 0 || slot >= e->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
+    if (n_past < 0 || n_past >= e->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
+    return fc_slot_fill(e, slot, n_past, st);
+}
 
 int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
 {
@@ -394,26 +333,6 @@ static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, 
     return STATUS_OK;
 }
 
-/* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
- * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
-void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
-{
-    if (!fc_samples(e)) return;
-    fc_slot *sl = &e->slots[rows[i].slot];
-    int n = 0;
-    for (int k = i; k < j; k++)
-        if (rows[k].prompt) e->h_ids[n++] = rows[k].token;
-    if (n && sl->sampler) sample_accept_prompt(sl->sampler, e->h_ids, n, &e->launch);
-    if (n && !sl->sampler) sampler_accept_prompt(sl->host_sampler, e->h_ids, n);
-    for (int k = i; k < j; k++) {
-        if (rows[k].prompt) continue;
-        if (sl->sampler)
-            sample_accept(sl->sampler, rows[k].token, &e->launch);
-        else
-            sampler_accept(sl->host_sampler, rows[k].token);
-    }
-}
-
 /* true when row i's token is its slot's last argmax, still on the device: the chained graph
  * takes it from there (only the first row of a slot in a step can be chained) */
 static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i)
@@ -438,40 +357,6 @@ static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status
     return STATUS_OK;
 }
 
-/* The sampled row's token from what the step left: the argmax (greedy: greedy_next), the GPU
- * sampler's result, or the host sampler on the copied-back logits (e->h_logits). */
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st)
-{
-    fc_slot *sl = &e->slots[r->slot];
-    r->n_top = 0;
-    r->logprob = 0;
-    if (sl->greedy) {
-        r->next = greedy_next;
-    } else if (sl->sampler) {
-        const sample_result *res = sample_result_get(sl->sampler);
-        r->next = res->token;
-        r->logprob = res->logprob;
-        r->n_top = res->n_top;
-        for (int k = 0; k < res->n_top; k++) {
-            r->top_id[k] = res->top_id[k];
-            r->top_logprob[k] = res->top_logprob[k];
-        }
-    } else {
-        sample_result res;
-        r->next = sampler_sample(sl->host_sampler, e->h_logits, &res);
-        r->logprob = res.logprob;
-        r->n_top = res.n_top;
-        for (int k = 0; k < r->n_top; k++) {
-            r->top_id[k] = res.top_id[k];
-            r->top_logprob[k] = res.top_logprob[k];
-        }
-    }
-    if (r->next < 0 || r->next >= e->cfg.V)
-        return status_fail(st, STATUS_INTERNAL, "slot %d: sampling found no token (%d; NaN or "
-                           "inf logits? are the weights broken?)", r->slot, r->next);
-    return STATUS_OK;
-}
-
 /* Stages the forced rows' tokens behind a zero cursor, in launch order: one H2D copy (none when
  * every row is chained, as in greedy decode). */
 static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
@@ -483,16 +368,6 @@ static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
     e->h_stage[0] = 0; /* the cursor */
     cuda_copy_h2d_async(e->a.d_cursor, e->h_stage, (size_t)(n + 1) * 4, e->launch.stream);
     e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
-}
-
-/* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
- * runs where the device cannot run the GPU sampler). */
-int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st)
-{
-    cuda_copy_d2h_async(e->h_logits, d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
-    e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
-    if (cuda_sync(e->launch.stream, "step (host sampler)", st)) return st->code;
-    return fc_read_sample(e, r, -1, st);
 }
 
 /* true when the step goes through the batched graphs: more than one row (decode rows of several
@@ -522,13 +397,7 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
                 e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
             }
         }
-        const fc_slot *sl = &e->slots[rows[i].slot];
-        fc_accept_rows(e, rows, i, j);
-        if (rows[j - 1].sample && !sl->greedy && sl->sampler)
-            sample_run(sl->sampler, e->a.d_logits, &e->launch);
-        if (rows[j - 1].sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
-            fc_sample_on_host(e, &rows[j - 1], e->a.d_logits, st))
-            return st->code;
+        if (fc_sample_run(e, rows, i, j, e->a.d_logits, st)) return st->code;
         i = j;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;

@@ -15,7 +15,7 @@
  * lm_head runs in a third graph, on the rows whose logits are read only (a run's sampled last
  * row, eval rows), gathered by the final norm: a prompt chunk's other rows cost no
  * vocabulary-wide GEMM. Before each pass one host-to-device copy stages its tokens, slots,
- * positions, runs, long runs, tiled rows and lm_head rows (FC_STAGE_INTS); after it, the argmax
+ * positions, runs, long runs, tiled rows and lm_head rows (fc_stage); after it, the argmax
  * keys of the lm_head rows come back (8 bytes each), each run's last row is sampled when asked,
  * eval rows copy their logits. Each pass has its own pinned staging, so the whole step still
  * costs one host sync.
@@ -32,18 +32,10 @@
 
 #include "common/log.h"
 #include "kernels/cuda/attn.h"
-#include "kernels/cuda/blas.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gemm.h"
 #include "model/forward_cuda_host.h"
 #include "model/forward_cuda_impl.h"
-
-static int pow2_ceil(int n)
-{
-    int p = 1;
-    while (p < n) p *= 2;
-    return p;
-}
 
 /* every matrix of the model in a layout the batched GEMM reads, or the first that is not */
 static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
@@ -58,16 +50,6 @@ static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
     }
     if (!gemm_supported(e->w.head.type, e->w.head.n_in)) return &e->w.head;
     return NULL;
-}
-
-/* The first bucket on the dense path (0: none): from dense_rows_opt rows, or by default from 64
- * with resident F16 copies and from 128 when each pass dequantises (decode at B = 64 gained
- * 25-40% with resident copies and lost with per-pass ones: BENCH.md runs 39, 41). Never batch
- * invariant: cuBLAS's sums depend on the rows. */
-static int dense_from(const qwen35_cuda *e)
-{
-    const int r = e->dense_rows_opt > 0 ? e->dense_rows_opt : e->dense_resident ? 64 : 128;
-    return e->dense_rows_opt != 0 && !e->batch_invariant && r <= e->b.rows ? pow2_ceil(r) : 0;
 }
 
 void fc_batch_plan(qwen35_cuda *e)
@@ -88,10 +70,10 @@ void fc_batch_plan(qwen35_cuda *e)
                  u->type, (long long)u->n_in);
         return;
     }
-    b->rows = pow2_ceil(want);
+    b->rows = fc_pow2_ceil(want);
     b->chunked = !e->batch_invariant;
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
-    b->dense_from = dense_from(e);
+    fc_dense_plan(e);
     b->n_buckets = 0;
     for (int nb = 1; nb <= b->rows; nb *= 2) b->bucket[b->n_buckets++] = nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
@@ -100,94 +82,6 @@ void fc_batch_plan(qwen35_cuda *e)
     if (proj_attn > proj) proj = proj_attn;
     b->ld_proj = (proj + 31) / 32 * 32;
     b->ld_y = D_v > HA ? D_v : HA;
-}
-
-/* layer L's quantised matrices, which the dense path multiplies (at most 4 + FC_MAX_GROUPS) */
-static int layer_dense(const fc_layer *L, const gemv_matrix **out)
-{
-    const gemv_matrix *m[4 + FC_MAX_GROUPS] = {&L->out, &L->gate, &L->up, &L->down};
-    int k = 4, n = 0;
-    for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
-    for (int i = 0; i < k; i++)
-        if (gemm_reads_half(m[i]->type)) out[n++] = m[i];
-    return n;
-}
-
-static int64_t dense_halves_of(const gemv_matrix *m) { return m->n_out * gemm_dense_ld(m); }
-
-/* the largest F16 copy of a quantised layer matrix (halves: the per-pass scratch), and all of
- * them (bytes: the resident copies) */
-static void dense_sizes(const qwen35_cuda *e, int64_t *largest, uint64_t *total)
-{
-    *largest = 0, *total = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const gemv_matrix *m[4 + FC_MAX_GROUPS];
-        const int n = layer_dense(&e->w.layers[il], m);
-        for (int i = 0; i < n; i++) {
-            const int64_t h = dense_halves_of(m[i]);
-            *largest = h > *largest ? h : *largest;
-            *total += (uint64_t)h * 2;
-        }
-    }
-}
-
-static int64_t dense_halves(const qwen35_cuda *e)
-{
-    int64_t largest;
-    uint64_t total;
-    dense_sizes(e, &largest, &total);
-    return largest;
-}
-
-uint64_t fc_dense_bytes(const qwen35_cuda *e)
-{
-    int64_t largest;
-    uint64_t total;
-    dense_sizes(e, &largest, &total);
-    return total;
-}
-
-int fc_dense_upload(qwen35_cuda *e, status *st)
-{
-    fc_batch *b = &e->b;
-    if (!b->dense_from || !e->dense_resident) return STATUS_OK;
-    cuda_device_props p;
-    if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    if (p.mem_free_bytes < fc_dense_bytes(e) + (1ull << 30)) { /* given slots took the room */
-        LOG_WARN("cuda: %.2f GB free: too little for the dense path's F16 weights (%.2f GB); "
-                 "each pass dequantises", p.mem_free_bytes / 1e9, fc_dense_bytes(e) / 1e9);
-        e->dense_resident = false;
-        b->dense_from = dense_from(e);
-        if (!b->dense_from) return STATUS_OK;
-        if (cuda_alloc(&b->d_dense, (size_t)dense_halves(e) * 2, "the dense path's scratch", st))
-            return st->code;
-        b->d_w16 = b->d_dense;
-        return STATUS_OK;
-    }
-    const int cap = e->cfg.n_layer * (4 + FC_MAX_GROUPS);
-    b->dense_m = malloc((size_t)cap * sizeof *b->dense_m);
-    b->dense_w = malloc((size_t)cap * sizeof *b->dense_w);
-    if (!b->dense_m || !b->dense_w) return status_fail(st, STATUS_NOMEM, "cuda: dense copies");
-    int n = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) n += layer_dense(&e->w.layers[il], b->dense_m + n);
-    if (cuda_alloc(&b->d_dense, fc_dense_bytes(e), "the dense path's F16 weights", st))
-        return st->code;
-    uint16_t *at = b->d_dense;
-    const cuda_launch plain = {e->launch.stream, false};
-    for (int i = 0; i < n; i++) {
-        b->dense_w[i] = at;
-        gemm_dequant_half(b->dense_m[i], at, &plain);
-        at += dense_halves_of(b->dense_m[i]);
-    }
-    b->n_dense = n;
-    return cuda_sync(e->launch.stream, "dense F16 weights", st);
-}
-
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m)
-{
-    for (int i = 0; i < e->b.n_dense; i++)
-        if (e->b.dense_m[i] == m) return e->b.dense_w[i];
-    return NULL;
 }
 
 /* the largest split-K workspace of any matrix at R rows */
@@ -213,24 +107,25 @@ static int64_t work_floats(const qwen35_cuda *e, int R)
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
 {
     fc_batch *b = &e->b;
+    fc_batch_act *x = &b->act;
     const qwen35_config *c = &e->cfg;
     if (!b->rows) return;
     const int64_t R = b->rows, D_v = (int64_t)c->n_v * c->d_v, HA = (int64_t)c->n_h * c->d_h;
     const uint64_t before = a->used;
-    b->d_x = fc_arena_take(a, R * c->H * 4);
-    b->d_h = fc_arena_take(a, R * c->H * 4);
-    b->d_proj = fc_arena_take(a, R * b->ld_proj * 4);
-    b->d_o = fc_arena_take(a, R * D_v * 4);
-    b->d_y = fc_arena_take(a, R * b->ld_y * 4);
-    b->d_gu = fc_arena_take(a, R * 2 * (int64_t)c->F * 4);
-    b->d_ffn = fc_arena_take(a, R * (int64_t)c->F * 4);
-    b->d_q = fc_arena_take(a, R * HA * 4);
-    b->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
-    b->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
-    b->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
+    x->d_x = fc_arena_take(a, R * c->H * 4);
+    x->d_h = fc_arena_take(a, R * c->H * 4);
+    x->d_proj = fc_arena_take(a, R * b->ld_proj * 4);
+    x->d_o = fc_arena_take(a, R * D_v * 4);
+    x->d_y = fc_arena_take(a, R * b->ld_y * 4);
+    x->d_gu = fc_arena_take(a, R * 2 * (int64_t)c->F * 4);
+    x->d_ffn = fc_arena_take(a, R * (int64_t)c->F * 4);
+    x->d_q = fc_arena_take(a, R * HA * 4);
+    x->d_part = fc_arena_take(a, attn_partial_floats_rows(c->n_h, c->d_h, e->n_ctx, (int)R) * 4);
+    x->d_logits = fc_arena_take(a, R * (int64_t)c->V * 4);
+    x->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
     int64_t xw = c->H > c->F ? c->H : c->F;
     xw = xw > b->ld_y ? xw : b->ld_y;
-    b->d_xh = fc_arena_take(a, R * xw * 2);
+    x->d_xh = fc_arena_take(a, R * xw * 2);
     b->half_x = gemm_reads_half(e->w.head.type);
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
@@ -238,17 +133,29 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
         b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
                      gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
     }
-    b->d_rows = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
-    b->d_best = fc_arena_take(a, R * 8);
+    int32_t *d_stage = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
+    for (int k = 0; d_stage && k < b->n_buckets; k++) /* not in the sizing pass */
+        b->stage[k] = fc_stage_at(d_stage, b->rows, b->bucket[k]);
+    x->d_best = fc_arena_take(a, R * 8);
     if (b->chunked && c->n_gdn_layers > 0)
-        b->d_gdn_scratch =
+        x->d_gdn_scratch =
             fc_arena_take(a, gdn_chunk_scratch_floats(c->n_v, c->d_k, c->d_v, (int)R,
                                                       FC_LONG_RUN_ROWS) * 4);
-    if (b->dense_from) {
-        if (!e->dense_resident) b->d_w16 = fc_arena_take(a, dense_halves(e) * 2);
-        b->d_blas_ws = fc_arena_take(a, FC_BLAS_WS);
-    }
+    fc_dense_layout(e, a);
     b->act_bytes = a->used - before;
+}
+
+int fc_batch_alloc_host(qwen35_cuda *e, status *st)
+{
+    fc_batch *b = &e->b;
+    if (!b->rows) return STATUS_OK;
+    b->max_passes = (e->max_rows + b->rows - 1) / b->rows;
+    const size_t bytes =
+        8 * (size_t)e->max_rows + 4 * (size_t)FC_STAGE_INTS(b->rows) * b->max_passes;
+    if (cuda_host_alloc(&b->h_pinned, bytes, "pinned batched step buffers", st)) return st->code;
+    b->h_best = b->h_pinned;
+    b->h_stage = (int32_t *)(b->h_best + e->max_rows);
+    return STATUS_OK;
 }
 
 int fc_batch_capture(qwen35_cuda *e, status *st)
@@ -257,27 +164,22 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     if (!b->rows) return STATUS_OK;
     b->slot_stride = (int64_t)((uint8_t *)e->slots[1].d_conv - (uint8_t *)e->slots[0].d_conv);
     if (gemm_init(st) || gdn_chunk_init(st) || attn_prefill_init(st)) return st->code;
-    if (b->dense_from && blas_open(b->d_blas_ws, FC_BLAS_WS, &b->blas, st)) {
-        if (st->code != STATUS_UNAVAILABLE) return st->code;
-        LOG_WARN("cuda: no dense GEMM (%s): every pass on the quantised GEMM", st->msg);
-        b->dense_from = 0;
-        *st = (status){0};
-    }
-    if (fc_dense_upload(e, st)) return st->code;
+    if (fc_dense_open(e, st)) return st->code;
     e->launch.pdl = e->pdl;
     int rc = STATUS_OK;
-    for (int i = 0; i < b->n_buckets && !rc; i++) {
+    for (int k = 0; k < b->n_buckets && !rc; k++) {
+        const fc_stage *s = &b->stage[k];
         rc = cuda_graph_capture_begin(e->launch.stream, st);
-        if (!rc) fc_record_batch(e, b->bucket[i], false);
-        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph[i], NULL, st);
-        if (!rc && b->chunked && b->bucket[i] > 1) {
+        if (!rc) fc_record_batch(e, s, false);
+        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.body[k], NULL, st);
+        if (!rc && b->chunked && s->nb > 1) {
             rc = cuda_graph_capture_begin(e->launch.stream, st);
-            if (!rc) fc_record_batch(e, b->bucket[i], true);
-            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->graph_pf[i], NULL, st);
+            if (!rc) fc_record_batch(e, s, true);
+            if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.prefill[k], NULL, st);
         }
         if (!rc) rc = cuda_graph_capture_begin(e->launch.stream, st);
-        if (!rc) fc_record_head(e, b->bucket[i]);
-        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->head[i], NULL, st);
+        if (!rc) fc_record_head(e, s);
+        if (!rc) rc = cuda_graph_capture_end(e->launch.stream, &b->g.head[k], NULL, st);
     }
     e->launch.pdl = false;
     if (!rc) rc = cuda_check("batched graph capture", st);
@@ -286,49 +188,44 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
 
 void fc_batch_destroy(qwen35_cuda *e)
 {
-    blas_close(e->b.blas);
-    e->b.blas = NULL;
-    cuda_free(e->b.d_dense);
-    e->b.d_dense = NULL;
-    free(e->b.dense_m);
-    free(e->b.dense_w);
-    e->b.dense_m = NULL, e->b.dense_w = NULL, e->b.n_dense = 0;
-    for (int i = 0; i < e->b.n_buckets; i++) {
-        cuda_graph_exec_destroy(e->b.graph[i]);
-        cuda_graph_exec_destroy(e->b.graph_pf[i]);
-        cuda_graph_exec_destroy(e->b.head[i]);
+    for (int k = 0; k < e->b.n_buckets; k++) {
+        cuda_graph_exec_destroy(e->b.g.body[k]);
+        cuda_graph_exec_destroy(e->b.g.prefill[k]);
+        cuda_graph_exec_destroy(e->b.g.head[k]);
     }
+    cuda_host_free(e->b.h_pinned);
 }
 
-/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged through
- * the pass's pinned h_rows (fc_batch.d_rows' layout), the body graph of the smallest bucket >= n,
- * then, when
- * some row's logits are read, the lm_head graph of the smallest bucket >= those rows; their
- * argmax keys back into h_best[0 ..), head[i] = row i's lm_head row (-1: none). Each row's
- * bookkeeping, logits copy and sampler are enqueued behind the graphs. */
-static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_rows,
+/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged in
+ * h_stage (one pass's staging buffer) and copied to the device in one piece, the body graph of
+ * the smallest bucket >= n, then, when some row's logits are read, the lm_head graph of the
+ * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
+ * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
+ * the graphs. */
+static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_stage,
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
     const int V = e->cfg.V;
     fc_pass_info in;
-    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_rows, head, &in);
+    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_stage, head,
+                  &in);
     const int k = in.k, kh = in.kh, nh = in.nh;
     const size_t staged = (size_t)in.staged_ints * 4;
-    cuda_copy_h2d_async(b->d_rows, h_rows, staged, e->launch.stream);
+    cuda_copy_h2d_async(b->stage[k].head_rows, h_stage, staged, e->launch.stream);
     /* passes with prompt chunks take the graph with their kernels; decode rows the other */
-    cuda_graph_exec body = b->chunked && in.n_long > 0 ? b->graph_pf[k] : b->graph[k];
+    cuda_graph_exec body = b->chunked && in.n_long > 0 ? b->g.prefill[k] : b->g.body[k];
     if (cuda_graph_launch(body, e->launch.stream) ||
-        (nh && cuda_graph_launch(b->head[kh], e->launch.stream)))
+        (nh && cuda_graph_launch(b->g.head[kh], e->launch.stream)))
         return cuda_check("cudaGraphLaunch (batch)", st);
-    if (nh) cuda_copy_d2h_async(h_best, b->d_best, (size_t)nh * 8, e->launch.stream);
+    if (nh) cuda_copy_d2h_async(h_best, b->act.d_best, (size_t)nh * 8, e->launch.stream);
     e->stats.graph_launches += 1 + (nh > 0);
     e->stats.h2d_bytes += staged;
     e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
         qwen35_cuda_row *r = &rows[j];
         fc_slot *sl = &e->slots[r->slot];
-        const float *d_logits = b->d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
+        const float *d_logits = b->act.d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
         sl->n_past++;
         sl->chain_ok = false;
         e->stats.tokens++;
@@ -339,11 +236,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_row
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
         while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
-        fc_accept_rows(e, rows, j0, j + 1);
-        if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);
-        if (r->sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
-            fc_sample_on_host(e, r, d_logits, st))
-            return st->code;
+        if (fc_sample_run(e, rows, j0, j + 1, d_logits, st)) return st->code;
     }
     return STATUS_OK;
 }
@@ -355,7 +248,7 @@ int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
     for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
         DS_ASSERT(p < b->max_passes);
-        if (run_pass(e, rows + i, m, b->h_rows + (size_t)p * FC_STAGE_INTS(b->rows),
+        if (run_pass(e, rows + i, m, b->h_stage + (size_t)p * FC_STAGE_INTS(b->rows),
                      b->h_best + i, head + i, st))
             return st->code;
     }

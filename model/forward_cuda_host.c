@@ -1,8 +1,6 @@
-/* Host-side pieces of the CUDA forward: a batched pass's staged inputs and the KV block
- * allocator (forward_cuda_host.h). */
+/* Host-side pieces of the CUDA forward: a batched pass's staged inputs and the KV block tables'
+ * device mirror (forward_cuda_host.h). */
 #include "model/forward_cuda_host.h"
-
-#include <string.h>
 
 #include "common/status.h"
 
@@ -21,67 +19,61 @@ static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
     return rows[i].logits || (rows[i].sample && last);
 }
 
-void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
-                   int pad_slot, bool attn_tiles, int32_t *stage, int *head, fc_pass_info *info)
+fc_stage fc_stage_at(int32_t *base, int rows, int nb)
 {
-    const int rows_max = bucket[n_buckets - 1];
+    fc_stage s = {.head_rows = base, .nb = nb, .ints = rows + 7 * nb + 1};
+    s.tokens = base + rows;
+    s.slots = s.tokens + nb;
+    s.pos = s.slots + nb;
+    s.runs = s.pos + nb;
+    s.run_len = s.runs + nb;
+    s.long_runs = s.run_len + nb;
+    s.long_idx = s.long_runs + 1;
+    s.tile_rows = s.long_idx + nb;
+    return s;
+}
+
+void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
+                   int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info)
+{
     const int k = bucket_of(bucket, n_buckets, n), nb = bucket[k];
-    int32_t *hrow = stage, *tok = stage + rows_max, *slot = tok + nb, *pos = tok + 2 * nb;
-    int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb, *skip = lng + 1 + nb;
+    const fc_stage s = fc_stage_at(base, bucket[n_buckets - 1], nb);
     int n_runs = 0, nh = 0;
     for (int j = 0; j < nb; j++) {
         const bool real = j < n;
-        tok[j] = real ? rows[j].token : 0;
-        slot[j] = real ? rows[j].slot : pad_slot;
-        pos[j] = real ? rows[j].pos : 0;
+        s.tokens[j] = real ? rows[j].token : 0;
+        s.slots[j] = real ? rows[j].slot : pad_slot;
+        s.pos[j] = real ? rows[j].pos : 0;
         if (!real) continue;
-        if (j == 0 || slot[j - 1] != slot[j]) {
-            run[n_runs] = j;
-            run[nb + n_runs++] = 0;
+        if (j == 0 || s.slots[j - 1] != s.slots[j]) {
+            s.runs[n_runs] = j;
+            s.run_len[n_runs++] = 0;
         }
-        run[nb + n_runs - 1]++;
+        s.run_len[n_runs - 1]++;
         head[j] = needs_head(rows, j, n) ? nh : -1;
-        if (head[j] >= 0) hrow[nh++] = j;
+        if (head[j] >= 0) s.head_rows[nh++] = j;
     }
-    for (int j = n_runs; j < nb; j++) run[j] = 0, run[nb + j] = 0; /* padding: no runs */
-    lng[0] = 0; /* the long runs (gdn_chunk_runs, attn_prefill_runs) */
-    for (int j = 0; j < nb; j++) skip[j] = 0;
+    for (int j = n_runs; j < nb; j++) s.runs[j] = 0, s.run_len[j] = 0; /* padding: no runs */
+    int n_long = 0; /* the long runs (gdn_chunk_runs, attn_prefill_runs) */
+    for (int j = 0; j < nb; j++) s.tile_rows[j] = 0;
     for (int x = 0; x < n_runs; x++) {
-        if (run[nb + x] < FC_LONG_RUN_ROWS) continue;
-        lng[1 + lng[0]++] = x;
-        for (int j = run[x]; attn_tiles && j < run[x] + run[nb + x]; j++)
-            skip[j] = 1; /* the rows attn_prefill_runs takes */
+        if (s.run_len[x] < FC_LONG_RUN_ROWS) continue;
+        s.long_idx[n_long++] = x;
+        for (int j = s.runs[x]; attn_tiles && j < s.runs[x] + s.run_len[x]; j++)
+            s.tile_rows[j] = 1;
     }
+    s.long_runs[0] = n_long;
     const int kh = nh ? bucket_of(bucket, n_buckets, nh) : 0;
-    for (int j = nh; nh && j < bucket[kh]; j++) hrow[j] = hrow[0]; /* padding */
-    *info = (fc_pass_info){.k = k, .nb = nb, .n_runs = n_runs, .n_long = lng[0], .nh = nh,
-                           .kh = kh, .staged_ints = rows_max + 7 * nb + 1};
+    for (int j = nh; nh && j < bucket[kh]; j++) s.head_rows[j] = s.head_rows[0]; /* padding */
+    *info = (fc_pass_info){.k = k, .nb = nb, .n_runs = n_runs, .n_long = n_long, .nh = nh,
+                           .kh = kh, .staged_ints = s.ints};
 }
 
-void fc_kv_blocks_reset(fc_kv_blocks *k, int reserved)
+void fc_kv_mirror_sync(const kv_pool *p, int seq, fc_kv_mirror *m, int *from, int *to)
 {
-    k->n_free = 0;
-    for (int b = k->n_blocks - 1; b >= 1; b--) k->free_ids[k->n_free++] = b; /* 1 on top */
-    memset(k->table, 0, (size_t)k->n_rows * k->ld * sizeof *k->table);
-    for (int r = 0; r < k->n_rows; r++) k->held[r] = 0;
-    k->held[reserved] = 1;
-}
-
-int fc_kv_blocks_grow(fc_kv_blocks *k, int row, int last, int block_positions)
-{
-    const int need = last / block_positions + 1, first = k->held[row];
-    DS_ASSERT(row >= 0 && row < k->n_rows && last >= 0 && need <= k->ld);
-    if (need <= first) return 0;
-    if (need - first > k->n_free) return -1;
-    int32_t *t = k->table + (size_t)row * k->ld;
-    for (int b = first; b < need; b++) t[b] = k->free_ids[--k->n_free];
-    k->held[row] = need;
-    return need - first;
-}
-
-void fc_kv_blocks_release(fc_kv_blocks *k, int row)
-{
-    const int32_t *t = k->table + (size_t)row * k->ld;
-    for (int b = k->held[row] - 1; b >= 0; b--) k->free_ids[k->n_free++] = t[b];
-    k->held[row] = 0;
+    const uint32_t version = kv_pool_version(p, seq);
+    *from = version == m->version && m->held <= kv_pool_held(p, seq) ? m->held : 0;
+    *to = kv_pool_held(p, seq);
+    m->held = *to;
+    m->version = version;
 }

@@ -1,8 +1,15 @@
-/* Internals of the CUDA forward (model/forward_cuda.h), shared by its four files:
+/* Internals of the CUDA forward (model/forward_cuda.h), read one way down: each file calls only
+ * the files below it (tests/model:forward_cuda_layers_test fails on a call cycle).
+ *   forward_cuda_tp.c       tensor parallel: a thread per rank, each its own forward;
+ *   forward_cuda.c          create / destroy, sizing, the one-row graphs' capture, the step;
+ *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
+ *   forward_cuda_record.c   the graphs' contents, one function per sublayer of run_step;
+ *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
+ *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
+ *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and its block
+ *                           tables, the one-row step's activations;
  *   forward_cuda_weights.c  upload and packing of the weights into one arena;
- *   forward_cuda_state.c    slots (recurrent state, KV, position) and the step's activations;
- *   forward_cuda_record.c   one token recorded into a CUDA graph, one function per sublayer;
- *   forward_cuda.c          create / destroy, graph capture, the step and its sampling.
+ *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror.
  * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
 #ifndef DS_MODEL_FORWARD_CUDA_IMPL_H
 #define DS_MODEL_FORWARD_CUDA_IMPL_H
@@ -17,6 +24,7 @@
 #include "kernels/cuda/sample.h"
 #include "model/forward_cuda.h"
 #include "model/forward_cuda_host.h"
+#include "model/kv_pool.h"
 #include "model/qwen35.h"
 #include "model/sampler.h"
 
@@ -29,6 +37,13 @@ typedef struct fc_arena {
 } fc_arena;
 
 void *fc_arena_take(fc_arena *a, uint64_t bytes);
+
+static inline int fc_pow2_ceil(int n)
+{
+    int p = 1;
+    while (p < n) p *= 2;
+    return p;
+}
 
 /* Matrices of one layer that read the same input, packed row after row when of one type. */
 typedef struct fc_group {
@@ -80,14 +95,19 @@ typedef struct fc_slot {
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
- * block table row per slot; blocks taken as a sequence grows (the step), returned when it
- * ends. Host-side bookkeeping is the engine thread's (the forward's one caller). */
+ * block table row per slot (model/kv_pool.h); blocks taken as a sequence grows (the step),
+ * returned when it ends. The host's bookkeeping is forward_cuda_state.c's alone (fc_kv_*), on
+ * the engine thread (the forward's one caller); the graphs read the device fields. */
 typedef struct fc_kv {
     void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
     uint64_t layer_bytes; /* one layer's pool of K (or V) */
-    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device (the pad slot's row: block 0) */
-    fc_kv_blocks blk;     /* the host's allocator: table pinned (mirrored to d_table), free_ids
-                             and held owned; blk.n_blocks blocks, blk.ld of n_ctx positions */
+    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device: the host tables' mirror (the
+                             pad slot's row: one block) */
+    int ld;               /* table entries per slot: n_ctx positions */
+    int n_blocks;         /* blocks in the pool, the pad slot's one included */
+    kv_pool *pool;        /* owned: the tables (sequence n_slots: the pad slot), in h_table */
+    int32_t *h_table;     /* owned, pinned [n_slots + 1][ld] */
+    fc_kv_mirror *mirror; /* owned [n_slots + 1]: what d_table holds of each table */
 } fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */
@@ -117,50 +137,61 @@ typedef struct fc_act {
 #define FC_MAX_BUCKETS 10
 #define FC_BLAS_WS (32u << 20) /* cuBLAS workspace bytes (dense path) */
 
-typedef struct fc_batch {
-    int rows;                         /* rows of the largest bucket; 0: no batched path */
-    int n_buckets;
-    int bucket[FC_MAX_BUCKETS];       /* ascending powers of two, the last = rows */
-    cuda_graph_exec graph[FC_MAX_BUCKETS]; /* owned: decode rows (runs of one row) */
-    cuda_graph_exec graph_pf[FC_MAX_BUCKETS]; /* owned, when chunked: passes with prompt chunks */
-    int64_t ld_proj, ld_y;
+/* The batched step's dense path (forward_cuda_dense.c; kernels/cuda/gemm.h "Dense path"):
+ * buckets of `from` rows or more multiply the quantised matrices as F16 through cuBLAS. */
+typedef struct fc_dense {
+    int from;               /* the first bucket on the dense path; 0: none */
+    bool resident;          /* the F16 copies resident (decided before the state is sized, taken
+                               when the plan has a dense path), else dequantised every pass */
+    struct blas *blas;      /* owned: cuBLAS, when `from` */
+    void *d_blas_ws;        /* cuBLAS's workspace (FC_BLAS_WS bytes, in the activations) */
+    uint16_t *d_w16;        /* per pass: the F16 copy of one matrix at a time */
+    int n;                  /* resident: the matrices' F16 copies */
+    const gemv_matrix **m;  /* owned [n] */
+    uint16_t **w;           /* owned [n]: m[i]'s copy */
+    void *d_alloc;          /* owned, device: the copies, or (resident copies that did not fit
+                               at upload) the per-pass d_w16 */
+    int failed;             /* a dense GEMM could not be recorded (checked after capture) */
+} fc_dense;
+
+/* A batched pass's activations on the device, [rows][ld] (rows: the largest bucket's). */
+typedef struct fc_batch_act {
     float *d_x, *d_h, *d_proj, *d_o, *d_y, *d_gu, *d_ffn, *d_q, *d_part, *d_logits;
-    float *d_work;                 /* the batched GEMM's split-K partials (gemm_work_floats) */
-    uint16_t *d_xh;                /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
-                                      (gemm_x_half), read by the quantised matrices */
-    bool half_x;                   /* some matrix reads d_xh (gemm_reads_half) */
-    cuda_graph_exec head[FC_MAX_BUCKETS];  /* owned: the lm_head of a bucket of rows */
-    int32_t *d_rows;               /* [FC_STAGE_INTS(rows)]: the lm_head's rows [0, rows), then
-                                      a bucket of nb reads from rows: tokens [0, nb), slots
-                                      [nb, 2nb), positions [2nb, 3nb), the runs' first rows
-                                      [3nb, 4nb) and lengths [4nb, 5nb) (gdn.h "Runs"), the
-                                      number of runs of two or more rows and their indices
-                                      [5nb, 6nb + 1) (gdn.h "Chunked runs"), and per row 1 when
-                                      attn_prefill_runs takes it [6nb + 1, 7nb + 1) */
-    bool chunked;                  /* runs of two or more rows (prompt chunks) by the chunked
-                                      delta rule (not batch invariant) */
-    bool attn_tiles;               /* and their attention by attn_prefill_runs (F16 cache) */
-    int dense_from;                /* buckets of this many rows or more take the dense path
-                                      (gemm.h "Dense path") for quantised matrices; 0: none */
-    struct blas *blas;             /* owned: cuBLAS, when dense_from */
-    uint16_t *d_w16;               /* the dense path's F16 weights, one matrix at a time (not
-                                      resident) */
-    int n_dense;                   /* resident: the matrices' F16 copies in d_dense */
-    const gemv_matrix **dense_m;   /* owned [n_dense] */
-    uint16_t **dense_w;            /* owned [n_dense]: dense_m[i]'s copy */
-    void *d_dense;                 /* owned, device: the copies, or (resident copies that did
-                                      not fit at upload) the per-pass scratch d_w16 */
-    float *d_gdn_scratch;          /* gdn_chunk_runs' scratch (chunked) */
-    void *d_blas_ws;               /* cuBLAS's workspace (FC_BLAS_WS bytes) */
-    int dense_failed;              /* a dense GEMM could not be recorded (checked after capture) */
-    unsigned long long *d_best;    /* [rows] argmax keys of the lm_head's rows */
-    int32_t *h_rows;               /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's
-                                      staging */
-    int max_passes;                /* passes of a step of max_rows rows */
-    unsigned long long *h_best;    /* pinned [max_rows]: the step's argmax keys */
-    int64_t slot_stride;           /* bytes from one slot's state to the next */
+    float *d_work;              /* the batched GEMM's split-K partials (gemm_work_floats) */
+    uint16_t *d_xh;             /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
+                                   (gemm_x_half), read by the quantised matrices */
+    unsigned long long *d_best; /* [rows] argmax keys of the lm_head's rows */
+    float *d_gdn_scratch;       /* gdn_chunk_runs' scratch (chunked) */
+} fc_batch_act;
+
+/* The graphs of each bucket of rows (bucket[k]: index k). */
+typedef struct fc_batch_graphs {
+    cuda_graph_exec body[FC_MAX_BUCKETS];    /* owned: passes of decode rows (runs of one row) */
+    cuda_graph_exec prefill[FC_MAX_BUCKETS]; /* owned, when chunked: passes with prompt chunks */
+    cuda_graph_exec head[FC_MAX_BUCKETS];    /* owned: the lm_head of a bucket of rows */
+} fc_batch_graphs;
+
+typedef struct fc_batch {
+    /* the plan (fc_batch_plan) */
+    int rows;                   /* rows of the largest bucket; 0: no batched path */
+    int n_buckets;
+    int bucket[FC_MAX_BUCKETS]; /* ascending powers of two, the last = rows */
+    bool chunked;               /* runs of two or more rows (prompt chunks) by the chunked delta
+                                   rule (not batch invariant) */
+    bool attn_tiles;            /* and their attention by attn_prefill_runs (F16 cache) */
+    bool half_x;                /* some matrix reads act.d_xh (gemm_reads_half) */
+    int64_t ld_proj, ld_y;
+    int64_t slot_stride;        /* bytes from one slot's state to the next */
+    int max_passes;             /* passes of a step of max_rows rows */
+    char why_not[128];          /* why there is no batched path */
+    fc_batch_act act;
+    fc_stage stage[FC_MAX_BUCKETS]; /* device: each bucket's view of the one staging buffer the
+                                       graphs read (forward_cuda_host.h) */
+    fc_batch_graphs g;
+    void *h_pinned;             /* owned: h_best, then h_stage */
+    unsigned long long *h_best; /* pinned [max_rows]: the step's argmax keys */
+    int32_t *h_stage;           /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's staging */
     uint64_t act_bytes;
-    char why_not[128];             /* why there is no batched path */
 } fc_batch;
 
 struct qwen35_cuda {
@@ -183,10 +214,9 @@ struct qwen35_cuda {
     bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
     int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
     int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows (0 with batch_invariant) */
-    bool dense_resident;  /* the dense path's F16 copies resident (decided before the state is
-                             sized, taken when the plan has a dense path) */
+    fc_dense dense;
     fc_act a;
-    void *h_pinned;   /* owned: each slot's h_best, then h_stage */
+    void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's) */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
@@ -199,48 +229,78 @@ struct qwen35_cuda {
     qwen35_cuda_stats stats;
 };
 
-/* forward_cuda_weights.c: allocates e->w.d_arena and uploads every weight into it. */
-int fc_weights_upload(qwen35_cuda *e, status *st);
-/* forward_cuda_state.c */
-void fc_state_layout(qwen35_cuda *e, fc_arena *a);
-void fc_act_layout(qwen35_cuda *e, fc_arena *a);
-int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
-/* KV blocks: the pools' layer base, the slot's table row; blocks for positions up to `last` of
- * the slot (STATUS_EXHAUSTED when the pool is empty; new table entries copied to the device on
- * the stream); the slot's blocks back to the pool. */
-void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
-int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
-void fc_kv_release(qwen35_cuda *e, int slot);
-void fc_kv_init(qwen35_cuda *e); /* every block free, the pad slot's one taken */
-/* forward_cuda_record.c: one token of slot sl; forced: the token is the step's next forced
- * token, else the slot's previous argmax. */
-void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
-/* forward_cuda_record.c: the batched step of nb rows up to the last layer (prefill: with the
- * kernels of runs of two or more rows, fc_batch.chunked), and the lm_head of nh of its rows
- * (bucket graphs). */
-void fc_record_batch(qwen35_cuda *e, int nb, bool prefill);
-void fc_record_head(qwen35_cuda *e, int nh);
-/* forward_cuda_batch.c */
+/* tensor parallel: whether this rank samples (rank 0) */
+static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
+
+/* ---- forward_cuda_batch.c ---- */
 void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
 void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
+int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and argmax keys */
 int fc_batch_capture(qwen35_cuda *e, status *st);
-/* The dense path's resident F16 copies: their bytes; uploaded (dequantised on the device) when
- * e->dense_resident and the plan has a dense path; the copy of m, or NULL. */
-uint64_t fc_dense_bytes(const qwen35_cuda *e);
-int fc_dense_upload(qwen35_cuda *e, status *st);
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);   /* the bucket graphs */
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
 int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
-/* tensor parallel (forward_cuda_record.c): the residual matmuls' epilogue (rank 0 adds to x,
- * the others store their partial sums), the sum of n floats over the ranks (nothing without
- * tp), and whether this rank samples (rank 0) */
-gemv_epilogue fc_residual_ep(const qwen35_cuda *e);
-void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n);
-static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
-/* forward_cuda.c, shared with the batched step */
-void fc_accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j);
+
+/* ---- forward_cuda_record.c ----
+ * One token of slot sl; forced: the token is the step's next forced token, else the slot's
+ * previous argmax. */
+void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
+/* The batched step of a bucket of rows (their inputs: the bucket's staging view) up to the last
+ * layer (prefill: with the kernels of long runs, fc_batch.chunked), and the lm_head of the
+ * first s->nb rows of s->head_rows (bucket graphs). */
+void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill);
+void fc_record_head(qwen35_cuda *e, const fc_stage *s);
+
+/* ---- forward_cuda_sample.c ----
+ * One GPU sampler per slot, or (where the device cannot run it) host samplers on e->h_logits,
+ * said once in the log; their release. */
+int fc_samplers_create(qwen35_cuda *e, status *st);
+void fc_samplers_destroy(qwen35_cuda *e);
+/* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
+int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st);
+/* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
+ * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
+ * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
+int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+                  status *st);
+/* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
+ * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
 int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
-int fc_sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st);
+
+/* ---- forward_cuda_dense.c ----
+ * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a
+ * dense path; at most half of the free memory), before the state is sized; the first dense
+ * bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace in the activations;
+ * cuBLAS opened (none: no dense path, said in the log) and the resident copies uploaded, before
+ * capture; the resident copy of m, or NULL (dequantise per pass). */
+uint64_t fc_dense_bytes(const qwen35_cuda *e);
+int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st);
+void fc_dense_plan(qwen35_cuda *e);
+void fc_dense_layout(qwen35_cuda *e, fc_arena *a);
+int fc_dense_open(qwen35_cuda *e, status *st);
+const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);
+void fc_dense_destroy(qwen35_cuda *e);
+
+/* ---- forward_cuda_state.c ---- */
+void fc_state_layout(qwen35_cuda *e, fc_arena *a);
+void fc_act_layout(qwen35_cuda *e, fc_arena *a);
+int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
+/* qwen35_cuda_fill's work (slot and n_past valid): blocks for positions 0 .. n_past holding a
+ * constant finite pattern, the slot at position n_past. */
+int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st);
+/* KV blocks: the host's block tables for e->kv (ld, n_blocks) after the state's layout, every
+ * block free but the pad slot's one, mirrored to d_table; their release; the pools' layer base;
+ * blocks for positions up to `last` of the slot (STATUS_EXHAUSTED, nothing taken, when too few
+ * are free; new table entries copied to the device on the stream); the slot's blocks back to
+ * the pool. */
+int fc_kv_alloc(qwen35_cuda *e, status *st);
+void fc_kv_destroy(qwen35_cuda *e);
+void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
+int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
+void fc_kv_release(qwen35_cuda *e, int slot);
+
+/* ---- forward_cuda_weights.c ----
+ * Allocates e->w.d_arena and uploads every weight into it. */
+int fc_weights_upload(qwen35_cuda *e, status *st);
 
 #endif

@@ -16,6 +16,21 @@
 #include "kernels/cuda/tp_comm.h"
 #include "model/forward_cuda_impl.h"
 
+/* Tensor parallel: the residual matmuls' epilogue (rank 0 adds to x, the others store their
+ * partial sums), and the sum of n floats over the ranks (nothing without tp; a failure is
+ * checked after capture). */
+static gemv_epilogue residual_ep(const qwen35_cuda *e)
+{
+    return e->tp && e->tp_rank > 0 ? GEMV_STORE : GEMV_ADD;
+}
+
+static void tp_sum(qwen35_cuda *e, float *d_buf, int64_t n)
+{
+    if (!e->tp) return;
+    status st;
+    if (tp_comm_sum(e->tp, d_buf, (size_t)n, e->launch.stream, &st)) e->tp_failed = 1;
+}
+
 /* norm_rows: h = RMSNorm(x) * w, with its Q8 form */
 static void rec_norm(qwen35_cuda *e, const float *d_w)
 {
@@ -60,18 +75,6 @@ static void rec_gdn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
 }
 
-gemv_epilogue fc_residual_ep(const qwen35_cuda *e)
-{
-    return e->tp && e->tp_rank > 0 ? GEMV_STORE : GEMV_ADD;
-}
-
-void fc_tp_sum(qwen35_cuda *e, float *d_buf, int64_t n)
-{
-    if (!e->tp) return;
-    status st;
-    if (tp_comm_sum(e->tp, d_buf, (size_t)n, e->launch.stream, &st)) e->tp_failed = 1;
-}
-
 /* fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
 static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
 {
@@ -80,7 +83,7 @@ static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
     void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
-    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.blk.ld; /* its row */
+    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.ld; /* its row */
     rec_in_proj(e, L, NULL);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
@@ -95,8 +98,8 @@ static void rec_ffn(qwen35_cuda *e, const fc_layer *L)
     fc_act *a = &e->a;
     gemv_swiglu(&L->gate, &L->up, a->d_h, a->d_hq, a->d_ffn, &e->launch);
     gemv_quantize_x(a->d_ffn, a->d_ffnq, e->cfg.F, &e->launch);
-    gemv(&L->down, a->d_ffn, a->d_ffnq, a->d_x, fc_residual_ep(e), &e->launch);
-    fc_tp_sum(e, a->d_x, e->cfg.H);
+    gemv(&L->down, a->d_ffn, a->d_ffnq, a->d_x, residual_ep(e), &e->launch);
+    tp_sum(e, a->d_x, e->cfg.H);
 }
 
 /* run_step for one row: embed, the layers, the final norm, the lm_head with the argmax, and the
@@ -114,8 +117,8 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
             rec_gdn(e, sl, L);
         else
             rec_attn(e, sl, L);
-        gemv(&L->out, a->d_y, a->d_yq, a->d_x, fc_residual_ep(e), &e->launch); /* residual */
-        fc_tp_sum(e, a->d_x, c->H);
+        gemv(&L->out, a->d_y, a->d_yq, a->d_x, residual_ep(e), &e->launch); /* residual */
+        tp_sum(e, a->d_x, c->H);
         rec_norm(e, L->d_post_norm);
         rec_ffn(e, L);
     }
@@ -123,7 +126,7 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
     if (e->tp) { /* this rank's vocabulary rows, the others' zeros, summed: all the logits */
         cuda_memset_async(a->d_logits, 0, (size_t)c->V * 4, e->launch.stream);
         gemv(&e->w.head, a->d_h, a->d_hq, a->d_logits + e->vocab_begin, GEMV_STORE, &e->launch);
-        fc_tp_sum(e, a->d_logits, c->V);
+        tp_sum(e, a->d_logits, c->V);
         gemm_argmax_rows(a->d_logits, c->V, c->V, sl->d_best, 1, &e->launch);
     } else {
         gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
@@ -152,140 +155,144 @@ static float *slot0_S(const qwen35_cuda *e, const fc_layer *L)
 /* the GEMM input's F16 rows (d_xh), read by the quantised matrices that multiply x next */
 static void recb_x_half(qwen35_cuda *e, const float *x, int64_t ld, int64_t n, int nb)
 {
-    if (e->b.half_x) gemm_x_half(x, ld, n, e->b.d_xh, nb, &e->launch);
+    if (e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
 }
 
-/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense_from rows for the quantised
+/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense.from rows for the quantised
  * types, else the quantised GEMM; either reads x's F16 rows d_xh when the type does */
 static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int64_t ld_x,
                       float *y, int64_t ld_y, gemv_epilogue ep, int nb)
 {
-    fc_batch *b = &e->b;
-    if (b->blas && nb >= b->dense_from && gemm_reads_half(m->type)) {
+    const fc_batch_act *a = &e->b.act;
+    fc_dense *d = &e->dense;
+    if (d->blas && nb >= d->from && gemm_reads_half(m->type)) {
         DS_ASSERT(ep == GEMV_STORE || ep == GEMV_ADD);
         status st;
         const uint16_t *w16 = fc_dense_weights(e, m); /* resident, or dequantised now */
-        if (!w16) gemm_dequant_half(m, b->d_w16, &e->launch);
-        if (blas_gemm_f16(b->blas, m->n_out, nb, m->n_in, w16 ? w16 : b->d_w16, gemm_dense_ld(m), b->d_xh,
-                          m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
+        if (!w16) gemm_dequant_half(m, d->d_w16, &e->launch);
+        if (blas_gemm_f16(d->blas, m->n_out, nb, m->n_in, w16 ? w16 : d->d_w16, gemm_dense_ld(m),
+                          a->d_xh, m->n_in, y, ld_y, ep == GEMV_ADD, e->launch.stream, &st)) {
             LOG_ERROR("cuda: %s", st.msg);
-            b->dense_failed = 1;
+            d->failed = 1;
         }
         return;
     }
-    gemm_rows(m, x, ld_x, b->d_xh, y, ld_y, ep, nb, b->d_work, &e->launch);
+    gemm_rows(m, x, ld_x, a->d_xh, y, ld_y, ep, nb, a->d_work, &e->launch);
 }
 
 static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
 {
-    fc_batch *b = &e->b;
+    const fc_batch *b = &e->b;
     for (int g = 0; g < L->n_in; g++)
-        recb_gemm(e, &L->in[g].m, b->d_h, e->cfg.H, b->d_proj + L->in[g].y_off, b->ld_proj,
-                  GEMV_STORE, nb);
+        recb_gemm(e, &L->in[g].m, b->act.d_h, e->cfg.H, b->act.d_proj + L->in[g].y_off,
+                  b->ld_proj, GEMV_STORE, nb);
 }
 
-static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *run,
-                     const int32_t *lng, int nb)
+/* prefill: the pass's long runs (s->long_runs) by the chunked rule, the other runs by the
+ * row-by-row one; else (decode rows, or batch invariant) every run row by row, so a prompt's
+ * results do not depend on how it was cut */
+static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
-    fc_batch *b = &e->b;
+    const fc_batch *b = &e->b;
+    const fc_batch_act *a = &b->act;
+    const int nb = s->nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
+    const int long_rows = prefill ? FC_LONG_RUN_ROWS : 0;
     recb_in_proj(e, L, nb);
-    gdn_conv_runs(b->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, slot, run,
-                  lng ? FC_LONG_RUN_ROWS : 0, c->C, c->K_conv, b->d_proj, b->ld_proj, nb,
-                  &e->launch);
-    const float *z = b->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
-    /* prompt chunks (lng: the prefill graph's long runs) by the chunked rule, decode rows by
-     * the row-by-row one; batch invariant: every run row by row, so a prompt's results do not
-     * depend on how it was cut */
-    const bool chunked = lng != NULL;
-    gdn_decode_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
-                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
-                    chunked ? FC_LONG_RUN_ROWS : 0, b->d_o, D_v, nb, &e->launch);
-    if (chunked)
-        gdn_chunk_runs(b->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
-                       c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, slot, run,
-                       lng, b->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS, b->d_gdn_scratch, &e->launch);
-    gdn_norm_gated_rows(b->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, b->d_y,
+    gdn_conv_runs(a->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, s->slots, s->runs,
+                  long_rows, c->C, c->K_conv, a->d_proj, b->ld_proj, nb, &e->launch);
+    const float *z = a->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
+    gdn_decode_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
+                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, s->slots,
+                    s->runs, long_rows, a->d_o, D_v, nb, &e->launch);
+    if (prefill)
+        gdn_chunk_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
+                       c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, s->slots,
+                       s->runs, s->long_runs, a->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS,
+                       a->d_gdn_scratch, &e->launch);
+    gdn_norm_gated_rows(a->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y,
                         b->ld_y, NULL, nb, &e->launch);
 }
 
-static void recb_attn(qwen35_cuda *e, const fc_layer *L, const int32_t *slot, const int32_t *pos,
-                      const int32_t *run, const int32_t *lng, int nb)
+static void recb_attn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
-    fc_batch *b = &e->b;
+    const fc_batch *b = &e->b;
+    const fc_batch_act *a = &b->act;
+    const int nb = s->nb;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
     void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
     const int32_t *table = e->kv.d_table;
-    const int ld = e->kv.blk.ld;
+    const int ld = e->kv.ld;
     recb_in_proj(e, L, nb);
-    const float *qg = b->d_proj, *k = qg + 2 * HA, *v = k + KVA;
+    const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep_rows(qg, k, v, b->ld_proj, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h,
-                   c->n_rot, c->rope_base, c->eps, pos, slot, table, ld, kc, vc, b->d_q, HA,
-                   e->kv_type, nb, &e->launch);
+                   c->n_rot, c->rope_base, c->eps, s->pos, s->slots, table, ld, kc, vc, a->d_q,
+                   HA, e->kv_type, nb, &e->launch);
     /* prompt chunks' rows in tiles (attn_prefill_runs), marked for attn_decode_rows to skip */
-    const bool tiles = lng && b->attn_tiles;
-    const int32_t *skip = tiles ? lng + 1 + nb : NULL;
+    const bool tiles = prefill && b->attn_tiles;
     if (tiles)
-        attn_prefill_runs(b->d_q, HA, kc, vc, slot, table, ld, pos, run, lng, c->n_h, c->n_kv,
-                          c->d_h, e->n_ctx, b->d_part, nb, nb, FC_LONG_RUN_ROWS, &e->launch);
-    attn_decode_rows(b->d_q, HA, qg, b->ld_proj, kc, vc, slot, table, ld, pos, skip, c->n_h,
-                     c->n_kv, c->d_h, e->n_ctx, b->d_part, b->d_y, b->ld_y, NULL, e->kv_type, nb,
-                     &e->launch);
+        attn_prefill_runs(a->d_q, HA, kc, vc, s->slots, table, ld, s->pos, s->runs, s->long_runs,
+                          c->n_h, c->n_kv, c->d_h, e->n_ctx, a->d_part, nb, nb, FC_LONG_RUN_ROWS,
+                          &e->launch);
+    attn_decode_rows(a->d_q, HA, qg, b->ld_proj, kc, vc, s->slots, table, ld, s->pos,
+                     tiles ? s->tile_rows : NULL, c->n_h, c->n_kv, c->d_h, e->n_ctx, a->d_part,
+                     a->d_y, b->ld_y, NULL, e->kv_type, nb, &e->launch);
 }
 
-void fc_record_batch(qwen35_cuda *e, int nb, bool prefill)
+void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
-    fc_batch *b = &e->b;
+    const fc_batch *b = &e->b;
+    const fc_batch_act *a = &b->act;
     const cuda_launch *l = &e->launch;
-    const int32_t *tok = b->d_rows + b->rows, *slot = tok + nb, *pos = tok + 2 * nb;
-    const int32_t *run = tok + 3 * nb, *lng = tok + 5 * nb;
+    const int nb = s->nb;
     const int64_t H = c->H, F = c->F;
-    gemv_embed_rows(&e->w.embd, tok, slot, pos, e->slots[0].d_pos, b->slot_stride / 4, b->d_x, H,
-                    nb, l);
+    gemv_embed_rows(&e->w.embd, s->tokens, s->slots, s->pos, e->slots[0].d_pos,
+                    b->slot_stride / 4, a->d_x, H, nb, l);
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
-        norm_rms_rows(b->d_x, H, L->d_attn_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
-        recb_x_half(e, b->d_h, H, H, nb);
+        norm_rms_rows(a->d_x, H, L->d_attn_norm, (int)H, c->eps, a->d_h, H, NULL, nb, l);
+        recb_x_half(e, a->d_h, H, H, nb);
         if (L->gdn)
-            recb_gdn(e, L, slot, run, prefill ? lng : NULL, nb);
+            recb_gdn(e, L, s, prefill);
         else
-            recb_attn(e, L, slot, pos, run, prefill ? lng : NULL, nb);
-        recb_x_half(e, b->d_y, b->ld_y, L->out.n_in, nb);
-        recb_gemm(e, &L->out, b->d_y, b->ld_y, b->d_x, H, fc_residual_ep(e), nb); /* residual */
-        fc_tp_sum(e, b->d_x, nb * H);
-        norm_rms_rows(b->d_x, H, L->d_post_norm, (int)H, c->eps, b->d_h, H, NULL, nb, l);
-        recb_x_half(e, b->d_h, H, H, nb);
-        recb_gemm(e, &L->gate, b->d_h, H, b->d_gu, 2 * F, GEMV_STORE, nb);
-        recb_gemm(e, &L->up, b->d_h, H, b->d_gu + F, 2 * F, GEMV_STORE, nb);
-        gemm_swiglu_rows(b->d_gu, 2 * F, (int)F, b->d_ffn, F, nb, l);
-        recb_x_half(e, b->d_ffn, F, F, nb);
-        recb_gemm(e, &L->down, b->d_ffn, F, b->d_x, H, fc_residual_ep(e), nb);
-        fc_tp_sum(e, b->d_x, nb * H);
+            recb_attn(e, L, s, prefill);
+        recb_x_half(e, a->d_y, b->ld_y, L->out.n_in, nb);
+        recb_gemm(e, &L->out, a->d_y, b->ld_y, a->d_x, H, residual_ep(e), nb); /* residual */
+        tp_sum(e, a->d_x, nb * H);
+        norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, NULL, nb, l);
+        recb_x_half(e, a->d_h, H, H, nb);
+        recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
+        recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
+        gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
+        recb_x_half(e, a->d_ffn, F, F, nb);
+        recb_gemm(e, &L->down, a->d_ffn, F, a->d_x, H, residual_ep(e), nb);
+        tp_sum(e, a->d_x, nb * H);
     }
 }
 
-/* The lm_head of nh rows of the pass's residual stream, the rows d_rows[0, nh) (those whose
- * logits are read: sampled and eval rows), gathered by the final norm; logits and argmax keys
- * in rows [0, nh). */
-void fc_record_head(qwen35_cuda *e, int nh)
+/* The lm_head of nh = s->nb rows of the pass's residual stream, the rows s->head_rows[0, nh)
+ * (those whose logits are read: sampled and eval rows), gathered by the final norm; logits and
+ * argmax keys in rows [0, nh). */
+void fc_record_head(qwen35_cuda *e, const fc_stage *s)
 {
     const qwen35_config *c = &e->cfg;
-    fc_batch *b = &e->b;
+    const fc_batch_act *a = &e->b.act;
     const cuda_launch *l = &e->launch;
+    const int nh = s->nb;
     const int64_t H = c->H;
     /* the graph's first kernel: a plain launch, as the body's embedding */
     const cuda_launch plain = {l->stream, false};
-    norm_rms_gather(b->d_x, H, b->d_rows, e->w.d_out_norm, (int)H, c->eps, b->d_h, H, NULL, nh,
+    norm_rms_gather(a->d_x, H, s->head_rows, e->w.d_out_norm, (int)H, c->eps, a->d_h, H, NULL, nh,
                     &plain);
-    recb_x_half(e, b->d_h, H, H, nh);
+    recb_x_half(e, a->d_h, H, H, nh);
     if (e->tp) /* this rank's vocabulary columns, the others' zeros: summed, all the logits */
-        cuda_memset_async(b->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
-    gemm_rows(&e->w.head, b->d_h, H, b->d_xh, b->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh,
-              b->d_work, l);
-    fc_tp_sum(e, b->d_logits, (int64_t)nh * c->V);
-    gemm_argmax_rows(b->d_logits, c->V, c->V, b->d_best, nh, l);
+        cuda_memset_async(a->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
+    gemm_rows(&e->w.head, a->d_h, H, a->d_xh, a->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh,
+              a->d_work, l);
+    tp_sum(e, a->d_logits, (int64_t)nh * c->V);
+    gemm_argmax_rows(a->d_logits, c->V, c->V, a->d_best, nh, l);
 }

@@ -1,11 +1,12 @@
 /* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, device
  * position and argmax word, the KV cache's block pools (F16 or F32, e->kv_type) and block table
- * in one arena; the activations one row uses (shared by
- * every slot: rows run one after another) in another. Laid out by a sizing pass (NULL base),
- * then for real. */
-#include "model/forward_cuda_impl.h"
+ * in one arena; the activations one row uses (shared by every slot: rows run one after another)
+ * in another. Laid out by a sizing pass (NULL base), then for real. The host's KV block tables
+ * (which block holds which positions of a slot) are kept here alone, behind fc_kv_*. */
+#include <stdlib.h>
 
 #include "kernels/cuda/attn.h"
+#include "model/forward_cuda_impl.h"
 
 /* one block of one layer's K (or V) pool */
 static uint64_t kv_block_bytes(const qwen35_cuda *e)
@@ -25,10 +26,10 @@ void fc_state_layout(qwen35_cuda *e, fc_arena *a)
         sl->d_best = fc_arena_take(a, 8);
     }
     fc_kv *kv = &e->kv;
-    kv->layer_bytes = (uint64_t)kv->blk.n_blocks * kv_block_bytes(e);
+    kv->layer_bytes = (uint64_t)kv->n_blocks * kv_block_bytes(e);
     kv->d_k = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
     kv->d_v = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
-    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->blk.ld * 4);
+    kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
 }
 
 void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
@@ -36,28 +37,57 @@ void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
     return (uint8_t *)pool + (uint64_t)kind_index * e->kv.layer_bytes;
 }
 
-void fc_kv_init(qwen35_cuda *e)
+/* ---- the block tables: model/kv_pool.h's, mirrored to d_table ---- */
+
+int fc_kv_alloc(qwen35_cuda *e, status *st)
 {
-    fc_kv_blocks_reset(&e->kv.blk, e->n_slots); /* the pad slot holds block 0 */
+    fc_kv *kv = &e->kv;
+    const int n_rows = e->n_slots + 1; /* and the pad slot */
+    const size_t table_bytes = (size_t)n_rows * kv->ld * 4;
+    void *table;
+    if (cuda_host_alloc(&table, table_bytes, "KV block table", st)) return st->code;
+    kv->h_table = table;
+    kv->mirror = calloc((size_t)n_rows, sizeof *kv->mirror);
+    if (!kv->mirror) return status_fail(st, STATUS_NOMEM, "cuda: KV table mirrors");
+    const kv_pool_opts o = {.n_seqs = n_rows, .block_tokens = ATTN_KV_BLOCK,
+                            .n_blocks = kv->n_blocks, .max_blocks_per_seq = kv->ld,
+                            .table = kv->h_table};
+    /* the pad slot's rows all sit at position 0: one block, the pool's first */
+    if (kv_pool_create(&o, &kv->pool, st) || kv_pool_ensure(kv->pool, e->n_slots, 1, st))
+        return st->code;
+    for (int i = 0; i < n_rows; i++)
+        kv->mirror[i] = (fc_kv_mirror){kv_pool_held(kv->pool, i), kv_pool_version(kv->pool, i)};
+    return cuda_upload(kv->d_table, kv->h_table, table_bytes, st);
+}
+
+void fc_kv_destroy(qwen35_cuda *e)
+{
+    kv_pool_destroy(e->kv.pool);
+    free(e->kv.mirror);
+    cuda_host_free(e->kv.h_table);
 }
 
 int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
 {
-    fc_kv_blocks *k = &e->kv.blk;
-    const int first = k->held[slot], got = fc_kv_blocks_grow(k, slot, last, ATTN_KV_BLOCK);
-    if (got < 0)
-        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%d more blocks of %d "
-                           "positions needed, %d of %d free)", slot,
-                           last / ATTN_KV_BLOCK + 1 - first, ATTN_KV_BLOCK, k->n_free,
-                           k->n_blocks - 1);
-    if (!got) return STATUS_OK;
-    const size_t at = (size_t)slot * k->ld + first;
-    cuda_copy_h2d_async(e->kv.d_table + at, k->table + at, (size_t)got * 4, e->launch.stream);
-    e->stats.h2d_bytes += (uint64_t)got * 4;
+    fc_kv *kv = &e->kv;
+    const uint32_t need = kv_pool_need(kv->pool, slot, (int64_t)last + 1);
+    const uint32_t n_free = kv_pool_free_blocks(kv->pool);
+    if (need > n_free)
+        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%u more blocks of %d "
+                           "positions needed, %u of %d free)", slot, need, ATTN_KV_BLOCK, n_free,
+                           kv->n_blocks - 1);
+    if (need && kv_pool_ensure(kv->pool, slot, (int64_t)last + 1, st)) return st->code;
+    int from, to;
+    fc_kv_mirror_sync(kv->pool, slot, &kv->mirror[slot], &from, &to);
+    if (from == to) return STATUS_OK;
+    const size_t at = (size_t)slot * kv->ld + from;
+    cuda_copy_h2d_async(kv->d_table + at, kv->h_table + at, (size_t)(to - from) * 4,
+                        e->launch.stream);
+    e->stats.h2d_bytes += (uint64_t)(to - from) * 4;
     return STATUS_OK;
 }
 
-void fc_kv_release(qwen35_cuda *e, int slot) { fc_kv_blocks_release(&e->kv.blk, slot); }
+void fc_kv_release(qwen35_cuda *e, int slot) { kv_pool_release(e->kv.pool, slot); }
 
 void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
 {
@@ -100,21 +130,17 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st)
     return STATUS_OK;
 }
 
-int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
+int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st)
 {
-    if (slot < 0 || slot >= e->n_slots)
-        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    if (n_past < 0 || n_past >= e->n_ctx)
-        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
     fc_slot *sl = &e->slots[slot];
     /* blocks for positions 0 .. n_past (the next token's too), holding finite values, which
      * do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32 2.45e-12 (exponent 0x58:
      * normal, not a NaN or infinity) */
     fc_kv_release(e, slot);
     if (fc_kv_grow(e, slot, n_past, st)) return st->code;
-    const int32_t *row = e->kv.blk.table + (size_t)slot * e->kv.blk.ld;
+    const int32_t *row = kv_pool_table(e->kv.pool, slot);
     for (int il = 0; il < e->cfg.n_attn_layers; il++)
-        for (int b = 0; b < e->kv.blk.held[slot]; b++) {
+        for (int b = 0; b < kv_pool_held(e->kv.pool, slot); b++) {
             const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
             if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
                             kv_block_bytes(e), st) ||

@@ -8,18 +8,10 @@
 
 #include <stdint.h>
 
+#include "kernels/attn_kv_type.h"
+
 #define REF_ATTN_BLOCK 256
 #define REF_ATTN_PREP_MAX_D_H 256 /* as the CUDA kernel: one thread per dim, d_h <= 256 */
-
-/* Element type of the KV cache; the same definition as in kernels/cuda/attn.h (whichever
- * header comes first defines it), so twin and kernel take the same argument. */
-#ifndef DS_ATTN_KV_TYPE
-#define DS_ATTN_KV_TYPE
-typedef enum attn_kv_type {
-    ATTN_KV_F16, /* 2 bytes an element, round to nearest even */
-    ATTN_KV_F32, /* 4 bytes an element, no rounding */
-} attn_kv_type;
-#endif
 
 /* One query head over n >= 1 cached positions: o = Σ_t softmax_t(q·k_t · scale) v_t.
  * q: [d_h]; position t's key/value at k + t*ld, v + t*ld (head offset already applied);

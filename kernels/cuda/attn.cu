@@ -202,11 +202,11 @@ static __device__ __forceinline__ void stage_rows(T *sk, T *sv, const T *kb, con
 
 // K and V of a chunk staged in shared memory when they fit beside the other buffers (every F16
 // cache; F32 up to d_h 128); else each warp loads its rows into registers.
-// A staged chunk's positions go through the online softmax 2 at a time (the batch no longer
-// decides what is in flight), and its registers are capped for 4 CTAs an SM: one wave for a 4K
-// context at B = 1. Run 49 (27B / 4B decode at 4K, tok/s): registers 141.3 / 538.5, staged with
-// the register build's batch 142.2 / 542.5, capped for 3 CTAs 142.5 / 546.4, 2 a batch capped
-// for 4 (this) 143.0 / 548.5 (two reps: 143.2 / 548.3).
+// A staged chunk's positions go through the online softmax 2 at a time (its K and V already in
+// shared memory, the batch does not set the loads in flight), and its registers are capped for
+// 4 CTAs an SM: one wave for a 4K context at B = 1. On the H200 (27B / 4B decode at 4K, tok/s):
+// registers 141.3 / 538.5, staged with the register build's batch 142.2 / 542.5, capped for 3
+// CTAs 142.5 / 546.4, 2 a batch capped for 4 (this) 143.0 / 548.5.
 #define ATTN_STAGE_BYTES 32768
 #define ATTN_STAGE_BATCH 2
 template <typename T, int EPL> static constexpr __host__ __device__ bool attn_staged()

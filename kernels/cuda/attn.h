@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/attn_kv_type.h"
 #include "kernels/cuda/cuda_device.h"
 
 #ifdef __cplusplus
@@ -43,16 +44,6 @@ extern "C" {
 #define ATTN_CHUNK 32
 #define ATTN_KV_BLOCK 64  /* positions of a KV cache block */
 #define ATTN_MAX_GROUP 8 /* n_h / n_kv */
-
-/* Element type of the KV cache. Defined identically in kernels/cpu/attn.h, whose twin
- * ref_attn_prep takes the same argument (the CPU kernels do not include CUDA headers). */
-#ifndef DS_ATTN_KV_TYPE
-#define DS_ATTN_KV_TYPE
-typedef enum attn_kv_type {
-    ATTN_KV_F16, /* 2 bytes an element, round to nearest even */
-    ATTN_KV_F32, /* 4 bytes an element, no rounding */
-} attn_kv_type;
-#endif
 
 /* qg: [n_h][2][d_h] (attn_q output: per head the query then the gate); k, v: [n_kv][d_h];
  * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: the slot's blocks (d_table: its row of the

@@ -104,17 +104,6 @@ static __global__ void dequant_f32_kernel(const float *__restrict__ x, float *__
     if (i < n) y[i] = x[i];
 }
 
-extern "C" bool dequant_supported(uint32_t type)
-{
-    switch (type) {
-    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K:
-        return true;
-    default:
-        return false;
-    }
-}
-
 extern "C" void dequant_f32(uint32_t type, const void *d_src, float *d_dst, int64_t n,
                             const cuda_launch *l)
 {

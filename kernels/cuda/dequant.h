@@ -1,6 +1,7 @@
 /* GPU dequantisation of GGUF blocks to F32 (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K).
  * CPU twin: quant_get(type)->dequant (gguf/quant.h), which tests/gpu/dequant_parity checks
- * element by element. Used at load time and for prefill paths that want dense weights. */
+ * element by element. The forward does not call it (its weights stay quantised; the dense path
+ * dequantises to F16 with gemm_dequant_half, kernels/cuda/gemm.h). */
 #ifndef DS_KERNELS_CUDA_DEQUANT_H
 #define DS_KERNELS_CUDA_DEQUANT_H
 
@@ -12,9 +13,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* true for the ggml type ids dequant_f32 handles */
-bool dequant_supported(uint32_t type);
 
 /* d_src: n elements of ggml type `type` as GGUF stores them (whole blocks; rows of a matrix are
  * packed without padding, so a whole tensor is one run of blocks); d_dst: [n] F32.

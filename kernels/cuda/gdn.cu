@@ -23,7 +23,7 @@
 // run blockIdx.y, whose rows go through the channel's window in order.
 // AHEAD: rows of a run whose conv inputs are loaded together: 8 for decode rows and short runs
 // (52 registers), 32 beside prompt chunks (128 registers; 8 took 41 µs a 4B layer of one
-// 256-row run, run 43: 32 CTAs, each thread 32 dependent load round trips)
+// 256-row run: 32 CTAs, each thread 32 dependent load round trips)
 template <int AHEAD>
 static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
@@ -244,7 +244,7 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
     cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, R);
     // beside the chunked rule (long_rows > 0) most of the R run slots of a prompt pass are
     // empty: GDN_RUNS_BESIDE_CHUNKS CTAs of z each take every that-many-th run (an empty grid of
-    // R = 256 cost 22 µs a 4B layer, run 43)
+    // R = 256 cost 22 µs a 4B layer)
     if (long_rows > 0 && d.grid_z > GDN_RUNS_BESIDE_CHUNKS) d.grid_z = GDN_RUNS_BESIDE_CHUNKS;
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
     ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \

@@ -31,26 +31,27 @@ struct gemv_tune_row {
     int prefetch;
 };
 
-// The H200's measurements (docs/BENCH.md runs; the ones that lost are gone from the code).
+// Measured on the H200 (each row's comment says against what; the choices that lost are not
+// in the table).
 static constexpr gemv_tune_row k_gemv_tune[] = {
     // Q6_K of 2^25..2^30 weights other than the lm_heads (the 27B's ffn_down and attn_qkv):
-    // flat. Run 20: 27B ffn_down 65.8% of 4.6 TB/s flat vs 54.0% warp, attn_qkv 59.9 vs 49.0;
-    // run 21: 27B 140.2 vs 135.8 tok/s, 4B even
+    // flat: 27B ffn_down at 65.8% of 4.6 TB/s flat vs 54.0% warp, attn_qkv 59.9 vs 49.0; the
+    // 27B decodes 140.2 vs 135.8 tok/s, the 4B even
     {GGML_TYPE_Q6_K, 1ll << 25, 1ll << 30, 1, 65536, GEMV_KERNEL_FLAT, 0, 0, 0},
-    // Q6_K lm_heads (248320 rows): 4 rows a warp, 128 registers (4 CTAs per SM). Run 29:
+    // Q6_K lm_heads (248320 rows): 4 rows a warp, 128 registers (4 CTAs per SM):
     // 1024/2560/5120 wide at 69/81/91% of 4.6 TB/s with 4 rows, 53/69/81% with 2
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 65536, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 4, 4, 1},
-    // other tall Q6_K: 2 rows a warp, registers uncapped (run 8; capping for 6 CTAs spilled and
-    // measured -5..+2%, run 26)
+    // other tall Q6_K: 2 rows a warp, registers uncapped (capping for 6 CTAs spilled and
+    // measured -5..+2%)
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 4096, 65535, GEMV_KERNEL_WARP, 2, 1, 1},
     {GGML_TYPE_Q6_K, 0, GEMV_NO_LIMIT, 1, 4095, GEMV_KERNEL_WARP, 1, 1, 1},
-    // Q4_K: one row a warp (run 8: 1 beat 2 and 4 at every shape), registers capped for 10
-    // CTAs per SM (48 registers). BENCH.md run 30 (32-bit block indices, one host, A/B):
-    // 0.8B 1413 / 4B 555 / 27B 143.3 tok/s at 10 against 1370 / 528 / 143.2 at 12 (40
-    // registers); 2 rows a warp for the 27B's large Q4_K matrices was faster alone in gemv_bench
-    // and slower in the step (27B 137.4). 16 CTAs spilled and decoded 8-13% slower (run 25)
+    // Q4_K: one row a warp (1 beat 2 and 4 at every shape), registers capped for 10 CTAs per SM
+    // (48 registers): 0.8B 1413 / 4B 555 / 27B 143.3 tok/s at 10 against 1370 / 528 / 143.2 at
+    // 12 (40 registers), A/B on one host; 2 rows a warp for the 27B's large Q4_K matrices was
+    // faster alone in gemv_bench and slower in the step (27B 137.4). 16 CTAs spilled and
+    // decoded 8-13% slower
     {GGML_TYPE_Q4_K, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 10, 1},
-    // everything else: one row a warp, uncapped, one row group ahead (run 6)
+    // everything else: one row a warp, uncapped, one row group ahead
     {GEMV_ANY_TYPE, 0, GEMV_NO_LIMIT, 1, GEMV_NO_LIMIT, GEMV_KERNEL_WARP, 1, 1, 1},
 };
 
@@ -59,8 +60,8 @@ static constexpr gemv_tune_row k_gemv_tune[] = {
 #define GEMV_PREFETCH_CAP (24ull << 20)
 
 // Two in-projection groups run as one gemv_pair launch when both are Q4_K/Q6_K warp matrices
-// and together at most this many bytes. Runs 26-28: 0.8B (6.3 MiB) +4.4%, 4B (~22 MiB) +1.4%,
-// 27B (~55 MiB) -0.5%: the limit falls between the 4B and the 27B.
+// and together at most this many bytes. Decode with the pair: 0.8B (6.3 MiB) +4.4%, 4B
+// (~22 MiB) +1.4%, 27B (~55 MiB) -0.5%: the limit falls between the 4B and the 27B.
 #define GEMV_PAIR_MAX_BYTES (32ull << 20)
 
 // The register build of the warp kernel for a type and rows per warp (a forced rows_per_warp

@@ -32,8 +32,8 @@ struct ep_args {
 // lanes of a row group (one warp, or the wpr warps that split a row) are numbered lr; lane lr
 // takes slice lr % TPB of blocks lr / TPB + i * (nl / TPB). The x loads of a block are loaded
 // once for the R rows. (Issuing the weight loads of several blocks before the first is used
-// was slower at every shape but the Q6_K lm_head with R = 4, H200 run 12: the raw words held
-// in registers cost occupancy. The loop the compiler schedules itself stays.)
+// was slower at every shape but the Q6_K lm_head with R = 4 on the H200: the raw words held in
+// registers cost occupancy. The loop the compiler schedules itself stays.)
 template <typename TT, int R>
 static __device__ __forceinline__ void rows_dot_q(const uint8_t *W, const int64_t *rows, int nb,
                                                   uint64_t nblk, const int8_t *xqs,
@@ -329,7 +329,7 @@ static __device__ __forceinline__ void
 
 // The warp kernel's shape for a matrix when `full` CTAs fit: warps per row (split a row's blocks
 // over 2 or 4 warps while the rows alone leave the GPU less than half full and each warp keeps
-// a whole block step (32/TPB blocks) to do; forcing 1 was worse at large shapes, run 14), rows
+// a whole block step (32/TPB blocks) to do; forcing 1 was slower at large shapes), rows
 // per CTA, and the CTAs that cover every row once.
 template <typename TT, int R>
 static void warp_shape(int64_t n_in, int64_t n_out, int64_t full, int *wpr_out,

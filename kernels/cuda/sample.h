@@ -77,7 +77,6 @@ void sample_run(sample_slot *s, const float *d_logits, const cuda_launch *l);
 
 const sample_result *sample_result_get(const sample_slot *s);
 const sample_topp_diag *sample_topp_diag_get(const sample_slot *s);
-uint64_t sample_step(const sample_slot *s);
 /* CTAs per cluster (diagnostics). */
 int sample_cluster_size(const sample_slot *s);
 

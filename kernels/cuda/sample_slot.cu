@@ -195,5 +195,4 @@ extern "C" void sample_run(sample_slot *s, const float *d_logits, const cuda_lau
 
 extern "C" const sample_result *sample_result_get(const sample_slot *s) { return &s->h_out->res; }
 extern "C" const sample_topp_diag *sample_topp_diag_get(const sample_slot *s) { return &s->h_out->diag; }
-extern "C" uint64_t sample_step(const sample_slot *s) { return s->step; }
 extern "C" int sample_cluster_size(const sample_slot *s) { return s->ncl; }

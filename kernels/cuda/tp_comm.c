@@ -59,10 +59,10 @@ const char *tp_comm_describe(void)
 }
 
 /* NCCL connects a communicator's peers at its first collective, and that may not happen inside a
- * stream capture (BENCH.md run 55, two H200s: "failed to peer with device 1: operation not
- * permitted when stream is capturing", then every step graph's capture failed). So one small
- * all-reduce on every communicator now, from this thread in one NCCL group, before any rank
- * captures: a rank that fails later cannot leave the others waiting in it. */
+ * stream capture (on two H200s: "failed to peer with device 1: operation not permitted when
+ * stream is capturing", then every step graph's capture failed). So one small all-reduce on
+ * every communicator first, from this thread in one NCCL group, before any rank captures: a
+ * rank that fails later cannot leave the others waiting in it. */
 #define CONNECT_FLOATS 64
 
 static int connect_all(int n, const int *devs, ncclComm_t *comms, status *st)

@@ -25,8 +25,8 @@
 /* Counting allocator: while g_counting is set, every malloc/calloc/realloc of the process
  * (g_allocs) and of the thread that set t_mine, the one running the token path (g_mine). The
  * assertion is on the latter (the rule is about the token path; other threads, the CUDA
- * driver's, are not ours); both are printed. H200 run 23 counted one process-wide allocation
- * in one of two runs of the same binary, without saying which thread made it. */
+ * driver's, are not ours); both are printed: on the H200 one of two runs of the same binary
+ * counted one process-wide allocation, without saying which thread made it. */
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);

@@ -1,16 +1,17 @@
 /* The CUDA forward's host-side pieces (model/forward_cuda_host.h), on the CPU:
+ *  - a batched pass's staging buffer: its named arrays back to back in one copy (fc_stage_at);
  *  - a batched pass's staged inputs for steps of decode rows, prompt chunks, both, eval rows and
- *    padding: every field of the layout checked against what the rows say;
- *  - the paged KV cache's block allocator: growth by positions, exhaustion that takes nothing,
- *    release, every block owned once (a random workload of 2,000 operations). */
+ *    padding: every array checked against what the rows say;
+ *  - the KV block tables' device mirror: appended entries copied alone, the whole table after
+ *    a release or a share (model/kv_pool.h), the mirror equal to the table after each copy. */
 #include <CUnit/Basic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/splitmix64.h"
 #include "model/forward_cuda_host.h"
+#include "model/kv_pool.h"
 
 static const int g_bucket[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_BUCKETS ((int)(sizeof g_bucket / sizeof g_bucket[0]))
@@ -29,6 +30,28 @@ static int make_rows(qwen35_cuda_row *rows, const int (*runs)[3], int n_runs)
     return n;
 }
 
+/* fc_stage_at: every array of the bucket inside one staging buffer, none overlapping, the
+ * last ending at s.ints (the one copy a pass makes) */
+static void test_stage_at(void)
+{
+    int32_t buf[FC_STAGE_INTS(ROWS)];
+    for (int k = 0; k < N_BUCKETS; k++) {
+        const int nb = g_bucket[k];
+        const fc_stage s = fc_stage_at(buf, ROWS, nb);
+        const struct { const int32_t *at; int n; } arr[] = {
+            {s.head_rows, ROWS}, {s.tokens, nb}, {s.slots, nb}, {s.pos, nb}, {s.runs, nb},
+            {s.run_len, nb}, {s.long_runs, 1}, {s.long_idx, nb}, {s.tile_rows, nb},
+        };
+        const int32_t *at = buf; /* back to back, in this order */
+        for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
+            CU_ASSERT_PTR_EQUAL(arr[i].at, at);
+            at += arr[i].n;
+        }
+        CU_ASSERT_EQUAL(at - buf, s.ints);
+        CU_ASSERT(s.ints <= FC_STAGE_INTS(ROWS));
+    }
+}
+
 /* the layout of fc_stage_pass for these rows, checked field by field */
 static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
 {
@@ -42,8 +65,13 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
     CU_ASSERT_EQUAL(in.nb, nb);
     CU_ASSERT_EQUAL(g_bucket[in.k], nb);
     CU_ASSERT_EQUAL(in.staged_ints, ROWS + 7 * nb + 1);
-    const int32_t *tok = stage + ROWS, *slot = tok + nb, *pos = tok + 2 * nb, *run = tok + 3 * nb;
-    const int32_t *lng = tok + 5 * nb, *skip = lng + 1 + nb;
+    const fc_stage s = fc_stage_at(stage, ROWS, nb);
+    CU_ASSERT_EQUAL(s.nb, nb);
+    CU_ASSERT_EQUAL(s.ints, in.staged_ints);
+    const int32_t *tok = s.tokens, *slot = s.slots, *pos = s.pos, *run = s.runs;
+    const int32_t *lng = s.long_runs, *skip = s.tile_rows;
+    CU_ASSERT_PTR_EQUAL(s.run_len, run + nb);     /* the kernels' [2][nb] runs */
+    CU_ASSERT_PTR_EQUAL(s.long_idx, lng + 1);     /* and their count-then-indices list */
     for (int j = 0; j < nb; j++) {
         CU_ASSERT_EQUAL(tok[j], j < n ? rows[j].token : 0);
         CU_ASSERT_EQUAL(slot[j], j < n ? rows[j].slot : PAD);
@@ -86,14 +114,14 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
         CU_ASSERT_EQUAL(head[j] >= 0, want);
         if (want) {
             CU_ASSERT_EQUAL(head[j], nh);
-            CU_ASSERT_EQUAL(stage[nh], j);
+            CU_ASSERT_EQUAL(s.head_rows[nh], j);
             nh++;
         }
     }
     CU_ASSERT_EQUAL(in.nh, nh);
     if (nh) {
         CU_ASSERT(g_bucket[in.kh] >= nh && (in.kh == 0 || g_bucket[in.kh - 1] < nh));
-        for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(stage[j], stage[0]);
+        for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(s.head_rows[j], s.head_rows[0]);
     }
 }
 
@@ -130,81 +158,72 @@ static void test_stage_pass(void)
     }
 }
 
-/* ---- KV blocks ---- */
-static void check_owned_once(const fc_kv_blocks *k)
+/* ---- the KV block tables' device mirror ---- */
+
+/* copies what fc_kv_mirror_sync asks for from the pool's table into `dev` (the mirror's
+ * memory), then checks dev holds the table's valid entries */
+static void sync_and_check(const kv_pool *p, int seq, fc_kv_mirror *m, int32_t *dev, int ld,
+                           int want_from, int want_to)
 {
-    int *owner = calloc((size_t)k->n_blocks, sizeof *owner);
-    for (int i = 0; i < k->n_free; i++) owner[k->free_ids[i]]++;
-    for (int r = 0; r < k->n_rows; r++)
-        for (int b = 0; b < k->held[r]; b++) owner[k->table[r * k->ld + b]]++;
-    int bad = 0;
-    for (int b = 0; b < k->n_blocks; b++) bad += owner[b] != 1;
-    CU_ASSERT_EQUAL(bad, 0);
-    free(owner);
+    int from, to;
+    fc_kv_mirror_sync(p, seq, m, &from, &to);
+    CU_ASSERT_EQUAL(from, want_from);
+    CU_ASSERT_EQUAL(to, want_to);
+    const int32_t *t = kv_pool_table(p, seq);
+    for (int b = from; b < to; b++) dev[seq * ld + b] = t[b];
+    for (int b = 0; b < kv_pool_held(p, seq); b++) CU_ASSERT_EQUAL(dev[seq * ld + b], t[b]);
 }
 
-static void test_kv_blocks(void)
+static void test_kv_mirror(void)
 {
-    enum { ROWS_K = 5, LD = 4, BLOCKS = 12, BP = 64 };
-    int32_t table[ROWS_K * LD], free_ids[BLOCKS];
-    int held[ROWS_K];
-    fc_kv_blocks k = {table, free_ids, held, ROWS_K, LD, BLOCKS, 0};
-    fc_kv_blocks_reset(&k, ROWS_K - 1);
-    CU_ASSERT_EQUAL(k.n_free, BLOCKS - 1);
-    CU_ASSERT_EQUAL(k.held[ROWS_K - 1], 1);
-    CU_ASSERT_EQUAL(k.table[(ROWS_K - 1) * LD], 0); /* the pad row: block 0 */
-    check_owned_once(&k);
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 0, BP), 1);      /* position 0: one block */
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 63, BP), 0);     /* still in it */
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 0, 64, BP), 1);     /* the next */
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 1, 4 * BP - 1, BP), 4); /* a whole context at once */
-    CU_ASSERT_EQUAL(k.held[0], 2);
-    CU_ASSERT_EQUAL(k.held[1], 4);
-    CU_ASSERT_EQUAL(k.n_free, BLOCKS - 1 - 6);
-    check_owned_once(&k);
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 2, 4 * BP - 1, BP), 4);
-    CU_ASSERT_EQUAL(k.n_free, 1);
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 3, 2 * BP - 1, BP), -1); /* 2 needed, 1 free */
-    CU_ASSERT_EQUAL(k.held[3], 0);                                  /* nothing taken */
-    CU_ASSERT_EQUAL(k.n_free, 1);
-    fc_kv_blocks_release(&k, 1);
-    CU_ASSERT_EQUAL(k.n_free, 5);
-    CU_ASSERT_EQUAL(fc_kv_blocks_grow(&k, 3, 2 * BP - 1, BP), 2);
-    check_owned_once(&k);
-    /* a random workload: grow a row to a random position or release it */
-    uint64_t rng = 77;
-    fc_kv_blocks_reset(&k, ROWS_K - 1);
-    int fails = 0;
-    for (int i = 0; i < 2000; i++) {
-        const int r = (int)(splitmix64_next(&rng) % (ROWS_K - 1));
-        if (splitmix64_next(&rng) % 4 == 0) {
-            fc_kv_blocks_release(&k, r);
-        } else {
-            const int before = k.held[r], free_before = k.n_free;
-            const int last = (int)(splitmix64_next(&rng) % (LD * BP));
-            const int got = fc_kv_blocks_grow(&k, r, last, BP);
-            const int need = last / BP + 1;
-            if (got < 0) {
-                fails++;
-                CU_ASSERT(need - before > free_before);
-                CU_ASSERT_EQUAL(k.held[r], before);
-                CU_ASSERT_EQUAL(k.n_free, free_before);
-            } else {
-                CU_ASSERT_EQUAL(k.held[r], need > before ? need : before);
-                CU_ASSERT_EQUAL(got, k.held[r] - before);
-            }
-        }
-    }
-    check_owned_once(&k);
-    CU_ASSERT(fails > 0); /* the workload did run the pool dry */
+    enum { SEQS = 3, LD = 4, BLOCKS = 8, BP = 64 };
+    int32_t table[SEQS * LD], dev[SEQS * LD];
+    memset(dev, 0x7f, sizeof dev); /* what the device held before: nothing valid */
+    kv_pool *p;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(kv_pool_create(&(kv_pool_opts){.n_seqs = SEQS, .block_tokens = BP,
+                                                         .n_blocks = BLOCKS,
+                                                         .max_blocks_per_seq = LD,
+                                                         .table = table},
+                                         &p, &st),
+                          STATUS_OK);
+    fc_kv_mirror m[SEQS] = {{0}};
+    sync_and_check(p, 0, &m[0], dev, LD, 0, 0);          /* empty: nothing to copy */
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 0, 1, &st), STATUS_OK);
+    sync_and_check(p, 0, &m[0], dev, LD, 0, 1);          /* the first block */
+    sync_and_check(p, 0, &m[0], dev, LD, 1, 1);          /* nothing new */
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 0, 3 * BP, &st), STATUS_OK);
+    sync_and_check(p, 0, &m[0], dev, LD, 1, 3);          /* only the appended ones */
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 1, 2 * BP, &st), STATUS_OK);
+    sync_and_check(p, 1, &m[1], dev, LD, 0, 2);
+    /* released and grown back to as many blocks: other blocks, the whole table again */
+    kv_pool_release(p, 0);
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 2, 2 * BP, &st), STATUS_OK); /* takes 0's first blocks */
+    sync_and_check(p, 2, &m[2], dev, LD, 0, 2);
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 0, 3 * BP, &st), STATUS_OK);
+    sync_and_check(p, 0, &m[0], dev, LD, 0, 3);
+    /* released and not grown: nothing valid to copy, and the next growth copies from 0 */
+    kv_pool_release(p, 1);
+    sync_and_check(p, 1, &m[1], dev, LD, 0, 0);
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 1, 1, &st), STATUS_OK);
+    sync_and_check(p, 1, &m[1], dev, LD, 0, 1);
+    /* shared: the whole table, then appended entries only */
+    kv_pool_release(p, 2);
+    sync_and_check(p, 2, &m[2], dev, LD, 0, 0);
+    CU_ASSERT_EQUAL(kv_pool_share(p, 2, 0, 2, &st), STATUS_OK);
+    sync_and_check(p, 2, &m[2], dev, LD, 0, 2);
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 2, 3 * BP, &st), STATUS_OK);
+    sync_and_check(p, 2, &m[2], dev, LD, 2, 3);
+    kv_pool_destroy(p);
 }
 
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite("forward_cuda_host", NULL, NULL);
+    CU_add_test(s, "stage_at", test_stage_at);
     CU_add_test(s, "stage_pass", test_stage_pass);
-    CU_add_test(s, "kv_blocks", test_kv_blocks);
+    CU_add_test(s, "kv_mirror", test_kv_mirror);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();

@@ -1,0 +1,128 @@
+/* The CUDA forward's sampling (forward_cuda_impl.h): one GPU sampler per slot
+ * (kernels/cuda/sample.h) run behind the step's graphs on the same stream, or, where the device
+ * cannot run its cluster kernel, host samplers (model/sampler.h) on copied-back logits; the
+ * tokens each slot's sampler counts; the sampled row's result read after the step's sync. Only
+ * rank 0 samples under tensor parallelism (fc_samples). */
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "model/forward_cuda_impl.h"
+
+int fc_samplers_create(qwen35_cuda *e, status *st)
+{
+    const int V = e->cfg.V;
+    if (!fc_samples(e)) return STATUS_OK; /* tensor parallel: rank 0 samples */
+    for (int i = 0; i < e->n_slots; i++) {
+        if (!sample_create(&e->slots[i].sampler, V, e->n_ctx, st)) continue;
+        if (st->code != STATUS_UNSUPPORTED) return st->code;
+        LOG_WARN("cuda: sampling on the host (%s)", st->msg);
+        status_clear(st);
+        for (int j = 0; j <= i; j++) {
+            sample_destroy(e->slots[j].sampler);
+            e->slots[j].sampler = NULL;
+        }
+        e->h_logits = malloc((size_t)V * sizeof(float));
+        if (!e->h_logits) return status_fail(st, STATUS_NOMEM, "cuda: host sampler logits");
+        const sampling_params greedy = {0};
+        for (int j = 0; j < e->n_slots; j++)
+            if (sampler_create(&e->slots[j].host_sampler, V, e->n_ctx, &greedy, st))
+                return st->code;
+        return STATUS_OK;
+    }
+    return STATUS_OK;
+}
+
+void fc_samplers_destroy(qwen35_cuda *e)
+{
+    for (int i = 0; e->slots && i < e->n_slots; i++) {
+        sample_destroy(e->slots[i].sampler);
+        sampler_destroy(e->slots[i].host_sampler);
+    }
+    free(e->h_logits);
+}
+
+int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st)
+{
+    sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
+    p = &sl->params;
+    sl->greedy = sampling_params_is_greedy(p);
+    if (!fc_samples(e)) return STATUS_OK;
+    if (sl->sampler) return sample_reset(sl->sampler, p, p->n_logprobs > 0, &e->launch, st);
+    sampler_reset(sl->host_sampler, p);
+    return STATUS_OK;
+}
+
+/* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
+ * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
+static void accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
+{
+    if (!fc_samples(e)) return;
+    fc_slot *sl = &e->slots[rows[i].slot];
+    int n = 0;
+    for (int k = i; k < j; k++)
+        if (rows[k].prompt) e->h_ids[n++] = rows[k].token;
+    if (n && sl->sampler) sample_accept_prompt(sl->sampler, e->h_ids, n, &e->launch);
+    if (n && !sl->sampler) sampler_accept_prompt(sl->host_sampler, e->h_ids, n);
+    for (int k = i; k < j; k++) {
+        if (rows[k].prompt) continue;
+        if (sl->sampler)
+            sample_accept(sl->sampler, rows[k].token, &e->launch);
+        else
+            sampler_accept(sl->host_sampler, rows[k].token);
+    }
+}
+
+int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st)
+{
+    fc_slot *sl = &e->slots[r->slot];
+    r->n_top = 0;
+    r->logprob = 0;
+    if (sl->greedy) {
+        r->next = greedy_next;
+    } else if (sl->sampler) {
+        const sample_result *res = sample_result_get(sl->sampler);
+        r->next = res->token;
+        r->logprob = res->logprob;
+        r->n_top = res->n_top;
+        for (int k = 0; k < res->n_top; k++) {
+            r->top_id[k] = res->top_id[k];
+            r->top_logprob[k] = res->top_logprob[k];
+        }
+    } else {
+        sample_result res;
+        r->next = sampler_sample(sl->host_sampler, e->h_logits, &res);
+        r->logprob = res.logprob;
+        r->n_top = res.n_top;
+        for (int k = 0; k < r->n_top; k++) {
+            r->top_id[k] = res.top_id[k];
+            r->top_logprob[k] = res.top_logprob[k];
+        }
+    }
+    if (r->next < 0 || r->next >= e->cfg.V)
+        return status_fail(st, STATUS_INTERNAL, "slot %d: sampling found no token (%d; NaN or "
+                           "inf logits? are the weights broken?)", r->slot, r->next);
+    return STATUS_OK;
+}
+
+/* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
+ * runs where the device cannot run the GPU sampler). */
+static int sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st)
+{
+    cuda_copy_d2h_async(e->h_logits, d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
+    e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
+    if (cuda_sync(e->launch.stream, "step (host sampler)", st)) return st->code;
+    return fc_read_sample(e, r, -1, st);
+}
+
+int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+                  status *st)
+{
+    qwen35_cuda_row *r = &rows[j - 1];
+    const fc_slot *sl = &e->slots[r->slot];
+    accept_rows(e, rows, i, j);
+    if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);
+    if (r->sample && !sl->greedy && !sl->sampler && fc_samples(e) &&
+        sample_on_host(e, r, d_logits, st))
+        return st->code;
+    return STATUS_OK;
+}
