@@ -11,9 +11,11 @@ Checks, each failure printed as FILE:LINE: what:
      stem (`gguf/quant`), a Bazel target by its output path (`bench/loadgen`), protoc-c's
      output of a .proto, or a file .gitignore names (one the tools write, e.g.
      models/default.gguf). In a folder's README, a file name without a folder in a code span
-     (`gemv_plan.cuh`) exists below that folder or, failing that, anywhere in the tree. A Bazel label's package (`//tests/k8s:...`) is a folder with a BUILD file. Citations
-     of other repositories (`ggml-org/ggml: docs/gguf.md`), URLs and absolute paths are not
-     checked; nor is a path with a placeholder (`cli/cmd_<name>.c`, `tests/gguf/…`).
+     (`gemv_plan.cuh`) exists below that folder or, failing that, anywhere in the tree. A
+     Bazel label (`//tests/k8s:k8s_manifests_test`) names a package with a BUILD file and a
+     target of it (a rule's name or a file). Citations of other repositories (`ggml-org/ggml:
+     docs/gguf.md`), URLs and absolute paths are not checked; nor is a path with a placeholder
+     (`cli/cmd_<name>.c`, `tests/gguf/…`).
   2. Flags. On a command line (a code span, a table cell or a code-block line) that runs
      `deltaserve SUB` (also `bazel-bin/cli/deltaserve SUB`, or a code span that starts with
      SUB, as the README's command table does), every `--flag` after SUB is one that
@@ -26,7 +28,7 @@ import re
 import subprocess
 import sys
 
-SKIP_DIRS = {".git", ".venv", ".venv-refgen", ".gpu", ".cache", ".train", "out", "third_party"}
+SKIP_DIRS = {"out"}  # besides hidden folders and bazel-*: what .gitignore keeps out of the tree
 BARE_EXT = r"(?:c|h|cc|cu|cuh|py|sh|bzl|proto|ya?ml|md|json|gguf|f32|png|txt|cfg)"
 SUBS2 = {"bench": ("decode", "batch"), "gguf": ("info", "synth")}
 
@@ -175,12 +177,15 @@ class Checker:
                 self.fail(doc, n, "no file named %s in the tree" % t)
 
     def check_labels(self, doc, n, line):
-        for m in re.finditer(r"(?<![\w:/])//([\w/.-]*)(?::[\w.+-]+|/\.\.\.)?", line):
-            pkg = m.group(1).rstrip("/")
+        for m in re.finditer(r"(?<![\w:/])//([\w/.-]*)(?::([\w.+-]+))?", line):
+            pkg, name = m.group(1).rstrip("/"), m.group(2)
             if pkg.endswith("..."):
                 pkg = pkg[:-3].rstrip("/")
             if pkg and os.path.join(pkg, "BUILD") not in self.files:
                 self.fail(doc, n, "no Bazel package //%s" % pkg)
+            elif name and not (re.search(r'\bname = "%s"' % re.escape(name), self.build_text(pkg))
+                               or os.path.join(pkg, name) in self.files):
+                self.fail(doc, n, "no target //%s:%s" % (pkg, name))
 
     # ---- flags ----
     def check_command(self, doc, n, text, sub_at_start=False):
