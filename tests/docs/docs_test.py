@@ -116,8 +116,12 @@ class Checker:
         if sub not in self.helps:
             p = subprocess.run([self.binary] + sub.split() + ["--help"], capture_output=True,
                                text=True)
+            # the flag table's lines, and the usage line (`client`: "also: --stop S"); not the
+            # other lines, which may show another subcommand's usage (`bench decode --help`)
+            out = (p.stdout + p.stderr).split("\n")
+            lines = out[:1] + [l for l in out if re.match(r"\s+--", l)]
             self.helps[sub] = (None if p.returncode != 0 else
-                               set(re.findall(r"--([a-z][\w-]*)", p.stdout + p.stderr)))
+                               set(re.findall(r"--([a-z][\w-]*)", "\n".join(lines))))
         return self.helps[sub]
 
     # ---- paths ----
