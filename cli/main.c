@@ -1,4 +1,4 @@
-/* deltaserve: one binary, one subcommand per job (DESIGN.md §1). */
+/* deltaserve: one binary, one subcommand per job (docs/ARCHITECTURE.md §1). */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* GGUF v3/v2 reader. The file is hostile: every read goes through a bounds-checked cursor,
  * every count is bounded by the bytes left before anything is allocated, and every size and
- * offset is computed with overflow checks. Layout: shared/QWEN35.md §1.8 (ggml docs/gguf.md).
+ * offset is computed with overflow checks. Layout: docs/QWEN35.md §1.8 (ggml docs/gguf.md).
  *
  * Errors read "<path>: offset <byte>: <what> [key/tensor '<name>']" so a user can open the
  * file in a hex editor at that byte. */

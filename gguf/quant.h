@@ -1,7 +1,7 @@
 /* ggml tensor types: the one type-traits table and the CPU kernels on blocks (dequantise a
  * row, dot a quantised row with an F32 vector, quantise a row from F32). The type ids and
  * block structs are gguf/quant_blocks.h, shared with the CUDA kernels.
- * Layouts: shared/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). */
+ * Layouts: docs/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). */
 #ifndef DS_GGUF_QUANT_H
 #define DS_GGUF_QUANT_H
 

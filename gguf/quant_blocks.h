@@ -1,6 +1,6 @@
 /* The GGUF block formats, the one copy shared by C (gguf/, kernels/cpu) and CUDA (kernels/cuda):
  * ggml type ids, block structs with their size checks, and the K-quant scale/min unpacking.
- * Layouts: shared/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). Definitions only: no
+ * Layouts: docs/QWEN35.md §5 (from ggml-common.h / ggml-quants.c). Definitions only: no
  * functions with linkage, so nvcc and the C compiler both take it whole (kernels/cuda lists it
  * in cu_hdrs; C code gets it through gguf/quant.h or //gguf:quant_blocks). */
 #ifndef DS_GGUF_QUANT_BLOCKS_H

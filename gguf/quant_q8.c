@@ -200,7 +200,7 @@ float quant_dot_q8_ref_q6_K(const void *row, const void *xq, int64_t n) {
         for (int l = 0; l < 8; l++)
             isum[l] = -32 * (w[b].scales[2 * l] * x[b].bsums[2 * l] + w[b].scales[2 * l + 1] * x[b].bsums[2 * l + 1]);
         for (int e = 0; e < QK_K; e++) {
-            /* QWEN35.md §5.2: half h, l = e % 32, quarter q = (e % 128) / 32 */
+            /* docs/QWEN35.md §5.2: half h, l = e % 32, quarter q = (e % 128) / 32 */
             const int h = e / 128, q = (e % 128) / 32, l = e % 32;
             const uint8_t lb = w[b].ql[64 * h + l + (q & 1) * 32];
             const int lo = (q >> 1) ? lb >> 4 : lb & 0xF;

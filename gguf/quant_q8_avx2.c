@@ -275,7 +275,7 @@ QUANT_Q8_INLINE void quant_q8_k45_cols(const uint8_t *row, const uint8_t *xq, ui
 }
 
 /* ---- Q6_K x Q8_K ------------------------------------------------------------------------
- * Per 128-weight half h, with l = 0..31 the bytes of 32-wide vectors (QWEN35.md §5.2):
+ * Per 128-weight half h, with l = 0..31 the bytes of 32-wide vectors (docs/QWEN35.md §5.2):
  *   q1 (weights l)    = (ql[l]    & 15) | (qh[l] & 3) << 4
  *   q2 (weights l+32) = (ql[l+32] & 15) | (qh[l] >> 2 & 3) << 4
  *   q3 (weights l+64) = (ql[l]    >> 4) | (qh[l] >> 4 & 3) << 4

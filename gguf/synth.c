@@ -8,7 +8,7 @@
 
 #include "gguf/quant.h"
 
-/* QWEN35.md §4.1/§4.2. n_ctx 262144, rope base 1e7, eps 1e-6, sections [11,11,10,0],
+/* docs/QWEN35.md §4.1/§4.2. n_ctx 262144, rope base 1e7, eps 1e-6, sections [11,11,10,0],
  * d_h 256, n_k 16, d_k = d_v 128, K_conv 4, n_rot 64, V 248320. */
 #define REAL(nm, L, h, f, nh, nkv, nv, tie)                                                  \
     {                                                                                          \
@@ -173,7 +173,7 @@ static const synth_kind attn_kinds[] = {SYNTH_KIND_ATTN_Q,      SYNTH_KIND_ATTN_
                                         SYNTH_KIND_ATTN_Q_NORM, SYNTH_KIND_ATTN_K_NORM};
 #define N_OF(a) ((int)(sizeof(a) / sizeof(a)[0]))
 
-/* Shape of a kind (QWEN35.md §1.4): ne[0], ne[1] (1 for 1D tensors). */
+/* Shape of a kind (docs/QWEN35.md §1.4): ne[0], ne[1] (1 for 1D tensors). */
 static void kind_shape(const synth_preset *p, synth_kind kind, uint64_t ne[2], uint32_t *n_dims)
 {
     DS_ASSERT((unsigned)kind < SYNTH_KIND_COUNT);

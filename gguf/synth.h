@@ -1,4 +1,4 @@
-/* Synthetic Qwen3.5 GGUFs of the real shapes (shared/QWEN35.md §1.2-1.6, §4, §5.3): the
+/* Synthetic Qwen3.5 GGUFs of the real shapes (docs/QWEN35.md §1.2-1.6, §4, §5.3): the
  * benchmark inputs of the project. A file has the real metadata, tensor names, shapes and
  * tied/untied layout of a size, the type mix of a file type (f32/f16/bf16/q8_0, or the
  * llama-quantize Q4_K_M rules), random but valid weights of plausible magnitude, and a
@@ -106,15 +106,15 @@ typedef struct synth_tensor {
     uint64_t n_bytes;   /* row_bytes * ne[1] */
 } synth_tensor;
 
-/* Layer kind (QWEN35.md §1.3). */
+/* Layer kind (docs/QWEN35.md §1.3). */
 bool synth_layer_is_recurrent(const synth_preset *p, int layer);
 
-/* llama-quantize's use_more_bits(i, n) (QWEN35.md §5.3). */
+/* llama-quantize's use_more_bits(i, n) (docs/QWEN35.md §5.3). */
 bool synth_use_more_bits(int i, int n);
 
 /* The ggml type of a tensor kind at a layer under a file type: 1D tensors, norms, ssm_conv1d,
  * ssm_a and ssm_dt.bias are always F32; f32/f16/bf16/q8_0 put every 2D matmul weight in that
- * type; q4_k_m follows QWEN35.md §5.3 (output Q6_K; token_embd Q6_K when tied else Q4_K;
+ * type; q4_k_m follows docs/QWEN35.md §5.3 (output Q6_K; token_embd Q6_K when tied else Q4_K;
  * attn_v/attn_qkv and ffn_down Q6_K when use_more_bits, else Q4_K; everything else Q4_K). */
 uint32_t synth_tensor_type(const synth_preset *p, synth_quant q, synth_kind kind, int layer);
 

@@ -11,7 +11,7 @@
 #define MAX_VOCAB (1u << 20)
 #define MAX_TOKEN_RAW 64 /* longest raw (byte) string of a merged token */
 
-/* Qwen3.5's special tokens in id order from 248044 (QWEN35.md §1.6). The seven audio/tts
+/* Qwen3.5's special tokens in id order from 248044 (docs/QWEN35.md §1.6). The seven audio/tts
  * names (248070..248076) follow Qwen's omni tokenizers; the text models never emit them. */
 static const char *const qwen_specials[] = {
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",

@@ -1,4 +1,4 @@
-/* A deterministic byte-level BPE vocabulary for synthetic qwen35 files (QWEN35.md §1.6).
+/* A deterministic byte-level BPE vocabulary for synthetic qwen35 files (docs/QWEN35.md §1.6).
  *
  * Layout of the n_vocab ids:
  *   [0, 256)                   the 256 byte tokens, GPT-2 byte-to-unicode characters, in

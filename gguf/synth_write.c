@@ -103,7 +103,7 @@ static int make_items(const synth_tensor *t, int n_t, uint64_t chunk_bytes, work
     return 0;
 }
 
-/* Every metadata key of QWEN35.md §1.2 and the tokenizer of §1.6. A setter's failure is kept
+/* Every metadata key of docs/QWEN35.md §1.2 and the tokenizer of §1.6. A setter's failure is kept
  * by the writer and reported, with its message, by gguf_writer_begin_data. */
 static void set_metadata(gguf_writer *w, const synth_preset *p, synth_quant q, uint64_t seed,
                          const synth_vocab *v)

@@ -1,4 +1,4 @@
-/* CPU reference forward pass of Qwen3.5, top level (shared/QWEN35.md §2.0, §2.6):
+/* CPU reference forward pass of Qwen3.5, top level (docs/QWEN35.md §2.0, §2.6):
  *   x = token_embd[token]
  *   per layer: x += Mixer(RMSNorm(x)·attn_norm);  x += W_down(silu(W_gate h2) ⊙ W_up h2),
  *              h2 = RMSNorm(x)·post_attention_norm;   Mixer = Gated DeltaNet or gated attention

@@ -2,11 +2,11 @@
  * tokens (token-parallel projections + chunked gated delta rule) and batched decode (B
  * sequences, one token each, every weight row read once for all B).
  *
- * This is the specification every other backend matches (shared/QWEN35.md §2, §3). It works on
+ * This is the specification every other backend matches (docs/QWEN35.md §2, §3). It works on
  * every weight type the GGUF may hold (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K) by dotting the
  * quantised rows directly; no tensor is ever dequantised whole.
  *
- * Lifetimes (STYLE.md "Memory"):
+ * Lifetimes (docs/STYLE.md "Memory"):
  *   model  - qwen35_model_load (model/qwen35.h), read-only, shared by every ctx and state;
  *   ctx    - qwen35_ctx_create once per engine thread: scratch for up to max_batch sequences /
  *            max_tokens tokens and a thread pool; nothing is allocated per token afterwards;
@@ -105,8 +105,8 @@ int qwen35_state_layer_slot(const qwen35_model *m, int il);
 
 /* How prefill runs the gated delta rule over T > 1 tokens. */
 typedef enum qwen35_gdn_mode {
-    QWEN35_GDN_CHUNKED = 0, /* default: chunked form, chunk QWEN35_GDN_CHUNK (QWEN35.md §3) */
-    QWEN35_GDN_RECURRENT,   /* token by token, the decode recurrence (QWEN35.md §2.4) */
+    QWEN35_GDN_CHUNKED = 0, /* default: chunked form, chunk QWEN35_GDN_CHUNK (docs/QWEN35.md §3) */
+    QWEN35_GDN_RECURRENT,   /* token by token, the decode recurrence (docs/QWEN35.md §2.4) */
 } qwen35_gdn_mode;
 
 #define QWEN35_GDN_CHUNK 64

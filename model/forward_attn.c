@@ -1,4 +1,4 @@
-/* Gated full-attention layer of the CPU forward pass (shared/QWEN35.md §2.2, §2.3):
+/* Gated full-attention layer of the CPU forward pass (docs/QWEN35.md §2.2, §2.3):
  *   [q_h | gate_h] = (W_q h) viewed [n_h][2][d_h];  k = W_k h, v = W_v h
  *   q_h, k_j ← RMSNorm · q_norm / k_norm (per head), then partial NEOX RoPE at the position
  *   K, V into the paged cache (the position's row of its block, forward.h "KV layout");

@@ -1,7 +1,7 @@
 /* Qwen3.5 forward pass on one CUDA GPU: the twin of the CPU forward (model/forward.h, the
  * specification), op for op, fused where it pays (kernels/cuda/{gemv,norm,gdn,attn,sample}.h).
  *
- * Lifetimes, as the CPU forward's (STYLE.md "Memory"):
+ * Lifetimes, as the CPU forward's (docs/STYLE.md "Memory"):
  *   weights - uploaded once at create into one device arena, re-laid out for the GEMV
  *             (forward_cuda_weights.c);
  *   state   - n_slots sequence slots, each its conv windows, delta-rule state and device

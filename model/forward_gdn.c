@@ -1,4 +1,4 @@
-/* Gated DeltaNet layer of the CPU forward pass (shared/QWEN35.md §2.4, §2.5, §3):
+/* Gated DeltaNet layer of the CPU forward pass (docs/QWEN35.md §2.4, §2.5, §3):
  *   mixed = W_qkv h, z = W_gate h, b = W_beta h, a = W_alpha h      (token-parallel matmuls)
  *   y = silu(causal conv over [conv state | mixed]);  q, k L2-normed, q /= sqrt(d_k)
  *   β = sigmoid(b), g = ssm_a · softplus(a + dt_bias)

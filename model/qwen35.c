@@ -1,4 +1,4 @@
-/* Qwen3.5 config from GGUF metadata and weight binding (shared/QWEN35.md §1.2-1.7).
+/* Qwen3.5 config from GGUF metadata and weight binding (docs/QWEN35.md §1.2-1.7).
  * Tolerant of the variants seen in the wild (§1.7): 3- or 4-element rope sections, per-layer
  * head_count_kv arrays with 0 for recurrent layers, per-layer head_count / feed_forward_length
  * arrays, ssm_dt with or without ".bias", extra v.* / mtp.* / nextn tensors, block_count

@@ -36,7 +36,7 @@ enum {
 
 /* Pre-tokenizer split regex (GGUF tokenizer.ggml.pre). */
 typedef enum tokenizer_pre {
-    TOKENIZER_PRE_QWEN35 = 0, /* QWEN35.md §1.6 */
+    TOKENIZER_PRE_QWEN35 = 0, /* docs/QWEN35.md §1.6 */
     TOKENIZER_PRE_QWEN2 = 1,  /* the same without \p{M} */
 } tokenizer_pre;
 

@@ -9,7 +9,7 @@
 #include "common/utf8.h"
 #include "model/tokenizer_internal.h"
 
-/* QWEN35.md §1.6. The contraction group is HF's case-insensitive form, which PCRE2 (UTF + UCP)
+/* docs/QWEN35.md §1.6. The contraction group is HF's case-insensitive form, which PCRE2 (UTF + UCP)
  * folds exactly as the HF tokenizer's regex engine does. */
 static const char *const split_regex[] = {
     [TOKENIZER_PRE_QWEN35] =

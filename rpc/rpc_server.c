@@ -1,4 +1,4 @@
-/* gRPC C core server loop: see rpc_server.h for the contract, TOOLCHAIN.md §5 for the call
+/* gRPC C core server loop: see rpc_server.h for the contract, docs/TOOLCHAIN.md §5 for the call
  * sequence this follows.
  *
  * Per call, four kinds of batch can be in flight, each with its own tag embedded in the call:

@@ -1,4 +1,4 @@
-/* The one mapping between common/status.h codes and gRPC status codes (STYLE.md: "Status maps
+/* The one mapping between common/status.h codes and gRPC status codes (docs/STYLE.md: "Status maps
  * to a gRPC code in one place per service"). Used by every server in rpc/, worker/ and router/
  * and by the streaming client to turn a worker's gRPC status back into a status. */
 #ifndef DS_RPC_RPC_STATUS_H

@@ -1,4 +1,4 @@
-"""cuda_library: one nvcc genrule per .cu, the objects wrapped in a cc_library (TOOLCHAIN.md §3).
+"""cuda_library: one nvcc genrule per .cu, the objects wrapped in a cc_library (docs/TOOLCHAIN.md §3).
 
     load("//tools:cuda.bzl", "cuda_library")
     cuda_library(

@@ -1,4 +1,4 @@
-/* Elementwise activations and gates (shared/QWEN35.md §2). FP32. */
+/* Elementwise activations and gates (docs/QWEN35.md §2). FP32. */
 #ifndef DS_KERNELS_CPU_ACT_H
 #define DS_KERNELS_CPU_ACT_H
 

@@ -1,4 +1,4 @@
-/* Causal softmax attention over a KV cache (shared/QWEN35.md §2.2). FP32, except the F16
+/* Causal softmax attention over a KV cache (docs/QWEN35.md §2.2). FP32, except the F16
  * cache that ref_attn_prep (the twin of the GPU's attn_prep) writes when asked for one.
  * Positions are taken in blocks of REF_ATTN_BLOCK: scores within a block are exact two-pass
  * softmax terms, and blocks are merged with the running-max rescaling of flash attention, so

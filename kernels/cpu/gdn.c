@@ -87,7 +87,7 @@ long ref_gdn_chunked_scratch_floats(int d_k, int d_v)
     return L + 2 * L * L + L * d_v + L * d_k;
 }
 
-/* One chunk of n <= REF_GDN_CHUNK tokens (QWEN35.md §3, local indices i, j in [0, n)). */
+/* One chunk of n <= REF_GDN_CHUNK tokens (docs/QWEN35.md §3, local indices i, j in [0, n)). */
 static void gdn_chunk(int n, const float *q, const float *k, long ld_qk, const float *v,
                       long ld_v, const float *beta, const float *g, long ld_g, int d_k, int d_v,
                       float *S, float *o, long ld_o, float *scratch)

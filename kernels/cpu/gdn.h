@@ -1,4 +1,4 @@
-/* Gated DeltaNet building blocks (shared/QWEN35.md §2.4 decode, §2.5 prefill, §3 chunked).
+/* Gated DeltaNet building blocks (docs/QWEN35.md §2.4 decode, §2.5 prefill, §3 chunked).
  * Dimension names: model/README.md. State S of one value head is [d_v][d_k] (key-contiguous,
  * llama.cpp's layout: HF's S[i][j] lives at S[j*d_k + i]). Value head hv uses key head
  * hv % n_k (GGUF tiled order). All FP32. */
@@ -37,7 +37,7 @@ void ref_gdn_recurrent(int T, const float *q, const float *k, long ld_qk, const 
 long ref_gdn_chunked_scratch_floats(int d_k, int d_v);
 
 /* Same contract as ref_gdn_recurrent, computed by the chunked (WY / UT-transform) algorithm of
- * QWEN35.md §3 over chunks of REF_GDN_CHUNK tokens. Equal to the recurrence in exact
+ * docs/QWEN35.md §3 over chunks of REF_GDN_CHUNK tokens. Equal to the recurrence in exact
  * arithmetic. scratch: ref_gdn_chunked_scratch_floats(d_k, d_v) floats. */
 void ref_gdn_chunked(int T, const float *q, const float *k, long ld_qk, const float *v,
                      long ld_v, const float *beta, const float *g, long ld_g, int d_k, int d_v,

@@ -1,4 +1,4 @@
-/* Normalisations (shared/QWEN35.md §2.1, §2.4). All FP32; y may alias x. */
+/* Normalisations (docs/QWEN35.md §2.1, §2.4). All FP32; y may alias x. */
 #ifndef DS_KERNELS_CPU_NORM_H
 #define DS_KERNELS_CPU_NORM_H
 

@@ -1,4 +1,4 @@
-/* Partial NEOX rotary embedding (shared/QWEN35.md §2.3: for text, Qwen3.5's interleaved MRoPE
+/* Partial NEOX rotary embedding (docs/QWEN35.md §2.3: for text, Qwen3.5's interleaved MRoPE
  * is exactly this). Dims [0, n_rot) of each head are rotated, pairing i with i + n_rot/2;
  * dims [n_rot, d_h) pass through. θ_i = pos · base^(−2i/n_rot), computed as HF does in FP32:
  * inv_freq_i = 1 / base^(2i/n_rot), angle = pos · inv_freq_i. */

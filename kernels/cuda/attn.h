@@ -1,4 +1,4 @@
-/* Gated attention decode on the GPU (shared/QWEN35.md §2.2, §2.3), one token of one sequence:
+/* Gated attention decode on the GPU (docs/QWEN35.md §2.2, §2.3), one token of one sequence:
  *   attn_prep    per-head RMSNorm of q and k (q_norm/k_norm weights, already 1+w), partial
  *                NEOX RoPE on dims [0, n_rot) at position *d_pos, K/V appended to the cache
  *   attn_decode  GQA softmax attention over positions 0..*d_pos (split over chunks of

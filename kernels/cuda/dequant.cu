@@ -1,5 +1,5 @@
 // GPU dequantisation kernels (dequant.h). One thread writes 8 (K-quants) or 1 (plain types,
-// Q8_0) outputs; the formulas are gguf/quant.c's dequantize_row_* (shared/QWEN35.md §5.2).
+// Q8_0) outputs; the formulas are gguf/quant.c's dequantize_row_* (docs/QWEN35.md §5.2).
 // Load-time kernels, but launched as every other (ds_launch): each waits for its predecessor.
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/dequant.h"

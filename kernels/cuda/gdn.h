@@ -1,4 +1,4 @@
-/* Gated DeltaNet decode on the GPU (shared/QWEN35.md §2.4), one token of one sequence, in three
+/* Gated DeltaNet decode on the GPU (docs/QWEN35.md §2.4), one token of one sequence, in three
  * steps whose composition is the CPU twin ref_gdn_decode (kernels/cpu/gdn.h):
  *   gdn_conv        conv window update + SiLU (also fused into the qkv GEMV: gemv_conv)
  *   gdn_decode      q/k L2 norms, q scale, gates, the delta rule on the FP32 state

@@ -1,5 +1,5 @@
 // The chunked gated delta rule of prefill runs (gdn.h "Chunked runs"): the WY / UT form of
-// ref_gdn_chunked (kernels/cpu/gdn.c, QWEN35.md §3) over chunks of GDN_CHUNK tokens, in two
+// ref_gdn_chunked (kernels/cpu/gdn.c, docs/QWEN35.md §3) over chunks of GDN_CHUNK tokens, in two
 // launches, the products on the tensor cores.
 //
 // 1. Per chunk (every long run's chunks, in d_long's order) and value head, all at once: what

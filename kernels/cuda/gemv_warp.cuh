@@ -3,7 +3,7 @@
 // wpr warps splitting a row), GEMV_WARPS warps per CTA, a grid that strides over rows (sized to
 // fill the GPU once, so no tail wave); each lane owns a fixed 16-byte slice of a block and walks
 // the row block by block. Integer dp4a against the Q8 x for quantised types, FP32 FMA for float
-// types. Formulas: shared/QWEN35.md §5.2.
+// types. Formulas: docs/QWEN35.md §5.2.
 #ifndef DS_KERNELS_CUDA_GEMV_WARP_CUH
 #define DS_KERNELS_CUDA_GEMV_WARP_CUH
 

@@ -1,5 +1,5 @@
 /* A real-size synthetic file: 0.8b q4_k_m written to $TEST_TMPDIR, read back with our reader,
- * its size checked against QWEN35.md §4.3 (0.52 GB of tensors + the tokenizer), then deleted. */
+ * its size checked against docs/QWEN35.md §4.3 (0.52 GB of tensors + the tokenizer), then deleted. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>

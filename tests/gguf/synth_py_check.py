@@ -1,6 +1,6 @@
 """Synthetic GGUFs read by gguf-py (llama.cpp's own reader, in .venv), independently of our C
 reader: every tiny quant is written with `deltaserve gguf synth`, then its metadata (keys, value
-types), tensor table (names, shapes, types recomputed here from QWEN35.md §1.4/§5.3), tokenizer
+types), tensor table (names, shapes, types recomputed here from docs/QWEN35.md §1.4/§5.3), tokenizer
 (merge invariants) and values (every tensor dequantised by gguf.quants: finite, intended scale)
 are checked. Usage: synth_py_check.py DELTASERVE_BINARY TMPDIR"""
 import os

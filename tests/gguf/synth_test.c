@@ -1,4 +1,4 @@
-/* gguf/synth: presets, tensor table and type mix against QWEN35.md §1.4/§4/§5.3, the
+/* gguf/synth: presets, tensor table and type mix against docs/QWEN35.md §1.4/§4/§5.3, the
  * vocabulary's invariants, the tiny preset in every quant read back with our reader, value
  * magnitudes, and byte-identical output for one seed whatever the threads and chunking. */
 #include <CUnit/Basic.h>
@@ -21,7 +21,7 @@ static const char *const real_presets[] = {"0.8b", "2b", "4b", "9b", "27b"};
 
 static void test_presets_match_spec(void)
 {
-    /* QWEN35.md §4.2: H, L, F, n_h, n_kv, n_v, tied */
+    /* docs/QWEN35.md §4.2: H, L, F, n_h, n_kv, n_v, tied */
     static const struct {
         const char *name;
         int H, L, F, n_h, n_kv, n_v, tied;
@@ -61,7 +61,7 @@ static void test_presets_match_spec(void)
     CU_ASSERT_EQUAL(synth_quant_file_type(SYNTH_QUANT_Q8_0), 7u);
 }
 
-/* QWEN35.md §1.4: 14 tensors per DeltaNet layer, 11 per attention layer, +2 (tied) or +3. */
+/* docs/QWEN35.md §1.4: 14 tensors per DeltaNet layer, 11 per attention layer, +2 (tied) or +3. */
 static void test_plan_counts(void)
 {
     static const int want[] = {320, 320, 426, 427, 851};
@@ -90,7 +90,7 @@ static void test_plan_counts(void)
     }
 }
 
-/* Parameter counts of QWEN35.md §4.2 (text only, no MTP): 0.752/1.882/4.206/8.954/26.896 B. */
+/* Parameter counts of docs/QWEN35.md §4.2 (text only, no MTP): 0.752/1.882/4.206/8.954/26.896 B. */
 static void test_plan_param_counts(void)
 {
     static const double want[] = {0.752e9, 1.882e9, 4.206e9, 8.954e9, 26.896e9};
@@ -110,7 +110,7 @@ static void test_plan_param_counts(void)
     }
 }
 
-/* Tensor data sizes against QWEN35.md §4.3 (GB = 1e9, quoted to 2 decimals). */
+/* Tensor data sizes against docs/QWEN35.md §4.3 (GB = 1e9, quoted to 2 decimals). */
 static void test_plan_sizes(void)
 {
     static const struct {
@@ -139,7 +139,7 @@ static void test_plan_sizes(void)
         }
 }
 
-/* ---- type mix (QWEN35.md §5.3), checked per tensor from independent literal lists ---- */
+/* ---- type mix (docs/QWEN35.md §5.3), checked per tensor from independent literal lists ---- */
 
 static bool in_list(int x, const int *list, int n)
 {
@@ -322,7 +322,7 @@ static void test_vocab_real(void)
     status st;
     CU_ASSERT_EQUAL_FATAL(synth_vocab_build(&v, 248320, &st), 0);
     CU_ASSERT_EQUAL(check_vocab(&v, 248320), 0);
-    /* Qwen's own special ids and the [PADn] fillers (QWEN35.md §1.6) */
+    /* Qwen's own special ids and the [PADn] fillers (docs/QWEN35.md §1.6) */
     CU_ASSERT_EQUAL(v.endoftext_id, 248044u);
     CU_ASSERT_EQUAL(v.im_start_id, 248045u);
     CU_ASSERT_EQUAL(v.im_end_id, 248046u);
@@ -469,7 +469,7 @@ static void check_tiny_file(synth_quant q)
         CU_ASSERT_EQUAL(t->type, plan[i].type);
         CU_ASSERT_EQUAL(t->n_bytes, plan[i].n_bytes);
     }
-    /* a few shapes written out (QWEN35.md §1.4 with H 256, C 512, n_v 4, d_h 64, F 512) */
+    /* a few shapes written out (docs/QWEN35.md §1.4 with H 256, C 512, n_v 4, d_h 64, F 512) */
     const gguf_tensor *t = gguf_find_tensor(f, "blk.0.ssm_conv1d.weight");
     CU_ASSERT_TRUE(t && t->ne[0] == 4 && t->ne[1] == 512 && t->type == GGML_TYPE_F32);
     t = gguf_find_tensor(f, "blk.3.attn_q.weight");
@@ -649,10 +649,10 @@ int main(void)
 {
     CU_initialize_registry();
     CU_pSuite s = CU_add_suite("gguf/synth", NULL, NULL);
-    CU_add_test(s, "presets match QWEN35.md 4.2", test_presets_match_spec);
+    CU_add_test(s, "presets match docs/QWEN35.md 4.2", test_presets_match_spec);
     CU_add_test(s, "tensor counts per size", test_plan_counts);
     CU_add_test(s, "parameter counts per size", test_plan_param_counts);
-    CU_add_test(s, "data sizes match QWEN35.md 4.3", test_plan_sizes);
+    CU_add_test(s, "data sizes match docs/QWEN35.md 4.3", test_plan_sizes);
     CU_add_test(s, "q4_k_m mix 0.8b", test_type_mix_0_8b);
     CU_add_test(s, "q4_k_m mix 27b", test_type_mix_27b);
     CU_add_test(s, "f32/f16/bf16/q8_0 mix", test_type_mix_plain);

@@ -224,7 +224,7 @@ static void test_quantised_copies(void)
             }
             free(dq);
             unlink(deq);
-            if (qt[q].kind == REQUANT_Q4_K_M) { /* the llama-quantize mix (QWEN35.md §5.3) */
+            if (qt[q].kind == REQUANT_Q4_K_M) { /* the llama-quantize mix (docs/QWEN35.md §5.3) */
                 CU_ASSERT_EQUAL(m->tok_embd.type, m->cfg.tied ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K);
                 CU_ASSERT_EQUAL(m->output.type, GGML_TYPE_Q6_K);
                 CU_ASSERT_EQUAL(m->layers[0].ffn_gate.type, GGML_TYPE_Q4_K);

@@ -257,7 +257,7 @@ static void check_split(const qwen35_config *c, int N)
 static void test_split_rules(void)
 {
     status st;
-    /* the 27B (shared/QWEN35.md §4.2) */
+    /* the 27B (docs/QWEN35.md §4.2) */
     qwen35_config q27 = cfg_of(5120, 17408, 248320, 24, 4, 256, 16, 48, 128);
     for (int N = 1; N <= 8; N *= 2) {
         CU_ASSERT_EQUAL(tp_shard_check(&q27, N, &st), 0);

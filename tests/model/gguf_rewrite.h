@@ -34,7 +34,7 @@ typedef struct gguf_rewrite_opts {
 
 int gguf_rewrite(const char *src_path, const char *dst_path, const gguf_rewrite_opts *o, status *st);
 
-/* The quantisation policies of llama-quantize (shared/QWEN35.md §5.3), for requant_file. */
+/* The quantisation policies of llama-quantize (docs/QWEN35.md §5.3), for requant_file. */
 typedef enum requant_kind {
     REQUANT_Q8_0,   /* every quantisable 2D weight -> Q8_0 (ftype 7) */
     REQUANT_Q4_K_M, /* llama-quantize Q4_K_M mix (ftype 15) */

@@ -11,7 +11,7 @@ shared/reference/README.md (see tools/refgen/README.md). Deterministic: the same
 same pinned versions (tools/refgen/requirements.txt) give the same bytes.
 
 The GGUF follows llama.cpp's converter (conversion/qwen.py, Qwen3NextModel + the V-head
-reorder; see shared/QWEN35.md §1.4-1.6):
+reorder; see docs/QWEN35.md §1.4-1.6):
   - arch `qwen35`, all tensors F32, `general.file_type` 0;
   - RMSNorm weights stored as 1 + w_hf, except `linear_attn.norm` (ssm_norm) stored as is;
   - `ssm_a` = -exp(A_log); `dt_bias` -> `ssm_dt.bias`; conv1d (C,1,4) -> ne=[4, C];
@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 
-# ---- the tokenizer pipeline (model/tokenizer_encode.c, QWEN35.md §1.6) ----
+# ---- the tokenizer pipeline (model/tokenizer_encode.c, docs/QWEN35.md §1.6) ----
 
 # HF's form of the qwen35 split regex (llama.cpp spells the contractions out case by case).
 SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"

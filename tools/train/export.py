@@ -7,7 +7,7 @@
 transformers' Qwen3_5ForCausalLM (float32, eager attention, CPU; the matrices are F16 values,
 so the HF model computes on exactly what the GGUF holds) and writes:
   MODELS/NAME.gguf          F16 matrices, F32 norms/conv/ssm_a/dt_bias (tools/refgen's export)
-  MODELS/NAME.json,         a reference case in shared/reference's format (tools/refgen's
+  MODELS/NAME.json,         a reference case in tests/reference/README.md's format (tools/refgen's
   MODELS/NAME.logits.f32    write_case): tokenizer entries, prompts, HF greedy and logits
   MODELS/NAME.train-log.json   train.py's log
   PNG                       train and held-out loss against tokens seen (matplotlib)

@@ -1,5 +1,5 @@
 /* Element-wise comparison for kernel tests: |got - ref| <= atol + rtol·|ref| for every element,
- * plus the normalised MSE; prints the first mismatches (STYLE.md "Tests"). */
+ * plus the normalised MSE; prints the first mismatches (docs/STYLE.md "Tests"). */
 #ifndef DS_TESTS_KERNELS_CPU_KERNEL_CHECK_H
 #define DS_TESTS_KERNELS_CPU_KERNEL_CHECK_H
 
