@@ -55,7 +55,7 @@ static int set_value(const flag_spec *f, void *opts, const char *v, const char *
     return status_fail(st, STATUS_INTERNAL, "flag --%s has an unknown kind", f->name);
 }
 
-void flags_print_help(const flag_spec *specs, const char *usage)
+static void flags_print_help(const flag_spec *specs, const char *usage)
 {
     printf("usage: %s [flags]\n\nflags (environment fallback, default):\n", usage);
     for (const flag_spec *f = specs; f->name; f++) {

@@ -36,7 +36,6 @@ int flags_parse_pos(const flag_spec *specs, void *opts, int argc, char **argv, c
                     const char **pos, int max_pos, int *n_pos, status *st);
 int flags_parse(const flag_spec *specs, void *opts, int argc, char **argv, const char *usage,
                 status *st);
-void flags_print_help(const flag_spec *specs, const char *usage);
 /* A flag's value as a comma-separated list of integers, "1,16,64": the count stored in
  * out[0 .. max), 0 when malformed, empty, longer than max or a value outside [lo, hi]. */
 int flags_int_list(const char *s, int *out, int max, int lo, int hi);

@@ -4,7 +4,8 @@
  *              h2 = RMSNorm(x)·post_attention_norm;   Mixer = Gated DeltaNet or gated attention
  *   logits = W_out · RMSNorm(x)·output_norm
  * The same code runs decode (rows = B sequences, one token each) and prefill (rows = T
- * consecutive tokens of one sequence); only the mixers care which. */
+ * consecutive tokens of one sequence); only the mixers care which. A step is cpu_fwd_run over a
+ * tensor-parallel group of ranks (forward_impl.h); the calls here are a group of one. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@ int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35
 }
 
 int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
-                   qwen35_ctx **out, status *st)
+                       qwen35_ctx **out, status *st)
 {
     *out = NULL;
     qwen35_ctx_opts o = opts ? *opts : (qwen35_ctx_opts){0};
@@ -120,14 +121,11 @@ void qwen35_ctx_destroy(qwen35_ctx *ctx)
     free(ctx);
 }
 
-int qwen35_ctx_n_threads(const qwen35_ctx *ctx) { return ctx->n_threads; }
-int qwen35_ctx_max_batch(const qwen35_ctx *ctx) { return ctx->max_batch; }
 void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode) { ctx->gdn_mode = mode; }
-void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode) { ctx->dot_mode = mode; }
 
 /* ---- one step over ctx->n_rows rows ---- */
 
-void cpu_fwd_embed(qwen35_ctx *ctx, const int32_t *tokens)
+static void embed(qwen35_ctx *ctx, const int32_t *tokens)
 {
     const qwen35_mat *e = &ctx->m->tok_embd;
     for (int r = 0; r < ctx->n_rows; r++)
@@ -142,13 +140,13 @@ static void norm_rows(qwen35_ctx *ctx, const float *w)
         ref_rmsnorm(ctx->x + (long)r * c->H, w, c->H, c->eps, ctx->xn + (long)r * c->H);
 }
 
-void cpu_fwd_residual(qwen35_ctx *ctx)
+static void residual(qwen35_ctx *ctx)
 {
     long n = (long)ctx->n_rows * ctx->m->cfg.H;
     ref_add(ctx->x, ctx->out, (int)n);
 }
 
-void cpu_fwd_mixer(qwen35_ctx *ctx, int il)
+static void mixer(qwen35_ctx *ctx, int il)
 {
     norm_rows(ctx, ctx->m->layers[il].attn_norm);
     if (ctx->m->cfg.recurrent[il])
@@ -157,7 +155,7 @@ void cpu_fwd_mixer(qwen35_ctx *ctx, int il)
         cpu_fwd_attn_layer(ctx, il);
 }
 
-void cpu_fwd_ffn(qwen35_ctx *ctx, int il)
+static void ffn(qwen35_ctx *ctx, int il)
 {
     const qwen35_layer *ly = &ctx->m->layers[il];
     norm_rows(ctx, ly->post_norm);
@@ -167,7 +165,7 @@ void cpu_fwd_ffn(qwen35_ctx *ctx, int il)
     cpu_fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
 }
 
-void cpu_fwd_head(qwen35_ctx *ctx, int first, int n, float *logits, long ld)
+static void head(qwen35_ctx *ctx, int first, int n, float *logits, long ld)
 {
     const qwen35_model *m = ctx->m;
     const qwen35_config *c = &m->cfg;
@@ -192,14 +190,14 @@ static void all_reduce(qwen35_ctx *const *ranks, int N)
 
 void cpu_fwd_run(qwen35_ctx *const *ranks, int N, const int32_t *tokens)
 {
-    for (int r = 0; r < N; r++) cpu_fwd_embed(ranks[r], tokens);
+    for (int r = 0; r < N; r++) embed(ranks[r], tokens);
     for (int il = 0; il < ranks[0]->m->cfg.n_layer; il++) {
-        for (int r = 0; r < N; r++) cpu_fwd_mixer(ranks[r], il);
+        for (int r = 0; r < N; r++) mixer(ranks[r], il);
         all_reduce(ranks, N);
-        for (int r = 0; r < N; r++) cpu_fwd_residual(ranks[r]);
-        for (int r = 0; r < N; r++) cpu_fwd_ffn(ranks[r], il);
+        for (int r = 0; r < N; r++) residual(ranks[r]);
+        for (int r = 0; r < N; r++) ffn(ranks[r], il);
         all_reduce(ranks, N);
-        for (int r = 0; r < N; r++) cpu_fwd_residual(ranks[r]);
+        for (int r = 0; r < N; r++) residual(ranks[r]);
     }
 }
 
@@ -207,7 +205,7 @@ void cpu_fwd_run_head(qwen35_ctx *const *ranks, const int64_t *vocab_begin, int 
                       int n, float *logits, long ld)
 {
     for (int r = 0; r < N; r++)
-        cpu_fwd_head(ranks[r], first, n, logits + (vocab_begin ? vocab_begin[r] : 0), ld);
+        head(ranks[r], first, n, logits + (vocab_begin ? vocab_begin[r] : 0), ld);
 }
 
 static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, status *st)
@@ -219,8 +217,8 @@ static int check_tokens(const qwen35_ctx *ctx, const int32_t *tokens, int n, sta
     return STATUS_OK;
 }
 
-int cpu_fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
-                      status *st)
+static int check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
+                         status *st)
 {
     DS_ASSERT(s->model == ctx->m);
     if (T < 1) return status_fail(st, STATUS_INVALID, "prefill of %d tokens", T);
@@ -232,8 +230,8 @@ int cpu_fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const in
     return STATUS_OK;
 }
 
-int cpu_fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
-                     int B, status *st)
+static int check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
+                        int B, status *st)
 {
     if (B < 1 || B > ctx->max_batch)
         return status_fail(st, STATUS_INVALID, "decode batch of %d sequences (max %d)", B, ctx->max_batch);
@@ -274,7 +272,7 @@ void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
 int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
                    float *logits, bool all_logits, status *st)
 {
-    int rc = cpu_fwd_check_prefill(ctx, s, tokens, T, st);
+    int rc = check_prefill(ctx, s, tokens, T, st);
     if (rc) return rc;
     int V = ctx->m->cfg.V;
     for (int t0 = 0; t0 < T; t0 += ctx->max_tokens) {
@@ -295,7 +293,7 @@ int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int 
 int qwen35_decode_batch(qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
                         int B, float *logits, status *st)
 {
-    int rc = cpu_fwd_check_decode(ctx, states, tokens, B, st);
+    int rc = check_decode(ctx, states, tokens, B, st);
     if (rc) return rc;
     cpu_fwd_rows_decode(ctx, states, B);
     cpu_fwd_run(&ctx, 1, tokens);

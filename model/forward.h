@@ -2,6 +2,10 @@
  * tokens (token-parallel projections + chunked gated delta rule) and batched decode (B
  * sequences, one token each, every weight row read once for all B).
  *
+ * Served, it runs behind the forward contract (model/forward_cpu.h: slots, the KV pool, the
+ * samplers, tensor-parallel ranks); the calls below are the same arithmetic on one standalone
+ * state, for the reference tests and benchmarks.
+ *
  * This is the specification every other backend matches (docs/QWEN35.md §2, §3). It works on
  * every weight type the GGUF may hold (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K) by dotting the
  * quantised rows directly; no tensor is ever dequantised whole.
@@ -35,7 +39,7 @@
 
 /* Recurrent + KV state of one sequence. Layers are numbered separately per kind: the g-th
  * DeltaNet layer (in model order) owns conv/ssm slice g, the a-th attention layer owns the KV
- * cache's layer a (qwen35_state_layer_slot gives the index of a model layer).
+ * cache's layer a (qwen35_config.slot[il] gives a model layer's index within its kind).
  *
  * S layout: llama.cpp's key-contiguous one. For value head hv the HF matrix S[i][j]
  * (i over d_k keys, j over d_v values) is stored at ssm[((g*n_v + hv)*d_v + j)*d_k + i], so a
@@ -100,9 +104,6 @@ void qwen35_state_reset(qwen35_state *s);
  * only the n_past KV rows in use, each to where dst's table puts it. */
 void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src);
 
-/* Index of model layer il within its kind (DeltaNet slot or attention slot). */
-int qwen35_state_layer_slot(const qwen35_model *m, int il);
-
 /* How prefill runs the gated delta rule over T > 1 tokens. */
 typedef enum qwen35_gdn_mode {
     QWEN35_GDN_CHUNKED = 0, /* default: chunked form, chunk QWEN35_GDN_CHUNK (docs/QWEN35.md §3) */
@@ -134,12 +135,8 @@ typedef struct qwen35_ctx qwen35_ctx;
 int qwen35_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, qwen35_ctx **out,
                       status *st);
 void qwen35_ctx_destroy(qwen35_ctx *ctx);
-int qwen35_ctx_n_threads(const qwen35_ctx *ctx);
-int qwen35_ctx_max_batch(const qwen35_ctx *ctx);
 /* Changes how later prefills run the delta rule (tests compare the two). */
 void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode);
-/* Changes how later steps dot quantised weights (tests and benchmarks compare the two). */
-void qwen35_ctx_set_dot_mode(qwen35_ctx *ctx, qwen35_dot_mode mode);
 
 /* Feeds T >= 1 tokens to sequence s at positions s->n_past .. s->n_past+T-1 and advances
  * n_past. logits: NULL (none wanted), [V] for the last token, or [T][V] when all_logits.

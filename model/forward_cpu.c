@@ -46,7 +46,10 @@ static int check_rows(cpu_forward *c, const fwd_row *rows, int n, status *st)
     const fwd *f = &c->base;
     if (n < 1 || n > f->max_rows)
         return status_fail(st, STATUS_RANGE, "cpu forward: a step of %d rows (1..%d)", n, f->max_rows);
-    c->stamp++;
+    if (++c->stamp == 0) { /* wrapped: no slot may look seen */
+        memset(c->seen, 0, (size_t)f->n_slots * sizeof *c->seen);
+        c->stamp = 1;
+    }
     for (int i = 0; i < n; i++) {
         const fwd_row *r = &rows[i];
         if (r->token < 0 || r->token >= f->vocab)

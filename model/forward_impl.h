@@ -1,4 +1,5 @@
-/* Internals shared by forward*.c: the workspace struct and the per-layer mixers. */
+/* Internals shared by forward*.c (forward_cpu.c among them): the workspace struct, the group
+ * step and the per-layer mixers. */
 #ifndef DS_MODEL_FORWARD_IMPL_H
 #define DS_MODEL_FORWARD_IMPL_H
 
@@ -36,35 +37,17 @@ struct qwen35_ctx {
 /* qwen35_ctx_create with the thread pool given (borrowed: used by one ctx at a time, outlives
  * ctx) or, pool NULL, one of opts->n_threads created and owned. */
 int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_pool *pool,
-                   qwen35_ctx **out, status *st);
-
-/* The argument checks of qwen35_prefill / qwen35_decode_batch (codes as documented there). */
-int cpu_fwd_check_prefill(const qwen35_ctx *ctx, const qwen35_state *s, const int32_t *tokens, int T,
-                      status *st);
-int cpu_fwd_check_decode(const qwen35_ctx *ctx, qwen35_state *const *states, const int32_t *tokens,
-                     int B, status *st);
+                       qwen35_ctx **out, status *st);
 
 /* The rows of the next step: n consecutive tokens of s from s->n_past (prefill), or one token of
  * each of the B states (decode). */
 void cpu_fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n);
 void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B);
 
-/* The pieces of one step over the rows:
- *   cpu_fwd_embed    x = token_embd[tokens[r]]
- *   cpu_fwd_mixer    out = Mixer_il(RMSNorm(x)·attn_norm)
- *   cpu_fwd_ffn      out = FFN_il(RMSNorm(x)·post_attention_norm)
- *   cpu_fwd_residual x += out
- *   cpu_fwd_head     logits rows [0, n) = lm_head · RMSNorm(x[first .. first + n))·output_norm,
- *                    row stride ld (the model's output rows: a shard writes its vocabulary slice) */
-void cpu_fwd_embed(qwen35_ctx *ctx, const int32_t *tokens);
-void cpu_fwd_mixer(qwen35_ctx *ctx, int il);
-void cpu_fwd_ffn(qwen35_ctx *ctx, int il);
-void cpu_fwd_residual(qwen35_ctx *ctx);
-void cpu_fwd_head(qwen35_ctx *ctx, int first, int n, float *logits, long ld);
-
 /* A tensor-parallel group of n_ranks >= 1 ranks (model/tp_shard.h), each a ctx over its shard
  * with its rows set up alike (cpu_fwd_rows_*): the one way a step runs, one rank or several.
- * cpu_fwd_run: every layer on the rows; after each mixer and FFN the ranks' partial outputs
+ * cpu_fwd_run: every layer on the rows (forward.c: embedding, then per layer the mixer and the
+ * FFN, each added to the residual stream); after each mixer and FFN the ranks' partial outputs
  * [rows][H] are summed in rank order 0, 1, .., N-1 (the in-memory all-reduce: every rank gets
  * the same bits; nothing to do for one rank) before the residual add.
  * cpu_fwd_run_head: logits of rows [first, first + n) into logits (row stride ld), each rank

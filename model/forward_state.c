@@ -121,9 +121,3 @@ void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src)
         }
     dst->n_past = src->n_past;
 }
-
-int qwen35_state_layer_slot(const qwen35_model *m, int il)
-{
-    DS_ASSERT(il >= 0 && il < m->cfg.n_layer);
-    return m->cfg.slot[il];
-}

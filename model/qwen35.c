@@ -293,7 +293,7 @@ static int bind_layer(const gguf_file *f, const qwen35_config *c, int il, qwen35
     return STATUS_OK;
 }
 
-int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st)
+static int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st)
 {
     *out = NULL;
     qwen35_model *m = calloc(1, sizeof *m);

@@ -64,7 +64,6 @@ typedef struct qwen35_model {
  * type, layer kinds beyond what this engine runs), STATUS_FORMAT naming the key or tensor
  * (missing, mis-shaped, wrong type). Unknown tensors (v.*, mtp.*, nextn) are ignored. */
 int qwen35_model_load(qwen35_model **out, const char *path, status *st);
-int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st); /* takes f */
 void qwen35_model_free(qwen35_model *m);
 
 #endif

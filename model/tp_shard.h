@@ -1,7 +1,7 @@
 /* Tensor-parallel sharding of a Qwen3.5 model over N ranks (docs/GPU.md §7):
  * which rows or columns of every weight each rank owns, the rank's local config, and a host
  * model holding one rank's shard. Device-independent: the CPU's simulated ranks
- * (model/forward_tp.h) use it, and an NCCL/CUDA implementation uploads the same shards (a
+ * (model/forward_cpu.h) use it, and an NCCL/CUDA implementation uploads the same shards (a
  * shard model is an ordinary qwen35_model of smaller dims, so the single-GPU weight upload
  * can take it as it is).
  *

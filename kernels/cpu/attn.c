@@ -16,11 +16,12 @@ void ref_attn_head_paged(const float *q, const float *k, const float *v, const i
     for (int t0 = 0; t0 < n; t0 += REF_ATTN_BLOCK) {
         int nb = n - t0 < REF_ATTN_BLOCK ? n - t0 : REF_ATTN_BLOCK;
         float bm = -INFINITY;
+        /* position t0 + t lies at row `at` of table entry `blk`; both walk forward */
+        int blk = t0 / block_tokens, at = t0 % block_tokens;
         for (int t = 0; t < nb; t++) {
-            const int p = t0 + t;
-            const long row = (long)table[p / block_tokens] * block_ld + (long)(p % block_tokens) * ld;
-            scores[t] = ref_dot_f32(q, k + row, d_h) * scale;
+            scores[t] = ref_dot_f32(q, k + (long)table[blk] * block_ld + (long)at * ld, d_h) * scale;
             if (scores[t] > bm) bm = scores[t];
+            if (++at == block_tokens) at = 0, blk++;
         }
         if (bm > m) { /* rescale what was accumulated under the old max */
             float r = expf(m - bm);
@@ -28,13 +29,13 @@ void ref_attn_head_paged(const float *q, const float *k, const float *v, const i
             for (int c = 0; c < d_h; c++) o[c] *= r;
             m = bm;
         }
+        blk = t0 / block_tokens, at = t0 % block_tokens;
         for (int t = 0; t < nb; t++) {
-            const int p = t0 + t;
-            float pr = expf(scores[t] - m);
-            l += pr;
-            const float *vt = v + (long)table[p / block_tokens] * block_ld +
-                              (long)(p % block_tokens) * ld;
-            for (int c = 0; c < d_h; c++) o[c] += pr * vt[c];
+            float p = expf(scores[t] - m);
+            l += p;
+            const float *vt = v + (long)table[blk] * block_ld + (long)at * ld;
+            for (int c = 0; c < d_h; c++) o[c] += p * vt[c];
+            if (++at == block_tokens) at = 0, blk++;
         }
     }
     float inv = (float)(1.0 / l);

@@ -142,15 +142,3 @@ void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *arg, int n_tasks)
     while (p->n_busy > 0) pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
-
-void cpu_pool_split(long n, int n_parts, int i, long align, long *begin, long *end)
-{
-    DS_ASSERT(n_parts > 0 && i >= 0 && i < n_parts && align > 0);
-    long n_units = (n + align - 1) / align;
-    long b = n_units * i / n_parts * align;
-    long e = n_units * (i + 1) / n_parts * align;
-    if (b > n) b = n;
-    if (e > n || i == n_parts - 1) e = n;
-    *begin = b;
-    *end = e;
-}

@@ -28,8 +28,4 @@ void cpu_pool_run(cpu_pool *p, cpu_pool_fn fn, void *arg, int n_tasks);
  * outside any run): per-thread scratch buffers are indexed by it. */
 int cpu_pool_thread_index(void);
 
-/* Splits [0, n) into n_parts near-equal ranges; part i is [*begin, *end), ends rounded to a
- * multiple of align (except the last). */
-void cpu_pool_split(long n, int n_parts, int i, long align, long *begin, long *end);
-
 #endif

@@ -122,7 +122,7 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
     memset(res, 0, sizeof *res);
     const worker_backend_opts o = {.n_slots = 1, .n_ctx = T + 1, .max_prefill_tokens = P};
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-    if (qwen35_model_load(&m, path, &st) || qwen35_ctx_create(m, NULL, &ctx, &st) ||
+    if (qwen35_model_load(&m, path, &st) || qwen35_ctx_create(m, &(qwen35_ctx_opts){.dot_mode = QWEN35_DOT_EXACT}, &ctx, &st) ||
         qwen35_state_create(m, T + 1, &s, &st) || worker_backend_create("cuda", m, &o, &g, &st) ||
         worker_backend_seq_start(g, 0, &greedy, &st))
         goto fail;
@@ -130,7 +130,6 @@ static int compare_model(const char *path, int T, int P, double bound, bool pert
         status_fail(&st, STATUS_UNAVAILABLE, "the backend is %s, not the GPU", g->device);
         goto fail;
     }
-    qwen35_ctx_set_dot_mode(ctx, QWEN35_DOT_EXACT);
     const int V = m->cfg.V;
     lc = malloc((size_t)T * V * 4), lg = malloc((size_t)T * V * 4);
     gpu_rng rng;
@@ -387,7 +386,7 @@ static void test_worker_backend(void)
     if (qwen35_model_load(&m, path, &st) || worker_backend_create("cpu", m, &o, &cpu, &st) ||
         worker_backend_create("cuda", m, &o, &gpu, &st))
         goto fail;
-    /* the dispatch the worker binary uses must pick the GPU here (//worker:cuda_worker linked) */
+    /* the dispatch the worker binary uses must pick the GPU here (//model:backends_all linked) */
     CU_ASSERT_PTR_NOT_NULL(fwd_backend_find("cuda"));
     CU_ASSERT_EQUAL(strncmp(gpu->device, "cuda:", 5), 0);
     if (run_worker(cpu, a, &st) || run_worker(gpu, g, &st)) goto fail;

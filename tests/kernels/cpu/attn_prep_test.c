@@ -71,7 +71,7 @@ static long prep_case(prep_shape sh, int pos, int perturb, attn_kv_type kv_type)
     ref_attn_prep(qg_nan, k, v, qw, kw, sh.n_h, sh.n_kv, d, sh.n_rot, base, eps, &p32, kc, vc,
                   q_out, kv_type);
 
-    /* the CPU forward's steps (model/forward_attn.c, fwd_attn_layer's row loop) */
+    /* the CPU forward's steps (model/forward_attn.c, cpu_fwd_attn_layer's row loop) */
     for (int h = 0; h < sh.n_h; h++) {
         ref_rmsnorm(qg + (long)h * 2 * d, qw, d, eps, qg + (long)h * 2 * d);
         ref_rope(qg + (long)h * 2 * d, 1, d, sh.n_rot, pos, base);

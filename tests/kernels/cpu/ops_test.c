@@ -143,6 +143,36 @@ static void test_attn_gqa(void)
     }
 }
 
+/* ref_attn_head_paged over blocks laid out in a shuffled order gives ref_attn_head's bits on the
+ * contiguous rows (the same arithmetic, each row read where its block lies); a wrong table entry
+ * changes the result. */
+static void test_attn_paged(void)
+{
+    enum { D = 16, NKV = 2, N = 300, BT = 7, NB = (N + BT - 1) / BT };
+    kc_rng r = {77};
+    const long ld = NKV * D;
+    float *k = malloc(sizeof(float) * N * ld), *v = malloc(sizeof(float) * N * ld);
+    float *pk = malloc(sizeof(float) * NB * BT * ld), *pv = malloc(sizeof(float) * NB * BT * ld);
+    float q[D], o[D], op[D], scores[REF_ATTN_BLOCK];
+    kc_fill(&r, k, N * ld, 2), kc_fill(&r, v, N * ld, 1), kc_fill(&r, q, D, 2);
+    int32_t table[NB];
+    for (int b = 0; b < NB; b++) table[b] = (b * 17 + 5) % NB; /* a permutation: 17 is prime to 43 */
+    for (int p = 0; p < N; p++) {
+        memcpy(pk + ((long)table[p / BT] * BT + p % BT) * ld, k + (long)p * ld, sizeof(float) * ld);
+        memcpy(pv + ((long)table[p / BT] * BT + p % BT) * ld, v + (long)p * ld, sizeof(float) * ld);
+    }
+    for (int n = 1; n <= N; n += 37) {
+        ref_attn_head(q, k + D, v + D, ld, n, D, 0.25f, scores, o);
+        ref_attn_head_paged(q, pk + D, pv + D, table, BT, BT * ld, ld, n, D, 0.25f, scores, op);
+        CU_ASSERT_EQUAL(memcmp(o, op, sizeof o), 0);
+    }
+    table[3] = table[4];
+    ref_attn_head_paged(q, pk + D, pv + D, table, BT, BT * ld, ld, N, D, 0.25f, scores, op);
+    ref_attn_head(q, k + D, v + D, ld, N, D, 0.25f, scores, o);
+    CU_ASSERT_NOT_EQUAL(memcmp(o, op, sizeof o), 0);
+    free(k), free(v), free(pk), free(pv);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -153,5 +183,6 @@ int main(void)
     CU_add_test(s, "rope", test_rope);
     CU_add_test(s, "attn", test_attn);
     CU_add_test(s, "attn_gqa", test_attn_gqa);
+    CU_add_test(s, "attn_paged", test_attn_paged);
     return testutil_cunit_run();
 }
