@@ -246,7 +246,7 @@ bool engine_failed(engine *e)
 
 /* ---- the engine thread ---- */
 
-static void end_request(engine_request *r, engine_finish f, const status *res)
+static void end_request(engine_request *r, finish_reason f, const status *res)
 {
     r->finish = f;
     if (res) r->result = *res;
@@ -271,7 +271,7 @@ static int collect_step(engine *e, int *n_done)
             status cs;
             if (r->aborted) cs = r->abort_result;
             else status_fail(&cs, STATUS_CANCELLED, "request %s: cancelled by the client", r->p.id);
-            end_request(r, ENGINE_FINISH_CANCELLED, &cs);
+            end_request(r, FINISH_CANCELLED, &cs);
             e->done[nd++] = r;
             continue;
         }
@@ -288,7 +288,7 @@ static int collect_step(engine *e, int *n_done)
             status cs;
             if (r->aborted) cs = r->abort_result;
             else status_fail(&cs, STATUS_CANCELLED, "request %s: cancelled by the client", r->p.id);
-            end_request(r, ENGINE_FINISH_CANCELLED, &cs);
+            end_request(r, FINISH_CANCELLED, &cs);
             e->done[nd++] = r;
         } else {
             e->active[na++] = r;
@@ -375,15 +375,15 @@ static bool take_token(engine *e, engine_request *r, const worker_batch_item *it
     engine_metrics_token(&e->m, r, now);
     r->t_last = now;
     if (r->sink->on_token) r->sink->on_token(r->sink_arg, r, it);
-    engine_finish f = ENGINE_FINISH_NONE;
+    finish_reason f = FINISH_NONE;
     if (is_in(t, r->p.stop_ids, r->p.n_stop_ids) ||
         (!r->p.ignore_eos && is_in(t, e->o.eos_ids, e->o.n_eos_ids))) {
-        f = ENGINE_FINISH_STOP;
+        f = FINISH_STOP;
         r->stop_token = t;
     } else if (r->n_generated >= r->p.max_new_tokens || r->p.n_prompt + r->n_generated >= e->b->n_ctx) {
-        f = ENGINE_FINISH_LENGTH;
+        f = FINISH_LENGTH;
     }
-    if (f == ENGINE_FINISH_NONE) return false;
+    if (f == FINISH_NONE) return false;
     end_request(r, f, NULL);
     return true;
 }
@@ -459,7 +459,7 @@ static int fail_items(engine *e, engine_request **active, int na, const status *
     status res;
     status_fail(&res, STATUS_INTERNAL, "%s", st->msg);
     for (int i = 0; i < na; i++) {
-        end_request(active[i], ENGINE_FINISH_ERROR, &res);
+        end_request(active[i], FINISH_ERROR, &res);
         e->done[nd++] = active[i];
     }
     return nd;

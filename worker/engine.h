@@ -32,14 +32,6 @@
 #define ENGINE_MAX_STOP_IDS 16
 #define ENGINE_MAX_EOS_IDS 8
 
-typedef enum engine_finish {
-    ENGINE_FINISH_NONE = FINISH_NONE, /* the numbers and names are common/finish.h's */
-    ENGINE_FINISH_STOP = FINISH_STOP,      /* eos or a stop token */
-    ENGINE_FINISH_LENGTH = FINISH_LENGTH,    /* max_new_tokens or the context end */
-    ENGINE_FINISH_CANCELLED = FINISH_CANCELLED, /* client cancel/deadline (sink), Worker/Abort, drain timeout */
-    ENGINE_FINISH_ERROR = FINISH_ERROR,     /* backend failure */
-} engine_finish;
-
 /* A validated request (worker/request.c builds it from the proto). */
 typedef struct engine_params {
     char id[ENGINE_REQUEST_ID_MAX + 1];
@@ -60,7 +52,7 @@ typedef struct engine_request {
     int n_prefilled;        /* prompt tokens fed */
     int n_generated;
     int32_t last_token;     /* next decode input */
-    engine_finish finish;
+    finish_reason finish;   /* common/finish.h: FINISH_NONE while it runs */
     int32_t stop_token;     /* the matched stop/eos id, or -1 */
     status result;          /* OK, or why it failed/was cancelled */
     bool aborted;           /* Worker/Abort or drain (under the engine lock) */
@@ -118,7 +110,7 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
                   status *st);
 
 /* Ends the running or waiting request with this id (the first one found) at the next step with
- * ENGINE_FINISH_CANCELLED and an OK result. Returns true if one was found. */
+ * FINISH_CANCELLED and an OK result. Returns true if one was found. */
 bool engine_abort(engine *e, const char *request_id);
 
 void engine_get_load(engine *e, engine_load *out);

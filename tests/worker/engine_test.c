@@ -34,7 +34,7 @@ typedef struct collector {
     int32_t tokens[256];
     int n_tokens;
     bool done;
-    engine_finish finish;
+    finish_reason finish;
     int32_t stop_token;
     status result;
     atomic_bool cancel; /* what sink->cancelled reports */
@@ -147,7 +147,7 @@ static void test_each_prompt_alone_matches_reference(void)
         CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
         CU_ASSERT_FATAL(col_wait(&c, 0));
         CU_ASSERT(same_tokens(&c, &g_prompts[i], g_prompts[i].n_greedy));
-        CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+        CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
         CU_ASSERT_EQUAL(c.result.code, STATUS_OK);
     }
     free_engine(b, e);
@@ -245,7 +245,7 @@ static void test_stop_token_and_length(void)
     p.n_stop_ids = 2;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_STOP);
+    CU_ASSERT_EQUAL(c.finish, FINISH_STOP);
     CU_ASSERT_EQUAL(c.stop_token, pr->greedy[k]);
     CU_ASSERT(same_tokens(&c, pr, k + 1)); /* the stop token is returned */
 
@@ -253,7 +253,7 @@ static void test_stop_token_and_length(void)
     p = greedy_params("len", pr, 3);
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(c.stop_token, -1);
     CU_ASSERT_EQUAL(c.n_tokens, 3);
 
@@ -277,13 +277,13 @@ static void test_stop_token_and_length(void)
     p.ignore_eos = false;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_STOP);
+    CU_ASSERT_EQUAL(c.finish, FINISH_STOP);
     CU_ASSERT_EQUAL(c.n_tokens, k + 1);
     col_init(&c);
     p.ignore_eos = true;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(c.n_tokens, 20);
     free_engine(b, e);
 }
@@ -302,7 +302,7 @@ static void test_cancel_frees_slot(void)
     CU_ASSERT_FATAL(col_wait(&c, 2)); /* running */
     atomic_store(&c.cancel, true);    /* the client goes away */
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(c.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(c.result.code, STATUS_CANCELLED);
     CU_ASSERT(c.n_tokens < 200);
     CU_ASSERT(engine_wait_idle(e, 5000));
@@ -558,9 +558,9 @@ static void test_abort_by_id(void)
     CU_ASSERT(!engine_abort(e, "nope"));
     fake_hold(&f, false);
     CU_ASSERT(col_wait(&a, 0) && col_wait(&b, 0));
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(a.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(a.result.code, STATUS_OK); /* an abort is not an error */
-    CU_ASSERT_EQUAL(b.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(b.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(b.n_tokens, 0);
     CU_ASSERT(engine_wait_idle(e, 5000));
     engine_destroy(e);
@@ -638,7 +638,7 @@ static void test_drain(void)
     CU_ASSERT(a.done && b.done);
     CU_ASSERT_EQUAL(a.result.code, STATUS_UNAVAILABLE);
     CU_ASSERT_EQUAL(b.result.code, STATUS_UNAVAILABLE);
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(a.finish, FINISH_CANCELLED);
     CU_ASSERT(a.n_tokens < 500000);
     p = fake_params("c", 3, 5);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_UNAVAILABLE);
@@ -655,7 +655,7 @@ static void test_drain(void)
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
     CU_ASSERT_EQUAL(engine_drain(e, 20000), 0);
     CU_ASSERT(a.done);
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(a.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(a.n_tokens, 50);
     engine_destroy(e);
 }
@@ -678,7 +678,7 @@ static void test_device_failure_is_fatal(void)
     engine_params p = fake_params("a", 3, 5);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&a, 0));
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_ERROR);
+    CU_ASSERT_EQUAL(a.finish, FINISH_ERROR);
     CU_ASSERT_EQUAL(a.result.code, STATUS_INTERNAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(a.result.msg, "fake device failure"));
     CU_ASSERT(engine_failed(e));
