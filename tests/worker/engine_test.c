@@ -333,23 +333,15 @@ typedef struct fake_backend {
     int max_items;   /* largest batch seen */
     status_code fail_with; /* non-OK: the next step fails with it */
     int n_seq_end;   /* seq_end calls */
-    int kv_held_max; /* most KV blocks held at once (paged: base.kv_block_tokens > 0) */
-    bool kv_over;    /* a step went past base.kv_blocks_total */
+    int kv_held_max; /* most KV blocks held at once (with a pool, base.kv) */
+    bool kv_over;    /* a step's positions were past the blocks the engine took */
 } fake_backend;
-
-/* blocks the slots hold, as a paged backend would: ceil(fed / block) each */
-static int fake_kv_held(const fake_backend *f)
-{
-    int n = 0;
-    for (int s = 0; s < f->base.n_slots; s++)
-        n += (f->fed[s] + f->base.kv_block_tokens - 1) / f->base.kv_block_tokens;
-    return n;
-}
 
 static int fake_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st)
 {
     fake_backend *f = (fake_backend *)b;
     f->fed[slot] = 0;
+    if (b->kv) kv_pool_release(b->kv, slot);
     return STATUS_OK;
 }
 
@@ -364,26 +356,33 @@ static int fake_step(worker_backend *b, worker_batch_item *items, int n, status 
     f->in_step--;
     status_code fail = f->fail_with;
     if (n > f->max_items) f->max_items = n;
+    for (int i = 0; i < n; i++) { /* the engine took every block the step writes */
+        worker_batch_item *it = &items[i];
+        if (b->kv && kv_pool_need(b->kv, it->slot, (int64_t)f->fed[it->slot] + it->n_tokens) > 0) {
+            f->kv_over = true;
+            if (fail == STATUS_OK) fail = STATUS_EXHAUSTED;
+        }
+    }
     for (int i = 0; i < n; i++) {
         worker_batch_item *it = &items[i];
         if ((it->n_tokens > 1 || !it->sample) && f->n_chunks < 64) f->chunk_log[f->n_chunks++] = it->n_tokens;
         f->fed[it->slot] += it->n_tokens;
         if (it->sample) it->token = f->fed[it->slot] % 50 + 100;
     }
-    if (f->base.kv_block_tokens > 0) {
-        const int held = fake_kv_held(f);
+    if (b->kv) {
+        const int held = (int)(kv_pool_total_blocks(b->kv) - kv_pool_free_blocks(b->kv));
         if (held > f->kv_held_max) f->kv_held_max = held;
-        if (held > (int)f->base.kv_blocks_total) {
-            f->kv_over = true;
-            if (fail == STATUS_OK) fail = STATUS_EXHAUSTED;
-        }
     }
     pthread_mutex_unlock(&f->mu);
     if (fail) return status_fail(st, fail, "fake device failure");
     return STATUS_OK;
 }
 
-static void fake_destroy(worker_backend *b) { (void)b; }
+static void fake_destroy(worker_backend *b)
+{
+    kv_pool_destroy(b->kv);
+    b->kv = NULL;
+}
 
 static void fake_seq_end(worker_backend *b, int slot)
 {
@@ -391,6 +390,7 @@ static void fake_seq_end(worker_backend *b, int slot)
     pthread_mutex_lock(&f->mu);
     f->fed[slot] = 0;
     f->n_seq_end++;
+    if (b->kv) kv_pool_release(b->kv, slot);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -406,6 +406,16 @@ static void fake_init(fake_backend *f, int slots)
     f->base.vocab = 1000;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
+}
+
+/* A KV pool of n_blocks blocks of 16 positions, tables of per_seq blocks, for f's slots and
+ * `extra` sequences more (held by the test, not the engine). */
+static void fake_kv(fake_backend *f, int n_blocks, int per_seq, int extra)
+{
+    status st;
+    kv_pool_opts o = {.n_seqs = f->base.n_slots + extra, .block_tokens = 16, .n_blocks = n_blocks,
+                      .max_blocks_per_seq = per_seq};
+    CU_ASSERT_EQUAL_FATAL(kv_pool_create(&o, &f->base.kv, &st), STATUS_OK);
 }
 
 static void fake_hold(fake_backend *f, bool hold)
@@ -485,16 +495,27 @@ static void test_queue_full_is_exhausted(void)
     engine_destroy(e);
 }
 
-/* Paged KV: 4 slots, a pool of 10 blocks of 16 tokens; requests of 20 + 44 tokens reserve 4
- * blocks each, so two run at once while slots are free; GetLoad counts the blocks; the backend
- * never holds more than the pool; every ended sequence gives its blocks back (seq_end); a
- * request that could never fit is refused at once. */
+/* The fake's tokens are its slot's fed count: a request of n_prompt tokens generates
+ * (n_prompt + j) % 50 + 100 as its token j, however it was batched or preempted. */
+static bool fake_tokens_right(const collector *c, int n_prompt, int n)
+{
+    if (c->n_tokens != n) return false;
+    for (int j = 0; j < n; j++)
+        if (c->tokens[j] != (n_prompt + j) % 50 + 100) return false;
+    return true;
+}
+
+/* KV pool: 4 slots, 10 blocks of 16 positions; requests of 20 + 44 tokens need up to 4 blocks,
+ * so worst-case reservation would run 2 at once. Admission counts blocks free (2 for a prompt
+ * and its next token, plus the 1-block watermark): all 4 run; as they grow the pool runs dry
+ * and the last admitted are preempted and recomputed: every request still gets exactly its
+ * tokens, each step's positions had their blocks, and every block is free at the end. A request
+ * that could never fit (the pool, or a table) is refused at once. */
 static void test_kv_blocks_admission(void)
 {
     fake_backend f;
     fake_init(&f, 4);
-    f.base.kv_block_tokens = 16;
-    f.base.kv_blocks_total = 10;
+    fake_kv(&f, 10, 8, 0);
     engine *e;
     status st;
     CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 8}, &e, &st), STATUS_OK);
@@ -510,31 +531,69 @@ static void test_kv_blocks_admission(void)
     CU_ASSERT_FATAL(fake_wait_in_step(&f));
     engine_load l;
     engine_get_load(e, &l);
-    CU_ASSERT_EQUAL(l.running, 2);
-    CU_ASSERT_EQUAL(l.waiting, 2);
-    CU_ASSERT_EQUAL(l.free_slots, 2);
+    CU_ASSERT_EQUAL(l.running, 4); /* > 10 / 4 */
+    CU_ASSERT_EQUAL(l.waiting, 0);
     CU_ASSERT_EQUAL(l.total_kv_blocks, 10);
-    CU_ASSERT_EQUAL(l.free_kv_blocks, 2);
+    CU_ASSERT(l.free_kv_blocks >= 2 && l.free_kv_blocks <= 8); /* r0's prompt taken, maybe more */
     collector big;
     col_init(&big);
     engine_params p = fake_params("big", 100, 100); /* 13 blocks > 10 */
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &big, &st), STATUS_RANGE);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "KV blocks"));
+    p = fake_params("long", 100, 30); /* 9 blocks: fits the pool, not a table of 8 */
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &big, &st), STATUS_RANGE);
     fake_hold(&f, false);
     for (int i = 0; i < 4; i++) {
         CU_ASSERT(col_wait(&c[i], 0));
-        CU_ASSERT_EQUAL(c[i].n_tokens, 44);
+        CU_ASSERT(fake_tokens_right(&c[i], 20, 44));
+        CU_ASSERT_EQUAL(c[i].finish, FINISH_LENGTH);
         CU_ASSERT_EQUAL(c[i].result.code, STATUS_OK);
     }
     CU_ASSERT(engine_wait_idle(e, 5000));
     engine_get_load(e, &l);
     CU_ASSERT_EQUAL(l.free_kv_blocks, 10);
-    CU_ASSERT_EQUAL(f.n_seq_end, 4);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(f.base.kv), 10);
+    CU_ASSERT(l.preemptions > 0);
+    CU_ASSERT_EQUAL(f.n_seq_end, 4 + (int)l.preemptions);
     CU_ASSERT(!f.kv_over);
-    CU_ASSERT(f.kv_held_max <= 10 && f.kv_held_max >= 6);
-    printf("  KV blocks: at most %d of 10 held, %d seq_end calls\n", f.kv_held_max, f.n_seq_end);
+    CU_ASSERT(f.kv_held_max <= 10 && f.kv_held_max >= 8);
+    printf("  KV blocks: at most %d of 10 held, %llu preemptions\n", f.kv_held_max,
+           (unsigned long long)l.preemptions);
     CU_ASSERT(!big.done);
     engine_destroy(e);
+    fake_destroy(&f.base);
+}
+
+/* A request the pool cannot grow even when it runs alone (the test holds 6 of 8 blocks in a
+ * sequence the engine does not know) fails with STATUS_EXHAUSTED instead of looping; the next
+ * request that fits runs. */
+static void test_kv_too_small_alone_fails(void)
+{
+    fake_backend f;
+    fake_init(&f, 2);
+    fake_kv(&f, 8, 8, 1);
+    status st;
+    CU_ASSERT_EQUAL_FATAL(kv_pool_ensure(f.base.kv, 2, 6 * 16, &st), STATUS_OK);
+    engine *e;
+    CU_ASSERT_EQUAL_FATAL(engine_create(&f.base, &(engine_opts){.queue = 4}, &e, &st), STATUS_OK);
+    collector a, b;
+    col_init(&a);
+    col_init(&b);
+    engine_params p = fake_params("a", 20, 40); /* 4 blocks at the end, 2 free */
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
+    CU_ASSERT_FATAL(col_wait(&a, 0));
+    CU_ASSERT_EQUAL(a.finish, FINISH_ERROR);
+    CU_ASSERT_EQUAL(a.result.code, STATUS_EXHAUSTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a.result.msg, "no other sequence running"));
+    CU_ASSERT_EQUAL(a.n_tokens, 13); /* positions 0 .. 31 fitted: 20 fed, 12 decodes */
+    p = fake_params("b", 10, 5);
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &b, &st), STATUS_OK);
+    CU_ASSERT_FATAL(col_wait(&b, 0));
+    CU_ASSERT(fake_tokens_right(&b, 10, 5));
+    CU_ASSERT(engine_wait_idle(e, 5000));
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(f.base.kv), 2);
+    engine_destroy(e);
+    fake_destroy(&f.base);
 }
 
 static void test_abort_by_id(void)
@@ -721,6 +780,7 @@ int main(void)
     CU_add_test(s, "queue_full_is_exhausted", test_queue_full_is_exhausted);
     CU_add_test(s, "abort_by_id", test_abort_by_id);
     CU_add_test(s, "kv_blocks_admission", test_kv_blocks_admission);
+    CU_add_test(s, "kv_too_small_alone_fails", test_kv_too_small_alone_fails);
     CU_add_test(s, "prefill_chunks_within_budget", test_prefill_chunks_within_budget);
     CU_add_test(s, "drain", test_drain);
     CU_add_test(s, "device_failure_is_fatal", test_device_failure_is_fatal);
