@@ -546,14 +546,16 @@ static void log_request(const engine_request *r)
              r->result.msg[0] ? ": " : "", r->result.msg);
 }
 
-/* Ends the sequences of the ended requests in the backend (their KV blocks back), frees their
- * slots and returns them to the pool, then tells the sinks (from copies). In this order,
+/* Ends the sequences of the ended requests in the backend (their KV blocks back; the free
+ * blocks gauge then holds this step's count), frees their slots and returns them to the pool,
+ * then tells the sinks (from copies). In this order,
  * whoever sees the end of a stream (the client, after on_finish sent the status) also sees its
  * slot and blocks free: a request sent right after is admitted, and GetLoad no longer counts
  * it. Idle (engine_drain, engine_wait_idle) waits for the sinks too. */
 static void retire(engine *e, engine_request **done, int nd)
 {
     for (int i = 0; i < nd; i++) end_seq(e, done[i]);
+    if (e->kv) engine_metrics_kv(&e->m, kv_pool_free_blocks(e->kv)); /* this step's blocks */
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < nd; i++) {
         engine_request *r = done[i];
@@ -680,7 +682,6 @@ static void *engine_main(void *arg)
         }
         pthread_mutex_unlock(&e->mu);
         retire(e, e->done, nd);
-        if (e->kv) engine_metrics_kv(&e->m, kv_pool_free_blocks(e->kv));
     }
     return NULL;
 }
