@@ -236,7 +236,7 @@ int cmd_generate(int argc, char **argv)
         stream_tokens(&g, &o, tok, piece, cap, &st))
         goto fail;
     /* the eog token that stopped it is not printed and not in the ids */
-    const int n_gen = g.n_gen - (g.end.finish == ENGINE_FINISH_STOP && g.n_gen > 0 &&
+    const int n_gen = g.n_gen - (g.end.finish == FINISH_STOP && g.n_gen > 0 &&
                                  tokenizer_is_eog(tok, g.gen[g.n_gen - 1]));
     if (o.print_ids) {
         printf("[");

@@ -1,5 +1,6 @@
-/* Why a generation ended: one numbering and one name table for the engine (engine_finish), the
- * wire (proto FinishReason: the same numbers) and the router's logs and metrics labels. */
+/* Why a generation ended: one numbering and one name table for the engine
+ * (engine_request.finish), the wire (proto FinishReason: the same numbers) and the router's logs
+ * and metrics labels. */
 #ifndef DS_COMMON_FINISH_H
 #define DS_COMMON_FINISH_H
 

@@ -129,7 +129,8 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
     const int prefill = o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 256;
     const fwd_opts fo = {.n_slots = o->n_slots, .n_ctx = o->n_ctx,
                          .max_rows = o->n_slots > 0 ? o->n_slots + prefill : 0, .ranks = o->tp,
-                         .kv_blocks = o->kv_blocks, .n_threads = o->n_threads,
+                         .kv_blocks = o->kv_blocks,
+                         .kv_block_tokens = o->kv_block_tokens, .n_threads = o->n_threads,
                          .exact_dot = o->exact_dot, .batch_invariant = o->batch_invariant,
                          .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass};
     fwd *f;

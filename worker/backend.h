@@ -52,6 +52,7 @@ typedef struct worker_backend_opts {
     int max_prefill_tokens; /* most tokens of one prefill chunk (the engine's step budget): the
                                forward's steps take n_slots + this many rows */
     int kv_blocks;          /* > 0: blocks of the KV pool; 0: sized by the forward */
+    int kv_block_tokens;    /* cpu: positions per KV block (0: the forward's 64); cuda: 64 */
     bool batch_invariant;   /* cuda: every step through the batched kernels, so a sequence's
                                tokens do not depend on the others in its step (slower alone) */
     int dense_rows;         /* cuda: passes of this many rows or more multiply the quantised

@@ -1,10 +1,13 @@
 /* Continuous-batching engine: see engine.h.
  *
  * Locking: e->mu guards the request pool, the waiting FIFO, running[] (slot -> request), the
- * counters GetLoad reads and the aborted flags. The engine thread snapshots running[] into
- * active[] under the lock at the start of each step and works on active[] without the lock;
- * fields of a request that only the engine thread touches (n_prefilled, n_generated, started,
- * timings) are written only there. Sinks are called without the lock. */
+ * counters GetLoad reads, the KV blocks promised to admitted requests and the aborted flags.
+ * The engine thread snapshots running[] into active[] under the lock at the start of each step
+ * and works on active[] without the lock; fields of a request that only the engine thread
+ * touches (n_fed, n_generated, tokens past the prompt, started, timings) are written only
+ * there. Only the engine thread calls the backend and changes the KV pool; it takes blocks
+ * under the lock (kv_grow), so that the free blocks and the promises admission reads agree;
+ * other threads read the free blocks (an atomic). Sinks are called without the lock. */
 #include "worker/engine.h"
 
 #include <errno.h>
@@ -15,14 +18,20 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "model/kv_pool.h"
 #include "worker/engine_metrics.h"
 
 #define MIN_PREFILL_CHUNK 16
+/* Admission leaves this share of the KV pool free while others run (at least one block): room
+ * for the running sequences to grow a while before anyone is preempted (vLLM's watermark). */
+#define KV_WATERMARK_PERCENT 1
 
 struct engine {
     worker_backend *b; /* borrowed */
     engine_opts o;
     int n_slots;
+    kv_pool *kv;           /* b->kv: the backend's KV blocks (NULL: no paged KV) */
+    uint32_t kv_watermark; /* blocks admission leaves free while others run */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -37,9 +46,8 @@ struct engine {
     uint64_t next_admit_seq;
     bool draining, stop, failed;
     uint64_t outstanding; /* prompt tokens to feed + tokens to generate, all requests */
-    uint32_t kv_total, kv_reserved; /* paged KV blocks (worker_backend.kv): every
-                                       running request reserves its worst case at admission */
-    uint64_t steps, tokens_generated, n_finished;
+    uint32_t kv_promised; /* sum of kv_promise over running requests */
+    uint64_t steps, tokens_generated, n_finished, n_preemptions;
     int64_t tps_t0;
     uint64_t tps_tok0;
     double tps;
@@ -50,7 +58,7 @@ struct engine {
     engine_request **active;  /* owned, [n_slots] this step's requests */
     worker_batch_item *items; /* owned, [n_slots] */
     engine_request **item_req; /* owned, [n_slots] */
-    int *item_chunk;          /* owned, [n_slots]: prompt tokens fed by the item */
+    int *item_order;          /* owned, [n_slots]: item indices, oldest admission first */
     engine_request **done;    /* owned, [n_slots + queue] requests ending this step */
     engine_request *retired;  /* owned, [n_slots + queue] copies of done[] for the sinks */
 
@@ -67,30 +75,49 @@ static int free_slot(const engine *e)
     return -1;
 }
 
-/* The KV blocks a request can use at most: its prompt and every token it may generate (the
- * request was validated against the context), in the backend's blocks; 0 without paged KV. */
-static uint32_t kv_need(const engine *e, const engine_params *p)
+static int known_tokens(const engine_request *r) { return r->p.n_prompt + r->n_generated; }
+
+/* Whether the KV pool has room to admit a request that knows n_known tokens (its prompt and
+ * what it generated before a preemption): the blocks free, less those promised to requests
+ * admitted before and not yet taken, cover n_known + 1 positions (its prefill and the next
+ * token) and the watermark. With nothing running the answer is yes: a request that fits the
+ * pool (engine_submit checks) then always gets to run. */
+static bool kv_room(const engine *e, int n_known)
 {
-    if (!e->kv_total) return 0;
-    const int64_t tok = (int64_t)p->n_prompt + p->max_new_tokens, bt = kv_pool_block_tokens(e->b->kv);
-    return (uint32_t)((tok + bt - 1) / bt);
+    if (!e->kv || e->n_running == 0) return true;
+    const uint32_t free = kv_pool_free_blocks(e->kv);
+    const uint64_t avail = free > e->kv_promised ? free - e->kv_promised : 0;
+    return avail >= (uint64_t)kv_pool_blocks_for(e->kv, (int64_t)n_known + 1) + e->kv_watermark;
 }
 
-/* A free slot for r, and room in the KV pool for its worst case: the slot, else -1. */
-static int slot_for(const engine *e, const engine_request *r)
+/* A free slot for a request that knows n_known tokens, and KV room for it: the slot, else -1. */
+static int slot_for(const engine *e, int n_known)
 {
-    if (e->kv_total && e->kv_reserved + r->kv_blocks > e->kv_total) return -1;
-    return free_slot(e);
+    return kv_room(e, n_known) ? free_slot(e) : -1;
 }
 
 static void admit(engine *e, engine_request *r, int slot, int64_t now)
 {
     r->slot = slot;
-    r->t_admit = now;
-    r->admit_seq = e->next_admit_seq++;
+    if (!r->t_admit) r->t_admit = now;          /* a re-admitted request keeps its first */
+    if (!r->admit_seq) r->admit_seq = ++e->next_admit_seq;
     e->running[slot] = r;
     e->n_running++;
-    e->kv_reserved += r->kv_blocks;
+    if (e->kv) {
+        r->kv_promise = kv_pool_blocks_for(e->kv, (int64_t)known_tokens(r) + 1);
+        e->kv_promised += r->kv_promise;
+    }
+}
+
+/* Takes r off its slot (it keeps its tokens; its sequence has ended in the backend). */
+static void unadmit(engine *e, engine_request *r)
+{
+    DS_ASSERT(e->running[r->slot] == r);
+    e->running[r->slot] = NULL;
+    e->n_running--;
+    r->slot = -1;
+    e->kv_promised -= r->kv_promise;
+    r->kv_promise = 0;
 }
 
 /* Waiting requests take free slots (and KV room), oldest first: a request that does not fit
@@ -99,7 +126,7 @@ static void admit(engine *e, engine_request *r, int slot, int64_t now)
 static void admit_waiting(engine *e, int64_t now)
 {
     int slot;
-    while (e->wait_head && (slot = slot_for(e, e->wait_head)) >= 0) {
+    while (e->wait_head && (slot = slot_for(e, known_tokens(e->wait_head))) >= 0) {
         engine_request *r = e->wait_head;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
@@ -109,9 +136,12 @@ static void admit_waiting(engine *e, int64_t now)
     }
 }
 
+/* Tokens still to feed before it samples again (a decode's own token not counted), plus those
+ * still to generate. */
 static uint64_t request_tokens_left(const engine_request *r)
 {
-    return (uint64_t)(r->p.n_prompt - r->n_prefilled) + (uint64_t)(r->p.max_new_tokens - r->n_generated);
+    const int feed = known_tokens(r) - r->n_fed - (r->n_generated > 0 ? 1 : 0);
+    return (uint64_t)(feed > 0 ? feed : 0) + (uint64_t)(r->p.max_new_tokens - r->n_generated);
 }
 
 /* ---- submit / abort / load ---- */
@@ -120,28 +150,35 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
                   status *st)
 {
     DS_ASSERT(p->n_prompt >= 1 && p->max_new_tokens >= 1 && sink && sink->on_finish);
-    int32_t *copy = malloc((size_t)p->n_prompt * sizeof *copy);
-    if (!copy) return status_fail(st, STATUS_NOMEM, "request %s: out of memory for the prompt", p->id);
-    memcpy(copy, p->prompt, (size_t)p->n_prompt * sizeof *copy);
+    /* the prompt, then room for every token it may generate (kept for a recompute) */
+    const int64_t n_tokens = (int64_t)p->n_prompt + p->max_new_tokens;
+    int32_t *tokens = malloc((size_t)n_tokens * sizeof *tokens);
+    if (!tokens) return status_fail(st, STATUS_NOMEM, "request %s: out of memory for the prompt", p->id);
+    memcpy(tokens, p->prompt, (size_t)p->n_prompt * sizeof *tokens);
     int64_t now = clock_now_us();
 
-    const uint32_t need = kv_need(e, p);
+    /* the blocks it may hold at most, and the most one sequence can hold */
+    const uint32_t need = e->kv ? kv_pool_blocks_for(e->kv, n_tokens) : 0;
+    uint32_t cap = 0;
+    if (e->kv) {
+        cap = kv_pool_total_blocks(e->kv);
+        if ((uint32_t)kv_pool_max_blocks_per_seq(e->kv) < cap) cap = (uint32_t)kv_pool_max_blocks_per_seq(e->kv);
+    }
     pthread_mutex_lock(&e->mu);
     int rc = STATUS_OK;
     /* a slot and KV room now, and nobody ahead (admit_waiting keeps the head waiting only
      * while it cannot run): FIFO holds */
-    const engine_request probe = {.kv_blocks = need};
-    int slot = e->n_waiting ? -1 : slot_for(e, &probe);
+    int slot = e->n_waiting ? -1 : slot_for(e, p->n_prompt);
     if (e->draining || e->stop) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker is draining");
         engine_metrics_rejected(&e->m, true);
     } else if (e->failed) {
         rc = status_fail(st, STATUS_UNAVAILABLE, "worker backend failed");
-    } else if (need > e->kv_total) {
+    } else if (need > cap) {
         rc = status_fail(st, STATUS_RANGE,
                          "request %s: %d prompt + %d new tokens need %u KV blocks of %d tokens; "
-                         "the worker's cache holds %u", p->id, p->n_prompt, p->max_new_tokens,
-                         need, kv_pool_block_tokens(e->b->kv), e->kv_total);
+                         "the worker's cache holds %u for one sequence", p->id, p->n_prompt,
+                         p->max_new_tokens, need, kv_pool_block_tokens(e->kv), cap);
     } else if (slot < 0 && e->n_waiting >= e->o.queue) {
         rc = status_fail(st, STATUS_EXHAUSTED,
                          "request %s: admission queue full (%d running, %d waiting)", p->id,
@@ -150,7 +187,7 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     }
     if (rc != STATUS_OK) {
         pthread_mutex_unlock(&e->mu);
-        free(copy);
+        free(tokens);
         return rc;
     }
     engine_request *r = e->free_list;
@@ -158,12 +195,11 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
     e->free_list = r->next;
     memset(r, 0, sizeof *r);
     r->p = *p;
-    r->p.prompt = copy;
-    r->prompt_copy = copy;
+    r->p.prompt = tokens;
+    r->tokens = tokens;
     r->slot = -1;
     r->stop_token = -1;
     r->t_arrival = now;
-    r->kv_blocks = need;
     r->sink = sink;
     r->sink_arg = sink_arg;
     status_clear(&r->result);
@@ -223,8 +259,9 @@ void engine_get_load(engine *e, engine_load *out)
     out->total_slots = e->n_slots;
     out->free_slots = e->n_slots - e->n_running;
     out->queue_capacity = e->o.queue;
-    out->total_kv_blocks = e->kv_total;
-    out->free_kv_blocks = e->kv_total - e->kv_reserved;
+    out->total_kv_blocks = e->kv ? kv_pool_total_blocks(e->kv) : 0;
+    out->free_kv_blocks = e->kv ? kv_pool_free_blocks(e->kv) : 0;
+    out->preemptions = e->n_preemptions;
     out->outstanding_tokens = e->outstanding;
     /* the engine refreshes tps every second while it works; when idle it goes stale */
     double dt = (double)(now - e->tps_t0) / 1e6;
@@ -246,11 +283,19 @@ bool engine_failed(engine *e)
 
 /* ---- the engine thread ---- */
 
-static void end_request(engine_request *r, engine_finish f, const status *res)
+static void end_request(engine_request *r, finish_reason f, const status *res)
 {
     r->finish = f;
     if (res) r->result = *res;
     r->t_end = clock_now_us();
+}
+
+/* r's sequence ends in the backend (its KV blocks back to the pool), once. Engine thread. */
+static void end_seq(engine *e, engine_request *r)
+{
+    if (!r->started) return;
+    r->started = false;
+    worker_backend_seq_end(e->b, r->slot);
 }
 
 /* Under e->mu at the start of a step: ends aborted/cancelled waiting requests, admits
@@ -271,7 +316,7 @@ static int collect_step(engine *e, int *n_done)
             status cs;
             if (r->aborted) cs = r->abort_result;
             else status_fail(&cs, STATUS_CANCELLED, "request %s: cancelled by the client", r->p.id);
-            end_request(r, ENGINE_FINISH_CANCELLED, &cs);
+            end_request(r, FINISH_CANCELLED, &cs);
             e->done[nd++] = r;
             continue;
         }
@@ -288,7 +333,7 @@ static int collect_step(engine *e, int *n_done)
             status cs;
             if (r->aborted) cs = r->abort_result;
             else status_fail(&cs, STATUS_CANCELLED, "request %s: cancelled by the client", r->p.id);
-            end_request(r, ENGINE_FINISH_CANCELLED, &cs);
+            end_request(r, FINISH_CANCELLED, &cs);
             e->done[nd++] = r;
         } else {
             e->active[na++] = r;
@@ -312,25 +357,28 @@ static void sort_by_admission(engine_request **v, int n)
     }
 }
 
-/* Builds the batch from active[]: decode items first, then prefill chunks within budget. */
+/* Builds the batch from active[]: a decode item for every sequence whose only token not fed
+ * is its last generated one, then chunks of the others' known tokens (a prompt, or after a
+ * preemption the prompt and the tokens generated before it) within the budget, oldest
+ * admission first. A chunk holds prompt tokens or generated ones, never both: the sampler
+ * counts the two apart (penalize_prompt). */
 static int build_batch(engine *e, engine_request **active, int na)
 {
     int n = 0, n_pre = 0;
     engine_request *pre[na > 0 ? na : 1];
     for (int i = 0; i < na; i++) {
         engine_request *r = active[i];
-        if (r->n_prefilled < r->p.n_prompt) {
+        if (r->n_fed < r->p.n_prompt || known_tokens(r) - r->n_fed > 1) {
             pre[n_pre++] = r;
             continue;
         }
         worker_batch_item *it = &e->items[n];
         memset(it, 0, sizeof *it);
         it->slot = r->slot;
-        it->tokens = &r->last_token;
+        it->tokens = r->tokens + r->n_fed;
         it->n_tokens = 1;
         it->sample = true;
-        e->item_req[n] = r;
-        e->item_chunk[n++] = 0;
+        e->item_req[n++] = r;
     }
     sort_by_admission(pre, n_pre);
     int budget = e->o.step_tokens - n;
@@ -338,7 +386,8 @@ static int build_batch(engine *e, engine_request **active, int na)
     const int cap = n > 0 && e->b->prompt_rows_while_decoding > 0 ? e->b->prompt_rows_while_decoding : 0;
     for (int i = 0; i < n_pre; i++) {
         engine_request *r = pre[i];
-        int left = r->p.n_prompt - r->n_prefilled;
+        const bool prompt = r->n_fed < r->p.n_prompt;
+        const int left = (prompt ? r->p.n_prompt : known_tokens(r)) - r->n_fed;
         int chunk = left < budget ? left : budget;
         if (i == 0 && chunk < MIN_PREFILL_CHUNK) /* progress even when decodes fill the budget */
             chunk = left < MIN_PREFILL_CHUNK ? left : MIN_PREFILL_CHUNK;
@@ -347,15 +396,110 @@ static int build_batch(engine *e, engine_request **active, int na)
         worker_batch_item *it = &e->items[n];
         memset(it, 0, sizeof *it);
         it->slot = r->slot;
-        it->tokens = r->p.prompt + r->n_prefilled;
+        it->tokens = r->tokens + r->n_fed;
         it->n_tokens = chunk;
-        it->prompt = true;
-        it->sample = r->n_prefilled + chunk == r->p.n_prompt;
-        e->item_req[n] = r;
-        e->item_chunk[n++] = chunk;
+        it->prompt = prompt;
+        it->sample = r->n_fed + chunk == known_tokens(r);
+        e->item_req[n++] = r;
         budget -= chunk;
     }
     return n;
+}
+
+/* Takes r out of active[0 .. *na), keeping the others' order. */
+static void drop_active(engine_request **active, int *na, const engine_request *r)
+{
+    int i = 0;
+    while (i < *na && active[i] != r) i++;
+    DS_ASSERT(i < *na);
+    memmove(active + i, active + i + 1, (size_t)(*na - i - 1) * sizeof *active);
+    (*na)--;
+}
+
+/* Preemption (recompute): v's sequence ends in the backend (its KV blocks back to the pool) and
+ * v goes back to the head of the waiting queue with its tokens, to prefill them again when it
+ * is re-admitted. It leaves active[]. */
+static void preempt(engine *e, engine_request *v, int *na)
+{
+    drop_active(e->active, na, v);
+    const int slot = v->slot;
+    end_seq(e, v);
+    pthread_mutex_lock(&e->mu);
+    unadmit(e, v);
+    v->n_fed = 0;
+    v->n_preempted++;
+    v->next = e->wait_head;
+    e->wait_head = v;
+    if (!e->wait_tail) e->wait_tail = v;
+    e->n_waiting++;
+    e->n_preemptions++;
+    engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
+    pthread_mutex_unlock(&e->mu);
+    engine_metrics_preempted(&e->m);
+    LOG_INFO("request %s: preempted from slot %d, its KV blocks back (%u of %u free); %d tokens "
+             "to recompute", v->p.id, slot, kv_pool_free_blocks(e->kv),
+             kv_pool_total_blocks(e->kv), known_tokens(v));
+}
+
+/* Grows each item's block table to cover the positions after the item, oldest admission first,
+ * under the lock: the blocks a request takes leave its admission's promise at once, so that
+ * admission never counts them twice. true: every item has its blocks. false: the pool ran dry
+ * and one request left active[] (the one admitted last, preempted; or a request the pool cannot
+ * hold even alone, or whose table is too short, failed into done[]): the batch is to be built
+ * again. Engine thread. */
+static bool kv_grow(engine *e, int n, int *na, int *nd)
+{
+    int *order = e->item_order;
+    for (int i = 0; i < n; i++) { /* insertion sort by admission (n <= n_slots) */
+        int j = i;
+        while (j > 0 && e->item_req[order[j - 1]]->admit_seq > e->item_req[i]->admit_seq) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    engine_request *r = NULL;
+    int64_t n_pos = 0;
+    status st;
+    pthread_mutex_lock(&e->mu);
+    for (int k = 0; k < n; k++) {
+        engine_request *q = e->item_req[order[k]];
+        const int64_t want = (int64_t)q->n_fed + e->items[order[k]].n_tokens;
+        const int held = kv_pool_held(e->kv, q->slot);
+        if (kv_pool_ensure(e->kv, q->slot, want, &st) != STATUS_OK) {
+            r = q;
+            n_pos = want;
+            break;
+        }
+        const uint32_t taken = (uint32_t)(kv_pool_held(e->kv, q->slot) - held);
+        const uint32_t t = taken < q->kv_promise ? taken : q->kv_promise;
+        q->kv_promise -= t;
+        e->kv_promised -= t;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!r) return true;
+    if (st.code == STATUS_EXHAUSTED && *na > 1) {
+        engine_request *v = e->active[0]; /* the one admitted last (LIFO) */
+        for (int i = 1; i < *na; i++)
+            if (e->active[i]->admit_seq > v->admit_seq) v = e->active[i];
+        preempt(e, v, na);
+        return false;
+    }
+    status res;
+    if (st.code == STATUS_EXHAUSTED)
+        status_fail(&res, STATUS_EXHAUSTED,
+                    "request %s: %lld positions need %u KV blocks of %d; the pool has %u (%u "
+                    "free) with no other sequence running", r->p.id, (long long)n_pos,
+                    kv_pool_blocks_for(e->kv, n_pos), kv_pool_block_tokens(e->kv),
+                    kv_pool_total_blocks(e->kv), kv_pool_free_blocks(e->kv));
+    else
+        status_fail(&res, st.code, "request %s: %s", r->p.id, st.msg);
+    LOG_ERROR("%s", res.msg);
+    drop_active(e->active, na, r);
+    end_seq(e, r);
+    end_request(r, FINISH_ERROR, &res);
+    e->done[(*nd)++] = r;
+    return false;
 }
 
 static bool is_in(int32_t t, const int32_t *v, int n)
@@ -369,21 +513,20 @@ static bool is_in(int32_t t, const int32_t *v, int n)
 static bool take_token(engine *e, engine_request *r, const worker_batch_item *it, int64_t now)
 {
     int32_t t = it->out.token;
-    r->n_generated++;
-    r->last_token = t;
+    r->tokens[r->p.n_prompt + r->n_generated++] = t;
     if (r->n_generated == 1) r->t_first = now;
     engine_metrics_token(&e->m, r, now);
     r->t_last = now;
     if (r->sink->on_token) r->sink->on_token(r->sink_arg, r, it);
-    engine_finish f = ENGINE_FINISH_NONE;
+    finish_reason f = FINISH_NONE;
     if (is_in(t, r->p.stop_ids, r->p.n_stop_ids) ||
         (!r->p.ignore_eos && is_in(t, e->o.eos_ids, e->o.n_eos_ids))) {
-        f = ENGINE_FINISH_STOP;
+        f = FINISH_STOP;
         r->stop_token = t;
     } else if (r->n_generated >= r->p.max_new_tokens || r->p.n_prompt + r->n_generated >= e->b->n_ctx) {
-        f = ENGINE_FINISH_LENGTH;
+        f = FINISH_LENGTH;
     }
-    if (f == ENGINE_FINISH_NONE) return false;
+    if (f == FINISH_NONE) return false;
     end_request(r, f, NULL);
     return true;
 }
@@ -397,29 +540,28 @@ static void log_request(const engine_request *r)
     double total = (double)(r->t_end - r->t_arrival) * ms;
     double tps = decode > 0 ? (r->n_generated - 1) / (decode * 1e-3) : 0;
     LOG_INFO("request %s: prompt %d, generated %d, finish %s, queue %.1f ms, ttft %.1f ms, "
-             "decode %.1f ms (%.1f tok/s), total %.1f ms, status %s%s%s",
+             "decode %.1f ms (%.1f tok/s), total %.1f ms, preempted %d, status %s%s%s",
              r->p.id, r->p.n_prompt, r->n_generated, finish_reason_name(r->finish), queue, ttft,
-             decode, tps, total, status_code_name(r->result.code), r->result.msg[0] ? ": " : "",
-             r->result.msg);
+             decode, tps, total, r->n_preempted, status_code_name(r->result.code),
+             r->result.msg[0] ? ": " : "", r->result.msg);
 }
 
-/* Frees the slots of the ended requests and returns them to the pool, then tells the sinks
- * (from copies). In this order, whoever sees the end of a stream (the client, after on_finish
- * sent the status) also sees its slot free: a request sent right after is admitted, and GetLoad
- * no longer counts it. Idle (engine_drain, engine_wait_idle) waits for the sinks too. */
+/* Ends the sequences of the ended requests in the backend (their KV blocks back; the free
+ * blocks gauge then holds this step's count), frees their slots and returns them to the pool,
+ * then tells the sinks (from copies). In this order,
+ * whoever sees the end of a stream (the client, after on_finish sent the status) also sees its
+ * slot and blocks free: a request sent right after is admitted, and GetLoad no longer counts
+ * it. Idle (engine_drain, engine_wait_idle) waits for the sinks too. */
 static void retire(engine *e, engine_request **done, int nd)
 {
+    for (int i = 0; i < nd; i++) end_seq(e, done[i]);
+    if (e->kv) engine_metrics_kv(&e->m, kv_pool_free_blocks(e->kv)); /* this step's blocks */
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < nd; i++) {
         engine_request *r = done[i];
-        if (r->slot >= 0) {
-            DS_ASSERT(e->running[r->slot] == r);
-            e->running[r->slot] = NULL;
-            e->n_running--;
-            e->kv_reserved -= r->kv_blocks;
-        }
-        free(r->prompt_copy);
-        r->prompt_copy = NULL;
+        if (r->slot >= 0) unadmit(e, r);
+        free(r->tokens);
+        r->tokens = NULL;
         r->p.prompt = NULL;
         e->retired[i] = *r; /* r may be reused by a submit as soon as the lock is released */
         r->next = e->free_list;
@@ -436,10 +578,6 @@ static void retire(engine *e, engine_request **done, int nd)
     engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
     pthread_mutex_unlock(&e->mu);
 
-    for (int i = 0; i < nd; i++) { /* the backend's KV blocks back, before any new seq_start */
-        const engine_request *r = &e->retired[i];
-        if (r->slot >= 0 && r->started) worker_backend_seq_end(e->b, r->slot);
-    }
     for (int i = 0; i < nd; i++) {
         const engine_request *r = &e->retired[i];
         log_request(r);
@@ -459,7 +597,7 @@ static int fail_items(engine *e, engine_request **active, int na, const status *
     status res;
     status_fail(&res, STATUS_INTERNAL, "%s", st->msg);
     for (int i = 0; i < na; i++) {
-        end_request(active[i], ENGINE_FINISH_ERROR, &res);
+        end_request(active[i], FINISH_ERROR, &res);
         e->done[nd++] = active[i];
     }
     return nd;
@@ -481,6 +619,7 @@ static void *engine_main(void *arg)
         bool failed = e->failed;
         engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
         pthread_mutex_unlock(&e->mu);
+        for (int i = 0; i < nd; i++) end_seq(e, e->done[i]); /* cancelled: blocks back first */
 
         status st;
         status_clear(&st);
@@ -504,7 +643,9 @@ static void *engine_main(void *arg)
             e->active[kept++] = r;
         }
         na = kept;
-        int n = build_batch(e, e->active, na);
+        int n;
+        while ((n = build_batch(e, e->active, na)) > 0 && e->kv && !kv_grow(e, n, &na, &nd)) {
+        }
         uint64_t generated = 0;
         if (n > 0) {
             int rc = worker_backend_step(e->b, e->items, n, &st);
@@ -521,7 +662,7 @@ static void *engine_main(void *arg)
             } else {
                 for (int i = 0; i < n; i++) {
                     engine_request *r = e->item_req[i];
-                    r->n_prefilled += e->item_chunk[i];
+                    r->n_fed += e->items[i].n_tokens;
                     if (!e->items[i].sample) continue;
                     generated++;
                     if (take_token(e, r, &e->items[i], now)) e->done[nd++] = r;
@@ -557,17 +698,27 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     if (e->o.queue < 0) e->o.queue = 64;
     if (e->o.step_tokens <= 0) e->o.step_tokens = 256;
     e->n_slots = b->n_slots;
-    e->kv_total = kv_pool_total_blocks(b->kv);
+    e->kv = b->kv;
+    if (e->kv && kv_pool_n_seqs(e->kv) < e->n_slots) {
+        status_fail(st, STATUS_INVALID, "engine: the backend's KV pool needs a table per "
+                    "slot (%d tables, %d slots)", kv_pool_n_seqs(e->kv), e->n_slots);
+        free(e);
+        return st->code;
+    }
+    if (e->kv) {
+        e->kv_watermark = kv_pool_total_blocks(e->kv) * KV_WATERMARK_PERCENT / 100;
+        if (e->kv_watermark < 1) e->kv_watermark = 1;
+    }
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);
     e->running = calloc((size_t)e->n_slots, sizeof *e->running);
     e->active = calloc((size_t)e->n_slots, sizeof *e->active);
     e->items = calloc((size_t)e->n_slots, sizeof *e->items);
     e->item_req = calloc((size_t)e->n_slots, sizeof *e->item_req);
-    e->item_chunk = calloc((size_t)e->n_slots, sizeof *e->item_chunk);
+    e->item_order = calloc((size_t)e->n_slots, sizeof *e->item_order);
     e->done = calloc((size_t)n_pool, sizeof *e->done);
     e->retired = calloc((size_t)n_pool, sizeof *e->retired);
-    if (!e->pool || !e->running || !e->active || !e->items || !e->item_req || !e->item_chunk ||
+    if (!e->pool || !e->running || !e->active || !e->items || !e->item_req || !e->item_order ||
         !e->done || !e->retired) {
         engine_destroy(e);
         return status_fail(st, STATUS_NOMEM, "engine: out of memory for %d requests", n_pool);
@@ -580,7 +731,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     clock_cond_init(&e->work_cv);
     clock_cond_init(&e->idle_cv);
     e->tps_t0 = clock_now_us();
-    engine_metrics_init(&e->m, e->o.metrics, e->n_slots);
+    engine_metrics_init(&e->m, e->o.metrics, e->n_slots, e->kv ? kv_pool_total_blocks(e->kv) : 0);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
         return status_fail(st, STATUS_INTERNAL, "engine: cannot start the engine thread");
@@ -654,7 +805,7 @@ void engine_destroy(engine *e)
     free(e->active);
     free(e->items);
     free(e->item_req);
-    free(e->item_chunk);
+    free(e->item_order);
     free(e->done);
     free(e->retired);
     free(e);

@@ -1,21 +1,53 @@
 /* The engine: one thread running a continuous-batching scheduler over a backend.
  *
  * Requests come in from any thread (engine_submit: the gRPC CQ thread); a bounded admission
- * queue holds them until a sequence slot is free (FIFO). Every step the engine
+ * queue holds them until they can run (FIFO). Every step the engine
  *   1. ends cancelled requests (client gone / deadline via the sink, Worker/Abort) and frees
  *      their slots; admits waiting requests into free slots;
  *   2. builds one batch: a decode token for every running sequence past its prompt, plus
  *      prefill chunks of the sequences still in their prompt, in admission order, bounded by
  *      the token budget (step_tokens; at least one chunk makes progress every step);
- *   3. runs backend->step, then for every sampled token checks the stop conditions and hands
+ *   3. takes from the backend's KV pool the blocks the batch's positions need, preempting
+ *      when the pool runs dry (below);
+ *   4. runs backend->step, then for every sampled token checks the stop conditions and hands
  *      the token to the request's sink; finished requests free their slot at once.
- * Results of a sequence do not depend on what else is in the batch.
+ * Results of a sequence do not depend on what else is in the batch, nor on preemption (but for
+ * the RNG of a seeded sampled request: see below).
+ *
+ * KV blocks (a backend with a pool, worker_backend.kv): the pool (model/kv_pool.h) is the one
+ * bookkeeper; nothing is reserved for a request's worst case, the engine over-commits.
+ *   - Admission: the head of the queue is admitted when a slot is free and the pool's free
+ *     blocks, less those promised to requests admitted earlier and not yet taken, cover its
+ *     known tokens + 1 (the prompt, any tokens generated before a preemption, and the next
+ *     one) plus a watermark of 1% of the pool (at least one block), so that running sequences
+ *     grow a while before anyone is preempted. With nothing running the watermark is waived:
+ *     a request that fits the pool alone always runs. A request whose prompt + max_new_tokens
+ *     could never fit (the pool, or one sequence's table) is refused at submit (STATUS_RANGE).
+ *   - Before each step every item's block table grows to cover the positions after the item
+ *     (kv_pool_ensure), oldest admission first. When the pool cannot grow one, the running
+ *     request admitted last is preempted (LIFO, as vLLM; a re-admitted request keeps its first
+ *     admission's place, so the oldest request always makes progress): its sequence ends in the
+ *     backend (seq_end: its blocks back) and it returns to the head of the waiting queue. When
+ *     re-admitted it prefills its prompt and the tokens it had generated, then continues; the
+ *     tokens already streamed are not sent again, its timings are kept, and the preemption is
+ *     counted (engine_load.preemptions, deltaserve:num_preemptions_total). A request the pool
+ *     cannot grow even when it runs alone fails (FINISH_ERROR, STATUS_EXHAUSTED).
+ *   - Recompute, not swap: a Qwen3.5 sequence is its recurrent (DeltaNet) state and its KV
+ *     blocks, so a swap would copy both out to host memory and back; recomputing re-runs a
+ *     prefill, which costs far less per token than decoding (every weight read once for a whole
+ *     chunk: compute-bound on the GPU), needs no host memory and no copy path in the forward.
+ *   - The re-fed tokens keep what they were: prompt chunks and generated chunks never share an
+ *     item, and generated ones are fed with prompt = false, so penalties see the sequence as
+ *     before. The backend's sampler restarts its RNG counter at seq_start, so after a
+ *     preemption a seeded sampled request draws from step 0 again (greedy decoding and
+ *     penalties reproduce exactly; seeded draws do not).
  *
  * Sinks are called on the engine thread and must not block (the gRPC sink packs a message and
  * queues it). After on_finish the sink never hears of the request again.
  *
  * Memory: the request pool (n_slots + queue entries) is allocated at creation; each request
- * copies its prompt into one allocation at submit (freed at finish); nothing per token. */
+ * has one allocation, made at submit and freed at finish, for its prompt and every token it may
+ * generate (kept for a recompute); nothing per token. */
 #ifndef DS_WORKER_ENGINE_H
 #define DS_WORKER_ENGINE_H
 
@@ -32,14 +64,6 @@
 #define ENGINE_MAX_STOP_IDS 16
 #define ENGINE_MAX_EOS_IDS 8
 
-typedef enum engine_finish {
-    ENGINE_FINISH_NONE = FINISH_NONE, /* the numbers and names are common/finish.h's */
-    ENGINE_FINISH_STOP = FINISH_STOP,      /* eos or a stop token */
-    ENGINE_FINISH_LENGTH = FINISH_LENGTH,    /* max_new_tokens or the context end */
-    ENGINE_FINISH_CANCELLED = FINISH_CANCELLED, /* client cancel/deadline (sink), Worker/Abort, drain timeout */
-    ENGINE_FINISH_ERROR = FINISH_ERROR,     /* backend failure */
-} engine_finish;
-
 /* A validated request (worker/request.c builds it from the proto). */
 typedef struct engine_params {
     char id[ENGINE_REQUEST_ID_MAX + 1];
@@ -52,22 +76,25 @@ typedef struct engine_params {
     bool ignore_eos;
 } engine_params;
 
-/* Times in microseconds on clock_now_us (common/clock.h). */
+/* Times in microseconds on clock_now_us (common/clock.h); t_admit is the first admission. */
 typedef struct engine_request {
-    engine_params p;        /* p.prompt points to the owned copy */
-    int32_t *prompt_copy;   /* owned, [n_prompt] */
+    engine_params p;        /* p.prompt points to tokens */
+    int32_t *tokens;        /* owned, [n_prompt + max_new_tokens]: the prompt, then the
+                               n_generated tokens generated */
     int slot;               /* -1 while waiting */
-    int n_prefilled;        /* prompt tokens fed */
+    int n_fed;              /* tokens[0 .. n_fed) fed to the slot since its seq_start */
     int n_generated;
-    int32_t last_token;     /* next decode input */
-    engine_finish finish;
+    finish_reason finish;   /* common/finish.h: FINISH_NONE while it runs */
     int32_t stop_token;     /* the matched stop/eos id, or -1 */
     status result;          /* OK, or why it failed/was cancelled */
     bool aborted;           /* Worker/Abort or drain (under the engine lock) */
     status abort_result;    /* the result an abort ends it with (OK for Worker/Abort) */
-    bool started;           /* backend seq_start done (engine thread only) */
-    uint32_t kv_blocks;     /* KV blocks reserved for it while it holds a slot (paged backends) */
-    uint64_t admit_seq;     /* admission order, for prefill priority */
+    bool started;           /* backend seq_start done, seq_end not yet (engine thread only) */
+    int n_preempted;        /* times it was preempted */
+    uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
+                               the engine lock) */
+    uint64_t admit_seq;     /* first admission order (1, 2, ...; kept through preemption): prefill
+                               priority, and who is preempted first (the highest) */
     int64_t t_arrival, t_admit, t_first, t_last, t_end;
     const struct engine_sink *sink;
     void *sink_arg;
@@ -100,8 +127,9 @@ typedef struct engine engine;
 
 typedef struct engine_load {
     int running, waiting, free_slots, total_slots, queue_capacity;
-    uint32_t free_kv_blocks, total_kv_blocks; /* paged KV: not reserved by a running request;
-                                                 0 / 0 for a backend without paged KV */
+    uint32_t free_kv_blocks, total_kv_blocks; /* the backend's KV pool: blocks no sequence
+                                                 holds, and all; 0 / 0 without one */
+    uint64_t preemptions; /* requests preempted so far */
     uint64_t outstanding_tokens;
     double tokens_per_second;
     bool draining;
@@ -112,13 +140,13 @@ typedef struct engine_load {
 int engine_create(worker_backend *b, const engine_opts *o, engine **out, status *st);
 
 /* Queues a request. STATUS_EXHAUSTED when the queue is full, STATUS_UNAVAILABLE while draining,
- * STATUS_NOMEM. On success the sink will get on_finish exactly once. Thread-safe, never blocks
+ * STATUS_RANGE when its prompt + max_new_tokens could never fit the KV pool, STATUS_NOMEM. On success the sink will get on_finish exactly once. Thread-safe, never blocks
  * on the engine's work (a short lock). */
 int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, void *sink_arg,
                   status *st);
 
 /* Ends the running or waiting request with this id (the first one found) at the next step with
- * ENGINE_FINISH_CANCELLED and an OK result. Returns true if one was found. */
+ * FINISH_CANCELLED and an OK result. Returns true if one was found. */
 bool engine_abort(engine *e, const char *request_id);
 
 void engine_get_load(engine *e, engine_load *out);

@@ -2,7 +2,7 @@
 
 #include <stdio.h>
 
-void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots)
+void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots, uint32_t kv_blocks)
 {
     *em = (engine_metrics){0};
     if (!m) return;
@@ -39,8 +39,26 @@ void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots)
                                 "Requests in the admission queue.");
     em->free_slots = metrics_gauge(m, "deltaserve:num_free_slots", NULL, "Sequence slots free.");
     em->total_slots = metrics_gauge(m, "deltaserve:num_total_slots", NULL, "Sequence slots.");
+    em->preemptions = metrics_counter(m, "deltaserve:num_preemptions_total", NULL,
+                                      "Running requests preempted (KV blocks back, recomputed later).");
+    em->free_kv_blocks = metrics_gauge(m, "deltaserve:num_free_kv_blocks", NULL,
+                                       "KV cache blocks no sequence holds.");
+    em->total_kv_blocks = metrics_gauge(m, "deltaserve:num_total_kv_blocks", NULL,
+                                        "KV cache blocks (0: no paged KV cache).");
     metrics_set(em->total_slots, n_slots);
     metrics_set(em->free_slots, n_slots);
+    metrics_set(em->total_kv_blocks, kv_blocks);
+    metrics_set(em->free_kv_blocks, kv_blocks);
+}
+
+void engine_metrics_preempted(engine_metrics *em)
+{
+    if (em->on) metrics_inc(em->preemptions, 1);
+}
+
+void engine_metrics_kv(engine_metrics *em, uint32_t free_blocks)
+{
+    if (em->on) metrics_set(em->free_kv_blocks, free_blocks);
 }
 
 void engine_metrics_rejected(engine_metrics *em, bool draining)

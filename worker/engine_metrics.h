@@ -18,10 +18,12 @@ typedef struct engine_metrics {
     metrics_series *prompt_tokens, *generation_tokens;
     metrics_series *ttft, *itl, *e2e, *queue_time;
     metrics_series *running, *waiting, *free_slots, *total_slots;
+    metrics_series *preemptions, *free_kv_blocks, *total_kv_blocks;
 } engine_metrics;
 
-/* Registers the series on m (NULL: off) for an engine of n_slots slots. */
-void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots);
+/* Registers the series on m (NULL: off) for an engine of n_slots slots over a KV pool of
+ * kv_blocks blocks (0: none; the KV gauges then stay 0). */
+void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots, uint32_t kv_blocks);
 
 /* Admission: a request refused (draining, else queue full), or accepted with its prompt. */
 void engine_metrics_rejected(engine_metrics *em, bool draining);
@@ -33,6 +35,12 @@ void engine_metrics_occupancy(engine_metrics *em, int running, int waiting, int 
 /* A token generated for r at now (µs): time to first token when r->n_generated is 1, else the
  * inter-token latency since r->t_last (call before t_last moves to now). */
 void engine_metrics_token(engine_metrics *em, const engine_request *r, int64_t now);
+
+/* A running request was preempted (its KV blocks back, to be recomputed). */
+void engine_metrics_preempted(engine_metrics *em);
+
+/* The KV pool's free blocks (kv_pool_free_blocks). */
+void engine_metrics_kv(engine_metrics *em, uint32_t free_blocks);
 
 /* A step generated this many tokens. */
 void engine_metrics_step(engine_metrics *em, int generated);

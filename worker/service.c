@@ -86,12 +86,12 @@ static void sink_finish(void *arg, const engine_request *r)
     }
     Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
     switch (r->finish) {
-    case ENGINE_FINISH_STOP: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
-    case ENGINE_FINISH_LENGTH: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
-    case ENGINE_FINISH_CANCELLED: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
+    case FINISH_STOP: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
+    case FINISH_LENGTH: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
+    case FINISH_CANCELLED: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
     default: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR; break;
     }
-    if (r->finish == ENGINE_FINISH_STOP && r->stop_token >= 0) {
+    if (r->finish == FINISH_STOP && r->stop_token >= 0) {
         m.matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
         m.stop_token_id = r->stop_token;
     }

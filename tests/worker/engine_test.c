@@ -34,7 +34,7 @@ typedef struct collector {
     int32_t tokens[256];
     int n_tokens;
     bool done;
-    engine_finish finish;
+    finish_reason finish;
     int32_t stop_token;
     status result;
     atomic_bool cancel; /* what sink->cancelled reports */
@@ -147,7 +147,7 @@ static void test_each_prompt_alone_matches_reference(void)
         CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
         CU_ASSERT_FATAL(col_wait(&c, 0));
         CU_ASSERT(same_tokens(&c, &g_prompts[i], g_prompts[i].n_greedy));
-        CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+        CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
         CU_ASSERT_EQUAL(c.result.code, STATUS_OK);
     }
     free_engine(b, e);
@@ -245,7 +245,7 @@ static void test_stop_token_and_length(void)
     p.n_stop_ids = 2;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_STOP);
+    CU_ASSERT_EQUAL(c.finish, FINISH_STOP);
     CU_ASSERT_EQUAL(c.stop_token, pr->greedy[k]);
     CU_ASSERT(same_tokens(&c, pr, k + 1)); /* the stop token is returned */
 
@@ -253,7 +253,7 @@ static void test_stop_token_and_length(void)
     p = greedy_params("len", pr, 3);
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(c.stop_token, -1);
     CU_ASSERT_EQUAL(c.n_tokens, 3);
 
@@ -277,13 +277,13 @@ static void test_stop_token_and_length(void)
     p.ignore_eos = false;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_STOP);
+    CU_ASSERT_EQUAL(c.finish, FINISH_STOP);
     CU_ASSERT_EQUAL(c.n_tokens, k + 1);
     col_init(&c);
     p.ignore_eos = true;
     CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(c.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(c.n_tokens, 20);
     free_engine(b, e);
 }
@@ -302,7 +302,7 @@ static void test_cancel_frees_slot(void)
     CU_ASSERT_FATAL(col_wait(&c, 2)); /* running */
     atomic_store(&c.cancel, true);    /* the client goes away */
     CU_ASSERT_FATAL(col_wait(&c, 0));
-    CU_ASSERT_EQUAL(c.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(c.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(c.result.code, STATUS_CANCELLED);
     CU_ASSERT(c.n_tokens < 200);
     CU_ASSERT(engine_wait_idle(e, 5000));
@@ -365,7 +365,7 @@ static int fake_step(fwd *b, fwd_row *rows, int n, status *st)
         const int slot = rows[i].slot, len = e - i;
         runs++;
         if ((len > 1 || !rows[e - 1].sample) && f->n_chunks < 64) f->chunk_log[f->n_chunks++] = len;
-        if (kv_pool_ensure(b->kv, slot, (int64_t)f->fed[slot] + len, NULL)) {
+        if (kv_pool_need(b->kv, slot, (int64_t)f->fed[slot] + len) > 0) { /* the engine takes them */
             f->kv_over = true;
             if (fail == STATUS_OK) fail = STATUS_EXHAUSTED;
         }
@@ -403,7 +403,11 @@ static const fwd_vt fake_vt = {.seq_start = fake_seq_start, .step = fake_step,
                                .destroy = fake_destroy, .seq_end = fake_seq_end};
 
 /* slots slots, a KV pool of n_blocks blocks of block_tokens positions */
-static void fake_init_kv(fake_backend *f, int slots, int block_tokens, int n_blocks)
+/* A fake forward of `slots` slots over a real KV pool of n_blocks blocks of block_tokens
+ * positions, tables of per_seq blocks, for the slots and `extra` sequences more (held by the
+ * test, not the engine). */
+static void fake_init_kv(fake_backend *f, int slots, int block_tokens, int n_blocks, int per_seq,
+                         int extra)
 {
     memset(f, 0, sizeof *f);
     f->base.vt = &fake_vt;
@@ -414,16 +418,16 @@ static void fake_init_kv(fake_backend *f, int slots, int block_tokens, int n_blo
     f->base.pass_rows = 1024;
     f->base.n_past = calloc((size_t)slots, sizeof *f->base.n_past);
     status st;
-    CU_ASSERT_FATAL(kv_pool_create(&(kv_pool_opts){.n_seqs = slots, .block_tokens = block_tokens,
-                                                   .n_blocks = n_blocks,
-                                                   .max_blocks_per_seq = (1 << 20) / block_tokens},
+    CU_ASSERT_FATAL(kv_pool_create(&(kv_pool_opts){.n_seqs = slots + extra,
+                                                   .block_tokens = block_tokens,
+                                                   .n_blocks = n_blocks, .max_blocks_per_seq = per_seq},
                                    &f->base.kv, &st) == 0);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     CU_ASSERT_FATAL(worker_backend_wrap(&f->base, &f->wb, &st) == 0);
 }
 
-static void fake_init(fake_backend *f, int slots) { fake_init_kv(f, slots, 1024, slots * 1024); }
+static void fake_init(fake_backend *f, int slots) { fake_init_kv(f, slots, 1024, slots * 1024, 1024, 0); }
 
 static void fake_free(fake_backend *f) { worker_backend_destroy(f->wb); }
 
@@ -505,14 +509,26 @@ static void test_queue_full_is_exhausted(void)
     fake_free(&f);
 }
 
-/* Paged KV: 4 slots, a pool of 10 blocks of 16 tokens; requests of 20 + 44 tokens reserve 4
- * blocks each, so two run at once while slots are free; GetLoad counts the blocks; the backend
- * never holds more than the pool; every ended sequence gives its blocks back (seq_end); a
- * request that could never fit is refused at once. */
+/* The fake's tokens are its slot's fed count: a request of n_prompt tokens generates
+ * (n_prompt + j) % 50 + 100 as its token j, however it was batched or preempted. */
+static bool fake_tokens_right(const collector *c, int n_prompt, int n)
+{
+    if (c->n_tokens != n) return false;
+    for (int j = 0; j < n; j++)
+        if (c->tokens[j] != (n_prompt + j) % 50 + 100) return false;
+    return true;
+}
+
+/* KV pool: 4 slots, 10 blocks of 16 positions; requests of 20 + 44 tokens need up to 4 blocks,
+ * so worst-case reservation would run 2 at once. Admission counts blocks free (2 for a prompt
+ * and its next token, plus the 1-block watermark): all 4 run; as they grow the pool runs dry
+ * and the last admitted are preempted and recomputed: every request still gets exactly its
+ * tokens, each step's positions had their blocks, and every block is free at the end. A request
+ * that could never fit (the pool, or a table) is refused at once. */
 static void test_kv_blocks_admission(void)
 {
     fake_backend f;
-    fake_init_kv(&f, 4, 16, 10);
+    fake_init_kv(&f, 4, 16, 10, 8, 0);
     engine *e;
     status st;
     CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 8}, &e, &st), STATUS_OK);
@@ -528,30 +544,66 @@ static void test_kv_blocks_admission(void)
     CU_ASSERT_FATAL(fake_wait_in_step(&f));
     engine_load l;
     engine_get_load(e, &l);
-    CU_ASSERT_EQUAL(l.running, 2);
-    CU_ASSERT_EQUAL(l.waiting, 2);
-    CU_ASSERT_EQUAL(l.free_slots, 2);
+    CU_ASSERT_EQUAL(l.running, 4); /* > 10 / 4 */
+    CU_ASSERT_EQUAL(l.waiting, 0);
     CU_ASSERT_EQUAL(l.total_kv_blocks, 10);
-    CU_ASSERT_EQUAL(l.free_kv_blocks, 2);
+    CU_ASSERT(l.free_kv_blocks >= 2 && l.free_kv_blocks <= 8); /* r0's prompt taken, maybe more */
     collector big;
     col_init(&big);
     engine_params p = fake_params("big", 100, 100); /* 13 blocks > 10 */
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &big, &st), STATUS_RANGE);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "KV blocks"));
+    p = fake_params("long", 100, 30); /* 9 blocks: fits the pool, not a table of 8 */
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &big, &st), STATUS_RANGE);
     fake_hold(&f, false);
     for (int i = 0; i < 4; i++) {
         CU_ASSERT(col_wait(&c[i], 0));
-        CU_ASSERT_EQUAL(c[i].n_tokens, 44);
+        CU_ASSERT(fake_tokens_right(&c[i], 20, 44));
+        CU_ASSERT_EQUAL(c[i].finish, FINISH_LENGTH);
         CU_ASSERT_EQUAL(c[i].result.code, STATUS_OK);
     }
     CU_ASSERT(engine_wait_idle(e, 5000));
     engine_get_load(e, &l);
     CU_ASSERT_EQUAL(l.free_kv_blocks, 10);
-    CU_ASSERT_EQUAL(f.n_seq_end, 4);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(f.base.kv), 10);
+    CU_ASSERT(l.preemptions > 0);
+    CU_ASSERT_EQUAL(f.n_seq_end, 4 + (int)l.preemptions);
     CU_ASSERT(!f.kv_over);
-    CU_ASSERT(f.kv_held_max <= 10 && f.kv_held_max >= 6);
-    printf("  KV blocks: at most %d of 10 held, %d seq_end calls\n", f.kv_held_max, f.n_seq_end);
+    CU_ASSERT(f.kv_held_max <= 10 && f.kv_held_max >= 8);
+    printf("  KV blocks: at most %d of 10 held, %llu preemptions\n", f.kv_held_max,
+           (unsigned long long)l.preemptions);
     CU_ASSERT(!big.done);
+    engine_destroy(e);
+    fake_free(&f);
+}
+
+/* A request the pool cannot grow even when it runs alone (the test holds 6 of 8 blocks in a
+ * sequence the engine does not know) fails with STATUS_EXHAUSTED instead of looping; the next
+ * request that fits runs. */
+static void test_kv_too_small_alone_fails(void)
+{
+    fake_backend f;
+    fake_init_kv(&f, 2, 16, 8, 8, 1);
+    status st;
+    CU_ASSERT_EQUAL_FATAL(kv_pool_ensure(f.base.kv, 2, 6 * 16, &st), STATUS_OK);
+    engine *e;
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb, &(engine_opts){.queue = 4}, &e, &st), STATUS_OK);
+    collector a, b;
+    col_init(&a);
+    col_init(&b);
+    engine_params p = fake_params("a", 20, 40); /* 4 blocks at the end, 2 free */
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
+    CU_ASSERT_FATAL(col_wait(&a, 0));
+    CU_ASSERT_EQUAL(a.finish, FINISH_ERROR);
+    CU_ASSERT_EQUAL(a.result.code, STATUS_EXHAUSTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(a.result.msg, "no other sequence running"));
+    CU_ASSERT_EQUAL(a.n_tokens, 13); /* positions 0 .. 31 fitted: 20 fed, 12 decodes */
+    p = fake_params("b", 10, 5);
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &b, &st), STATUS_OK);
+    CU_ASSERT_FATAL(col_wait(&b, 0));
+    CU_ASSERT(fake_tokens_right(&b, 10, 5));
+    CU_ASSERT(engine_wait_idle(e, 5000));
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(f.base.kv), 2);
     engine_destroy(e);
     fake_free(&f);
 }
@@ -577,9 +629,9 @@ static void test_abort_by_id(void)
     CU_ASSERT(!engine_abort(e, "nope"));
     fake_hold(&f, false);
     CU_ASSERT(col_wait(&a, 0) && col_wait(&b, 0));
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(a.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(a.result.code, STATUS_OK); /* an abort is not an error */
-    CU_ASSERT_EQUAL(b.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(b.finish, FINISH_CANCELLED);
     CU_ASSERT_EQUAL(b.n_tokens, 0);
     CU_ASSERT(engine_wait_idle(e, 5000));
     engine_destroy(e);
@@ -659,7 +711,7 @@ static void test_drain(void)
     CU_ASSERT(a.done && b.done);
     CU_ASSERT_EQUAL(a.result.code, STATUS_UNAVAILABLE);
     CU_ASSERT_EQUAL(b.result.code, STATUS_UNAVAILABLE);
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_CANCELLED);
+    CU_ASSERT_EQUAL(a.finish, FINISH_CANCELLED);
     CU_ASSERT(a.n_tokens < 500000);
     p = fake_params("c", 3, 5);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_UNAVAILABLE);
@@ -677,7 +729,7 @@ static void test_drain(void)
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
     CU_ASSERT_EQUAL(engine_drain(e, 20000), 0);
     CU_ASSERT(a.done);
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_LENGTH);
+    CU_ASSERT_EQUAL(a.finish, FINISH_LENGTH);
     CU_ASSERT_EQUAL(a.n_tokens, 50);
     engine_destroy(e);
     fake_free(&f);
@@ -701,7 +753,7 @@ static void test_device_failure_is_fatal(void)
     engine_params p = fake_params("a", 3, 5);
     CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
     CU_ASSERT_FATAL(col_wait(&a, 0));
-    CU_ASSERT_EQUAL(a.finish, ENGINE_FINISH_ERROR);
+    CU_ASSERT_EQUAL(a.finish, FINISH_ERROR);
     CU_ASSERT_EQUAL(a.result.code, STATUS_INTERNAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(a.result.msg, "fake device failure"));
     CU_ASSERT(engine_failed(e));
@@ -745,6 +797,7 @@ int main(void)
     CU_add_test(s, "queue_full_is_exhausted", test_queue_full_is_exhausted);
     CU_add_test(s, "abort_by_id", test_abort_by_id);
     CU_add_test(s, "kv_blocks_admission", test_kv_blocks_admission);
+    CU_add_test(s, "kv_too_small_alone_fails", test_kv_too_small_alone_fails);
     CU_add_test(s, "prefill_chunks_within_budget", test_prefill_chunks_within_budget);
     CU_add_test(s, "drain", test_drain);
     CU_add_test(s, "device_failure_is_fatal", test_device_failure_is_fatal);

@@ -10,6 +10,7 @@
 #include <CUnit/Basic.h>
 
 #include "model/forward.h"
+#include "model/kv_pool.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "proto/grpc/health/v1/health.pb-c.h"
 #include "tests/rpc/rpc_test_client.h"
@@ -71,12 +72,15 @@ static Deltaserve__V1__Load *get_load(void)
     return (Deltaserve__V1__Load *)m;
 }
 
-/* Waits (bounded) until every slot is free and nothing waits. */
+/* Waits (bounded) until every slot and every KV block is free and nothing waits; GetLoad's
+ * blocks are the backend's pool's. */
 static bool wait_load_idle(void)
 {
     for (int64_t end = clock_now_us() + 10000000; clock_now_us() < end;) {
         Deltaserve__V1__Load *l = get_load();
-        bool idle = l && l->running == 0 && l->waiting == 0 && l->free_slots == l->total_slots;
+        const uint32_t total = kv_pool_total_blocks(g_backend->kv);
+        bool idle = l && l->running == 0 && l->waiting == 0 && l->free_slots == l->total_slots &&
+                    l->total_kv_blocks == total && l->free_kv_blocks == total && total > 0;
         if (l) protobuf_c_message_free_unpacked(&l->base, NULL);
         if (idle) return true;
         sched_yield();
@@ -293,6 +297,11 @@ static void test_queue_full_then_drain(void)
     for (int64_t end = clock_now_us() + 10000000; !queued && clock_now_us() < end;) {
         Deltaserve__V1__Load *l = get_load();
         queued = l && l->waiting == 1 && l->running == 2 && l->free_slots == 0;
+        /* the two streams hold blocks of the pool */
+        if (queued) {
+            CU_ASSERT_EQUAL(l->total_kv_blocks, kv_pool_total_blocks(g_backend->kv));
+            CU_ASSERT(l->free_kv_blocks < l->total_kv_blocks);
+        }
         if (l) protobuf_c_message_free_unpacked(&l->base, NULL);
     }
     CU_ASSERT_FATAL(queued);
