@@ -25,12 +25,6 @@ _Static_assert((int)QWEN35_DOT_DEFAULT == (int)CPU_MATMUL_DOT_DEFAULT &&
                    (int)QWEN35_DOT_EXACT == (int)CPU_MATMUL_DOT_EXACT,
                "qwen35_dot_mode mirrors cpu_matmul_dot");
 
-void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
-{
-    cpu_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
-               ctx->n_rows, y, w->n_out, ctx->mm_scratch, (cpu_matmul_dot)ctx->dot_mode);
-}
-
 /* ---- workspace ---- */
 
 static float *alloc_f(long n, bool *ok)

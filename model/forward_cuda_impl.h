@@ -1,5 +1,5 @@
 /* Internals of the CUDA forward (model/forward_cuda.h), read one way down: each file calls only
- * the files below it (tests/model:forward_cuda_layers_test fails on a call cycle).
+ * the files below it (tests/model:model_layers_test fails on a call cycle).
  *   forward_cuda_tp.c       tensor parallel: a thread per rank, each its own forward;
  *   forward_cuda.c          create / destroy, sizing, the one-row graphs' capture, the step;
  *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;

@@ -4,6 +4,7 @@
 #define DS_MODEL_FORWARD_IMPL_H
 
 #include "kernels/cpu/cpu_pool.h"
+#include "kernels/cpu/matmul.h"
 #include "model/forward.h"
 
 struct qwen35_ctx {
@@ -57,7 +58,11 @@ void cpu_fwd_run_head(qwen35_ctx *const *ranks, const int64_t *vocab_begin, int 
                       int first, int n, float *logits, long ld);
 
 /* y[r] = W · x[r] for the current rows (x: [n_rows][W.n_in], y: [n_rows][W.n_out]). */
-void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y);
+static inline void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const float *x, float *y)
+{
+    cpu_matmul(ctx->pool, w->data, w->type, w->row_bytes, w->n_in, w->n_out, x, w->n_in,
+               ctx->n_rows, y, w->n_out, ctx->mm_scratch, (cpu_matmul_dot)ctx->dot_mode);
+}
 
 /* Mixers: read ctx->xn (normed input), write ctx->out [n_rows][H]; update the rows' states. */
 void cpu_fwd_gdn_layer(qwen35_ctx *ctx, int il);

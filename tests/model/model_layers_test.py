@@ -1,6 +1,6 @@
-"""The CUDA forward's files call one way down: no call cycle between files.
+"""model/ calls one way down: no call cycle between its C files.
 
-forward_cuda_layers_test.py FILE.c ... reads the C files, finds the functions each defines with
+model_layers_test.py FILE.c ... reads the C files, finds the functions each defines with
 external linkage (not static) and the calls each function body makes, and draws an edge from
 file A to file B when A calls a function B defines. It fails, naming the files and the calls
 that close the loop, when the edges have a cycle; else it prints the files in layer order (each
@@ -204,7 +204,7 @@ int b_three(int x) { return a_one(x); }
 def main(argv):
     self_check()
     if len(argv) < 2:
-        print("usage: forward_cuda_layers_test.py FILE.c ...", file=sys.stderr)
+        print("usage: model_layers_test.py FILE.c ...", file=sys.stderr)
         return 2
     sources = {}
     for p in argv[1:]:

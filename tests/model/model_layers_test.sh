@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs forward_cuda_layers_test.py with the project venv on the C files given:
-#   forward_cuda_layers_test.sh SCRIPT.py FILE.c ...
+# Runs model_layers_test.py with the project venv on the C files given:
+#   model_layers_test.sh SCRIPT.py FILE.c ...
 set -euo pipefail
 script=$(readlink -f "$1")
 shift
