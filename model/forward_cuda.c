@@ -309,12 +309,12 @@ int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
 }
 
 /* Every row valid before any runs: ids, slots, positions in order, room in the context. */
-static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, status *st)
+static int check_rows(const qwen35_cuda *e, const fwd_row *rows, int B, status *st)
 {
     if (B < 1 || B > e->max_rows)
         return status_fail(st, STATUS_RANGE, "step of %d rows (1..%d)", B, e->max_rows);
     for (int i = 0; i < B; i++) {
-        const qwen35_cuda_row *r = &rows[i];
+        const fwd_row *r = &rows[i];
         if (r->token < 0 || r->token >= e->cfg.V)
             return status_fail(st, STATUS_RANGE, "row %d: token id %d outside [0, %d)", i,
                                r->token, e->cfg.V);
@@ -335,7 +335,7 @@ static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, 
 
 /* true when row i's token is its slot's last argmax, still on the device: the chained graph
  * takes it from there (only the first row of a slot in a step can be chained) */
-static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i)
+static bool row_chained(const qwen35_cuda *e, const fwd_row *rows, int i)
 {
     const fc_slot *sl = &e->slots[rows[i].slot];
     return (i == 0 || rows[i - 1].slot != rows[i].slot) && sl->chain_ok && !rows[i].prompt &&
@@ -343,7 +343,7 @@ static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i
 }
 
 /* Enqueues row i's graph: chained, or forced (the step's next staged token). */
-static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status *st)
+static int launch_row(qwen35_cuda *e, const fwd_row *rows, int i, status *st)
 {
     fc_slot *sl = &e->slots[rows[i].slot];
     const bool chained = row_chained(e, rows, i);
@@ -359,7 +359,7 @@ static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status
 
 /* Stages the forced rows' tokens behind a zero cursor, in launch order: one H2D copy (none when
  * every row is chained, as in greedy decode). */
-static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
+static void stage_tokens(qwen35_cuda *e, const fwd_row *rows, int B)
 {
     int n = 0;
     for (int i = 0; i < B; i++)
@@ -377,7 +377,7 @@ static bool step_batched(const qwen35_cuda *e, int B)
     return e->b.rows && (B > 1 || e->batch_invariant);
 }
 
-int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
+int qwen35_cuda_step(qwen35_cuda *e, fwd_row *rows, int B, status *st)
 {
     if (check_rows(e, rows, B, st)) return st->code;
     for (int i = 0; i < B; i++) /* KV blocks up to each slot's last row of the step */
@@ -409,7 +409,7 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
         if (fc_read_sample(e, &rows[i], gemv_argmax_row(*sl->h_best), st)) return st->code;
         if (sl->greedy) {
             e->slots[rows[i].slot].chain_ok = true;
-            e->slots[rows[i].slot].last_next = rows[i].next;
+            e->slots[rows[i].slot].last_next = rows[i].out.token;
         }
     }
     return STATUS_OK;

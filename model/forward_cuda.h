@@ -24,7 +24,7 @@
  *   qwen35_cuda *e;
  *   qwen35_cuda_create(model, &(qwen35_cuda_opts){.n_ctx = 4096, .n_slots = 8}, &e, &st);
  *   qwen35_cuda_seq_start(e, slot, &params, &st);
- *   qwen35_cuda_step(e, rows, B, &st);        rows[i].next: the sampled id of each sample row
+ *   qwen35_cuda_step(e, rows, B, &st);        rows[i].out: the sampled id of each sample row
  *
  * Threading: one caller thread at a time. */
 #ifndef DS_MODEL_FORWARD_CUDA_H
@@ -35,6 +35,7 @@
 
 #include "common/sampling.h"
 #include "common/status.h"
+#include "model/fwd.h"
 #include "model/qwen35.h"
 
 typedef struct qwen35_cuda_opts {
@@ -67,24 +68,6 @@ typedef struct qwen35_cuda_opts {
     int64_t vocab_begin;
 } qwen35_cuda_opts;
 
-/* One row of a step: a token fed to a slot. Rows of one slot must be consecutive within a step
- * and in position order. */
-typedef struct qwen35_cuda_row {
-    /* in */
-    int32_t token; /* in [0, V) */
-    int slot;      /* in [0, n_slots) */
-    int pos;       /* the slot's next position (qwen35_cuda_n_past), +1 per earlier row of it */
-    bool prompt;   /* a prompt token (counts for penalties when the params say so) */
-    bool sample;   /* sample the slot's next token from this row's logits */
-    float *logits; /* NULL, or host [V]: this row's logits copied back (eval and tests) */
-    /* out, when sample */
-    int32_t next;
-    float logprob; /* of next, when the slot asked for logprobs */
-    int n_top;
-    int32_t top_id[SAMPLING_MAX_LOGPROBS]; /* most likely first */
-    float top_logprob[SAMPLING_MAX_LOGPROBS];
-} qwen35_cuda_row;
-
 typedef struct qwen35_cuda_stats {
     uint64_t tokens;            /* rows run */
     uint64_t steps;             /* qwen35_cuda_step calls (one host sync each) */
@@ -113,7 +96,7 @@ int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, st
 /* Runs rows[0..B) (1 <= B <= max_rows) in order; one host sync. STATUS_RANGE for a bad token
  * id, slot, position or a full context (no row run); STATUS_INTERNAL when a sampled row found
  * no token (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed. */
-int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+int qwen35_cuda_step(qwen35_cuda *e, fwd_row *rows, int B, status *st);
 
 /* The sequence in slot has ended: its KV blocks go back to the pool (seq_start does it too). */
 void qwen35_cuda_seq_end(qwen35_cuda *e, int slot);

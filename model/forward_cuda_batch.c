@@ -202,7 +202,7 @@ void fc_batch_destroy(qwen35_cuda *e)
  * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
  * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
  * the graphs. */
-static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_stage,
+static int run_pass(qwen35_cuda *e, fwd_row *rows, int n, int32_t *h_stage,
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
@@ -223,7 +223,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_sta
     e->stats.h2d_bytes += staged;
     e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
-        qwen35_cuda_row *r = &rows[j];
+        fwd_row *r = &rows[j];
         fc_slot *sl = &e->slots[r->slot];
         const float *d_logits = b->act.d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
         sl->n_past++;
@@ -241,7 +241,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_sta
     return STATUS_OK;
 }
 
-int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
+int fc_batch_step(qwen35_cuda *e, fwd_row *rows, int B, status *st)
 {
     fc_batch *b = &e->b;
     int head[B];

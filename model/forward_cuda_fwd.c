@@ -1,4 +1,4 @@
-/* The CUDA forward behind model/fwd.h (forward_cuda_fwd.h): fwd_row <-> qwen35_cuda_row, one
+/* The CUDA forward behind model/fwd.h (forward_cuda_fwd.h): the rows passed through, one
  * rank (qwen35_cuda) or several (qwen35_cuda_tp), and the kv_pool that mirrors the forward's
  * own block allocator. */
 #include "model/forward_cuda_fwd.h"
@@ -15,7 +15,6 @@ typedef struct cuda_forward {
     fwd base;
     qwen35_cuda *e;         /* rank 0's forward (owned by tp when tp) */
     qwen35_cuda_tp *tp;     /* owned: ranks > 1, else NULL */
-    qwen35_cuda_row *rows;  /* owned, [max_rows] */
 } cuda_forward;
 
 static int cuda_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
@@ -73,28 +72,9 @@ static int cuda_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
     if (take_blocks(c, rows, n, st)) return st->code;
-    for (int i = 0; i < n; i++) {
-        const fwd_row *r = &rows[i];
-        c->rows[i] = (qwen35_cuda_row){.token = r->token, .slot = r->slot, .pos = r->pos,
-                                       .prompt = r->prompt, .sample = r->sample,
-                                       .logits = r->logits};
-    }
-    int rc = c->tp ? qwen35_cuda_tp_step(c->tp, c->rows, n, st) : qwen35_cuda_step(c->e, c->rows, n, st);
+    int rc = c->tp ? qwen35_cuda_tp_step(c->tp, rows, n, st) : qwen35_cuda_step(c->e, rows, n, st);
     for (int i = 0; i < n; i++) f->n_past[rows[i].slot] = qwen35_cuda_n_past(c->e, rows[i].slot);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        const qwen35_cuda_row *q = &c->rows[i];
-        if (!q->sample) continue;
-        sample_result *o = &rows[i].out;
-        o->token = q->next;
-        o->logprob = q->logprob;
-        o->n_top = q->n_top;
-        for (int k = 0; k < q->n_top; k++) {
-            o->top_id[k] = q->top_id[k];
-            o->top_logprob[k] = q->top_logprob[k];
-        }
-    }
-    return STATUS_OK;
+    return rc;
 }
 
 static int cuda_fill(fwd *f, int slot, int n_past, status *st)
@@ -129,7 +109,6 @@ static void cuda_destroy(fwd *f)
         qwen35_cuda_destroy(c->e);
     kv_pool_destroy(f->kv);
     free(f->n_past);
-    free(c->rows);
     free(c);
 }
 
@@ -198,9 +177,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     f->pass_rows = qwen35_cuda_pass_rows(c->e);
     int bt = 0;
     const int n_blocks = qwen35_cuda_kv_blocks(c->e, &bt);
-    c->rows = calloc((size_t)f->max_rows, sizeof *c->rows);
     f->n_past = calloc((size_t)f->n_slots, sizeof *f->n_past);
-    if (!c->rows || !f->n_past) {
+    if (!f->n_past) {
         rc = status_fail(st, STATUS_NOMEM, "cuda forward: %d rows", f->max_rows);
         goto fail;
     }

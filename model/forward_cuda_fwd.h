@@ -1,7 +1,6 @@
 /* The CUDA forward behind the forward contract (model/fwd.h): "cuda", one GPU per rank, over
  * model/forward_cuda.h (one rank) or model/forward_cuda_tp.h (fwd_opts.ranks > 1, NCCL).
- * Rows go through as qwen35_cuda_row and come back with the sampled ids and logprobs in
- * fwd_row.out. The CUDA forward keeps its own KV block allocator (forward_cuda_host.h); the
+ * Rows go through as they are, the sampled ids and logprobs in fwd_row.out. The CUDA forward keeps its own KV block allocator (forward_cuda_host.h); the
  * fwd's kv_pool mirrors it block for block (the same pool size and block positions, blocks taken
  * for the same positions and given back at the same calls), so the scheduler reads real free
  * blocks from fwd.kv. */

@@ -239,7 +239,7 @@ int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and a
 int fc_batch_capture(qwen35_cuda *e, status *st);
 void fc_batch_destroy(qwen35_cuda *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
-int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+int fc_batch_step(qwen35_cuda *e, fwd_row *rows, int B, status *st);
 
 /* ---- forward_cuda_record.c ----
  * One token of slot sl; forced: the token is the step's next forced token, else the slot's
@@ -261,11 +261,11 @@ int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, stat
 /* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
  * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
  * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
-int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+int fc_sample_run(qwen35_cuda *e, fwd_row *rows, int i, int j, const float *d_logits,
                   status *st);
 /* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
  * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
+int fc_read_sample(qwen35_cuda *e, fwd_row *r, int32_t greedy_next, status *st);
 
 /* ---- forward_cuda_dense.c ----
  * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a

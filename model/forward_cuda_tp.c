@@ -24,7 +24,7 @@ struct qwen35_cuda_tp {
     tp_shard_model *shard[TP_SHARD_MAX_RANKS]; /* owned */
     tp_comm *comm[TP_SHARD_MAX_RANKS];         /* owned */
     qwen35_cuda *rank[TP_SHARD_MAX_RANKS];     /* owned (created and destroyed by its thread) */
-    qwen35_cuda_row *rows_of[TP_SHARD_MAX_RANKS]; /* owned for r > 0: [max_rows] copies */
+    fwd_row *rows_of[TP_SHARD_MAX_RANKS]; /* owned for r > 0: [max_rows] copies */
     pthread_t th[TP_SHARD_MAX_RANKS];
     tp_arg args[TP_SHARD_MAX_RANKS];
     int n_threads;
@@ -37,7 +37,7 @@ struct qwen35_cuda_tp {
     qwen35_cuda_opts opts;
     const sampling_params *params;
     int slot, n_past, B;
-    qwen35_cuda_row *rows;
+    fwd_row *rows;
     int rc[TP_SHARD_MAX_RANKS];
     status st[TP_SHARD_MAX_RANKS];
 };
@@ -209,7 +209,7 @@ int qwen35_cuda_tp_fill(qwen35_cuda_tp *t, int slot, int n_past, status *st)
     return post(t, TP_FILL, st);
 }
 
-int qwen35_cuda_tp_step(qwen35_cuda_tp *t, qwen35_cuda_row *rows, int B, status *st)
+int qwen35_cuda_tp_step(qwen35_cuda_tp *t, fwd_row *rows, int B, status *st)
 {
     if (B < 1 || B > qwen35_cuda_max_rows(t->rank[0]))
         return status_fail(st, STATUS_RANGE, "step of %d rows (1..%d)", B,

@@ -35,8 +35,8 @@ void qwen35_cuda_tp_destroy(qwen35_cuda_tp *t);
 
 int qwen35_cuda_tp_seq_start(qwen35_cuda_tp *t, int slot, const sampling_params *p, status *st);
 void qwen35_cuda_tp_seq_end(qwen35_cuda_tp *t, int slot);
-/* qwen35_cuda_step on every rank; rows[i].next etc. from rank 0. */
-int qwen35_cuda_tp_step(qwen35_cuda_tp *t, qwen35_cuda_row *rows, int B, status *st);
+/* qwen35_cuda_step on every rank; rows[i].out from rank 0. */
+int qwen35_cuda_tp_step(qwen35_cuda_tp *t, fwd_row *rows, int B, status *st);
 int qwen35_cuda_tp_fill(qwen35_cuda_tp *t, int slot, int n_past, status *st);
 /* Rank r's forward (slots, positions, counters, names: rank 0's are the ones to report). */
 qwen35_cuda *qwen35_cuda_tp_rank(const qwen35_cuda_tp *t, int r);

@@ -19,12 +19,12 @@ static const int g_bucket[] = {1, 2, 4, 8, 16, 32, 64};
 #define PAD 9 /* the pad slot */
 
 /* rows: runs given as (slot, length, first position); the last row of each run samples */
-static int make_rows(qwen35_cuda_row *rows, const int (*runs)[3], int n_runs)
+static int make_rows(fwd_row *rows, const int (*runs)[3], int n_runs)
 {
     int n = 0;
     for (int r = 0; r < n_runs; r++)
         for (int k = 0; k < runs[r][1]; k++, n++)
-            rows[n] = (qwen35_cuda_row){.token = 100 + n, .slot = runs[r][0],
+            rows[n] = (fwd_row){.token = 100 + n, .slot = runs[r][0],
                                         .pos = runs[r][2] + k, .prompt = runs[r][1] > 1,
                                         .sample = k == runs[r][1] - 1};
     return n;
@@ -53,7 +53,7 @@ static void test_stage_at(void)
 }
 
 /* the layout of fc_stage_pass for these rows, checked field by field */
-static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
+static void check_stage(const fwd_row *rows, int n, bool tiles)
 {
     int32_t stage[FC_STAGE_INTS(ROWS)];
     int head[ROWS];
@@ -127,7 +127,7 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
 
 static void test_stage_pass(void)
 {
-    qwen35_cuda_row rows[ROWS];
+    fwd_row rows[ROWS];
     static const int decode[][3] = {{3, 1, 40}, {0, 1, 7}, {5, 1, 0}};
     static const int prompt[][3] = {{2, 11, 64}};
     static const int mixed[][3] = {{3, 1, 40}, {1, 6, 0}, {0, 1, 7}, {4, 5, 10}, {6, 1, 2}};
