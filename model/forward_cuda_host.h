@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/forward_cuda.h"
+#include "model/fwd.h"
 #include "model/kv_pool.h"
 
 /* ---- a batched pass's staged inputs (forward_cuda_impl.h fc_batch.stage) ----
