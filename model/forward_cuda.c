@@ -1,6 +1,7 @@
-/* The CUDA forward (model/forward_cuda.h): create / destroy, the step graphs' capture, and the
- * step: rows enqueued graph after graph, each sampled row's sampler behind its graph on the
- * same stream, one host sync, the results read. Device memory is taken only at create. */
+/* One rank of the CUDA forward (forward_cuda_impl.h fc_rank): create / destroy, the step
+ * graphs' capture, and the step: rows enqueued graph after graph, each sampled row's sampler
+ * behind its graph on the same stream, one host sync, the results read. Device memory is taken
+ * only at create. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,7 @@ static attn_kv_type choose_kv_type(const qwen35_model *m)
 /* Both graphs of every slot; with programmatic dependent launch where the device has it (a
  * capture that fails with it is retried without). On the H200 PDL made the step 12% / 6% / 1.3%
  * faster on the 0.8B / 4B / 27B. */
-static int capture_graphs(qwen35_cuda *e, status *st)
+static int capture_graphs(fc_rank *e, status *st)
 {
     e->pdl = e->props.cc_major >= 9 && !e->tp; /* PDL edges and NCCL's kernels: not mixed */
     for (;;) {
@@ -81,7 +82,7 @@ static int capture_graphs(qwen35_cuda *e, status *st)
 /* The state and activation arenas (a sizing pass, then for real), the KV cache's block tables,
  * the batched step's and the one-row step's pinned buffers; every slot and the pad slot
  * cleared. */
-static int alloc_run_state(qwen35_cuda *e, status *st)
+static int alloc_run_state(fc_rank *e, status *st)
 {
     fc_arena sa = {0}, aa = {0};
     fc_state_layout(e, &sa);
@@ -119,7 +120,7 @@ static int alloc_run_state(qwen35_cuda *e, status *st)
  * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
  * context, graphs, fragmentation). With n_slots given, the pool holds every slot's full
  * context, as a contiguous cache would. */
-static int size_state(qwen35_cuda *e, status *st)
+static int size_state(fc_rank *e, status *st)
 {
     fc_kv *kv = &e->kv;
     kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
@@ -171,12 +172,11 @@ static int size_state(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
-int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_cuda **out,
-                       status *st)
+int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, status *st)
 {
     *out = NULL;
     if (!cuda_device_available(st)) return st->code;
-    qwen35_cuda *e = calloc(1, sizeof *e);
+    fc_rank *e = calloc(1, sizeof *e);
     if (!e) return status_fail(st, STATUS_NOMEM, "cuda forward");
     e->model = m;
     e->cfg = m->cfg;
@@ -243,11 +243,11 @@ int qwen35_cuda_create(const qwen35_model *m, const qwen35_cuda_opts *o, qwen35_
     *out = e;
     return STATUS_OK;
 fail:
-    qwen35_cuda_destroy(e);
+    fc_rank_destroy(e);
     return st->code;
 }
 
-void qwen35_cuda_destroy(qwen35_cuda *e)
+void fc_rank_destroy(fc_rank *e)
 {
     if (!e) return;
     for (int i = 0; e->slots && i < e->n_slots; i++) {
@@ -268,74 +268,15 @@ void qwen35_cuda_destroy(qwen35_cuda *e)
     free(e);
 }
 
-int qwen35_cuda_seq_start(qwen35_cuda *e, int slot, const sampling_params *p, status *st)
+int fc_rank_seq_start(fc_rank *e, int slot, const sampling_params *p, status *st)
 {
-    if (slot < 0 || slot >= e->n_slots)
-        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    fc_kv_release(e, slot);
     if (fc_slot_clear(e, slot, st)) return st->code;
     return fc_sampler_start(e, &e->slots[slot], p, st);
 }
 
-void qwen35_cuda_seq_end(qwen35_cuda *e, int slot)
-{
-    DS_ASSERT(slot >= 0 && slot < e->n_slots);
-    fc_kv_release(e, slot);
-}
-
-int qwen35_cuda_kv_blocks(const qwen35_cuda *e, int *block_positions)
-{
-    if (block_positions) *block_positions = ATTN_KV_BLOCK;
-    return e->kv.n_blocks - 1;
-}
-
-int qwen35_cuda_n_slots(const qwen35_cuda *e) { return e->n_slots; }
-int qwen35_cuda_max_rows(const qwen35_cuda *e) { return e->max_rows; }
-int qwen35_cuda_pass_rows(const qwen35_cuda *e) { return e->b.rows; }
-
-int qwen35_cuda_fill(qwen35_cuda *e, int slot, int n_past, status *st)
-{
-    if (slot < 0 || slot >= e->n_slots)
-        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, e->n_slots);
-    if (n_past < 0 || n_past >= e->n_ctx)
-        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, e->n_ctx);
-    return fc_slot_fill(e, slot, n_past, st);
-}
-
-int qwen35_cuda_n_past(const qwen35_cuda *e, int slot)
-{
-    DS_ASSERT(slot >= 0 && slot < e->n_slots);
-    return e->slots[slot].n_past;
-}
-
-/* Every row valid before any runs: ids, slots, positions in order, room in the context. */
-static int check_rows(const qwen35_cuda *e, const qwen35_cuda_row *rows, int B, status *st)
-{
-    if (B < 1 || B > e->max_rows)
-        return status_fail(st, STATUS_RANGE, "step of %d rows (1..%d)", B, e->max_rows);
-    for (int i = 0; i < B; i++) {
-        const qwen35_cuda_row *r = &rows[i];
-        if (r->token < 0 || r->token >= e->cfg.V)
-            return status_fail(st, STATUS_RANGE, "row %d: token id %d outside [0, %d)", i,
-                               r->token, e->cfg.V);
-        if (r->slot < 0 || r->slot >= e->n_slots)
-            return status_fail(st, STATUS_RANGE, "row %d: slot %d outside [0, %d)", i, r->slot,
-                               e->n_slots);
-        const bool cont = i > 0 && rows[i - 1].slot == r->slot;
-        const int want = cont ? rows[i - 1].pos + 1 : e->slots[r->slot].n_past;
-        if (r->pos != want)
-            return status_fail(st, STATUS_RANGE, "row %d: slot %d: position %d, expected %d", i,
-                               r->slot, r->pos, want);
-        if (r->pos >= e->n_ctx)
-            return status_fail(st, STATUS_RANGE, "row %d: slot %d: context full (%d positions)",
-                               i, r->slot, e->n_ctx);
-    }
-    return STATUS_OK;
-}
-
 /* true when row i's token is its slot's last argmax, still on the device: the chained graph
  * takes it from there (only the first row of a slot in a step can be chained) */
-static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i)
+static bool row_chained(const fc_rank *e, const fwd_row *rows, int i)
 {
     const fc_slot *sl = &e->slots[rows[i].slot];
     return (i == 0 || rows[i - 1].slot != rows[i].slot) && sl->chain_ok && !rows[i].prompt &&
@@ -343,7 +284,7 @@ static bool row_chained(const qwen35_cuda *e, const qwen35_cuda_row *rows, int i
 }
 
 /* Enqueues row i's graph: chained, or forced (the step's next staged token). */
-static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status *st)
+static int launch_row(fc_rank *e, const fwd_row *rows, int i, status *st)
 {
     fc_slot *sl = &e->slots[rows[i].slot];
     const bool chained = row_chained(e, rows, i);
@@ -359,7 +300,7 @@ static int launch_row(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, status
 
 /* Stages the forced rows' tokens behind a zero cursor, in launch order: one H2D copy (none when
  * every row is chained, as in greedy decode). */
-static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
+static void stage_tokens(fc_rank *e, const fwd_row *rows, int B)
 {
     int n = 0;
     for (int i = 0; i < B; i++)
@@ -372,18 +313,16 @@ static void stage_tokens(qwen35_cuda *e, const qwen35_cuda_row *rows, int B)
 
 /* true when the step goes through the batched graphs: more than one row (decode rows of several
  * slots, a prompt chunk), or every step when batch invariant */
-static bool step_batched(const qwen35_cuda *e, int B)
+static bool step_batched(const fc_rank *e, int B)
 {
     return e->b.rows && (B > 1 || e->batch_invariant);
 }
 
-int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
+int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st)
 {
-    if (check_rows(e, rows, B, st)) return st->code;
-    for (int i = 0; i < B; i++) /* KV blocks up to each slot's last row of the step */
-        if ((i + 1 == B || rows[i + 1].slot != rows[i].slot) &&
-            fc_kv_grow(e, rows[i].slot, rows[i].pos, st))
-            return st->code;
+    for (int i = 0; i < B; i++) /* the device's tables up to each slot's last row of the step */
+        if (i + 1 == B || rows[i + 1].slot != rows[i].slot)
+            fc_kv_sync(e, rows[i].slot, rows[i].pos);
     if (step_batched(e, B)) return fc_batch_step(e, rows, B, st);
     stage_tokens(e, rows, B);
     for (int i = 0; i < B;) {
@@ -409,13 +348,8 @@ int qwen35_cuda_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
         if (fc_read_sample(e, &rows[i], gemv_argmax_row(*sl->h_best), st)) return st->code;
         if (sl->greedy) {
             e->slots[rows[i].slot].chain_ok = true;
-            e->slots[rows[i].slot].last_next = rows[i].next;
+            e->slots[rows[i].slot].last_next = rows[i].out.token;
         }
     }
     return STATUS_OK;
 }
-
-void qwen35_cuda_get_stats(const qwen35_cuda *e, qwen35_cuda_stats *s) { *s = e->stats; }
-const char *qwen35_cuda_device_name(const qwen35_cuda *e) { return e->props.name; }
-int qwen35_cuda_device_index(const qwen35_cuda *e) { return e->device; }
-const char *qwen35_cuda_path(const qwen35_cuda *e) { return e->path; }

@@ -23,7 +23,7 @@
  * Batch invariance: each decode row's arithmetic is the same in every bucket and beside any
  * other rows, so its logits do not depend on the bucket or the other rows. A prompt chunk's
  * chunked rule depends on where its chunks start (equal to the row-by-row rule in exact
- * arithmetic); with qwen35_cuda_opts.batch_invariant every run goes row by row, bit-identical
+ * arithmetic); with fc_rank_opts.batch_invariant every run goes row by row, bit-identical
  * to the same tokens fed one per step. Steps of one decode row take the GEMV graphs (faster at
  * one row, other rounding) unless batch_invariant. */
 #include <stdio.h>
@@ -38,7 +38,7 @@
 #include "model/forward_cuda_impl.h"
 
 /* every matrix of the model in a layout the batched GEMM reads, or the first that is not */
-static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
+static const gemv_matrix *unsupported_matrix(const fc_rank *e)
 {
     for (int il = 0; il < e->cfg.n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
@@ -52,7 +52,7 @@ static const gemv_matrix *unsupported_matrix(const qwen35_cuda *e)
     return NULL;
 }
 
-void fc_batch_plan(qwen35_cuda *e)
+void fc_batch_plan(fc_rank *e)
 {
     fc_batch *b = &e->b;
     const qwen35_config *c = &e->cfg;
@@ -85,7 +85,7 @@ void fc_batch_plan(qwen35_cuda *e)
 }
 
 /* the largest split-K workspace of any matrix at R rows */
-static int64_t work_floats(const qwen35_cuda *e, int R)
+static int64_t work_floats(const fc_rank *e, int R)
 {
     int64_t w = 0;
     for (int il = 0; il < e->cfg.n_layer; il++) {
@@ -104,7 +104,7 @@ static int64_t work_floats(const qwen35_cuda *e, int R)
     return f > w ? f : w;
 }
 
-void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
+void fc_batch_layout(fc_rank *e, fc_arena *a)
 {
     fc_batch *b = &e->b;
     fc_batch_act *x = &b->act;
@@ -145,7 +145,7 @@ void fc_batch_layout(qwen35_cuda *e, fc_arena *a)
     b->act_bytes = a->used - before;
 }
 
-int fc_batch_alloc_host(qwen35_cuda *e, status *st)
+int fc_batch_alloc_host(fc_rank *e, status *st)
 {
     fc_batch *b = &e->b;
     if (!b->rows) return STATUS_OK;
@@ -158,7 +158,7 @@ int fc_batch_alloc_host(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
-int fc_batch_capture(qwen35_cuda *e, status *st)
+int fc_batch_capture(fc_rank *e, status *st)
 {
     fc_batch *b = &e->b;
     if (!b->rows) return STATUS_OK;
@@ -186,7 +186,7 @@ int fc_batch_capture(qwen35_cuda *e, status *st)
     return rc;
 }
 
-void fc_batch_destroy(qwen35_cuda *e)
+void fc_batch_destroy(fc_rank *e)
 {
     for (int k = 0; k < e->b.n_buckets; k++) {
         cuda_graph_exec_destroy(e->b.g.body[k]);
@@ -202,7 +202,7 @@ void fc_batch_destroy(qwen35_cuda *e)
  * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
  * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
  * the graphs. */
-static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_stage,
+static int run_pass(fc_rank *e, fwd_row *rows, int n, int32_t *h_stage,
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
@@ -223,7 +223,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_sta
     e->stats.h2d_bytes += staged;
     e->stats.d2h_bytes += (uint64_t)nh * 8;
     for (int j = 0; j < n; j++) {
-        qwen35_cuda_row *r = &rows[j];
+        fwd_row *r = &rows[j];
         fc_slot *sl = &e->slots[r->slot];
         const float *d_logits = b->act.d_logits + (int64_t)(head[j] >= 0 ? head[j] : 0) * V;
         sl->n_past++;
@@ -241,7 +241,7 @@ static int run_pass(qwen35_cuda *e, qwen35_cuda_row *rows, int n, int32_t *h_sta
     return STATUS_OK;
 }
 
-int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st)
+int fc_batch_step(fc_rank *e, fwd_row *rows, int B, status *st)
 {
     fc_batch *b = &e->b;
     int head[B];

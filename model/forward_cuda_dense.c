@@ -24,7 +24,7 @@ static int64_t dense_halves_of(const gemv_matrix *m) { return m->n_out * gemm_de
 
 /* the largest F16 copy of a quantised layer matrix (halves: the per-pass scratch), and all of
  * them (bytes: the resident copies) */
-static void dense_sizes(const qwen35_cuda *e, int64_t *largest, uint64_t *total)
+static void dense_sizes(const fc_rank *e, int64_t *largest, uint64_t *total)
 {
     *largest = 0, *total = 0;
     for (int il = 0; il < e->cfg.n_layer; il++) {
@@ -38,7 +38,7 @@ static void dense_sizes(const qwen35_cuda *e, int64_t *largest, uint64_t *total)
     }
 }
 
-static int64_t dense_halves(const qwen35_cuda *e)
+static int64_t dense_halves(const fc_rank *e)
 {
     int64_t largest;
     uint64_t total;
@@ -46,7 +46,7 @@ static int64_t dense_halves(const qwen35_cuda *e)
     return largest;
 }
 
-uint64_t fc_dense_bytes(const qwen35_cuda *e)
+uint64_t fc_dense_bytes(const fc_rank *e)
 {
     int64_t largest;
     uint64_t total;
@@ -56,9 +56,9 @@ uint64_t fc_dense_bytes(const qwen35_cuda *e)
 
 /* The F16 copies resident when they take at most half of the memory free after the weights
  * (the 27B's 54 GB do, the KV pool and the slots' state then share the rest;
- * qwen35_cuda_opts.dense_per_pass); the state's sizing leaves them their room (with n_slots
+ * fc_rank_opts.dense_per_pass); the state's sizing leaves them their room (with n_slots
  * given, upload falls back to per pass when they no longer fit). */
-int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st)
+int fc_dense_decide(fc_rank *e, bool wanted, status *st)
 {
     e->dense.resident = false;
     if (!wanted) return STATUS_OK;
@@ -76,15 +76,15 @@ int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st)
  * with resident F16 copies and from 128 when each pass dequantises (decode at 64 rows measured
  * 25-40% faster on the dense path with resident copies, and slower than the quantised GEMM with
  * per-pass ones). */
-static int dense_from(const qwen35_cuda *e)
+static int dense_from(const fc_rank *e)
 {
     const int r = e->dense_rows_opt > 0 ? e->dense_rows_opt : e->dense.resident ? 64 : 128;
     return e->dense_rows_opt != 0 && !e->batch_invariant && r <= e->b.rows ? fc_pow2_ceil(r) : 0;
 }
 
-void fc_dense_plan(qwen35_cuda *e) { e->dense.from = dense_from(e); }
+void fc_dense_plan(fc_rank *e) { e->dense.from = dense_from(e); }
 
-void fc_dense_layout(qwen35_cuda *e, fc_arena *a)
+void fc_dense_layout(fc_rank *e, fc_arena *a)
 {
     fc_dense *d = &e->dense;
     if (!d->from) return;
@@ -94,7 +94,7 @@ void fc_dense_layout(qwen35_cuda *e, fc_arena *a)
 
 /* The resident F16 copies, dequantised on the device, when e->dense.resident and the plan has a
  * dense path; per pass instead (a scratch of the largest matrix) when they no longer fit. */
-static int upload(qwen35_cuda *e, status *st)
+static int upload(fc_rank *e, status *st)
 {
     fc_dense *d = &e->dense;
     if (!d->from || !d->resident) return STATUS_OK;
@@ -130,7 +130,7 @@ static int upload(qwen35_cuda *e, status *st)
     return cuda_sync(e->launch.stream, "dense F16 weights", st);
 }
 
-int fc_dense_open(qwen35_cuda *e, status *st)
+int fc_dense_open(fc_rank *e, status *st)
 {
     fc_dense *d = &e->dense;
     if (d->from && blas_open(d->d_blas_ws, FC_BLAS_WS, &d->blas, st)) {
@@ -142,14 +142,14 @@ int fc_dense_open(qwen35_cuda *e, status *st)
     return upload(e, st);
 }
 
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m)
+const uint16_t *fc_dense_weights(const fc_rank *e, const gemv_matrix *m)
 {
     for (int i = 0; i < e->dense.n; i++)
         if (e->dense.m[i] == m) return e->dense.w[i];
     return NULL;
 }
 
-void fc_dense_destroy(qwen35_cuda *e)
+void fc_dense_destroy(fc_rank *e)
 {
     fc_dense *d = &e->dense;
     blas_close(d->blas);

@@ -1,135 +1,214 @@
-/* The CUDA forward behind model/fwd.h (forward_cuda_fwd.h): fwd_row <-> qwen35_cuda_row, one
- * rank (qwen35_cuda) or several (qwen35_cuda_tp), and the kv_pool that mirrors the forward's
- * own block allocator. */
-#include "model/forward_cuda_fwd.h"
-
+/* The CUDA forward behind the forward contract (model/forward_cuda.h fwd_backend_cuda): a group
+ * of N >= 1 ranks, each one GPU's forward (forward_cuda.c). The group checks a step's rows,
+ * takes the KV blocks they need in the one pool (fwd.kv: rank 0's; the caller may have taken
+ * them before) and runs the step on every rank: one rank on the caller's thread, several at
+ * once on their own threads (forward_cuda_tp.c), each over its own copy of the rows (rank 0's
+ * are the caller's and carry the results). Every rank copies the pool's tables to its own
+ * device before its graphs read them, so the ranks' caches agree block for block. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_device.h"
+#include "common/log.h"
+#include "kernels/cuda/tp_comm.h"
 #include "model/forward_cuda.h"
-#include "model/forward_cuda_tp.h"
+#include "model/forward_cuda_impl.h"
+#include "model/tp_shard.h"
+
+enum rank_job { JOB_CREATE, JOB_SEQ_START, JOB_FILL, JOB_STEP, JOB_DESTROY };
 
 typedef struct cuda_forward {
     fwd base;
-    qwen35_cuda *e;         /* rank 0's forward (owned by tp when tp) */
-    qwen35_cuda_tp *tp;     /* owned: ranks > 1, else NULL */
-    qwen35_cuda_row *rows;  /* owned, [max_rows] */
+    int n_ranks;
+    int devs[FWD_MAX_RANKS];              /* each rank's CUDA device */
+    fc_rank *rank[FWD_MAX_RANKS];         /* owned; rank 0 owns the KV pool (fwd.kv) */
+    /* several ranks */
+    tp_shard_model *shard[FWD_MAX_RANKS]; /* owned: each rank's part of the model */
+    tp_comm *comm[FWD_MAX_RANKS];         /* owned: each rank's NCCL communicator */
+    fc_ranks *threads;                    /* owned: a host thread per rank */
+    fwd_row *rows_of[FWD_MAX_RANKS];      /* owned for r > 0, [max_rows]: each rank's copy of a
+                                             step's rows (it writes the sampled ids) */
+    /* the job the ranks run (on_ranks) and its arguments */
+    enum rank_job job;
+    const qwen35_model *m;
+    fc_rank_opts opts;
+    const sampling_params *params;
+    int slot, n_past, n;
+    fwd_row *rows;
+    int rc[FWD_MAX_RANKS];
+    status st[FWD_MAX_RANKS];
 } cuda_forward;
+
+/* ---- the ranks' jobs ---- */
+
+/* The current job on rank r. */
+static int run_on(cuda_forward *c, int r, status *st)
+{
+    switch (c->job) {
+    case JOB_CREATE: {
+        fc_rank_opts o = c->opts;
+        o.device = c->devs[r];
+        if (c->n_ranks == 1) return fc_rank_create(c->m, &o, &c->rank[r], st);
+        o.tp = c->comm[r];
+        o.tp_rank = r;
+        o.vocab_begin = c->shard[r]->vocab_begin;
+        return fc_rank_create(&c->shard[r]->model, &o, &c->rank[r], st);
+    }
+    case JOB_SEQ_START: return fc_rank_seq_start(c->rank[r], c->slot, c->params, st);
+    case JOB_FILL: return fc_slot_fill(c->rank[r], c->slot, c->n_past, st);
+    case JOB_STEP: return fc_rank_step(c->rank[r], r ? c->rows_of[r] : c->rows, c->n, st);
+    case JOB_DESTROY:
+        fc_rank_destroy(c->rank[r]);
+        c->rank[r] = NULL;
+        return STATUS_OK;
+    }
+    return STATUS_OK;
+}
+
+static void rank_job(void *arg, int r)
+{
+    cuda_forward *c = arg;
+    status_clear(&c->st[r]);
+    c->rc[r] = run_on(c, r, &c->st[r]);
+}
+
+/* The job on every rank: one rank on the caller's thread, several at once on their threads;
+ * the first failing rank's error, named (st may be NULL). */
+static int on_ranks(cuda_forward *c, enum rank_job job, status *st)
+{
+    c->job = job;
+    if (!c->threads) return run_on(c, 0, st);
+    fc_ranks_run(c->threads, rank_job, c);
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->rc[r]) {
+            if (st) status_fail(st, c->rc[r], "tensor-parallel rank %d (cuda:%d): %s", r,
+                                c->devs[r], c->st[r].msg);
+            return c->rc[r];
+        }
+    return STATUS_OK;
+}
+
+/* ---- the contract ---- */
 
 static int cuda_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
-    int rc = c->tp ? qwen35_cuda_tp_seq_start(c->tp, slot, p, st) : qwen35_cuda_seq_start(c->e, slot, p, st);
-    if (rc) return rc;
-    kv_pool_release(f->kv, slot); /* the forward released the slot's blocks too */
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, f->n_slots);
+    kv_pool_release(f->kv, slot);
+    c->slot = slot;
+    c->params = p;
+    if (on_ranks(c, JOB_SEQ_START, st)) return st->code;
     f->n_past[slot] = 0;
     return STATUS_OK;
 }
 
 static void cuda_seq_end(fwd *f, int slot)
 {
-    cuda_forward *c = (cuda_forward *)f;
-    if (c->tp)
-        qwen35_cuda_tp_seq_end(c->tp, slot);
-    else
-        qwen35_cuda_seq_end(c->e, slot);
+    DS_ASSERT(slot >= 0 && slot < f->n_slots);
     kv_pool_release(f->kv, slot);
 }
 
-/* The rows' ids, slots and positions (the forward checks them again; here before the pool
- * moves), then the blocks of each run's last position, all or none. */
-static int take_blocks(cuda_forward *c, const fwd_row *rows, int n, status *st)
+/* Every row valid before any runs: ids, slots, positions in order, room in the context. */
+static int check_rows(const fwd *f, const fwd_row *rows, int n, status *st)
 {
-    fwd *f = &c->base;
     if (n < 1 || n > f->max_rows)
-        return status_fail(st, STATUS_RANGE, "cuda forward: a step of %d rows (1..%d)", n, f->max_rows);
-    uint64_t need = 0;
+        return status_fail(st, STATUS_RANGE, "step of %d rows (1..%d)", n, f->max_rows);
     for (int i = 0; i < n; i++) {
         const fwd_row *r = &rows[i];
-        if (r->token < 0 || r->token >= f->vocab || r->slot < 0 || r->slot >= f->n_slots)
-            return status_fail(st, STATUS_RANGE, "row %d: token %d / slot %d out of range", i,
-                               r->token, r->slot);
+        if (r->token < 0 || r->token >= f->vocab)
+            return status_fail(st, STATUS_RANGE, "row %d: token id %d outside [0, %d)", i,
+                               r->token, f->vocab);
+        if (r->slot < 0 || r->slot >= f->n_slots)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d outside [0, %d)", i, r->slot,
+                               f->n_slots);
         const bool cont = i > 0 && rows[i - 1].slot == r->slot;
         const int want = cont ? rows[i - 1].pos + 1 : f->n_past[r->slot];
-        if (r->pos != want || r->pos >= f->n_ctx)
-            return status_fail(st, STATUS_RANGE, "row %d: slot %d at position %d, expected %d "
-                               "(context %d)", i, r->slot, r->pos, want, f->n_ctx);
-        if (i == n - 1 || rows[i + 1].slot != r->slot)
-            need += kv_pool_need(f->kv, r->slot, (int64_t)r->pos + 1);
+        if (r->pos != want)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d: position %d, expected %d", i,
+                               r->slot, r->pos, want);
+        if (r->pos >= f->n_ctx)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d: context full (%d positions)",
+                               i, r->slot, f->n_ctx);
     }
-    if (need > kv_pool_free_blocks(f->kv))
-        return status_fail(st, STATUS_EXHAUSTED, "cuda forward: the step needs %llu KV blocks, %u free",
-                           (unsigned long long)need, kv_pool_free_blocks(f->kv));
+    return STATUS_OK;
+}
+
+/* The blocks of every run's positions, all or none (none to take when the caller took them). */
+static int take_blocks(fwd *f, const fwd_row *rows, int n, status *st)
+{
+    uint64_t need = 0;
     for (int i = 0; i < n; i++)
-        if ((i == n - 1 || rows[i + 1].slot != rows[i].slot) &&
+        if (i + 1 == n || rows[i + 1].slot != rows[i].slot) /* a run's last row */
+            need += kv_pool_need(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1);
+    if (!need) return STATUS_OK;
+    if (need > kv_pool_free_blocks(f->kv))
+        return status_fail(st, STATUS_EXHAUSTED, "cuda forward: the step needs %llu more KV "
+                           "blocks of %d positions, %u of %u are free", (unsigned long long)need,
+                           kv_pool_block_tokens(f->kv), kv_pool_free_blocks(f->kv),
+                           kv_pool_total_blocks(f->kv));
+    for (int i = 0; i < n; i++)
+        if ((i + 1 == n || rows[i + 1].slot != rows[i].slot) &&
             kv_pool_ensure(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1, st))
-            return st->code;
+            return st->code; /* not reached: counted above */
     return STATUS_OK;
 }
 
 static int cuda_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
-    if (take_blocks(c, rows, n, st)) return st->code;
-    for (int i = 0; i < n; i++) {
-        const fwd_row *r = &rows[i];
-        c->rows[i] = (qwen35_cuda_row){.token = r->token, .slot = r->slot, .pos = r->pos,
-                                       .prompt = r->prompt, .sample = r->sample,
-                                       .logits = r->logits};
+    if (check_rows(f, rows, n, st) || take_blocks(f, rows, n, st)) return st->code;
+    int rc;
+    if (!c->threads) { /* one rank: the caller's thread, no hop */
+        rc = fc_rank_step(c->rank[0], rows, n, st);
+    } else {
+        for (int r = 1; r < c->n_ranks; r++) memcpy(c->rows_of[r], rows, (size_t)n * sizeof *rows);
+        c->rows = rows;
+        c->n = n;
+        rc = on_ranks(c, JOB_STEP, st);
     }
-    int rc = c->tp ? qwen35_cuda_tp_step(c->tp, c->rows, n, st) : qwen35_cuda_step(c->e, c->rows, n, st);
-    for (int i = 0; i < n; i++) f->n_past[rows[i].slot] = qwen35_cuda_n_past(c->e, rows[i].slot);
-    if (rc) return rc;
-    for (int i = 0; i < n; i++) {
-        const qwen35_cuda_row *q = &c->rows[i];
-        if (!q->sample) continue;
-        sample_result *o = &rows[i].out;
-        o->token = q->next;
-        o->logprob = q->logprob;
-        o->n_top = q->n_top;
-        for (int k = 0; k < q->n_top; k++) {
-            o->top_id[k] = q->top_id[k];
-            o->top_logprob[k] = q->top_logprob[k];
-        }
-    }
-    return STATUS_OK;
+    const fc_slot *slots = c->rank[0]->slots; /* the rows that ran */
+    for (int i = 0; i < n; i++) f->n_past[rows[i].slot] = slots[rows[i].slot].n_past;
+    return rc;
 }
 
 static int cuda_fill(fwd *f, int slot, int n_past, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
-    int rc = c->tp ? qwen35_cuda_tp_fill(c->tp, slot, n_past, st) : qwen35_cuda_fill(c->e, slot, n_past, st);
-    if (rc) return rc;
-    /* the forward holds blocks for positions 0 .. n_past (the next token's too) */
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, f->n_slots);
+    if (n_past < 0 || n_past >= f->n_ctx)
+        return status_fail(st, STATUS_RANGE, "position %d outside [0, %d)", n_past, f->n_ctx);
+    /* fresh blocks for positions 0 .. n_past (the next token's too) */
     kv_pool_release(f->kv, slot);
     if (kv_pool_ensure(f->kv, slot, (int64_t)n_past + 1, st)) return st->code;
+    c->slot = slot;
+    c->n_past = n_past;
+    if (on_ranks(c, JOB_FILL, st)) return st->code;
     f->n_past[slot] = n_past;
     return STATUS_OK;
 }
 
 static void cuda_get_stats(const fwd *f, fwd_stats *out)
 {
-    qwen35_cuda_stats s;
-    qwen35_cuda_get_stats(((const cuda_forward *)f)->e, &s);
-    *out = (fwd_stats){.tokens = s.tokens, .steps = s.steps, .graph_launches = s.graph_launches,
-                       .kernels_per_token = s.kernels_per_token, .d2h_bytes = s.d2h_bytes,
-                       .h2d_bytes = s.h2d_bytes, .weight_bytes = s.weight_bytes,
-                       .state_bytes = s.state_bytes, .bytes_per_token = s.bytes_per_token};
+    *out = ((const cuda_forward *)f)->rank[0]->stats; /* rank 0 reports */
 }
 
 static void cuda_destroy(fwd *f)
 {
     cuda_forward *c = (cuda_forward *)f;
     if (!c) return;
-    if (c->tp)
-        qwen35_cuda_tp_destroy(c->tp);
+    if (c->threads) /* each rank on its thread */
+        (void)on_ranks(c, JOB_DESTROY, NULL);
     else
-        qwen35_cuda_destroy(c->e);
-    kv_pool_destroy(f->kv);
+        fc_rank_destroy(c->rank[0]);
+    fc_ranks_stop(c->threads);
+    for (int r = 0; r < FWD_MAX_RANKS; r++) {
+        tp_comm_destroy(c->comm[r]);
+        tp_shard_model_destroy(c->shard[r]);
+        free(c->rows_of[r]);
+    }
     free(f->n_past);
-    free(c->rows);
     free(c);
 }
 
@@ -142,36 +221,85 @@ static const fwd_vt cuda_vt = {
     .destroy = cuda_destroy,
 };
 
-static void device_name(cuda_forward *c, int ranks)
+/* ---- create ---- */
+
+/* Several ranks: the model's shards, the NCCL communicators, a thread per rank, and every rank
+ * made at once (capturing a graph may connect NCCL's peers, which then must all be there), each
+ * with the same slots and so the same KV pool (sized from free memory each rank could choose
+ * differently, so 0 slots means 64 here); then ranks 1.. take rank 0's pool as their tables. */
+static int create_ranks(cuda_forward *c, status *st)
+{
+    const int n = c->n_ranks;
+    int rc = STATUS_OK;
+    for (int r = 0; r < n && !rc; r++) rc = tp_shard_model_create(c->m, n, r, &c->shard[r], st);
+    if (!rc) rc = tp_comm_init_all(n, c->devs, c->comm, st);
+    if (!rc) rc = fc_ranks_start(n, &c->threads, st);
+    if (rc) return rc;
+    if (c->opts.n_slots <= 0) c->opts.n_slots = 64;
+    if ((rc = on_ranks(c, JOB_CREATE, st))) return rc;
+    LOG_INFO("cuda: tensor parallel over %d GPUs (%s)", n, tp_comm_describe());
+    const fc_rank *e0 = c->rank[0];
+    for (int r = 1; r < n; r++) {
+        const fc_rank *e = c->rank[r];
+        if (e->n_slots != e0->n_slots || e->kv.n_blocks != e0->kv.n_blocks ||
+            e->kv.ld != e0->kv.ld || e->max_rows != e0->max_rows || e->b.rows != e0->b.rows)
+            return status_fail(st, STATUS_INTERNAL, "tensor parallel: rank %d sized %d slots, %d "
+                               "KV blocks, %d rows (%d a pass); rank 0 %d, %d, %d (%d) (give "
+                               "--slots)", r, e->n_slots, e->kv.n_blocks - 1, e->max_rows,
+                               e->b.rows, e0->n_slots, e0->kv.n_blocks - 1, e0->max_rows,
+                               e0->b.rows);
+        c->rows_of[r] = calloc((size_t)e0->max_rows, sizeof *c->rows_of[r]);
+        if (!c->rows_of[r]) return status_fail(st, STATUS_NOMEM, "tensor parallel: rows");
+        fc_kv_borrow(c->rank[r], e0->kv.pool);
+    }
+    return STATUS_OK;
+}
+
+static void device_name(cuda_forward *c)
 {
     fwd *f = &c->base;
-    if (!c->tp) {
-        snprintf(f->device, sizeof f->device, "cuda:%d %s", qwen35_cuda_device_index(c->e),
-                 qwen35_cuda_device_name(c->e));
+    const fc_rank *e = c->rank[0];
+    if (c->n_ranks == 1) {
+        snprintf(f->device, sizeof f->device, "cuda:%d %.100s", e->device, e->props.name);
         return;
     }
     int at = snprintf(f->device, sizeof f->device, "cuda:");
-    for (int r = 0; r < ranks && at < (int)sizeof f->device; r++)
+    for (int r = 0; r < c->n_ranks && at < (int)sizeof f->device; r++)
         at += snprintf(f->device + at, sizeof f->device - (size_t)at, "%s%d", r ? "," : "",
-                       qwen35_cuda_device_index(qwen35_cuda_tp_rank(c->tp, r)));
+                       c->devs[r]);
     if (at < (int)sizeof f->device)
-        snprintf(f->device + at, sizeof f->device - (size_t)at, " %s, tensor parallel %d",
-                 qwen35_cuda_device_name(c->e), ranks);
+        snprintf(f->device + at, sizeof f->device - (size_t)at, " %.64s, tensor parallel %d",
+                 e->props.name, c->n_ranks);
 }
 
 static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, status *st)
 {
     *out = NULL;
-    if (o->n_slots < 0 || o->n_ctx < 1 || o->max_rows < 0 || o->ranks < 0 || o->ranks > FWD_MAX_RANKS ||
-        o->n_devices < 0 || o->n_devices > FWD_MAX_RANKS)
-        return status_fail(st, STATUS_INVALID, "cuda forward: slots %d, ctx %d, rows %d, ranks %d, "
-                           "%d devices", o->n_slots, o->n_ctx, o->max_rows, o->ranks, o->n_devices);
-    if (o->kv_block_tokens && o->kv_block_tokens != 64)
+    if (o->n_slots < 0 || o->n_ctx < 1 || o->max_rows < 0 || o->ranks < 0 ||
+        o->ranks > FWD_MAX_RANKS || o->n_devices < 0 || o->n_devices > FWD_MAX_RANKS)
+        return status_fail(st, STATUS_INVALID, "cuda forward: slots %d, ctx %d, rows %d, ranks "
+                           "%d, %d devices", o->n_slots, o->n_ctx, o->max_rows, o->ranks,
+                           o->n_devices);
+    if (o->kv_block_tokens && o->kv_block_tokens != ATTN_KV_BLOCK)
         return status_fail(st, STATUS_UNSUPPORTED, "cuda forward: KV blocks of %d positions (the "
-                           "kernels' are 64)", o->kv_block_tokens);
+                           "kernels' are %d)", o->kv_block_tokens, ATTN_KV_BLOCK);
     const int ranks = o->ranks > 1 ? o->ranks : 1;
     if (o->n_devices && o->n_devices != ranks)
-        return status_fail(st, STATUS_INVALID, "cuda forward: %d devices for %d ranks", o->n_devices, ranks);
+        return status_fail(st, STATUS_INVALID, "cuda forward: %d devices for %d ranks",
+                           o->n_devices, ranks);
+    int devs[FWD_MAX_RANKS]; /* one rank per GPU: the listed ones, or 0 .. ranks-1 */
+    for (int r = 0; r < ranks; r++) {
+        devs[r] = o->n_devices ? o->devices[r] : r;
+        for (int q = 0; q < r; q++)
+            if (devs[q] == devs[r])
+                return status_fail(st, STATUS_INVALID, "tensor parallel: cuda:%d twice", devs[r]);
+    }
+    /* tensor parallel needs NCCL: refused, not served on the CPU in its stead */
+    if (ranks > 1 && !tp_comm_available())
+        return status_fail(st, STATUS_UNSUPPORTED, "--tp %d needs NCCL (libnccl.so.2): %s", ranks,
+                           tp_comm_describe());
+    if (!cuda_device_available(st)) return st->code;
+    if (ranks > 1 && tp_shard_check(&m->cfg, ranks, st)) return st->code;
     cuda_forward *c = calloc(1, sizeof *c);
     if (!c) return status_fail(st, STATUS_NOMEM, "cuda forward: out of memory");
     fwd *f = &c->base;
@@ -179,40 +307,26 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     f->model = m;
     f->n_ctx = o->n_ctx;
     f->vocab = m->cfg.V;
-    f->ranks = ranks;
-    const qwen35_cuda_opts co = {.n_ctx = o->n_ctx, .n_slots = o->n_slots, .max_rows = o->max_rows,
-                                 .device = o->n_devices ? o->devices[0] : 0,
-                                 .batch_invariant = o->batch_invariant, .dense_rows = o->dense_rows,
-                                 .dense_per_pass = o->dense_per_pass, .kv_blocks = o->kv_blocks};
-    int rc;
-    if (ranks > 1) { /* one rank per GPU: the listed ones, or 0 .. ranks-1 */
-        int devs[FWD_MAX_RANKS];
-        for (int r = 0; r < ranks; r++) devs[r] = o->n_devices ? o->devices[r] : r;
-        if ((rc = qwen35_cuda_tp_create(m, ranks, devs, &co, &c->tp, st))) goto fail;
-        c->e = qwen35_cuda_tp_rank(c->tp, 0);
-    } else if ((rc = qwen35_cuda_create(m, &co, &c->e, st))) {
-        goto fail;
-    }
-    f->n_slots = qwen35_cuda_n_slots(c->e);
-    f->max_rows = qwen35_cuda_max_rows(c->e);
-    f->pass_rows = qwen35_cuda_pass_rows(c->e);
-    int bt = 0;
-    const int n_blocks = qwen35_cuda_kv_blocks(c->e, &bt);
-    c->rows = calloc((size_t)f->max_rows, sizeof *c->rows);
+    f->ranks = c->n_ranks = ranks;
+    memcpy(c->devs, devs, (size_t)ranks * sizeof *devs);
+    c->m = m;
+    c->opts = (fc_rank_opts){.n_ctx = o->n_ctx, .n_slots = o->n_slots, .max_rows = o->max_rows,
+                             .batch_invariant = o->batch_invariant, .dense_rows = o->dense_rows,
+                             .dense_per_pass = o->dense_per_pass, .kv_blocks = o->kv_blocks};
+    int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
+    if (rc) goto fail;
+    const fc_rank *e = c->rank[0];
+    f->n_slots = e->n_slots;
+    f->max_rows = e->max_rows;
+    f->pass_rows = e->b.rows;
+    f->kv = e->kv.pool;
     f->n_past = calloc((size_t)f->n_slots, sizeof *f->n_past);
-    if (!c->rows || !f->n_past) {
-        rc = status_fail(st, STATUS_NOMEM, "cuda forward: %d rows", f->max_rows);
+    if (!f->n_past) {
+        rc = status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", f->n_slots);
         goto fail;
     }
-    if ((rc = kv_pool_create(&(kv_pool_opts){.n_seqs = f->n_slots, .block_tokens = bt,
-                                             .n_blocks = n_blocks,
-                                             .max_blocks_per_seq = (f->n_ctx + bt - 1) / bt},
-                             &f->kv, st)))
-        goto fail;
-    qwen35_cuda_stats s;
-    qwen35_cuda_get_stats(c->e, &s);
-    f->state_bytes = s.state_bytes / (uint64_t)(f->n_slots + 1);
-    device_name(c, ranks);
+    f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1);
+    device_name(c);
     *out = f;
     return STATUS_OK;
 fail:

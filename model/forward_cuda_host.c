@@ -13,7 +13,7 @@ static int bucket_of(const int *bucket, int n_buckets, int n)
 }
 
 /* true when row i's logits are read: eval rows, and the sampled row (the last of its run) */
-static bool needs_head(const qwen35_cuda_row *rows, int i, int n)
+static bool needs_head(const fwd_row *rows, int i, int n)
 {
     const bool last = i + 1 == n || rows[i + 1].slot != rows[i].slot;
     return rows[i].logits || (rows[i].sample && last);
@@ -33,7 +33,7 @@ fc_stage fc_stage_at(int32_t *base, int rows, int nb)
     return s;
 }
 
-void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
+void fc_stage_pass(const fwd_row *rows, int n, const int *bucket, int n_buckets,
                    int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info)
 {
     const int k = bucket_of(bucket, n_buckets, n), nb = bucket[k];

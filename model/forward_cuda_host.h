@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/forward_cuda.h"
+#include "model/fwd.h"
 #include "model/kv_pool.h"
 
 /* ---- a batched pass's staged inputs (forward_cuda_impl.h fc_batch.stage) ----
@@ -57,7 +57,7 @@ typedef struct fc_pass_info {
  * arrays fc_stage_at names for the pass's bucket): bucket[0 .. n_buckets) ascending powers of
  * two, the last = rows; head[j] = row j's lm_head row (-1: its logits are not read: a prompt
  * row before its run's last, unless it asks for logits). */
-void fc_stage_pass(const qwen35_cuda_row *rows, int n, const int *bucket, int n_buckets,
+void fc_stage_pass(const fwd_row *rows, int n, const int *bucket, int n_buckets,
                    int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info);
 
 /* ---- the KV block tables' device mirror (kernels/cuda/attn.h "KV blocks") ----

@@ -1,13 +1,16 @@
 /* Internals of the CUDA forward (model/forward_cuda.h), read one way down: each file calls only
  * the files below it (tests/model:model_layers_test fails on a call cycle).
- *   forward_cuda_tp.c       tensor parallel: a thread per rank, each its own forward;
- *   forward_cuda.c          create / destroy, sizing, the one-row graphs' capture, the step;
+ *   forward_cuda_fwd.c      the forward contract (fwd.h): the group of N >= 1 ranks; rows
+ *                           checked and their KV blocks taken in the one pool, then each rank;
+ *   forward_cuda_tp.c       the rank threads of a group of several ranks;
+ *   forward_cuda.c          one rank: create / destroy, sizing, the one-row graphs' capture, the
+ *                           step;
  *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
  *   forward_cuda_record.c   the graphs' contents, one function per sublayer of run_step;
  *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
  *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
- *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and its block
- *                           tables, the one-row step's activations;
+ *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and the device
+ *                           mirror of its block tables, the one-row step's activations;
  *   forward_cuda_weights.c  upload and packing of the weights into one arena;
  *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror.
  * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
@@ -22,13 +25,45 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/sample.h"
-#include "model/forward_cuda.h"
 #include "model/forward_cuda_host.h"
+#include "model/fwd.h"
 #include "model/kv_pool.h"
 #include "model/qwen35.h"
 #include "model/sampler.h"
 
 #define FC_MAX_GROUPS 4
+
+typedef struct fc_rank fc_rank; /* one rank's forward on one GPU (below) */
+
+/* How a rank is made (forward_cuda_fwd.c fills it from fwd_opts). */
+typedef struct fc_rank_opts {
+    int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
+    int n_slots;  /* sequences with resident state; 0 -> as many as fit in free device memory
+                     (at most 256, leaving a reserve; the log says the bytes per slot), the KV
+                     pool sized for a quarter of n_ctx per slot on average; given: a pool with
+                     every slot's whole context */
+    int max_rows; /* most rows of one step; 0 -> n_slots + 256 */
+    int device;   /* CUDA device index */
+    bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
+                             logits then do not depend on the rows beside it, at the price of the
+                             batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
+    int dense_rows;       /* passes of this many rows or more multiply the quantised matrices as
+                             F16 through cuBLAS (kernels/cuda/gemm.h "Dense path"); 0: never;
+                             < 0: 64 when the F16 copies are resident, 128 when each pass
+                             dequantises. Not with batch_invariant (cuBLAS's sums depend on the
+                             rows) */
+    bool dense_per_pass;  /* the dense path dequantises each matrix every pass; by default the F16
+                             copies stay resident when they take at most half of the free
+                             device memory (2 bytes a weight), else per pass */
+    int kv_blocks;        /* > 0: the KV pool's blocks; 0: sized with the slots */
+    /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
+     * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the
+     * row-parallel outputs and gathers the vocabulary-split logits in its graphs) and its first
+     * lm_head row in the vocabulary. */
+    struct tp_comm *tp;
+    int tp_rank;
+    int64_t vocab_begin;
+} fc_rank_opts;
 
 /* 256-byte aligned bump allocation inside one device allocation; base NULL = sizing pass. */
 typedef struct fc_arena {
@@ -95,19 +130,23 @@ typedef struct fc_slot {
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
- * block table row per slot (model/kv_pool.h); blocks taken as a sequence grows (the step),
- * returned when it ends. The host's bookkeeping is forward_cuda_state.c's alone (fc_kv_*), on
- * the engine thread (the forward's one caller); the graphs read the device fields. */
+ * block table row per slot. The tables are model/kv_pool.h's, one pool for the group (fwd.kv):
+ * rank 0 owns it (its tables in rank 0's pinned h_table), the other ranks borrow it; the group
+ * takes and returns blocks (forward_cuda_fwd.c), each rank copies the tables' changes to its
+ * own d_table before its graphs read them (fc_kv_sync). The device pools hold one block more
+ * than the kv_pool, the last: the pad slot's (its rows all sit at position 0). */
 typedef struct fc_kv {
     void *d_k, *d_v;      /* pools [n_attn][n_blocks][ATTN_KV_BLOCK][n_kv][d_h] of kv_type */
     uint64_t layer_bytes; /* one layer's pool of K (or V) */
-    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device: the host tables' mirror (the
-                             pad slot's row: one block) */
+    int32_t *d_table;     /* [n_slots + 1][ld] block ids, device: the pool's tables' mirror, then
+                             the pad slot's row (block n_blocks - 1) */
     int ld;               /* table entries per slot: n_ctx positions */
-    int n_blocks;         /* blocks in the pool, the pad slot's one included */
-    kv_pool *pool;        /* owned: the tables (sequence n_slots: the pad slot), in h_table */
-    int32_t *h_table;     /* owned, pinned [n_slots + 1][ld] */
-    fc_kv_mirror *mirror; /* owned [n_slots + 1]: what d_table holds of each table */
+    int n_blocks;         /* blocks of the device pools: the kv_pool's, then the pad slot's */
+    kv_pool *pool;        /* the tables (sequence i: slot i): owned by rank 0, else rank 0's
+                             (fc_kv_borrow) */
+    bool own_pool;
+    int32_t *h_table;     /* rank 0, owned, pinned [n_slots][ld]: the pool's tables */
+    fc_kv_mirror *mirror; /* owned [n_slots]: what d_table holds of each table */
 } fc_kv;
 
 /* Activations of one row, shared by every slot (rows run one after another). */
@@ -194,7 +233,8 @@ typedef struct fc_batch {
     uint64_t act_bytes;
 } fc_batch;
 
-struct qwen35_cuda {
+/* One rank's forward: the whole model, or its shard under tensor parallelism, on one GPU. */
+struct fc_rank {
     const qwen35_model *model; /* borrowed */
     qwen35_config cfg;
     int n_ctx, n_slots, max_rows;
@@ -211,9 +251,9 @@ struct qwen35_cuda {
                          only: no graphs, no sampler) */
     fc_kv kv;
     fc_batch b;
-    bool batch_invariant; /* every step through the batched graphs (qwen35_cuda_opts) */
-    int kv_blocks_opt;    /* qwen35_cuda_opts.kv_blocks */
-    int dense_rows_opt;   /* qwen35_cuda_opts.dense_rows (0 with batch_invariant) */
+    bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
+    int kv_blocks_opt;    /* fc_rank_opts.kv_blocks */
+    int dense_rows_opt;   /* fc_rank_opts.dense_rows (0 with batch_invariant) */
     fc_dense dense;
     fc_act a;
     void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's) */
@@ -221,51 +261,77 @@ struct qwen35_cuda {
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
     bool pdl;          /* the graphs use programmatic dependent launch */
-    struct tp_comm *tp;   /* borrowed: tensor parallel (qwen35_cuda_opts), NULL: none */
+    struct tp_comm *tp;   /* borrowed: tensor parallel (fc_rank_opts), NULL: none */
     int tp_rank;
     int64_t vocab_begin;
     int tp_failed;        /* an all-reduce failed while recording (checked after capture) */
     char path[96];
-    qwen35_cuda_stats stats;
+    fwd_stats stats;
 };
 
 /* tensor parallel: whether this rank samples (rank 0) */
-static inline bool fc_samples(const qwen35_cuda *e) { return e->tp_rank == 0; }
+static inline bool fc_samples(const fc_rank *e) { return e->tp_rank == 0; }
+
+/* ---- forward_cuda_tp.c ----
+ * A host thread per rank of a group of several (CUDA's current device is per thread, NCCL's
+ * collectives one thread per GPU): fc_ranks_run runs fn(arg, r) on rank r's thread for every
+ * rank at once and returns when all have returned. */
+typedef struct fc_ranks fc_ranks;
+int fc_ranks_start(int n, fc_ranks **out, status *st);
+void fc_ranks_run(fc_ranks *t, void (*fn)(void *arg, int r), void *arg);
+void fc_ranks_stop(fc_ranks *t); /* joins the threads; NULL: nothing */
+
+/* ---- forward_cuda.c: one rank ----
+ * Create: uploads the model (or shard), sizes the slots and the KV cache, captures the step
+ * graphs; rank 0 (o->tp_rank) creates the group's KV pool (e->kv.pool), the other ranks take it
+ * afterwards (fc_kv_borrow). STATUS_UNAVAILABLE without a GPU, STATUS_UNSUPPORTED for a shape
+ * or weight type the kernels do not handle (named), STATUS_NOMEM / STATUS_DEVICE from the
+ * device. */
+int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, status *st);
+void fc_rank_destroy(fc_rank *e);
+/* A new sequence in a slot (in range): position 0, state zeroed, sampler reset with p (valid and
+ * resolved: common/sampling.h); its KV blocks are the group's to release. */
+int fc_rank_seq_start(fc_rank *e, int slot, const sampling_params *p, status *st);
+/* Runs rows[0 .. B) (checked by the group: ids, slots, positions in order, 1 <= B <= max_rows;
+ * every run's blocks in the pool) in order; one host sync. Each sampled row's out is filled on
+ * rank 0 (the argmax only on the others). STATUS_INTERNAL when a sampled row found no token
+ * (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed. */
+int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st);
 
 /* ---- forward_cuda_batch.c ---- */
-void fc_batch_plan(qwen35_cuda *e);                 /* rows and buckets, or why_not */
-void fc_batch_layout(qwen35_cuda *e, fc_arena *a);  /* its activations */
-int fc_batch_alloc_host(qwen35_cuda *e, status *st); /* its pinned staging and argmax keys */
-int fc_batch_capture(qwen35_cuda *e, status *st);
-void fc_batch_destroy(qwen35_cuda *e);
+void fc_batch_plan(fc_rank *e);                 /* rows and buckets, or why_not */
+void fc_batch_layout(fc_rank *e, fc_arena *a);  /* its activations */
+int fc_batch_alloc_host(fc_rank *e, status *st); /* its pinned staging and argmax keys */
+int fc_batch_capture(fc_rank *e, status *st);
+void fc_batch_destroy(fc_rank *e);
 /* the rows of one step in passes through the bucket graphs, sampled rows read after the sync */
-int fc_batch_step(qwen35_cuda *e, qwen35_cuda_row *rows, int B, status *st);
+int fc_batch_step(fc_rank *e, fwd_row *rows, int B, status *st);
 
 /* ---- forward_cuda_record.c ----
  * One token of slot sl; forced: the token is the step's next forced token, else the slot's
  * previous argmax. */
-void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced);
+void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced);
 /* The batched step of a bucket of rows (their inputs: the bucket's staging view) up to the last
  * layer (prefill: with the kernels of long runs, fc_batch.chunked), and the lm_head of the
  * first s->nb rows of s->head_rows (bucket graphs). */
-void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill);
-void fc_record_head(qwen35_cuda *e, const fc_stage *s);
+void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill);
+void fc_record_head(fc_rank *e, const fc_stage *s);
 
 /* ---- forward_cuda_sample.c ----
  * One GPU sampler per slot, or (where the device cannot run it) host samplers on e->h_logits,
  * said once in the log; their release. */
-int fc_samplers_create(qwen35_cuda *e, status *st);
-void fc_samplers_destroy(qwen35_cuda *e);
+int fc_samplers_create(fc_rank *e, status *st);
+void fc_samplers_destroy(fc_rank *e);
 /* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
-int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st);
+int fc_sampler_start(fc_rank *e, fc_slot *sl, const sampling_params *p, status *st);
 /* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
  * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
  * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
-int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+int fc_sample_run(fc_rank *e, fwd_row *rows, int i, int j, const float *d_logits,
                   status *st);
 /* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
  * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st);
+int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st);
 
 /* ---- forward_cuda_dense.c ----
  * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a
@@ -273,34 +339,35 @@ int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, stat
  * bucket (after fc_batch_plan's rows); its scratch and cuBLAS workspace in the activations;
  * cuBLAS opened (none: no dense path, said in the log) and the resident copies uploaded, before
  * capture; the resident copy of m, or NULL (dequantise per pass). */
-uint64_t fc_dense_bytes(const qwen35_cuda *e);
-int fc_dense_decide(qwen35_cuda *e, bool wanted, status *st);
-void fc_dense_plan(qwen35_cuda *e);
-void fc_dense_layout(qwen35_cuda *e, fc_arena *a);
-int fc_dense_open(qwen35_cuda *e, status *st);
-const uint16_t *fc_dense_weights(const qwen35_cuda *e, const gemv_matrix *m);
-void fc_dense_destroy(qwen35_cuda *e);
+uint64_t fc_dense_bytes(const fc_rank *e);
+int fc_dense_decide(fc_rank *e, bool wanted, status *st);
+void fc_dense_plan(fc_rank *e);
+void fc_dense_layout(fc_rank *e, fc_arena *a);
+int fc_dense_open(fc_rank *e, status *st);
+const uint16_t *fc_dense_weights(const fc_rank *e, const gemv_matrix *m);
+void fc_dense_destroy(fc_rank *e);
 
 /* ---- forward_cuda_state.c ---- */
-void fc_state_layout(qwen35_cuda *e, fc_arena *a);
-void fc_act_layout(qwen35_cuda *e, fc_arena *a);
-int fc_slot_clear(qwen35_cuda *e, int slot, status *st);
-/* qwen35_cuda_fill's work (slot and n_past valid): blocks for positions 0 .. n_past holding a
- * constant finite pattern, the slot at position n_past. */
-int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st);
-/* KV blocks: the host's block tables for e->kv (ld, n_blocks) after the state's layout, every
- * block free but the pad slot's one, mirrored to d_table; their release; the pools' layer base;
- * blocks for positions up to `last` of the slot (STATUS_EXHAUSTED, nothing taken, when too few
- * are free; new table entries copied to the device on the stream); the slot's blocks back to
- * the pool. */
-int fc_kv_alloc(qwen35_cuda *e, status *st);
-void fc_kv_destroy(qwen35_cuda *e);
-void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index);
-int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st);
-void fc_kv_release(qwen35_cuda *e, int slot);
+void fc_state_layout(fc_rank *e, fc_arena *a);
+void fc_act_layout(fc_rank *e, fc_arena *a);
+int fc_slot_clear(fc_rank *e, int slot, status *st);
+/* fwd_fill's work on this rank (slot and n_past valid; the group took the slot's blocks for
+ * positions 0 .. n_past): those blocks hold a constant finite pattern, the slot is at position
+ * n_past. */
+int fc_slot_fill(fc_rank *e, int slot, int n_past, status *st);
+/* KV blocks, after the state's layout: d_table's rows set (the slots' empty, the pad slot's its
+ * block) and, on rank 0, the pool created (every block free) with its tables in pinned memory;
+ * their release; another rank's pool taken as this rank's tables (rank 0's, after every rank's
+ * create); the pools' layer base; the slot's table entries that d_table lacks copied to the
+ * device on the stream (the pool covers position `last`). */
+int fc_kv_alloc(fc_rank *e, status *st);
+void fc_kv_destroy(fc_rank *e);
+void fc_kv_borrow(fc_rank *e, kv_pool *pool);
+void *fc_kv_layer(const fc_rank *e, void *pool, int kind_index);
+void fc_kv_sync(fc_rank *e, int slot, int last);
 
 /* ---- forward_cuda_weights.c ----
  * Allocates e->w.d_arena and uploads every weight into it. */
-int fc_weights_upload(qwen35_cuda *e, status *st);
+int fc_weights_upload(fc_rank *e, status *st);
 
 #endif

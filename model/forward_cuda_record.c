@@ -19,12 +19,12 @@
 /* Tensor parallel: the residual matmuls' epilogue (rank 0 adds to x, the others store their
  * partial sums), and the sum of n floats over the ranks (nothing without tp; a failure is
  * checked after capture). */
-static gemv_epilogue residual_ep(const qwen35_cuda *e)
+static gemv_epilogue residual_ep(const fc_rank *e)
 {
     return e->tp && e->tp_rank > 0 ? GEMV_STORE : GEMV_ADD;
 }
 
-static void tp_sum(qwen35_cuda *e, float *d_buf, int64_t n)
+static void tp_sum(fc_rank *e, float *d_buf, int64_t n)
 {
     if (!e->tp) return;
     status st;
@@ -32,14 +32,14 @@ static void tp_sum(qwen35_cuda *e, float *d_buf, int64_t n)
 }
 
 /* norm_rows: h = RMSNorm(x) * w, with its Q8 form */
-static void rec_norm(qwen35_cuda *e, const float *d_w)
+static void rec_norm(fc_rank *e, const float *d_w)
 {
     norm_rms(e->a.d_x, d_w, e->cfg.H, e->cfg.eps, e->a.d_h, e->a.d_hq, &e->launch);
 }
 
 /* The in-projections of h into d_proj; conv: the DeltaNet layer's conv weights and window (the
  * first group holds qkv: conv + SiLU fused on its first C rows), NULL for attention. */
-static void rec_in_proj(qwen35_cuda *e, const fc_layer *L, float *conv)
+static void rec_in_proj(fc_rank *e, const fc_layer *L, float *conv)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
@@ -61,7 +61,7 @@ static void rec_in_proj(qwen35_cuda *e, const fc_layer *L, float *conv)
 }
 
 /* fwd_gdn_layer (model/forward_gdn.c) without its residual: the gated delta rule into d_y */
-static void rec_gdn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
+static void rec_gdn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
@@ -76,7 +76,7 @@ static void rec_gdn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
 }
 
 /* fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
-static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
+static void rec_attn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
@@ -93,7 +93,7 @@ static void rec_attn(qwen35_cuda *e, const fc_slot *sl, const fc_layer *L)
 }
 
 /* ffn + residual: x += down(silu(gate·h) * (up·h)) */
-static void rec_ffn(qwen35_cuda *e, const fc_layer *L)
+static void rec_ffn(fc_rank *e, const fc_layer *L)
 {
     fc_act *a = &e->a;
     gemv_swiglu(&L->gate, &L->up, a->d_h, a->d_hq, a->d_ffn, &e->launch);
@@ -104,7 +104,7 @@ static void rec_ffn(qwen35_cuda *e, const fc_layer *L)
 
 /* run_step for one row: embed, the layers, the final norm, the lm_head with the argmax, and the
  * argmax key read back into the slot's pinned word. */
-void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
+void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
@@ -141,26 +141,26 @@ void fc_record_token(qwen35_cuda *e, const fc_slot *sl, bool forced)
  * (gemv_conv's fusion is a GEMV epilogue), in place on the qkv columns. */
 
 /* views of layer L's state in slot 0: the rows kernels add slot id * stride */
-static float *slot0_conv(const qwen35_cuda *e, const fc_layer *L)
+static float *slot0_conv(const fc_rank *e, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
     return e->slots[0].d_conv + (int64_t)L->kind_index * c->C * (c->K_conv - 1);
 }
-static float *slot0_S(const qwen35_cuda *e, const fc_layer *L)
+static float *slot0_S(const fc_rank *e, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
     return e->slots[0].d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
 }
 
 /* the GEMM input's F16 rows (d_xh), read by the quantised matrices that multiply x next */
-static void recb_x_half(qwen35_cuda *e, const float *x, int64_t ld, int64_t n, int nb)
+static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
 {
     if (e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
 }
 
 /* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense.from rows for the quantised
  * types, else the quantised GEMM; either reads x's F16 rows d_xh when the type does */
-static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int64_t ld_x,
+static void recb_gemm(fc_rank *e, const gemv_matrix *m, const float *x, int64_t ld_x,
                       float *y, int64_t ld_y, gemv_epilogue ep, int nb)
 {
     const fc_batch_act *a = &e->b.act;
@@ -180,7 +180,7 @@ static void recb_gemm(qwen35_cuda *e, const gemv_matrix *m, const float *x, int6
     gemm_rows(m, x, ld_x, a->d_xh, y, ld_y, ep, nb, a->d_work, &e->launch);
 }
 
-static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
+static void recb_in_proj(fc_rank *e, const fc_layer *L, int nb)
 {
     const fc_batch *b = &e->b;
     for (int g = 0; g < L->n_in; g++)
@@ -191,7 +191,7 @@ static void recb_in_proj(qwen35_cuda *e, const fc_layer *L, int nb)
 /* prefill: the pass's long runs (s->long_runs) by the chunked rule, the other runs by the
  * row-by-row one; else (decode rows, or batch invariant) every run row by row, so a prompt's
  * results do not depend on how it was cut */
-static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool prefill)
+static void recb_gdn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
     const fc_batch *b = &e->b;
@@ -215,7 +215,7 @@ static void recb_gdn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool 
                         b->ld_y, NULL, nb, &e->launch);
 }
 
-static void recb_attn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool prefill)
+static void recb_attn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
     const fc_batch *b = &e->b;
@@ -242,7 +242,7 @@ static void recb_attn(qwen35_cuda *e, const fc_layer *L, const fc_stage *s, bool
                      a->d_y, b->ld_y, NULL, e->kv_type, nb, &e->launch);
 }
 
-void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill)
+void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
     const fc_batch *b = &e->b;
@@ -277,7 +277,7 @@ void fc_record_batch(qwen35_cuda *e, const fc_stage *s, bool prefill)
 /* The lm_head of nh = s->nb rows of the pass's residual stream, the rows s->head_rows[0, nh)
  * (those whose logits are read: sampled and eval rows), gathered by the final norm; logits and
  * argmax keys in rows [0, nh). */
-void fc_record_head(qwen35_cuda *e, const fc_stage *s)
+void fc_record_head(fc_rank *e, const fc_stage *s)
 {
     const qwen35_config *c = &e->cfg;
     const fc_batch_act *a = &e->b.act;

@@ -8,7 +8,7 @@
 #include "common/log.h"
 #include "model/forward_cuda_impl.h"
 
-int fc_samplers_create(qwen35_cuda *e, status *st)
+int fc_samplers_create(fc_rank *e, status *st)
 {
     const int V = e->cfg.V;
     if (!fc_samples(e)) return STATUS_OK; /* tensor parallel: rank 0 samples */
@@ -32,7 +32,7 @@ int fc_samplers_create(qwen35_cuda *e, status *st)
     return STATUS_OK;
 }
 
-void fc_samplers_destroy(qwen35_cuda *e)
+void fc_samplers_destroy(fc_rank *e)
 {
     for (int i = 0; e->slots && i < e->n_slots; i++) {
         sample_destroy(e->slots[i].sampler);
@@ -41,7 +41,7 @@ void fc_samplers_destroy(qwen35_cuda *e)
     free(e->h_logits);
 }
 
-int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, status *st)
+int fc_sampler_start(fc_rank *e, fc_slot *sl, const sampling_params *p, status *st)
 {
     sl->params = sampling_params_resolve(p); /* resolved by the caller; idempotent */
     p = &sl->params;
@@ -54,7 +54,7 @@ int fc_sampler_start(qwen35_cuda *e, fc_slot *sl, const sampling_params *p, stat
 
 /* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
  * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
-static void accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int j)
+static void accept_rows(fc_rank *e, const fwd_row *rows, int i, int j)
 {
     if (!fc_samples(e)) return;
     fc_slot *sl = &e->slots[rows[i].slot];
@@ -72,41 +72,28 @@ static void accept_rows(qwen35_cuda *e, const qwen35_cuda_row *rows, int i, int 
     }
 }
 
-int fc_read_sample(qwen35_cuda *e, qwen35_cuda_row *r, int32_t greedy_next, status *st)
+int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st)
 {
     fc_slot *sl = &e->slots[r->slot];
-    r->n_top = 0;
-    r->logprob = 0;
+    sample_result *out = &r->out;
     if (sl->greedy) {
-        r->next = greedy_next;
+        out->token = greedy_next;
+        out->logprob = 0;
+        out->n_top = 0;
     } else if (sl->sampler) {
-        const sample_result *res = sample_result_get(sl->sampler);
-        r->next = res->token;
-        r->logprob = res->logprob;
-        r->n_top = res->n_top;
-        for (int k = 0; k < res->n_top; k++) {
-            r->top_id[k] = res->top_id[k];
-            r->top_logprob[k] = res->top_logprob[k];
-        }
+        *out = *sample_result_get(sl->sampler);
     } else {
-        sample_result res;
-        r->next = sampler_sample(sl->host_sampler, e->h_logits, &res);
-        r->logprob = res.logprob;
-        r->n_top = res.n_top;
-        for (int k = 0; k < r->n_top; k++) {
-            r->top_id[k] = res.top_id[k];
-            r->top_logprob[k] = res.top_logprob[k];
-        }
+        out->token = sampler_sample(sl->host_sampler, e->h_logits, out);
     }
-    if (r->next < 0 || r->next >= e->cfg.V)
+    if (out->token < 0 || out->token >= e->cfg.V)
         return status_fail(st, STATUS_INTERNAL, "slot %d: sampling found no token (%d; NaN or "
-                           "inf logits? are the weights broken?)", r->slot, r->next);
+                           "inf logits? are the weights broken?)", r->slot, out->token);
     return STATUS_OK;
 }
 
 /* Host fallback: the row's logits back, then the host sampler (one more sync: this path only
  * runs where the device cannot run the GPU sampler). */
-static int sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_logits, status *st)
+static int sample_on_host(fc_rank *e, fwd_row *r, const float *d_logits, status *st)
 {
     cuda_copy_d2h_async(e->h_logits, d_logits, (size_t)e->cfg.V * 4, e->launch.stream);
     e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
@@ -114,10 +101,10 @@ static int sample_on_host(qwen35_cuda *e, qwen35_cuda_row *r, const float *d_log
     return fc_read_sample(e, r, -1, st);
 }
 
-int fc_sample_run(qwen35_cuda *e, qwen35_cuda_row *rows, int i, int j, const float *d_logits,
+int fc_sample_run(fc_rank *e, fwd_row *rows, int i, int j, const float *d_logits,
                   status *st)
 {
-    qwen35_cuda_row *r = &rows[j - 1];
+    fwd_row *r = &rows[j - 1];
     const fc_slot *sl = &e->slots[r->slot];
     accept_rows(e, rows, i, j);
     if (r->sample && !sl->greedy && sl->sampler) sample_run(sl->sampler, d_logits, &e->launch);

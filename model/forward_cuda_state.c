@@ -1,21 +1,22 @@
 /* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, device
  * position and argmax word, the KV cache's block pools (F16 or F32, e->kv_type) and block table
  * in one arena; the activations one row uses (shared by every slot: rows run one after another)
- * in another. Laid out by a sizing pass (NULL base), then for real. The host's KV block tables
- * (which block holds which positions of a slot) are kept here alone, behind fc_kv_*. */
+ * in another. Laid out by a sizing pass (NULL base), then for real. The KV block tables are the
+ * group's pool (rank 0's, model/kv_pool.h); each rank's device mirror of them is kept here,
+ * behind fc_kv_*. */
 #include <stdlib.h>
 
 #include "kernels/cuda/attn.h"
 #include "model/forward_cuda_impl.h"
 
 /* one block of one layer's K (or V) pool */
-static uint64_t kv_block_bytes(const qwen35_cuda *e)
+static uint64_t kv_block_bytes(const fc_rank *e)
 {
     const qwen35_config *c = &e->cfg;
     return (uint64_t)ATTN_KV_BLOCK * c->n_kv * c->d_h * e->kv_elem_bytes;
 }
 
-void fc_state_layout(qwen35_cuda *e, fc_arena *a)
+void fc_state_layout(fc_rank *e, fc_arena *a)
 {
     const qwen35_config *c = &e->cfg;
     for (int i = 0; i <= e->n_slots; i++) { /* and the pad slot (forward_cuda_impl.h) */
@@ -32,64 +33,74 @@ void fc_state_layout(qwen35_cuda *e, fc_arena *a)
     kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
 }
 
-void *fc_kv_layer(const qwen35_cuda *e, void *pool, int kind_index)
+void *fc_kv_layer(const fc_rank *e, void *pool, int kind_index)
 {
     return (uint8_t *)pool + (uint64_t)kind_index * e->kv.layer_bytes;
 }
 
 /* ---- the block tables: model/kv_pool.h's, mirrored to d_table ---- */
 
-int fc_kv_alloc(qwen35_cuda *e, status *st)
+int fc_kv_alloc(fc_rank *e, status *st)
 {
     fc_kv *kv = &e->kv;
-    const int n_rows = e->n_slots + 1; /* and the pad slot */
-    const size_t table_bytes = (size_t)n_rows * kv->ld * 4;
+    kv->mirror = calloc((size_t)e->n_slots, sizeof *kv->mirror);
+    int32_t *pad = malloc((size_t)kv->ld * sizeof *pad);
+    if (!kv->mirror || !pad) {
+        free(pad);
+        return status_fail(st, STATUS_NOMEM, "cuda: KV table mirrors");
+    }
+    /* the slots' rows empty (no entry is read before the pool lists it), the pad slot's rows
+     * all at position 0 of its block, the device pools' last */
+    for (int i = 0; i < kv->ld; i++) pad[i] = kv->n_blocks - 1;
+    const int rc = cuda_memset(kv->d_table, 0, (size_t)e->n_slots * kv->ld * 4, st) ||
+                   cuda_upload(kv->d_table + (size_t)e->n_slots * kv->ld, pad,
+                               (size_t)kv->ld * 4, st);
+    free(pad);
+    if (rc) return st->code;
+    if (e->tp_rank > 0) return STATUS_OK; /* rank 0's pool, once every rank is made */
     void *table;
-    if (cuda_host_alloc(&table, table_bytes, "KV block table", st)) return st->code;
-    kv->h_table = table;
-    kv->mirror = calloc((size_t)n_rows, sizeof *kv->mirror);
-    if (!kv->mirror) return status_fail(st, STATUS_NOMEM, "cuda: KV table mirrors");
-    const kv_pool_opts o = {.n_seqs = n_rows, .block_tokens = ATTN_KV_BLOCK,
-                            .n_blocks = kv->n_blocks, .max_blocks_per_seq = kv->ld,
-                            .table = kv->h_table};
-    /* the pad slot's rows all sit at position 0: one block, the pool's first */
-    if (kv_pool_create(&o, &kv->pool, st) || kv_pool_ensure(kv->pool, e->n_slots, 1, st))
+    if (cuda_host_alloc(&table, (size_t)e->n_slots * kv->ld * 4, "KV block table", st))
         return st->code;
-    for (int i = 0; i < n_rows; i++)
-        kv->mirror[i] = (fc_kv_mirror){kv_pool_held(kv->pool, i), kv_pool_version(kv->pool, i)};
-    return cuda_upload(kv->d_table, kv->h_table, table_bytes, st);
+    kv->h_table = table;
+    const kv_pool_opts o = {.n_seqs = e->n_slots, .block_tokens = ATTN_KV_BLOCK,
+                            .n_blocks = kv->n_blocks - 1, .max_blocks_per_seq = kv->ld,
+                            .table = kv->h_table};
+    if (kv_pool_create(&o, &kv->pool, st)) return st->code;
+    kv->own_pool = true;
+    fc_kv_borrow(e, kv->pool);
+    return STATUS_OK;
 }
 
-void fc_kv_destroy(qwen35_cuda *e)
+void fc_kv_borrow(fc_rank *e, kv_pool *pool)
 {
-    kv_pool_destroy(e->kv.pool);
+    fc_kv *kv = &e->kv;
+    kv->pool = pool;
+    for (int i = 0; i < e->n_slots; i++) /* d_table holds none of the tables' entries yet */
+        kv->mirror[i] = (fc_kv_mirror){0, kv_pool_version(pool, i)};
+}
+
+void fc_kv_destroy(fc_rank *e)
+{
+    if (e->kv.own_pool) kv_pool_destroy(e->kv.pool);
+    e->kv.pool = NULL;
     free(e->kv.mirror);
     cuda_host_free(e->kv.h_table);
 }
 
-int fc_kv_grow(qwen35_cuda *e, int slot, int last, status *st)
+void fc_kv_sync(fc_rank *e, int slot, int last)
 {
     fc_kv *kv = &e->kv;
-    const uint32_t need = kv_pool_need(kv->pool, slot, (int64_t)last + 1);
-    const uint32_t n_free = kv_pool_free_blocks(kv->pool);
-    if (need > n_free)
-        return status_fail(st, STATUS_EXHAUSTED, "slot %d: KV cache full (%u more blocks of %d "
-                           "positions needed, %u of %d free)", slot, need, ATTN_KV_BLOCK, n_free,
-                           kv->n_blocks - 1);
-    if (need && kv_pool_ensure(kv->pool, slot, (int64_t)last + 1, st)) return st->code;
+    DS_ASSERT(kv_pool_held(kv->pool, slot) * ATTN_KV_BLOCK > last);
     int from, to;
     fc_kv_mirror_sync(kv->pool, slot, &kv->mirror[slot], &from, &to);
-    if (from == to) return STATUS_OK;
-    const size_t at = (size_t)slot * kv->ld + from;
-    cuda_copy_h2d_async(kv->d_table + at, kv->h_table + at, (size_t)(to - from) * 4,
+    if (from == to) return;
+    cuda_copy_h2d_async(kv->d_table + (size_t)slot * kv->ld + from,
+                        kv_pool_table(kv->pool, slot) + from, (size_t)(to - from) * 4,
                         e->launch.stream);
     e->stats.h2d_bytes += (uint64_t)(to - from) * 4;
-    return STATUS_OK;
 }
 
-void fc_kv_release(qwen35_cuda *e, int slot) { kv_pool_release(e->kv.pool, slot); }
-
-void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
+void fc_act_layout(fc_rank *e, fc_arena *ar)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
@@ -115,9 +126,9 @@ void fc_act_layout(qwen35_cuda *e, fc_arena *ar)
     a->d_tok_out = fc_arena_take(ar, 4);
 }
 
-/* Position 0, recurrent state zeroed (setup path: synchronous); its KV blocks are the caller's
- * (fc_kv_release): positions are written before they are read. */
-int fc_slot_clear(qwen35_cuda *e, int slot, status *st)
+/* Position 0, recurrent state zeroed (setup path: synchronous); its KV blocks are the group's
+ * to release: positions are written before they are read. */
+int fc_slot_clear(fc_rank *e, int slot, status *st)
 {
     fc_slot *sl = &e->slots[slot];
     const int32_t pos[2] = {0, 0};
@@ -130,14 +141,13 @@ int fc_slot_clear(qwen35_cuda *e, int slot, status *st)
     return STATUS_OK;
 }
 
-int fc_slot_fill(qwen35_cuda *e, int slot, int n_past, status *st)
+int fc_slot_fill(fc_rank *e, int slot, int n_past, status *st)
 {
     fc_slot *sl = &e->slots[slot];
-    /* blocks for positions 0 .. n_past (the next token's too), holding finite values, which
+    /* the blocks of positions 0 .. n_past (the next token's too), holding finite values, which
      * do not change the speed: 0x2c2c is F16 0.0659, 0x2c2c2c2c F32 2.45e-12 (exponent 0x58:
      * normal, not a NaN or infinity) */
-    fc_kv_release(e, slot);
-    if (fc_kv_grow(e, slot, n_past, st)) return st->code;
+    fc_kv_sync(e, slot, n_past);
     const int32_t *row = kv_pool_table(e->kv.pool, slot);
     for (int il = 0; il < e->cfg.n_attn_layers; il++)
         for (int b = 0; b < kv_pool_held(e->kv.pool, slot); b++) {

@@ -19,7 +19,7 @@ void *fc_arena_take(fc_arena *a, uint64_t bytes)
 }
 
 typedef struct fc_upload {
-    qwen35_cuda *e;
+    fc_rank *e;
     fc_arena *w;
     bool sizing;
     void *d_stage;      /* device staging for GGUF bytes before gemv_pack */
@@ -146,7 +146,7 @@ static int upload_attn(fc_upload *u, const qwen35_layer *W, fc_layer *L, status 
 
 static int upload_layers(fc_upload *u, status *st)
 {
-    qwen35_cuda *e = u->e;
+    fc_rank *e = u->e;
     const qwen35_config *c = &e->cfg;
     for (int il = 0, n_gdn = 0, n_attn = 0; il < c->n_layer; il++) {
         const qwen35_layer *W = &e->model->layers[il];
@@ -179,7 +179,7 @@ static int upload_layers(fc_upload *u, status *st)
 
 /* Sizing pass (no device memory), one allocation for the arena and the staging buffers, then
  * the upload pass into the arena; the staging is freed before returning. */
-int fc_weights_upload(qwen35_cuda *e, status *st)
+int fc_weights_upload(fc_rank *e, status *st)
 {
     fc_arena arena = {0};
     fc_upload u = {.e = e, .w = &arena, .sizing = true};

@@ -4,7 +4,7 @@
     fwd_registry(
         name = "backends_all",
         backends = ["fwd_backend_cuda", "fwd_backend_cpu"],  # in the order "auto" tries them
-        deps = [":forward_cuda_fwd", ":forward_cpu"],         # the libraries defining them
+        deps = [":forward_cuda", ":forward_cpu"],             # the libraries defining them
     )
 
 generates a C file defining `const fwd_backend *const fwd_backends[] = {&fwd_backend_cuda,

@@ -1,6 +1,6 @@
 /* The all-reduces of a tensor-parallel step, alone (issue 16: the all-reduce share of the step).
  *
- * A step of the sharded forward (model/forward_cuda_tp.c) sums two activations a layer over the
+ * A step of the sharded forward (model/forward_cuda.h, --tp) sums two activations a layer over the
  * ranks (after o_proj / ssm_out and after ffn_down: B rows of the hidden size each), in place,
  * captured in the rank's step graph. This captures the same 2 x layers tp_comm_sum calls of B x
  * hidden floats in one graph per rank (a host thread a rank, as the forward), replays it on every

@@ -52,6 +52,12 @@ static void load(void)
              v / 100 % 100, v % 100);
 }
 
+bool tp_comm_available(void)
+{
+    pthread_once(&g_nccl.once, load);
+    return g_nccl.lib != NULL;
+}
+
 const char *tp_comm_describe(void)
 {
     pthread_once(&g_nccl.once, load);
@@ -100,7 +106,7 @@ static int connect_all(int n, const int *devs, ncclComm_t *comms, status *st)
 int tp_comm_init_all(int n, const int *devs, tp_comm **out, status *st)
 {
     pthread_once(&g_nccl.once, load);
-    if (!g_nccl.lib) return status_fail(st, STATUS_UNAVAILABLE, "tensor parallel: %s", g_nccl.what);
+    if (!g_nccl.lib) return status_fail(st, STATUS_UNSUPPORTED, "tensor parallel: %s", g_nccl.what);
     ncclComm_t comms[64];
     if (n < 1 || n > 64) return status_fail(st, STATUS_INVALID, "tensor parallel: %d ranks", n);
     const ncclResult_t r = g_nccl.init_all(comms, n, devs);

@@ -4,8 +4,10 @@
  * reference model (F32 weights: bound 1e-3 of max|logit|); a deliberately perturbed copy that
  * the same check must reject; greedy generation; the per-token counters (after warm-up: no host
  * allocation, no device allocation, <= 8 device-to-host and 0 host-to-device bytes per greedy
- * token, one host sync); the worker backends' tokens on both devices; synthetic models
- * (DS_ENGINE_GGUF=path[:path...], required when DS_REQUIRE_GPU=1) with a loose bound. */
+ * token, one host sync); the worker backends' tokens on both devices; fwd.kv as the forward's
+ * one KV bookkeeper (blocks taken by the step or by the caller, exhaustion, release); --tp 2
+ * refused without NCCL (runs without a GPU); synthetic models (DS_ENGINE_GGUF=path[:path...],
+ * required when DS_REQUIRE_GPU=1) with a loose bound. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -16,7 +18,10 @@
 #include "common/sampling.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/tp_comm.h"
 #include "model/forward.h"
+#include "model/fwd.h"
+#include "model/kv_pool.h"
 #include "model/qwen35.h"
 #include "tests/gpu/gpu_parity.h"
 #include "tests/model/ref_cases.h"
@@ -409,6 +414,119 @@ fail:
     qwen35_model_free(m);
 }
 
+/* The forward's KV pool is fwd.kv, the one bookkeeper of its blocks (model/kv_pool.h): no block
+ * held at create (the pad slot's block lies outside the pool); a step takes the blocks its rows
+ * need, or none when the caller took them first (the scheduler's way); a step that needs more
+ * than are free fails with STATUS_EXHAUSTED and runs nothing; a sequence's end gives its blocks
+ * back; and the greedy tokens do not depend on who took the blocks. */
+enum { KV_P = 70, KV_N = 20 }; /* a prompt over two blocks of 64 positions */
+
+static int kv_run(fwd *f, int slot, const int32_t *prompt, fwd_row *rows, int32_t *out,
+                  status *st)
+{
+    for (int i = 0; i < KV_P; i++)
+        rows[i] = (fwd_row){.token = prompt[i], .slot = slot, .pos = fwd_n_past(f, slot) + i,
+                            .prompt = true, .sample = i == KV_P - 1};
+    if (fwd_step(f, rows, KV_P, st)) return st->code;
+    out[0] = rows[KV_P - 1].out.token;
+    for (int k = 1; k < KV_N; k++) {
+        rows[0] = (fwd_row){.token = out[k - 1], .slot = slot, .pos = fwd_n_past(f, slot),
+                            .sample = true};
+        if (fwd_step(f, rows, 1, st)) return st->code;
+        out[k] = rows[0].out.token;
+    }
+    return STATUS_OK;
+}
+
+static void test_kv_pool(void)
+{
+    if (!g_have_gpu) return;
+    char path[1024];
+    ref_path(1, path, sizeof path);
+    status st;
+    status_clear(&st);
+    qwen35_model *m = NULL;
+    fwd *f = NULL;
+    fwd_row rows[KV_P];
+    int32_t prompt[KV_P], out[2][KV_N];
+    const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
+    if (qwen35_model_load(&m, path, &st)) goto fail;
+    for (int i = 0; i < KV_P; i++) prompt[i] = (int32_t)((i * 7919 + 11) % m->cfg.V);
+    if (fwd_create("cuda", m, &(fwd_opts){.n_slots = 2, .n_ctx = 256, .max_rows = 128,
+                                          .kv_blocks = 3}, &f, &st))
+        goto fail;
+    kv_pool *kv = f->kv;
+    CU_ASSERT_EQUAL(kv_pool_n_seqs(kv), f->n_slots);
+    CU_ASSERT_EQUAL(kv_pool_block_tokens(kv), 64);
+    CU_ASSERT_EQUAL(kv_pool_total_blocks(kv), 3);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), 3);
+    /* slot 0: the step takes its blocks */
+    if (fwd_seq_start(f, 0, &greedy, &st) || kv_run(f, 0, prompt, rows, out[0], &st)) goto fail;
+    CU_ASSERT_EQUAL(kv_pool_held(kv, 0), (int)kv_pool_blocks_for(kv, KV_P + KV_N - 1));
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), 3 - kv_pool_blocks_for(kv, KV_P + KV_N - 1));
+    /* slot 1: its prompt needs 2 blocks, 1 is free: refused, nothing run */
+    if (fwd_seq_start(f, 1, &greedy, &st)) goto fail;
+    for (int i = 0; i < KV_P; i++)
+        rows[i] = (fwd_row){.token = prompt[i], .slot = 1, .pos = i, .prompt = true};
+    const int rc = fwd_step(f, rows, KV_P, &st);
+    printf("  kv pool: a step needing 2 blocks with 1 free: %s (%s)\n", status_code_name(rc),
+           st.msg);
+    CU_ASSERT_EQUAL(rc, STATUS_EXHAUSTED);
+    CU_ASSERT_EQUAL(fwd_n_past(f, 1), 0);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), 1);
+    status_clear(&st);
+    /* slot 0 ends; the caller takes slot 1's blocks before its steps, which then take none */
+    fwd_seq_end(f, 0);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), 3);
+    if (kv_pool_ensure(kv, 1, KV_P + KV_N, &st)) goto fail;
+    const uint32_t free1 = kv_pool_free_blocks(kv);
+    if (kv_run(f, 1, prompt, rows, out[1], &st)) goto fail;
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), free1);
+    CU_ASSERT_EQUAL(kv_pool_held(kv, 1), (int)kv_pool_blocks_for(kv, KV_P + KV_N));
+    printf("  kv pool: %d greedy tokens with the blocks taken by the step and by the caller: %s\n",
+           KV_N, memcmp(out[0], out[1], sizeof out[0]) ? "DIFFER" : "same");
+    CU_ASSERT_EQUAL(memcmp(out[0], out[1], sizeof out[0]), 0);
+    fwd_seq_end(f, 1);
+    CU_ASSERT_EQUAL(kv_pool_free_blocks(kv), 3);
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    fwd_destroy(f);
+    qwen35_model_free(m);
+}
+
+/* Tensor parallel needs NCCL: without libnccl.so.2 the cuda forward refuses --tp 2 with
+ * STATUS_UNSUPPORTED and one line naming the library, never STATUS_UNAVAILABLE (on which the
+ * worker would serve on the CPU instead). Runs with or without a GPU; where NCCL loads there is
+ * nothing to refuse. */
+static void test_tp_needs_nccl(void)
+{
+    if (tp_comm_available()) {
+        printf("  %s loads here: nothing to refuse\n", tp_comm_describe());
+        return;
+    }
+    char path[1024];
+    ref_path(0, path, sizeof path);
+    status st;
+    status_clear(&st);
+    qwen35_model *m = NULL;
+    fwd *f = NULL;
+    if (qwen35_model_load(&m, path, &st)) {
+        printf("  %s\n", st.msg);
+        CU_FAIL("model");
+        return;
+    }
+    const int rc =
+        fwd_create("cuda", m, &(fwd_opts){.n_slots = 1, .n_ctx = 64, .ranks = 2}, &f, &st);
+    printf("  cuda --tp 2 without NCCL: %s: %s\n", status_code_name(rc), st.msg);
+    CU_ASSERT_EQUAL(rc, STATUS_UNSUPPORTED);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_EQUAL(strncmp(st.msg, "--tp 2 needs NCCL (libnccl.so.2): ", 34), 0);
+    CU_ASSERT_PTR_NULL(strchr(st.msg, '\n'));
+    fwd_destroy(f);
+    qwen35_model_free(m);
+}
+
 int main(void)
 {
     g_have_gpu = gpu_test_have_gpu("CUDA engine parity");
@@ -419,6 +537,8 @@ int main(void)
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "greedy_and_counters", test_greedy_and_counters);
     CU_add_test(s, "worker_backend", test_worker_backend);
+    CU_add_test(s, "kv_pool", test_kv_pool);
+    CU_add_test(s, "tp_needs_nccl", test_tp_needs_nccl);
     CU_add_test(s, "synthetic", test_synthetic);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

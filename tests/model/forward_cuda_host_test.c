@@ -3,7 +3,10 @@
  *  - a batched pass's staged inputs for steps of decode rows, prompt chunks, both, eval rows and
  *    padding: every array checked against what the rows say;
  *  - the KV block tables' device mirror: appended entries copied alone, the whole table after
- *    a release or a share (model/kv_pool.h), the mirror equal to the table after each copy. */
+ *    a release or a share (model/kv_pool.h), the mirror equal to the table after each copy;
+ *  - the ranks of a group mirroring one pool: a rank whose mirror starts after blocks were
+ *    taken (fc_kv_borrow's {0, version}) copies the whole table, and every rank's device copy
+ *    equals the pool's table whoever took the blocks (the step or the caller before it). */
 #include <CUnit/Basic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,12 +22,12 @@ static const int g_bucket[] = {1, 2, 4, 8, 16, 32, 64};
 #define PAD 9 /* the pad slot */
 
 /* rows: runs given as (slot, length, first position); the last row of each run samples */
-static int make_rows(qwen35_cuda_row *rows, const int (*runs)[3], int n_runs)
+static int make_rows(fwd_row *rows, const int (*runs)[3], int n_runs)
 {
     int n = 0;
     for (int r = 0; r < n_runs; r++)
         for (int k = 0; k < runs[r][1]; k++, n++)
-            rows[n] = (qwen35_cuda_row){.token = 100 + n, .slot = runs[r][0],
+            rows[n] = (fwd_row){.token = 100 + n, .slot = runs[r][0],
                                         .pos = runs[r][2] + k, .prompt = runs[r][1] > 1,
                                         .sample = k == runs[r][1] - 1};
     return n;
@@ -53,7 +56,7 @@ static void test_stage_at(void)
 }
 
 /* the layout of fc_stage_pass for these rows, checked field by field */
-static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
+static void check_stage(const fwd_row *rows, int n, bool tiles)
 {
     int32_t stage[FC_STAGE_INTS(ROWS)];
     int head[ROWS];
@@ -127,7 +130,7 @@ static void check_stage(const qwen35_cuda_row *rows, int n, bool tiles)
 
 static void test_stage_pass(void)
 {
-    qwen35_cuda_row rows[ROWS];
+    fwd_row rows[ROWS];
     static const int decode[][3] = {{3, 1, 40}, {0, 1, 7}, {5, 1, 0}};
     static const int prompt[][3] = {{2, 11, 64}};
     static const int mixed[][3] = {{3, 1, 40}, {1, 6, 0}, {0, 1, 7}, {4, 5, 10}, {6, 1, 2}};
@@ -217,6 +220,43 @@ static void test_kv_mirror(void)
     kv_pool_destroy(p);
 }
 
+/* Two ranks' device copies of one pool's tables (forward_cuda_state.c: rank 0 owns the pool,
+ * the others borrow it once every rank is made, their mirrors then {0, version}): the same
+ * syncs leave both equal to the tables. */
+static void test_kv_mirror_ranks(void)
+{
+    enum { SEQS = 2, LD = 4, BLOCKS = 8, BP = 64, RANKS = 2 };
+    int32_t table[SEQS * LD], dev[RANKS][SEQS * LD];
+    memset(dev, 0x7f, sizeof dev);
+    kv_pool *p;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(kv_pool_create(&(kv_pool_opts){.n_seqs = SEQS, .block_tokens = BP,
+                                                         .n_blocks = BLOCKS,
+                                                         .max_blocks_per_seq = LD,
+                                                         .table = table},
+                                         &p, &st),
+                          STATUS_OK);
+    fc_kv_mirror m[RANKS][SEQS];
+    for (int s = 0; s < SEQS; s++) m[0][s] = (fc_kv_mirror){0, kv_pool_version(p, s)};
+    /* seq 0 grows before rank 1 borrows the pool (as a benchmark's fill could) */
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 0, BP + 1, &st), STATUS_OK);
+    sync_and_check(p, 0, &m[0][0], dev[0], LD, 0, 2);
+    for (int s = 0; s < SEQS; s++) m[1][s] = (fc_kv_mirror){0, kv_pool_version(p, s)};
+    sync_and_check(p, 0, &m[1][0], dev[1], LD, 0, 2);
+    /* the caller (the scheduler) takes seq 1's blocks before a step, then the step syncs each
+     * rank: both copy the same entries */
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 1, 3 * BP, &st), STATUS_OK);
+    for (int r = 0; r < RANKS; r++) sync_and_check(p, 1, &m[r][1], dev[r], LD, 0, 3);
+    /* seq 0 released and taken again: the whole table on every rank */
+    kv_pool_release(p, 0);
+    CU_ASSERT_EQUAL(kv_pool_ensure(p, 0, 1, &st), STATUS_OK);
+    for (int r = 0; r < RANKS; r++) sync_and_check(p, 0, &m[r][0], dev[r], LD, 0, 1);
+    for (int s = 0; s < SEQS; s++)
+        CU_ASSERT_EQUAL(memcmp(dev[0] + s * LD, dev[1] + s * LD,
+                               (size_t)kv_pool_held(p, s) * sizeof(int32_t)), 0);
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
@@ -224,6 +264,7 @@ int main(void)
     CU_add_test(s, "stage_at", test_stage_at);
     CU_add_test(s, "stage_pass", test_stage_pass);
     CU_add_test(s, "kv_mirror", test_kv_mirror);
+    CU_add_test(s, "kv_mirror_ranks", test_kv_mirror_ranks);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
