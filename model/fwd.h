@@ -2,8 +2,8 @@
  * on one device kind (a group of N >= 1 tensor-parallel ranks: N = 1 is the plain forward):
  * n_slots sequence slots (recurrent state and a sampler each), a paged KV cache whose blocks the
  * pool (model/kv_pool.h) hands out, and the workspaces of a step. Implementations:
- * model/forward_cpu.c (the CPU forward, the specification) and model/forward_cuda.c (one CUDA
- * GPU per rank).
+ * fwd_backend_cpu (model/forward_cpu.c: the CPU forward, the specification) and
+ * fwd_backend_cuda (model/forward_cuda_fwd.c: the CUDA forward, one GPU per rank).
  *
  * A step takes rows: a token fed to a slot at a position, and whether to sample the slot's next
  * token from that row's logits. It returns, for every sampled row, the sampled id with its
@@ -127,8 +127,8 @@ typedef struct fwd_backend {
     int (*device_count)(void);
 } fwd_backend;
 
-/* The registry: the device kinds this binary links, NULL-terminated, in the order "auto" tries
- * them. Defined by the registry library the binary depends on (model/BUILD). */
+/* The registry: the device kinds this binary links, NULL-terminated. Defined by the registry
+ * library the binary depends on (model/BUILD, made by tools/registry.bzl's fwd_registry). */
 extern const fwd_backend *const fwd_backends[];
 
 /* The registry's entry named name ("cpu", "cuda"), or NULL. */

@@ -3,7 +3,7 @@
     load("//tools:registry.bzl", "fwd_registry")
     fwd_registry(
         name = "backends_all",
-        backends = ["fwd_backend_cuda", "fwd_backend_cpu"],  # in the order "auto" tries them
+        backends = ["fwd_backend_cuda", "fwd_backend_cpu"],  # the entries' names
         deps = [":forward_cuda", ":forward_cpu"],             # the libraries defining them
     )
 
