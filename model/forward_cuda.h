@@ -14,8 +14,9 @@
  * Inside every rank's step graphs, after each row-parallel matmul, one NCCL all-reduce
  * (kernels/cuda/tp_comm.h) sums the ranks' partial outputs into the residual stream, two a
  * layer; the lm_head's vocabulary slices are summed into the whole logits, so every rank takes
- * the same argmax and rank 0's GPU sampler reads the whole row. On two H200s, `--tp 2` matched
- * `--tp 1` (eval within 8.6e-6 of max|logit|, 256 greedy ids equal).
+ * the same argmax and rank 0's GPU sampler reads the whole row. tests/gpu's tp2_eval and
+ * tp2_greedy hold `--tp 2` to `--tp 1` on two GPUs (logits within 1e-3 of max|logit|, 256 greedy
+ * ids equal).
  *
  * Lifetimes, as the CPU forward's (docs/STYLE.md "Memory"):
  *   weights - uploaded once at create into one device arena per rank, re-laid out for the GEMV
@@ -24,8 +25,9 @@
  *             position; the KV cache in blocks of 64 positions (kernels/cuda/attn.h "KV
  *             blocks"); the activations one step shares (forward_cuda_state.c);
  *   step    - one token of one slot recorded once per slot as a CUDA graph
- *             (forward_cuda_record.c: one function per sublayer, as run_step in forward.c) and
- *             replayed (forward_cuda.c).
+ *             (forward_cuda_record.c: one function per sublayer, as cpu_fwd_run in
+ *             model/forward.c) and replayed (forward_cuda.c); the batched passes' graphs one
+ *             per bucket of rows (forward_cuda_batch.c).
  * Nothing is allocated after create.
  *
  * KV blocks: fwd.kv is the one bookkeeper (model/kv_pool.h; rank 0 keeps its tables in pinned

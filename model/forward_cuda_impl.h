@@ -6,7 +6,7 @@
  *   forward_cuda.c          one rank: create / destroy, sizing, the one-row graphs' capture, the
  *                           step;
  *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
- *   forward_cuda_record.c   the graphs' contents, one function per sublayer of run_step;
+ *   forward_cuda_record.c   the graphs' contents, one function per sublayer of cpu_fwd_run;
  *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
  *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
  *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and the device

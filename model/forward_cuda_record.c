@@ -1,5 +1,5 @@
-/* One token of one slot as launched into the step graph: run_step of model/forward.c, sublayer
- * by sublayer, on the CUDA kernels. Each function names the CPU function it mirrors.
+/* One token of one slot as launched into the step graph: cpu_fwd_run of model/forward.c,
+ * sublayer by sublayer, on the CUDA kernels. Each function names the CPU function it mirrors.
  *
  * Fusions against the CPU's op list: the DeltaNet in-projection GEMV also runs the causal conv
  * + SiLU on its qkv rows (gemv_conv); the two in-projection groups of two weight types run as
@@ -60,7 +60,7 @@ static void rec_in_proj(fc_rank *e, const fc_layer *L, float *conv)
     }
 }
 
-/* fwd_gdn_layer (model/forward_gdn.c) without its residual: the gated delta rule into d_y */
+/* cpu_fwd_gdn_layer (model/forward_gdn.c) without its residual: the gated delta rule into d_y */
 static void rec_gdn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
@@ -75,7 +75,7 @@ static void rec_gdn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
     gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
 }
 
-/* fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
+/* cpu_fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
 static void rec_attn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
@@ -102,8 +102,8 @@ static void rec_ffn(fc_rank *e, const fc_layer *L)
     tp_sum(e, a->d_x, e->cfg.H);
 }
 
-/* run_step for one row: embed, the layers, the final norm, the lm_head with the argmax, and the
- * argmax key read back into the slot's pinned word. */
+/* cpu_fwd_run for one row: embed, the layers, the final norm, the lm_head with the argmax, and
+ * the argmax key read back into the slot's pinned word. */
 void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced)
 {
     const qwen35_config *c = &e->cfg;
@@ -134,7 +134,7 @@ void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced)
     cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
 }
 
-/* ---- the batched step: run_step for nb rows in runs of one slot (forward_cuda_batch.c) ----
+/* ---- the batched step: cpu_fwd_run for nb rows in runs of one slot (forward_cuda_batch.c) ----
  * The same sublayers on [nb][...] activations: the batched GEMM (kernels/cuda/gemm.h) for every
  * matrix, the rows kernels for the rest, each row's recurrent state and KV cache found by its
  * slot id (slot 0's view + slot id * slot stride). The DeltaNet conv runs after its GEMM
