@@ -1,4 +1,5 @@
-/* The engine: one thread running a continuous-batching scheduler over a backend.
+/* The engine: one thread running a continuous-batching scheduler over the backend adapter
+ * (worker/backend.h).
  *
  * Requests come in from any thread (engine_submit: the gRPC CQ thread); a bounded admission
  * queue holds them until they can run (FIFO). Every step the engine
@@ -9,8 +10,8 @@
  *      the token budget (step_tokens; at least one chunk makes progress every step);
  *   3. takes from the backend's KV pool the blocks the batch's positions need, preempting
  *      when the pool runs dry (below);
- *   4. runs backend->step, then for every sampled token checks the stop conditions and hands
- *      the token to the request's sink; finished requests free their slot at once.
+ *   4. runs worker_backend_step, then for every sampled token checks the stop conditions and
+ *      hands the token to the request's sink; finished requests free their slot at once.
  * Results of a sequence do not depend on what else is in the batch, nor on preemption (but for
  * the RNG of a seeded sampled request: see below).
  *
@@ -140,8 +141,9 @@ typedef struct engine_load {
 int engine_create(worker_backend *b, const engine_opts *o, engine **out, status *st);
 
 /* Queues a request. STATUS_EXHAUSTED when the queue is full, STATUS_UNAVAILABLE while draining,
- * STATUS_RANGE when its prompt + max_new_tokens could never fit the KV pool, STATUS_NOMEM. On success the sink will get on_finish exactly once. Thread-safe, never blocks
- * on the engine's work (a short lock). */
+ * STATUS_RANGE when its prompt + max_new_tokens could never fit the KV pool, STATUS_NOMEM. On
+ * success the sink will get on_finish exactly once. Thread-safe, never blocks on the engine's
+ * work (a short lock). */
 int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, void *sink_arg,
                   status *st);
 
