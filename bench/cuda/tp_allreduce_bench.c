@@ -1,4 +1,4 @@
-/* The all-reduces of a tensor-parallel step, alone (issue 16: the all-reduce share of the step).
+/* The all-reduces of a tensor-parallel step, alone: how much of a step they take.
  *
  * A step of the sharded forward (model/forward_cuda.h, --tp) sums two activations a layer over the
  * ranks (after o_proj / ssm_out and after ffn_down: B rows of the hidden size each), in place,

@@ -1,4 +1,4 @@
-"""deltaserve eval / generate / worker with --tp (issue 15: tensor parallel, CPU simulation).
+"""deltaserve eval / generate / worker with --tp (tensor parallel; the CPU simulates the ranks).
 
 eval --tp 2 (and --tp 4 where the model's heads split) gives the logits of eval --tp 1 on every
 reference case, prompt + greedy rows, in prefill mode and in prompt-then-decode mode, within

@@ -36,8 +36,8 @@ import kustomize_lite  # noqa: E402
 # The Kubernetes version the manifests are validated for (kubernetes-validate==1.37.0, pinned in
 # tools/setup, ships the schemas up to 1.37). 1.32: preStop `sleep` (1.30+) and gRPC probes (1.27+).
 K8S_VERSION = "1.32.0"
-# Flags allowed to be missing from --help in PENDING_OVERLAYS only, while a colleague adds them
-# to the binary. None now: the TLS and token flags (issue 17) exist and are checked like any.
+# Flags allowed to be missing from --help, in PENDING_OVERLAYS only (an overlay that uses a flag
+# before the binary has it). Empty: every overlay's flags are checked against --help.
 PENDING_FLAGS = set()
 PENDING_OVERLAYS = set()
 FLUSH_S = 10  # WORKER_SERVICE_FLUSH_MS, ROUTER_DRAIN_FLUSH_MS: final statuses after the grace

@@ -9,7 +9,7 @@
  *    7-row steps, then one row a step; and all rows as prompt), 32 greedy tokens identical,
  *    batched decode, a Q8_0 copy in both dot modes; a Q4_K copy whose FFN columns are not whole
  *    blocks is refused naming the tensor;
- * Tolerance: max|Δ| <= 1e-5·max|logit| per row (issue 15) for batched decode and the Q8_0 copy.
+ * Tolerance: max|Δ| <= 1e-5·max|logit| per row for batched decode and the Q8_0 copy.
  * For the prompt rows the bound is max(1e-5, 3 x the unsharded forward's disagreement with
  * itself when only its summation order changes, 512- vs 7-token prefill steps): these random
  * models amplify rounding ~10-20x (forward_quant_test.c), so a reordered sum moves a row by up to
@@ -36,7 +36,7 @@
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
-#define TP_TOL 1e-5 /* max|Δ| <= 1e-5 · max|logit| per row (issue 15) */
+#define TP_TOL 1e-5 /* max|Δ| <= 1e-5 · max|logit| per row */
 #define GREEDY_STEPS 32
 
 static atomic_long n_allocs;
