@@ -114,12 +114,13 @@ static int alloc_run_state(fc_rank *e, status *st)
 
 /* n_slots and the KV pool from free device memory (after the weights). A slot's recurrent state
  * is held whole; KV goes in blocks from one pool (paged), so the pool is sized for every slot
- * holding a quarter of n_ctx on average (the engine reserves each request's worst case, so
- * longer ones wait for room rather than fail): slots = room / (state + n_ctx/4 positions of KV),
+ * holding a quarter of n_ctx on average (the scheduler admits on the blocks actually free and
+ * preempts a sequence when the pool runs dry): slots = room / (state + n_ctx/4 positions of KV),
  * at most 256, the pool the rest (at most what full contexts would take). The room: free memory
  * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
- * context, graphs, fragmentation). With n_slots given, the pool holds every slot's full
- * context, as a contiguous cache would. */
+ * context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks when
+ * given, else every slot's full context, as a contiguous cache would; one more block is the pad
+ * slot's. */
 static int size_state(fc_rank *e, status *st)
 {
     fc_kv *kv = &e->kv;

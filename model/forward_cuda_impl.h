@@ -46,7 +46,7 @@ typedef struct fc_rank_opts {
     int device;   /* CUDA device index */
     bool batch_invariant; /* every step through the batched kernels, one row too: a sequence's
                              logits then do not depend on the rows beside it, at the price of the
-                             batch-1 GEMV's speed (docs/GPU.md "Batched decode") */
+                             batch-1 GEMV's speed (docs/GPU.md "Batch invariance") */
     int dense_rows;       /* passes of this many rows or more multiply the quantised matrices as
                              F16 through cuBLAS (kernels/cuda/gemm.h "Dense path"); 0: never;
                              < 0: 64 when the F16 copies are resident, 128 when each pass
