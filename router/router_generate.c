@@ -167,7 +167,7 @@ static float ms_between(int64_t from_us, int64_t to_us)
 
 /* Relays one worker message. Returns 1 when the public stream is complete (the final message
  * was sent and the call finished), 0 to continue, -1 when the client is gone (call finished),
- * -2 on an internal error (call finished). *last_error is set when the worker's final message
+ * -2 on an internal error (call finished). *worker_error is set when the worker's final message
  * says FINISH_REASON_ERROR (the worker's status then decides the outcome). */
 static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateResponse *m,
                          int *worker_error)

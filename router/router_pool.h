@@ -33,7 +33,8 @@ typedef enum router_worker_state {
 typedef struct router_worker router_worker;
 
 /* What the pool needs from the transport: open / close a connection to an address. The router
- * passes rpc_channel_create / rpc_channel_destroy; unit tests pass fakes. */
+ * passes rpc_client_channel_create_tls / rpc_client_channel_destroy (router.c); unit tests pass
+ * fakes. */
 typedef struct router_pool_ops {
     void *(*connect)(const char *addr, void *ctx); /* NULL on failure */
     void (*disconnect)(void *conn, void *ctx);
