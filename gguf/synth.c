@@ -37,15 +37,6 @@ static const synth_preset preset_table[] = {
 #undef REAL
 #define N_PRESETS (sizeof preset_table / sizeof preset_table[0])
 
-const synth_preset *const *synth_presets(void)
-{
-    static const synth_preset *const list[] = {&preset_table[0], &preset_table[1],
-                                               &preset_table[2], &preset_table[3],
-                                               &preset_table[4], &preset_table[5], NULL};
-    _Static_assert(N_PRESETS == 6, "preset list");
-    return list;
-}
-
 const synth_preset *synth_preset_find(const char *name)
 {
     for (size_t i = 0; i < N_PRESETS; i++)
@@ -111,12 +102,6 @@ static const struct {
     [SYNTH_KIND_ATTN_Q_NORM] = {"attn_q_norm.weight", SYNTH_VALUES_NORM, false},
     [SYNTH_KIND_ATTN_K_NORM] = {"attn_k_norm.weight", SYNTH_VALUES_NORM, false},
 };
-
-const char *synth_kind_suffix(synth_kind kind)
-{
-    DS_ASSERT((unsigned)kind < SYNTH_KIND_COUNT);
-    return kind_table[kind].suffix;
-}
 
 synth_values synth_kind_values(synth_kind kind)
 {

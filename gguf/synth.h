@@ -46,9 +46,8 @@ typedef struct synth_preset {
     float rope_base, eps;
 } synth_preset;
 
-/* Presets by name; NULL if unknown. synth_presets() lists them, NULL-terminated. */
+/* Presets by name; NULL if unknown. */
 const synth_preset *synth_preset_find(const char *name);
-const synth_preset *const *synth_presets(void);
 
 /* "f32", "f16", "bf16", "q8_0", "q4_k_m" <-> enum; parse returns -1 if unknown. */
 int synth_quant_parse(const char *s);
@@ -118,8 +117,7 @@ bool synth_use_more_bits(int i, int n);
  * attn_v/attn_qkv and ffn_down Q6_K when use_more_bits, else Q4_K; everything else Q4_K). */
 uint32_t synth_tensor_type(const synth_preset *p, synth_quant q, synth_kind kind, int layer);
 
-/* Name suffix ("attn_qkv.weight", "ssm_a") and value class of a kind. */
-const char *synth_kind_suffix(synth_kind kind);
+/* Value class of a kind. */
 synth_values synth_kind_values(synth_kind kind);
 
 /* The tensor table of a file in write order: token_embd, output_norm, [output], then each

@@ -88,8 +88,6 @@ void rpc_client_channel_destroy(rpc_client_channel *c)
     grpc_shutdown();
 }
 
-const char *rpc_client_channel_target(const rpc_client_channel *c) { return c->target; }
-
 static gpr_timespec deadline_of(int64_t timeout_ms)
 {
     if (timeout_ms <= 0) return gpr_inf_future(GPR_CLOCK_REALTIME);

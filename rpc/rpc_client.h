@@ -43,7 +43,6 @@ typedef struct rpc_tls_client rpc_tls_client;
 int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
                                   const rpc_tls_client *tls, status *st);
 void rpc_client_channel_destroy(rpc_client_channel *ch);
-const char *rpc_client_channel_target(const rpc_client_channel *ch);
 
 /* Unary call. timeout_ms <= 0: no deadline. Returns the gRPC code (0 = OK, then *resp is set;
  * free it with protobuf_c_message_free_unpacked). r gets the code and the peer's message. */

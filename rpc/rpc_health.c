@@ -155,15 +155,6 @@ void rpc_health_set_ready(rpc_health *h, bool serving)
     pthread_mutex_unlock(&h->mu);
 }
 
-bool rpc_health_serving(rpc_health *h, const char *service)
-{
-    pthread_mutex_lock(&h->mu);
-    int i = find_service(h, service ? service : "");
-    bool s = i >= 0 && h->serving[i];
-    pthread_mutex_unlock(&h->mu);
-    return s;
-}
-
 int rpc_health_n_watchers(rpc_health *h)
 {
     pthread_mutex_lock(&h->mu);

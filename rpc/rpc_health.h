@@ -31,8 +31,6 @@ void rpc_health_set(rpc_health *h, const char *service, bool serving);
 /* Sets every named service (not ""): readiness of the whole process. */
 void rpc_health_set_ready(rpc_health *h, bool serving);
 
-bool rpc_health_serving(rpc_health *h, const char *service);
-
 /* Watch streams open right now. */
 int rpc_health_n_watchers(rpc_health *h);
 

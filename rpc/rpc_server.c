@@ -804,13 +804,8 @@ void rpc_server_destroy(rpc_server *srv)
 
 int rpc_server_live_calls(rpc_server *srv) { return atomic_load(&srv->live); }
 
-/* ---- per call ---- */
-
-const char *rpc_call_path(const rpc_call *call) { return call->path; }
-const char *rpc_call_peer(const rpc_call *call) { return call->peer; }
 int64_t rpc_call_deadline_ms(const rpc_call *call) { return call->deadline_ms; }
 bool rpc_call_cancelled(const rpc_call *call) { return atomic_load(&call->cancelled); }
-void *rpc_call_grpc_call(const rpc_call *call) { return call->gcall; }
 void rpc_call_set_data(rpc_call *call, void *data) { call->data = data; }
 void *rpc_call_data(const rpc_call *call) { return call->data; }
 
@@ -844,14 +839,6 @@ int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
     pthread_mutex_unlock(&call->mu);
     if (rc != STATUS_OK) grpc_byte_buffer_destroy(bb);
     return rc;
-}
-
-int rpc_call_backlog(rpc_call *call)
-{
-    pthread_mutex_lock(&call->mu);
-    int n = call->ring_n + (call->send_buf != NULL);
-    pthread_mutex_unlock(&call->mu);
-    return n;
 }
 
 void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg)

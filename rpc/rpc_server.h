@@ -146,12 +146,6 @@ int rpc_server_live_calls(rpc_server *srv);
 
 /* ---- per call (thread-safe unless said otherwise) ---- */
 
-/* The method path, e.g. "/deltaserve.v1.Worker/Generate". Valid until release. */
-const char *rpc_call_path(const rpc_call *call);
-
-/* The client's peer address ("ipv4:127.0.0.1:5555"), or "" if unknown. Valid until release. */
-const char *rpc_call_peer(const rpc_call *call);
-
 /* The client's deadline in ms on common/clock.h's clock (clock_now_ms), or CLOCK_NO_DEADLINE
  * (INT64_MAX) if the client set none. gRPC cancels the call by itself when it passes. */
 int64_t rpc_call_deadline_ms(const rpc_call *call);
@@ -164,9 +158,6 @@ bool rpc_call_cancelled(const rpc_call *call);
  * STATUS_NOMEM if the message cannot be packed. */
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
 
-/* Messages queued or on the wire and not yet acknowledged by gRPC (a slow client's backlog). */
-int rpc_call_backlog(rpc_call *call);
-
 /* Ends the call with a status after every queued message (dropped if cancelled). msg may be
  * NULL or ""; it is copied. Exactly once per call; the caller must not touch the call after. */
 void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg);
@@ -176,10 +167,6 @@ void rpc_call_finish_status(rpc_call *call, const status *st);
 
 /* Unary reply: rpc_call_send(msg) then rpc_call_finish(OK). */
 void rpc_call_reply(rpc_call *call, const ProtobufCMessage *msg);
-
-/* The underlying grpc_call * (as void *, so callers need no gRPC header), e.g. as the parent
- * of a client call for deadline and cancellation propagation. Valid until release. */
-void *rpc_call_grpc_call(const rpc_call *call);
 
 /* Per-call data for the handler (see "Lifetime"). */
 void rpc_call_set_data(rpc_call *call, void *data);

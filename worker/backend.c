@@ -154,11 +154,6 @@ int worker_backend_seq_start(worker_backend *b, int slot, const sampling_params 
 
 void worker_backend_seq_end(worker_backend *b, int slot) { fwd_seq_end(b->f, slot); }
 
-int worker_backend_fill(worker_backend *b, int slot, int n_past, status *st)
-{
-    return fwd_fill(b->f, slot, n_past, st);
-}
-
 void worker_backend_get_stats(const worker_backend *b, fwd_stats *s) { fwd_get_stats(b->f, s); }
 
 /* Runs rows[0..n) and hands each sampled row's result to its item. */

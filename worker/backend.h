@@ -112,8 +112,6 @@ void worker_backend_seq_end(worker_backend *b, int slot);
  * STATUS_INTERNAL: a sampled row found no finite logit; STATUS_DEVICE: the device failed (sticky:
  * the worker should exit). */
 int worker_backend_step(worker_backend *b, worker_batch_item *items, int n, status *st);
-/* Benchmarks only: fwd_fill. */
-int worker_backend_fill(worker_backend *b, int slot, int n_past, status *st);
 void worker_backend_get_stats(const worker_backend *b, fwd_stats *s);
 
 #endif

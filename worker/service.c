@@ -305,11 +305,6 @@ void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_bac
     rpc_health_set_ready(ws->health, ready);
 }
 
-void worker_service_set_ready(worker_service *ws, bool ready)
-{
-    rpc_health_set_ready(ws->health, ready);
-}
-
 /* ---- lifecycle ---- */
 
 int worker_service_create(const worker_service_opts *o, worker_service **out, status *st)

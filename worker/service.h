@@ -73,7 +73,4 @@ bool worker_service_shutdown(worker_service *ws, int64_t flush_ms);
 
 void worker_service_destroy(worker_service *ws);
 
-/* Sets readiness (e.g. false after a fatal backend error). */
-void worker_service_set_ready(worker_service *ws, bool ready);
-
 #endif

@@ -117,13 +117,6 @@ static int parse_prompt(const char *p, ref_prompt *r)
     return 0;
 }
 
-int forward_test_read_prompts(const char *name, ref_prompt **out)
-{
-    char dir[PATH_MAX];
-    testutil_reference_dir(dir, sizeof dir);
-    return forward_test_read_prompts_in(dir, name, out);
-}
-
 int forward_test_read_prompts_in(const char *dir, const char *name, ref_prompt **out)
 {
     char path[PATH_MAX + 256];

@@ -16,9 +16,6 @@ typedef struct ref_prompt {
     float *logits;    /* owned, [rows][V] reference logits (teacher forced) */
 } ref_prompt;
 
-/* Reads the prompts of reference case `name` (e.g. "tiny-r2-tied") with their logits.
- * Returns the count (> 0) and *out, or -1 with a message on stderr. */
-int forward_test_read_prompts(const char *name, ref_prompt **out);
 /* The same from the folder dir (a case of ref_cases.h). */
 int forward_test_read_prompts_in(const char *dir, const char *name, ref_prompt **out);
 void forward_test_free_prompts(ref_prompt *p, int n);

@@ -34,13 +34,6 @@ void testutil_reference_dir(char *out, size_t cap)
     snprintf(out, cap, "/work/shared/reference");
 }
 
-void testutil_reference_path(char *out, size_t cap, const char *name, const char *suffix)
-{
-    char dir[PATH_MAX];
-    testutil_reference_dir(dir, sizeof dir);
-    snprintf(out, cap, "%s/%s%s", dir, name, suffix);
-}
-
 const char *testutil_tmp_dir(void)
 {
     const char *t = getenv("TEST_TMPDIR");

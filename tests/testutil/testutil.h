@@ -13,9 +13,6 @@
  * /work/shared/reference. Writes into out. */
 void testutil_reference_dir(char *out, size_t cap);
 
-/* "<reference dir>/<name><suffix>", e.g. ("tiny-r2-tied", ".gguf"). */
-void testutil_reference_path(char *out, size_t cap, const char *name, const char *suffix);
-
 /* $TEST_TMPDIR when set and non-empty, else "/tmp". */
 const char *testutil_tmp_dir(void);
 
