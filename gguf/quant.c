@@ -107,10 +107,6 @@ static void quant_dequant_q8_0(const void *src, float *dst, int64_t n) {
     }
 }
 
-void quant_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    qb_scale_min_k4(j, q, sc, m); /* the shared copy (gguf/quant_blocks.h) */
-}
-
 static void quant_dequant_q4_K(const void *src, float *y, int64_t n) {
     const block_q4_K *x = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -120,10 +116,10 @@ static void quant_dequant_q4_K(const void *src, float *y, int64_t n) {
         int is = 0;
         uint8_t sc, m;
         for (int j = 0; j < QK_K; j += 64) {
-            quant_scale_min_k4(is + 0, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 0, x[i].scales, &sc, &m);
             const float d1 = d * sc;
             const float m1 = min * m;
-            quant_scale_min_k4(is + 1, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc;
             const float m2 = min * m;
             for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
@@ -145,10 +141,10 @@ static void quant_dequant_q5_K(const void *src, float *y, int64_t n) {
         uint8_t sc, m;
         uint8_t u1 = 1, u2 = 2;
         for (int j = 0; j < QK_K; j += 64) {
-            quant_scale_min_k4(is + 0, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 0, x[i].scales, &sc, &m);
             const float d1 = d * sc;
             const float m1 = min * m;
-            quant_scale_min_k4(is + 1, x[i].scales, &sc, &m);
+            qb_scale_min_k4(is + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc;
             const float m2 = min * m;
             for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;

@@ -15,11 +15,8 @@
 #define QUANT_HAVE_AVX2 0
 #endif
 
-/* get_scale_min_k4 of ggml: 6-bit scale and min of sub-block j (0..7) from scales[12]. */
-void quant_scale_min_k4(int j, const uint8_t *scales, uint8_t *sc, uint8_t *m);
-
 /* The 12 packed scale bytes of Q4_K/Q5_K -> sc[0..7] in bytes 0..7, m[0..7] in bytes 8..15, all
- * eight sub-blocks at once (ggml's kmask trick; equals quant_scale_min_k4 for j = 0..7): the
+ * eight sub-blocks at once (ggml's kmask trick; equals qb_scale_min_k4 for j = 0..7): the
  * AVX2 dots' unpacking. */
 static inline void quant_unpack_k4_scales(const uint8_t *scales, uint8_t out[16]) {
     const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;

@@ -165,7 +165,7 @@ static float quant_dot_q8_ref_k45(const uint8_t *row, const block_q8_K *x, int64
         const uint8_t *qh = q5 ? row + 16 : NULL;
         const uint8_t *qs = row + 16 + (q5 ? 32 : 0);
         uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) quant_scale_min_k4(j, scales, &sc[j], &m[j]);
+        for (int j = 0; j < 8; j++) qb_scale_min_k4(j, scales, &sc[j], &m[j]);
         int32_t isum[8] = {0};
         for (int e = 0; e < QK_K; e++)
             isum[(e % 32) / 4] += sc[e / 32] * quant_q45_level(qs, qh, e) * x[b].qs[e];

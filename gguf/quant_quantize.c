@@ -202,7 +202,7 @@ static void quant_k_scales(const float *x, int nmax, float rmin, int nstep, uint
     const float dd = quant_f16_to_f32(*d_out), dm = quant_f16_to_f32(*dmin_out);
     for (int j = 0; j < QK_K / 32; ++j) {
         uint8_t sc, m;
-        quant_scale_min_k4(j, scales12, &sc, &m);
+        qb_scale_min_k4(j, scales12, &sc, &m);
         const float d = dd * sc;
         if (!d) continue;
         const float dmv = dm * m;
