@@ -72,24 +72,6 @@ static int check_rows(cpu_forward *c, const fwd_row *rows, int n, status *st)
     return STATUS_OK;
 }
 
-/* The blocks every run needs, all or nothing. */
-static int take_blocks(cpu_forward *c, const fwd_row *rows, int n, status *st)
-{
-    kv_pool *kv = c->base.kv;
-    uint64_t need = 0;
-    for (int i = 0; i < n; i++)
-        if (i == n - 1 || rows[i + 1].slot != rows[i].slot) /* a run's last row */
-            need += kv_pool_need(kv, rows[i].slot, (int64_t)rows[i].pos + 1);
-    if (need > kv_pool_free_blocks(kv))
-        return status_fail(st, STATUS_EXHAUSTED, "cpu forward: the step needs %llu KV blocks, %u free",
-                           (unsigned long long)need, kv_pool_free_blocks(kv));
-    for (int i = 0; i < n; i++)
-        if ((i == n - 1 || rows[i + 1].slot != rows[i].slot) &&
-            kv_pool_ensure(kv, rows[i].slot, (int64_t)rows[i].pos + 1, st))
-            return st->code; /* not reached: counted above */
-    return STATUS_OK;
-}
-
 static void accept(cpu_forward *c, const fwd_row *r)
 {
     if (r->prompt)
@@ -193,7 +175,7 @@ static int prefill_passes(cpu_forward *c, fwd_row *rows, int n, status *st)
 static int cpu_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cpu_forward *c = (cpu_forward *)f;
-    if (check_rows(c, rows, n, st) || take_blocks(c, rows, n, st)) return st->code;
+    if (check_rows(c, rows, n, st) || fwd_take_blocks(&c->base, rows, n, st)) return st->code;
     if (decode_pass(c, rows, n, st) || prefill_passes(c, rows, n, st)) return st->code;
     c->stats.tokens += (uint64_t)n;
     c->stats.steps++;

@@ -134,30 +134,10 @@ static int check_rows(const fwd *f, const fwd_row *rows, int n, status *st)
     return STATUS_OK;
 }
 
-/* The blocks of every run's positions, all or none (none to take when the caller took them). */
-static int take_blocks(fwd *f, const fwd_row *rows, int n, status *st)
-{
-    uint64_t need = 0;
-    for (int i = 0; i < n; i++)
-        if (i + 1 == n || rows[i + 1].slot != rows[i].slot) /* a run's last row */
-            need += kv_pool_need(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1);
-    if (!need) return STATUS_OK;
-    if (need > kv_pool_free_blocks(f->kv))
-        return status_fail(st, STATUS_EXHAUSTED, "cuda forward: the step needs %llu more KV "
-                           "blocks of %d positions, %u of %u are free", (unsigned long long)need,
-                           kv_pool_block_tokens(f->kv), kv_pool_free_blocks(f->kv),
-                           kv_pool_total_blocks(f->kv));
-    for (int i = 0; i < n; i++)
-        if ((i + 1 == n || rows[i + 1].slot != rows[i].slot) &&
-            kv_pool_ensure(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1, st))
-            return st->code; /* not reached: counted above */
-    return STATUS_OK;
-}
-
 static int cuda_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
-    if (check_rows(f, rows, n, st) || take_blocks(f, rows, n, st)) return st->code;
+    if (check_rows(f, rows, n, st) || fwd_take_blocks(f, rows, n, st)) return st->code;
     int rc;
     if (!c->threads) { /* one rank: the caller's thread, no hop */
         rc = fc_rank_step(c->rank[0], rows, n, st);

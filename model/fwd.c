@@ -19,3 +19,22 @@ int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd *
                                name ? name : "(null)");
     return b->create(m, o, out, st);
 }
+
+int fwd_take_blocks(fwd *f, const fwd_row *rows, int n, status *st)
+{
+    uint64_t need = 0;
+    for (int i = 0; i < n; i++)
+        if (i + 1 == n || rows[i + 1].slot != rows[i].slot) /* a run's last row */
+            need += kv_pool_need(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1);
+    if (!need) return STATUS_OK;
+    if (need > kv_pool_free_blocks(f->kv))
+        return status_fail(st, STATUS_EXHAUSTED, "%s: the step needs %llu more KV blocks of %d "
+                           "positions, %u of %u are free", f->device, (unsigned long long)need,
+                           kv_pool_block_tokens(f->kv), kv_pool_free_blocks(f->kv),
+                           kv_pool_total_blocks(f->kv));
+    for (int i = 0; i < n; i++)
+        if ((i + 1 == n || rows[i + 1].slot != rows[i].slot) &&
+            kv_pool_ensure(f->kv, rows[i].slot, (int64_t)rows[i].pos + 1, st))
+            return st->code; /* not reached: counted above */
+    return STATUS_OK;
+}

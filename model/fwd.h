@@ -138,6 +138,11 @@ const fwd_backend *fwd_backend_find(const char *name);
  * this binary has none of that name. */
 int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd **out, status *st);
 
+/* For implementations: the KV blocks the runs of rows[0 .. n) need for their positions, taken
+ * from f->kv all or none (none to take when the caller took them). STATUS_EXHAUSTED, nothing
+ * taken, when too few are free. */
+int fwd_take_blocks(fwd *f, const fwd_row *rows, int n, status *st);
+
 static inline int fwd_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
 {
     return f->vt->seq_start(f, slot, p, st);
