@@ -3,6 +3,7 @@
 #ifndef DS_COMMON_SPLITMIX64_H
 #define DS_COMMON_SPLITMIX64_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* The generator's increment (2^64 / golden ratio). */
@@ -25,5 +26,14 @@ static inline uint64_t splitmix64_next(uint64_t *state)
 
 /* The output following state x without keeping the state (a one-shot seed mix). */
 static inline uint64_t splitmix64(uint64_t x) { return splitmix64_mix(x + SPLITMIX64_GOLDEN); }
+
+/* A hash of token ids ids[0 .. n): the router's prefix affinity key (router/router_policy.h) and
+ * the heads a worker's prefix cache reports (model/prefix_cache.h) are this one. */
+static inline uint64_t splitmix64_tokens(const int32_t *ids, size_t n)
+{
+    uint64_t h = SPLITMIX64_GOLDEN;
+    for (size_t i = 0; i < n; i++) h = splitmix64_mix(h ^ (uint32_t)ids[i]);
+    return h;
+}
 
 #endif

@@ -53,7 +53,25 @@ typedef struct fwd_opts {
     int dense_rows;       /* cuda: passes of this many rows or more multiply the quantised
                              matrices as F16 through cuBLAS; 0: never; < 0: chosen */
     bool dense_per_pass;  /* cuda: dequantise for the dense path every pass */
+    int64_t snap_budget;  /* bytes for recurrent-state snapshots (prefix reuse), every rank
+                             together: 0 none; < 0 chosen by the forward (cuda: a share of the
+                             free device memory; cpu: FWD_CPU_SNAPS_PER_SLOT per slot) */
 } fwd_opts;
+
+#define FWD_CPU_SNAPS_PER_SLOT 4
+
+/* A cached prefix a new sequence continues from (seq_resume): the recurrent state after n_pos
+ * tokens, saved in snapshot snap (snap_save), and the KV blocks that hold positions [0, n_pos).
+ * The full blocks are shared (the sequence takes a reference on each, kv_pool_adopt); a partial
+ * last block (n_pos not a multiple of the block's positions) is copied into a fresh block of the
+ * sequence's own, whose rows past n_pos the sequence then writes. */
+typedef struct fwd_prefix {
+    int snap;              /* in [0, n_snaps) */
+    int n_pos;             /* in [1, n_ctx) */
+    const int32_t *blocks; /* [kv_pool_blocks_for(kv, n_pos)] held blocks (count >= 1) */
+    const int32_t *tokens; /* [n_pos]: the prefix's tokens; the sampler counts them as prompt
+                              tokens, as if they had been fed */
+} fwd_prefix;
 
 /* One row of a step: a token fed to a slot. A slot's rows are consecutive within a step and in
  * position order (a prompt chunk is a run of rows). */
@@ -98,6 +116,20 @@ typedef struct fwd_vt {
     /* Benchmarks only: the slot continues at position n_past as if that context had been
      * consumed (its KV rows hold a constant finite pattern, the recurrent state is kept). */
     int (*fill)(fwd *f, int slot, int n_past, status *st);
+    /* Copies slot's recurrent state at its position (every DeltaNet layer's S and conv window,
+     * every rank) into snapshot snap, ordered after the slot's last step and before anything
+     * later: on a device an asynchronous device-to-device copy, no host sync, no allocation.
+     * STATUS_RANGE for a bad slot or snapshot. */
+    int (*snap_save)(fwd *f, int slot, int snap, status *st);
+    /* seq_start, then the slot continues prefix x: its recurrent state copied from x->snap, its
+     * table x->blocks' full blocks (shared) and a copy of the partial last one, position
+     * x->n_pos, the sampler having counted x->tokens as prompt tokens. A step after it computes
+     * what a step after feeding the n_pos tokens would (CPU: bit for bit). Errors, the slot
+     * then empty (as after seq_end): STATUS_RANGE for a bad slot, snapshot or n_pos,
+     * STATUS_INVALID for a block not held, STATUS_EXHAUSTED when no block is free for the
+     * copy. */
+    int (*seq_resume)(fwd *f, int slot, const sampling_params *p, const fwd_prefix *x,
+                      status *st);
     void (*get_stats)(const fwd *f, fwd_stats *s);
     void (*destroy)(fwd *f);
 } fwd_vt;
@@ -114,6 +146,8 @@ struct fwd {
     kv_pool *kv;    /* owned: the KV blocks, one table per slot */
     int *n_past;    /* owned, [n_slots]: each slot's next position */
     uint64_t state_bytes; /* per slot, for logs */
+    int n_snaps;          /* snapshot buffers (0: no prefix reuse) */
+    uint64_t snap_bytes;  /* bytes of one snapshot, every rank together */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
 };
 
@@ -155,6 +189,15 @@ static inline int fwd_step(fwd *f, fwd_row *rows, int n, status *st)
 static inline int fwd_fill(fwd *f, int slot, int n_past, status *st)
 {
     return f->vt->fill(f, slot, n_past, st);
+}
+static inline int fwd_snap_save(fwd *f, int slot, int snap, status *st)
+{
+    return f->vt->snap_save(f, slot, snap, st);
+}
+static inline int fwd_seq_resume(fwd *f, int slot, const sampling_params *p, const fwd_prefix *x,
+                                 status *st)
+{
+    return f->vt->seq_resume(f, slot, p, x, st);
 }
 static inline void fwd_get_stats(const fwd *f, fwd_stats *s) { f->vt->get_stats(f, s); }
 static inline void fwd_destroy(fwd *f)

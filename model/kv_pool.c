@@ -140,6 +140,44 @@ int kv_pool_share(kv_pool *p, int dst, int src, int n_blocks, status *st)
     return STATUS_OK;
 }
 
+int kv_pool_adopt(kv_pool *p, int seq, const int32_t *blocks, int n, status *st)
+{
+    DS_ASSERT(seq >= 0 && seq < p->n_seqs);
+    if (p->held[seq] != 0 || n < 0 || n > p->ld)
+        return status_fail(st, STATUS_INVALID, "kv pool: sequence %d (holding %d) cannot adopt %d "
+                           "blocks (table of %d)", seq, p->held[seq], n, p->ld);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= p->n_blocks || p->refs[blocks[i]] == 0)
+            return status_fail(st, STATUS_INVALID, "kv pool: sequence %d cannot adopt block %d "
+                               "(entry %d): not a held block", seq, blocks[i], i);
+    int32_t *row = p->table + (size_t)seq * (size_t)p->ld;
+    for (int i = 0; i < n; i++) {
+        row[i] = blocks[i];
+        p->refs[blocks[i]]++;
+    }
+    p->held[seq] = n;
+    p->version[seq]++;
+    return STATUS_OK;
+}
+
+void kv_pool_retain(kv_pool *p, const int32_t *blocks, int n)
+{
+    for (int i = 0; i < n; i++) {
+        DS_ASSERT(blocks[i] >= 0 && blocks[i] < p->n_blocks && p->refs[blocks[i]] > 0);
+        p->refs[blocks[i]]++;
+    }
+}
+
+void kv_pool_drop(kv_pool *p, const int32_t *blocks, int n)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        const int32_t b = blocks[i];
+        DS_ASSERT(b >= 0 && b < p->n_blocks && p->refs[b] > 0);
+        if (--p->refs[b] == 0) p->free_ids[p->n_free++] = b;
+    }
+    atomic_store(&p->free_count, (uint32_t)p->n_free);
+}
+
 const int32_t *kv_pool_table(const kv_pool *p, int seq)
 {
     return p->table + (size_t)seq * (size_t)p->ld;

@@ -72,6 +72,18 @@ void kv_pool_release(kv_pool *p, int seq);
  * the shared ones). STATUS_INVALID when dst holds blocks or src holds fewer than n_blocks. */
 int kv_pool_share(kv_pool *p, int dst, int src, int n_blocks, status *st);
 
+/* seq (holding nothing) takes blocks[0 .. n) as its first n blocks, each block's count up by one:
+ * a sequence continuing a cached prefix (model/prefix_cache.h) reads the cache's blocks for
+ * those positions. Every block must be held (count >= 1). STATUS_INVALID when seq holds blocks,
+ * n is past its table or a block is free or out of range; nothing changes then. */
+int kv_pool_adopt(kv_pool *p, int seq, const int32_t *blocks, int n, status *st);
+
+/* Holders outside the tables (the prefix cache): kv_pool_retain counts one more holder of each
+ * of blocks[0 .. n) (each must be held already); kv_pool_drop one fewer (a block at zero is free
+ * again). */
+void kv_pool_retain(kv_pool *p, const int32_t *blocks, int n);
+void kv_pool_drop(kv_pool *p, const int32_t *blocks, int n);
+
 /* seq's table: its first kv_pool_held(p, seq) entries are valid block ids. */
 const int32_t *kv_pool_table(const kv_pool *p, int seq);
 int kv_pool_held(const kv_pool *p, int seq);

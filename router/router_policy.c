@@ -31,9 +31,7 @@ uint64_t router_policy_hash_str(const char *s)
 uint64_t router_policy_prefix_hash(const int32_t *ids, size_t n, int prefix_tokens)
 {
     size_t m = prefix_tokens > 0 && (size_t)prefix_tokens < n ? (size_t)prefix_tokens : n;
-    uint64_t h = SPLITMIX64_GOLDEN;
-    for (size_t i = 0; i < m; i++) h = splitmix64_mix(h ^ (uint32_t)ids[i]);
-    return h;
+    return splitmix64_tokens(ids, m);
 }
 
 uint64_t router_policy_rand(uint64_t *rng)

@@ -132,7 +132,8 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
                          .kv_blocks = o->kv_blocks,
                          .kv_block_tokens = o->kv_block_tokens, .n_threads = o->n_threads,
                          .exact_dot = o->exact_dot, .batch_invariant = o->batch_invariant,
-                         .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass};
+                         .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass,
+                         .snap_budget = o->snap_budget};
     fwd *f;
     if (worker_fwd_create(device, m, &fo, &f, st)) return st->code;
     return worker_backend_wrap(f, out, st);
@@ -153,6 +154,17 @@ int worker_backend_seq_start(worker_backend *b, int slot, const sampling_params 
 }
 
 void worker_backend_seq_end(worker_backend *b, int slot) { fwd_seq_end(b->f, slot); }
+
+int worker_backend_seq_resume(worker_backend *b, int slot, const sampling_params *s,
+                              const fwd_prefix *x, status *st)
+{
+    return fwd_seq_resume(b->f, slot, s, x, st);
+}
+
+int worker_backend_snap_save(worker_backend *b, int slot, int snap, status *st)
+{
+    return fwd_snap_save(b->f, slot, snap, st);
+}
 
 void worker_backend_get_stats(const worker_backend *b, fwd_stats *s) { fwd_get_stats(b->f, s); }
 

@@ -8,6 +8,8 @@
  *   worker_backend_seq_start(slot, sampling)  a new sequence in this slot: state forgotten,
  *                                             sampler seeded, its KV blocks back to the pool;
  *   worker_backend_seq_end(slot)              it has ended: its KV blocks back to the pool;
+ *   worker_backend_seq_resume(slot, s, x)     a new sequence continuing a cached prefix x;
+ *   worker_backend_snap_save(slot, snap)      the slot's recurrent state kept in a snapshot;
  *   worker_backend_step(items, n)             one engine step: item i feeds tokens[0..n_tokens)
  *                                             to its slot at the slot's next positions and, if
  *                                             sample, samples the next token from the logits
@@ -62,6 +64,8 @@ typedef struct worker_backend_opts {
                                F16 copies resident */
     bool exact_dot;         /* cpu: quantised weights dotted in float with the F32 activations
                                (reference comparisons), not with Q8 ones */
+    int64_t snap_budget;    /* bytes of recurrent-state snapshots for prefix reuse
+                               (fwd_opts.snap_budget): 0 none, < 0 chosen by the forward */
 } worker_backend_opts;
 
 typedef struct worker_backend {
@@ -107,6 +111,12 @@ int worker_backend_check_tp(const char *device, int tp, status *st);
 /* s: validated and resolved (worker/request.c), seed picked. */
 int worker_backend_seq_start(worker_backend *b, int slot, const sampling_params *s, status *st);
 void worker_backend_seq_end(worker_backend *b, int slot);
+/* A new sequence continuing a cached prefix (fwd_seq_resume, model/fwd.h); errors leave the slot
+ * empty. */
+int worker_backend_seq_resume(worker_backend *b, int slot, const sampling_params *s,
+                              const fwd_prefix *x, status *st);
+/* The slot's recurrent state into snapshot snap (fwd_snap_save): no host sync. */
+int worker_backend_snap_save(worker_backend *b, int slot, int snap, status *st);
 /* STATUS_RANGE / STATUS_INVALID: a bad item (a caller bug: requests are validated);
  * STATUS_EXHAUSTED: the KV pool has too few free blocks for the items (nothing run);
  * STATUS_INTERNAL: a sampled row found no finite logit; STATUS_DEVICE: the device failed (sticky:

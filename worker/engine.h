@@ -92,6 +92,8 @@ typedef struct engine_request {
     status abort_result;    /* the result an abort ends it with (OK for Worker/Abort) */
     bool started;           /* backend seq_start done, seq_end not yet (engine thread only) */
     int n_preempted;        /* times it was preempted */
+    int n_cached;           /* prompt tokens its sequence took from the prefix cache instead of
+                               computing them (its last admission; usage.cached_tokens) */
     uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
                                the engine lock) */
     uint64_t admit_seq;     /* first admission order (1, 2, ...; kept through preemption): prefill
@@ -131,6 +133,12 @@ typedef struct engine_load {
     uint32_t free_kv_blocks, total_kv_blocks; /* the backend's KV pool: blocks no sequence
                                                  holds, and all; 0 / 0 without one */
     uint64_t preemptions; /* requests preempted so far */
+    /* the prefix cache (model/prefix_cache.h; all 0 without one) */
+    bool prefix_cache;
+    uint64_t prefix_queries, prefix_hits, prefix_queried_tokens, prefix_cached_tokens;
+    uint64_t prefix_evictions;
+    uint32_t prefix_snapshots, prefix_blocks;
+    uint64_t prefix_snapshot_bytes;
     uint64_t outstanding_tokens;
     double tokens_per_second;
     bool draining;
@@ -152,6 +160,11 @@ int engine_submit(engine *e, const engine_params *p, const engine_sink *sink, vo
 bool engine_abort(engine *e, const char *request_id);
 
 void engine_get_load(engine *e, engine_load *out);
+
+/* Hashes of the first n_tokens prompt tokens (splitmix64_tokens, common/splitmix64.h) of up to
+ * max prefixes the prefix cache holds, most recently used first (the router's prefix
+ * affinity); 0 without a cache. Thread-safe. */
+int engine_prefix_heads(engine *e, int n_tokens, uint64_t *out, int max);
 
 /* Stops admitting (submit -> UNAVAILABLE), waits up to grace_ms for running and waiting
  * requests to finish, then cancels the rest (result UNAVAILABLE "draining") and waits for
