@@ -33,6 +33,7 @@ typedef struct worker_opts {
     bool batch_invariant;
     int dense_rows;
     bool dense_per_pass;
+    int prefix_cache_mb;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -45,6 +46,7 @@ static const flag_spec worker_flags[] = {
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
+    {"prefix-cache-mb", "DS_PREFIX_CACHE_MB", "-1", FLAG_INT, offsetof(worker_opts, prefix_cache_mb), "MiB of recurrent-state snapshots kept for prefix reuse (-1: chosen by the device: a share of free GPU memory, 4 per slot on the CPU; 0: off)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -101,12 +103,12 @@ int cmd_worker(int argc, char **argv)
     }
     int lvl = log_level_parse(o.log_level);
     if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
-        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1) {
+        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--threads and --grace-seconds >= 0");
+                            "--threads and --grace-seconds >= 0; --prefix-cache-mb >= -1");
         return 2;
     }
     log_threshold = (log_level)lvl;
@@ -182,17 +184,25 @@ int cmd_worker(int argc, char **argv)
     worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
                               .max_prefill_tokens = o.step_tokens,
                               .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
-                              .dense_per_pass = o.dense_per_pass};
+                              .dense_per_pass = o.dense_per_pass,
+                              .snap_budget = o.prefix_cache_mb < 0
+                                                 ? -1 : (int64_t)o.prefix_cache_mb << 20};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
                       .on_fatal = on_fatal};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;
     worker_service_attach(ws, model, backend, eng, &desc);
+    char prefix[96];
+    if (backend->f->n_snaps > 0)
+        snprintf(prefix, sizeof prefix, "prefix cache %d snapshots of %.1f MiB",
+                 backend->f->n_snaps, (double)backend->f->snap_bytes / (1 << 20));
+    else
+        snprintf(prefix, sizeof prefix, "prefix cache off");
     log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
-             "queue %d, step %d tokens, loaded in %.0f ms",
+             "%s, queue %d, step %d tokens, loaded in %.0f ms",
              o.model, model->cfg.n_layer, model->cfg.V, backend->device, backend->n_slots, n_ctx,
-             (double)backend->state_bytes / (1 << 20), o.queue, o.step_tokens,
+             (double)backend->state_bytes / (1 << 20), prefix, o.queue, o.step_tokens,
              (double)(clock_now_us() - t0) / 1000.0);
 
     int sig = 0;

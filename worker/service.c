@@ -72,6 +72,13 @@ static void sink_token(void *arg, const engine_request *r, const worker_batch_it
         m.n_logprobs = 1;
         m.logprobs = lps;
     }
+    /* the first token also says what the prompt cost (see the proto's conventions) */
+    Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
+    if (r->n_generated == 1) {
+        u.prompt_tokens = (uint32_t)r->p.n_prompt;
+        u.cached_tokens = (uint32_t)r->n_cached;
+        m.usage = &u;
+    }
     rpc_call_send(arg, &m.base); /* a gone client: the engine sees it at the next step */
 }
 
@@ -98,6 +105,7 @@ static void sink_finish(void *arg, const engine_request *r)
     Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
     u.prompt_tokens = (uint32_t)r->p.n_prompt;
     u.completion_tokens = (uint32_t)r->n_generated;
+    u.cached_tokens = (uint32_t)r->n_cached;
     m.usage = &u;
     Deltaserve__V1__Timings t = DELTASERVE__V1__TIMINGS__INIT;
     t.queue_ms = ms_between(r->t_arrival, r->t_admit);
@@ -177,7 +185,9 @@ static void on_abort(rpc_call *call, const ProtobufCMessage *msg, void *user)
 static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
 {
     worker_service *ws = user;
+    const Deltaserve__V1__GetLoadRequest *req = (const void *)msg;
     Deltaserve__V1__Load l = DELTASERVE__V1__LOAD__INIT;
+    uint64_t heads[WORKER_SERVICE_MAX_HEADS];
     pthread_mutex_lock(&ws->mu);
     engine *e = ws->engine;
     bool draining = ws->state == WS_DRAINING;
@@ -195,6 +205,22 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
         l.tokens_per_second = (float)el.tokens_per_second;
         l.queue_capacity = (uint32_t)el.queue_capacity;
         draining = draining || el.draining;
+        l.prefix_cache = el.prefix_cache;
+        l.prefix_queries = el.prefix_queries;
+        l.prefix_hits = el.prefix_hits;
+        l.prefix_queried_tokens = el.prefix_queried_tokens;
+        l.prefix_cached_tokens = el.prefix_cached_tokens;
+        l.prefix_evictions = el.prefix_evictions;
+        l.prefix_snapshots = el.prefix_snapshots;
+        l.prefix_blocks = el.prefix_blocks;
+        l.prefix_snapshot_bytes = el.prefix_snapshot_bytes;
+        if (req->prefix_tokens > 0) {
+            int nt = req->prefix_tokens < INT32_MAX ? (int)req->prefix_tokens : INT32_MAX;
+            int n = engine_prefix_heads(e, nt, heads,
+                                        WORKER_SERVICE_MAX_HEADS);
+            l.n_prefix_heads = n > 0 ? (size_t)n : 0;
+            l.prefix_heads = heads;
+        }
     }
     l.draining = draining;
     rpc_call_reply(call, &l.base);

@@ -55,6 +55,9 @@ const char *worker_service_name(const worker_service *ws);
 void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_backend *b,
                            engine *e, const worker_model_desc *desc);
 
+/* Most prefix heads one GetLoad answer lists (Load.prefix_heads). */
+#define WORKER_SERVICE_MAX_HEADS 256
+
 /* How long the final messages and statuses get to reach their clients after the engine ended
  * every request, when the caller does not say (worker_service_destroy). */
 #define WORKER_SERVICE_FLUSH_MS 10000
