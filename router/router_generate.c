@@ -50,6 +50,7 @@ typedef struct relay {
     int64_t n_msgs;        /* messages sent to the client */
     int64_t t_first_us;    /* first token sent (clock_now_us), 0 if none */
     int64_t t_last_us;     /* last token sent */
+    uint32_t cached_tokens; /* the worker's usage.cached_tokens (first token or final message) */
     int attempts;
     int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
     int64_t attempt_done;  /* of which reported done in the current attempt */
@@ -101,10 +102,11 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
         metrics_observe(r->m.itl, (double)(s->t_last_us - s->t_first_us) / 1e6 /
                                       (double)(s->n_tokens - 1));
     metrics_observe(r->m.e2e, (double)(now - s->q->t0_us) / 1e6);
-    LOG_INFO("request %s: %s%s%s worker=%s attempts=%d prompt=%zu completion=%lld finish=%s "
-             "ttft_ms=%.1f total_ms=%.1f",
+    LOG_INFO("request %s: %s%s%s worker=%s attempts=%d prompt=%zu cached=%u completion=%lld "
+             "finish=%s ttft_ms=%.1f total_ms=%.1f",
              s->rid, rpc_status_grpc_name(code), msg && msg[0] ? " " : "", msg ? msg : "",
-             s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, (long long)s->n_tokens,
+             s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, s->cached_tokens,
+             (long long)s->n_tokens,
              s->finish != FINISH_NONE ? finish_reason_name(s->finish) : "-",
              s->t_first_us ? (double)(s->t_first_us - s->q->t0_us) / 1e3 : -1.0,
              (double)(now - s->q->t0_us) / 1e3);
@@ -205,6 +207,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
             }
         }
     }
+    if (m->usage) s->cached_tokens = m->usage->cached_tokens;
     int64_t now = clock_now_us();
     if (kept > 0 && !s->t_first_us) s->t_first_us = now;
     if (kept > 0) s->t_last_us = now;
@@ -228,6 +231,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         out.stop_string = g->stop[matched];
         usage.prompt_tokens = (uint32_t)s->n_ids;
         usage.completion_tokens = (uint32_t)(s->n_tokens + (int64_t)kept);
+        usage.cached_tokens = s->cached_tokens;
         out.usage = &usage;
         tm.decode_ms = ms_between(s->t_first_us, now);
         if (usage.completion_tokens > 1)

@@ -68,8 +68,9 @@ int router_policy_pick(const router_policy *p, const router_policy_cand *c, int 
     }
     if (n_eligible == 0) return -1;
     if (p->mode == ROUTER_ROUTING_PREFIX) {
-        int best = -1;
-        uint64_t best_score = 0;
+        double limit = p->balance_rel * (double)min_load + (double)p->balance_abs;
+        int best = -1, holder = -1;
+        uint64_t best_score = 0, holder_score = 0;
         for (int i = 0; i < n; i++) {
             if (!c[i].eligible) continue;
             uint64_t score = splitmix64_mix(prefix_hash ^ c[i].key);
@@ -77,8 +78,14 @@ int router_policy_pick(const router_policy *p, const router_policy_cand *c, int 
                 best = i;
                 best_score = score;
             }
+            if (!c[i].holds_prefix || c[i].waiting || (double)c[i].load > limit) continue;
+            if (holder < 0 || c[i].load < c[holder].load ||
+                (c[i].load == c[holder].load && score > holder_score)) {
+                holder = i;
+                holder_score = score;
+            }
         }
-        double limit = p->balance_rel * (double)min_load + (double)p->balance_abs;
+        if (holder >= 0) return holder;
         if (c[best].waiting == 0 && (double)c[best].load <= limit) return best;
     }
     return pick_least(c, n, n_eligible, rng);

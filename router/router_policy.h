@@ -2,12 +2,16 @@
  *
  * least  — power of two choices: two distinct eligible workers drawn at random, the one with
  *          fewer outstanding tokens wins (ties: the first drawn). With one eligible worker, it.
- * prefix — prefix affinity: the first N prompt tokens are hashed and rendezvous-hashed
- *          (highest hash of prefix ⊕ worker key) onto the eligible workers, so requests that
- *          share a prompt prefix land on the same worker (its prefix/state caches stay warm) and
- *          a worker joining or leaving moves only its own share. When that worker is overloaded
- *          (requests waiting in its queue, or load > balance_rel · least load + balance_abs)
- *          the request falls back to least.
+ * prefix — prefix affinity: the first N prompt tokens are hashed (router_policy_prefix_hash).
+ *          A worker whose prefix cache holds a prefix with that head (its last GetLoad listed
+ *          the hash among its prefix_heads: holds_prefix) is taken first: the least loaded such
+ *          worker that is not overloaded (ties: the rendezvous order below), so a conversation
+ *          goes back to the worker that holds its snapshot. Otherwise the hash is
+ *          rendezvous-hashed (highest hash of prefix ⊕ worker key) onto the eligible workers,
+ *          so requests that share a prompt prefix land on the same worker (its caches stay
+ *          warm) and a worker joining or leaving moves only its own share. When that worker is
+ *          overloaded too (requests waiting in its queue, or load > balance_rel · least load +
+ *          balance_abs) the request falls back to least.
  * Pure functions over a candidate array: no locks, no I/O; the pool (router_pool.h) builds the
  * array under its lock. */
 #ifndef DS_ROUTER_ROUTER_POLICY_H
@@ -32,6 +36,7 @@ typedef struct router_policy_cand {
     int64_t load;  /* outstanding tokens: prompt + remaining new tokens of in-flight requests */
     int waiting;   /* requests queued at the worker, from its last GetLoad */
     int eligible;  /* healthy and not excluded for this request */
+    int holds_prefix; /* its last GetLoad listed the request's prefix hash among its heads */
 } router_policy_cand;
 
 /* Defaults above. */

@@ -54,6 +54,9 @@ static void poll_worker(router *r, router_worker *w)
     router_worker_state before = router_pool_worker_state(r->pool, w);
     if (serving) {
         Deltaserve__V1__GetLoadRequest lreq = DELTASERVE__V1__GET_LOAD_REQUEST__INIT;
+        /* the heads of the workers' prefix caches feed prefix routing only */
+        if (r->opts.policy.mode == ROUTER_ROUTING_PREFIX)
+            lreq.prefix_tokens = (uint32_t)r->opts.policy.prefix_tokens;
         if (rpc_client_unary(ch, "/deltaserve.v1.Worker/GetLoad", &lreq.base,
                              &deltaserve__v1__load__descriptor, &resp, POLL_TIMEOUT_MS, &res) == 0) {
             Deltaserve__V1__Load *l = (Deltaserve__V1__Load *)resp;
@@ -64,6 +67,8 @@ static void poll_worker(router *r, router_worker *w)
                 .free_slots = (int)l->free_slots,
                 .total_slots = (int)l->total_slots,
             };
+            for (size_t i = 0; i < l->n_prefix_heads && i < ROUTER_POOL_MAX_HEADS; i++)
+                load.prefix_heads[load.n_prefix_heads++] = l->prefix_heads[i];
             if (l->draining) serving = 0;
             router_pool_report_load(r->pool, w, &load);
             protobuf_c_message_free_unpacked(resp, NULL);

@@ -146,6 +146,7 @@ void router_pool_report_health(router_pool *p, router_worker *w, int serving)
 
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load)
 {
+    DS_ASSERT(load->n_prefix_heads >= 0 && load->n_prefix_heads <= ROUTER_POOL_MAX_HEADS);
     pthread_mutex_lock(&p->mu);
     w->polled = *load;
     /* the worker's count includes ours: what is left over is other routers' traffic. One poll
@@ -166,6 +167,13 @@ void router_pool_report_failure(router_pool *p, router_worker *w)
 
 static int64_t load_of(const router_worker *w) { return w->local_outstanding + w->others; }
 
+static int holds_prefix(const router_worker *w, uint64_t prefix_hash)
+{
+    for (int i = 0; i < w->polled.n_prefix_heads; i++)
+        if (w->polled.prefix_heads[i] == prefix_hash) return 1;
+    return 0;
+}
+
 router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t cost,
                                    router_worker *const *exclude, int n_exclude, uint64_t *rng)
 {
@@ -176,7 +184,8 @@ router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t
         int ok = x->state == ROUTER_WORKER_HEALTHY;
         for (int j = 0; j < n_exclude && ok; j++) ok = exclude[j] != x;
         p->cand[i] = (router_policy_cand){.key = x->key, .load = load_of(x),
-                                          .waiting = x->polled.waiting, .eligible = ok};
+                                          .waiting = x->polled.waiting, .eligible = ok,
+                                          .holds_prefix = holds_prefix(x, prefix_hash)};
     }
     int k = router_policy_pick(&p->policy, p->cand, p->n, prefix_hash, rng);
     if (k >= 0) {

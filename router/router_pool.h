@@ -41,10 +41,15 @@ typedef struct router_pool_ops {
     void *ctx;
 } router_pool_ops;
 
+#define ROUTER_POOL_MAX_HEADS 256
+
 /* Load as reported by a worker's GetLoad. */
 typedef struct router_worker_load {
     int64_t outstanding_tokens;
     int running, waiting, free_slots, total_slots;
+    uint64_t prefix_heads[ROUTER_POOL_MAX_HEADS]; /* the heads its prefix cache holds
+                                                     (Load.prefix_heads), [n_prefix_heads] */
+    int n_prefix_heads;
 } router_worker_load;
 
 typedef struct router_pool router_pool;
@@ -69,7 +74,8 @@ void router_pool_report_load(router_pool *p, router_worker *w, const router_work
 void router_pool_report_failure(router_pool *p, router_worker *w);
 
 /* Picks a worker for a request that will cost `cost` tokens (prompt + max new), skipping the
- * workers in exclude[0, n_exclude) (those already tried). Takes a reference and adds cost to
+ * workers in exclude[0, n_exclude) (those already tried); a worker whose last load listed
+ * prefix_hash among its prefix heads is a candidate that holds the prefix. Takes a reference and adds cost to
  * the worker's outstanding tokens. NULL when no worker is eligible. */
 router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t cost,
                                    router_worker *const *exclude, int n_exclude, uint64_t *rng);

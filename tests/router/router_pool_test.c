@@ -92,6 +92,52 @@ static void test_prefix_affinity_and_overload(void)
     CU_ASSERT_NOT_EQUAL(router_policy_pick(&p, c, 4, ha, &rng), first);
 }
 
+/* A worker that holds the prefix (its heads list the hash) wins over the rendezvous choice,
+ * the least loaded of several holders first; an overloaded holder does not; least mode ignores
+ * the heads. */
+static void test_prefix_heads(void)
+{
+    router_policy p;
+    router_policy_defaults(&p);
+    p.mode = ROUTER_ROUTING_PREFIX;
+    router_policy_cand c[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = (router_policy_cand){.key = router_policy_hash_str((char[]){'w', (char)('0' + i), 0}),
+                                    .load = 10, .eligible = 1};
+    int32_t ids[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+    uint64_t h = router_policy_prefix_hash(ids, 8, p.prefix_tokens);
+    uint64_t rng = 7;
+    int rdv = router_policy_pick(&p, c, 4, h, &rng);
+    CU_ASSERT_FATAL(rdv >= 0);
+    int holder = (rdv + 2) % 4;
+    c[holder].holds_prefix = 1;
+    for (int i = 0; i < 20; i++) CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), holder);
+    /* two holders: the less loaded one */
+    int other = (rdv + 1) % 4;
+    c[other].holds_prefix = 1;
+    c[other].load = 5;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), other);
+    c[other].load = 50;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), holder);
+    c[other].holds_prefix = 0;
+    c[other].load = 10;
+    /* a holder with a queue, over the load limit or not eligible is passed over: rendezvous */
+    c[holder].waiting = 1;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), rdv);
+    c[holder].waiting = 0;
+    c[holder].load = 5000;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), rdv);
+    c[holder].load = 10;
+    c[holder].eligible = 0;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), rdv);
+    c[holder].eligible = 1;
+    CU_ASSERT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), holder);
+    /* least mode does not look at heads: the holder at a higher load is never picked */
+    p.mode = ROUTER_ROUTING_LEAST;
+    c[holder].load = 1000;
+    for (int i = 0; i < 50; i++) CU_ASSERT_NOT_EQUAL(router_policy_pick(&p, c, 4, h, &rng), holder);
+}
+
 static void test_parse_mode(void)
 {
     router_routing m;
@@ -233,6 +279,49 @@ static void test_pool_retire_waits_for_requests(void)
     CU_ASSERT_EQUAL(n_close, 3);
 }
 
+/* The pool marks as holder the workers whose last polled load listed the prefix hash. */
+static void test_pool_prefix_heads(void)
+{
+    n_open = n_close = 0;
+    router_pool *p = make_pool(ROUTER_ROUTING_PREFIX);
+    status st;
+    const char *a[] = {"h:1", "h:2", "h:3"};
+    CU_ASSERT_EQUAL(router_pool_set(p, a, 3, &st), 3);
+    mark_all(p, 1);
+    router_worker *w[3];
+    CU_ASSERT_EQUAL_FATAL(router_pool_snapshot(p, w, 3), 3);
+    int32_t ids[4] = {1, 2, 3, 4};
+    uint64_t h = router_policy_prefix_hash(ids, 4, 32);
+    uint64_t rng = 5;
+    router_worker *rdv = router_pool_acquire(p, h, 1, NULL, 0, &rng);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(rdv);
+    router_pool_release(p, rdv, 1);
+    router_worker *holder = w[0] == rdv ? w[1] : w[0];
+    static router_worker_load l; /* 2 KiB of heads: not on the test's stack */
+    memset(&l, 0, sizeof l);
+    l.prefix_heads[0] = h ^ 1;
+    l.prefix_heads[1] = h;
+    l.n_prefix_heads = 2;
+    router_pool_report_load(p, holder, &l);
+    for (int i = 0; i < 10; i++) {
+        router_worker *x = router_pool_acquire(p, h, 1, NULL, 0, &rng);
+        CU_ASSERT_PTR_EQUAL(x, holder);
+        router_pool_release(p, x, 1);
+    }
+    /* another prefix is not held: rendezvous as before */
+    router_worker *y = router_pool_acquire(p, h ^ 1 ^ 2, 1, NULL, 0, &rng);
+    CU_ASSERT_PTR_NOT_NULL(y);
+    if (y) router_pool_release(p, y, 1);
+    /* the next poll without the head forgets it */
+    l.n_prefix_heads = 1;
+    router_pool_report_load(p, holder, &l);
+    router_worker *z = router_pool_acquire(p, h, 1, NULL, 0, &rng);
+    CU_ASSERT_PTR_EQUAL(z, rdv);
+    router_pool_release(p, z, 1);
+    for (int i = 0; i < 3; i++) router_pool_unref(p, w[i]);
+    router_pool_destroy(p);
+}
+
 int main(void)
 {
     CU_initialize_registry();
@@ -241,9 +330,11 @@ int main(void)
     CU_add_test(s, "none eligible", test_none_eligible);
     CU_add_test(s, "p2c spreads and avoids max", test_p2c_spreads_and_avoids_max);
     CU_add_test(s, "prefix affinity and overload", test_prefix_affinity_and_overload);
+    CU_add_test(s, "prefix heads", test_prefix_heads);
     CU_add_test(s, "parse mode", test_parse_mode);
     CU_pSuite s2 = CU_add_suite("router/pool", NULL, NULL);
     CU_add_test(s2, "set and eligibility", test_pool_set_and_eligibility);
     CU_add_test(s2, "retire waits for requests", test_pool_retire_waits_for_requests);
+    CU_add_test(s2, "prefix heads", test_pool_prefix_heads);
     return testutil_cunit_run();
 }
