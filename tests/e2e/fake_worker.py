@@ -4,6 +4,10 @@
 Serves deltaserve.v1.Worker (Generate, Abort, GetLoad, GetModelInfo) and grpc.health.v1
 Check. Generation is deterministic: the tokens are --tokens cycled (default: the prompt ids
 cycled), one every --token-ms, up to max_new_tokens (default 16); stop_token_ids end it.
+A prefix cache is played by --cached-tokens N (usage.cached_tokens = min(N, prompt - 1), on the
+first token's message and the final one, as the worker sends it) and --heads-of IDS (repeatable:
+GetLoad lists the hash of the first GetLoadRequest.prefix_tokens of these ids among its
+prefix_heads, as a worker whose cache holds that prefix).
 Prints "listening on 127.0.0.1:PORT" on stderr once bound (port 0 picks one)."""
 import argparse
 import os
@@ -19,6 +23,19 @@ import grpc  # noqa: E402
 
 pb, pb_grpc, hpb, hpb_grpc = dsproto.load()
 
+M64 = (1 << 64) - 1
+
+
+def splitmix64_tokens(ids):
+    """common/splitmix64.h's splitmix64_tokens: the router's prefix hash."""
+    h = 0x9e3779b97f4a7c15
+    for t in ids:
+        z = h ^ (t & 0xffffffff)
+        z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+        z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+        h = z ^ (z >> 31)
+    return h
+
 
 class Worker(pb_grpc.WorkerServicer):
     def __init__(self, a):
@@ -27,6 +44,7 @@ class Worker(pb_grpc.WorkerServicer):
         self.running = 0
         self.served = 0
         self.tokens_sent = 0
+        self.heads = [[int(x) for x in h.split(",")] for h in a.heads_of]
 
     def Generate(self, req, ctx):
         a = self.a
@@ -46,6 +64,7 @@ class Worker(pb_grpc.WorkerServicer):
             n = req.stopping.max_new_tokens or 16
             stops = set(req.stopping.stop_token_ids)
             out = []
+            cached = max(0, min(a.cached_tokens, len(ids) - 1))
             for i in range(n):
                 if a.token_ms:
                     time.sleep(a.token_ms / 1000.0)
@@ -64,6 +83,9 @@ class Worker(pb_grpc.WorkerServicer):
                         token_id=t, logprob=-0.5,
                         top=[pb.TopLogprob(token_id=(t + j) % a.vocab, logprob=-0.5 - j)
                              for j in range(req.logprobs)]))
+                if i == 0:
+                    m.usage.prompt_tokens = len(ids)
+                    m.usage.cached_tokens = cached
                 last = i == n - 1 or t in stops
                 if last:
                     m.finish_reason = pb.FINISH_REASON_STOP if t in stops else pb.FINISH_REASON_LENGTH
@@ -71,6 +93,7 @@ class Worker(pb_grpc.WorkerServicer):
                         m.stop_token_id = t
                     m.usage.prompt_tokens = len(ids)
                     m.usage.completion_tokens = len(out)
+                    m.usage.cached_tokens = cached
                     m.timings.ttft_ms = 1.0
                     m.timings.total_ms = (time.time() - t0) * 1e3
                     m.request_id = req.request_id
@@ -84,9 +107,14 @@ class Worker(pb_grpc.WorkerServicer):
                 self.running -= 1
 
     def GetLoad(self, req, ctx):
+        heads = []
+        if req.prefix_tokens:
+            heads = [splitmix64_tokens(x[:req.prefix_tokens]) for x in self.heads]
         with self.lock:
             return pb.Load(running=self.running, free_slots=max(0, self.a.slots - self.running),
-                           total_slots=self.a.slots, queue_capacity=0)
+                           total_slots=self.a.slots, queue_capacity=0,
+                           prefix_cache=bool(self.heads or self.a.cached_tokens),
+                           prefix_snapshots=len(self.heads), prefix_heads=heads)
 
     def GetModelInfo(self, req, ctx):
         return pb.ModelInfo(architecture="fake", vocab_size=self.a.vocab, max_context=4096)
@@ -112,6 +140,10 @@ def main():
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--mode", default="ok", choices=["ok", "unavailable", "exhausted"])
     p.add_argument("--die-after", type=int, default=0, help="exit after this many tokens in all")
+    p.add_argument("--cached-tokens", type=int, default=0,
+                   help="usage.cached_tokens of every request (at most its prompt - 1)")
+    p.add_argument("--heads-of", action="append", default=[],
+                   help="ids A,B,...: GetLoad lists the head of this prefix (repeatable)")
     a = p.parse_args()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=a.slots + 8))
     pb_grpc.add_WorkerServicer_to_server(Worker(a), server)

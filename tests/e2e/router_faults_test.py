@@ -1,7 +1,8 @@
 """Router behaviour that needs failures on cue, against the scriptable fake worker
 (fake_worker.py): retries before the first token, a worker dying mid-stream, overload, no
 healthy worker, deadline and cancel propagation, stop strings over known tokens, validation,
-DNS discovery, prefix affinity, metrics, SIGTERM drain. Fixture: router + fake workers.
+DNS discovery, prefix affinity (rendezvous, and the workers' prefix heads with cached_tokens
+relayed), metrics, SIGTERM drain. Fixture: router + fake workers.
 Run: /usr/bin/python3 router_faults_test.py (Bazel: //tests/e2e:router_faults_test)."""
 import os
 import signal
@@ -283,6 +284,41 @@ class Discovery(unittest.TestCase):
             code, msg = code_of(lambda: c.generate(text="hi"))
             self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn("--model", msg)
+        finally:
+            c.close()
+            r.stop()
+            a.stop()
+            b.stop()
+
+
+class PrefixHeads(unittest.TestCase):
+    def test_request_goes_to_the_worker_holding_its_head(self):
+        # a holds the prefixes P0..P3, b the prefixes Q0..Q3 (their GetLoad heads); with
+        # rendezvous alone all 8 would land right by chance with p = 2^-8
+        ps = [[200 + i] * 8 for i in range(4)]
+        qs = [[300 + i] * 8 for i in range(4)]
+        heads = lambda xs: [f for x in xs for f in ("--heads-of", ",".join(map(str, x)))]
+        hello = ["--tokens", ",".join(map(str, HELLO))]
+        a = h.start_fake_worker("pa", hello + ["--cached-tokens", "5"] + heads(ps))
+        b = h.start_fake_worker("pb", hello + ["--cached-tokens", "7"] + heads(qs))
+        # readiness follows a full poll: both workers' heads are known once it is SERVING
+        r = h.start_router([a, b], extra=["--routing", "prefix", "--prefix-tokens", "8"],
+                           name="router_heads")
+        c = h.Client(r.addr)
+        try:
+            for name, cached, prefixes in (("pa", 5, ps), ("pb", 7, qs)):
+                for x in prefixes:
+                    for rep in range(2):
+                        _, _, _, final = c.generate(ids=x + [rep, rep + 1], max_tokens=2)
+                        self.assertEqual(final.served_by, name, (x, rep))
+                        self.assertEqual(final.usage.cached_tokens, cached)
+                        self.assertEqual(final.usage.prompt_tokens, 10)
+            # a stop string ends the stream at the router: cached_tokens from the first message
+            _, ids, text, final = c.generate(ids=qs[1] + [1], max_tokens=30, stop=["The e"])
+            self.assertEqual(final.stop_string, "The e")
+            self.assertEqual(final.served_by, b.addr)  # the router's final: the address
+            self.assertEqual(final.usage.cached_tokens, 7)
+            self.assertEqual(final.usage.completion_tokens, N_THE_E)
         finally:
             c.close()
             r.stop()
