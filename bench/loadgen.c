@@ -13,7 +13,23 @@
  * N spread over the streams (k = 0: before the first token); those end CANCELLED and count as
  * cancelled, not failed. --load-addr A,B,...: the workers' GetLoad after the warm-up and again
  * once the run is over and they are idle (30 s at most): exit 1 unless every worker has the
- * same free slots and KV blocks after as before, with nothing running or waiting.
+ * same free slots and KV blocks after as before, with nothing running or waiting (blocks held
+ * only by a worker's prefix cache count as free: Load.prefix_blocks).
+ *
+ * Prefix-reuse modes (token ids only; ids drawn from --id-range LO,HI by --id-seed):
+ *   --users N --turns T --system-tokens S --user-tokens U   multi-turn: N conversations of T
+ *       turns, --concurrency of them at once; turn t's prompt is the S-token system prompt
+ *       (one for all users) + every earlier turn's user tokens and the tokens generated for it
+ *       + U new user tokens; G = --max-tokens generated per turn.
+ *   --shared-prefix P --suffix-tokens U   --requests R prompts of one P-token prefix and a
+ *       distinct U-token suffix each.
+ * Each reports TTFT (client) p50/p99 of the turns >= 2 (shared-prefix: the requests after the
+ * first) and of turn 1, the prompt tokens sent, the usage.cached_tokens reported, the reusable
+ * tokens (the longest prefix a prompt shares with a prompt sent before it or with a finished
+ * request's prompt + generated tokens, less the prompt's last token: its logits are always
+ * computed), cached / reusable, the computed tokens (prompt - cached) over the unique ones
+ * (prompt - reusable), and throughput; then one line "loadgen-summary mode=... key=value ..."
+ * (every mode) for scripts.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,14 +43,17 @@
 
 #include "common/clock.h"
 #include "common/flags.h"
+#include "common/splitmix64.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "router/router_dns.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_status.h"
 
 typedef struct loadgen_opts {
-    const char *addr, *ids, *prompt, *load_addr;
+    const char *addr, *ids, *prompt, *load_addr, *id_range;
     int concurrency, requests, warmup, max_tokens, ignore_eos, worker, cancel_after;
+    int users, turns, system_tokens, user_tokens, shared_prefix, suffix_tokens;
+    int64_t id_seed;
     float duration_s, temperature;
     int64_t timeout_ms;
 } loadgen_opts;
@@ -66,6 +85,21 @@ static const flag_spec specs[] = {
      "cancel each counted stream after 0..N tokens (spread over the streams); -1: never"},
     {"load-addr", NULL, NULL, FLAG_STR, offsetof(loadgen_opts, load_addr),
      "workers (A,B,...) whose GetLoad must be the same after the run as before it"},
+    {"users", NULL, "0", FLAG_INT, offsetof(loadgen_opts, users),
+     "multi-turn mode: conversations (0: off)"},
+    {"turns", NULL, "4", FLAG_INT, offsetof(loadgen_opts, turns), "multi-turn: turns per user"},
+    {"system-tokens", NULL, "64", FLAG_INT, offsetof(loadgen_opts, system_tokens),
+     "multi-turn: tokens of the system prompt every conversation starts with"},
+    {"user-tokens", NULL, "16", FLAG_INT, offsetof(loadgen_opts, user_tokens),
+     "multi-turn: new user tokens per turn"},
+    {"shared-prefix", NULL, "0", FLAG_INT, offsetof(loadgen_opts, shared_prefix),
+     "shared-prefix mode: tokens of the prefix every request shares (0: off)"},
+    {"suffix-tokens", NULL, "16", FLAG_INT, offsetof(loadgen_opts, suffix_tokens),
+     "shared-prefix: distinct tokens after the prefix"},
+    {"id-range", NULL, "100,999", FLAG_STR, offsetof(loadgen_opts, id_range),
+     "multi-turn and shared-prefix: token ids drawn from LO,HI"},
+    {"id-seed", NULL, "1", FLAG_I64, offsetof(loadgen_opts, id_seed),
+     "multi-turn and shared-prefix: seed of the drawn ids"},
     {0},
 };
 
@@ -258,6 +292,303 @@ static int get_loads(const router_dns_list *w, Deltaserve__V1__Load *loads)
     return 0;
 }
 
+/* ---- the prefix-reuse modes: --users (multi-turn) and --shared-prefix ---- */
+
+/* One request of these modes, kept for the report. */
+typedef struct conv_req {
+    int32_t *tokens;    /* owned, [n_prompt + max_tokens]: the prompt, then the tokens returned */
+    int n_prompt, n_gen;
+    bool sent, ok;
+    bool later;         /* a turn >= 2 (shared-prefix: not the first request) */
+    uint32_t cached;    /* usage.cached_tokens of the final message */
+    double t_send, t_end, ttft_ms; /* clock_now_s; ttft: the first message, client side */
+} conv_req;
+
+typedef struct conv_run {
+    const loadgen_opts *o;
+    rpc_client_channel *ch;
+    int32_t lo;         /* ids in [lo, lo + span) */
+    uint32_t span;
+    conv_req *reqs;     /* owned, [n_reqs]: multi-turn user u's turn t is [u * turns + t] */
+    int n_reqs;
+    atomic_int next;    /* users / requests claimed */
+} conv_run;
+
+/* Token i of the stream of ids `stream` (0: the system prompt / the shared prefix). */
+static int32_t conv_id(const conv_run *c, uint64_t stream, uint64_t i)
+{
+    uint64_t h = splitmix64((uint64_t)c->o->id_seed ^ splitmix64(stream * 0x100000001b3ull + i));
+    return c->lo + (int32_t)(h % c->span);
+}
+
+/* Runs one stream of prompt ids[0, n) into q (its tokens, timings, cached tokens). */
+static void conv_stream(conv_run *c, rpc_client_cq *cq, conv_req *q, const int32_t *ids, int n)
+{
+    const loadgen_opts *o = c->o;
+    Deltaserve__V1__SamplingParams samp = DELTASERVE__V1__SAMPLING_PARAMS__INIT;
+    samp.temperature = o->temperature;
+    samp.seed = 1;
+    Deltaserve__V1__StoppingCriteria stopc = DELTASERVE__V1__STOPPING_CRITERIA__INIT;
+    stopc.max_new_tokens = (uint32_t)o->max_tokens;
+    stopc.ignore_eos = o->ignore_eos;
+    Deltaserve__V1__GenerateRequest g = DELTASERVE__V1__GENERATE_REQUEST__INIT;
+    Deltaserve__V1__TokenIds tids = DELTASERVE__V1__TOKEN_IDS__INIT;
+    Deltaserve__V1__WorkerGenerateRequest wg = DELTASERVE__V1__WORKER_GENERATE_REQUEST__INIT;
+    memcpy(q->tokens, ids, (size_t)n * sizeof *ids);
+    q->n_prompt = n;
+    tids.ids = wg.prompt_token_ids = q->tokens;
+    tids.n_ids = wg.n_prompt_token_ids = (size_t)n;
+    g.prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
+    g.token_ids = &tids;
+    g.sampling = wg.sampling = &samp;
+    g.stopping = wg.stopping = &stopc;
+    rpc_client_stream *s;
+    status st;
+    q->sent = true;
+    q->t_send = clock_now_s();
+    if (rpc_client_stream_start_on(&s, cq, c->ch,
+                                   o->worker ? "/deltaserve.v1.Worker/Generate"
+                                             : "/deltaserve.v1.Generation/Generate",
+                                   o->worker ? &wg.base : &g.base, o->timeout_ms, NULL, &st)) {
+        q->t_end = clock_now_s();
+        return;
+    }
+    ProtobufCMessage *pm;
+    rpc_client_result res;
+    while (rpc_client_stream_next(s, &deltaserve__v1__generate_response__descriptor, &pm, &res)) {
+        Deltaserve__V1__GenerateResponse *m = (Deltaserve__V1__GenerateResponse *)pm;
+        if (m->n_token_ids && !q->n_gen) q->ttft_ms = (clock_now_s() - q->t_send) * 1e3;
+        for (size_t i = 0; i < m->n_token_ids && q->n_gen < o->max_tokens; i++)
+            q->tokens[n + q->n_gen++] = m->token_ids[i];
+        if (m->finish_reason && m->usage) q->cached = m->usage->cached_tokens;
+        protobuf_c_message_free_unpacked(pm, NULL);
+    }
+    rpc_client_stream_destroy(s);
+    q->t_end = clock_now_s();
+    q->ok = res.code == 0;
+}
+
+static void *conv_thread(void *arg)
+{
+    conv_run *c = arg;
+    const loadgen_opts *o = c->o;
+    rpc_client_cq *cq = rpc_client_cq_create();
+    int32_t *buf = NULL; /* the conversation so far / the prompt */
+    if (o->users > 0) {
+        const int cap = o->system_tokens + o->turns * (o->user_tokens + o->max_tokens);
+        buf = malloc((size_t)cap * sizeof *buf);
+        for (int u; buf && (u = atomic_fetch_add(&c->next, 1)) < o->users;) {
+            int n = 0;
+            for (int i = 0; i < o->system_tokens; i++) buf[n++] = conv_id(c, 0, (uint64_t)i);
+            for (int t = 0; t < o->turns; t++) {
+                const uint64_t stream = 1 + (uint64_t)u * (uint64_t)o->turns + (uint64_t)t;
+                for (int i = 0; i < o->user_tokens; i++) buf[n++] = conv_id(c, stream, (uint64_t)i);
+                conv_req *q = &c->reqs[u * o->turns + t];
+                q->later = t > 0;
+                conv_stream(c, cq, q, buf, n);
+                if (!q->ok) break; /* the conversation ends with its failed turn */
+                memcpy(buf + n, q->tokens + n, (size_t)q->n_gen * sizeof *buf);
+                n += q->n_gen;
+            }
+        }
+    } else {
+        const int n = o->shared_prefix + o->suffix_tokens;
+        buf = malloc((size_t)n * sizeof *buf);
+        for (int r; buf && (r = atomic_fetch_add(&c->next, 1)) < o->requests;) {
+            for (int i = 0; i < o->shared_prefix; i++) buf[i] = conv_id(c, 0, (uint64_t)i);
+            for (int i = 0; i < o->suffix_tokens; i++)
+                buf[o->shared_prefix + i] = conv_id(c, 1 + (uint64_t)r, (uint64_t)i);
+            c->reqs[r].later = r > 0;
+            conv_stream(c, cq, &c->reqs[r], buf, n);
+        }
+    }
+    free(buf);
+    rpc_client_cq_destroy(cq);
+    return NULL;
+}
+
+/* An open-addressing set of 64-bit prefix hashes (0 is the empty slot). */
+typedef struct hash_set {
+    uint64_t *v; /* owned, [mask + 1] */
+    uint64_t mask;
+} hash_set;
+
+static uint64_t *set_slot(hash_set *h, uint64_t x)
+{
+    uint64_t i = splitmix64_mix(x) & h->mask;
+    while (h->v[i] && h->v[i] != x) i = (i + 1) & h->mask;
+    return &h->v[i];
+}
+
+/* Every prefix of ids[0, n) into the set. */
+static void set_add_prefixes(hash_set *h, const int32_t *ids, int n)
+{
+    uint64_t x = SPLITMIX64_GOLDEN;
+    for (int i = 0; i < n; i++) {
+        x = splitmix64_mix(x ^ (uint32_t)ids[i]);
+        *set_slot(h, x ? x : 1) = x ? x : 1;
+    }
+}
+
+/* The longest prefix of ids[0, n) in the set. */
+static int set_longest(hash_set *h, const int32_t *ids, int n)
+{
+    uint64_t x = SPLITMIX64_GOLDEN;
+    int k = 0;
+    for (; k < n; k++) {
+        x = splitmix64_mix(x ^ (uint32_t)ids[k]);
+        if (!*set_slot(h, x ? x : 1)) break;
+    }
+    return k;
+}
+
+/* A send or an end of one request, for replaying the run in time order. */
+typedef struct conv_event {
+    double t;
+    int end; /* 1: the request finished (its prompt + generated tokens are known) */
+    int i;
+} conv_event;
+
+static int cmp_event(const void *a, const void *b)
+{
+    const conv_event *x = a, *y = b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    return y->end - x->end; /* an end at the same moment comes before a send */
+}
+
+/* reusable[i]: request i's longest prompt prefix sent before it (a prompt sent earlier, or a
+ * finished request's prompt + generated tokens), at most its prompt less one token. */
+static int conv_reusable(const conv_run *c, int *reusable)
+{
+    int n_ev = 0;
+    uint64_t total = 0;
+    conv_event *ev = malloc(2 * (size_t)c->n_reqs * sizeof *ev);
+    if (!ev) return -1;
+    for (int i = 0; i < c->n_reqs; i++) {
+        const conv_req *q = &c->reqs[i];
+        reusable[i] = 0;
+        if (!q->sent) continue;
+        ev[n_ev++] = (conv_event){q->t_send, 0, i};
+        ev[n_ev++] = (conv_event){q->t_end, 1, i};
+        total += (uint64_t)(q->n_prompt + q->n_gen);
+    }
+    qsort(ev, (size_t)n_ev, sizeof *ev, cmp_event);
+    hash_set h = {0};
+    uint64_t cap = 1024;
+    while (cap < 2 * total) cap *= 2;
+    h.v = calloc(cap, sizeof *h.v);
+    h.mask = cap - 1;
+    if (!h.v) {
+        free(ev);
+        return -1;
+    }
+    for (int e = 0; e < n_ev; e++) {
+        const conv_req *q = &c->reqs[ev[e].i];
+        if (ev[e].end) {
+            set_add_prefixes(&h, q->tokens, q->n_prompt + q->n_gen);
+        } else {
+            int k = set_longest(&h, q->tokens, q->n_prompt);
+            reusable[ev[e].i] = k < q->n_prompt ? k : q->n_prompt - 1;
+            set_add_prefixes(&h, q->tokens, q->n_prompt);
+        }
+    }
+    free(h.v);
+    free(ev);
+    return 0;
+}
+
+/* Runs the multi-turn or shared-prefix mode and prints its report; 0, or 1 when a stream
+ * failed. */
+static int conv_main(const loadgen_opts *o, rpc_client_channel *ch)
+{
+    const bool multi = o->users > 0;
+    conv_run c = {.o = o, .ch = ch};
+    int lo, hi;
+    if (sscanf(o->id_range, "%d,%d", &lo, &hi) != 2 || lo < 0 || hi < lo) {
+        fprintf(stderr, "loadgen: --id-range: '%s' is not LO,HI with 0 <= LO <= HI\n", o->id_range);
+        return 2;
+    }
+    c.lo = lo;
+    c.span = (uint32_t)(hi - lo) + 1;
+    c.n_reqs = multi ? o->users * o->turns : o->requests;
+    const int cap = multi ? o->system_tokens + o->turns * (o->user_tokens + o->max_tokens)
+                          : o->shared_prefix + o->suffix_tokens + o->max_tokens;
+    c.reqs = calloc((size_t)c.n_reqs, sizeof *c.reqs);
+    int *reusable = calloc((size_t)c.n_reqs, sizeof *reusable);
+    pthread_t *th = calloc((size_t)o->concurrency, sizeof *th);
+    if (!c.reqs || !reusable || !th) return 1;
+    for (int i = 0; i < c.n_reqs; i++)
+        if (!(c.reqs[i].tokens = malloc((size_t)cap * sizeof(int32_t)))) return 1;
+    atomic_init(&c.next, 0);
+    const double t0 = clock_now_s();
+    int n_th = 0;
+    for (; n_th < o->concurrency; n_th++)
+        if (pthread_create(&th[n_th], NULL, conv_thread, &c)) break;
+    for (int i = 0; i < n_th; i++) pthread_join(th[i], NULL);
+    const double elapsed = clock_now_s() - t0;
+    if (conv_reusable(&c, reusable)) return 1;
+
+    int64_t ok = 0, failed = 0, prompt = 0, cached = 0, reuse = 0, gen = 0;
+    loadgen_vec first = {0}, later = {0};
+    for (int i = 0; i < c.n_reqs; i++) {
+        const conv_req *q = &c.reqs[i];
+        if (!q->sent) continue;
+        if (!q->ok) {
+            failed++;
+            continue;
+        }
+        ok++;
+        prompt += q->n_prompt;
+        cached += q->cached;
+        reuse += reusable[i];
+        gen += q->n_gen;
+        vec_push(q->later ? &later : &first, q->ttft_ms);
+    }
+    const int64_t unique = prompt - reuse, computed = prompt - cached;
+    const double cached_ratio = reuse ? (double)cached / (double)reuse : 0.0;
+    const double computed_ratio = unique ? (double)computed / (double)unique : 0.0;
+    const char *mode = multi ? "multi-turn" : "shared-prefix";
+    if (multi)
+        printf("loadgen: %s %s, multi-turn: %d users x %d turns (system %d, user %d, generated "
+               "%d tokens), concurrency %d, %lld streams ok, %lld failed, %.2f s\n",
+               o->addr, o->worker ? "Worker/Generate" : "Generation/Generate", o->users,
+               o->turns, o->system_tokens, o->user_tokens, o->max_tokens, o->concurrency,
+               (long long)ok, (long long)failed, elapsed);
+    else
+        printf("loadgen: %s %s, shared-prefix: %d requests of a %d-token prefix + %d distinct "
+               "tokens, concurrency %d, %lld streams ok, %lld failed, %.2f s\n",
+               o->addr, o->worker ? "Worker/Generate" : "Generation/Generate", o->requests,
+               o->shared_prefix, o->suffix_tokens, o->concurrency, (long long)ok,
+               (long long)failed, elapsed);
+    printf("  streams/s %.1f   tokens/s %.1f   prompt tokens/s %.1f\n", (double)ok / elapsed,
+           (double)gen / elapsed, (double)prompt / elapsed);
+    printf("  prompt tokens %lld   cached (usage.cached_tokens) %lld   reusable %lld   "
+           "cached/reusable %.3f\n",
+           (long long)prompt, (long long)cached, (long long)reuse, cached_ratio);
+    printf("  computed tokens (prompt - cached) %lld   unique (prompt - reusable) %lld   "
+           "computed/unique %.3f\n",
+           (long long)computed, (long long)unique, computed_ratio);
+    printf("  latency in ms:\n");
+    print_pcts(multi ? "TTFT (client), turn 1" : "TTFT (client), first request", &first);
+    print_pcts(multi ? "TTFT (client), turns >= 2" : "TTFT (client), later requests", &later);
+    printf("loadgen-summary mode=%s ok=%lld failed=%lld prompt_tokens=%lld cached_tokens=%lld "
+           "reusable_tokens=%lld cached_ratio=%.4f computed_tokens=%lld unique_tokens=%lld "
+           "computed_ratio=%.4f ttft_first_p50_ms=%.2f ttft_first_p99_ms=%.2f "
+           "ttft_later_p50_ms=%.2f ttft_later_p99_ms=%.2f streams_per_s=%.2f tokens_per_s=%.1f "
+           "elapsed_s=%.3f\n",
+           mode, (long long)ok, (long long)failed, (long long)prompt, (long long)cached,
+           (long long)reuse, cached_ratio, (long long)computed, (long long)unique,
+           computed_ratio, pct(&first, 50), pct(&first, 99), pct(&later, 50), pct(&later, 99),
+           (double)ok / elapsed, (double)gen / elapsed, elapsed);
+    free(first.v);
+    free(later.v);
+    for (int i = 0; i < c.n_reqs; i++) free(c.reqs[i].tokens);
+    free(c.reqs);
+    free(reusable);
+    free(th);
+    return failed || ok == 0 ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     loadgen_opts o;
@@ -273,9 +604,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "loadgen: --concurrency and --requests must be >= 1\n");
         return 2;
     }
+    const bool conv = o.users > 0 || o.shared_prefix > 0;
+    if (conv && ((o.users > 0 && o.shared_prefix > 0) || o.prompt || o.warmup > 0 ||
+                 o.duration_s > 0 || o.cancel_after >= 0 || o.max_tokens < 1 || o.turns < 1 ||
+                 o.system_tokens < 0 || o.user_tokens < 1 || o.suffix_tokens < 1)) {
+        fprintf(stderr, "loadgen: --users and --shared-prefix are two modes, neither with "
+                        "--prompt, --warmup, --duration-s or --cancel-after; they need "
+                        "--max-tokens, --turns, --user-tokens and --suffix-tokens >= 1\n");
+        return 2;
+    }
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (!o.prompt && parse_ids(o.ids, &ids, &n_ids)) {
+    if (!conv && !o.prompt && parse_ids(o.ids, &ids, &n_ids)) {
         fprintf(stderr, "loadgen: --ids: '%s' is not a list of ids\n", o.ids);
         return 2;
     }
@@ -342,6 +682,12 @@ int main(int argc, char **argv)
     if (lw->n && (!(load0 = calloc((size_t)lw->n, sizeof *load0)) || get_loads(lw, load0)))
         return 1;
     const int n_load = lw->n;
+    int run_rc = 0;
+    if (conv) {
+        run_rc = conv_main(&o, ch);
+        if (run_rc == 2) return 2;
+        goto loads;
+    }
     loadgen_opts mo = o;
     mo.warmup = 0;
     for (int i = 0; i < o.concurrency; i++) {
@@ -395,10 +741,18 @@ int main(int argc, char **argv)
     print_pcts("inter-token (final message mean_itl)", &itl_srv);
     print_pcts("TTFT (client, first message)", &ttft_cli);
     print_pcts("inter-token (client, per token)", &itl_cli);
+    printf("loadgen-summary mode=fixed ok=%lld failed=%lld cancelled=%lld tokens=%lld "
+           "ttft_p50_ms=%.2f ttft_p99_ms=%.2f itl_p50_ms=%.2f itl_p99_ms=%.2f streams_per_s=%.2f "
+           "tokens_per_s=%.1f elapsed_s=%.3f\n",
+           (long long)ok, (long long)n_err, (long long)cancelled, (long long)tokens,
+           pct(&ttft_cli, 50), pct(&ttft_cli, 99), pct(&itl_cli, 50), pct(&itl_cli, 99),
+           (double)ok / elapsed, (double)tokens / elapsed, elapsed);
+    run_rc = n_err ? 1 : 0;
     free(ttft_srv.v);
     free(itl_srv.v);
     free(ttft_cli.v);
     free(itl_cli.v);
+loads:;
     /* --load-addr: the same loads once the workers are idle again */
     int load_bad = 0;
     for (int w = 0; w < n_load; w++) {
@@ -417,15 +771,16 @@ int main(int argc, char **argv)
             continue;
         }
         const Deltaserve__V1__Load *l0 = &load0[w];
+        /* idle, the blocks the prefix cache holds are held by it alone: free for this check */
+        const uint32_t free0 = l0->free_kv_blocks + l0->prefix_blocks,
+                       free1 = l1.free_kv_blocks + l1.prefix_blocks;
         const bool same = !l1.running && !l1.waiting && l1.free_slots == l0->free_slots &&
-                          l1.total_slots == l0->total_slots &&
-                          l1.free_kv_blocks == l0->free_kv_blocks &&
+                          l1.total_slots == l0->total_slots && free1 == free0 &&
                           l1.total_kv_blocks == l0->total_kv_blocks;
-        printf("  load of %s: free slots %u -> %u of %u, free KV blocks %u -> %u of %u, "
-               "running %u, waiting %u: %s\n",
-               lw->addr[w], l0->free_slots, l1.free_slots, l1.total_slots, l0->free_kv_blocks,
-               l1.free_kv_blocks, l1.total_kv_blocks, l1.running, l1.waiting,
-               same ? "the same" : "CHANGED");
+        printf("  load of %s: free slots %u -> %u of %u, free KV blocks (with the prefix "
+               "cache's) %u -> %u of %u, running %u, waiting %u: %s\n",
+               lw->addr[w], l0->free_slots, l1.free_slots, l1.total_slots, free0, free1,
+               l1.total_kv_blocks, l1.running, l1.waiting, same ? "the same" : "CHANGED");
         load_bad |= !same;
     }
     free(ts);
@@ -433,5 +788,5 @@ int main(int argc, char **argv)
     free(load0);
     free(lw);
     rpc_client_channel_destroy(ch);
-    return n_err || load_bad ? 1 : 0;
+    return run_rc || load_bad ? 1 : 0;
 }

@@ -193,7 +193,7 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
     bool draining = ws->state == WS_DRAINING;
     pthread_mutex_unlock(&ws->mu);
     if (e) {
-        engine_load el;
+        engine_load el = {0};
         engine_get_load(e, &el);
         l.running = (uint32_t)el.running;
         l.waiting = (uint32_t)el.waiting;
