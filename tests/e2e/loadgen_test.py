@@ -2,9 +2,10 @@
 router and two workers on the tiny reference model, then each scenario's loadgen command line
 (the same flags, smaller counts so the test stays short): closed-loop streams through the
 router, one stream at a time, a duration-bounded run, a text prompt, a worker called directly
-(--worker), and cancellation churn with the workers' loads checked before and after. Each must
-exit 0 (loadgen exits 1 when any stream failed) and report exactly the streams and tokens asked
-for (--ignore-eos: max_tokens each)."""
+(--worker), cancellation churn with the workers' loads checked before and after, and the
+prefix-reuse modes' accounting (multi-turn and shared-prefix: prompt, reusable and unique
+tokens). Each must exit 0 (loadgen exits 1 when any stream failed) and report exactly the
+streams and tokens asked for (--ignore-eos: max_tokens each)."""
 import os
 import re
 import subprocess
@@ -100,6 +101,48 @@ class LoadgenScenarios(unittest.TestCase):
         self.assertGreater(int(m.group(1)), 24, out)  # all but the races with a stream's end
         self.assertEqual(out.count(": the same"), 2, out)
         self.assertNotIn("CHANGED", out)
+
+    def summary_line(self, out):
+        m = re.search(r"^loadgen-summary (.*)$", out, re.M)
+        self.assertIsNotNone(m, out)
+        kv = dict(x.split("=", 1) for x in m.group(1).split())
+        return {k: (v if k == "mode" else float(v)) for k, v in kv.items()}
+
+    def test_multi_turn_accounting(self):
+        # 2 users x 3 turns, system 16, user 8, generated 8: prompts of 24, 40 and 56 tokens;
+        # reusable: turns 2 and 3 the whole conversation so far (32, 48), user 2's turn 1 the
+        # system prompt (16), besides ids matching by chance
+        rc, out = run("--addr", self.router.addr, "--concurrency", "1", "--users", "2",
+                      "--turns", "3", "--system-tokens", "16", "--user-tokens", "8",
+                      "--max-tokens", "8", "--ignore-eos")
+        self.assertEqual(rc, 0, out)
+        s = self.summary_line(out)
+        self.assertEqual(s["mode"], "multi-turn")
+        self.assertEqual((s["ok"], s["failed"]), (6, 0), out)
+        self.assertEqual(s["prompt_tokens"], 2 * (24 + 40 + 56), out)
+        self.assertGreaterEqual(s["reusable_tokens"], 2 * (32 + 48) + 16, out)
+        self.assertLess(s["reusable_tokens"], 2 * (32 + 48) + 16 + 6, out)
+        self.assertEqual(s["unique_tokens"], s["prompt_tokens"] - s["reusable_tokens"], out)
+        self.assertEqual(s["computed_tokens"], s["prompt_tokens"] - s["cached_tokens"], out)
+        self.assertIn("TTFT (client), turns >= 2", out)
+
+    def test_shared_prefix_accounting(self):
+        rc, out = run("--addr", self.router.addr, "--concurrency", "2", "--shared-prefix", "32",
+                      "--suffix-tokens", "8", "--requests", "6", "--max-tokens", "4",
+                      "--ignore-eos")
+        self.assertEqual(rc, 0, out)
+        s = self.summary_line(out)
+        self.assertEqual(s["mode"], "shared-prefix")
+        self.assertEqual((s["ok"], s["failed"]), (6, 0), out)
+        self.assertEqual(s["prompt_tokens"], 6 * 40, out)
+        # all but the first request (and one sent at the same moment) share the prefix
+        self.assertGreaterEqual(s["reusable_tokens"], 4 * 32, out)
+        self.assertLessEqual(s["cached_tokens"], s["reusable_tokens"], out)
+
+    def test_modes_refuse_fixed_mode_flags(self):
+        rc, out = run("--addr", self.router.addr, "--users", "2", "--warmup", "2")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--users and --shared-prefix", out)
 
     def test_load_check_fails_on_a_wrong_address(self):
         rc, out = run("--addr", self.router.addr, "--requests", "2", "--max-tokens", "2",
