@@ -353,8 +353,9 @@ int cmd_client(int argc, char **argv)
                                       m->stop_token_id);
             if (m->usage && k < sizeof summary)
                 k += (size_t)snprintf(summary + k, sizeof summary - k,
-                                      " prompt_tokens=%u completion_tokens=%u",
-                                      m->usage->prompt_tokens, m->usage->completion_tokens);
+                                      " prompt_tokens=%u cached_tokens=%u completion_tokens=%u",
+                                      m->usage->prompt_tokens, m->usage->cached_tokens,
+                                      m->usage->completion_tokens);
             if (m->timings && k < sizeof summary)
                 k += (size_t)snprintf(summary + k, sizeof summary - k,
                                       " ttft_ms=%.1f total_ms=%.1f mean_itl_ms=%.2f",
