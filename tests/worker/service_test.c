@@ -154,9 +154,16 @@ static void test_stream_matches_reference(void)
         gen_req g;
         tcall t;
         CU_ASSERT_FATAL(tc_start(&t, g_ch, GEN, &make_req(&g, "ref", p, 24)->base, 20000, true));
-        int n = 0, ok = 1;
+        int n = 0, ok = 1, first_usage = 0;
+        uint32_t first_cached = 0;
         gen_resp *m, *last = NULL;
         while ((m = (gen_resp *)tc_recv(&t, &deltaserve__v1__generate_response__descriptor))) {
+            /* the first token's message says what the prompt cost (prompt and cached tokens) */
+            if (n == 0 && m->n_token_ids && m->usage) {
+                first_usage = m->usage->prompt_tokens == (uint32_t)p->n_ids &&
+                              m->usage->completion_tokens == 0;
+                first_cached = m->usage->cached_tokens;
+            }
             for (size_t i = 0; i < m->n_token_ids; i++, n++)
                 if (n >= 24 || m->token_ids[i] != p->greedy[n]) ok = 0;
             if (last) protobuf_c_message_free_unpacked(&last->base, NULL);
@@ -170,6 +177,9 @@ static void test_stream_matches_reference(void)
         CU_ASSERT_PTR_NOT_NULL_FATAL(last->usage);
         CU_ASSERT_EQUAL(last->usage->prompt_tokens, (uint32_t)p->n_ids);
         CU_ASSERT_EQUAL(last->usage->completion_tokens, 24);
+        CU_ASSERT(first_usage);
+        CU_ASSERT_EQUAL(last->usage->cached_tokens, first_cached);
+        CU_ASSERT(last->usage->cached_tokens < (uint32_t)p->n_ids);
         CU_ASSERT_PTR_NOT_NULL_FATAL(last->timings);
         CU_ASSERT(last->timings->ttft_ms > 0 && last->timings->total_ms >= last->timings->ttft_ms);
         CU_ASSERT(last->timings->decode_ms > 0 && last->timings->mean_itl_ms > 0);
