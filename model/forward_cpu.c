@@ -299,7 +299,7 @@ static int rank_create(cpu_forward *c, const qwen35_model *m, const fwd_opts *o,
         k->m = m;
     }
     const qwen35_ctx_opts co = {.max_batch = f->max_rows, .max_tokens = f->max_rows,
-                                .n_threads = o->n_threads,
+                                .n_threads = o->n_threads, .gdn_mode = QWEN35_GDN_RECURRENT,
                                 .dot_mode = o->exact_dot ? QWEN35_DOT_EXACT : QWEN35_DOT_DEFAULT};
     int rc = cpu_fwd_ctx_create(k->m, &co, c->pool, &c->ctx[r], st);
     if (rc) return rc;

@@ -40,6 +40,34 @@ static void kernel_4xn_scalar(const float *w, int64_t ldw, const float *x, int64
         for (int t = 0; t < nt; t++) acc[r][t] = dot_f32_scalar(w + r * ldw, x + t * ldx, n);
 }
 
+/* The plain-type rows (F32, F16, BF16) straight from the weights in dot_f32_scalar's order per
+ * output (the scalar tile path's bits): each 8-element block converted, then dotted. */
+static float plain_elem(uint32_t type, const uint8_t *row, int64_t i)
+{
+    switch (type) {
+    case GGML_TYPE_F16: return quant_f16_to_f32(((const ggml_half *)row)[i]);
+    case GGML_TYPE_BF16: return quant_bf16_to_f32(((const ggml_bf16 *)row)[i]);
+    default: return ((const float *)row)[i];
+    }
+}
+
+static void plain_rows_scalar(uint32_t type, const uint8_t *w, uint64_t row_bytes, int nr,
+                              const float *x, int64_t ldx, int nt, int64_t n, float *y, int64_t ldy)
+{
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *row = w + (uint64_t)r * row_bytes;
+            const float *xt = x + t * ldx;
+            float s[8] = {0};
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                for (int l = 0; l < 8; l++) s[l] += plain_elem(type, row, i + l) * xt[i + l];
+            float v = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+            for (; i < n; i++) v += plain_elem(type, row, i) * xt[i];
+            y[t * ldy + r] = v;
+        }
+}
+
 static void axpy_scalar(float *y, float a, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
@@ -89,6 +117,85 @@ __attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *a, co
     for (; i < n; i++) r += a[i] * b[i];
     return r;
 }
+
+/* a·b with one 8-lane accumulator over the 8-element blocks in order, the lanes summed by
+ * hsum256, then the tail: each output of kernel_4x3_avx2 / kernel_4xn_avx2 in this order, so
+ * that a row computed alone has the bits it has inside a tile. */
+__attribute__((target("avx2,fma"))) static float dot1_f32_avx2(const float *a, const float *b,
+                                                               int64_t n)
+{
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    float r = hsum256(s);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* y[t][r] = w[r]·x[t] for nr rows of a plain type (F32, F16, BF16: exact in F32) straight from
+ * the weights, in dot1_f32_avx2's order per output (the tile path's bits without the tile);
+ * 4 rows at a time, each its own accumulator. */
+#define PLAIN_ROWS_AVX2(name, T, LOAD, TO_F32)                                                \
+    __attribute__((target("avx2,fma,f16c"))) static void name(                                \
+        const uint8_t *w, uint64_t row_bytes, int nr, const float *x, int64_t ldx, int nt,     \
+        int64_t n, float *y, int64_t ldy)                                                      \
+    {                                                                                          \
+        for (int t = 0; t < nt; t++) {                                                         \
+            const float *xt = x + t * ldx;                                                     \
+            float *yt = y + t * ldy;                                                           \
+            int r = 0;                                                                         \
+            for (; r + 4 <= nr; r += 4) {                                                      \
+                const T *w0 = (const T *)(w + (uint64_t)r * row_bytes);                        \
+                const T *w1 = (const T *)(w + (uint64_t)(r + 1) * row_bytes);                  \
+                const T *w2 = (const T *)(w + (uint64_t)(r + 2) * row_bytes);                  \
+                const T *w3 = (const T *)(w + (uint64_t)(r + 3) * row_bytes);                  \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                    \
+                int64_t i = 0;                                                                 \
+                for (; i + 8 <= n; i += 8) {                                                   \
+                    const __m256 v = _mm256_loadu_ps(xt + i);                                  \
+                    a0 = _mm256_fmadd_ps(LOAD(w0 + i), v, a0);                                 \
+                    a1 = _mm256_fmadd_ps(LOAD(w1 + i), v, a1);                                 \
+                    a2 = _mm256_fmadd_ps(LOAD(w2 + i), v, a2);                                 \
+                    a3 = _mm256_fmadd_ps(LOAD(w3 + i), v, a3);                                 \
+                }                                                                              \
+                float s0 = hsum256(a0), s1 = hsum256(a1), s2 = hsum256(a2), s3 = hsum256(a3);  \
+                for (; i < n; i++) {                                                           \
+                    s0 += TO_F32(w0[i]) * xt[i];                                               \
+                    s1 += TO_F32(w1[i]) * xt[i];                                               \
+                    s2 += TO_F32(w2[i]) * xt[i];                                               \
+                    s3 += TO_F32(w3[i]) * xt[i];                                               \
+                }                                                                              \
+                yt[r] = s0, yt[r + 1] = s1, yt[r + 2] = s2, yt[r + 3] = s3;                    \
+            }                                                                                  \
+            for (; r < nr; r++) {                                                              \
+                const T *wr = (const T *)(w + (uint64_t)r * row_bytes);                        \
+                __m256 a = _mm256_setzero_ps();                                                \
+                int64_t i = 0;                                                                 \
+                for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(LOAD(wr + i), _mm256_loadu_ps(xt + i), a); \
+                float sr = hsum256(a);                                                         \
+                for (; i < n; i++) sr += TO_F32(wr[i]) * xt[i];                                \
+                yt[r] = sr;                                                                    \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load_f32x8(const float *p)
+{
+    return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load_f16x8(const ggml_half *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load_bf16x8(const ggml_bf16 *p)
+{
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+static inline float f32_id(float v) { return v; }
+PLAIN_ROWS_AVX2(plain_rows_f32_avx2, float, load_f32x8, f32_id)
+PLAIN_ROWS_AVX2(plain_rows_f16_avx2, ggml_half, load_f16x8, quant_f16_to_f32)
+PLAIN_ROWS_AVX2(plain_rows_bf16_avx2, ggml_bf16, load_bf16x8, quant_bf16_to_f32)
 
 __attribute__((target("avx2,fma"))) static void kernel_4x3_avx2(const float *w, int64_t ldw,
                                                                 const float *x, int64_t ldx,
@@ -211,6 +318,8 @@ typedef void (*kernel_4x3_fn)(const float *, int64_t, const float *, int64_t, in
                               float[4][3]);
 typedef void (*kernel_4xn_fn)(const float *, int64_t, const float *, int64_t, int64_t, int,
                               float[4][3]);
+typedef void (*plain_rows_fn)(const uint8_t *, uint64_t, int, const float *, int64_t, int, int64_t,
+                              float *, int64_t);
 
 static bool have_avx2(void)
 {
@@ -220,7 +329,8 @@ static bool have_avx2(void)
     int c = atomic_load_explicit(&cached, memory_order_relaxed);
     if (c < 0) {
         __builtin_cpu_init();
-        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c");
         atomic_store_explicit(&cached, c, memory_order_relaxed);
     }
     return c;
@@ -271,15 +381,17 @@ float ref_axpy_dot_f32(float *s, float d, const float *k, const float *q, int64_
 
 /* ---- the threaded matmul ---- */
 
+static bool plain_type(uint32_t type)
+{
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+}
+
+/* The float path's T from which rows go through the tile: quantised rows always do (their
+ * block dots sum in another order than the tile's kernels: one order for every T). */
 static int tile_min_t(uint32_t type)
 {
-    switch (type) {
-    case GGML_TYPE_F32:
-    case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q5_K:
-    case GGML_TYPE_Q6_K: return CPU_MATMUL_TILE_MIN_T_KQUANT;
-    default: return CPU_MATMUL_TILE_MIN_T_OTHER;
-    }
+    if (!plain_type(type)) return 1;
+    return type == GGML_TYPE_F32 ? CPU_MATMUL_TILE_MIN_T_F32 : CPU_MATMUL_TILE_MIN_T_HALF;
 }
 
 typedef struct mm_job {
@@ -300,7 +412,8 @@ typedef struct mm_job {
     int tile_min_t;        /* T from which the tile path runs */
     int64_t rows_per_task;
     int n_threads;
-    dot_f32_fn dot;
+    dot_f32_fn dot;        /* the tile's last < 4 rows: the 4x3 kernel's order per output */
+    plain_rows_fn plain;   /* plain types below tile_min_t (NULL: plain_rows_scalar) */
     kernel_4x3_fn k4x3;
     kernel_4xn_fn k4xn;
     ref_dequant_fn dequant;
@@ -318,17 +431,15 @@ size_t cpu_matmul_scratch_floats(int64_t n_in_max, int n_threads)
     return (size_t)n_threads * per;
 }
 
-/* Decode path: blocks of rows, each block dotted against every input while it is hot. */
-static void mm_rows_dot(const mm_job *j, int64_t r0, int64_t r1)
+/* Small T on plain types: blocks of rows, each block dotted against every input while it is hot,
+ * straight from the weights in the tile path's order per output. */
+static void mm_rows_plain(const mm_job *j, int64_t r0, int64_t r1)
 {
-    quant_dot_fn dot = j->qt->dot;
     for (int64_t b = r0; b < r1; b += CPU_MATMUL_DOT_BLOCK) {
-        int64_t e = b + CPU_MATMUL_DOT_BLOCK < r1 ? b + CPU_MATMUL_DOT_BLOCK : r1;
-        for (int t = 0; t < j->T; t++) {
-            const float *x = j->x + t * j->ldx;
-            float *y = j->y + t * j->ldy;
-            for (int64_t r = b; r < e; r++) y[r] = dot(j->w + (uint64_t)r * j->row_bytes, x, j->n_in);
-        }
+        const int nr = (int)(b + CPU_MATMUL_DOT_BLOCK < r1 ? CPU_MATMUL_DOT_BLOCK : r1 - b);
+        const uint8_t *w = j->w + (uint64_t)b * j->row_bytes;
+        if (j->plain) j->plain(w, j->row_bytes, nr, j->x, j->ldx, j->T, j->n_in, j->y + b, j->ldy);
+        else plain_rows_scalar(j->type, w, j->row_bytes, nr, j->x, j->ldx, j->T, j->n_in, j->y + b, j->ldy);
     }
 }
 
@@ -398,7 +509,7 @@ static void mm_task(void *arg, int task)
         return;
     }
     if (j->T < j->tile_min_t) {
-        mm_rows_dot(j, r0, r1);
+        mm_rows_plain(j, r0, r1);
         return;
     }
     bool f32 = j->type == GGML_TYPE_F32 && j->row_bytes == (uint64_t)j->n_in * 4;
@@ -452,7 +563,12 @@ void cpu_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes
                 .scratch = scratch, .tile_rows = tile_rows_for(n_in), .tile_min_t = tile_min_t(type), .n_threads = n_threads,
                 .dot = dot_f32_scalar, .k4x3 = kernel_4x3_scalar, .k4xn = kernel_4xn_scalar, .dequant = ref_dequant_get(type)};
 #ifdef HAVE_X86
-    if (have_avx2()) j.dot = dot_f32_avx2, j.k4x3 = kernel_4x3_avx2, j.k4xn = kernel_4xn_avx2;
+    if (have_avx2()) {
+        j.dot = dot1_f32_avx2, j.k4x3 = kernel_4x3_avx2, j.k4xn = kernel_4xn_avx2;
+        j.plain = type == GGML_TYPE_F16    ? plain_rows_f16_avx2
+                  : type == GGML_TYPE_BF16 ? plain_rows_bf16_avx2
+                                           : plain_rows_f32_avx2;
+    }
 #endif
     if (!q8) {
         mm_run(pool, &j, T < j.tile_min_t);

@@ -10,11 +10,14 @@
  * the inputs 4 at a time while they are hot in L1/L2 (quant_get(type)->dot_q8_cols, AVX2: the
  * row is unpacked once per 4 inputs). An output depends only on its weight row and its input
  * row: the same bits whatever T, the batch or the prefill step size.
- * F32/F16/BF16 weights, or the exact mode: small T (decode) dots the rows with the F32 inputs
- * (quant_get(type)->dot), the weights streamed once per call; larger T (prefill, batched
- * decode) dequantises a tile of rows (kernels/cpu/dequant.h, AVX2) into per-thread scratch once
- * and multiplies it against all T inputs with an FP32 register-blocked 4x3 kernel. Never a
- * whole tensor.
+ * F32/F16/BF16 weights, or the exact mode: small T (decode) on F32/F16/BF16 dots the rows
+ * straight from the weights, the weights streamed once per call; larger T (prefill, batched
+ * decode), and every T of quantised weights in the exact mode, dequantises a tile of rows
+ * (kernels/cpu/dequant.h, AVX2) into per-thread scratch once and multiplies it against all T
+ * inputs with an FP32 register-blocked 4x3 kernel. Never a whole tensor. Every one of these
+ * kernels sums an output in one order (one 8-lane accumulator over the row in order, then the
+ * lanes, then the tail), so here too an output has the same bits whatever T: a prompt fed in
+ * any split gives the same results (the CPU forward's prefix reuse resumes bit for bit).
  *
  * Exact vs integer path: the integer path quantises the input (about 0.2% relative error of a
  * dot on random data, |error| <= sum_i |w_i| d_block(i) / 2; tests/gguf/quant_q8_test.c); the
@@ -31,11 +34,11 @@
 /* Floats of one thread's dequantised row tile on the prefill path (256 KiB: sits in L2 while
  * all T inputs stream past it); the tile holds max(4, this / n_in) rows, a multiple of 4. */
 #define CPU_MATMUL_TILE_FLOATS 65536
-/* From this many input rows on, the dequantise-a-tile path is used: 3 for the K-quants and
- * F32, 6 for F16/BF16/Q8_0 (measured: below it, dotting the blocks directly per input is
- * cheaper than dequantising; above it the FP32 micro-kernel wins). */
-#define CPU_MATMUL_TILE_MIN_T_KQUANT 3
-#define CPU_MATMUL_TILE_MIN_T_OTHER 6
+/* From this many input rows on, F32 (3) and F16/BF16 (6) rows go through the tile path
+ * (measured: below it, dotting the rows directly per input is cheaper than dequantising; above
+ * it the FP32 micro-kernel wins). */
+#define CPU_MATMUL_TILE_MIN_T_F32 3
+#define CPU_MATMUL_TILE_MIN_T_HALF 6
 /* Rows dotted against every input in turn on the decode path (kept hot in L1/L2). */
 #define CPU_MATMUL_DOT_BLOCK 32
 /* Most weight bytes one task of the dot paths reads (threads claim tasks dynamically). */
@@ -55,8 +58,7 @@ typedef enum cpu_matmul_dot {
 size_t cpu_matmul_scratch_floats(int64_t n_in_max, int n_threads);
 
 /* y = x · Wᵀ as above. pool may be NULL (serial). scratch: cpu_matmul_scratch_floats(n_in,
- * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights, or in the
- * exact mode, with T < 3). The type must be supported by gguf/quant.h and n_in a multiple of
+ * cpu_pool_n_threads(pool)) floats (may be NULL only for F32/F16/BF16 weights with T < 3). The type must be supported by gguf/quant.h and n_in a multiple of
  * its block size (checked at load). */
 void cpu_matmul(cpu_pool *pool, const void *w, uint32_t type, uint64_t row_bytes, int64_t n_in,
                 int64_t n_out, const float *x, int64_t ldx, int T, float *y, int64_t ldy,

@@ -1,7 +1,9 @@
 /* cpu_matmul on every supported weight type against dequantise-then-double-dot, on both the
  * decode (dot) and prefill (tile) paths, serial and threaded, in the exact mode; in the
  * integer (Q8) mode, bit for bit against the scalar references of gguf/quant (quantise each
- * input, integer dot per row) where the integer path runs; and the pool itself. */
+ * input, integer dot per row) where the integer path runs; every output the same bits whatever
+ * the number of inputs of the call (each mode, every type, serial and threaded); and the pool
+ * itself. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -109,6 +111,51 @@ static void test_threaded(void)
     cpu_pool_destroy(p);
 }
 
+/* An output depends only on its weight row and its input: T inputs in one call give, bit for
+ * bit, what each input gives alone (the decode and tile paths, the tile's last rows). */
+static long invariant_case(cpu_pool *pool, uint32_t type, int64_t n_in, int64_t n_out, int T,
+                           cpu_matmul_dot dot)
+{
+    const quant_traits *qt = quant_get(type);
+    kc_rng r = {5 + type * 17 + (uint64_t)T};
+    const uint64_t rb = quant_row_bytes(type, (uint64_t)n_in);
+    uint8_t *w = malloc(rb * n_out);
+    float *row = malloc(sizeof(float) * n_in), *x = malloc(sizeof(float) * T * n_in);
+    float *all = malloc(sizeof(float) * T * n_out), *one = malloc(sizeof(float) * n_out);
+    float *scratch = malloc(sizeof(float) * cpu_matmul_scratch_floats(n_in, cpu_pool_n_threads(pool)));
+    for (int64_t o = 0; o < n_out; o++) kc_fill(&r, row, n_in, 1), qt->quantize(row, w + o * rb, n_in);
+    kc_fill(&r, x, T * n_in, 1);
+    cpu_matmul(pool, w, type, rb, n_in, n_out, x, n_in, T, all, n_out, scratch, dot);
+    long bad = 0;
+    for (int t = 0; t < T; t++) {
+        cpu_matmul(pool, w, type, rb, n_in, n_out, x + t * n_in, n_in, 1, one, n_out, scratch, dot);
+        if (memcmp(one, all + t * n_out, sizeof(float) * n_out)) {
+            if (bad < 3) fprintf(stderr, "  %s mode %d T=%d: input %d differs from alone\n", qt->name, dot, T, t);
+            bad++;
+        }
+    }
+    free(w), free(row), free(x), free(all), free(one), free(scratch);
+    return bad;
+}
+
+static void test_t_invariant(void)
+{
+    static const int Ts[] = {2, 3, 5, 6, 7, 17};
+    cpu_pool *p;
+    status st;
+    CU_ASSERT_FATAL(cpu_pool_create(&p, 3, &st) == STATUS_OK);
+    cpu_pool *pools[2] = {NULL, p};
+    for (int pi = 0; pi < 2; pi++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const int bs = quant_get(types[ti])->block_size;
+            const int64_t n_in = bs == QK_K ? 512 : bs == 1 ? 203 : 224; /* 203: a tail */
+            for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++)
+                for (int m = CPU_MATMUL_DOT_Q8; m <= CPU_MATMUL_DOT_EXACT; m++)
+                    CU_ASSERT_EQUAL(invariant_case(pools[pi], types[ti], n_in, 301, Ts[k], m), 0);
+        }
+    cpu_pool_destroy(p);
+}
+
 static void test_check_can_fail(void)
 {
     for (int m = CPU_MATMUL_DOT_Q8; m <= CPU_MATMUL_DOT_EXACT; m++) {
@@ -212,6 +259,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("matmul", NULL, NULL);
     CU_add_test(s, "serial", test_serial);
     CU_add_test(s, "threaded", test_threaded);
+    CU_add_test(s, "t_invariant", test_t_invariant);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
     CU_add_test(s, "modes_differ", test_modes_differ);
     CU_add_test(s, "dot_f32", test_dot_f32);
