@@ -104,6 +104,12 @@ void qwen35_state_reset(qwen35_state *s);
  * only the n_past KV rows in use, each to where dst's table puts it. */
 void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src);
 
+/* The recurrent state alone (conv windows, then S: qwen35_state_recurrent_bytes) copied out to
+ * dst, or in from src with n_past set to n_past (a snapshot of the CPU forward's prefix reuse;
+ * the KV rows are the caller's). */
+void qwen35_state_save_recurrent(const qwen35_state *s, float *dst);
+void qwen35_state_load_recurrent(qwen35_state *s, const float *src, int n_past);
+
 /* How prefill runs the gated delta rule over T > 1 tokens. */
 typedef enum qwen35_gdn_mode {
     QWEN35_GDN_CHUNKED = 0, /* default: chunked form, chunk QWEN35_GDN_CHUNK (docs/QWEN35.md §3) */

@@ -2,6 +2,7 @@
  * states, the samplers, and a step's passes. The arithmetic is forward.c's (cpu_fwd_run). */
 #include "model/forward_cpu.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@ typedef struct cpu_rank {
     float *k, *v;            /* owned: this rank's KV pool (qwen35_kv_floats) */
     qwen35_state **slot;     /* owned, [n_slots]: recurrent state, KV in k / v by the slot's table */
     qwen35_state **pass;     /* owned, [max_rows]: the states of a decode pass's rows */
+    float *snap;             /* owned, [n_snaps][snap_floats]: recurrent-state snapshots */
+    uint64_t snap_floats;    /* one snapshot of this rank (conv windows, then S) */
 } cpu_rank;
 
 typedef struct cpu_forward {
@@ -229,6 +232,78 @@ static int cpu_fill(fwd *f, int slot, int n_past, status *st)
     return STATUS_OK;
 }
 
+/* ---- prefix reuse ---- */
+
+static int cpu_snap_save(fwd *f, int slot, int snap, status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (slot < 0 || slot >= f->n_slots || snap < 0 || snap >= f->n_snaps)
+        return status_fail(st, STATUS_RANGE, "snapshot %d of slot %d: slots [0, %d), snapshots "
+                           "[0, %d)", snap, slot, f->n_slots, f->n_snaps);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        qwen35_state_save_recurrent(k->slot[slot], k->snap + (uint64_t)snap * k->snap_floats);
+    }
+    return STATUS_OK;
+}
+
+/* The first rows rows of block src copied into block dst, every attention layer, K and V,
+ * every rank. */
+static void copy_block_rows(cpu_forward *c, int32_t src, int32_t dst, int rows)
+{
+    for (int r = 0; r < c->n_ranks; r++) {
+        const cpu_rank *k = &c->rank[r];
+        const qwen35_config *cf = &k->m->cfg;
+        const size_t row = (size_t)cf->n_kv * cf->d_h, block = (size_t)c->block_tokens * row;
+        for (int a = 0; a < cf->n_attn_layers; a++) {
+            const size_t from = ((size_t)a * c->n_blocks + (size_t)src) * block;
+            const size_t to = ((size_t)a * c->n_blocks + (size_t)dst) * block;
+            memcpy(k->k + to, k->k + from, (size_t)rows * row * sizeof(float));
+            memcpy(k->v + to, k->v + from, (size_t)rows * row * sizeof(float));
+        }
+    }
+}
+
+/* seq_resume's work after seq_start: on an error the caller empties the slot. */
+static int resume(cpu_forward *c, int slot, const fwd_prefix *x, status *st)
+{
+    fwd *f = &c->base;
+    if (x->snap < 0 || x->snap >= f->n_snaps || x->n_pos < 1 || x->n_pos >= f->n_ctx)
+        return status_fail(st, STATUS_RANGE, "slot %d: resume from snapshot %d at position %d "
+                           "(snapshots [0, %d), positions [1, %d))", slot, x->snap, x->n_pos,
+                           f->n_snaps, f->n_ctx);
+    const int full = x->n_pos / c->block_tokens, part = x->n_pos % c->block_tokens;
+    if (kv_pool_adopt(f->kv, slot, x->blocks, full, st)) return st->code;
+    if (part) {
+        const int32_t src = x->blocks[full];
+        if (kv_pool_refs(f->kv, src) < 1)
+            return status_fail(st, STATUS_INVALID, "slot %d: the partial block %d of the prefix "
+                               "(entry %d) is not a held block", slot, src, full);
+        if (kv_pool_ensure(f->kv, slot, x->n_pos, st)) return st->code;
+        copy_block_rows(c, src, kv_pool_table(f->kv, slot)[full], part);
+    }
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        qwen35_state_load_recurrent(k->slot[slot], k->snap + (uint64_t)x->snap * k->snap_floats,
+                                    x->n_pos);
+    }
+    f->n_past[slot] = x->n_pos;
+    sampler_accept_prompt(c->samplers[slot], x->tokens, x->n_pos);
+    return STATUS_OK;
+}
+
+static int cpu_seq_resume(fwd *f, int slot, const sampling_params *p, const fwd_prefix *x,
+                          status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (cpu_seq_start(f, slot, p, st)) return st->code;
+    if (resume(c, slot, x, st)) {
+        cpu_seq_end(f, slot);
+        return st->code;
+    }
+    return STATUS_OK;
+}
+
 static void cpu_get_stats(const fwd *f, fwd_stats *s) { *s = ((const cpu_forward *)f)->stats; }
 
 static void cpu_destroy(fwd *f)
@@ -240,6 +315,7 @@ static void cpu_destroy(fwd *f)
         for (int s = 0; k->slot && s < f->n_slots; s++) qwen35_state_destroy(k->slot[s]);
         free(k->slot);
         free(k->pass);
+        free(k->snap);
         free(k->k);
         free(k->v);
         if (c->ctx) qwen35_ctx_destroy(c->ctx[r]);
@@ -265,6 +341,8 @@ static const fwd_vt cpu_vt = {
     .seq_end = cpu_seq_end,
     .step = cpu_step,
     .fill = cpu_fill,
+    .snap_save = cpu_snap_save,
+    .seq_resume = cpu_seq_resume,
     .get_stats = cpu_get_stats,
     .destroy = cpu_destroy,
 };
@@ -319,6 +397,32 @@ static int rank_create(cpu_forward *c, const qwen35_model *m, const fwd_opts *o,
     return STATUS_OK;
 }
 
+/* The snapshot buffers of prefix reuse, every rank's, sized by budget (fwd_opts.snap_budget):
+ * 0 none; < 0 FWD_CPU_SNAPS_PER_SLOT per slot; > 0 as many whole snapshots as fit. */
+static int snaps_create(cpu_forward *c, int64_t budget, status *st)
+{
+    fwd *f = &c->base;
+    f->snap_bytes = 0;
+    for (int r = 0; r < c->n_ranks; r++) {
+        c->rank[r].snap_floats = qwen35_state_recurrent_bytes(c->rank[r].m) / sizeof(float);
+        f->snap_bytes += c->rank[r].snap_floats * sizeof(float);
+    }
+    int64_t n = 0;
+    if (budget < 0 || (budget > 0 && f->snap_bytes == 0)) n = (int64_t)FWD_CPU_SNAPS_PER_SLOT * f->n_slots;
+    else if (budget > 0) n = budget / (int64_t)f->snap_bytes;
+    if (n > INT32_MAX / 2) n = INT32_MAX / 2;
+    f->n_snaps = (int)n;
+    if (!n) return STATUS_OK;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        k->snap = malloc(((size_t)n * k->snap_floats + 1) * sizeof(float));
+        if (!k->snap)
+            return status_fail(st, STATUS_NOMEM, "cpu forward: out of memory for %lld snapshots of "
+                               "%.1f MiB", (long long)n, (double)f->snap_bytes / (1 << 20));
+    }
+    return STATUS_OK;
+}
+
 static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, status *st)
 {
     *out = NULL;
@@ -369,6 +473,7 @@ static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, statu
     }
     for (int r = 0; r < c->n_ranks; r++)
         if ((rc = rank_create(c, m, o, r, st))) goto fail;
+    if ((rc = snaps_create(c, o->snap_budget, st))) goto fail;
     const sampling_params greedy = sampling_params_resolve(&(sampling_params){0});
     for (int s = 0; s < f->n_slots; s++)
         if ((rc = sampler_create(&c->samplers[s], f->vocab, f->n_ctx, &greedy, st))) goto fail;

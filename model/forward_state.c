@@ -121,3 +121,19 @@ void qwen35_state_copy(qwen35_state *dst, const qwen35_state *src)
         }
     dst->n_past = src->n_past;
 }
+
+void qwen35_state_save_recurrent(const qwen35_state *s, float *dst)
+{
+    const qwen35_config *c = &s->model->cfg;
+    memcpy(dst, s->conv, conv_floats(c) * sizeof(float));
+    memcpy(dst + conv_floats(c), s->ssm, ssm_floats(c) * sizeof(float));
+}
+
+void qwen35_state_load_recurrent(qwen35_state *s, const float *src, int n_past)
+{
+    const qwen35_config *c = &s->model->cfg;
+    DS_ASSERT(n_past >= 0 && n_past <= s->n_ctx);
+    memcpy(s->conv, src, conv_floats(c) * sizeof(float));
+    memcpy(s->ssm, src + conv_floats(c), ssm_floats(c) * sizeof(float));
+    s->n_past = n_past;
+}
