@@ -54,7 +54,9 @@ static ref_prompt *prompts[REF_CASES_MAX];
 static int n_prompts[REF_CASES_MAX];
 static qwen35_ctx *ctx1[REF_CASES_MAX]; /* unsharded: max_batch 4, max_tokens 512 */
 
-static const qwen35_ctx_opts OPTS = {.max_batch = 4, .max_tokens = 512, .n_threads = 2};
+/* the unsharded reference: the delta rule token by token, as the fwd CPU forward runs it */
+static const qwen35_ctx_opts OPTS = {.max_batch = 4, .max_tokens = 512, .n_threads = 2,
+                                     .gdn_mode = QWEN35_GDN_RECURRENT};
 static const qwen35_ctx_opts OPTS_SMALL = {.max_batch = 4, .max_tokens = 7, .n_threads = 2};
 
 static int setup(void)
