@@ -114,4 +114,9 @@ int prefix_cache_heads(const prefix_cache *c, int n_tokens, uint64_t *out, int m
 /* Any thread. */
 void prefix_cache_get_stats(const prefix_cache *c, prefix_cache_stats *s);
 
+/* Tests: STATUS_INTERNAL (named) when an invariant does not hold: the trie's links, counts and
+ * hashes; every leaf and partial node with a snapshot; every block's pool count equal to the
+ * tables listing it plus the cache's nodes holding it (true while nothing else holds blocks). */
+int prefix_cache_check(const prefix_cache *c, status *st);
+
 #endif
