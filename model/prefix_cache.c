@@ -117,10 +117,11 @@ static void table_del(prefix_cache *c, int32_t id)
         DS_ASSERT(c->table[i] != PC_NONE);
         i = (i + 1) & c->table_mask;
     }
-    for (uint32_t j = (i + 1) & c->table_mask; c->table[j] != PC_NONE; j = (j + 1) & c->table_mask) {
+    const uint32_t mask = c->table_mask;
+    for (uint32_t j = (i + 1) & mask; c->table[j] != PC_NONE; j = (j + 1) & mask) {
         const pc_node *x = &c->nodes[c->table[j]];
         const uint32_t k = table_home(c, x->parent, x->key);
-        if (((j - k) & c->table_mask) >= ((j - i) & c->table_mask)) { /* k not in (i, j] */
+        if (((j - k) & mask) >= ((j - i) & mask)) { /* k not in (i, j] */
             c->table[i] = c->table[j];
             i = j;
         }
@@ -625,7 +626,8 @@ int prefix_cache_check(const prefix_cache *c, status *st)
         for (int32_t id = PC_ROOT + 1; id < c->n_nodes; id++)
             refs += c->nodes[id].n_tok > 0 && c->nodes[id].block == b;
         for (int s = 0; s < kv_pool_n_seqs(c->kv); s++)
-            for (int i = 0; i < kv_pool_held(c->kv, s); i++) tables += kv_pool_table(c->kv, s)[i] == b;
+            for (int i = 0; i < kv_pool_held(c->kv, s); i++)
+                tables += kv_pool_table(c->kv, s)[i] == b;
         if (refs != c->block_refs[b] || kv_pool_refs(c->kv, b) != refs + tables)
             return status_fail(st, STATUS_INTERNAL, "prefix cache: block %d: %d nodes (counted "
                                "%d), %d tables, pool count %d", b, refs, c->block_refs[b], tables,

@@ -211,7 +211,8 @@ static void test_every_position(void)
         CU_ASSERT_EQUAL(m.n_pos, n);
         CU_ASSERT_EQUAL(m.snap, snap[n]);
         CU_ASSERT_EQUAL(m.n_kv, n);
-        for (uint32_t i = 0; i < kv_pool_blocks_for(p, n); i++) CU_ASSERT_EQUAL(m.blocks[i], tab[i]);
+        for (uint32_t i = 0; i < kv_pool_blocks_for(p, n); i++)
+            CU_ASSERT_EQUAL(m.blocks[i], tab[i]);
         if (n < N) {
             int32_t q[N];
             memcpy(q, t, sizeof q);
