@@ -33,7 +33,7 @@ typedef struct worker_opts {
     bool batch_invariant;
     int dense_rows;
     bool dense_per_pass;
-    int prefix_cache_mb;
+    int prefix_cache_mb, prefix_snapshot_every;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
 } worker_opts;
 
@@ -47,6 +47,7 @@ static const flag_spec worker_flags[] = {
     {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
     {"prefix-cache-mb", "DS_PREFIX_CACHE_MB", "-1", FLAG_INT, offsetof(worker_opts, prefix_cache_mb), "MiB of recurrent-state snapshots kept for prefix reuse (-1: chosen by the device: a share of free GPU memory, 4 per slot on the CPU; 0: off)"},
+    {"prefix-snapshot-every", "DS_PREFIX_SNAPSHOT_EVERY", "1024", FLAG_INT, offsetof(worker_opts, prefix_snapshot_every), "a long prompt's prefill keeps a snapshot at the end of a step when this many tokens were computed since its last one, so that prompts sharing part of it resume near where they part (0: only at the prompt's end and where prompts part)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -103,12 +104,14 @@ int cmd_worker(int argc, char **argv)
     }
     int lvl = log_level_parse(o.log_level);
     if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
-        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1) {
+        o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1 ||
+        o.prefix_snapshot_every < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--threads and --grace-seconds >= 0; --prefix-cache-mb >= -1");
+                            "--threads, --grace-seconds and --prefix-snapshot-every >= 0; "
+                            "--prefix-cache-mb >= -1");
         return 2;
     }
     log_threshold = (log_level)lvl;
@@ -189,7 +192,7 @@ int cmd_worker(int argc, char **argv)
                                                  ? -1 : (int64_t)o.prefix_cache_mb << 20};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
-                      .on_fatal = on_fatal};
+                      .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;
     worker_service_attach(ws, model, backend, eng, &desc);

@@ -403,9 +403,11 @@ static int snaps_create(cpu_forward *c, int64_t budget, status *st)
 {
     fwd *f = &c->base;
     f->snap_bytes = 0;
+    f->kv_block_bytes = 0;
     for (int r = 0; r < c->n_ranks; r++) {
         c->rank[r].snap_floats = qwen35_state_recurrent_bytes(c->rank[r].m) / sizeof(float);
         f->snap_bytes += c->rank[r].snap_floats * sizeof(float);
+        f->kv_block_bytes += 2 * qwen35_kv_floats(c->rank[r].m, 1, c->block_tokens) * sizeof(float);
     }
     int64_t n = 0;
     if (budget < 0 || (budget > 0 && f->snap_bytes == 0)) n = (int64_t)FWD_CPU_SNAPS_PER_SLOT * f->n_slots;

@@ -148,6 +148,8 @@ struct fwd {
     uint64_t state_bytes; /* per slot, for logs */
     int n_snaps;          /* snapshot buffers (0: no prefix reuse) */
     uint64_t snap_bytes;  /* bytes of one snapshot, every rank together */
+    uint64_t kv_block_bytes; /* bytes of one KV block: every attention layer, K and V, every
+                                rank */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
 };
 

@@ -19,12 +19,16 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "model/kv_pool.h"
+#include "model/prefix_cache.h"
 #include "worker/engine_metrics.h"
 
 #define MIN_PREFILL_CHUNK 16
 /* Admission leaves this share of the KV pool free while others run (at least one block): room
  * for the running sequences to grow a while before anyone is preempted (vLLM's watermark). */
 #define KV_WATERMARK_PERCENT 1
+/* A new sequence waits for a running one to snapshot the prefix their prompts share only when
+ * that saves it at least this many tokens over what the cache holds now. */
+#define PREFIX_WAIT_MIN 64
 
 struct engine {
     worker_backend *b; /* borrowed */
@@ -32,6 +36,13 @@ struct engine {
     int n_slots;
     kv_pool *kv;           /* b->kv: the backend's KV blocks (NULL: no paged KV) */
     uint32_t kv_watermark; /* blocks admission leaves free while others run */
+    prefix_cache *pc;      /* owned, NULL without snapshots: changed by the engine thread under
+                              mu (engine_prefix_heads reads it) */
+    uint32_t pc_spare;     /* blocks only the cache holds (prefix_cache_reclaimable), as of its
+                              last change or the last sequence's end (under mu) */
+    /* sequences started with the cache on (under mu): how many, how many resumed, the tokens
+       they looked up and those they resumed */
+    uint64_t px_queries, px_hits, px_queried_tokens, px_cached_tokens;
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -68,6 +79,12 @@ struct engine {
 
 /* ---- pool and queue (under e->mu) ---- */
 
+/* after the prefix cache changed or a sequence ended: the blocks admission may count */
+static void prefix_spare(engine *e)
+{
+    if (e->pc) e->pc_spare = prefix_cache_reclaimable(e->pc);
+}
+
 static int free_slot(const engine *e)
 {
     for (int s = 0; s < e->n_slots; s++)
@@ -78,16 +95,27 @@ static int free_slot(const engine *e)
 static int known_tokens(const engine_request *r) { return r->p.n_prompt + r->n_generated; }
 
 /* Whether the KV pool has room to admit a request that knows n_known tokens (its prompt and
- * what it generated before a preemption): the blocks free, less those promised to requests
- * admitted before and not yet taken, cover n_known + 1 positions (its prefill and the next
+ * what it generated before a preemption): the blocks free or held only by the prefix cache
+ * (which gives them back when asked: running sequences win over the cache), less those promised
+ * to requests admitted before and not yet taken, cover n_known + 1 positions (its prefill and the next
  * token) and the watermark. With nothing running the answer is yes: a request that fits the
  * pool (engine_submit checks) then always gets to run. */
 static bool kv_room(const engine *e, int n_known)
 {
     if (!e->kv || e->n_running == 0) return true;
-    const uint32_t free = kv_pool_free_blocks(e->kv);
+    const uint64_t free = (uint64_t)kv_pool_free_blocks(e->kv) + e->pc_spare;
     const uint64_t avail = free > e->kv_promised ? free - e->kv_promised : 0;
     return avail >= (uint64_t)kv_pool_blocks_for(e->kv, (int64_t)n_known + 1) + e->kv_watermark;
+}
+
+/* Blocks a request that knows n_known tokens lacks among the free ones (kv_room without the
+ * cache's blocks): what admitting it takes back from the cache. */
+static uint32_t free_blocks_short(const engine *e, int n_known)
+{
+    const uint64_t free = kv_pool_free_blocks(e->kv);
+    const uint64_t need = (uint64_t)kv_pool_blocks_for(e->kv, (int64_t)n_known + 1) +
+                          e->kv_watermark + e->kv_promised;
+    return need > free ? (uint32_t)(need - free) : 0;
 }
 
 /* A free slot for a request that knows n_known tokens, and KV room for it: the slot, else -1. */
@@ -127,6 +155,12 @@ static void admit_waiting(engine *e, int64_t now)
 {
     int slot;
     while (e->wait_head && (slot = slot_for(e, known_tokens(e->wait_head))) >= 0) {
+        if (e->pc && e->n_running && free_blocks_short(e, known_tokens(e->wait_head))) {
+            /* the cache's blocks count as room: now they are taken back */
+            prefix_cache_reclaim(e->pc, free_blocks_short(e, known_tokens(e->wait_head)) +
+                                        kv_pool_free_blocks(e->kv));
+            prefix_spare(e);
+        }
         engine_request *r = e->wait_head;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
@@ -270,7 +304,28 @@ void engine_get_load(engine *e, engine_load *out)
     out->steps = e->steps;
     out->tokens_generated = e->tokens_generated;
     out->requests_finished = e->n_finished;
+    out->prefix_queries = e->px_queries;
+    out->prefix_hits = e->px_hits;
+    out->prefix_queried_tokens = e->px_queried_tokens;
+    out->prefix_cached_tokens = e->px_cached_tokens;
     pthread_mutex_unlock(&e->mu);
+    if (!e->pc) return;
+    prefix_cache_stats ps;
+    prefix_cache_get_stats(e->pc, &ps);
+    out->prefix_cache = true;
+    out->prefix_evictions = ps.evictions;
+    out->prefix_snapshots = ps.snapshots;
+    out->prefix_blocks = ps.blocks;
+    out->prefix_snapshot_bytes = ps.snapshot_bytes;
+}
+
+int engine_prefix_heads(engine *e, int n_tokens, uint64_t *out, int max)
+{
+    if (!e->pc) return 0;
+    pthread_mutex_lock(&e->mu);
+    const int n = prefix_cache_heads(e->pc, n_tokens, out, max);
+    pthread_mutex_unlock(&e->mu);
+    return n;
 }
 
 bool engine_failed(engine *e)
@@ -296,6 +351,158 @@ static void end_seq(engine *e, engine_request *r)
     if (!r->started) return;
     r->started = false;
     worker_backend_seq_end(e->b, r->slot);
+}
+
+/* ---- the prefix cache (engine thread; every change under e->mu) ---- */
+
+/* Keeps r's fed prefix tokens[0 .. n_fed) in the cache with a snapshot of its state there (the
+ * copy is queued behind the slot's last step: no host sync). */
+static void prefix_keep(engine *e, engine_request *r)
+{
+    r->snap_last = r->n_fed;
+    if (r->snap_at && r->snap_at <= r->n_fed) r->snap_at = 0;
+    pthread_mutex_lock(&e->mu);
+    const int snap = prefix_cache_insert(e->pc, r->slot, r->tokens, r->n_fed, clock_now_us());
+    status st;
+    if (snap >= 0 && worker_backend_snap_save(e->b, r->slot, snap, &st) != STATUS_OK) {
+        /* a snapshot id the forward refused: the cache cannot be trusted, start it over */
+        LOG_ERROR("request %s: snapshot %d at %d tokens: %s; prefix cache cleared", r->p.id, snap,
+                  r->n_fed, st.msg);
+        prefix_cache_clear(e->pc);
+    }
+    prefix_spare(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* After a step fed r's tokens up to n_fed: a snapshot where one is due (where its prompt leaves
+ * the cached KV or a waiting request's prompt leaves its own, the end of its prompt, every
+ * prefix_snap_every computed tokens of a long prompt). */
+static void prefix_after_step(engine *e, engine_request *r, const worker_batch_item *it)
+{
+    if (r->snap_at && r->snap_at < r->n_fed) r->snap_at = 0; /* passed (never due past it) */
+    const bool due = r->snap_at == r->n_fed ||
+                     (it->prompt && (r->n_fed == r->p.n_prompt ||
+                                     (e->o.prefix_snap_every > 0 &&
+                                      r->n_fed - r->snap_last >= e->o.prefix_snap_every)));
+    if (due) prefix_keep(e, r);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    const int n = na < nb ? na : nb;
+    int i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Whether r, not started, still waits for its leader's snapshot (under e->mu). */
+static bool prefix_waits(const engine *e, const engine_request *r)
+{
+    const engine_request *l = e->running[r->leader_slot];
+    return l && l->admit_seq == r->leader_seq && l->started && l->snap_at == r->leader_pos &&
+           l->n_fed < r->leader_pos;
+}
+
+/* A running request that is computing a longer prefix of r's first n tokens than the cache holds
+ * (have), and has not passed it: the prefix length (its pending snapshot's, when it has one
+ * inside that prefix), *leader set; 0 when none saves PREFIX_WAIT_MIN tokens. Under e->mu. */
+static int prefix_leader(engine *e, const engine_request *r, int n, int have, engine_request **leader)
+{
+    int best = have + PREFIX_WAIT_MIN - 1;
+    *leader = NULL;
+    for (int s = 0; s < e->n_slots; s++) {
+        engine_request *l = e->running[s];
+        if (!l || l == r || !l->started || l->n_fed > n) continue;
+        int d = common_prefix(l->tokens, known_tokens(l), r->tokens, n);
+        if (d <= best || l->n_fed > d) continue;
+        if (l->snap_at > l->n_fed && l->snap_at != d) { /* it snapshots elsewhere first */
+            if (l->snap_at > d || l->snap_at <= best) continue;
+            d = l->snap_at;
+        }
+        best = d;
+        *leader = l;
+    }
+    return *leader ? best : 0;
+}
+
+/* Starts r's sequence in its slot: from the deepest prefix of its known tokens the cache holds
+ * a snapshot of (the prompt at most, and one token short of what it knows: the last one is fed
+ * to sample), else from nothing. 1: started; 0: it waits for a running request that computes a
+ * longer shared prefix to snapshot it (r->leader_*); -1: the backend failed (st). */
+static int start_seq(engine *e, engine_request *r, status *st)
+{
+    r->n_cached = 0;
+    r->snap_at = 0;
+    r->snap_last = 0;
+    if (!e->pc) goto cold;
+    pthread_mutex_lock(&e->mu);
+    if (r->leader_seq && prefix_waits(e, r)) {
+        pthread_mutex_unlock(&e->mu);
+        return 0;
+    }
+    r->leader_seq = 0;
+    const int known = known_tokens(r);
+    const int lim = known - 1 < r->p.n_prompt ? known - 1 : r->p.n_prompt;
+    if (lim < 1) {
+        pthread_mutex_unlock(&e->mu);
+        goto cold;
+    }
+    /* the partial block's copy needs a free block */
+    if (kv_pool_free_blocks(e->kv) == 0) prefix_cache_reclaim(e->pc, 1);
+    const int64_t now = clock_now_us();
+    prefix_match m;
+    prefix_cache_match(e->pc, r->tokens, lim, now, &m);
+    engine_request *l;
+    const int d = prefix_leader(e, r, lim, m.n_kv > m.n_pos ? m.n_kv : m.n_pos, &l);
+    if (d && l->n_fed < d) { /* it gets there later: wait for it */
+        l->snap_at = d;
+        r->leader_seq = l->admit_seq;
+        r->leader_slot = l->slot;
+        r->leader_pos = d;
+        pthread_mutex_unlock(&e->mu);
+        return 0;
+    }
+    if (d) { /* it is there now: keep its prefix, resume from it */
+        pthread_mutex_unlock(&e->mu);
+        prefix_keep(e, l);
+        pthread_mutex_lock(&e->mu);
+        prefix_cache_match(e->pc, r->tokens, lim, now, &m);
+    }
+    if (m.n_kv > m.n_pos) r->snap_at = m.n_kv; /* the next one sharing that much resumes there */
+    if (m.n_pos > 0) {
+        const fwd_prefix x = {.snap = m.snap, .n_pos = m.n_pos, .blocks = m.blocks, .tokens = r->tokens};
+        if (worker_backend_seq_resume(e->b, r->slot, &r->p.sampling, &x, st) == STATUS_OK) {
+            r->n_fed = r->n_cached = r->snap_last = m.n_pos;
+            e->px_queries++;
+            e->px_queried_tokens += (uint64_t)lim;
+            e->px_hits++;
+            e->px_cached_tokens += (uint64_t)m.n_pos;
+            /* the blocks it holds now leave its promise */
+            const uint32_t want = kv_pool_blocks_for(e->kv, (int64_t)known + 1);
+            const uint32_t held = (uint32_t)kv_pool_held(e->kv, r->slot);
+            const uint32_t left = want > held ? want - held : 0;
+            if (left < r->kv_promise) {
+                e->kv_promised -= r->kv_promise - left;
+                r->kv_promise = left;
+            }
+            prefix_spare(e);
+            pthread_mutex_unlock(&e->mu);
+            r->started = true;
+            return 1;
+        }
+        if (st->code != STATUS_EXHAUSTED) {
+            pthread_mutex_unlock(&e->mu);
+            return -1;
+        }
+        r->snap_at = m.n_kv > 0 ? m.n_kv : 0; /* no block for the copy: computed from 0 */
+    }
+    e->px_queries++;
+    e->px_queried_tokens += (uint64_t)lim;
+    pthread_mutex_unlock(&e->mu);
+cold:
+    if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
+    r->started = true;
+    return 1;
 }
 
 /* Under e->mu at the start of a step: ends aborted/cancelled waiting requests, admits
@@ -361,7 +568,8 @@ static void sort_by_admission(engine_request **v, int n)
  * is its last generated one, then chunks of the others' known tokens (a prompt, or after a
  * preemption the prompt and the tokens generated before it) within the budget, oldest
  * admission first. A chunk holds prompt tokens or generated ones, never both: the sampler
- * counts the two apart (penalize_prompt). */
+ * counts the two apart (penalize_prompt); a chunk ends where its sequence is due a snapshot
+ * (snap_at). */
 static int build_batch(engine *e, engine_request **active, int na)
 {
     int n = 0, n_pre = 0;
@@ -392,6 +600,8 @@ static int build_batch(engine *e, engine_request **active, int na)
         if (i == 0 && chunk < MIN_PREFILL_CHUNK) /* progress even when decodes fill the budget */
             chunk = left < MIN_PREFILL_CHUNK ? left : MIN_PREFILL_CHUNK;
         if (cap && chunk > cap) chunk = cap;
+        if (r->snap_at > r->n_fed && chunk > r->snap_at - r->n_fed) /* a snapshot is due there */
+            chunk = r->snap_at - r->n_fed;
         if (chunk <= 0) break;
         worker_batch_item *it = &e->items[n];
         memset(it, 0, sizeof *it);
@@ -443,7 +653,8 @@ static void preempt(engine *e, engine_request *v, int *na)
 
 /* Grows each item's block table to cover the positions after the item, oldest admission first,
  * under the lock: the blocks a request takes leave its admission's promise at once, so that
- * admission never counts them twice. true: every item has its blocks. false: the pool ran dry
+ * admission never counts them twice; blocks only the prefix cache holds are taken back before
+ * anyone is preempted. true: every item has its blocks. false: the pool ran dry
  * and one request left active[] (the one admitted last, preempted; or a request the pool cannot
  * hold even alone, or whose table is too short, failed into done[]): the batch is to be built
  * again. Engine thread. */
@@ -466,7 +677,13 @@ static bool kv_grow(engine *e, int n, int *na, int *nd)
         engine_request *q = e->item_req[order[k]];
         const int64_t want = (int64_t)q->n_fed + e->items[order[k]].n_tokens;
         const int held = kv_pool_held(e->kv, q->slot);
-        if (kv_pool_ensure(e->kv, q->slot, want, &st) != STATUS_OK) {
+        int rc = kv_pool_ensure(e->kv, q->slot, want, &st);
+        if (rc == STATUS_EXHAUSTED && e->pc) { /* the cache gives its blocks back first */
+            prefix_cache_reclaim(e->pc, kv_pool_need(e->kv, q->slot, want));
+            prefix_spare(e);
+            rc = kv_pool_ensure(e->kv, q->slot, want, &st);
+        }
+        if (rc != STATUS_OK) {
             r = q;
             n_pos = want;
             break;
@@ -557,6 +774,7 @@ static void retire(engine *e, engine_request **done, int nd)
     for (int i = 0; i < nd; i++) end_seq(e, done[i]);
     if (e->kv) engine_metrics_kv(&e->m, kv_pool_free_blocks(e->kv)); /* this step's blocks */
     pthread_mutex_lock(&e->mu);
+    if (nd) prefix_spare(e);
     for (int i = 0; i < nd; i++) {
         engine_request *r = done[i];
         if (r->slot >= 0) unadmit(e, r);
@@ -620,6 +838,11 @@ static void *engine_main(void *arg)
         engine_metrics_occupancy(&e->m, e->n_running, e->n_waiting, e->n_slots);
         pthread_mutex_unlock(&e->mu);
         for (int i = 0; i < nd; i++) end_seq(e, e->done[i]); /* cancelled: blocks back first */
+        if (nd && e->pc) {
+            pthread_mutex_lock(&e->mu);
+            prefix_spare(e);
+            pthread_mutex_unlock(&e->mu);
+        }
 
         status st;
         status_clear(&st);
@@ -629,16 +852,15 @@ static void *engine_main(void *arg)
             retire(e, e->done, nd);
             continue;
         }
-        /* new sequences */
+        /* new sequences (from a cached prefix where there is one; those waiting for another
+           one's snapshot stay out of this step) */
         int kept = 0;
         for (int i = 0; i < na; i++) {
             engine_request *r = e->active[i];
             if (!r->started) {
-                if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, &st) != STATUS_OK) {
-                    nd = fail_items(e, &r, 1, &st, nd);
-                    continue;
-                }
-                r->started = true;
+                const int rc = start_seq(e, r, &st);
+                if (rc < 0) nd = fail_items(e, &r, 1, &st, nd);
+                if (rc <= 0) continue;
             }
             e->active[kept++] = r;
         }
@@ -663,13 +885,21 @@ static void *engine_main(void *arg)
                 for (int i = 0; i < n; i++) {
                     engine_request *r = e->item_req[i];
                     r->n_fed += e->items[i].n_tokens;
+                    if (e->pc) prefix_after_step(e, r, &e->items[i]);
                     if (!e->items[i].sample) continue;
                     generated++;
-                    if (take_token(e, r, &e->items[i], now)) e->done[nd++] = r;
+                    if (!take_token(e, r, &e->items[i], now)) continue;
+                    e->done[nd++] = r;
+                    if (e->pc) prefix_keep(e, r); /* the conversation's next turn starts here */
                 }
             }
         }
         engine_metrics_step(&e->m, generated);
+        if (e->pc && e->m.on) {
+            engine_load l;
+            engine_get_load(e, &l);
+            engine_metrics_prefix(&e->m, &l);
+        }
 
         pthread_mutex_lock(&e->mu);
         e->steps++;
@@ -709,6 +939,15 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
         e->kv_watermark = kv_pool_total_blocks(e->kv) * KV_WATERMARK_PERCENT / 100;
         if (e->kv_watermark < 1) e->kv_watermark = 1;
     }
+    if (e->kv && b->f->n_snaps > 0) {
+        const prefix_cache_opts po = {.kv = e->kv, .n_snaps = b->f->n_snaps,
+                                      .snap_bytes = b->f->snap_bytes,
+                                      .block_bytes = b->f->kv_block_bytes};
+        if (prefix_cache_create(&po, &e->pc, st) != STATUS_OK) {
+            free(e);
+            return st->code;
+        }
+    }
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);
     e->running = calloc((size_t)e->n_slots, sizeof *e->running);
@@ -732,6 +971,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     clock_cond_init(&e->idle_cv);
     e->tps_t0 = clock_now_us();
     engine_metrics_init(&e->m, e->o.metrics, e->n_slots, e->kv ? kv_pool_total_blocks(e->kv) : 0);
+    if (e->pc) engine_metrics_prefix_init(&e->m, e->o.metrics);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
         return status_fail(st, STATUS_INTERNAL, "engine: cannot start the engine thread");
@@ -800,6 +1040,7 @@ void engine_destroy(engine *e)
         pthread_cond_destroy(&e->work_cv);
         pthread_cond_destroy(&e->idle_cv);
     }
+    prefix_cache_destroy(e->pc);
     free(e->pool);
     free(e->running);
     free(e->active);

@@ -94,6 +94,13 @@ typedef struct engine_request {
     int n_preempted;        /* times it was preempted */
     int n_cached;           /* prompt tokens its sequence took from the prefix cache instead of
                                computing them (its last admission; usage.cached_tokens) */
+    /* the prefix cache (engine thread only) */
+    int snap_at;            /* a snapshot is due when n_fed reaches this (0: none): where its
+                               prompt leaves the cached KV, or where a waiting one's does */
+    int snap_last;          /* n_fed at its last snapshot (or where it started) */
+    uint64_t leader_seq;    /* not started: waits for the request of this admit_seq to snapshot
+                               at leader_pos, the prefix the two prompts share (0: none) */
+    int leader_slot, leader_pos;
     uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
                                the engine lock) */
     uint64_t admit_seq;     /* first admission order (1, 2, ...; kept through preemption): prefill
@@ -121,6 +128,9 @@ typedef struct engine_opts {
     int32_t eos_ids[ENGINE_MAX_EOS_IDS]; /* end-of-generation ids (unless ignore_eos) */
     int n_eos_ids;
     metrics *metrics; /* optional: series are registered on it */
+    /* the prefix cache is on when the backend's forward has snapshots (fwd.n_snaps) */
+    int prefix_snap_every; /* a prompt prefill keeps a snapshot at the end of a step when this
+                              many tokens were computed since its last one (0: never) */
     /* optional: called once (engine thread) when the backend fails for good (STATUS_DEVICE) */
     void (*on_fatal)(void *arg);
     void *fatal_arg;

@@ -51,6 +51,42 @@ void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots, uint32_t k
     metrics_set(em->free_kv_blocks, kv_blocks);
 }
 
+void engine_metrics_prefix_init(engine_metrics *em, metrics *m)
+{
+    if (!em->on) return;
+    em->px_queries = metrics_counter(m, "deltaserve:prefix_cache_queries_total", NULL,
+                                     "Sequences that looked up their prompt in the prefix cache.");
+    em->px_hits = metrics_counter(m, "deltaserve:prefix_cache_hits_total", NULL,
+                                  "Lookups that found a cached prefix to resume from.");
+    em->px_queried_tokens = metrics_counter(m, "deltaserve:prefix_cache_queried_tokens_total", NULL,
+                                            "Prompt tokens looked up in the prefix cache.");
+    em->px_cached_tokens = metrics_counter(m, "deltaserve:prefix_cache_cached_tokens_total", NULL,
+                                           "Prompt tokens served from the prefix cache, not computed.");
+    em->px_evictions = metrics_counter(m, "deltaserve:prefix_cache_evictions_total", NULL,
+                                       "Snapshots and blocks the prefix cache let go for room.");
+    em->px_snapshots = metrics_gauge(m, "deltaserve:prefix_cache_snapshots", NULL,
+                                     "Recurrent-state snapshots the prefix cache holds.");
+    em->px_snapshot_bytes = metrics_gauge(m, "deltaserve:prefix_cache_snapshot_bytes", NULL,
+                                          "Bytes of the snapshots the prefix cache holds.");
+    em->px_blocks = metrics_gauge(m, "deltaserve:prefix_cache_blocks", NULL,
+                                  "KV cache blocks the prefix cache holds a reference on.");
+}
+
+void engine_metrics_prefix(engine_metrics *em, const engine_load *l)
+{
+    if (!em->on || !em->px_queries) return;
+    engine_load *o = &em->px_last;
+    metrics_inc(em->px_queries, (double)(l->prefix_queries - o->prefix_queries));
+    metrics_inc(em->px_hits, (double)(l->prefix_hits - o->prefix_hits));
+    metrics_inc(em->px_queried_tokens, (double)(l->prefix_queried_tokens - o->prefix_queried_tokens));
+    metrics_inc(em->px_cached_tokens, (double)(l->prefix_cached_tokens - o->prefix_cached_tokens));
+    metrics_inc(em->px_evictions, (double)(l->prefix_evictions - o->prefix_evictions));
+    metrics_set(em->px_snapshots, l->prefix_snapshots);
+    metrics_set(em->px_snapshot_bytes, (double)l->prefix_snapshot_bytes);
+    metrics_set(em->px_blocks, l->prefix_blocks);
+    *o = *l;
+}
+
 void engine_metrics_preempted(engine_metrics *em)
 {
     if (em->on) metrics_inc(em->preemptions, 1);

@@ -19,11 +19,21 @@ typedef struct engine_metrics {
     metrics_series *ttft, *itl, *e2e, *queue_time;
     metrics_series *running, *waiting, *free_slots, *total_slots;
     metrics_series *preemptions, *free_kv_blocks, *total_kv_blocks;
+    /* the prefix cache's (registered by engine_metrics_prefix_init) */
+    metrics_series *px_queries, *px_hits, *px_queried_tokens, *px_cached_tokens, *px_evictions;
+    metrics_series *px_snapshots, *px_snapshot_bytes, *px_blocks;
+    engine_load px_last; /* the counters as last observed (engine thread) */
 } engine_metrics;
 
 /* Registers the series on m (NULL: off) for an engine of n_slots slots over a KV pool of
  * kv_blocks blocks (0: none; the KV gauges then stay 0). */
 void engine_metrics_init(engine_metrics *em, metrics *m, int n_slots, uint32_t kv_blocks);
+
+/* The prefix cache's series (an engine with a cache): deltaserve:prefix_cache_*. */
+void engine_metrics_prefix_init(engine_metrics *em, metrics *m);
+/* The cache's figures now (engine_get_load's prefix_*): counters move by what changed since the
+ * last call. Engine thread. */
+void engine_metrics_prefix(engine_metrics *em, const engine_load *l);
 
 /* Admission: a request refused (draining, else queue full), or accepted with its prompt. */
 void engine_metrics_rejected(engine_metrics *em, bool draining);

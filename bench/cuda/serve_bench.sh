@@ -10,12 +10,18 @@
 #       the long prompt's time to first token under that load
 #   serve_bench.sh two-workers MODEL   loadgen 64 streams on one worker (cuda:0), then on two
 #       (cuda:0, cuda:1) behind one router (needs two GPUs)
+#   serve_bench.sh prefix MODEL   the prefix cache on (the default budget), then off
+#       (--prefix-cache-mb 0), each on a fresh worker: cold prompts (32 distinct 2,048-token
+#       prompts one at a time, 1 token generated: TTFT); 64 users x 8 turns of a 2,048-token
+#       system prompt, 128 user and 128 generated tokens (64 at once); 256 requests sharing a
+#       4,096-token prefix with distinct 64-token suffixes (64 at once, 16 generated); loadgen's
+#       report and summary line for each, and the worker's prefix figures from /metrics
 set -uo pipefail
 . tests/gpu/gpu_lib.sh
 mode=${1:-}
 model=${2:-}
-case $mode in loadgen|long-prompt|two-workers) ;; *)
-    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers MODEL [...]" >&2; exit 2;; esac
+case $mode in loadgen|long-prompt|two-workers|prefix) ;; *)
+    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix MODEL [...]" >&2; exit 2;; esac
 require_gpu "serve_bench $mode"
 [ -s "$model" ] || { echo "serve_bench: no model '$model' (tools/gpu-test makes synth/SIZE.gguf)"; exit 1; }
 ids=9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16
@@ -83,7 +89,40 @@ two_workers() {
     return $rc
 }
 
+prefix() {
+    local cache rc=0 seed=1 wp=50171 rp=50172 mp=50173
+    for cache in on off; do
+        local flag=""
+        [ $cache = off ] && flag="--prefix-cache-mb 0"
+        serve_up "prefix-$cache" $wp $rp --model "$model" --device cuda --ctx 8192 \
+            --metrics-listen 127.0.0.1:$mp $flag
+        echo "=== cache $cache: $(grep -o 'prefix cache[^,]*' "$wlog" | head -1)"
+        local common="--addr 127.0.0.1:$rp --ignore-eos --timeout-ms 600000 --id-range 100,100000"
+        echo "--- cold prompts: 32 x 2048 tokens, one at a time"
+        bench/loadgen $common --id-seed $((seed++)) --concurrency 1 --users 32 --turns 1 \
+            --system-tokens 0 --user-tokens 2048 --max-tokens 1 || rc=1
+        echo "--- multi-turn: 64 users x 8 turns, system 2048, user 128, generated 128"
+        bench/loadgen $common --id-seed $((seed++)) --concurrency 64 --users 64 --turns 8 \
+            --system-tokens 2048 --user-tokens 128 --max-tokens 128 || rc=1
+        echo "--- shared prefix: 256 requests, prefix 4096, suffix 64, 64 at once"
+        bench/loadgen $common --id-seed $((seed++)) --concurrency 64 --requests 256 \
+            --shared-prefix 4096 --suffix-tokens 64 --max-tokens 16 || rc=1
+        echo "--- worker /metrics"
+        python3 - "$mp" <<'PY' || true
+import sys, urllib.request
+body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+for line in body.splitlines():
+    if line.startswith(("deltaserve:prefix_cache", "deltaserve:num_preemptions", "deltaserve:num_free_kv", "deltaserve:num_total_kv")):
+        print(line)
+PY
+        serve_down
+        echo "--- worker log"; grep -v "info request" "$wlog" | tail -8
+    done
+    return $rc
+}
+
 case $mode in
+    prefix) prefix "$@" ;;
     loadgen) loadgen "$@" ;;
     long-prompt) long_prompt "$@" ;;
     two-workers) two_workers "$@" ;;
