@@ -79,7 +79,9 @@ static int capture_graphs(fc_rank *e, status *st)
     }
 }
 
-/* The state and activation arenas (a sizing pass, then for real), the KV cache's block tables,
+/* The state and activation arenas (a sizing pass, then for real), the snapshots' (one
+ * allocation, outside the state's: stats.state_bytes stays the slots' and the cache's), the KV
+ * cache's block tables,
  * the batched step's and the one-row step's pinned buffers; every slot and the pad slot
  * cleared. */
 static int alloc_run_state(fc_rank *e, status *st)
@@ -90,7 +92,9 @@ static int alloc_run_state(fc_rank *e, status *st)
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
-        cuda_alloc(&e->d_act, aa.used, "activations", st))
+        cuda_alloc(&e->d_act, aa.used, "activations", st) ||
+        (e->n_snaps &&
+         cuda_alloc(&e->d_snaps, (uint64_t)e->n_snaps * e->snap_bytes, "snapshots", st)))
         return st->code;
     sa = (fc_arena){e->d_state, 0, e->state_bytes};
     aa = (fc_arena){e->d_act, 0, e->act_bytes};
@@ -112,15 +116,36 @@ static int alloc_run_state(fc_rank *e, status *st)
     return STATUS_OK;
 }
 
-/* n_slots and the KV pool from free device memory (after the weights). A slot's recurrent state
- * is held whole; KV goes in blocks from one pool (paged), so the pool is sized for every slot
- * holding a quarter of n_ctx on average (the scheduler admits on the blocks actually free and
- * preempts a sequence when the pool runs dry): slots = room / (state + n_ctx/4 positions of KV),
- * at most 256, the pool the rest (at most what full contexts would take). The room: free memory
- * less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5% (the CUDA
- * context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks when
- * given, else every slot's full context, as a contiguous cache would; one more block is the pad
- * slot's. */
+/* Snapshots (docs/GPU.md "Snapshots"): budget > 0: floor(budget / snapshot bytes); < 0
+ * (chosen): up to 8 per slot and at most an eighth of `left`, the device memory beyond the
+ * reserve that the slots' state and the KV pool leave, yet one per slot when `left` holds them;
+ * never more than `left` holds. */
+static uint64_t snaps_for(const fc_rank *e, uint64_t left, int n_slots)
+{
+    const uint64_t snap = e->snap_bytes ? e->snap_bytes : 256;
+    if (e->snap_budget == 0) return 0;
+    uint64_t n = (uint64_t)e->snap_budget / snap;
+    if (e->snap_budget < 0) {
+        const uint64_t fits = left / snap, one_each = fits < (uint64_t)n_slots ? fits : n_slots;
+        n = left / 8 / snap;
+        if (n > 8ull * n_slots) n = 8ull * n_slots;
+        if (n < one_each) n = one_each;
+    }
+    return n > (1u << 20) ? 1u << 20 : n;
+}
+
+/* n_slots, the KV pool and the snapshots from free device memory (after the weights). A slot's
+ * recurrent state is held whole; KV goes in blocks from one pool (paged), so the pool is sized
+ * for every slot holding a quarter of n_ctx on average (the scheduler admits on the blocks
+ * actually free and preempts a sequence when the pool runs dry): slots = room / (state + n_ctx/4
+ * positions of KV), at most 256; then the snapshots (snaps_for) from what lies beyond that
+ * quarter of a context per slot and one full context (so they never shrink the pool below
+ * either), or a given budget's
+ * before the slots; the pool the rest (at most what full contexts would take). The room: free
+ * memory less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5%
+ * (the CUDA context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks
+ * when given, else every slot's full context, as a contiguous cache would, and chosen snapshots
+ * take their share of what the slots and the pool leave; one more block is the pad slot's. */
 static int size_state(fc_rank *e, status *st)
 {
     fc_kv *kv = &e->kv;
@@ -128,11 +153,8 @@ static int size_state(fc_rank *e, status *st)
     const qwen35_config *c = &e->cfg;
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
                            e->kv_elem_bytes; /* K and V of one block, every layer */
-    if (e->n_slots) {
-        kv->n_blocks = e->kv_blocks_opt > 0 ? e->kv_blocks_opt + 1
-                                            : e->n_slots * kv->ld + 1; /* + the pad slot's */
-        return STATUS_OK;
-    }
+    e->snap_bytes = fc_snap_bytes(e);
+    const int given = e->n_slots;
     fc_slot probe[2];
     memset(probe, 0, sizeof probe);
     e->slots = probe;
@@ -141,7 +163,7 @@ static int size_state(fc_rank *e, status *st)
     fc_arena a = {0};
     fc_state_layout(e, &a); /* one slot and the pad slot, no KV */
     e->slots = NULL;
-    e->n_slots = 0;
+    e->n_slots = given;
     const uint64_t per_slot = a.used / 2;
     cuda_device_props p;
     if (cuda_device_props_get(e->device, &p, st)) return st->code;
@@ -152,24 +174,55 @@ static int size_state(fc_rank *e, status *st)
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
     reserve += 256 * row;
     if (e->dense.resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
-    const uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
+    uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
+    const uint64_t snap = e->snap_bytes;
+    if (e->n_slots) {
+        kv->n_blocks = e->kv_blocks_opt > 0 ? e->kv_blocks_opt + 1
+                                            : e->n_slots * kv->ld + 1; /* + the pad slot's */
+        const uint64_t taken = (uint64_t)(e->n_slots + 1) * per_slot + kv->n_blocks * block;
+        e->n_snaps = (int)snaps_for(e, room > taken ? room - taken : 0, e->n_slots);
+        if (e->n_snaps)
+            LOG_INFO("cuda: %d snapshots of %.1f MB (%.2f GB%s)", e->n_snaps, snap / 1e6,
+                     (double)e->n_snaps * snap / 1e9,
+                     e->snap_budget < 0 ? ", chosen: 8 a slot, at most 1/8 of what the slots "
+                                          "and the KV pool leave" : "");
+        return STATUS_OK;
+    }
+    if (e->snap_budget > 0) { /* a given budget first */
+        e->n_snaps = (int)snaps_for(e, 0, 0);
+        if ((uint64_t)e->n_snaps * snap > room)
+            return status_fail(st, STATUS_NOMEM, "cuda: %d snapshots of %.1f MB (the budget) "
+                               "exceed the %.2f GB free beyond the reserve", e->n_snaps,
+                               snap / 1e6, (double)room / 1e9);
+        room -= (uint64_t)e->n_snaps * snap;
+    }
     const uint64_t quarter = (uint64_t)(kv->ld + 3) / 4 * block;
     const uint64_t full = (uint64_t)kv->ld * block;
     uint64_t fit = room / (per_slot + quarter);
     if (fit > 256) fit = 256;
     if (fit < 1 || room < per_slot + full + block)
         return status_fail(st, STATUS_NOMEM, "cuda: one slot needs %.1f MB of state and %.1f MB "
-                           "of KV (%d positions); %.2f GB are free beyond the reserve",
-                           per_slot / 1e6, full / 1e6, e->n_ctx, (double)room / 1e9);
+                           "of KV (%d positions); %.2f GB are free beyond the reserve%s",
+                           per_slot / 1e6, full / 1e6, e->n_ctx, (double)room / 1e9,
+                           e->n_snaps ? " and the snapshots" : "");
     e->n_slots = (int)fit;
-    uint64_t blocks = (room - fit * per_slot) / block;
+    if (e->snap_budget < 0) { /* chosen: from what lies beyond the pool's quarter contexts
+                                 (and one full context) */
+        const uint64_t kv_min = fit * quarter > full + block ? fit * quarter : full + block;
+        const uint64_t used = fit * per_slot + kv_min, spare = room > used ? room - used : 0;
+        uint64_t n = snaps_for(e, room, (int)fit);
+        if (n > spare / (snap ? snap : 256)) n = spare / (snap ? snap : 256);
+        e->n_snaps = (int)n;
+    }
+    uint64_t blocks = (room - fit * per_slot - (uint64_t)e->n_snaps * snap) / block;
     if (blocks > fit * kv->ld + 1) blocks = fit * kv->ld + 1;
     kv->n_blocks = (int)blocks;
     LOG_INFO("cuda: %.1f MB of recurrent state per slot, %.1f KB of KV per position; %.1f GB "
              "free: %d slots, KV pool of %d blocks of %d positions (%.1f GB: %.1f full contexts "
-             "of %d; --slots overrides)", per_slot / 1e6, block / 1e3 / ATTN_KV_BLOCK,
-             p.mem_free_bytes / 1e9, e->n_slots, kv->n_blocks - 1, ATTN_KV_BLOCK,
-             (double)blocks * block / 1e9, (double)(kv->n_blocks - 1) / kv->ld, e->n_ctx);
+             "of %d; --slots overrides), %d snapshots (%.2f GB)", per_slot / 1e6,
+             block / 1e3 / ATTN_KV_BLOCK, p.mem_free_bytes / 1e9, e->n_slots, kv->n_blocks - 1,
+             ATTN_KV_BLOCK, (double)blocks * block / 1e9, (double)(kv->n_blocks - 1) / kv->ld,
+             e->n_ctx, e->n_snaps, (double)e->n_snaps * snap / 1e9);
     return STATUS_OK;
 }
 
@@ -188,6 +241,7 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
+    e->snap_budget = o ? o->snap_budget : 0;
     e->dense_rows_opt = o && !o->batch_invariant ? o->dense_rows : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
@@ -264,6 +318,7 @@ void fc_rank_destroy(fc_rank *e)
     cuda_free(e->w.d_arena);
     cuda_free(e->d_state);
     cuda_free(e->d_act);
+    cuda_free(e->d_snaps);
     cuda_host_free(e->h_pinned);
     cuda_stream_destroy(e->launch.stream);
     free(e);
@@ -273,6 +328,14 @@ int fc_rank_seq_start(fc_rank *e, int slot, const sampling_params *p, status *st
 {
     if (fc_slot_clear(e, slot, st)) return st->code;
     return fc_sampler_start(e, &e->slots[slot], p, st);
+}
+
+int fc_rank_seq_resume(fc_rank *e, int slot, const sampling_params *p, const fc_resume *r,
+                       status *st)
+{
+    if (fc_rank_seq_start(e, slot, p, st) || fc_slot_resume(e, slot, r, st)) return st->code;
+    fc_sampler_prompt(e, &e->slots[slot], r->tokens, r->n_pos);
+    return STATUS_OK;
 }
 
 /* true when row i's token is its slot's last argmax, still on the device: the chained graph

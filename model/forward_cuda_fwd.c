@@ -15,7 +15,8 @@
 #include "model/forward_cuda_impl.h"
 #include "model/tp_shard.h"
 
-enum rank_job { JOB_CREATE, JOB_SEQ_START, JOB_FILL, JOB_STEP, JOB_DESTROY };
+enum rank_job { JOB_CREATE, JOB_SEQ_START, JOB_SEQ_RESUME, JOB_SNAP_SAVE, JOB_FILL, JOB_STEP,
+                JOB_DESTROY };
 
 typedef struct cuda_forward {
     fwd base;
@@ -33,7 +34,8 @@ typedef struct cuda_forward {
     const qwen35_model *m;
     fc_rank_opts opts;
     const sampling_params *params;
-    int slot, n_past, n;
+    int slot, n_past, n, snap;
+    fc_resume resume;
     fwd_row *rows;
     int rc[FWD_MAX_RANKS];
     status st[FWD_MAX_RANKS];
@@ -55,6 +57,11 @@ static int run_on(cuda_forward *c, int r, status *st)
         return fc_rank_create(&c->shard[r]->model, &o, &c->rank[r], st);
     }
     case JOB_SEQ_START: return fc_rank_seq_start(c->rank[r], c->slot, c->params, st);
+    case JOB_SEQ_RESUME:
+        return fc_rank_seq_resume(c->rank[r], c->slot, c->params, &c->resume, st);
+    case JOB_SNAP_SAVE:
+        fc_snap_save(c->rank[r], c->slot, c->snap);
+        return STATUS_OK;
     case JOB_FILL: return fc_slot_fill(c->rank[r], c->slot, c->n_past, st);
     case JOB_STEP: return fc_rank_step(c->rank[r], r ? c->rows_of[r] : c->rows, c->n, st);
     case JOB_DESTROY:
@@ -169,6 +176,86 @@ static int cuda_fill(fwd *f, int slot, int n_past, status *st)
     return STATUS_OK;
 }
 
+/* ---- prefix reuse (fwd.h snap_save / seq_resume; docs/GPU.md "Snapshots") ---- */
+
+static int cuda_snap_save(fwd *f, int slot, int snap, status *st)
+{
+    cuda_forward *c = (cuda_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "snapshot: slot %d outside [0, %d)", slot,
+                           f->n_slots);
+    if (snap < 0 || snap >= f->n_snaps)
+        return status_fail(st, STATUS_RANGE, "snapshot %d outside [0, %d)", snap, f->n_snaps);
+    c->slot = slot;
+    c->snap = snap;
+    return on_ranks(c, JOB_SNAP_SAVE, st); /* an asynchronous copy on each rank's stream */
+}
+
+/* The prefix's snapshot, length and tokens (the blocks are checked once the slot let go of its
+ * own: it may have held the prefix's). */
+static int check_prefix(const fwd *f, const fwd_prefix *x, status *st)
+{
+    if (!x || !x->blocks || !x->tokens)
+        return status_fail(st, STATUS_INVALID, "resume: no prefix, blocks or tokens");
+    if (x->snap < 0 || x->snap >= f->n_snaps)
+        return status_fail(st, STATUS_RANGE, "resume: snapshot %d outside [0, %d)", x->snap,
+                           f->n_snaps);
+    if (x->n_pos < 1 || x->n_pos >= f->n_ctx)
+        return status_fail(st, STATUS_RANGE, "resume: %d positions outside [1, %d)", x->n_pos,
+                           f->n_ctx);
+    for (int i = 0; i < x->n_pos; i++)
+        if (x->tokens[i] < 0 || x->tokens[i] >= f->vocab)
+            return status_fail(st, STATUS_RANGE, "resume: token %d: id %d outside [0, %d)", i,
+                               x->tokens[i], f->vocab);
+    return STATUS_OK;
+}
+
+static int check_blocks(const fwd *f, const fwd_prefix *x, status *st)
+{
+    const int n = (int)kv_pool_blocks_for(f->kv, x->n_pos);
+    for (int i = 0; i < n; i++)
+        if (kv_pool_refs(f->kv, x->blocks[i]) < 1)
+            return status_fail(st, STATUS_INVALID, "resume: block %d (entry %d of %d) is not "
+                               "held", x->blocks[i], i, n);
+    return STATUS_OK;
+}
+
+/* The slot empties (its blocks released) and the prefix is checked; the full blocks are adopted
+ * (a table change: each rank's mirror re-copies the table before the next step reads it,
+ * fc_kv_sync), a fresh block taken for the partial one; then each rank starts the slot and copies
+ * the snapshot into its state and the partial block's rows into the fresh block
+ * (fc_rank_seq_resume). Any error leaves the slot empty. */
+static int cuda_seq_resume(fwd *f, int slot, const sampling_params *p, const fwd_prefix *x,
+                           status *st)
+{
+    cuda_forward *c = (cuda_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "resume: slot %d outside [0, %d)", slot,
+                           f->n_slots);
+    kv_pool_release(f->kv, slot);
+    f->n_past[slot] = 0;
+    int rc = check_prefix(f, x, st);
+    if (!rc) rc = check_blocks(f, x, st);
+    const int full = rc ? 0 : x->n_pos / ATTN_KV_BLOCK, part = rc ? 0 : x->n_pos % ATTN_KV_BLOCK;
+    if (!rc) rc = kv_pool_adopt(f->kv, slot, x->blocks, full, st);
+    if (!rc && part) rc = kv_pool_ensure(f->kv, slot, x->n_pos, st);
+    if (!rc) {
+        c->slot = slot;
+        c->params = p;
+        c->resume = (fc_resume){.snap = x->snap, .n_pos = x->n_pos,
+                                .src_block = part ? x->blocks[full] : -1,
+                                .dst_block = part ? kv_pool_table(f->kv, slot)[full] : -1,
+                                .tokens = x->tokens};
+        rc = on_ranks(c, JOB_SEQ_RESUME, st);
+    }
+    if (rc) {
+        kv_pool_release(f->kv, slot);
+        return rc;
+    }
+    f->n_past[slot] = x->n_pos;
+    return STATUS_OK;
+}
+
 static void cuda_get_stats(const fwd *f, fwd_stats *out)
 {
     *out = ((const cuda_forward *)f)->rank[0]->stats; /* rank 0 reports */
@@ -197,6 +284,8 @@ static const fwd_vt cuda_vt = {
     .seq_end = cuda_seq_end,
     .step = cuda_step,
     .fill = cuda_fill,
+    .snap_save = cuda_snap_save,
+    .seq_resume = cuda_seq_resume,
     .get_stats = cuda_get_stats,
     .destroy = cuda_destroy,
 };
@@ -292,7 +381,11 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     c->m = m;
     c->opts = (fc_rank_opts){.n_ctx = o->n_ctx, .n_slots = o->n_slots, .max_rows = o->max_rows,
                              .batch_invariant = o->batch_invariant, .dense_rows = o->dense_rows,
-                             .dense_per_pass = o->dense_per_pass, .kv_blocks = o->kv_blocks};
+                             .dense_per_pass = o->dense_per_pass, .kv_blocks = o->kv_blocks,
+                             /* each rank's share: floor(share / its bytes) is floor(budget /
+                                the group's bytes), the ranks' shards being alike */
+                             .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
+                                                               : o->snap_budget};
     int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];
@@ -306,6 +399,11 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
         goto fail;
     }
     f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1);
+    f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */
+    for (int r = 0; r < ranks; r++) {
+        if (c->rank[r]->n_snaps < f->n_snaps) f->n_snaps = c->rank[r]->n_snaps;
+        f->snap_bytes += c->rank[r]->snap_bytes;
+    }
     device_name(c);
     *out = f;
     return STATUS_OK;

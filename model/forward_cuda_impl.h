@@ -56,6 +56,9 @@ typedef struct fc_rank_opts {
                              copies stay resident when they take at most half of the free
                              device memory (2 bytes a weight), else per pass */
     int kv_blocks;        /* > 0: the KV pool's blocks; 0: sized with the slots */
+    int64_t snap_budget;  /* this rank's bytes for recurrent-state snapshots (prefix reuse):
+                             0 none; > 0 as many snapshots as fit; < 0 chosen from the free
+                             device memory (size_state, docs/GPU.md "Snapshots") */
     /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
      * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the
      * row-parallel outputs and gathers the vocabulary-split logits in its graphs) and its first
@@ -253,6 +256,11 @@ struct fc_rank {
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
     int kv_blocks_opt;    /* fc_rank_opts.kv_blocks */
+    int64_t snap_budget;  /* fc_rank_opts.snap_budget */
+    int n_snaps;          /* snapshot buffers in d_snaps (0: none) */
+    uint64_t snap_bytes;  /* one snapshot on this rank: a slot's conv windows and S, as they lie
+                             from d_conv to d_pos (fc_snap_bytes) */
+    void *d_snaps;        /* owned, device: [n_snaps][snap_bytes] */
     int dense_rows_opt;   /* fc_rank_opts.dense_rows (0 with batch_invariant) */
     fc_dense dense;
     fc_act a;
@@ -292,6 +300,19 @@ void fc_rank_destroy(fc_rank *e);
 /* A new sequence in a slot (in range): position 0, state zeroed, sampler reset with p (valid and
  * resolved: common/sampling.h); its KV blocks are the group's to release. */
 int fc_rank_seq_start(fc_rank *e, int slot, const sampling_params *p, status *st);
+/* A new sequence continuing a cached prefix (checked by the group, which took the slot's blocks:
+ * the prefix's full ones adopted, then dst_block for the partial last one, -1 when n_pos is a
+ * multiple of ATTN_KV_BLOCK): seq_start, then the slot's state from snapshot snap, the first
+ * n_pos % ATTN_KV_BLOCK rows of block src_block copied into dst_block (every attention layer, K
+ * and V), position n_pos, the sampler having counted tokens[0 .. n_pos) as prompt tokens. The
+ * copies are asynchronous on the stream, ordered before the next step. */
+typedef struct fc_resume {
+    int snap, n_pos;
+    int32_t src_block, dst_block;
+    const int32_t *tokens;
+} fc_resume;
+int fc_rank_seq_resume(fc_rank *e, int slot, const sampling_params *p, const fc_resume *r,
+                       status *st);
 /* Runs rows[0 .. B) (checked by the group: ids, slots, positions in order, 1 <= B <= max_rows;
  * every run's blocks in the pool) in order; one host sync. Each sampled row's out is filled on
  * rank 0 (the argmax only on the others). STATUS_INTERNAL when a sampled row found no token
@@ -324,6 +345,9 @@ int fc_samplers_create(fc_rank *e, status *st);
 void fc_samplers_destroy(fc_rank *e);
 /* A new sequence's sampling parameters (valid; resolved here) and its sampler reset. */
 int fc_sampler_start(fc_rank *e, fc_slot *sl, const sampling_params *p, status *st);
+/* ids[0 .. n) counted by the slot's sampler as prompt tokens (penalties), in one call: a resumed
+ * prefix's tokens, or a run's prompt rows. */
+void fc_sampler_prompt(fc_rank *e, fc_slot *sl, const int32_t *ids, int n);
 /* Behind the graphs of rows [i, j) of one slot (a run): the tokens its sampler counts, then, when
  * the run's last row samples and its slot is not greedy, its sampler on d_logits (that row's
  * logits on the device): the GPU sampler enqueued, or the host sampler after a sync. */
@@ -350,7 +374,18 @@ void fc_dense_destroy(fc_rank *e);
 /* ---- forward_cuda_state.c ---- */
 void fc_state_layout(fc_rank *e, fc_arena *a);
 void fc_act_layout(fc_rank *e, fc_arena *a);
+/* Position 0, state zeroed: the state's memset on the stream, behind any snapshot copy still
+ * reading it; returns when it is done. */
 int fc_slot_clear(fc_rank *e, int slot, status *st);
+/* ---- snapshots (docs/GPU.md "Snapshots") ----
+ * The bytes of one snapshot on this rank (a slot's d_conv and d_S as laid out, padding
+ * included); the slot's state copied into snapshot snap, and back, device to device on the
+ * stream (no sync, nothing allocated); the slot resumed at position n_pos: the device position
+ * set and the first n_pos % ATTN_KV_BLOCK rows of src_block copied into dst_block, every
+ * attention layer's K and V (fc_resume). */
+uint64_t fc_snap_bytes(const fc_rank *e);
+void fc_snap_save(fc_rank *e, int slot, int snap);
+int fc_slot_resume(fc_rank *e, int slot, const fc_resume *r, status *st);
 /* fwd_fill's work on this rank (slot and n_past valid; the group took the slot's blocks for
  * positions 0 .. n_past): those blocks hold a constant finite pattern, the slot is at position
  * n_past. */

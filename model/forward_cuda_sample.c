@@ -52,6 +52,15 @@ int fc_sampler_start(fc_rank *e, fc_slot *sl, const sampling_params *p, status *
     return STATUS_OK;
 }
 
+void fc_sampler_prompt(fc_rank *e, fc_slot *sl, const int32_t *ids, int n)
+{
+    if (!fc_samples(e) || !n) return;
+    if (sl->sampler)
+        sample_accept_prompt(sl->sampler, ids, n, &e->launch);
+    else
+        sampler_accept_prompt(sl->host_sampler, ids, n);
+}
+
 /* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
  * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
 static void accept_rows(fc_rank *e, const fwd_row *rows, int i, int j)
@@ -61,8 +70,7 @@ static void accept_rows(fc_rank *e, const fwd_row *rows, int i, int j)
     int n = 0;
     for (int k = i; k < j; k++)
         if (rows[k].prompt) e->h_ids[n++] = rows[k].token;
-    if (n && sl->sampler) sample_accept_prompt(sl->sampler, e->h_ids, n, &e->launch);
-    if (n && !sl->sampler) sampler_accept_prompt(sl->host_sampler, e->h_ids, n);
+    fc_sampler_prompt(e, sl, e->h_ids, n);
     for (int k = i; k < j; k++) {
         if (rows[k].prompt) continue;
         if (sl->sampler)

@@ -127,14 +127,17 @@ void fc_act_layout(fc_rank *e, fc_arena *ar)
 }
 
 /* Position 0, recurrent state zeroed (setup path: synchronous); its KV blocks are the group's
- * to release: positions are written before they are read. */
+ * to release: positions are written before they are read. The state's memset goes on the stream
+ * (a snapshot copy of this slot may still be reading it: the stream is non-blocking, a memset on
+ * the default stream would not wait for it); cuda_upload's device-wide sync then waits for it. */
 int fc_slot_clear(fc_rank *e, int slot, status *st)
 {
     fc_slot *sl = &e->slots[slot];
     const int32_t pos[2] = {0, 0};
     /* conv windows and S lie back to back before d_pos (fc_state_layout) */
-    if (cuda_memset(sl->d_conv, 0, (size_t)((uint8_t *)sl->d_pos - (uint8_t *)sl->d_conv), st) ||
-        cuda_upload(sl->d_pos, pos, sizeof pos, st) || cuda_memset(sl->d_best, 0, 8, st))
+    cuda_memset_async(sl->d_conv, 0, (size_t)((uint8_t *)sl->d_pos - (uint8_t *)sl->d_conv),
+                      e->launch.stream);
+    if (cuda_upload(sl->d_pos, pos, sizeof pos, st) || cuda_memset(sl->d_best, 0, 8, st))
         return st->code;
     sl->n_past = 0;
     sl->chain_ok = false;
@@ -163,4 +166,48 @@ int fc_slot_fill(fc_rank *e, int slot, int n_past, status *st)
     if (cuda_upload(sl->d_pos, pos, sizeof pos, st)) return st->code;
     sl->n_past = n_past;
     return STATUS_OK;
+}
+
+/* ---- snapshots ---- */
+
+static uint64_t round256(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
+
+uint64_t fc_snap_bytes(const fc_rank *e)
+{
+    const qwen35_config *c = &e->cfg; /* as fc_state_layout takes d_conv, then d_S */
+    return round256((uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4) +
+           round256((uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
+}
+
+static uint8_t *snap_at(const fc_rank *e, int snap)
+{
+    return (uint8_t *)e->d_snaps + (uint64_t)snap * e->snap_bytes;
+}
+
+void fc_snap_save(fc_rank *e, int slot, int snap)
+{
+    const fc_slot *sl = &e->slots[slot];
+    DS_ASSERT((uint64_t)((uint8_t *)sl->d_pos - (uint8_t *)sl->d_conv) == e->snap_bytes);
+    cuda_copy_async(snap_at(e, snap), sl->d_conv, e->snap_bytes, e->launch.stream);
+}
+
+int fc_slot_resume(fc_rank *e, int slot, const fc_resume *r, status *st)
+{
+    fc_slot *sl = &e->slots[slot];
+    const int32_t pos[2] = {r->n_pos - 1, r->n_pos};
+    if (cuda_upload(sl->d_pos, pos, sizeof pos, st)) return st->code;
+    cuda_copy_async(sl->d_conv, snap_at(e, r->snap), e->snap_bytes, e->launch.stream);
+    const int rows = r->n_pos % ATTN_KV_BLOCK;
+    if (rows) { /* the partial block's first rows: they lie at its start ([row][n_kv][d_h]) */
+        const uint64_t block = kv_block_bytes(e), bytes = block / ATTN_KV_BLOCK * rows;
+        const uint64_t src = (uint64_t)r->src_block * block, dst = (uint64_t)r->dst_block * block;
+        for (int il = 0; il < e->cfg.n_attn_layers; il++) {
+            uint8_t *k = fc_kv_layer(e, e->kv.d_k, il), *v = fc_kv_layer(e, e->kv.d_v, il);
+            cuda_copy_async(k + dst, k + src, bytes, e->launch.stream);
+            cuda_copy_async(v + dst, v + src, bytes, e->launch.stream);
+        }
+    }
+    sl->n_past = r->n_pos;
+    sl->chain_ok = false;
+    return cuda_check("resuming a slot from a snapshot", st);
 }
