@@ -2,6 +2,7 @@
  * the files below it (tests/model:model_layers_test fails on a call cycle).
  *   forward_cuda_fwd.c      the forward contract (fwd.h): the group of N >= 1 ranks; rows
  *                           checked and their KV blocks taken in the one pool, then each rank;
+ *                           snapshots saved and prefixes resumed (blocks adopted) on every rank;
  *   forward_cuda_tp.c       the rank threads of a group of several ranks;
  *   forward_cuda.c          one rank: create / destroy, sizing, the one-row graphs' capture, the
  *                           step;
@@ -10,7 +11,8 @@
  *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
  *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
  *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and the device
- *                           mirror of its block tables, the one-row step's activations;
+ *                           mirror of its block tables, the one-row step's activations, the
+ *                           snapshots' copies (docs/GPU.md "Snapshots");
  *   forward_cuda_weights.c  upload and packing of the weights into one arena;
  *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror.
  * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
@@ -117,7 +119,7 @@ typedef struct fc_weights {
 /* One sequence slot: views into the state arena, its graphs and its sampler. */
 typedef struct fc_slot {
     float *d_conv;          /* [n_gdn][C][K_conv-1] */
-    float *d_S;             /* [n_gdn][n_v][d_v][d_k] */
+    float *d_S;             /* [n_gdn][n_v][d_v][d_k]; from d_conv to d_pos: a snapshot */
     int32_t *d_pos;         /* [2]: position of the current token, next position */
     unsigned long long *d_best; /* [1]: the step's argmax key (gemv_argmax) */
     unsigned long long *h_best; /* pinned view: the argmax key read back by the graph */
