@@ -122,8 +122,8 @@ static int alloc_run_state(fc_rank *e, status *st)
  * never more than `left` holds. */
 static uint64_t snaps_for(const fc_rank *e, uint64_t left, int n_slots)
 {
-    const uint64_t snap = e->snap_bytes ? e->snap_bytes : 256;
-    if (e->snap_budget == 0) return 0;
+    const uint64_t snap = e->snap_bytes;
+    if (e->snap_budget == 0 || !snap) return 0; /* none asked, or a model without DeltaNet */
     uint64_t n = (uint64_t)e->snap_budget / snap;
     if (e->snap_budget < 0) {
         const uint64_t fits = left / snap, one_each = fits < (uint64_t)n_slots ? fits : n_slots;
@@ -140,10 +140,9 @@ static uint64_t snaps_for(const fc_rank *e, uint64_t left, int n_slots)
  * actually free and preempts a sequence when the pool runs dry): slots = room / (state + n_ctx/4
  * positions of KV), at most 256; then the snapshots (snaps_for) from what lies beyond that
  * quarter of a context per slot and one full context (so they never shrink the pool below
- * either), or a given budget's
- * before the slots; the pool the rest (at most what full contexts would take). The room: free
- * memory less what a batched step's activations take at 256 rows and a reserve of 2 GB or 5%
- * (the CUDA context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks
+ * either), or a given budget's before the slots; the pool the rest (at most what full contexts
+ * would take). The room: free memory less what a batched step's activations take at 256 rows
+ * and a reserve of 2 GB or 5% (the CUDA context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks
  * when given, else every slot's full context, as a contiguous cache would, and chosen snapshots
  * take their share of what the slots and the pool leave; one more block is the pad slot's. */
 static int size_state(fc_rank *e, status *st)
@@ -211,7 +210,7 @@ static int size_state(fc_rank *e, status *st)
         const uint64_t kv_min = fit * quarter > full + block ? fit * quarter : full + block;
         const uint64_t used = fit * per_slot + kv_min, spare = room > used ? room - used : 0;
         uint64_t n = snaps_for(e, room, (int)fit);
-        if (n > spare / (snap ? snap : 256)) n = spare / (snap ? snap : 256);
+        if (snap && n > spare / snap) n = spare / snap;
         e->n_snaps = (int)n;
     }
     uint64_t blocks = (room - fit * per_slot - (uint64_t)e->n_snaps * snap) / block;
