@@ -116,29 +116,11 @@ static int alloc_run_state(fc_rank *e, status *st)
     return STATUS_OK;
 }
 
-/* Snapshots (docs/GPU.md "Snapshots"): budget > 0: floor(budget / snapshot bytes); < 0
- * (chosen): up to 8 per slot and at most an eighth of `left`, the device memory beyond the
- * reserve that the slots' state and the KV pool leave, yet one per slot when `left` holds them;
- * never more than `left` holds. */
-static uint64_t snaps_for(const fc_rank *e, uint64_t left, int n_slots)
-{
-    const uint64_t snap = e->snap_bytes;
-    if (e->snap_budget == 0 || !snap) return 0; /* none asked, or a model without DeltaNet */
-    uint64_t n = (uint64_t)e->snap_budget / snap;
-    if (e->snap_budget < 0) {
-        const uint64_t fits = left / snap, one_each = fits < (uint64_t)n_slots ? fits : n_slots;
-        n = left / 8 / snap;
-        if (n > 8ull * n_slots) n = 8ull * n_slots;
-        if (n < one_each) n = one_each;
-    }
-    return n > (1u << 20) ? 1u << 20 : n;
-}
-
 /* n_slots, the KV pool and the snapshots from free device memory (after the weights). A slot's
  * recurrent state is held whole; KV goes in blocks from one pool (paged), so the pool is sized
  * for every slot holding a quarter of n_ctx on average (the scheduler admits on the blocks
  * actually free and preempts a sequence when the pool runs dry): slots = room / (state + n_ctx/4
- * positions of KV), at most 256; then the snapshots (snaps_for) from what lies beyond that
+ * positions of KV), at most 256; then the snapshots (fc_snaps_for) from what lies beyond that
  * quarter of a context per slot and one full context (so they never shrink the pool below
  * either), or a given budget's before the slots; the pool the rest (at most what full contexts
  * would take). The room: free memory less what a batched step's activations take at 256 rows
@@ -179,7 +161,8 @@ static int size_state(fc_rank *e, status *st)
         kv->n_blocks = e->kv_blocks_opt > 0 ? e->kv_blocks_opt + 1
                                             : e->n_slots * kv->ld + 1; /* + the pad slot's */
         const uint64_t taken = (uint64_t)(e->n_slots + 1) * per_slot + kv->n_blocks * block;
-        e->n_snaps = (int)snaps_for(e, room > taken ? room - taken : 0, e->n_slots);
+        const uint64_t left = room > taken ? room - taken : 0;
+        e->n_snaps = fc_snaps_for(e->snap_budget, snap, left, left, e->n_slots);
         if (e->n_snaps)
             LOG_INFO("cuda: %d snapshots of %.1f MB (%.2f GB%s)", e->n_snaps, snap / 1e6,
                      (double)e->n_snaps * snap / 1e9,
@@ -188,7 +171,7 @@ static int size_state(fc_rank *e, status *st)
         return STATUS_OK;
     }
     if (e->snap_budget > 0) { /* a given budget first */
-        e->n_snaps = (int)snaps_for(e, 0, 0);
+        e->n_snaps = fc_snaps_for(e->snap_budget, snap, 0, 0, 0);
         if ((uint64_t)e->n_snaps * snap > room)
             return status_fail(st, STATUS_NOMEM, "cuda: %d snapshots of %.1f MB (the budget) "
                                "exceed the %.2f GB free beyond the reserve", e->n_snaps,
@@ -209,9 +192,7 @@ static int size_state(fc_rank *e, status *st)
                                  (and one full context) */
         const uint64_t kv_min = fit * quarter > full + block ? fit * quarter : full + block;
         const uint64_t used = fit * per_slot + kv_min, spare = room > used ? room - used : 0;
-        uint64_t n = snaps_for(e, room, (int)fit);
-        if (snap && n > spare / snap) n = spare / snap;
-        e->n_snaps = (int)n;
+        e->n_snaps = fc_snaps_for(e->snap_budget, snap, room, spare, (int)fit);
     }
     uint64_t blocks = (room - fit * per_slot - (uint64_t)e->n_snaps * snap) / block;
     if (blocks > fit * kv->ld + 1) blocks = fit * kv->ld + 1;

@@ -77,3 +77,17 @@ void fc_kv_mirror_sync(const kv_pool *p, int seq, fc_kv_mirror *m, int *from, in
     m->held = *to;
     m->version = version;
 }
+
+int fc_snaps_for(int64_t budget, uint64_t snap_bytes, uint64_t left, uint64_t spare,
+                 int n_slots)
+{
+    if (budget == 0 || !snap_bytes) return 0;
+    uint64_t n = budget > 0 ? (uint64_t)budget / snap_bytes : left / 8 / snap_bytes;
+    if (budget < 0) {
+        const uint64_t slots = n_slots > 0 ? (uint64_t)n_slots : 0, fits = left / snap_bytes;
+        if (n > 8 * slots) n = 8 * slots;
+        if (n < slots) n = fits < slots ? fits : slots; /* one a slot where left holds them */
+        if (n > spare / snap_bytes) n = spare / snap_bytes;
+    }
+    return n > FC_MAX_SNAPS ? FC_MAX_SNAPS : (int)n;
+}

@@ -1,6 +1,6 @@
 /* Host-side pieces of the CUDA forward that touch no device (plain C, tested on the CPU by
- * tests/model/forward_cuda_host_test.c): the staged inputs of a batched pass and which entries
- * of the KV block tables the device lacks. forward_cuda_batch.c and forward_cuda_state.c copy
+ * tests/model/forward_cuda_host_test.c): the staged inputs of a batched pass, which entries
+ * of the KV block tables the device lacks, and how many snapshots a rank holds. forward_cuda_batch.c and forward_cuda_state.c copy
  * what they produce to the device. */
 #ifndef DS_MODEL_FORWARD_CUDA_HOST_H
 #define DS_MODEL_FORWARD_CUDA_HOST_H
@@ -73,5 +73,15 @@ typedef struct fc_kv_mirror {
  * table's version is the mirror's, else the whole table (it was released or shared since);
  * the mirror then holds them (the caller copies them). *from == *to: nothing to copy. */
 void fc_kv_mirror_sync(const kv_pool *p, int seq, fc_kv_mirror *m, int *from, int *to);
+
+/* ---- the recurrent-state snapshots' count (docs/GPU.md "Snapshots") ----
+ * budget 0, or snapshots of no bytes (a model without DeltaNet layers): none; budget > 0:
+ * floor(budget / snap_bytes); budget < 0 (chosen): min(8 a slot, an eighth of `left` /
+ * snap_bytes), yet one a slot where `left` holds them, and never more than `spare` holds (left:
+ * the memory the share is taken from; spare: what may go to snapshots without shrinking the KV
+ * pool below its floor). At most FC_MAX_SNAPS. */
+#define FC_MAX_SNAPS (1 << 20)
+int fc_snaps_for(int64_t budget, uint64_t snap_bytes, uint64_t left, uint64_t spare,
+                 int n_slots);
 
 #endif

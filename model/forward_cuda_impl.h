@@ -14,7 +14,8 @@
  *                           mirror of its block tables, the one-row step's activations, the
  *                           snapshots' copies (docs/GPU.md "Snapshots");
  *   forward_cuda_weights.c  upload and packing of the weights into one arena;
- *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror.
+ *   forward_cuda_host.c     plain C, tested on the CPU: a pass's staging, the tables' mirror,
+ *                           the snapshots' count.
  * Three structs as the CPU forward (llama2.c's config / weights / run state), plus the slot. */
 #ifndef DS_MODEL_FORWARD_CUDA_IMPL_H
 #define DS_MODEL_FORWARD_CUDA_IMPL_H

@@ -6,7 +6,8 @@
  *    a release or a share (model/kv_pool.h), the mirror equal to the table after each copy;
  *  - the ranks of a group mirroring one pool: a rank whose mirror starts after blocks were
  *    taken (fc_kv_borrow's {0, version}) copies the whole table, and every rank's device copy
- *    equals the pool's table whoever took the blocks (the step or the caller before it). */
+ *    equals the pool's table whoever took the blocks (the step or the caller before it);
+ *  - the snapshots' count from a budget or chosen from the memory (fc_snaps_for). */
 #include <CUnit/Basic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -257,6 +258,33 @@ static void test_kv_mirror_ranks(void)
     kv_pool_destroy(p);
 }
 
+/* The snapshots' count (docs/GPU.md "Snapshots"): none without a budget or without DeltaNet
+ * state; a budget's floor; chosen: 8 a slot while an eighth of the memory holds them, an eighth
+ * of it beyond, one a slot while the memory holds them, never past the spare. */
+static void test_snaps_for(void)
+{
+    const uint64_t MB = 1000000, GB = 1000 * MB;
+    CU_ASSERT_EQUAL(fc_snaps_for(0, 50 * MB, 100 * GB, 100 * GB, 8), 0);
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 0, 100 * GB, 100 * GB, 8), 0);
+    CU_ASSERT_EQUAL(fc_snaps_for(1000, 0, 0, 0, 8), 0);
+    /* a budget: its floor, whatever the memory says */
+    CU_ASSERT_EQUAL(fc_snaps_for(175 * (int64_t)MB, 50 * MB, 0, 0, 8), 3);
+    CU_ASSERT_EQUAL(fc_snaps_for(49 * (int64_t)MB, 50 * MB, 0, 0, 8), 0);
+    CU_ASSERT_EQUAL(fc_snaps_for(1ll << 60, 1, 0, 0, 8), FC_MAX_SNAPS);
+    /* chosen, plenty of memory: 8 a slot */
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 100 * GB, 100 * GB, 8), 64);
+    /* an eighth of 16 GB is 40 snapshots of 50 MB: fewer than 8 a slot, more than one */
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 16 * GB, 16 * GB, 8), 40);
+    /* an eighth holds 2, the memory 16: one a slot (8) */
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 800 * MB, 800 * MB, 8), 8);
+    /* the memory holds 5: 5 */
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 250 * MB, 250 * MB, 8), 5);
+    /* the spare caps every rule */
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 100 * GB, 120 * MB, 8), 2);
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 800 * MB, 0, 8), 0);
+    CU_ASSERT_EQUAL(fc_snaps_for(-1, 50 * MB, 0, 0, 8), 0);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
@@ -265,6 +293,7 @@ int main(void)
     CU_add_test(s, "stage_pass", test_stage_pass);
     CU_add_test(s, "kv_mirror", test_kv_mirror);
     CU_add_test(s, "kv_mirror_ranks", test_kv_mirror_ranks);
+    CU_add_test(s, "snaps_for", test_snaps_for);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
