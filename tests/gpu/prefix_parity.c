@@ -215,6 +215,7 @@ static double rel_diff(const float *a, const float *b, int V, bool *clear, bool 
 {
     double maxabs = 0, maxd = 0;
     int a1 = 0, a2 = -1, b1 = 0;
+    *clear = *same = false;
     for (int i = 0; i < V; i++) {
         if (!isfinite(b[i])) return INFINITY;
         maxabs = fmax(maxabs, fabs(a[i]));
@@ -520,6 +521,8 @@ static void test_save_async_on(const model_case *mc)
         step = fmin(step, now_s() - t0);
         r = (fwd_row){.token = r.out.token, .slot = 0, .pos = r.pos + 1, .sample = true};
     }
+    if (fwd_snap_save(f, 0, 0, &st) || fwd_step(f, &r, 1, &st)) goto fail; /* a first copy */
+    r = (fwd_row){.token = r.out.token, .slot = 0, .pos = r.pos + 1, .sample = true};
     fwd_stats s0, s1;
     fwd_get_stats(f, &s0);
     const uint64_t dev0 = cuda_alloc_count();
