@@ -403,6 +403,9 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     for (int r = 0; r < ranks; r++) {
         if (c->rank[r]->n_snaps < f->n_snaps) f->n_snaps = c->rank[r]->n_snaps;
         f->snap_bytes += c->rank[r]->snap_bytes;
+        const fc_kv *kv = &c->rank[r]->kv; /* K and V of every attention layer */
+        f->kv_block_bytes += 2 * (uint64_t)c->rank[r]->cfg.n_attn_layers * kv->layer_bytes /
+                             (uint64_t)kv->n_blocks;
     }
     device_name(c);
     *out = f;
