@@ -756,10 +756,10 @@ static void log_request(const engine_request *r)
     double decode = r->t_first ? (double)(r->t_last - r->t_first) * ms : 0;
     double total = (double)(r->t_end - r->t_arrival) * ms;
     double tps = decode > 0 ? (r->n_generated - 1) / (decode * 1e-3) : 0;
-    LOG_INFO("request %s: prompt %d, generated %d, finish %s, queue %.1f ms, ttft %.1f ms, "
-             "decode %.1f ms (%.1f tok/s), total %.1f ms, preempted %d, status %s%s%s",
-             r->p.id, r->p.n_prompt, r->n_generated, finish_reason_name(r->finish), queue, ttft,
-             decode, tps, total, r->n_preempted, status_code_name(r->result.code),
+    LOG_INFO("request %s: prompt %d (cached %d), generated %d, finish %s, queue %.1f ms, ttft "
+             "%.1f ms, decode %.1f ms (%.1f tok/s), total %.1f ms, preempted %d, status %s%s%s",
+             r->p.id, r->p.n_prompt, r->n_cached, r->n_generated, finish_reason_name(r->finish),
+             queue, ttft, decode, tps, total, r->n_preempted, status_code_name(r->result.code),
              r->result.msg[0] ? ": " : "", r->result.msg);
 }
 
