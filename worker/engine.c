@@ -96,10 +96,10 @@ static int known_tokens(const engine_request *r) { return r->p.n_prompt + r->n_g
 
 /* Whether the KV pool has room to admit a request that knows n_known tokens (its prompt and
  * what it generated before a preemption): the blocks free or held only by the prefix cache
- * (which gives them back when asked: running sequences win over the cache), less those promised
- * to requests admitted before and not yet taken, cover n_known + 1 positions (its prefill and the next
- * token) and the watermark. With nothing running the answer is yes: a request that fits the
- * pool (engine_submit checks) then always gets to run. */
+ * (which gives them back when asked: running sequences win over the cache), less those
+ * promised to requests admitted before and not yet taken, cover n_known + 1 positions (its
+ * prefill and the next token) and the watermark. With nothing running the answer is yes: a
+ * request that fits the pool (engine_submit checks) then always gets to run. */
 static bool kv_room(const engine *e, int n_known)
 {
     if (!e->kv || e->n_running == 0) return true;
@@ -155,10 +155,10 @@ static void admit_waiting(engine *e, int64_t now)
 {
     int slot;
     while (e->wait_head && (slot = slot_for(e, known_tokens(e->wait_head))) >= 0) {
-        if (e->pc && e->n_running && free_blocks_short(e, known_tokens(e->wait_head))) {
-            /* the cache's blocks count as room: now they are taken back */
-            prefix_cache_reclaim(e->pc, free_blocks_short(e, known_tokens(e->wait_head)) +
-                                        kv_pool_free_blocks(e->kv));
+        const uint32_t short_by =
+            e->pc && e->n_running ? free_blocks_short(e, known_tokens(e->wait_head)) : 0;
+        if (short_by) { /* the cache's blocks counted as room: now they are taken back */
+            prefix_cache_reclaim(e->pc, kv_pool_free_blocks(e->kv) + short_by);
             prefix_spare(e);
         }
         engine_request *r = e->wait_head;
@@ -406,7 +406,8 @@ static bool prefix_waits(const engine *e, const engine_request *r)
 /* A running request that is computing a longer prefix of r's first n tokens than the cache holds
  * (have), and has not passed it: the prefix length (its pending snapshot's, when it has one
  * inside that prefix), *leader set; 0 when none saves PREFIX_WAIT_MIN tokens. Under e->mu. */
-static int prefix_leader(engine *e, const engine_request *r, int n, int have, engine_request **leader)
+static int prefix_leader(engine *e, const engine_request *r, int n, int have,
+                         engine_request **leader)
 {
     int best = have + PREFIX_WAIT_MIN - 1;
     *leader = NULL;
@@ -470,7 +471,8 @@ static int start_seq(engine *e, engine_request *r, status *st)
     }
     if (m.n_kv > m.n_pos) r->snap_at = m.n_kv; /* the next one sharing that much resumes there */
     if (m.n_pos > 0) {
-        const fwd_prefix x = {.snap = m.snap, .n_pos = m.n_pos, .blocks = m.blocks, .tokens = r->tokens};
+        const fwd_prefix x = {.snap = m.snap, .n_pos = m.n_pos, .blocks = m.blocks,
+                              .tokens = r->tokens};
         if (worker_backend_seq_resume(e->b, r->slot, &r->p.sampling, &x, st) == STATUS_OK) {
             r->n_fed = r->n_cached = r->snap_last = m.n_pos;
             e->px_queries++;
