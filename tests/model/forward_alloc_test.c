@@ -11,16 +11,9 @@
 #include "forward_test_util.h"
 #include "gguf_rewrite.h"
 #include "model/forward.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
-
-static atomic_long n_allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t a, size_t b);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_malloc(n); }
-void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
-void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
 
 static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
 {
@@ -36,7 +29,7 @@ static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
     int32_t ids[130];
     for (int i = 0; i < 130; i++) ids[i] = (i * 37) % V;
 
-    long before = atomic_load(&n_allocs);
+    long before = testutil_allocs();
     CU_ASSERT(qwen35_prefill(ctx, s[0], ids, 130, logits, true, &st) == 0); /* 3 steps of <= 48 */
     qwen35_ctx_set_gdn_mode(ctx, QWEN35_GDN_RECURRENT);
     CU_ASSERT(qwen35_prefill(ctx, s[1], ids, 70, logits, false, &st) == 0);
@@ -48,7 +41,7 @@ static void no_alloc_per_token(const char *path, qwen35_dot_mode dot)
     }
     qwen35_state_reset(s[0]);
     qwen35_state_copy(s[0], s[1]);
-    long during = atomic_load(&n_allocs) - before;
+    long during = testutil_allocs() - before;
     printf("\n    allocations during 205 prefill tokens and 160 decoded tokens: %ld", during);
     CU_ASSERT_EQUAL(during, 0);
 
@@ -85,10 +78,10 @@ static void test_counter_counts(void)
     status st;
     qwen35_model *m;
     CU_ASSERT_FATAL(qwen35_model_load(&m, path, &st) == 0);
-    long before = atomic_load(&n_allocs);
+    long before = testutil_allocs();
     qwen35_state *s;
     CU_ASSERT_FATAL(qwen35_state_create(m, 16, &s, &st) == 0);
-    CU_ASSERT(atomic_load(&n_allocs) - before >= 4);
+    CU_ASSERT(testutil_allocs() - before >= 4);
     qwen35_state_destroy(s);
     qwen35_model_free(m);
 }

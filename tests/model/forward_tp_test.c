@@ -33,19 +33,12 @@
 #include "model/forward.h"
 #include "model/fwd.h"
 #include "model/tp_shard.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
 #define TP_TOL 1e-5 /* max|Δ| <= 1e-5 · max|logit| per row */
 #define GREEDY_STEPS 32
-
-static atomic_long n_allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t a, size_t b);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_malloc(n); }
-void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
-void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
 
 static ref_case case_list[REF_CASES_MAX];
 static int N_CASES;
@@ -90,7 +83,6 @@ static int teardown(void)
     }
     return 0;
 }
-
 
 /* ---- runs: the first n_pre ids by prefill, the rest decoded one by one ---- */
 
@@ -627,7 +619,7 @@ static void test_no_alloc_per_token(void)
     int32_t ids[130];
     for (int i = 0; i < 130; i++) ids[i] = (i * 37) % V;
     fwd_row rows[48];
-    long before = atomic_load(&n_allocs);
+    long before = testutil_allocs();
     for (int s = 0; s < 2; s++) CU_ASSERT(fwd_seq_start(f, s, &GREEDY, &st) == 0);
     for (int t = 0; t < 130; t += 48) { /* slot 0: 130 prompt rows in steps of 48, every logit */
         const int n = 130 - t < 48 ? 130 - t : 48;
@@ -643,10 +635,10 @@ static void test_no_alloc_per_token(void)
             rows[s] = (fwd_row){.token = ids[step], .slot = s, .pos = fwd_n_past(f, s), .sample = true};
         CU_ASSERT(fwd_step(f, rows, 2, &st) == 0);
     }
-    long during = atomic_load(&n_allocs) - before;
+    long during = testutil_allocs() - before;
     printf("\n    allocations during 135 prefill tokens and 40 decoded tokens over 2 ranks: %ld", during);
     CU_ASSERT_EQUAL(during, 0);
-    CU_ASSERT(atomic_load(&n_allocs) > 0); /* the counter counts (create allocated) */
+    CU_ASSERT(testutil_allocs() > 0); /* the counter counts (create allocated) */
     free(logits);
     fwd_destroy(f);
 }

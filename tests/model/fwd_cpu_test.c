@@ -23,19 +23,12 @@
 #include "forward_test_util.h"
 #include "model/forward.h"
 #include "model/fwd.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
 #define STEPS 24
 #define MAX_SEQ 3
-
-static atomic_long n_allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t a, size_t b);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_malloc(n); }
-void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
-void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
 
 static ref_case case_list[REF_CASES_MAX];
 static int N_CASES;
@@ -541,7 +534,7 @@ static void test_no_alloc_per_step(void)
         const sampling_params lp = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 20,
                                     .repetition_penalty = 1.1f, .penalize_prompt = true,
                                     .n_logprobs = 4};
-        const long before = atomic_load(&n_allocs);
+        const long before = testutil_allocs();
         for (int s = 0; s < 3; s++) CU_ASSERT_EQUAL(fwd_seq_start(f, s, s ? &lp : &GREEDY, &st), 0);
         for (int t = 0; t < 60; t++) /* a prompt of 60 rows with every logits row asked */
             rows[t] = (fwd_row){.token = (t * 37) % V, .slot = 0, .pos = t, .prompt = true,
@@ -559,7 +552,7 @@ static void test_no_alloc_per_step(void)
             CU_ASSERT_EQUAL(fwd_step(f, rows, n, &st), 0);
         }
         for (int s = 0; s < 3; s++) fwd_seq_end(f, s);
-        const long during = atomic_load(&n_allocs) - before;
+        const long during = testutil_allocs() - before;
         printf("\n    ranks %d: allocations during 60 prompt rows and 20 steps of 3 slots: %ld",
                ranks, during);
         CU_ASSERT_EQUAL(during, 0);
@@ -567,7 +560,7 @@ static void test_no_alloc_per_step(void)
         fwd_destroy(f);
         free(lg);
     }
-    CU_ASSERT(atomic_load(&n_allocs) > 0); /* the counter counts (create allocated) */
+    CU_ASSERT(testutil_allocs() > 0); /* the counter counts (create allocated) */
 }
 
 int main(void)

@@ -24,6 +24,7 @@
 
 #include "model/forward.h"
 #include "model/fwd.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/model/ref_cases.h"
 #include "tests/testutil/testutil.h"
 
@@ -31,14 +32,6 @@
 #define G 8    /* greedy tokens after it */
 #define BT 8   /* positions per KV block */
 #define NCTX 64
-
-static atomic_long n_allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t a, size_t b);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_malloc(n); }
-void *__wrap_calloc(size_t a, size_t b) { atomic_fetch_add(&n_allocs, 1); return __real_calloc(a, b); }
-void *__wrap_realloc(void *p, size_t n) { atomic_fetch_add(&n_allocs, 1); return __real_realloc(p, n); }
 
 #define MAX_MODELS (REF_CASES_MAX + 1)
 
@@ -249,9 +242,9 @@ static void check_resume(int ranks)
             const int slot = 2 + again;
             memset(warm, 0, sizeof(float) * NCTX * V);
             const fwd_prefix x = {.snap = snap, .n_pos = s, .blocks = kept, .tokens = prompt};
-            const long allocs = atomic_load(&n_allocs);
+            const long allocs = testutil_allocs();
             CU_ASSERT_EQUAL(fwd_seq_resume(f, slot, &params, &x, &st), 0);
-            CU_ASSERT_EQUAL(atomic_load(&n_allocs), allocs);
+            CU_ASSERT_EQUAL(testutil_allocs(), allocs);
             CU_ASSERT_EQUAL(fwd_n_past(f, slot), s);
             CU_ASSERT_EQUAL(kv_pool_held(f->kv, slot), n_kept);
             for (int b = 0; b < s / BT; b++) CU_ASSERT_EQUAL(kv_pool_table(f->kv, slot)[b], kept[b]);

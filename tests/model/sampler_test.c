@@ -9,17 +9,8 @@
 #include <string.h>
 
 #include "model/sampler.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/testutil/testutil.h"
-
-/* ---- allocation counter (linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc) --- */
-
-static long n_allocs;
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n) { n_allocs++; return __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t m) { n_allocs++; return __real_calloc(n, m); }
-void *__wrap_realloc(void *p, size_t n) { n_allocs++; return __real_realloc(p, n); }
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -582,15 +573,15 @@ static void test_no_alloc_after_create(void) {
     sampling_params p = {.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .min_p = 0.01f,
                         .repetition_penalty = 1.2f, .frequency_penalty = 0.3f, .presence_penalty = 0.1f,
                         .penalize_prompt = true, .penalty_window = 64, .seed = 5, .n_logprobs = 5};
-    long before = n_allocs;
+    long before = testutil_allocs();
     sampler *s = make(V, 600, &p);
-    CU_ASSERT(n_allocs > before); /* the counter works: create allocates */
+    CU_ASSERT(testutil_allocs() > before); /* the counter works: create allocates */
     float *z = malloc(V * sizeof *z);
     sample_result res;
     int32_t prompt[100];
     for (int i = 0; i < 100; i++) prompt[i] = i * 37 % V;
     uint64_t r = 1;
-    long after_create = n_allocs;
+    long after_create = testutil_allocs();
     for (int req = 0; req < 3; req++) {
         p.top_k = req == 1 ? 0 : 50; /* also the no-top-k path */
         sampler_reset(s, &p);
@@ -600,7 +591,7 @@ static void test_no_alloc_after_create(void) {
             sampler_accept(s, sampler_sample(s, z, &res));
         }
     }
-    CU_ASSERT_EQUAL(n_allocs, after_create);
+    CU_ASSERT_EQUAL(testutil_allocs(), after_create);
     free(z);
     sampler_destroy(s);
 }
