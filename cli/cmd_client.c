@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "common/flags.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_tls.h"
 #include "rpc/rpc_status.h"
@@ -23,6 +24,7 @@
 
 typedef struct client_opts {
     const char *addr, *prompt, *ids, *chat, *system, *stop_ids, *request_id, *tls_ca;
+    const char *auth_token_file;
     int max_tokens, top_k, logprobs, print_ids, json, verbose, worker, ignore_eos;
     int64_t seed, timeout_ms;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -33,6 +35,9 @@ static const flag_spec specs[] = {
      "router (or, with --worker, worker) address HOST:PORT"},
     {"tls-ca", "DS_TLS_CA", NULL, FLAG_STR, offsetof(client_opts, tls_ca),
      "PEM CA bundle: connect over TLS, verifying the server with it"},
+    {"auth-token-file", "DS_AUTH_TOKEN_FILE", NULL, FLAG_STR,
+     offsetof(client_opts, auth_token_file),
+     "send metadata 'authorization: Bearer <file's token>' (the server's --auth-token-file)"},
     {"prompt", NULL, NULL, FLAG_STR, offsetof(client_opts, prompt), "prompt text"},
     {"ids", NULL, NULL, FLAG_STR, offsetof(client_opts, ids), "prompt token ids: 1,2,3"},
     {"chat", NULL, NULL, FLAG_STR, offsetof(client_opts, chat),
@@ -305,12 +310,17 @@ int cmd_client(int argc, char **argv)
 
     rpc_client_channel *ch = NULL;
     rpc_client_stream *s = NULL;
+    rpc_auth *auth = NULL;
     const int tls_on = o.tls_ca && o.tls_ca[0];
-    rpc_tls_client tls = {tls_on ? o.tls_ca : NULL, NULL, NULL};
-    if (rpc_client_channel_create_tls(&ch, o.addr, tls_on ? &tls : NULL, &st) ||
+    rpc_tls_client tls = {tls_on ? o.tls_ca : NULL, NULL, NULL, NULL};
+    if ((o.auth_token_file && o.auth_token_file[0] &&
+         rpc_auth_create(o.auth_token_file, &auth, &st)) ||
+        rpc_client_channel_create_tls(&ch, o.addr, tls_on ? &tls : NULL, &st) ||
+        (rpc_client_channel_set_auth(ch, auth), 0) ||
         rpc_client_stream_start(&s, ch, path, req, o.timeout_ms, NULL, &st)) {
         fprintf(stderr, "deltaserve client: %s\n", st.msg);
         rpc_client_channel_destroy(ch);
+        rpc_auth_destroy(auth);
         free(ids);
         free(stop_ids);
         return 1;
@@ -379,12 +389,17 @@ int cmd_client(int argc, char **argv)
     free(out_ids);
     const int64_t n_received = rpc_client_stream_n_received(s);
     rpc_client_stream_destroy(s);
+    /* no connection: a server speaking the other protocol (TLS or not) is named as such; a
+     * failed handshake with a TLS server is a certificate to check */
+    const int explained = res.code == GRPC_STATUS_UNAVAILABLE && n_received == 0 &&
+                          rpc_client_explain(ch, &res, 1000);
     rpc_client_channel_destroy(ch);
+    rpc_auth_destroy(auth);
     free(ids);
     free(stop_ids);
     if (res.code != GRPC_STATUS_OK) {
-        /* a failed TLS handshake reads as UNAVAILABLE "failed to connect": say what to check */
-        const int tls_hint = tls_on && res.code == GRPC_STATUS_UNAVAILABLE && n_received == 0;
+        const int tls_hint = !explained && tls_on && res.code == GRPC_STATUS_UNAVAILABLE &&
+                             n_received == 0;
         fprintf(stderr, "deltaserve client: %s: %s%s\n",
                 rpc_status_grpc_name((grpc_status_code)res.code), res.message,
                 tls_hint ? " (TLS: no connection; check the server certificate against --tls-ca)"

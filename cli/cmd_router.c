@@ -14,7 +14,7 @@ typedef struct router_cli_opts {
     const char *listen, *workers, *workers_dns, *model, *metrics_listen, *routing, *log_level;
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
     const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
-    const char *auth_token_file;
+    const char *auth_token_file, *worker_token_file, *workers_tls_name;
     int reflection_auth;
 } router_cli_opts;
 
@@ -53,6 +53,10 @@ static const flag_spec specs[] = {
      "PEM private key of --tls-cert"},
     {"tls-ca", "DS_TLS_CA", NULL, FLAG_STR, offsetof(router_cli_opts, tls_ca),
      "PEM CA bundle: call the workers over TLS, verifying them with it"},
+    {"workers-tls-name", "DS_WORKERS_TLS_NAME", NULL, FLAG_STR,
+     offsetof(router_cli_opts, workers_tls_name),
+     "name the workers' certificates are verified against (default: NAME of --workers-dns; "
+     "with --workers, each address's host)"},
     {"tls-client-cert", "DS_TLS_CLIENT_CERT", NULL, FLAG_STR,
      offsetof(router_cli_opts, tls_client_cert),
      "PEM client certificate presented to the workers (mTLS; needs --tls-ca)"},
@@ -63,6 +67,10 @@ static const flag_spec specs[] = {
     {"auth-token-file", "DS_AUTH_TOKEN_FILE", NULL, FLAG_STR,
      offsetof(router_cli_opts, auth_token_file),
      "Generation calls need metadata 'authorization: Bearer <file's token>' (re-read on change)"},
+    {"worker-token-file", "DS_WORKER_TOKEN_FILE", NULL, FLAG_STR,
+     offsetof(router_cli_opts, worker_token_file),
+     "token sent as 'authorization: Bearer <token>' on every call to the workers (their "
+     "--auth-token-file; re-read on change)"},
     {"reflection-auth", "DS_REFLECTION_AUTH", NULL, FLAG_BOOL,
      offsetof(router_cli_opts, reflection_auth),
      "with --auth-token-file: reflection needs the token too (default: open)"},
@@ -110,16 +118,20 @@ int cmd_router(int argc, char **argv)
     ro.max_inflight = o.max_inflight;
     ro.max_attempts = o.max_attempts;
     rpc_tls_server tls = {opt(o.tls_cert), opt(o.tls_key), NULL};
-    rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key)};
-    if (!tls.cert_file != !tls.key_file || (!wtls.ca_file && (wtls.cert_file || wtls.key_file))) {
+    rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key),
+                           opt(o.workers_tls_name)};
+    if (!tls.cert_file != !tls.key_file ||
+        (!wtls.ca_file && (wtls.cert_file || wtls.key_file || wtls.target_name))) {
         fprintf(stderr, "deltaserve router: give --tls-cert with --tls-key, and "
-                        "--tls-client-cert/--tls-client-key only with --tls-ca\n");
+                        "--tls-client-cert/--tls-client-key/--workers-tls-name only with "
+                        "--tls-ca\n");
         return 2;
     }
     ro.tls = tls.cert_file ? &tls : NULL;
     ro.worker_tls = wtls.ca_file ? &wtls : NULL;
     ro.health_listen = opt(o.health_listen);
     ro.auth_token_file = opt(o.auth_token_file);
+    ro.worker_token_file = opt(o.worker_token_file);
     ro.reflection_auth = o.reflection_auth;
 
     /* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts. Reset

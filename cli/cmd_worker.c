@@ -34,7 +34,7 @@ typedef struct worker_opts {
     int dense_rows;
     bool dense_per_pass;
     int prefix_cache_mb, prefix_snapshot_every;
-    const char *tls_cert, *tls_key, *tls_client_ca, *health_listen;
+    const char *tls_cert, *tls_key, *tls_client_ca, *health_listen, *auth_token_file;
 } worker_opts;
 
 static const flag_spec worker_flags[] = {
@@ -61,6 +61,7 @@ static const flag_spec worker_flags[] = {
     {"tls-key", "DS_TLS_KEY", NULL, FLAG_STR, offsetof(worker_opts, tls_key), "PEM private key of --tls-cert"},
     {"tls-client-ca", "DS_TLS_CLIENT_CA", NULL, FLAG_STR, offsetof(worker_opts, tls_client_ca), "PEM CA: require and verify client certificates (mTLS; needs --tls-cert)"},
     {"health-listen", "DS_HEALTH_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, health_listen), "plaintext HOST:PORT serving only grpc.health.v1 (kubelet probes when TLS is on)"},
+    {"auth-token-file", "DS_AUTH_TOKEN_FILE", NULL, FLAG_STR, offsetof(worker_opts, auth_token_file), "deltaserve.v1.Worker calls need metadata 'authorization: Bearer <file's token>' (the router's --worker-token-file; re-read on change; health and reflection stay open)"},
     {0},
 };
 
@@ -151,19 +152,22 @@ int cmd_worker(int argc, char **argv)
     }
     rpc_tls_server tls = {tls_cert, tls_key, tls_client_ca};
     const char *health_listen = o.health_listen && o.health_listen[0] ? o.health_listen : NULL;
+    const char *token_file = o.auth_token_file && o.auth_token_file[0] ? o.auth_token_file : NULL;
     if (metrics_create(64, &mx, &st)) goto fail;
     if (worker_service_create(&(worker_service_opts){.listen = o.listen, .name = o.name,
                                                      .max_calls = o.max_calls, .metrics = mx,
                                                      .tls = tls_cert ? &tls : NULL,
-                                                     .health_listen = health_listen},
+                                                     .health_listen = health_listen,
+                                                     .auth_token_file = token_file},
                               &ws, &st))
         goto fail;
     {
         const char *colon = strrchr(o.listen, ':');
         int hn = colon ? (int)(colon - o.listen) : (int)strlen(o.listen);
         /* always logged, whatever --log-level: scripts and tests wait for this line */
-        log_write(LOG_LEVEL_INFO, "listening on %.*s:%d%s", hn, o.listen, worker_service_port(ws),
-                  tls_cert ? (tls_client_ca ? " (TLS, client certificates required)" : " (TLS)") : "");
+        log_write(LOG_LEVEL_INFO, "listening on %.*s:%d%s%s", hn, o.listen, worker_service_port(ws),
+                  tls_cert ? (tls_client_ca ? " (TLS, client certificates required)" : " (TLS)") : "",
+                  token_file ? " (token auth)" : "");
         if (health_listen) {
             const char *hc = strrchr(health_listen, ':');
             int hhn = hc ? (int)(hc - health_listen) : (int)strlen(health_listen);

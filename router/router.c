@@ -10,15 +10,19 @@
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_client.h"
 
+#include <grpc/grpc_security.h>
+
 static void *pool_connect(const char *addr, void *ctx)
 {
     const router *r = ctx;
     rpc_client_channel *ch = NULL;
     status st;
-    if (rpc_client_channel_create_tls(&ch, addr, r->opts.worker_tls, &st)) {
-        LOG_WARN("router: %s", st.msg);
+    if (rpc_client_channel_create_tls(&ch, addr, r->opts.worker_tls ? &r->worker_tls : NULL,
+                                      &st)) {
+        LOG_WARN("router: worker %s: %s", addr, st.msg);
         return NULL;
     }
+    if (r->worker_auth) rpc_client_channel_set_auth(ch, r->worker_auth);
     return ch;
 }
 
@@ -112,6 +116,32 @@ int router_create(router **out, const router_opts *opts, status *st)
         if ((rc = tokenizer_load_path(&r->tok, r->opts.model, st))) goto fail;
         LOG_INFO("router: tokenizer of %s: %zu tokens", r->opts.model, tokenizer_n_vocab(r->tok));
     }
+    if (r->opts.worker_tls) {
+        /* the files are read here once, so a bad one is a start-up error naming its flag */
+        r->worker_tls = *r->opts.worker_tls;
+        if (!r->worker_tls.target_name && r->opts.workers_dns) {
+            const char *spec = r->opts.workers_dns, *colon = strrchr(spec, ':');
+            size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+            if (n >= 2 && spec[0] == '[' && spec[n - 1] == ']') {
+                spec++;
+                n -= 2;
+            }
+            if (n >= sizeof r->worker_tls_name) n = sizeof r->worker_tls_name - 1;
+            memcpy(r->worker_tls_name, spec, n);
+            r->worker_tls_name[n] = 0;
+            r->worker_tls.target_name = r->worker_tls_name;
+        }
+        grpc_channel_credentials *creds = NULL;
+        if ((rc = rpc_tls_client_creds(&r->worker_tls, &creds, st))) goto fail;
+        grpc_channel_credentials_release(creds);
+        if (r->worker_tls.target_name)
+            LOG_INFO("router: worker certificates are verified against the name %s",
+                     r->worker_tls.target_name);
+    }
+    if (r->opts.worker_token_file &&
+        (rc = rpc_auth_create_flag(r->opts.worker_token_file, "--worker-token-file",
+                                   &r->worker_auth, st)))
+        goto fail;
     router_pool_ops ops = {pool_connect, pool_disconnect, r};
     if ((rc = router_pool_create(&r->pool, &r->opts.policy, &ops, st))) goto fail;
     if (r->opts.workers) {
@@ -221,6 +251,7 @@ void router_destroy(router *r)
     metrics_http_stop(r->metrics_http);
     if (r->metrics) metrics_destroy(r->metrics);
     if (r->pool) router_pool_destroy(r->pool);
+    rpc_auth_destroy(r->worker_auth); /* after the pool: its channels send it */
     if (r->tok) tokenizer_destroy(r->tok);
     free(r->dns);
     pthread_cond_destroy(&r->cv);

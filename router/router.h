@@ -31,7 +31,10 @@ typedef struct router_opts {
     int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
     int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
     const rpc_tls_server *tls;  /* TLS on listen (NULL: plaintext) */
-    const rpc_tls_client *worker_tls; /* TLS to the workers (NULL: plaintext) */
+    const rpc_tls_client *worker_tls; /* TLS to the workers (NULL: plaintext); its target_name
+                                         NULL with workers_dns: the NAME of NAME:PORT, so the
+                                         workers, dialled by IP, are verified under the DNS name */
+    const char *worker_token_file; /* token sent on every call to a worker, or NULL */
     const char *health_listen;  /* plaintext grpc.health.v1-only HOST:PORT, or NULL */
     const char *auth_token_file; /* Generation calls need "authorization: Bearer <token>" */
     int reflection_auth;        /* with a token: reflection needs it too */
@@ -39,7 +42,8 @@ typedef struct router_opts {
 
 typedef struct router router;
 
-/* Loads the tokenizer (if any), resolves the workers, binds the port. Nothing runs yet. */
+/* Loads the tokenizer (if any), reads the worker TLS files and token (errors name the flag and
+ * the file), resolves the workers, binds the port. Nothing runs yet. */
 int router_create(router **out, const router_opts *opts, status *st);
 
 /* Starts the gRPC server, the metrics endpoint and the poller. */

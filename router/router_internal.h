@@ -26,6 +26,9 @@ struct router {
     router_pool *pool;       /* owned */
     rpc_server *srv;         /* owned */
     rpc_auth *auth;          /* owned, or NULL: no --auth-token-file */
+    rpc_auth *worker_auth;   /* owned, or NULL: no --worker-token-file */
+    rpc_tls_client worker_tls; /* copy of *opts.worker_tls with the target name filled in */
+    char worker_tls_name[ROUTER_ADDR_MAX]; /* the default target name: --workers-dns's NAME */
     rpc_health *health;      /* owned */
     rpc_reflection *refl;    /* owned */
     metrics *metrics;        /* owned */

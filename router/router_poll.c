@@ -9,6 +9,8 @@
 #include "router/router_internal.h"
 #include "rpc/rpc_client.h"
 
+#include <grpc/status.h>
+
 #define POLL_TIMEOUT_MS 1000 /* per health check / GetLoad */
 
 void router_update_readiness(router *r)
@@ -52,6 +54,9 @@ static void poll_worker(router *r, router_worker *w)
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     router_worker_state before = router_pool_worker_state(r->pool, w);
+    /* a worker turning unhealthy because it speaks the other protocol: say that (once) */
+    if (!serving && res.code && before != ROUTER_WORKER_UNHEALTHY)
+        rpc_client_explain(ch, &res, POLL_TIMEOUT_MS);
     if (serving) {
         Deltaserve__V1__GetLoadRequest lreq = DELTASERVE__V1__GET_LOAD_REQUEST__INIT;
         /* the heads of the workers' prefix caches feed prefix routing only */
@@ -72,6 +77,8 @@ static void poll_worker(router *r, router_worker *w)
             if (l->draining) serving = 0;
             router_pool_report_load(r->pool, w, &load);
             protobuf_c_message_free_unpacked(resp, NULL);
+        } else if (res.code == GRPC_STATUS_UNAUTHENTICATED) {
+            serving = 0; /* health is open, the Worker calls need the token: none would pass */
         }
     }
     router_pool_report_health(r->pool, w, serving);

@@ -1,7 +1,10 @@
-/* Bearer-token authentication for an rpc_server (--auth-token-file).
+/* Bearer-token authentication for an rpc_server (--auth-token-file), and the token a client
+ * sends (rpc_auth_bearer: the router's --worker-token-file, `deltaserve client
+ * --auth-token-file`).
  *
  * The token is the file's content without surrounding whitespace. A call is allowed when its
- * "authorization" metadata is exactly "Bearer <token>"; the comparison takes the same time
+ * "authorization" metadata is "Bearer <token>", the scheme in any case ("bearer", "BEARER",
+ * RFC 7235) and the token exactly; the comparison takes the same time
  * whatever the offered value holds (constant time in the expected token's length). The file
  * is watched: at most once a second a check stats it, and when its mtime, size or inode
  * changed it is read again (a file that is empty or unreadable then keeps the old token and
@@ -23,12 +26,20 @@
 
 typedef struct rpc_auth rpc_auth;
 
-/* Reads the token file: STATUS_IO (cannot read), STATUS_INVALID (empty or too long). */
+/* Reads the token file: STATUS_IO (cannot read), STATUS_INVALID (empty or too long); the
+ * messages name --auth-token-file. */
 int rpc_auth_create(const char *path, rpc_auth **out, status *st);
+/* The same, the messages naming flag (e.g. "--worker-token-file"). */
+int rpc_auth_create_flag(const char *path, const char *flag, rpc_auth **out, status *st);
 void rpc_auth_destroy(rpc_auth *a);
 
 /* true when value[0..len) (the "authorization" metadata value; NULL = absent) is
  * "Bearer <token>". May re-read the file (see above). */
 bool rpc_auth_check(rpc_auth *a, const char *value, size_t len);
+
+/* Copies "Bearer <token>" (the current token; may re-read the file as above) into buf, which
+ * holds RPC_AUTH_MAX_VALUE bytes; returns its length (not NUL-terminated). */
+#define RPC_AUTH_MAX_VALUE (sizeof "Bearer " - 1 + RPC_AUTH_MAX_TOKEN)
+size_t rpc_auth_bearer(rpc_auth *a, char *buf);
 
 #endif

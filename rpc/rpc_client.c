@@ -1,9 +1,14 @@
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_tls.h"
 
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -13,12 +18,28 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_codec.h"
 
 struct rpc_client_channel {
     grpc_channel *ch;   /* owned */
     char target[256];
+    int tls;            /* made with TLS credentials */
+    rpc_auth *auth;     /* borrowed, or NULL: no authorization metadata */
 };
+
+/* The call's initial metadata: "authorization" when the channel has a token. The value slice
+ * is owned by the caller (unref after the batch completed); empty without a token. */
+static size_t auth_metadata(const rpc_client_channel *c, grpc_metadata *md)
+{
+    if (!c->auth) return 0;
+    char buf[RPC_AUTH_MAX_VALUE];
+    size_t n = rpc_auth_bearer(c->auth, buf);
+    memset(md, 0, sizeof *md);
+    md->key = grpc_slice_from_static_string("authorization");
+    md->value = grpc_slice_from_copied_buffer(buf, n);
+    return 1;
+}
 
 /* A streaming call. Tags are the addresses of the tag_* fields. */
 struct rpc_client_stream {
@@ -28,6 +49,8 @@ struct rpc_client_stream {
     grpc_byte_buffer *send;    /* owned until the start batch completes */
     grpc_byte_buffer *recv;    /* owned, the message of the last RECV_MESSAGE */
     grpc_metadata_array init_md, trailing_md;
+    grpc_metadata auth_md;     /* value owned when n_auth_md */
+    size_t n_auth_md;
     grpc_status_code code;
     grpc_slice details;
     int start_pending, status_pending; /* batches started and not yet plucked */
@@ -57,6 +80,7 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
         return st->code;
     }
     strcpy(c->target, target);
+    c->tls = creds != NULL;
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
         /* gRPC core reads this as the minimum time a connection attempt (TCP connect and the
@@ -66,8 +90,12 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
          * well before gRPC's default of 20 s. A refused connection fails at once either way. */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 5000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
+        /* the name the server's certificate is checked against (and the :authority sent) */
+        {.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+         .value.string = tls && tls->target_name ? (char *)tls->target_name : NULL},
     };
-    grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0], .args = args};
+    grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0] - !(creds && tls->target_name),
+                            .args = args};
     if (!creds) creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &ca);
     grpc_channel_credentials_release(creds);
@@ -79,6 +107,8 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
     *out = c;
     return 0;
 }
+
+void rpc_client_channel_set_auth(rpc_client_channel *c, rpc_auth *auth) { c->auth = auth; }
 
 void rpc_client_channel_destroy(rpc_client_channel *c)
 {
@@ -126,9 +156,13 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
     grpc_metadata_array_init(&trailing_md);
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
+    grpc_metadata auth_md;
+    size_t n_auth_md = auth_metadata(c, &auth_md);
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = n_auth_md;
+    ops[0].data.send_initial_metadata.metadata = n_auth_md ? &auth_md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -153,6 +187,7 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
         }
     }
     if (recv) grpc_byte_buffer_destroy(recv);
+    if (n_auth_md) grpc_slice_unref(auth_md.value);
     grpc_byte_buffer_destroy(send);
     grpc_slice_unref(details);
     grpc_metadata_array_destroy(&init_md);
@@ -209,9 +244,12 @@ int rpc_client_stream_start_on(rpc_client_stream **out, rpc_client_cq *cq, rpc_c
     grpc_metadata_array_init(&s->trailing_md);
     s->details = grpc_empty_slice();
     s->send = rpc_codec_pack(req);
+    s->n_auth_md = auth_metadata(c, &s->auth_md);
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = s->n_auth_md;
+    ops[0].data.send_initial_metadata.metadata = s->n_auth_md ? &s->auth_md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -296,6 +334,7 @@ void rpc_client_stream_destroy(rpc_client_stream *s)
     if (!s->done) grpc_call_cancel(s->call, NULL);
     finish_status(s);
     grpc_slice_unref(s->details);
+    if (s->n_auth_md) grpc_slice_unref(s->auth_md.value);
     grpc_metadata_array_destroy(&s->init_md);
     grpc_metadata_array_destroy(&s->trailing_md);
     grpc_call_unref(s->call);
@@ -307,3 +346,71 @@ void rpc_client_stream_destroy(rpc_client_stream *s)
 }
 
 int64_t rpc_client_stream_n_received(const rpc_client_stream *s) { return s->n_received; }
+
+/* What the server at host:port answers to the HTTP/2 client preface and an empty SETTINGS
+ * frame: 1 a TLS record (it speaks TLS) or a close without a byte (a TLS server drops what is
+ * not a ClientHello), 0 an HTTP/2 frame (plaintext gRPC), -1 unknown (no connection, silence). */
+static int probe_tls(const char *host, const char *port, int timeout_ms)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int verdict = -1;
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen)) goto done;
+    static const char hello[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0";
+    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) goto done;
+    unsigned char b[9];
+    size_t got = 0;
+    while (got < sizeof b) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, timeout_ms) <= 0) break;
+        ssize_t n = recv(fd, b + got, sizeof b - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (got == 0) verdict = 1; /* closed on the preface */
+            break;
+        }
+        got += (size_t)n;
+        if (b[0] >= 0x14 && b[0] <= 0x17) { /* TLS record: alert, handshake, ... */
+            verdict = 1;
+            break;
+        }
+    }
+    if (got >= 4 && b[3] == 0x04) verdict = 0; /* a SETTINGS frame header */
+done:
+    if (fd >= 0) close(fd);
+    freeaddrinfo(ai);
+    return verdict;
+}
+
+int rpc_client_explain(const rpc_client_channel *c, rpc_client_result *r, int timeout_ms)
+{
+    if (r->code != GRPC_STATUS_UNAVAILABLE) return 0;
+    /* host and port of "host:port", "[v6]:port", "dns:///host:port", "ipv4:host:port" */
+    const char *t = c->target;
+    if (!strncmp(t, "dns:///", 7)) t += 7;
+    else if (!strncmp(t, "ipv4:", 5) || !strncmp(t, "ipv6:", 5)) t += 5;
+    char host[256], port[16];
+    const char *colon = strrchr(t, ':');
+    if (!colon || strlen(colon + 1) >= sizeof port) return 0;
+    size_t hn = (size_t)(colon - t);
+    if (hn >= 2 && t[0] == '[' && t[hn - 1] == ']') {
+        t++;
+        hn -= 2;
+    }
+    if (hn == 0 || hn >= sizeof host) return 0;
+    memcpy(host, t, hn);
+    host[hn] = 0;
+    strcpy(port, colon + 1);
+    int speaks_tls = probe_tls(host, port, timeout_ms);
+    if (speaks_tls < 0 || speaks_tls == c->tls) return 0;
+    char was[sizeof r->message];
+    strcpy(was, r->message);
+    if (speaks_tls)
+        snprintf(r->message, sizeof r->message, "the server at %.200s speaks TLS: use --tls-ca (%.200s)",
+                 c->target, was);
+    else
+        snprintf(r->message, sizeof r->message,
+                 "the server at %.200s is not using TLS: drop --tls-ca (%.200s)", c->target, was);
+    return 1;
+}

@@ -44,6 +44,20 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
                                   const rpc_tls_client *tls, status *st);
 void rpc_client_channel_destroy(rpc_client_channel *ch);
 
+/* Every later call on ch sends metadata "authorization: Bearer <token>" with auth's current
+ * token (rpc/rpc_auth.h: the file is re-read when it changes). auth is borrowed and must
+ * outlive the channel's calls; NULL stops sending it. Call before the channel is shared. */
+typedef struct rpc_auth rpc_auth;
+void rpc_client_channel_set_auth(rpc_client_channel *ch, rpc_auth *auth);
+
+/* For a call that ended UNAVAILABLE before any message: asks the server at ch's target what
+ * it speaks (a TCP connection sending the HTTP/2 preface; at most timeout_ms) and, when that
+ * is not what the channel speaks, rewrites r->message to say so: "the server at X speaks TLS:
+ * use --tls-ca" (plaintext channel) or "the server at X is not using TLS: drop --tls-ca" (TLS
+ * channel), the original message kept after it. Blocks; for error paths only. Returns 1 when
+ * it rewrote the message. */
+int rpc_client_explain(const rpc_client_channel *ch, rpc_client_result *r, int timeout_ms);
+
 /* Unary call. timeout_ms <= 0: no deadline. Returns the gRPC code (0 = OK, then *resp is set;
  * free it with protobuf_c_message_free_unpacked). r gets the code and the peer's message. */
 int rpc_client_unary(rpc_client_channel *ch, const char *method, const ProtobufCMessage *req,

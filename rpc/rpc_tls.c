@@ -30,6 +30,19 @@ int rpc_tls_read_file(const char *path, const char *what, char **out, status *st
     return STATUS_OK;
 }
 
+int rpc_tls_read_pem(const char *path, const char *what, char **out, status *st)
+{
+    int rc = rpc_tls_read_file(path, what, out, st);
+    if (rc) return rc;
+    if (!strstr(*out, "-----BEGIN ")) {
+        free(*out);
+        *out = NULL;
+        return status_fail(st, STATUS_INVALID, "%s %s: not a PEM file (no '-----BEGIN' line)",
+                           what, path);
+    }
+    return STATUS_OK;
+}
+
 int rpc_tls_server_creds(const rpc_tls_server *t, grpc_server_credentials **out, status *st)
 {
     *out = NULL;
@@ -37,9 +50,9 @@ int rpc_tls_server_creds(const rpc_tls_server *t, grpc_server_credentials **out,
         return status_fail(st, STATUS_INVALID, "TLS: give both --tls-cert and --tls-key");
     char *cert = NULL, *key = NULL, *ca = NULL;
     int rc;
-    if ((rc = rpc_tls_read_file(t->cert_file, "--tls-cert", &cert, st)) ||
-        (rc = rpc_tls_read_file(t->key_file, "--tls-key", &key, st)) ||
-        (t->client_ca_file && (rc = rpc_tls_read_file(t->client_ca_file, "--tls-client-ca", &ca, st))))
+    if ((rc = rpc_tls_read_pem(t->cert_file, "--tls-cert", &cert, st)) ||
+        (rc = rpc_tls_read_pem(t->key_file, "--tls-key", &key, st)) ||
+        (t->client_ca_file && (rc = rpc_tls_read_pem(t->client_ca_file, "--tls-client-ca", &ca, st))))
         goto done;
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
     *out = grpc_ssl_server_credentials_create_ex(
@@ -63,9 +76,9 @@ int rpc_tls_client_creds(const rpc_tls_client *t, grpc_channel_credentials **out
         return status_fail(st, STATUS_INVALID, "TLS: give both --tls-client-cert and --tls-client-key");
     char *ca = NULL, *cert = NULL, *key = NULL;
     int rc = STATUS_OK;
-    if ((t->ca_file && (rc = rpc_tls_read_file(t->ca_file, "--tls-ca", &ca, st))) ||
-        (t->cert_file && (rc = rpc_tls_read_file(t->cert_file, "--tls-client-cert", &cert, st))) ||
-        (t->key_file && (rc = rpc_tls_read_file(t->key_file, "--tls-client-key", &key, st))))
+    if ((t->ca_file && (rc = rpc_tls_read_pem(t->ca_file, "--tls-ca", &ca, st))) ||
+        (t->cert_file && (rc = rpc_tls_read_pem(t->cert_file, "--tls-client-cert", &cert, st))) ||
+        (t->key_file && (rc = rpc_tls_read_pem(t->key_file, "--tls-client-key", &key, st))))
         goto done;
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
     *out = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);

@@ -12,6 +12,7 @@
 #include "gguf/quant.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "proto/proto_descriptors.h"
+#include "rpc/rpc_auth.h"
 #include "rpc/rpc_health.h"
 #include "rpc/rpc_reflection.h"
 #include "rpc/rpc_server.h"
@@ -25,6 +26,7 @@ struct worker_service {
     rpc_server *srv;        /* owned */
     rpc_health *health;     /* owned */
     rpc_reflection *refl;   /* owned */
+    rpc_auth *auth;         /* owned, or NULL: no auth_token_file */
     metrics_series *rejected_invalid; /* in the caller's registry, or NULL */
     char name[160];
 
@@ -358,12 +360,16 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
          RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false},
     };
+    if (o->auth_token_file && rpc_auth_create(o->auth_token_file, &ws->auth, st)) goto fail;
     if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls,
-                                             .tls = o->tls, .health_listen = o->health_listen},
+                                             .tls = o->tls, .health_listen = o->health_listen,
+                                             .auth = ws->auth},
                           &ws->srv, st))
         goto fail;
     for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
         if (rpc_server_add_method(ws->srv, &methods[i], st)) goto fail;
+    /* with a token: deltaserve.v1.Worker needs it; health (probes) and reflection stay open */
+    rpc_server_require_auth(ws->srv, "/deltaserve.v1.Worker/");
     if (rpc_health_create(ready, 1, &ws->health, st) || rpc_health_add_methods(ws->health, ws->srv, st) ||
         rpc_reflection_create(proto_descriptors_data, proto_descriptors_bytes, services, 4,
                               &ws->refl, st) ||
@@ -418,6 +424,7 @@ void worker_service_destroy(worker_service *ws)
     rpc_health_destroy(ws->health);
     rpc_reflection_destroy(ws->refl);
     rpc_server_destroy(ws->srv);
+    rpc_auth_destroy(ws->auth); /* after the server: no check runs any more */
     pthread_mutex_destroy(&ws->mu);
     free(ws);
 }

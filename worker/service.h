@@ -35,6 +35,9 @@ typedef struct worker_service_opts {
     metrics *metrics;   /* optional */
     const struct rpc_tls_server *tls; /* TLS (mTLS with a client CA) on listen; NULL: plaintext */
     const char *health_listen; /* plaintext grpc.health.v1-only HOST:PORT, or NULL */
+    const char *auth_token_file; /* deltaserve.v1.Worker calls need "authorization: Bearer
+                                    <token>" (rpc/rpc_auth.h; health and reflection stay open),
+                                    or NULL */
 } worker_service_opts;
 
 /* What GetModelInfo reports besides the model config. */
