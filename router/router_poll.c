@@ -56,7 +56,13 @@ static void poll_worker(router *r, router_worker *w)
     router_worker_state before = router_pool_worker_state(r->pool, w);
     /* a worker turning unhealthy because it speaks the other protocol: say that (once) */
     if (!serving && res.code && before != ROUTER_WORKER_UNHEALTHY)
-        rpc_client_explain(ch, &res, POLL_TIMEOUT_MS);
+        if (!rpc_client_explain(ch, &res, POLL_TIMEOUT_MS) &&
+            strstr(res.message, "not in peer certificate")) {
+            size_t n = strlen(res.message);
+            snprintf(res.message + n, sizeof res.message - n,
+                     " (the worker's certificate must carry that name as a DNS SAN, or "
+                     "--workers-tls-name must give the name it carries)");
+        }
     if (serving) {
         Deltaserve__V1__GetLoadRequest lreq = DELTASERVE__V1__GET_LOAD_REQUEST__INIT;
         /* the heads of the workers' prefix caches feed prefix routing only */
