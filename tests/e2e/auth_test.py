@@ -1,6 +1,7 @@
 """--auth-token-file on the router (README "Security"): a Generation/Generate call without
 "authorization: Bearer <token>" or with a wrong token gets UNAUTHENTICATED and reaches no
-worker; the right token streams; rewriting the token file switches tokens (the new one works,
+worker; the right token streams, the scheme in any case ("bearer", "BEARER"); `deltaserve
+client --auth-token-file` sends it (and without it is refused, saying what to send); rewriting the token file switches tokens (the new one works,
 the old one is refused); health is open without a token; reflection is open by default and
 needs the token with --reflection-auth."""
 import os
@@ -117,6 +118,26 @@ class AuthDefault(Auth):
             self.assert_unauthenticated(bearer("nope"))
             self.assert_unauthenticated(None)
         self.assertEqual(self.prompt_tokens(), before)
+
+    def test_scheme_in_any_case(self):
+        for scheme in ("bearer", "BEARER", "BeArEr"):
+            _, ids, _, _ = self.generate((("authorization", scheme + " " + self.current),))
+            self.assertEqual(len(ids), 3, scheme)
+        self.assert_unauthenticated((("authorization", "Bearer " + self.current.upper()),))
+
+    def test_client_cli_sends_the_token(self):
+        argv = ["client", "--addr", self.r.addr, "--ids", "1,2,3", "--max-tokens", "3",
+                "--ignore-eos", "--print-ids", "--timeout-ms", "30000"]
+        rc, out, err = h.run_cli(argv + ["--auth-token-file", self.token_file])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(out.strip().strip("[]").split(",")), 3, out)
+        rc, out, err = h.run_cli(argv)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("UNAUTHENTICATED", err)
+        self.assertIn("authorization: Bearer", err)
+        rc, out, err = h.run_cli(argv + ["--auth-token-file", self.token_file + ".missing"])
+        self.assertEqual(rc, 1, err)
+        self.assertIn("--auth-token-file %s.missing" % self.token_file, err)
 
     def test_health_is_open(self):
         r = h.hpb_grpc.HealthStub(self.ch).Check(

@@ -4,7 +4,11 @@ client certificates signed by the CA) with a plaintext health-only port for the 
 router serves TLS, calls the worker over TLS (presenting its client certificate in mTLS).
 Checks: a TLS client streams a generation; a plaintext client to the TLS port is refused; a
 client trusting another CA fails, and `deltaserve client` says so naming TLS/certificate; the
-health-only port answers health and nothing else."""
+health-only port answers health and nothing else. Errors that say what is wrong: a plaintext
+`deltaserve client` on the TLS port is told the server speaks TLS, a TLS one on a plaintext port
+that it is not using TLS, and a router calling a plaintext port with --tls-ca logs the same; a
+--tls-ca (or --tls-cert, --tls-client-ca) file that is unreadable or not PEM stops the router or
+worker at start-up with a message naming the flag and the file."""
 import os
 import subprocess
 import sys
@@ -173,6 +177,84 @@ class TlsBase:
 
 class Tls(TlsBase, unittest.TestCase):
     MTLS = False
+
+    def client_error(self, addr, tls):
+        argv = ["client", "--addr", addr, "--ids", "1,2,3", "--max-tokens", "2",
+                "--timeout-ms", "10000"]
+        if tls:
+            argv += ["--tls-ca", self.certs.path("ca.pem")]
+        rc, out, err = h.run_cli(argv)
+        self.assertEqual(rc, 1, err)
+        lines = [l for l in err.splitlines() if l.startswith("deltaserve client:")]
+        self.assertEqual(len(lines), 1, err)
+        return lines[0]
+
+    def test_plaintext_client_is_told_the_server_speaks_tls(self):
+        for addr in (self.r.addr, self.w.addr):
+            line = self.client_error(addr, tls=False)
+            self.assertIn("UNAVAILABLE", line)
+            self.assertIn("the server at %s speaks TLS: use --tls-ca" % addr, line)
+
+    def test_tls_client_is_told_the_server_is_not_using_tls(self):
+        line = self.client_error(self.r.health, tls=True)  # the plaintext health-only port
+        self.assertIn("the server at %s is not using TLS" % self.r.health, line)
+
+    def test_router_says_a_worker_is_not_using_tls(self):
+        w_health = health_addr(self.w)
+        r = h.Proc("tls_router_to_plaintext",
+                   [h.binary(), "router", "--listen", "127.0.0.1:0", "--workers", w_health,
+                    "--poll-ms", "100", "--tls-ca", self.certs.path("ca.pem")])
+        try:
+            r.wait_listening()
+            m = r.wait_line(r"worker \S+ is unhealthy: (.*)", timeout=30)
+            self.assertIn("the server at %s is not using TLS" % w_health, m.group(1))
+        finally:
+            r.stop()
+
+
+class StartupErrors(unittest.TestCase):
+    """A bad TLS file is a start-up error naming the flag and the file."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.certs = Certs()
+        cls.not_pem = cls.certs.path("not_pem.txt")
+        with open(cls.not_pem, "w") as f:
+            f.write("this is not a certificate\n")
+        cls.missing = cls.certs.path("missing.pem")
+
+    def run_router(self, flags):
+        argv = ["router", "--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1"] + flags
+        return h.run_cli(argv, timeout=30)
+
+    def test_router_tls_ca(self):
+        for path, what in ((self.missing, "No such file"), (self.not_pem, "not a PEM file")):
+            rc, _, err = self.run_router(["--tls-ca", path])
+            self.assertNotEqual(rc, 0, err)
+            self.assertIn("--tls-ca %s: %s" % (path, what), err)
+            self.assertNotIn("cannot open a channel", err)
+
+    def test_router_client_cert_and_workers_dns(self):
+        rc, _, err = h.run_cli(["router", "--listen", "127.0.0.1:0", "--workers-dns",
+                                "localhost:1", "--tls-ca", self.certs.path("ca.pem"),
+                                "--tls-client-cert", self.not_pem, "--tls-client-key",
+                                self.certs.path("client.key")], timeout=30)
+        self.assertNotEqual(rc, 0, err)
+        self.assertIn("--tls-client-cert %s: not a PEM file" % self.not_pem, err)
+
+    def test_worker_tls_files(self):
+        base = ["worker", "--model", h.tiny_model(), "--listen", "127.0.0.1:0", "--threads", "1"]
+        cases = (
+            (["--tls-cert", self.not_pem, "--tls-key", self.certs.path("server.key")],
+             "--tls-cert %s: not a PEM file" % self.not_pem),
+            (["--tls-cert", self.certs.path("server.pem"), "--tls-key",
+              self.certs.path("server.key"), "--tls-client-ca", self.missing],
+             "--tls-client-ca %s: No such file" % self.missing),
+        )
+        for flags, want in cases:
+            rc, _, err = h.run_cli(base + flags, timeout=30)
+            self.assertNotEqual(rc, 0, err)
+            self.assertIn(want, err)
 
 
 class MutualTls(TlsBase, unittest.TestCase):

@@ -1,5 +1,6 @@
-/* rpc_auth: the bearer check (exact "Bearer <token>", nothing shorter, longer or without the
- * scheme), file errors at creation, and the watched file: a rewritten token takes effect within
+/* rpc_auth: the bearer check ("Bearer <token>", the scheme in any case, the token exact: nothing
+ * shorter, longer or without the scheme), the value a client sends (rpc_auth_bearer), file
+ * errors at creation naming the flag, and the watched file: a rewritten token takes effect within
  * RPC_AUTH_RELOAD_MS (waited for as a condition, bounded), the old one is refused after, and an
  * emptied file keeps the previous token. */
 #include <CUnit/Basic.h>
@@ -51,8 +52,19 @@ static void test_check(void)
     CU_ASSERT_FALSE(ok(a, "Bearer s3cret-toke"));
     CU_ASSERT_FALSE(ok(a, "Bearer s3cret-token2"));
     CU_ASSERT_FALSE(ok(a, "Bearer s3cret-tokeN"));
-    CU_ASSERT_FALSE(ok(a, "bearer s3cret-token"));
     CU_ASSERT_FALSE(rpc_auth_check(a, "Bearer s3cret-token", 18)); /* a prefix of the value */
+    /* the scheme is case-insensitive (RFC 7235), the token is not */
+    CU_ASSERT_TRUE(ok(a, "bearer s3cret-token"));
+    CU_ASSERT_TRUE(ok(a, "BEARER s3cret-token"));
+    CU_ASSERT_TRUE(ok(a, "bEaReR s3cret-token"));
+    CU_ASSERT_FALSE(ok(a, "Bearer S3CRET-TOKEN"));
+    CU_ASSERT_FALSE(ok(a, "Bearer\ts3cret-token"));
+    CU_ASSERT_FALSE(ok(a, "Bearxr s3cret-token"));
+    CU_ASSERT_FALSE(ok(a, "Bearer_s3cret-token"));
+    char buf[RPC_AUTH_MAX_VALUE];
+    size_t n = rpc_auth_bearer(a, buf);
+    CU_ASSERT_EQUAL(n, strlen("Bearer s3cret-token"));
+    CU_ASSERT_EQUAL(memcmp(buf, "Bearer s3cret-token", n), 0);
     rpc_auth_destroy(a);
 }
 
@@ -64,6 +76,9 @@ static void test_create_errors(void)
     snprintf(missing, sizeof missing, "%s.missing", path);
     CU_ASSERT_EQUAL(rpc_auth_create(missing, &a, &st), STATUS_IO);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, missing));
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "--auth-token-file"));
+    CU_ASSERT_EQUAL(rpc_auth_create_flag(missing, "--worker-token-file", &a, &st), STATUS_IO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "--worker-token-file"));
     write_file(" \n");
     CU_ASSERT_EQUAL(rpc_auth_create(path, &a, &st), STATUS_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "empty token"));
