@@ -354,9 +354,18 @@ static int probe_tls(const char *host, const char *port, int timeout_ms)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
     if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int verdict = -1;
-    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen)) goto done;
+    if (fd < 0) goto done;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen)) {
+        if (errno != EINPROGRESS) goto done;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (poll(&p, 1, timeout_ms) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) ||
+            err)
+            goto done;
+    }
     static const char hello[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0";
     if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) goto done;
     unsigned char b[9];
@@ -365,9 +374,9 @@ static int probe_tls(const char *host, const char *port, int timeout_ms)
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, timeout_ms) <= 0) break;
         ssize_t n = recv(fd, b + got, sizeof b - got, 0);
-        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (n <= 0) {
-            if (got == 0) verdict = 1; /* closed on the preface */
+            if (n == 0 && got == 0) verdict = 1; /* closed on the preface */
             break;
         }
         got += (size_t)n;
@@ -407,8 +416,8 @@ int rpc_client_explain(const rpc_client_channel *c, rpc_client_result *r, int ti
     char was[sizeof r->message];
     strcpy(was, r->message);
     if (speaks_tls)
-        snprintf(r->message, sizeof r->message, "the server at %.200s speaks TLS: use --tls-ca (%.200s)",
-                 c->target, was);
+        snprintf(r->message, sizeof r->message,
+                 "the server at %.200s speaks TLS: use --tls-ca (%.200s)", c->target, was);
     else
         snprintf(r->message, sizeof r->message,
                  "the server at %.200s is not using TLS: drop --tls-ca (%.200s)", c->target, was);

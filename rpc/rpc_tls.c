@@ -52,7 +52,8 @@ int rpc_tls_server_creds(const rpc_tls_server *t, grpc_server_credentials **out,
     int rc;
     if ((rc = rpc_tls_read_pem(t->cert_file, "--tls-cert", &cert, st)) ||
         (rc = rpc_tls_read_pem(t->key_file, "--tls-key", &key, st)) ||
-        (t->client_ca_file && (rc = rpc_tls_read_pem(t->client_ca_file, "--tls-client-ca", &ca, st))))
+        (t->client_ca_file &&
+         (rc = rpc_tls_read_pem(t->client_ca_file, "--tls-client-ca", &ca, st))))
         goto done;
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
     *out = grpc_ssl_server_credentials_create_ex(
