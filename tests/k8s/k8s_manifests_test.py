@@ -294,6 +294,49 @@ def hostport(v):
     return h, int(p) if p.isdigit() else None
 
 
+def cuda_devices(device, tp):
+    """The GPU indices `--device D --tp N` runs on (worker/backend.c): cuda = 0..N-1, cuda:K =
+    K..K+N-1, cuda:A,B,... = that list; None for cpu; a string for a malformed value."""
+    if device == "cpu":
+        return None
+    if device == "cuda":
+        return list(range(tp))
+    if not device or not device.startswith("cuda:"):
+        return "not cpu, cuda, cuda:N or cuda:A,B,..."
+    try:
+        devs = [int(x) for x in device[5:].split(",")]
+    except ValueError:
+        return "not cpu, cuda, cuda:N or cuda:A,B,..."
+    return list(range(devs[0], devs[0] + tp)) if len(devs) == 1 else devs
+
+
+def check_gpus(c, flags, env, help_):
+    """The worker's --tp = its nvidia.com/gpu (1 without GPUs), its --device list names that many
+    GPUs, all of them inside the pod's (the container sees its GPUs as 0..n-1)."""
+    errs = []
+    res = c.get("resources", {})
+    gpus = int(res.get("limits", {}).get("nvidia.com/gpu", 0))
+    req = res.get("requests", {}).get("nvidia.com/gpu")
+    if req is not None and int(req) != gpus:
+        errs.append("nvidia.com/gpu request %s != limit %d" % (req, gpus))
+    device = effective("device", flags, env, help_)
+    tp = effective("tp", flags, env, help_)
+    tp = int(tp) if tp and str(tp).isdigit() else 1
+    if tp != max(gpus, 1):
+        errs.append("--tp %d with nvidia.com/gpu %d: one rank per GPU" % (tp, gpus))
+    devs = cuda_devices(device, tp)
+    if isinstance(devs, str):
+        errs.append("--device %s: %s" % (device, devs))
+    elif (devs is not None) != (gpus > 0):
+        errs.append("--device %s with %d GPUs" % (device, gpus))
+    elif devs is not None:
+        if len(devs) != tp:
+            errs.append("--device %s lists %d GPUs for --tp %d" % (device, len(devs), tp))
+        if len(set(devs)) != len(devs) or any(d < 0 or d >= gpus for d in devs):
+            errs.append("--device %s: the pod's %d GPUs are cuda:0..%d" % (device, gpus, gpus - 1))
+    return errs
+
+
 def check_overlay(name, objs, helps, served):
     """Every consistency check on one rendered overlay: a list of error strings."""
     errs = []
@@ -411,10 +454,8 @@ def check_overlay(name, objs, helps, served):
                 elif dp not in [p["port"] for p in svc["spec"]["ports"] if p.get("name") == "grpc"]:
                     errs.append("%s: --workers-dns port %s is not the grpc port of Service %s" % (cid, dp, dh))
             if sub == "worker":
+                errs += ["%s: %s" % (cid, e) for e in check_gpus(c, flags, env, help_)]
                 gpus_seen[wid] = int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-                device = effective("device", flags, env, help_)
-                if (device == "cuda") != (gpus_seen[wid] > 0):
-                    errs.append("%s: --device %s with %d GPUs" % (cid, device, gpus_seen[wid]))
     if name in EXPECTED_GPUS and list(gpus_seen.values()) != [EXPECTED_GPUS[name]]:
         errs.append("overlay %s: worker GPUs %s, expected [%d]" % (name, list(gpus_seen.values()), EXPECTED_GPUS[name]))
     # Services, PDBs, HPAs, ServiceMonitors select something that exists
