@@ -165,14 +165,17 @@ class Servers:
         subprocess.run([binary, "gguf", "synth", "--preset", "tiny", "--quant", "f32", "--seed", "1",
                         "-o", model], check=True, capture_output=True, timeout=60)
         self.addr = {}
+        self.logs = {}
         self.addr["worker"] = self._start(binary, tmp, "worker", ["worker", "--model", model, "--listen",
-                                                                  "127.0.0.1:0", "--threads", "1"])
+                                                                  "127.0.0.1:0", "--threads", "1",
+                                                                  "--metrics-listen", "127.0.0.1:0"])
         self.addr["router"] = self._start(binary, tmp, "router", [
             "router", "--listen", "127.0.0.1:0", "--workers", self.addr["worker"], "--model", model,
-            "--poll-ms", "100"])
+            "--poll-ms", "100", "--metrics-listen", "127.0.0.1:0"])
 
     def _start(self, binary, tmp, name, args):
         log = open(os.path.join(tmp, name + ".log"), "w+")
+        self.logs[name] = log
         p = subprocess.Popen([binary] + args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=log, start_new_session=True)
         self.procs.append(p)
@@ -187,6 +190,28 @@ class Servers:
             time.sleep(0.05)  # polls the log for the line the process prints once bound
         log.seek(0)
         raise RuntimeError("%s did not start:\n%s" % (name, log.read()))
+
+    def metric_names(self, sub):
+        """The series names `deltaserve <sub>` serves on /metrics (TYPE lines and samples)."""
+        import urllib.request
+        log = self.logs[sub]
+        deadline = time.monotonic() + 30
+        while True:
+            log.seek(0)
+            m = re.search(r"metrics on (http://\S+/metrics)", log.read())
+            if m or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # the line follows "listening on" once the HTTP port is bound
+        if not m:
+            raise RuntimeError("%s logged no 'metrics on' line" % sub)
+        text = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+        names = set()
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                names.add(line.split()[2])
+            elif line and not line.startswith("#"):
+                names.add(re.split(r"[{ ]", line, 1)[0])
+        return names
 
     def status(self, sub, service):
         import grpc
@@ -747,6 +772,98 @@ def check_secure(objs, certs, helps):
 
 
 # ---------------------------------------------------------------------------------------------
+# k8s/README.md against the manifests and the binary
+
+# Flags of other tools that the runbook's commands use.
+OTHER_TOOL_FLAGS = {"from-file", "raw", "ignore-daemonsets", "replicas"}
+
+
+def _cell(v):
+    return v.strip().strip("`").replace('""', "")
+
+
+def table_rows(text, header):
+    """The rows (lists of cells) of the Markdown table whose header row starts with header."""
+    lines = text.splitlines()
+    for i, l in enumerate(lines):
+        if l.startswith("| " + header):
+            rows = []
+            for r in lines[i + 2:]:
+                if not r.startswith("|"):
+                    break
+                rows.append([_cell(c) for c in r.strip().strip("|").split("|")])
+            return rows
+    return None
+
+
+def check_readme(text, rendered, helps, metrics):
+    """Every value k8s/README.md names is the manifests' or the binary's: --flags (and each
+    --flag=value it quotes, verbatim in a container's args), ports, metric series, the probe
+    table, the HPA metric, the sizing table's GPUs and memory per overlay."""
+    errs = []
+    overlays = {k: v for k, v in rendered.items() if k != CERT_DIR}
+    args = {a for objs in overlays.values() for w in workloads(objs) for c in pod_spec(w)["containers"]
+            for a in c.get("args", [])}
+    known = set(helps["worker"]) | set(helps["router"]) | OTHER_TOOL_FLAGS | {
+        a[2:].split("=", 1)[0] for a in args}
+    for f in sorted(set(re.findall(r"(?<![\w-])--([a-z][a-z0-9-]*)", text)) - known):
+        errs.append("README names --%s: not a flag of the binary nor in the manifests" % f)
+    for a in sorted(set(re.findall(r"`(--[a-z0-9-]+=[^`\s]+)`", text)) - args):
+        errs.append("README quotes %s: no container's args hold it" % a)
+    ports = {p["containerPort"] for objs in overlays.values() for w in workloads(objs)
+             for c in pod_spec(w)["containers"] for p in c.get("ports", [])}
+    for n in sorted({int(x) for x in re.findall(r"(?:\bport `?|[a-z0-9.]:)(\d{4,5})\b", text)} - ports):
+        errs.append("README names port %d: no container has it" % n)
+    served = metrics["worker"] | metrics["router"]
+    for m in sorted(set(re.findall(r"deltaserve:[a-z0-9]+_[a-z0-9_]+", text)) - served):
+        errs.append("README names metric %s: neither process serves it" % m)
+    hpa = find(overlays["gpu"], "HorizontalPodAutoscaler")
+    for mt_ in hpa["spec"]["metrics"]:
+        name = mt_["pods"]["metric"]["name"]
+        src = "deltaserve:" + name[len("deltaserve_"):]
+        if "`%s`" % name not in text and "**`%s`**" % name not in text:
+            errs.append("README does not name the HPA's metric %s" % name)
+        if src not in metrics["worker"]:
+            errs.append("the HPA's %s comes from %s, which the worker does not serve" % (name, src))
+    # probes
+    rows = table_rows(text, "workload | probe | port | service")
+    if not rows:
+        errs.append("README has no probe table (| workload | probe | port | service | ...)")
+    else:
+        kinds = {"StatefulSet": "worker", "Deployment": "router"}
+        seen = set()
+        for w in workloads(overlays["gpu"]):
+            c = pod_spec(w)["containers"][0]
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                g = c[kind]["grpc"]
+                seen.add((kinds[w["kind"]], kind[:-len("Probe")], str(g["port"]), g.get("service", "")))
+        table = {tuple(r[:4]) for r in rows}
+        for x in sorted(seen ^ table):
+            errs.append("probe table row %s %s" % (x, "missing" if x in seen else "not in the gpu overlay"))
+        m = re.search(r"In `tls` every probe is on port (\d+)", text)
+        tls_ports = {pod_spec(w)["containers"][0][k]["grpc"]["port"] for w in workloads(overlays["tls"])
+                     for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+        if not m or tls_ports != {int(m.group(1))}:
+            errs.append("README's tls probe port %s; the tls overlay's %s" % (m and m.group(1), tls_ports))
+    # sizing
+    rows = table_rows(text, "model | GGUF | GPU memory | overlay")
+    if not rows:
+        errs.append("README has no sizing table (| model | GGUF | GPU memory | overlay | ...)")
+    for r in rows or []:
+        _, _, _, ov, gpus, mem = r[:6]
+        if ov not in overlays:
+            errs.append("sizing row %s: no overlay %s" % (r, ov))
+            continue
+        c = container_of(overlays[ov], "StatefulSet")
+        res = c.get("resources", {})
+        got = (str(res.get("limits", {}).get("nvidia.com/gpu", 0)),
+               "%s / %s" % (res.get("requests", {}).get("memory"), res.get("limits", {}).get("memory")))
+        if (gpus, mem) != got:
+            errs.append("sizing row %s: overlay %s has nvidia.com/gpu %s, memory %s" % (r[0], ov, *got))
+    return errs
+
+
+# ---------------------------------------------------------------------------------------------
 # The checks must be able to fail
 
 
@@ -880,6 +997,23 @@ def check_certs(certs):
     return errs
 
 
+# Edits of k8s/README.md that check_readme must report: (label, expected error, edit).
+README_BREAKAGES = [
+    ("unknown flag", "README names --tls-client-certificate",
+     lambda t: t.replace("`--tls-client-cert`", "`--tls-client-certificate`", 1)),
+    ("wrong port", "README names port 50053", lambda t: t.replace("port 50052", "port 50053", 1)),
+    ("wrong metric", "README names metric deltaserve:num_requests_queued",
+     lambda t: t.replace("deltaserve:num_requests_waiting", "deltaserve:num_requests_queued", 1)),
+    ("probe service", "probe table row",
+     lambda t: t.replace("| worker | readiness | 50051 | `deltaserve.v1.Worker`",
+                         "| worker | readiness | 50051 | `\"\"`", 1)),
+    ("sizing memory", "sizing row",
+     lambda t: t.replace("| tp2 | 2 | 64Gi / 128Gi |", "| tp2 | 2 | 32Gi / 64Gi |", 1)),
+    ("quoted value", "no container's args hold it",
+     lambda t: t.replace("`--tp=2 --device=cuda:0,1`", "`--tp=4`", 1)),
+]
+
+
 def overlay_errors(name, rendered, helps, served):
     objs = rendered[name]
     if name == CERT_DIR:
@@ -914,6 +1048,7 @@ def main():
     binary, k8s_dir = sys.argv[1], sys.argv[2]
     if os.path.isfile(k8s_dir):
         k8s_dir = os.path.dirname(k8s_dir)
+    readme = os.path.join(os.path.realpath(k8s_dir), "README.md")
     binary, k8s_dir = os.path.realpath(binary), os.path.realpath(k8s_dir)
     tmp = tempfile.mkdtemp(prefix="k8s-test-", dir=os.environ.get("TEST_TMPDIR"))
     helps = binary_helps(binary)
@@ -940,6 +1075,16 @@ def main():
                 " (pending flags, not in --help yet: %s)" % ", ".join("--" + p for p in pending)
                 if pending else ""))
             failures += ["%s: %s" % (name, e) for e in errs]
+        with open(readme) as f:
+            readme_text = f.read()
+        metrics = {sub: servers.metric_names(sub) for sub in ("worker", "router")}
+        rerrs = check_readme(readme_text, rendered, helps, metrics)
+        print("k8s/README.md: %s" % ("ok" if not rerrs else "%d errors" % len(rerrs)))
+        failures += ["README: %s" % e for e in rerrs]
+        for label, expect, edit in README_BREAKAGES:
+            bad = edit(readme_text)
+            if bad == readme_text or not any(expect in e for e in check_readme(bad, rendered, helps, metrics)):
+                failures.append("README breakage '%s' was not caught (expected '%s')" % (label, expect))
         print("health services answered by the running binaries: %s" % ", ".join(
             "%s %r=%s" % (s, n, v) for (s, n), v in sorted(cache.items())))
         if "gpu" not in rendered:
