@@ -4,7 +4,8 @@ requires the same objects, so this file is checked against the real thing.
 
 Supported kustomization.yaml keys: resources (files and directories), patches (strategic merge,
 from path: or patch:, matched by kind + name or by target:; JSON 6902 lists with a target:),
-images (newName / newTag / digest). Anything else is an error, never silently ignored.
+images (newName / newTag / digest), namespace (set on every namespaced object). Anything else
+is an error, never silently ignored.
 
 Strategic merge, as Kubernetes defines it for the fields used here: maps merge recursively; a
 null value deletes the key; lists of containers / volumes / env / volumeMounts / ports merge
@@ -20,7 +21,11 @@ import sys
 
 import yaml
 
-SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "patches", "images"}
+SUPPORTED_KEYS = {"apiVersion", "kind", "namespace", "resources", "patches", "images"}
+
+# Kinds without a namespace among those k8s/ could use: `namespace:` leaves them alone.
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "ClusterIssuer",
+                  "PersistentVolume", "StorageClass", "PriorityClass", "CustomResourceDefinition"}
 
 # field name -> merge key (Kubernetes' patchMergeKey), for lists of maps. "ports" depends on
 # the type: container ports merge on containerPort, Service ports on port.
@@ -206,6 +211,10 @@ def render(d):
                 if name == im["name"]:
                     c["image"] = im.get("newName", name) + (
                         "@" + im["digest"] if "digest" in im else ":" + str(im.get("newTag", "latest")))
+    if "namespace" in k:
+        for o in objs:
+            if o.get("kind") not in CLUSTER_SCOPED:
+                o["metadata"]["namespace"] = k["namespace"]
     ids = [(o.get("apiVersion"), o.get("kind"), o["metadata"].get("name")) for o in objs]
     if len(set(ids)) != len(ids):
         raise KustomizeError("%s: duplicate objects" % kpath)
