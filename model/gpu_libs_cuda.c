@@ -1,0 +1,46 @@
+/* gpu_libs.h for binaries with the CUDA backend: cuBLAS and NCCL as kernels/cuda loads them. */
+#include "model/gpu_libs.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+
+#include "kernels/cuda/blas.h"
+#include "kernels/cuda/tp_comm.h"
+
+/* The path of an already loaded library `soname` (RTLD_NOLOAD: nothing is loaded here). */
+static void loaded_path(const char *soname, char *path, size_t size)
+{
+    path[0] = '\0';
+    void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return;
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name)
+        snprintf(path, size, "%s", lm->l_name);
+    dlclose(h);
+}
+
+bool gpu_libs_built(void)
+{
+    return true;
+}
+
+int gpu_libs_report(gpu_lib *out, int n)
+{
+    int k = 0;
+    if (k < n) {
+        gpu_lib *l = &out[k++];
+        l->what = "dense path (cuBLAS)";
+        l->describe = blas_describe();
+        loaded_path("libcublas.so.13", l->path, sizeof l->path);
+        l->available = l->path[0] != '\0';
+    }
+    if (k < n) {
+        gpu_lib *l = &out[k++];
+        l->what = "tensor parallel --tp (NCCL)";
+        l->available = tp_comm_available();
+        l->describe = tp_comm_describe();
+        loaded_path("libnccl.so.2", l->path, sizeof l->path);
+    }
+    return k;
+}
