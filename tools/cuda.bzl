@@ -19,7 +19,7 @@ load("@cuda//:defs.bzl", "CUDA_FOUND", "NVCC")
 
 # Without a CUDA toolkit (tools/cuda_configure.bzl) every target here is incompatible: `bazel
 # build //...` skips it and everything that depends on it.
-_COMPAT = [] if CUDA_FOUND else ["@platforms//:incompatible"]
+_COMPAT = [] if CUDA_FOUND else ["@cuda//:present"]
 
 # sm_90 machine code; with ptx = True also compute_90 PTX (a newer chip's driver can JIT it, at
 # the price of much larger binaries); sm_90a when asked for.

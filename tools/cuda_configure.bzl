@@ -23,6 +23,14 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(name = "headers")
 
+# Required by every CUDA target (tools/cuda.bzl) and held by no platform: they are incompatible.
+constraint_setting(name = "toolkit")
+
+constraint_value(
+    name = "present",
+    constraint_setting = ":toolkit",
+)
+
 cc_library(name = "cudart_static")
 """
 
