@@ -26,8 +26,8 @@ int cmd_version(int argc, char **argv)
         printf("cuda: not built (no CUDA toolkit at build time; CPU forward only)\n");
         return 0;
     }
-    gpu_lib libs[2];
-    int n = gpu_libs_report(libs, 2);
+    gpu_lib libs[GPU_LIBS_MAX];
+    int n = gpu_libs_report(libs, GPU_LIBS_MAX);
     for (int i = 0; i < n; i++) {
         if (libs[i].available)
             printf("%s: available: %s from %s\n", libs[i].what, libs[i].describe, libs[i].path);

@@ -10,8 +10,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#define GPU_LIBS_MAX 3
+
 typedef struct gpu_lib {
-    const char *what;     /* "dense path (cuBLAS)", "tensor parallel --tp (NCCL)" */
+    const char *what;     /* "dense path (cuBLAS)", "dense path (cuBLASLt)",
+                             "tensor parallel --tp (NCCL)" */
     bool available;       /* the library loaded and has every symbol deltaserve calls */
     const char *describe; /* "cuBLAS 13.1.0 (libcublas.so.13)", or why it did not load */
     char path[512];       /* the file it was loaded from; "" when not loaded */
@@ -19,8 +22,8 @@ typedef struct gpu_lib {
 
 /* Whether this binary was built with the CUDA backend. */
 bool gpu_libs_built(void);
-/* Loads (once) and fills out[0 .. n) with each library's report; returns how many it filled
- * (0 in a CPU-only build). */
+/* Loads (once) and fills out[0 .. n) with each library's report, in the order above; returns
+ * how many it filled (at most GPU_LIBS_MAX; 0 in a CPU-only build). */
 int gpu_libs_report(gpu_lib *out, int n);
 
 #endif

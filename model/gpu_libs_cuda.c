@@ -35,6 +35,13 @@ int gpu_libs_report(gpu_lib *out, int n)
         loaded_path("libcublas.so.13", l->path, sizeof l->path);
         l->available = l->path[0] != '\0';
     }
+    if (k < n) { /* cuBLAS's own dependency, loaded with it */
+        gpu_lib *l = &out[k++];
+        l->what = "dense path (cuBLASLt)";
+        loaded_path("libcublasLt.so.13", l->path, sizeof l->path);
+        l->available = l->path[0] != '\0';
+        l->describe = l->available ? "libcublasLt.so.13" : "not loaded (cuBLAS did not load)";
+    }
     if (k < n) {
         gpu_lib *l = &out[k++];
         l->what = "tensor parallel --tp (NCCL)";
