@@ -58,7 +58,13 @@ if grep -q '^backends:.* cuda' "$T/version.txt"; then
         [ -s "$tree/usr/share/doc/cuda/$f" ] || fail "no licence $f in the tree"
         grep -q "$f" "$tree/MANIFEST" || fail "$f is not in MANIFEST"
     done
-    echo "the tree's cuBLAS, cuBLASLt and NCCL load from $libdir"
+    # and what they need comes from the tree too (the loader's trace of every file it loads)
+    env -i LD_DEBUG=libs LD_LIBRARY_PATH="$libdirs" "$tree$interp" --inhibit-cache \
+        --library-path "$libdirs" "$tree/bin/deltaserve" version > /dev/null 2> "$T/ld.txt"
+    outside=$(sed -n 's/.*calling init: //p' "$T/ld.txt" | sort -u | grep -v "^$tree/" || true)
+    [ -z "$outside" ] || fail "version loaded libraries from outside the tree: $outside"
+    grep -q "calling init: $libdir/libnccl.so.2" "$T/ld.txt" || fail "no loader trace of NCCL"
+    echo "the tree's cuBLAS, cuBLASLt and NCCL load from $libdir, with their dependencies"
 else
     grep -q '^cuda: not built' "$T/version.txt" || fail "a CPU-only binary's version says why"
     ! ls "$tree"/lib/x86_64-linux-gnu/libcublas* > /dev/null 2>&1 ||
