@@ -1,9 +1,9 @@
 /* The GPU libraries a binary loads at run time, for `deltaserve version` (cli/cmd_version.c):
  * whether the dense prefill path (cuBLAS: libcublas.so.13 with its libcublasLt.so.13) and
  * tensor parallelism (`--tp`, NCCL: libnccl.so.2) are available, and the file each was loaded
- * from. Two implementations, one per binary: gpu_libs_cuda.c (kernels/cuda/blas.h, tp_comm.h)
- * in binaries built with the CUDA toolkit, gpu_libs_none.c in CPU-only builds. Loading needs no
- * GPU: it is dlopen and symbol lookup only. */
+ * from. One source, gpu_libs.c, two libraries: //model:gpu_libs_cuda (kernels/cuda/blas.h,
+ * tp_comm.h) in binaries built with the CUDA toolkit, //model:gpu_libs_none in CPU-only builds.
+ * Loading needs no GPU: it is dlopen and symbol lookup only. */
 #ifndef DS_MODEL_GPU_LIBS_H
 #define DS_MODEL_GPU_LIBS_H
 

@@ -1,5 +1,9 @@
-/* gpu_libs.h for binaries with the CUDA backend: cuBLAS and NCCL as kernels/cuda loads them. */
+/* gpu_libs.h: with DS_GPU_LIBS_CUDA (//model:gpu_libs_cuda, binaries with the CUDA backend)
+ * cuBLAS and NCCL as kernels/cuda loads them; without it (//model:gpu_libs_none, CPU-only
+ * binaries built with no CUDA toolkit) there is no GPU library to load. */
 #include "model/gpu_libs.h"
+
+#ifdef DS_GPU_LIBS_CUDA
 
 #include <dlfcn.h>
 #include <link.h>
@@ -51,3 +55,19 @@ int gpu_libs_report(gpu_lib *out, int n)
     }
     return k;
 }
+
+#else
+
+bool gpu_libs_built(void)
+{
+    return false;
+}
+
+int gpu_libs_report(gpu_lib *out, int n)
+{
+    (void)out;
+    (void)n;
+    return 0;
+}
+
+#endif
