@@ -17,8 +17,8 @@ and `bazel test //...` skip them and what depends on them. CUDA_PATH is in `envi
 it refetches the repository.
 """
 
-_STUB_BUILD = """# No CUDA toolkit was found (tools/cuda_configure.bzl): empty targets, so that the BUILD files
-# that name them load; every target that needs CUDA is incompatible (tools/cuda.bzl).
+_STUB_BUILD = """# No CUDA toolkit was found (tools/cuda_configure.bzl): empty targets, so that the
+# BUILD files that name them load; every target that needs CUDA is incompatible (tools/cuda.bzl).
 package(default_visibility = ["//visibility:public"])
 
 cc_library(name = "headers")

@@ -29,19 +29,25 @@ cleanup() {
     rm -rf "$T" 2>/dev/null || true
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$T"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -20 "$f"; }; done; exit 1; }
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$T"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -20 "$f"; }; done
+    exit 1
+}
 
 "$rtree" -b "$bin" "$T/tree"
 id=$("$ibuild" -t "$T/tree" deltaserve:test) || fail "tools/image-build"
 "${B[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' \
     deltaserve:test > "$T/config.txt"
-grep -qx '65532:65532 \[/bin/deltaserve\]' "$T/config.txt" || fail "image config: $(cat "$T/config.txt")"
+grep -qx '65532:65532 \[/bin/deltaserve\]' "$T/config.txt" ||
+    fail "image config: $(cat "$T/config.txt")"
 echo "image $id: $(cat "$T/config.txt")"
 rm -rf "$T/tree"
 ctr=$("${B[@]}" from deltaserve:test)
 run() { "${B[@]}" run --isolation chroot --network host "$ctr" -- /bin/deltaserve "$@"; }
 
-run version > "$T/version.txt" 2>&1 || fail "deltaserve version in the image: $(cat "$T/version.txt")"
+run version > "$T/version.txt" 2>&1 ||
+    fail "deltaserve version in the image: $(cat "$T/version.txt")"
 cat "$T/version.txt"
 if grep -q '^backends:.* cuda' "$T/version.txt"; then
     for what in "dense path (cuBLAS)" "dense path (cuBLASLt)" "tensor parallel --tp (NCCL)"; do

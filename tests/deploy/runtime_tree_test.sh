@@ -49,9 +49,11 @@ run version > "$T/version.txt" || fail "deltaserve version from the tree"
 cat "$T/version.txt"
 libdir=$tree$(dirname "$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /libc\.so\.6$/ { print $3 }')")
 if grep -q '^backends:.* cuda' "$T/version.txt"; then
-    for want in "dense path (cuBLAS): available: cuBLAS [0-9.]* (libcublas.so.13) from $libdir/libcublas.so.13" \
-                "dense path (cuBLASLt): available: libcublasLt.so.13 from $libdir/libcublasLt.so.13" \
-                "tensor parallel --tp (NCCL): available: NCCL [0-9.]* (libnccl.so.2) from $libdir/libnccl.so.2"; do
+    for want in \
+        "dense path (cuBLAS): available: cuBLAS [0-9.]* (libcublas.so.13) from $libdir/libcublas.so.13" \
+        "dense path (cuBLASLt): available: libcublasLt.so.13 from $libdir/libcublasLt.so.13" \
+        "tensor parallel --tp (NCCL): available: NCCL [0-9.]* (libnccl.so.2) from $libdir/libnccl.so.2"
+    do
         grep -qx "$want" "$T/version.txt" || fail "version from the tree lacks: $want"
     done
     for f in LICENSE.cublas.txt LICENSE.nccl.txt; do
