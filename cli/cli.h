@@ -14,5 +14,6 @@ int cmd_router(int argc, char **argv);
 int cmd_client(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv); /* bench batch (cmd_bench_batch.c) */
+int cmd_version(int argc, char **argv);
 
 #endif

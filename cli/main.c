@@ -28,6 +28,7 @@ static const subcommand cmds[] = {
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"bench", cmd_bench, "decode / prefill / serving benchmarks"},
     {"gguf", cmd_gguf, "inspect or synthesise GGUF files (info, synth)"},
+    {"version", cmd_version, "backends linked; whether cuBLAS and NCCL load (dense path, --tp)"},
     {NULL, NULL, NULL},
 };
 

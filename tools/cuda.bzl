@@ -15,7 +15,11 @@ every header the .cu files include (CUDA's own are read by absolute path). Objec
 alwayslink and carry cudart_static; link them into cc_test/cc_binary with linkstatic = True.
 """
 
-_NVCC = "/usr/local/cuda/bin/nvcc"
+load("@cuda//:defs.bzl", "CUDA_FOUND", "NVCC")
+
+# Without a CUDA toolkit (tools/cuda_configure.bzl) every target here is incompatible: `bazel
+# build //...` skips it and everything that depends on it.
+_COMPAT = [] if CUDA_FOUND else ["@cuda//:present"]
 
 # sm_90 machine code; with ptx = True also compute_90 PTX (a newer chip's driver can JIT it, at
 # the price of much larger binaries); sm_90a when asked for.
@@ -41,8 +45,9 @@ def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], sm9
             cmd = ("T=$$(mktemp -d \"$${TMPDIR:-/tmp}/nvcc.XXXXXXXX\") && " +
                    "TMPDIR=$$T %s -O3 -std=c++17 -Xcompiler=-fPIC -Xcompiler=-O3 -I. %s %s " +
                    "-c $(location %s) -o $@; rc=$$?; rm -rf \"$$T\"; exit $$rc") % (
-                _NVCC, gencode, " ".join(copts), src),
+                NVCC, gencode, " ".join(copts), src),
             message = "nvcc %s" % src,
+            target_compatible_with = _COMPAT,
         )
         objs.append(out)
     native.cc_library(
@@ -51,5 +56,6 @@ def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], sm9
         hdrs = hdrs,
         deps = deps + ["@cuda//:cudart_static"],
         alwayslink = True,
+        target_compatible_with = _COMPAT,
         **kwargs
     )

@@ -4,7 +4,9 @@
 # router with the tree's loader and libraries only (an empty environment, --inhibit-cache,
 # --library-path into the tree), stream one generation through the router with the tree's
 # `deltaserve client`, and check in /proc/PID/maps that every file the servers mapped lies in
-# the tree. SIGTERM then stops both with exit 0.
+# the tree. SIGTERM then stops both with exit 0. A CUDA build's tree also carries cuBLAS,
+# cuBLASLt and NCCL with their licences: `deltaserve version` run from the tree must load each
+# (dlopen, no GPU needed) from the tree's lib folder, so the dense path and --tp are available.
 #   runtime_tree_test.sh RUNTIME_TREE_SCRIPT DELTASERVE_BIN
 set -euo pipefail
 script=$(readlink -f "$1")
@@ -42,6 +44,36 @@ run_exec() {
 
 run --help > "$T/help.txt" || fail "deltaserve --help from the tree"
 grep -q "worker" "$T/help.txt" || fail "unexpected --help output"
+# The GPU libraries (loaded with dlopen, so not in ldd's list): from the tree, for a CUDA build.
+run version > "$T/version.txt" || fail "deltaserve version from the tree"
+cat "$T/version.txt"
+libdir=$tree$(dirname "$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /libc\.so\.6$/ { print $3 }')")
+if grep -q '^backends:.* cuda' "$T/version.txt"; then
+    for want in \
+        "dense path (cuBLAS): available: cuBLAS [0-9.]* (libcublas.so.13) from $libdir/libcublas.so.13" \
+        "dense path (cuBLASLt): available: libcublasLt.so.13 from $libdir/libcublasLt.so.13" \
+        "tensor parallel --tp (NCCL): available: NCCL [0-9.]* (libnccl.so.2) from $libdir/libnccl.so.2"
+    do
+        grep -qx "$want" "$T/version.txt" || fail "version from the tree lacks: $want"
+    done
+    for f in LICENSE.cublas.txt LICENSE.nccl.txt; do
+        [ -s "$tree/usr/share/doc/cuda/$f" ] || fail "no licence $f in the tree"
+        grep -q "$f" "$tree/MANIFEST" || fail "$f is not in MANIFEST"
+    done
+    # and what they need comes from the tree too (the loader's trace of every file it loads)
+    env -i LD_DEBUG=libs LD_LIBRARY_PATH="$libdirs" "$tree$interp" --inhibit-cache \
+        --library-path "$libdirs" "$tree/bin/deltaserve" version > /dev/null 2> "$T/ld.txt"
+    outside=$(sed -n 's/.*calling init: //p' "$T/ld.txt" | sort -u | grep -v "^$tree/" || true)
+    [ -z "$outside" ] || fail "version loaded libraries from outside the tree: $outside"
+    grep -q "calling init: $libdir/libnccl.so.2" "$T/ld.txt" || fail "no loader trace of NCCL"
+    echo "the tree's cuBLAS, cuBLASLt and NCCL load from $libdir, with their dependencies"
+else
+    grep -q '^cuda: not built' "$T/version.txt" || fail "a CPU-only binary's version says why"
+    ! ls "$tree"/lib/x86_64-linux-gnu/libcublas* > /dev/null 2>&1 ||
+        fail "a CPU-only binary's tree carries cuBLAS"
+    echo "CPU-only binary (no CUDA toolkit at build time): no GPU libraries to check"
+fi
+
 run gguf synth --preset tiny --quant f32 --seed 1 -o "$T/tiny.gguf" > /dev/null ||
     fail "gguf synth from the tree"
 
