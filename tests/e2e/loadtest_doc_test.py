@@ -274,7 +274,8 @@ class PageShape(unittest.TestCase):
 def add_command_tests():
     seen = set()
     for i, (title, cmd) in enumerate(COMMANDS):
-        slug = re.sub(r"\W+", "_", title.split("(")[0].strip().lower()).strip("_") or "command"
+        words = re.findall(r"\w+", title.split("(")[0].split(":")[0].lower())[:5]
+        slug = "_".join(words) or "command"
         tool = "ghz" if cmd.startswith("ghz") else "loadgen"
         name = "test_%02d_%s_%s" % (i, tool, slug)
         while name in seen:
