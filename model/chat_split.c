@@ -154,14 +154,14 @@ static int json_value_type(const char *p, size_t n)
     if (!tok) return -1;
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
     struct json_object *o = json_tokener_parse_ex(tok, p, (int)n);
-    /* a number at the end of the input is still open: a NUL closes it */
-    if (!o && json_tokener_get_error(tok) == json_tokener_continue)
+    int ok = json_tokener_get_error(tok) == json_tokener_success &&
+             json_tokener_get_parse_end(tok) == n; /* nothing after the value */
+    if (!o && json_tokener_get_error(tok) == json_tokener_continue) {
+        /* a number or literal at the end of the input is still open: a NUL closes it */
         o = json_tokener_parse_ex(tok, "", 1);
-    int type = -1;
-    if (json_tokener_get_error(tok) == json_tokener_success &&
-        json_tokener_get_parse_end(tok) <= n + 1)
-        type = o ? (int)json_object_get_type(o) : (int)json_type_null;
-    if (type >= 0 && json_tokener_get_parse_end(tok) < n) type = -1; /* trailing text */
+        ok = json_tokener_get_error(tok) == json_tokener_success;
+    }
+    int type = ok ? (o ? (int)json_object_get_type(o) : (int)json_type_null) : -1;
     json_object_put(o);
     json_tokener_free(tok);
     return type;
