@@ -10,6 +10,7 @@
 
 #include "common/finish.h"
 #include "common/log.h"
+#include "router/router_chat.h"
 #include "router/router_internal.h"
 #include "router/router_request.h"
 #include "router/router_stop.h"
@@ -45,6 +46,8 @@ typedef struct relay {
     size_t piece_cap;
     char *text;       /* owned, [text_cap] text of the message being built */
     size_t text_cap, text_len;
+    router_chat chat; /* chat prompts: the answer / reasoning / tool-call splitter */
+    int chat_ready;
     /* outcome */
     int64_t n_tokens;      /* tokens sent to the client */
     int64_t n_msgs;        /* messages sent to the client */
@@ -218,6 +221,9 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     out.n_token_ids = kept;
     out.token_ids = m->token_ids;
     if (s->text) out.text = s->text;
+    if (s->chat_ready && router_chat_message(&s->chat, out.text, s->text_len,
+                                             matched >= 0 || m->finish_reason, &out))
+        goto nomem;
     if (m->n_logprobs) {
         out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
         out.logprobs = m->logprobs;
@@ -260,7 +266,8 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
                                                         : (char *)router_pool_worker_addr(w);
         s->finish = (finish_reason)out.finish_reason;
     }
-    if (kept == 0 && !final && out.text[0] == 0) return 0; /* nothing to say */
+    if (kept == 0 && !final && out.text[0] == 0 && out.reasoning[0] == 0 && !out.n_tool_calls)
+        return 0; /* nothing to say */
     if (rpc_call_send(s->q->call, &out.base)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
         return -1;
@@ -375,6 +382,18 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     return ATTEMPT_DONE;
 }
 
+/* Whether the chat prompt's rendering ends inside <think> (the output starts as reasoning). */
+static bool chat_in_reasoning(const Deltaserve__V1__GenerateRequest *g)
+{
+    char *text;
+    size_t len;
+    status st;
+    if (router_request_chatml(g->chat, &text, &len, &st)) return false;
+    bool in = router_chat_prompt_in_reasoning(text, len);
+    free(text);
+    return in;
+}
+
 static void relay_run(router_req *q)
 {
     router *r = q->r;
@@ -407,6 +426,15 @@ static void relay_run(router_req *q)
             relay_end(&s, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
             goto out;
         }
+    }
+
+    if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT) {
+        if (router_chat_init(&s.chat, g->chat, chat_in_reasoning(g), s.text_cap, next_rand(r),
+                             &st)) {
+            relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+            goto out;
+        }
+        s.chat_ready = 1;
     }
 
     /* the worker request: same sampling, a seed picked here when 0 so it can be reported */
@@ -470,6 +498,7 @@ static void relay_run(router_req *q)
     for (int i = 0; i < n_tried; i++) router_pool_release(r->pool, tried[i], 0);
 out:
     if (s.stop_ready) router_stop_free(&s.stop);
+    if (s.chat_ready) router_chat_free(&s.chat);
     free(s.ids);
     free(s.piece);
     free(s.text);
