@@ -29,8 +29,8 @@ static size_t occurrence(const uint8_t *start, const uint8_t *at, uint32_t num)
         if (!read_varint(&p, at, &key)) break;
         switch (key & 7) {
         case 0: if (!read_varint(&p, at, &v)) return k; break;
-        case 1: p += 8; break;
-        case 5: p += 4; break;
+        case 1: if (at - p < 8) return k; p += 8; break;
+        case 5: if (at - p < 4) return k; p += 4; break;
         case 2:
             if (!read_varint(&p, at, &v) || v > (uint64_t)(at - p)) return k;
             p += v;
