@@ -59,6 +59,8 @@ typedef struct relay {
     int64_t attempt_done;  /* of which reported done in the current attempt */
     finish_reason finish;  /* of the final message; FINISH_NONE before it */
     char worker[ROUTER_ADDR_MAX];
+    router_live live;      /* in r->ids while live_on: Abort finds the request by its id */
+    int live_on;
 } relay;
 
 /* What one attempt on one worker ended with. */
@@ -88,6 +90,10 @@ _Static_assert((int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP == (int)FI
 static void relay_end(relay *s, grpc_status_code code, const char *msg)
 {
     router *r = s->q->r;
+    if (s->live_on) {
+        router_ids_unregister(r->ids, &s->live);
+        s->live_on = 0;
+    }
     rpc_call_finish(s->q->call, code, msg);
     int64_t now = clock_now_us();
     if (code == GRPC_STATUS_OK) {
@@ -305,6 +311,48 @@ static void end_cancelled(relay *s)
         relay_end(s, GRPC_STATUS_CANCELLED, "cancelled by the client");
 }
 
+/* Ends a request Abort reached before its worker ended it (waiting for a worker, between
+ * retries, or its worker call cancelled): the text held back, then a final message with
+ * FINISH_REASON_CANCELLED and status OK. w: the worker of the last attempt, or NULL. */
+static void relay_aborted(relay *s, router_worker *w)
+{
+    s->text_len = 0;
+    if (s->text) s->text[0] = 0;
+    if (s->q->r->tok) {
+        size_t np = tokenizer_detok_flush(&s->detok, s->piece, s->piece_cap);
+        const char *out;
+        size_t n_out;
+        if (push_text(s, s->piece, np) == -1) {
+            router_stop_flush(&s->stop, &out, &n_out);
+            text_append(s, out, n_out);
+        }
+    }
+    int64_t now = clock_now_us();
+    Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+    Deltaserve__V1__Usage usage = DELTASERVE__V1__USAGE__INIT;
+    Deltaserve__V1__Timings tm = DELTASERVE__V1__TIMINGS__INIT;
+    if (s->text) m.text = s->text;
+    m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+    usage.prompt_tokens = (uint32_t)s->n_ids;
+    usage.completion_tokens = (uint32_t)s->n_tokens;
+    usage.cached_tokens = s->cached_tokens;
+    m.usage = &usage;
+    tm.ttft_ms = ms_between(s->q->t0_us, s->t_first_us ? s->t_first_us : now);
+    tm.decode_ms = ms_between(s->t_first_us, s->t_last_us);
+    if (s->n_tokens > 1) tm.mean_itl_ms = tm.decode_ms / (float)(s->n_tokens - 1);
+    tm.total_ms = ms_between(s->q->t0_us, now);
+    m.timings = &tm;
+    m.request_id = s->rid;
+    m.seed = s->seed;
+    if (w) m.served_by = (char *)router_pool_worker_addr(w);
+    s->finish = FINISH_CANCELLED;
+    if (rpc_call_send(s->q->call, &m.base)) {
+        relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
+        return;
+    }
+    relay_end(s, GRPC_STATUS_OK, NULL);
+}
+
 /* One attempt on worker w. ATTEMPT_DONE: the public call was finished. ATTEMPT_RETRY: nothing
  * reached the client; *code / msg say why the worker failed. */
 static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__WorkerGenerateRequest *wr,
@@ -332,6 +380,7 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     q->stream = cs;
     if (q->cancelled) rpc_client_stream_cancel(cs);
     pthread_mutex_unlock(&q->mu);
+    if (router_ids_attach(r->ids, &s->live, w, cs)) rpc_client_stream_cancel(cs); /* aborted */
 
     int done = 0, worker_error = 0;
     ProtobufCMessage *m;
@@ -342,6 +391,7 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
         protobuf_c_message_free_unpacked(m, NULL);
         if (rc) done = 1;
     }
+    router_ids_detach(r->ids, &s->live);
     pthread_mutex_lock(&q->mu);
     q->stream = NULL;
     int cancelled = q->cancelled;
@@ -353,6 +403,10 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     rpc_client_stream_destroy(cs);
     if (cancelled) {
         end_cancelled(s);
+        return ATTEMPT_DONE;
+    }
+    if (router_ids_aborted(r->ids, &s->live)) {
+        relay_aborted(s, w);
         return ATTEMPT_DONE;
     }
     if (res.code == GRPC_STATUS_OK) {
@@ -408,6 +462,8 @@ static void relay_run(router_req *q)
     else
         snprintf(s.rid, sizeof s.rid, "%012llx-%llu", (unsigned long long)(r->id_base & 0xffffffffffffULL),
                  (unsigned long long)atomic_fetch_add(&r->next_id, 1));
+    router_ids_register(r->ids, &s.live, s.rid);
+    s.live_on = 1;
     if (router_request_validate(g, r->tok, &st) ||
         router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
         relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
@@ -468,6 +524,10 @@ static void relay_run(router_req *q)
             end_cancelled(&s);
             break;
         }
+        if (router_ids_aborted(r->ids, &s.live)) {
+            relay_aborted(&s, n_tried ? tried[n_tried - 1] : NULL);
+            break;
+        }
         router_worker *w = NULL;
         if (n_tried < max_attempts)
             w = router_pool_acquire(r->pool, prefix, s.cost, tried, n_tried, &rng);
@@ -497,6 +557,7 @@ static void relay_run(router_req *q)
     }
     for (int i = 0; i < n_tried; i++) router_pool_release(r->pool, tried[i], 0);
 out:
+    if (s.live_on) router_ids_unregister(r->ids, &s.live); /* every path ends in relay_end */
     if (s.stop_ready) router_stop_free(&s.stop);
     if (s.chat_ready) router_chat_free(&s.chat);
     free(s.ids);

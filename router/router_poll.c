@@ -87,6 +87,7 @@ static void poll_worker(router *r, router_worker *w)
             serving = 0; /* health is open, the Worker calls need the token: none would pass */
         }
     }
+    if (serving) router_api_learn_model(r, w, POLL_TIMEOUT_MS);
     router_pool_report_health(r->pool, w, serving);
     router_worker_state after = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
     if (before != after)

@@ -130,6 +130,14 @@ int router_pool_snapshot(router_pool *p, router_worker **out, int max)
     return n;
 }
 
+void router_pool_ref(router_pool *p, router_worker *w)
+{
+    pthread_mutex_lock(&p->mu);
+    DS_ASSERT(w->refs > 0);
+    w->refs++;
+    pthread_mutex_unlock(&p->mu);
+}
+
 void router_pool_unref(router_pool *p, router_worker *w)
 {
     pthread_mutex_lock(&p->mu);

@@ -68,6 +68,8 @@ int router_pool_set(router_pool *p, const char *const *addrs, int n, status *st)
  * router_pool_unref). Returns the count (<= max). For the health/load poller. */
 int router_pool_snapshot(router_pool *p, router_worker **out, int max);
 void router_pool_unref(router_pool *p, router_worker *w);
+/* Another reference on a worker the caller already holds one on (release: router_pool_unref). */
+void router_pool_ref(router_pool *p, router_worker *w);
 
 void router_pool_report_health(router_pool *p, router_worker *w, int serving);
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load);
