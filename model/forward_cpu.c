@@ -452,7 +452,7 @@ static int plan_memory(const qwen35_model *m, const fwd_opts *o, int block_token
     char what[96];
     uint64_t room = (uint64_t)o->mem_budget;
     if (o->mem_budget > 0) {
-        snprintf(what, sizeof what, "the %.2f GiB budget", (double)room / (1 << 30));
+        snprintf(what, sizeof what, "a budget of %.1f MiB", (double)room / (1 << 20));
     } else {
         const uint64_t avail = mem_available();
         room = avail ? avail / 100 * FWD_CPU_MEM_PERCENT : UINT64_MAX / 4;

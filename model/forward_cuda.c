@@ -216,7 +216,7 @@ static int size_state(fc_rank *e, status *st)
     char what[128], shrunk[160];
     if (e->mem_budget > 0 && (uint64_t)e->mem_budget < room) {
         room = (uint64_t)e->mem_budget;
-        snprintf(what, sizeof what, "the %.2f GiB budget", (double)room / (1 << 30));
+        snprintf(what, sizeof what, "a budget of %.1f MiB", (double)room / (1 << 20));
     } else {
         snprintf(what, sizeof what, "%.2f GiB free on the GPU after the weights, less a %.2f GiB "
                  "reserve", p.mem_free_bytes / 1073741824.0, reserve / 1073741824.0);
