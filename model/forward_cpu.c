@@ -428,7 +428,22 @@ static int snaps_create(cpu_forward *c, int64_t budget, status *st)
     return STATUS_OK;
 }
 
-/* MemAvailable of /proc/meminfo in bytes; else the free physical pages; 0 if neither is known. */
+/* The first unsigned number in file path, or 0 (absent, unreadable, "max"). */
+static uint64_t read_u64(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    unsigned long long v = 0;
+    if (fp) {
+        if (fscanf(fp, "%llu", &v) != 1) v = 0;
+        fclose(fp);
+    }
+    return (uint64_t)v;
+}
+
+/* The memory this process may still take, in bytes: MemAvailable of /proc/meminfo (else the
+ * free physical pages), and under a cgroup memory limit (a container: cgroup v2 memory.max, v1
+ * memory.limit_in_bytes) no more than the limit less the cgroup's usage. 0 if nothing is
+ * known. */
 static uint64_t mem_available(void)
 {
     FILE *fp = fopen("/proc/meminfo", "r");
@@ -437,13 +452,24 @@ static uint64_t mem_available(void)
     while (fp && fgets(line, sizeof line, fp))
         if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
     if (fp) fclose(fp);
-    if (kb) return (uint64_t)kb << 10;
-    const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+    uint64_t avail = (uint64_t)kb << 10;
+    if (!avail) {
+        const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+    }
+    uint64_t limit = read_u64("/sys/fs/cgroup/memory.max"), used = 0;
+    if (limit) used = read_u64("/sys/fs/cgroup/memory.current");
+    else if ((limit = read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes")))
+        used = read_u64("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    if (limit && limit < (1ull << 60)) { /* v1 says "no limit" with a huge number */
+        const uint64_t left = limit > used ? limit - used : 0;
+        if (!avail || left < avail) avail = left;
+    }
+    return avail;
 }
 
 /* Slots, context and KV pool from memory (fwd_plan.h): the budget given, else
- * FWD_CPU_MEM_PERCENT of the available RAM. A slot: its recurrent state and its sampler (a
+ * FWD_CPU_MEM_PERCENT of the available RAM (mem_available). A slot: its recurrent state and its sampler (a
  * token and a flag per position, vocabulary-sized candidate buffers); the KV pool holds F32 K
  * and V of every attention layer (every rank together: the ranks split the heads). */
 static int plan_memory(const qwen35_model *m, const fwd_opts *o, int block_tokens, fwd_plan *out,
@@ -458,6 +484,7 @@ static int plan_memory(const qwen35_model *m, const fwd_opts *o, int block_token
         room = avail ? avail / 100 * FWD_CPU_MEM_PERCENT : UINT64_MAX / 4;
         snprintf(what, sizeof what, "%d%% of %.2f GiB available RAM", FWD_CPU_MEM_PERCENT,
                  (double)avail / (1 << 30));
+        if (!avail) snprintf(what, sizeof what, "no limit: the available RAM is not known");
     }
     const fwd_plan_in in = {
         .room = room,

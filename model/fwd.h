@@ -36,14 +36,15 @@
 #define FWD_MAX_RANKS 64
 
 typedef struct fwd_opts {
-    int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device: free GPU memory
-                          on cuda, 8 on the CPU) */
+    int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device from memory,
+                          a quarter of the context each: at most 256 on cuda, 8 on the CPU) */
     int n_ctx;         /* positions per sequence (prompt + generated) */
     bool ctx_fit;      /* n_ctx is the model's, not asked for: the forward shrinks it to what
                           fits in memory (fwd_plan.h), and says so in fwd.plan */
     int64_t mem_budget; /* > 0: bytes the slots' state and the KV pool (and, on cuda, the
-                           context-sized scratch) may take at most; 0: chosen by the device (cpu:
-                           FWD_CPU_MEM_PERCENT of the available RAM; cuda: the free device memory
+                           snapshots and the context-sized attention partials) may take at
+                           most; 0: chosen by the device (cpu: FWD_CPU_MEM_PERCENT of the
+                           available RAM, within a cgroup limit; cuda: the free device memory
                            after the weights, the activations and a reserve) */
     int max_rows;      /* most rows of one step (0: n_slots + 256) */
     int ranks;         /* tensor-parallel ranks (0 or 1: one) */
