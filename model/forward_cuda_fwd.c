@@ -312,11 +312,11 @@ static int create_ranks(cuda_forward *c, status *st)
         const fc_rank *e = c->rank[r];
         if (e->n_slots != e0->n_slots || e->n_ctx != e0->n_ctx || e->kv.n_blocks != e0->kv.n_blocks ||
             e->kv.ld != e0->kv.ld || e->max_rows != e0->max_rows || e->b.rows != e0->b.rows)
-            return status_fail(st, STATUS_INTERNAL, "tensor parallel: rank %d sized %d slots, %d "
-                               "KV blocks, %d rows (%d a pass); rank 0 %d, %d, %d (%d) (give "
-                               "--slots)", r, e->n_slots, e->kv.n_blocks - 1, e->max_rows,
-                               e->b.rows, e0->n_slots, e0->kv.n_blocks - 1, e0->max_rows,
-                               e0->b.rows);
+            return status_fail(st, STATUS_INTERNAL, "tensor parallel: rank %d sized %d slots of "
+                               "%d positions, %d KV blocks, %d rows (%d a pass); rank 0 %d of %d, "
+                               "%d, %d (%d) (give --slots and --ctx)", r, e->n_slots, e->n_ctx,
+                               e->kv.n_blocks - 1, e->max_rows, e->b.rows, e0->n_slots,
+                               e0->n_ctx, e0->kv.n_blocks - 1, e0->max_rows, e0->b.rows);
         c->rows_of[r] = calloc((size_t)e0->max_rows, sizeof *c->rows_of[r]);
         if (!c->rows_of[r]) return status_fail(st, STATUS_NOMEM, "tensor parallel: rows");
         fc_kv_borrow(c->rank[r], e0->kv.pool);
