@@ -448,6 +448,25 @@ static bool chat_in_reasoning(const Deltaserve__V1__GenerateRequest *g)
     return in;
 }
 
+/* The prompt (and an explicit max_new_tokens) against the workers' context, max_context (0:
+ * not known yet: the worker checks alone): INVALID_ARGUMENT naming the field and the limit, as
+ * the worker would (worker/request.c), before any worker is tried. */
+static int check_context(const relay *s, int max_context, status *st)
+{
+    if (max_context <= 0) return STATUS_OK;
+    const Deltaserve__V1__GenerateRequest *g = s->q->g;
+    if (s->n_ids + 1 > (size_t)max_context)
+        return status_fail(st, STATUS_INVALID, "request %s: prompt: %zu tokens do not fit the "
+                           "context of %d (at most %d, leaving room for one generated token)",
+                           s->rid, s->n_ids, max_context, max_context - 1);
+    const uint32_t room = (uint32_t)(max_context - (int)s->n_ids);
+    if (g->stopping && g->stopping->max_new_tokens > room)
+        return status_fail(st, STATUS_INVALID, "request %s: stopping.max_new_tokens: %u exceeds "
+                           "the context left after the %zu-token prompt (%u of %d)", s->rid,
+                           g->stopping->max_new_tokens, s->n_ids, room, max_context);
+    return STATUS_OK;
+}
+
 static void relay_run(router_req *q)
 {
     router *r = q->r;
@@ -466,6 +485,10 @@ static void relay_run(router_req *q)
     s.live_on = 1;
     if (router_request_validate(g, r->tok, &st) ||
         router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
+        relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+        goto out;
+    }
+    if (check_context(&s, router_pool_max_context(r->pool), &st)) {
         relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
         goto out;
     }
