@@ -17,7 +17,6 @@
 #define ABORT_PATH "/" ROUTER_SERVICE "/Abort"
 #define INFO_PATH "/" ROUTER_SERVICE "/GetModelInfo"
 #define WORKER_ABORT_PATH "/" ROUTER_WORKER_SERVICE "/Abort"
-#define WORKER_INFO_PATH "/" ROUTER_WORKER_SERVICE "/GetModelInfo"
 #define ABORT_TIMEOUT_MS 2000 /* per Worker/Abort */
 #define ABORT_MAX_WORKERS 16  /* workers one Abort reaches (requests sharing an id) */
 
@@ -25,21 +24,16 @@ _Static_assert(ROUTER_IDS_ID_MAX == ROUTER_REQUEST_ID_MAX, "one request id limit
 
 /* ---- GetModelInfo ---- */
 
-void router_api_learn_model(router *r, router_worker *w, int timeout_ms)
+int router_api_model_known(router *r)
 {
     pthread_mutex_lock(&r->mu);
     int known = r->model_info != NULL;
     pthread_mutex_unlock(&r->mu);
-    if (known) return;
-    Deltaserve__V1__GetModelInfoRequest req = DELTASERVE__V1__GET_MODEL_INFO_REQUEST__INIT;
-    ProtobufCMessage *resp;
-    rpc_client_result res;
-    if (rpc_client_unary(router_pool_worker_conn(w), WORKER_INFO_PATH, &req.base,
-                         &deltaserve__v1__model_info__descriptor, &resp, timeout_ms, &res)) {
-        LOG_WARN("router: worker %s: GetModelInfo: %s", router_pool_worker_addr(w), res.message);
-        return;
-    }
-    Deltaserve__V1__ModelInfo *mi = (Deltaserve__V1__ModelInfo *)resp;
+    return known;
+}
+
+void router_api_learn_model(router *r, router_worker *w, Deltaserve__V1__ModelInfo *mi)
+{
     pthread_mutex_lock(&r->mu);
     if (!r->model_info) {
         r->model_info = mi;

@@ -71,7 +71,8 @@ int router_api_add_methods(router *r, status *st);
 
 /* The poller, for a healthy worker: asks it for its ModelInfo while the router has none
  * (blocks up to a poll timeout). */
-void router_api_learn_model(router *r, router_worker *w, int timeout_ms);
+int router_api_model_known(router *r);
+void router_api_learn_model(router *r, router_worker *w, Deltaserve__V1__ModelInfo *mi);
 
 /* Poller thread body (arg: router *); exits when r->stopping. */
 void *router_poll_main(void *arg);
