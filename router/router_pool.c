@@ -9,6 +9,7 @@ struct router_worker {
     uint64_t key;              /* router_policy_hash_str(addr) */
     void *conn;                /* owned through ops: connect/disconnect */
     router_worker_state state;
+    int failed_checks;         /* consecutive ROUTER_CHECK_FAILED */
     int listed;                /* in the current set (0: retired, freed at refs == 0) */
     int refs;                  /* the set's own reference + snapshots + requests */
     int64_t local_outstanding; /* tokens routed here by this router, not yet finished */
@@ -137,11 +138,23 @@ void router_pool_unref(router_pool *p, router_worker *w)
     pthread_mutex_unlock(&p->mu);
 }
 
-void router_pool_report_health(router_pool *p, router_worker *w, int serving)
+router_worker_state router_pool_report_health(router_pool *p, router_worker *w, router_check c)
 {
     pthread_mutex_lock(&p->mu);
-    w->state = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
+    if (c == ROUTER_CHECK_SERVING) {
+        w->failed_checks = 0;
+        w->state = ROUTER_WORKER_HEALTHY;
+    } else if (c == ROUTER_CHECK_FAILED) {
+        /* a healthy worker keeps serving through a few unanswered checks */
+        if (++w->failed_checks >= ROUTER_POOL_CHECK_FAILS || w->state != ROUTER_WORKER_HEALTHY)
+            w->state = ROUTER_WORKER_UNHEALTHY;
+    } else {
+        w->failed_checks = 0;
+        w->state = ROUTER_WORKER_UNHEALTHY;
+    }
+    router_worker_state s = w->state;
     pthread_mutex_unlock(&p->mu);
+    return s;
 }
 
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load)
@@ -162,7 +175,7 @@ void router_pool_report_load(router_pool *p, router_worker *w, const router_work
 
 void router_pool_report_failure(router_pool *p, router_worker *w)
 {
-    router_pool_report_health(p, w, 0);
+    router_pool_report_health(p, w, ROUTER_CHECK_NOT_SERVING);
 }
 
 static int64_t load_of(const router_worker *w) { return w->local_outstanding + w->others; }

@@ -3,8 +3,11 @@
  *
  * Workers come from --workers (fixed) or a DNS answer (router_dns.h) through router_pool_set,
  * which adds new addresses and retires missing ones. A new worker is not eligible until its
- * first successful health check (router_pool_report_health). A failed call
- * (router_pool_report_failure) makes it ineligible at once, until a later check succeeds.
+ * first successful health check (router_pool_report_health). A healthy worker leaves the pool
+ * when it answers that it is not serving (at once), or after ROUTER_POOL_CHECK_FAILS
+ * consecutive checks that got no answer (a check slowed by a busy machine is not a verdict);
+ * any successful check brings it back. A failed call (router_pool_report_failure) makes it
+ * ineligible at once, until a later check succeeds.
  * Workers are reference counted: a retired worker's connection is closed when the last request
  * using it releases it.
  *
@@ -31,6 +34,16 @@ typedef enum router_worker_state {
 } router_worker_state;
 
 typedef struct router_worker router_worker;
+
+/* What one health check of a worker found. */
+typedef enum router_check {
+    ROUTER_CHECK_NOT_SERVING = 0, /* it answered: not serving, draining, or our token refused */
+    ROUTER_CHECK_SERVING = 1,
+    ROUTER_CHECK_FAILED = 2,      /* no answer: timeout, connection refused, transport error */
+} router_check;
+
+/* Consecutive failed checks (ROUTER_CHECK_FAILED) that take a healthy worker out. */
+#define ROUTER_POOL_CHECK_FAILS 3
 
 /* What the pool needs from the transport: open / close a connection to an address. The router
  * passes rpc_client_channel_create_tls / rpc_client_channel_destroy (router.c); unit tests pass
@@ -69,7 +82,8 @@ int router_pool_set(router_pool *p, const char *const *addrs, int n, status *st)
 int router_pool_snapshot(router_pool *p, router_worker **out, int max);
 void router_pool_unref(router_pool *p, router_worker *w);
 
-void router_pool_report_health(router_pool *p, router_worker *w, int serving);
+/* Applies one check's result (see the top of this file); returns the worker's state after it. */
+router_worker_state router_pool_report_health(router_pool *p, router_worker *w, router_check c);
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load);
 void router_pool_report_failure(router_pool *p, router_worker *w);
 
