@@ -334,7 +334,7 @@ class PrefixHeads(unittest.TestCase):
             # a stop string ends the stream at the router: cached_tokens from the first message
             _, ids, text, final = c.generate(ids=qs[1] + [1], max_tokens=30, stop=["The e"])
             self.assertEqual(final.stop_string, "The e")
-            self.assertEqual(final.served_by, b.addr)  # the router's final: the address
+            self.assertEqual(final.served_by, "pb")  # the name, from the first message
             self.assertEqual(final.usage.cached_tokens, 7)
             self.assertEqual(final.usage.completion_tokens, N_THE_E)
         finally:
