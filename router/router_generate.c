@@ -474,12 +474,15 @@ static void relay_run(router_req *q)
             w = router_pool_acquire(r->pool, prefix, s.cost, tried, n_tried, &rng);
         if (!w) {
             char m[700];
-            if (n_tried == 0)
+            if (n_tried == 0 && router_pool_full(r->pool)) {
+                last_code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                snprintf(m, sizeof m, "every worker is full (its slots and queue taken)");
+            } else if (n_tried == 0)
                 snprintf(m, sizeof m, "no healthy worker (%d known)", router_pool_n_workers(r->pool));
             else
                 snprintf(m, sizeof m, "%d worker%s tried; last: %s", n_tried, n_tried > 1 ? "s" : "",
                          last_msg);
-            relay_end(&s, n_tried ? (grpc_status_code)last_code : GRPC_STATUS_UNAVAILABLE, m);
+            relay_end(&s, (grpc_status_code)last_code, m);
             break;
         }
         if (n_tried) { /* a retry follows: say so (rate-limited) */
@@ -547,6 +550,17 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     }
     r->relays++; /* undone below if the thread does not start */
     pthread_mutex_unlock(&r->mu);
+    if (router_pool_full(r->pool)) { /* overload: refused before any copy, thread or worker call */
+        pthread_mutex_lock(&r->mu);
+        r->relays--;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        atomic_fetch_add(&r->n_failed, 1);
+        metrics_inc(r->m.failed, 1);
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                        "every worker is full (its slots and queue taken)");
+        return;
+    }
 
     router_req *q = calloc(1, sizeof *q);
     uint8_t *buf = NULL;

@@ -79,6 +79,7 @@ static void poll_worker(router *r, router_worker *w)
                 .waiting = (int)l->waiting,
                 .free_slots = (int)l->free_slots,
                 .total_slots = (int)l->total_slots,
+                .queue_capacity = (int)l->queue_capacity,
             };
             for (size_t i = 0; i < l->n_prefix_heads && i < ROUTER_POOL_MAX_HEADS; i++)
                 load.prefix_heads[load.n_prefix_heads++] = l->prefix_heads[i];

@@ -13,6 +13,7 @@ struct router_worker {
     int listed;                /* in the current set (0: retired, freed at refs == 0) */
     int refs;                  /* the set's own reference + snapshots + requests */
     int64_t local_outstanding; /* tokens routed here by this router, not yet finished */
+    int active;                /* requests routed here by this router, not yet released */
     router_worker_load polled; /* last GetLoad */
     int64_t others;            /* other routers' outstanding tokens: min of the last two polls */
     int64_t others_last;       /* the last poll's estimate */
@@ -180,6 +181,12 @@ void router_pool_report_failure(router_pool *p, router_worker *w)
 
 static int64_t load_of(const router_worker *w) { return w->local_outstanding + w->others; }
 
+static int has_room(const router_worker *w)
+{
+    return w->polled.total_slots <= 0 ||
+           w->active < w->polled.total_slots + w->polled.queue_capacity;
+}
+
 static int holds_prefix(const router_worker *w, uint64_t prefix_hash)
 {
     for (int i = 0; i < w->polled.n_prefix_heads; i++)
@@ -194,7 +201,7 @@ router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n; i++) {
         router_worker *x = p->w[i];
-        int ok = x->state == ROUTER_WORKER_HEALTHY;
+        int ok = x->state == ROUTER_WORKER_HEALTHY && has_room(x);
         for (int j = 0; j < n_exclude && ok; j++) ok = exclude[j] != x;
         p->cand[i] = (router_policy_cand){.key = x->key, .load = load_of(x),
                                           .waiting = x->polled.waiting, .eligible = ok,
@@ -204,6 +211,7 @@ router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t
     if (k >= 0) {
         w = p->w[k];
         w->refs++;
+        w->active++;
         w->local_outstanding += cost;
     }
     pthread_mutex_unlock(&p->mu);
@@ -223,6 +231,8 @@ void router_pool_release(router_pool *p, router_worker *w, int64_t remaining)
     pthread_mutex_lock(&p->mu);
     w->local_outstanding -= remaining;
     DS_ASSERT(w->local_outstanding >= 0);
+    w->active--;
+    DS_ASSERT(w->active >= 0);
     unref_locked(p, w);
     pthread_mutex_unlock(&p->mu);
 }
@@ -234,6 +244,19 @@ int router_pool_n_healthy(router_pool *p)
     for (int i = 0; i < p->n; i++) n += p->w[i]->state == ROUTER_WORKER_HEALTHY;
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+int router_pool_full(router_pool *p)
+{
+    int healthy = 0, room = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n && !room; i++)
+        if (p->w[i]->state == ROUTER_WORKER_HEALTHY) {
+            healthy = 1;
+            room = has_room(p->w[i]);
+        }
+    pthread_mutex_unlock(&p->mu);
+    return healthy && !room;
 }
 
 int router_pool_n_workers(router_pool *p)

@@ -15,6 +15,11 @@
  * (exact and current) + the traffic of other router replicas, estimated at each poll as the
  * worker's reported outstanding tokens minus ours at that moment, the smaller of the last two
  * such estimates (so a poll that still sees our just-cancelled requests adds nothing).
+ *
+ * A worker whose reported capacity (total_slots + queue_capacity) is all taken by requests this
+ * router has routed there and not yet seen end is full: not eligible, so an overloaded pool
+ * refuses a request before any worker call (router_pool_full) rather than after each worker
+ * refused it. Capacity unknown (no load polled yet): never full.
  * All functions are thread-safe (one mutex). */
 #ifndef DS_ROUTER_ROUTER_POOL_H
 #define DS_ROUTER_ROUTER_POOL_H
@@ -60,6 +65,7 @@ typedef struct router_pool_ops {
 typedef struct router_worker_load {
     int64_t outstanding_tokens;
     int running, waiting, free_slots, total_slots;
+    int queue_capacity; /* Load.queue_capacity (--queue) */
     uint64_t prefix_heads[ROUTER_POOL_MAX_HEADS]; /* the heads its prefix cache holds
                                                      (Load.prefix_heads), [n_prefix_heads] */
     int n_prefix_heads;
@@ -99,6 +105,8 @@ void router_pool_progress(router_pool *p, router_worker *w, int64_t done);
 void router_pool_release(router_pool *p, router_worker *w, int64_t remaining);
 
 int router_pool_n_healthy(router_pool *p);
+/* 1 when some worker is healthy and every healthy worker is full (see the top of this file). */
+int router_pool_full(router_pool *p);
 int router_pool_n_workers(router_pool *p);
 
 /* Stable for the worker's lifetime (while a reference is held). */
