@@ -18,6 +18,7 @@
 
 #define GEN_PATH "/deltaserve.v1.Generation/Generate"
 #define WORKER_GEN_PATH "/deltaserve.v1.Worker/Generate"
+#define FULL_MSG "every worker is full (its slots and queue taken)"
 
 typedef struct router_req {
     router *r;
@@ -476,7 +477,7 @@ static void relay_run(router_req *q)
             char m[700];
             if (n_tried == 0 && router_pool_full(r->pool)) {
                 last_code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-                snprintf(m, sizeof m, "every worker is full (its slots and queue taken)");
+                snprintf(m, sizeof m, "%s", FULL_MSG);
             } else if (n_tried == 0)
                 snprintf(m, sizeof m, "no healthy worker (%d known)", router_pool_n_workers(r->pool));
             else
@@ -557,8 +558,19 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
         pthread_mutex_unlock(&r->mu);
         atomic_fetch_add(&r->n_failed, 1);
         metrics_inc(r->m.failed, 1);
-        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                        "every worker is full (its slots and queue taken)");
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, FULL_MSG);
+        long more;
+        double since;
+        if (LOG_LEVEL_INFO >= log_threshold &&
+            log_limit_pass(&refused_log[GRPC_STATUS_RESOURCE_EXHAUSTED], &more, &since)) {
+            const char *rid = ((const Deltaserve__V1__GenerateRequest *)req)->request_id;
+            char tail[64] = "";
+            if (more)
+                snprintf(tail, sizeof tail, " (%ld more RESOURCE_EXHAUSTED in the last %.1f s)",
+                         more, since);
+            LOG_INFO("request %s: RESOURCE_EXHAUSTED %s%s", rid && rid[0] ? rid : "-", FULL_MSG,
+                     tail);
+        }
         return;
     }
 
