@@ -75,9 +75,11 @@ class RetryAndOverload(unittest.TestCase):
             self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
             self.assertIn("queue full", msg)
             self.assertIn("2 workers tried", msg)
-            # a refused request's prompt was never computed: not in prompt_tokens_total
+            # a refused request's prompt was never computed: not in prompt_tokens_total (the
+            # counters move just after the status is sent: wait for the failure to be counted)
+            h.wait_until(lambda: metric(r, "deltaserve:request_failure_total") == 1.0, 10,
+                         "the failure counted")
             self.assertEqual(metric(r, "deltaserve:prompt_tokens_total"), 0.0)
-            self.assertEqual(metric(r, "deltaserve:request_failure_total"), 1.0)
         finally:
             c.close()
             r.stop()
@@ -265,7 +267,9 @@ class Streams(unittest.TestCase):
         self.assertIn('deltaserve:request_success_total{finished_reason="length"}', body)
         self.assertIn("deltaserve:time_to_first_token_seconds_bucket", body)
         self.assertIn("deltaserve:router_healthy_workers 1", body)
-        self.assertGreaterEqual(metric(self.r, "deltaserve:prompt_tokens_total"), 1.0)
+        # counted just after the status is sent
+        h.wait_until(lambda: metric(self.r, "deltaserve:prompt_tokens_total") >= 1.0, 10,
+                     "the prompt counted")
 
 
 class Discovery(unittest.TestCase):
