@@ -374,7 +374,9 @@ static void relay_aborted(relay *s, router_worker *w)
     m.timings = &tm;
     m.request_id = s->rid;
     m.seed = s->seed;
-    if (w) m.served_by = (char *)router_pool_worker_addr(w);
+    if (w) m.served_by = s->served_by[0] ? s->served_by : (char *)router_pool_worker_addr(w);
+    tm.queue_ms = s->queue_ms;
+    tm.prefill_ms = s->prefill_ms;
     s->finish = FINISH_CANCELLED;
     if (rpc_call_send(s->q->call, &m.base)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
