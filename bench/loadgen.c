@@ -9,6 +9,9 @@
  *   bazel-bin/bench/loadgen --addr 127.0.0.1:50051 --concurrency 8 --requests 400 \
  *       --ids 1,2,3,4 --max-tokens 32 --ignore-eos
  *
+ * --backoff-ms N: a thread whose stream failed (refused under overload, say) waits N ms before
+ * its next stream, as a client that backs off; without it a refused thread asks again at once.
+ *
  * Cancellation churn: --cancel-after N cancels each counted stream after k tokens, k from 0 to
  * N spread over the streams (k = 0: before the first token); those end CANCELLED and count as
  * cancelled, not failed. --load-addr A,B,...: the workers' GetLoad after the warm-up and again
@@ -56,6 +59,7 @@ typedef struct loadgen_opts {
     int64_t id_seed;
     float duration_s, temperature;
     int64_t timeout_ms;
+    int backoff_ms;
 } loadgen_opts;
 
 static const flag_spec specs[] = {
@@ -79,6 +83,9 @@ static const flag_spec specs[] = {
     {"temperature", NULL, "0", FLAG_FLOAT, offsetof(loadgen_opts, temperature), "0 = greedy"},
     {"timeout-ms", NULL, "60000", FLAG_I64, offsetof(loadgen_opts, timeout_ms),
      "deadline per stream"},
+    {"backoff-ms", NULL, "0", FLAG_INT, offsetof(loadgen_opts, backoff_ms),
+     "after a failed stream, wait this long before the thread's next one (a client that backs "
+     "off when refused; 0: at once)"},
     {"worker", NULL, NULL, FLAG_BOOL, offsetof(loadgen_opts, worker),
      "--addr is a worker: deltaserve.v1.Worker/Generate"},
     {"cancel-after", NULL, "-1", FLAG_INT, offsetof(loadgen_opts, cancel_after),
@@ -218,6 +225,10 @@ static void *run_thread(void *arg)
             }
         }
         free(gaps.v);
+        if (res.code != 0 && !cut_done && t->o->backoff_ms > 0) {
+            struct timespec pause = {t->o->backoff_ms / 1000, (long)(t->o->backoff_ms % 1000) * 1000000L};
+            nanosleep(&pause, NULL);
+        }
     }
     rpc_client_cq_destroy(cq);
     return NULL;
@@ -602,6 +613,10 @@ int main(int argc, char **argv)
     }
     if (o.concurrency < 1 || o.requests < 1) {
         fprintf(stderr, "loadgen: --concurrency and --requests must be >= 1\n");
+        return 2;
+    }
+    if (o.backoff_ms < 0) {
+        fprintf(stderr, "loadgen: --backoff-ms must be >= 0\n");
         return 2;
     }
     const bool conv = o.users > 0 || o.shared_prefix > 0;

@@ -1,5 +1,9 @@
 #include "common/log.h"
 
+#include <stdatomic.h>
+
+#include "common/clock.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,4 +39,19 @@ int log_level_parse(const char *s)
     for (int i = 0; i < 4; i++)
         if (strcmp(s, names[i]) == 0) return i;
     return -1;
+}
+
+int log_limit_pass(log_limit *l, long *more, double *since_s)
+{
+    long long now = (long long)clock_now_ms();
+    long long next = atomic_load_explicit(&l->next_ms, memory_order_relaxed);
+    if (now < next ||
+        !atomic_compare_exchange_strong(&l->next_ms, &next, now + LOG_LIMIT_MS)) {
+        atomic_fetch_add_explicit(&l->more, 1, memory_order_relaxed);
+        return 0;
+    }
+    long long last = atomic_exchange(&l->last_ms, now);
+    *more = atomic_exchange(&l->more, 0);
+    *since_s = last ? (double)(now - last) / 1e3 : 0.0;
+    return 1;
 }

@@ -18,6 +18,21 @@ void log_write(log_level level, const char *fmt, ...) __attribute__((format(prin
 /* Parses "debug", "info", "warn", "error"; returns -1 if unknown. */
 int log_level_parse(const char *s);
 
+/* A rate limit for one kind of line that can come in floods (refused requests under
+ * overload): at most one line per LOG_LIMIT_MS; the ones held back are counted and the next
+ * line written says how many (log_limit_pass's *more, over *since_s seconds). Lock-free;
+ * a static zero-initialised log_limit is ready to use. */
+#define LOG_LIMIT_MS 1000
+typedef struct log_limit {
+    _Atomic long long next_ms; /* clock_now_ms before which lines are held back */
+    _Atomic long long last_ms; /* when the last line was written */
+    _Atomic long more;         /* held back since */
+} log_limit;
+
+/* 1: write the line now (*more held back before it, over the last *since_s seconds);
+ * 0: held back (counted). */
+int log_limit_pass(log_limit *l, long *more, double *since_s);
+
 #define LOG_AT(lvl, ...)                              \
     do {                                              \
         if ((lvl) >= log_threshold) log_write((lvl), __VA_ARGS__); \

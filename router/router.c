@@ -60,7 +60,7 @@ static int metrics_setup(router *r, status *st)
     r->m.retries = metrics_counter(m, "deltaserve:router_retries_total", NULL,
                                    "Requests retried on another worker before the first token.");
     r->m.prompt_tokens = metrics_counter(m, "deltaserve:prompt_tokens_total", NULL,
-                                         "Prompt tokens of requests sent to workers.");
+                                         "Prompt tokens of requests a worker took (refused ones not counted).");
     r->m.generation_tokens = metrics_counter(m, "deltaserve:generation_tokens_total", NULL,
                                              "Generated tokens relayed to clients.");
     r->m.running = metrics_gauge(m, "deltaserve:num_requests_running", NULL,

@@ -19,6 +19,7 @@
 
 #define GEN_PATH "/deltaserve.v1.Generation/Generate"
 #define WORKER_GEN_PATH "/deltaserve.v1.Worker/Generate"
+#define FULL_MSG "every worker is full (its slots and queue taken)"
 
 typedef struct router_req {
     router *r;
@@ -55,10 +56,13 @@ typedef struct relay {
     int64_t t_last_us;     /* last token sent */
     uint32_t cached_tokens; /* the worker's usage.cached_tokens (first token or final message) */
     int attempts;
+    int accepted;          /* a worker sent a message: it took the prompt (a refusal has none) */
     int64_t cost;          /* tokens acquired from the pool per attempt: prompt + max new */
     int64_t attempt_done;  /* of which reported done in the current attempt */
     finish_reason finish;  /* of the final message; FINISH_NONE before it */
     char worker[ROUTER_ADDR_MAX];
+    char served_by[ROUTER_ADDR_MAX]; /* the worker's name, from its first message ("" if none) */
+    float queue_ms, prefill_ms;      /* the worker's, from its first message */
     router_live live;      /* in r->ids while live_on: Abort finds the request by its id */
     int live_on;
 } relay;
@@ -86,6 +90,10 @@ _Static_assert((int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP == (int)FI
                    (int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR == (int)FINISH_ERROR,
                "the wire's FinishReason numbers are common/finish.h's");
 
+/* Rate limits of the lines of refused requests (by gRPC code) and of retries. */
+static log_limit refused_log[GRPC_STATUS_UNAUTHENTICATED + 1];
+static log_limit retry_log;
+
 /* Ends the public call and writes the request's one log line. */
 static void relay_end(relay *s, grpc_status_code code, const char *msg)
 {
@@ -104,21 +112,33 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
         atomic_fetch_add(&r->n_failed, 1);
         metrics_inc(r->m.failed, 1);
     }
-    if (s->attempts) metrics_inc(r->m.prompt_tokens, (double)s->n_ids);
+    if (s->accepted) metrics_inc(r->m.prompt_tokens, (double)s->n_ids);
     metrics_inc(r->m.generation_tokens, (double)s->n_tokens);
     if (s->t_first_us) metrics_observe(r->m.ttft, (double)(s->t_first_us - s->q->t0_us) / 1e6);
     if (s->n_tokens > 1)
         metrics_observe(r->m.itl, (double)(s->t_last_us - s->t_first_us) / 1e6 /
                                       (double)(s->n_tokens - 1));
     metrics_observe(r->m.e2e, (double)(now - s->q->t0_us) / 1e6);
+    if (LOG_LEVEL_INFO < log_threshold) return;
+    /* refusals (overload, no worker) come in floods: one line a second per code, with counts */
+    long more = 0;
+    double since = 0;
+    char tail[64] = "";
+    if ((code == GRPC_STATUS_RESOURCE_EXHAUSTED || code == GRPC_STATUS_UNAVAILABLE) &&
+        !s->n_tokens) {
+        if (!log_limit_pass(&refused_log[code], &more, &since)) return;
+        if (more)
+            snprintf(tail, sizeof tail, " (%ld more %s in the last %.1f s)", more,
+                     rpc_status_grpc_name(code), since);
+    }
     LOG_INFO("request %s: %s%s%s worker=%s attempts=%d prompt=%zu cached=%u completion=%lld "
-             "finish=%s ttft_ms=%.1f total_ms=%.1f",
+             "finish=%s ttft_ms=%.1f total_ms=%.1f%s",
              s->rid, rpc_status_grpc_name(code), msg && msg[0] ? " " : "", msg ? msg : "",
              s->worker[0] ? s->worker : "-", s->attempts, s->n_ids, s->cached_tokens,
              (long long)s->n_tokens,
              s->finish != FINISH_NONE ? finish_reason_name(s->finish) : "-",
              s->t_first_us ? (double)(s->t_first_us - s->q->t0_us) / 1e3 : -1.0,
-             (double)(now - s->q->t0_us) / 1e3);
+             (double)(now - s->q->t0_us) / 1e3, tail);
 }
 
 static int grow(char **buf, size_t *cap, size_t need)
@@ -188,6 +208,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     size_t n = m->n_token_ids, kept = n;
     int matched = -1;
     status st;
+    s->accepted = 1;
     s->text_len = 0;
     if (s->text) s->text[0] = 0;
     if (r->tok) {
@@ -217,6 +238,12 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         }
     }
     if (m->usage) s->cached_tokens = m->usage->cached_tokens;
+    if (m->served_by && m->served_by[0] && !s->served_by[0]) /* first message: who, and when */
+        snprintf(s->served_by, sizeof s->served_by, "%s", m->served_by);
+    if (m->timings && !m->finish_reason) {
+        s->queue_ms = m->timings->queue_ms;
+        s->prefill_ms = m->timings->prefill_ms;
+    }
     int64_t now = clock_now_us();
     if (kept > 0 && !s->t_first_us) s->t_first_us = now;
     if (kept > 0) s->t_last_us = now;
@@ -245,6 +272,8 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         usage.completion_tokens = (uint32_t)(s->n_tokens + (int64_t)kept);
         usage.cached_tokens = s->cached_tokens;
         out.usage = &usage;
+        tm.queue_ms = s->queue_ms;
+        tm.prefill_ms = s->prefill_ms;
         tm.decode_ms = ms_between(s->t_first_us, now);
         if (usage.completion_tokens > 1)
             tm.mean_itl_ms = tm.decode_ms / (float)(usage.completion_tokens - 1);
@@ -269,7 +298,8 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
         out.request_id = s->rid;
         out.seed = m->finish_reason && m->seed ? m->seed : s->seed;
         out.served_by = m->served_by && m->served_by[0] ? m->served_by
-                                                        : (char *)router_pool_worker_addr(w);
+                        : s->served_by[0]                ? s->served_by
+                                                         : (char *)router_pool_worker_addr(w);
         s->finish = (finish_reason)out.finish_reason;
     }
     if (kept == 0 && !final && out.text[0] == 0 && out.reasoning[0] == 0 && !out.n_tool_calls)
@@ -344,7 +374,9 @@ static void relay_aborted(relay *s, router_worker *w)
     m.timings = &tm;
     m.request_id = s->rid;
     m.seed = s->seed;
-    if (w) m.served_by = (char *)router_pool_worker_addr(w);
+    if (w) m.served_by = s->served_by[0] ? s->served_by : (char *)router_pool_worker_addr(w);
+    tm.queue_ms = s->queue_ms;
+    tm.prefill_ms = s->prefill_ms;
     s->finish = FINISH_CANCELLED;
     if (rpc_call_send(s->q->call, &m.base)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
@@ -556,27 +588,40 @@ static void relay_run(router_req *q)
             w = router_pool_acquire(r->pool, prefix, s.cost, tried, n_tried, &rng);
         if (!w) {
             char m[700];
-            if (n_tried == 0)
+            if (n_tried == 0 && router_pool_full(r->pool)) {
+                last_code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                snprintf(m, sizeof m, "%s", FULL_MSG);
+            } else if (n_tried == 0)
                 snprintf(m, sizeof m, "no healthy worker (%d known)", router_pool_n_workers(r->pool));
             else
                 snprintf(m, sizeof m, "%d worker%s tried; last: %s", n_tried, n_tried > 1 ? "s" : "",
                          last_msg);
-            relay_end(&s, n_tried ? (grpc_status_code)last_code : GRPC_STATUS_UNAVAILABLE, m);
+            relay_end(&s, (grpc_status_code)last_code, m);
             break;
         }
-        if (n_tried) {
+        if (n_tried) { /* a retry follows: say so (rate-limited) */
             atomic_fetch_add(&r->n_retries, 1);
             metrics_inc(r->m.retries, 1);
+            long more;
+            double since;
+            if (LOG_LEVEL_WARN >= log_threshold && log_limit_pass(&retry_log, &more, &since)) {
+                char tail[64] = "";
+                if (more)
+                    snprintf(tail, sizeof tail, " (%ld more retries in the last %.1f s)", more,
+                             since);
+                LOG_WARN("request %s: retrying on %s: %s%s", s.rid, router_pool_worker_addr(w),
+                         last_msg, tail);
+            }
         }
         s.attempts++;
         snprintf(s.worker, sizeof s.worker, "%s", router_pool_worker_addr(w));
+        s.served_by[0] = 0;
         s.attempt_done = 0;
         int rc = relay_attempt(&s, w, &wr, &last_code, last_msg, sizeof last_msg);
         /* what the attempt did not report done is no longer outstanding there */
         router_pool_progress(r->pool, w, s.cost - s.attempt_done);
         tried[n_tried++] = w; /* keeps its reference until the request ends */
         if (rc == ATTEMPT_DONE) break;
-        LOG_WARN("request %s: retrying: %s", s.rid, last_msg);
     }
     for (int i = 0; i < n_tried; i++) router_pool_release(r->pool, tried[i], 0);
 out:
@@ -621,6 +666,28 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
     }
     r->relays++; /* undone below if the thread does not start */
     pthread_mutex_unlock(&r->mu);
+    if (router_pool_full(r->pool)) { /* overload: refused before any copy, thread or worker call */
+        pthread_mutex_lock(&r->mu);
+        r->relays--;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        atomic_fetch_add(&r->n_failed, 1);
+        metrics_inc(r->m.failed, 1);
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, FULL_MSG);
+        long more;
+        double since;
+        if (LOG_LEVEL_INFO >= log_threshold &&
+            log_limit_pass(&refused_log[GRPC_STATUS_RESOURCE_EXHAUSTED], &more, &since)) {
+            const char *rid = ((const Deltaserve__V1__GenerateRequest *)req)->request_id;
+            char tail[64] = "";
+            if (more)
+                snprintf(tail, sizeof tail, " (%ld more RESOURCE_EXHAUSTED in the last %.1f s)",
+                         more, since);
+            LOG_INFO("request %s: RESOURCE_EXHAUSTED %s%s", rid && rid[0] ? rid : "-", FULL_MSG,
+                     tail);
+        }
+        return;
+    }
 
     router_req *q = calloc(1, sizeof *q);
     uint8_t *buf = NULL;

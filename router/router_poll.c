@@ -31,8 +31,9 @@ static void resolve(router *r)
     }
     const char *addrs[ROUTER_POOL_MAX_WORKERS];
     for (int i = 0; i < r->dns->n; i++) addrs[i] = r->dns->addr[i];
+    status_clear(&st);
     int added = router_pool_set(r->pool, addrs, r->dns->n, &st);
-    if (added < 0 || (added > 0 && st.code)) LOG_WARN("router: worker set: %s", st.msg);
+    if (st.code) LOG_WARN("router: worker set: %s", st.msg);
     else if (added > 0)
         LOG_INFO("router: %s resolved to %d worker%s (%d new)", r->opts.workers_dns, r->dns->n,
                  r->dns->n == 1 ? "" : "s", added);
@@ -45,10 +46,11 @@ static void poll_worker(router *r, router_worker *w)
     hreq.service = ROUTER_WORKER_SERVICE;
     ProtobufCMessage *resp;
     rpc_client_result res;
-    int serving = 0;
+    int serving = 0, answered = 0;
     if (rpc_client_unary(ch, "/grpc.health.v1.Health/Check", &hreq.base,
                          &grpc__health__v1__health_check_response__descriptor, &resp,
                          POLL_TIMEOUT_MS, &res) == 0) {
+        answered = 1;
         serving = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status ==
                   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
         protobuf_c_message_free_unpacked(resp, NULL);
@@ -77,6 +79,7 @@ static void poll_worker(router *r, router_worker *w)
                 .waiting = (int)l->waiting,
                 .free_slots = (int)l->free_slots,
                 .total_slots = (int)l->total_slots,
+                .queue_capacity = (int)l->queue_capacity,
             };
             for (size_t i = 0; i < l->n_prefix_heads && i < ROUTER_POOL_MAX_HEADS; i++)
                 load.prefix_heads[load.n_prefix_heads++] = l->prefix_heads[i];
@@ -87,7 +90,13 @@ static void poll_worker(router *r, router_worker *w)
             serving = 0; /* health is open, the Worker calls need the token: none would pass */
         }
     }
-    router_pool_report_health(r->pool, w, serving);
+    router_check c = serving ? ROUTER_CHECK_SERVING
+                     : answered || res.code == GRPC_STATUS_UNAUTHENTICATED ? ROUTER_CHECK_NOT_SERVING
+                                                                          : ROUTER_CHECK_FAILED;
+    router_worker_state after = router_pool_report_health(r->pool, w, c);
+    if (c == ROUTER_CHECK_FAILED && after == ROUTER_WORKER_HEALTHY && before == after)
+        LOG_DEBUG("router: worker %s: health check failed, still in the pool: %s",
+                  router_pool_worker_addr(w), res.message);
     /* once per healthy spell (the worker's context), and until the router knows its model */
     if (serving && (!router_pool_worker_context(r->pool, w) || !router_api_model_known(r))) {
         Deltaserve__V1__GetModelInfoRequest mreq = DELTASERVE__V1__GET_MODEL_INFO_REQUEST__INIT;
@@ -103,7 +112,6 @@ static void poll_worker(router *r, router_worker *w)
                      res.message);
         }
     }
-    router_worker_state after = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
     if (before != after)
         LOG_INFO("router: worker %s is %s%s%s", router_pool_worker_addr(w),
                  serving ? "healthy" : "unhealthy", serving ? "" : ": ",

@@ -9,9 +9,11 @@ struct router_worker {
     uint64_t key;              /* router_policy_hash_str(addr) */
     void *conn;                /* owned through ops: connect/disconnect */
     router_worker_state state;
+    int failed_checks;         /* consecutive ROUTER_CHECK_FAILED */
     int listed;                /* in the current set (0: retired, freed at refs == 0) */
     int refs;                  /* the set's own reference + snapshots + requests */
     int64_t local_outstanding; /* tokens routed here by this router, not yet finished */
+    int active;                /* requests routed here by this router, not yet released */
     router_worker_load polled; /* last GetLoad */
     int64_t others;            /* other routers' outstanding tokens: min of the last two polls */
     int64_t others_last;       /* the last poll's estimate */
@@ -147,12 +149,24 @@ void router_pool_unref(router_pool *p, router_worker *w)
     pthread_mutex_unlock(&p->mu);
 }
 
-void router_pool_report_health(router_pool *p, router_worker *w, int serving)
+router_worker_state router_pool_report_health(router_pool *p, router_worker *w, router_check c)
 {
     pthread_mutex_lock(&p->mu);
-    w->state = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
-    if (!serving) w->max_context = 0;
+    if (c == ROUTER_CHECK_SERVING) {
+        w->failed_checks = 0;
+        w->state = ROUTER_WORKER_HEALTHY;
+    } else if (c == ROUTER_CHECK_FAILED) {
+        /* a healthy worker keeps serving through a few unanswered checks */
+        if (++w->failed_checks >= ROUTER_POOL_CHECK_FAILS || w->state != ROUTER_WORKER_HEALTHY)
+            w->state = ROUTER_WORKER_UNHEALTHY;
+    } else {
+        w->failed_checks = 0;
+        w->state = ROUTER_WORKER_UNHEALTHY;
+    }
+    if (w->state != ROUTER_WORKER_HEALTHY) w->max_context = 0; /* learnt again when back */
+    router_worker_state s = w->state;
     pthread_mutex_unlock(&p->mu);
+    return s;
 }
 
 void router_pool_report_context(router_pool *p, router_worker *w, int max_context)
@@ -199,10 +213,16 @@ void router_pool_report_load(router_pool *p, router_worker *w, const router_work
 
 void router_pool_report_failure(router_pool *p, router_worker *w)
 {
-    router_pool_report_health(p, w, 0);
+    router_pool_report_health(p, w, ROUTER_CHECK_NOT_SERVING);
 }
 
 static int64_t load_of(const router_worker *w) { return w->local_outstanding + w->others; }
+
+static int has_room(const router_worker *w)
+{
+    return w->polled.total_slots <= 0 ||
+           w->active < w->polled.total_slots + w->polled.queue_capacity;
+}
 
 static int holds_prefix(const router_worker *w, uint64_t prefix_hash)
 {
@@ -218,7 +238,7 @@ router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n; i++) {
         router_worker *x = p->w[i];
-        int ok = x->state == ROUTER_WORKER_HEALTHY;
+        int ok = x->state == ROUTER_WORKER_HEALTHY && has_room(x);
         for (int j = 0; j < n_exclude && ok; j++) ok = exclude[j] != x;
         p->cand[i] = (router_policy_cand){.key = x->key, .load = load_of(x),
                                           .waiting = x->polled.waiting, .eligible = ok,
@@ -228,6 +248,7 @@ router_worker *router_pool_acquire(router_pool *p, uint64_t prefix_hash, int64_t
     if (k >= 0) {
         w = p->w[k];
         w->refs++;
+        w->active++;
         w->local_outstanding += cost;
     }
     pthread_mutex_unlock(&p->mu);
@@ -247,6 +268,8 @@ void router_pool_release(router_pool *p, router_worker *w, int64_t remaining)
     pthread_mutex_lock(&p->mu);
     w->local_outstanding -= remaining;
     DS_ASSERT(w->local_outstanding >= 0);
+    w->active--;
+    DS_ASSERT(w->active >= 0);
     unref_locked(p, w);
     pthread_mutex_unlock(&p->mu);
 }
@@ -258,6 +281,19 @@ int router_pool_n_healthy(router_pool *p)
     for (int i = 0; i < p->n; i++) n += p->w[i]->state == ROUTER_WORKER_HEALTHY;
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+int router_pool_full(router_pool *p)
+{
+    int healthy = 0, room = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n && !room; i++)
+        if (p->w[i]->state == ROUTER_WORKER_HEALTHY) {
+            healthy = 1;
+            room = has_room(p->w[i]);
+        }
+    pthread_mutex_unlock(&p->mu);
+    return healthy && !room;
 }
 
 int router_pool_n_workers(router_pool *p)

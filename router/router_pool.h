@@ -3,8 +3,11 @@
  *
  * Workers come from --workers (fixed) or a DNS answer (router_dns.h) through router_pool_set,
  * which adds new addresses and retires missing ones. A new worker is not eligible until its
- * first successful health check (router_pool_report_health). A failed call
- * (router_pool_report_failure) makes it ineligible at once, until a later check succeeds.
+ * first successful health check (router_pool_report_health). A healthy worker leaves the pool
+ * when it answers that it is not serving (at once), or after ROUTER_POOL_CHECK_FAILS
+ * consecutive checks that got no answer (a check slowed by a busy machine is not a verdict);
+ * any successful check brings it back. A failed call (router_pool_report_failure) makes it
+ * ineligible at once, until a later check succeeds.
  * Workers are reference counted: a retired worker's connection is closed when the last request
  * using it releases it.
  *
@@ -12,6 +15,11 @@
  * (exact and current) + the traffic of other router replicas, estimated at each poll as the
  * worker's reported outstanding tokens minus ours at that moment, the smaller of the last two
  * such estimates (so a poll that still sees our just-cancelled requests adds nothing).
+ *
+ * A worker whose reported capacity (total_slots + queue_capacity) is all taken by requests this
+ * router has routed there and not yet seen end is full: not eligible, so an overloaded pool
+ * refuses a request before any worker call (router_pool_full) rather than after each worker
+ * refused it. Capacity unknown (no load polled yet): never full.
  * All functions are thread-safe (one mutex). */
 #ifndef DS_ROUTER_ROUTER_POOL_H
 #define DS_ROUTER_ROUTER_POOL_H
@@ -32,6 +40,16 @@ typedef enum router_worker_state {
 
 typedef struct router_worker router_worker;
 
+/* What one health check of a worker found. */
+typedef enum router_check {
+    ROUTER_CHECK_NOT_SERVING = 0, /* it answered: not serving, draining, or our token refused */
+    ROUTER_CHECK_SERVING = 1,
+    ROUTER_CHECK_FAILED = 2,      /* no answer: timeout, connection refused, transport error */
+} router_check;
+
+/* Consecutive failed checks (ROUTER_CHECK_FAILED) that take a healthy worker out. */
+#define ROUTER_POOL_CHECK_FAILS 3
+
 /* What the pool needs from the transport: open / close a connection to an address. The router
  * passes rpc_client_channel_create_tls / rpc_client_channel_destroy (router.c); unit tests pass
  * fakes. */
@@ -47,6 +65,7 @@ typedef struct router_pool_ops {
 typedef struct router_worker_load {
     int64_t outstanding_tokens;
     int running, waiting, free_slots, total_slots;
+    int queue_capacity; /* Load.queue_capacity (--queue) */
     uint64_t prefix_heads[ROUTER_POOL_MAX_HEADS]; /* the heads its prefix cache holds
                                                      (Load.prefix_heads), [n_prefix_heads] */
     int n_prefix_heads;
@@ -71,7 +90,8 @@ void router_pool_unref(router_pool *p, router_worker *w);
 /* Another reference on a worker the caller already holds one on (release: router_pool_unref). */
 void router_pool_ref(router_pool *p, router_worker *w);
 
-void router_pool_report_health(router_pool *p, router_worker *w, int serving);
+/* Applies one check's result (see the top of this file); returns the worker's state after it. */
+router_worker_state router_pool_report_health(router_pool *p, router_worker *w, router_check c);
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load);
 void router_pool_report_failure(router_pool *p, router_worker *w);
 /* The worker's context (ModelInfo.max_context, from Worker/GetModelInfo); forgotten when it
@@ -94,6 +114,8 @@ void router_pool_progress(router_pool *p, router_worker *w, int64_t done);
 void router_pool_release(router_pool *p, router_worker *w, int64_t remaining);
 
 int router_pool_n_healthy(router_pool *p);
+/* 1 when some worker is healthy and every healthy worker is full (see the top of this file). */
+int router_pool_full(router_pool *p);
 int router_pool_n_workers(router_pool *p);
 
 /* Stable for the worker's lifetime (while a reference is held). */

@@ -50,6 +50,8 @@ struct worker_service {
 
 /* ---- the engine sink: engine thread -> rpc_call ---- */
 
+static float ms_between(int64_t a_us, int64_t b_us) { return a_us && b_us ? (float)(b_us - a_us) / 1000.0f : 0; }
+
 static bool sink_cancelled(void *arg) { return rpc_call_cancelled(arg); }
 
 static void sink_token(void *arg, const engine_request *r, const worker_batch_item *it)
@@ -76,17 +78,23 @@ static void sink_token(void *arg, const engine_request *r, const worker_batch_it
         m.n_logprobs = 1;
         m.logprobs = lps;
     }
-    /* the first token also says what the prompt cost (see the proto's conventions) */
+    /* the first token also says what the prompt cost, where its time went and who serves it
+     * (see the proto's conventions): the router reports them when it ends a stream itself */
     Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
+    Deltaserve__V1__Timings t = DELTASERVE__V1__TIMINGS__INIT;
     if (r->n_generated == 1) {
         u.prompt_tokens = (uint32_t)r->p.n_prompt;
         u.cached_tokens = (uint32_t)r->n_cached;
         m.usage = &u;
+        t.queue_ms = ms_between(r->t_arrival, r->t_admit);
+        t.prefill_ms = ms_between(r->t_admit, r->t_first);
+        t.ttft_ms = ms_between(r->t_arrival, r->t_first);
+        m.timings = &t;
+        m.served_by = (char *)rpc_call_data(arg);
     }
     rpc_call_send(arg, &m.base); /* a gone client: the engine sees it at the next step */
 }
 
-static float ms_between(int64_t a_us, int64_t b_us) { return a_us && b_us ? (float)(b_us - a_us) / 1000.0f : 0; }
 
 static void sink_finish(void *arg, const engine_request *r)
 {
@@ -170,7 +178,17 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
     }
     rpc_call_set_data(call, ws->name); /* served_by, static for the service's life */
     if (engine_submit(e, &p, &grpc_sink, call, &st)) {
-        LOG_INFO("request %s: rejected: %s", p.id, st.msg);
+        /* refusals come in floods under overload: one line a second, with counts */
+        static log_limit refused_log;
+        long more;
+        double since;
+        if (LOG_LEVEL_INFO >= log_threshold && log_limit_pass(&refused_log, &more, &since)) {
+            if (more)
+                LOG_INFO("request %s: rejected: %s (%ld more rejected in the last %.1f s)", p.id,
+                         st.msg, more, since);
+            else
+                LOG_INFO("request %s: rejected: %s", p.id, st.msg);
+        }
         rpc_call_finish_status(call, &st);
     }
 }

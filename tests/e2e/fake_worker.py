@@ -7,7 +7,9 @@ cycled), one every --token-ms, up to max_new_tokens (default 16); stop_token_ids
 A prefix cache is played by --cached-tokens N (usage.cached_tokens = min(N, prompt - 1), on the
 first token's message and the final one, as the worker sends it) and --heads-of IDS (repeatable:
 GetLoad lists the hash of the first GetLoadRequest.prefix_tokens of these ids among its
-prefix_heads, as a worker whose cache holds that prefix).
+prefix_heads, as a worker whose cache holds that prefix). The first token's message also carries
+served_by (--name) and timings with queue_ms FIRST_QUEUE_MS and prefill_ms FIRST_PREFILL_MS, as
+the worker sends them.
 Prints "listening on 127.0.0.1:PORT" on stderr once bound (port 0 picks one)."""
 import argparse
 import os
@@ -24,6 +26,7 @@ import grpc  # noqa: E402
 pb, pb_grpc, hpb, hpb_grpc = dsproto.load()
 
 M64 = (1 << 64) - 1
+FIRST_QUEUE_MS, FIRST_PREFILL_MS = 0.25, 3.5  # exact in float32
 
 
 def splitmix64_tokens(ids):
@@ -83,9 +86,13 @@ class Worker(pb_grpc.WorkerServicer):
                         token_id=t, logprob=-0.5,
                         top=[pb.TopLogprob(token_id=(t + j) % a.vocab, logprob=-0.5 - j)
                              for j in range(req.logprobs)]))
-                if i == 0:
+                if i == 0:  # the first token's message: usage, timings so far, served_by
                     m.usage.prompt_tokens = len(ids)
                     m.usage.cached_tokens = cached
+                    m.timings.queue_ms = FIRST_QUEUE_MS
+                    m.timings.prefill_ms = FIRST_PREFILL_MS
+                    m.timings.ttft_ms = (time.time() - t0) * 1e3
+                    m.served_by = a.name
                 last = i == n - 1 or t in stops
                 if last:
                     m.finish_reason = pb.FINISH_REASON_STOP if t in stops else pb.FINISH_REASON_LENGTH

@@ -39,6 +39,14 @@ def code_of(fn):
     return grpc.StatusCode.OK, ""
 
 
+def metric(router, name):
+    """The value of an unlabelled series on the router's /metrics (0 when absent)."""
+    m = router.wait_line(r"metrics on (http://\S+)")
+    body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+    vals = [float(l.split()[-1]) for l in body.splitlines() if l.split(" ")[0] == name]
+    return vals[0] if vals else 0.0
+
+
 class RetryAndOverload(unittest.TestCase):
     def test_retry_before_first_token_goes_to_another_worker(self):
         bad = h.start_fake_worker("bad", ["--mode", "unavailable"])
@@ -60,13 +68,18 @@ class RetryAndOverload(unittest.TestCase):
     def test_all_workers_exhausted_is_resource_exhausted(self):
         a = h.start_fake_worker("ex1", ["--mode", "exhausted"])
         b = h.start_fake_worker("ex2", ["--mode", "exhausted"])
-        r = h.start_router([a, b])
+        r = h.start_router([a, b], extra=["--metrics-listen", "127.0.0.1:0"])
         c = h.Client(r.addr)
         try:
-            code, msg = code_of(lambda: c.generate(ids=[1], max_tokens=2))
+            code, msg = code_of(lambda: c.generate(ids=[1, 2, 3], max_tokens=2))
             self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
             self.assertIn("queue full", msg)
             self.assertIn("2 workers tried", msg)
+            # a refused request's prompt was never computed: not in prompt_tokens_total (the
+            # counters move just after the status is sent: wait for the failure to be counted)
+            h.wait_until(lambda: metric(r, "deltaserve:request_failure_total") == 1.0, 10,
+                         "the failure counted")
+            self.assertEqual(metric(r, "deltaserve:prompt_tokens_total"), 0.0)
         finally:
             c.close()
             r.stop()
@@ -172,6 +185,12 @@ class Streams(unittest.TestCase):
         # tokens up to " e", the one that completed the stop
         self.assertEqual(ids, HELLO[:N_THE_E])
         self.assertEqual(final.usage.completion_tokens, len(ids))
+        # the router ended the stream: it still names the worker by its --name and reports the
+        # prefill time the worker's first message gave
+        self.assertEqual(final.served_by, "hello")
+        self.assertEqual(final.timings.prefill_ms, 3.5)
+        self.assertEqual(final.timings.queue_ms, 0.25)
+        self.assertGreater(final.timings.total_ms, 0)
         # no message ever carried text that turned out to be part of the stop
         self.assertNotIn("The", "".join(m.text for m in msgs))
 
@@ -248,6 +267,9 @@ class Streams(unittest.TestCase):
         self.assertIn('deltaserve:request_success_total{finished_reason="length"}', body)
         self.assertIn("deltaserve:time_to_first_token_seconds_bucket", body)
         self.assertIn("deltaserve:router_healthy_workers 1", body)
+        # counted just after the status is sent
+        h.wait_until(lambda: metric(self.r, "deltaserve:prompt_tokens_total") >= 1.0, 10,
+                     "the prompt counted")
 
 
 class Discovery(unittest.TestCase):
@@ -316,7 +338,7 @@ class PrefixHeads(unittest.TestCase):
             # a stop string ends the stream at the router: cached_tokens from the first message
             _, ids, text, final = c.generate(ids=qs[1] + [1], max_tokens=30, stop=["The e"])
             self.assertEqual(final.stop_string, "The e")
-            self.assertEqual(final.served_by, b.addr)  # the router's final: the address
+            self.assertEqual(final.served_by, "pb")  # the name, from the first message
             self.assertEqual(final.usage.cached_tokens, 7)
             self.assertEqual(final.usage.completion_tokens, N_THE_E)
         finally:

@@ -281,6 +281,10 @@ class RouterTwo(Scenarios, unittest.TestCase):
         self.assertEqual(final.stop_string, stop)
         self.assertEqual(ids2, ids[:len(ids2)])
         self.assertLess(len(ids2), n)
+        # the router ended the stream itself: the worker's --name and the prefill time still
+        # come from the worker (its first message)
+        self.assertIn(final.served_by, ("two_w0", "two_w1"))
+        self.assertGreater(final.timings.prefill_ms, 0)
 
     def test_same_tokens_as_the_worker_directly(self):
         p = REF["prompts"][3]

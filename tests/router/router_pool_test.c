@@ -184,7 +184,7 @@ static void mark_all(router_pool *p, int serving)
     router_worker *w[16];
     int n = router_pool_snapshot(p, w, 16);
     for (int i = 0; i < n; i++) {
-        router_pool_report_health(p, w[i], serving);
+        router_pool_report_health(p, w[i], serving ? ROUTER_CHECK_SERVING : ROUTER_CHECK_NOT_SERVING);
         router_pool_unref(p, w[i]);
     }
 }
@@ -245,6 +245,104 @@ static void test_pool_set_and_eligibility(void)
     router_pool_release(p, w1, 100);
     router_pool_destroy(p);
     CU_ASSERT_EQUAL(n_close, 2);
+}
+
+/* The health state machine: a healthy worker survives ROUTER_POOL_CHECK_FAILS - 1 unanswered
+ * checks in a row (a slow check on a busy machine), leaves at the next; any answer resets the
+ * count; an answer of "not serving" and a failed call take it out at once; a worker never
+ * seen healthy is out at its first failed check. */
+static void test_pool_health_needs_consecutive_failures(void)
+{
+    n_open = n_close = 0;
+    router_pool *p = make_pool(ROUTER_ROUTING_LEAST);
+    status st;
+    const char *a[] = {"h:1"};
+    CU_ASSERT_EQUAL(router_pool_set(p, a, 1, &st), 1);
+    router_worker *w;
+    CU_ASSERT_EQUAL_FATAL(router_pool_snapshot(p, &w, 1), 1);
+    CU_ASSERT_EQUAL(router_pool_worker_state(p, w), ROUTER_WORKER_UNKNOWN);
+    /* never healthy: the first failed check says unhealthy (not eligible either way) */
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED), ROUTER_WORKER_UNHEALTHY);
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_SERVING), ROUTER_WORKER_HEALTHY);
+    uint64_t rng = 3;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 1; i < ROUTER_POOL_CHECK_FAILS; i++) {
+            CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED),
+                            ROUTER_WORKER_HEALTHY);
+            CU_ASSERT_EQUAL(router_pool_n_healthy(p), 1);
+            router_worker *x = router_pool_acquire(p, 0, 1, NULL, 0, &rng);
+            CU_ASSERT_PTR_EQUAL(x, w); /* still routed to */
+            if (x) router_pool_release(p, x, 1);
+        }
+        if (round < 2) /* an answer before the last failure resets the count */
+            CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_SERVING),
+                            ROUTER_WORKER_HEALTHY);
+    }
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED), ROUTER_WORKER_UNHEALTHY);
+    CU_ASSERT_EQUAL(router_pool_n_healthy(p), 0);
+    CU_ASSERT_PTR_NULL(router_pool_acquire(p, 0, 1, NULL, 0, &rng));
+    /* more failures keep it out; one answer brings it back with a fresh count */
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED), ROUTER_WORKER_UNHEALTHY);
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_SERVING), ROUTER_WORKER_HEALTHY);
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED), ROUTER_WORKER_HEALTHY);
+    /* "not serving" (draining, NOT_SERVING) is an answer: out at once, count or not */
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_NOT_SERVING),
+                    ROUTER_WORKER_UNHEALTHY);
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_SERVING), ROUTER_WORKER_HEALTHY);
+    /* and so is a failed call */
+    router_pool_report_failure(p, w);
+    CU_ASSERT_EQUAL(router_pool_worker_state(p, w), ROUTER_WORKER_UNHEALTHY);
+    /* after NOT_SERVING then SERVING the count starts from zero */
+    CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_SERVING), ROUTER_WORKER_HEALTHY);
+    for (int i = 1; i < ROUTER_POOL_CHECK_FAILS; i++)
+        CU_ASSERT_EQUAL(router_pool_report_health(p, w, ROUTER_CHECK_FAILED),
+                        ROUTER_WORKER_HEALTHY);
+    router_pool_unref(p, w);
+    router_pool_destroy(p);
+    CU_ASSERT_EQUAL(n_close, 1);
+}
+
+/* A worker whose polled capacity (slots + queue) is taken by this router's requests is not
+ * eligible; the pool is full when every healthy worker is. */
+static void test_pool_full_workers_are_skipped(void)
+{
+    n_open = n_close = 0;
+    router_pool *p = make_pool(ROUTER_ROUTING_LEAST);
+    status st;
+    const char *a[] = {"h:1", "h:2"};
+    CU_ASSERT_EQUAL(router_pool_set(p, a, 2, &st), 2);
+    CU_ASSERT_FALSE(router_pool_full(p)); /* none healthy: not "full" (UNAVAILABLE instead) */
+    mark_all(p, 1);
+    router_worker *w[2];
+    CU_ASSERT_EQUAL_FATAL(router_pool_snapshot(p, w, 2), 2);
+    uint64_t rng = 5;
+    /* capacity unknown (no load polled): never full */
+    router_worker *x[8];
+    for (int i = 0; i < 8; i++) CU_ASSERT_PTR_NOT_NULL(x[i] = router_pool_acquire(p, 0, 1, NULL, 0, &rng));
+    CU_ASSERT_FALSE(router_pool_full(p));
+    for (int i = 0; i < 8; i++) router_pool_release(p, x[i], 1);
+    router_worker_load l = {.total_slots = 1, .queue_capacity = 1};
+    for (int i = 0; i < 2; i++) router_pool_report_load(p, w[i], &l);
+    /* 2 + 2 requests fit; the fifth finds both full */
+    for (int i = 0; i < 4; i++) {
+        CU_ASSERT_FALSE(router_pool_full(p));
+        CU_ASSERT_PTR_NOT_NULL(x[i] = router_pool_acquire(p, 0, 1, NULL, 0, &rng));
+    }
+    CU_ASSERT_TRUE(router_pool_full(p));
+    CU_ASSERT_PTR_NULL(router_pool_acquire(p, 0, 1, NULL, 0, &rng));
+    /* one ends: its worker has room again, and only that one is picked */
+    router_worker *freed = x[0];
+    router_pool_release(p, x[0], 1);
+    CU_ASSERT_FALSE(router_pool_full(p));
+    CU_ASSERT_PTR_EQUAL(x[0] = router_pool_acquire(p, 0, 1, NULL, 0, &rng), freed);
+    CU_ASSERT_TRUE(router_pool_full(p));
+    /* an unhealthy worker does not count: the other one full is the whole pool full */
+    router_pool_report_health(p, w[0], ROUTER_CHECK_NOT_SERVING);
+    CU_ASSERT_TRUE(router_pool_full(p));
+    for (int i = 0; i < 4; i++) router_pool_release(p, x[i], 1);
+    CU_ASSERT_FALSE(router_pool_full(p));
+    for (int i = 0; i < 2; i++) router_pool_unref(p, w[i]);
+    router_pool_destroy(p);
 }
 
 static void test_pool_retire_waits_for_requests(void)
@@ -335,6 +433,9 @@ int main(void)
     CU_pSuite s2 = CU_add_suite("router/pool", NULL, NULL);
     CU_add_test(s2, "set and eligibility", test_pool_set_and_eligibility);
     CU_add_test(s2, "retire waits for requests", test_pool_retire_waits_for_requests);
+    CU_add_test(s2, "full workers are skipped", test_pool_full_workers_are_skipped);
+    CU_add_test(s2, "health needs consecutive failures",
+                test_pool_health_needs_consecutive_failures);
     CU_add_test(s2, "prefix heads", test_pool_prefix_heads);
     return testutil_cunit_run();
 }

@@ -1,0 +1,78 @@
+"""The router benchmark CI runs (issue 27): a router and two CPU workers on the tiny reference
+model, bench/loadgen driving STREAMS streams of TOKENS tokens each (--ignore-eos) through the
+router at once. Prints the CPU time (utime + stime from /proc/PID/stat, over the loadgen run)
+the router and the workers spent per streamed token, and one line
+"router-bench router_us_per_token=R worker_us_per_token=W tokens=N" for scripts and
+docs/BENCH.md. Checks that every stream finished with all its tokens, and that neither figure
+passes its ceiling (DS_ROUTER_BENCH_ROUTER_US, default 150; DS_ROUTER_BENCH_WORKER_US, default
+3000, both workers together: the worker's figure includes the forward pass; both about 6-13x
+the figures of docs/BENCH.md 3.8), so a regression of the relay path shows
+without a GPU. Env: DS_ROUTER_BENCH_STREAMS (16), DS_ROUTER_BENCH_TOKENS (256)."""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import harness as h  # noqa: E402
+
+STREAMS = int(os.environ.get("DS_ROUTER_BENCH_STREAMS", "16"))
+TOKENS = int(os.environ.get("DS_ROUTER_BENCH_TOKENS", "256"))
+ROUTER_US_MAX = float(os.environ.get("DS_ROUTER_BENCH_ROUTER_US", "150"))
+WORKER_US_MAX = float(os.environ.get("DS_ROUTER_BENCH_WORKER_US", "3000"))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def loadgen():
+    for c in ("bench/loadgen", os.path.join(h.repo_root(), "bazel-bin/bench/loadgen")):
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise RuntimeError("bench/loadgen not found")
+
+
+def cpu_s(pid):
+    """utime + stime of a process, in seconds (/proc/PID/stat fields 14 and 15)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+class RouterBench(unittest.TestCase):
+    def test_cpu_per_streamed_token(self):
+        slots = str(max(1, (STREAMS + 1) // 2))
+        ws = [h.start_worker("bench_w%d" % i, extra=["--slots", slots, "--threads", "1"])
+              for i in range(2)]
+        r = h.start_router(ws, name="bench_router")
+        try:
+            procs = {"router": [r], "worker": ws}
+            before = {k: sum(cpu_s(p.p.pid) for p in v) for k, v in procs.items()}
+            out = subprocess.run(
+                [loadgen(), "--addr", r.addr, "--concurrency", str(STREAMS), "--requests",
+                 str(STREAMS), "--max-tokens", str(TOKENS), "--ignore-eos", "--ids", "1,2,3,4"],
+                capture_output=True, text=True, timeout=600)
+            after = {k: sum(cpu_s(p.p.pid) for p in v) for k, v in procs.items()}
+            text = out.stdout + out.stderr
+            self.assertEqual(out.returncode, 0, text)
+            m = re.search(r"loadgen-summary mode=fixed ok=(\d+) failed=(\d+) \S+ tokens=(\d+)",
+                          text)
+            self.assertIsNotNone(m, text)
+            ok, failed, tokens = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            self.assertEqual((ok, failed, tokens), (STREAMS, 0, STREAMS * TOKENS), text)
+            us = {k: (after[k] - before[k]) * 1e6 / tokens for k in procs}
+            tps = re.search(r"tokens/s ([\d.]+)", text).group(1)
+            print("router-bench: %d streams x %d tokens through a router and 2 CPU workers "
+                  "(tiny model), %s tokens/s" % (STREAMS, TOKENS, tps))
+            print("router-bench router_us_per_token=%.1f worker_us_per_token=%.1f tokens=%d"
+                  % (us["router"], us["worker"], tokens))
+            sys.stdout.flush()
+            self.assertLess(us["router"], ROUTER_US_MAX, "router CPU per token")
+            self.assertLess(us["worker"], WORKER_US_MAX, "worker CPU per token (both workers)")
+        finally:
+            r.stop()
+            for w in ws:
+                w.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
