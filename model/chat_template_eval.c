@@ -406,10 +406,15 @@ static int call_builtin(ctx *C, const ct_node *x, const char *name, cv *out, boo
         if (step == 0) return fail(C, x, "range: step must not be zero");
         if (new_list(C, x, out)) return -1;
         for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
-            if (++C->iterations > CT_MAX_ITERATIONS)
-                return fail(C, x, "more than %d loop iterations", CT_MAX_ITERATIONS);
             cv v = cv_int(i);
-            if (list_add(C, x, out, &v)) return -1;
+            if (++C->iterations > CT_MAX_ITERATIONS) {
+                cv_drop(out);
+                return fail(C, x, "more than %d loop iterations", CT_MAX_ITERATIONS);
+            }
+            if (list_add(C, x, out, &v)) {
+                cv_drop(out);
+                return -1;
+            }
         }
         return 0;
     }
@@ -887,7 +892,17 @@ static int eval_collection(ctx *C, const ct_node *x, cv *out)
     return 0;
 }
 
+static int eval_inner(ctx *C, const ct_node *x, cv *out);
+
+/* Evaluates x into *out (owned by the caller); on failure *out is left undefined. */
 static int eval(ctx *C, const ct_node *x, cv *out)
+{
+    int rc = eval_inner(C, x, out);
+    if (rc) cv_drop(out);
+    return rc;
+}
+
+static int eval_inner(ctx *C, const ct_node *x, cv *out)
 {
     *out = cv_undef();
     cv a, b;
@@ -1258,8 +1273,9 @@ static int exec_for(ctx *C, const ct_node *x)
     if (eval(C, x->b, &it)) return -1;
     if (it.k == CV_NONE || it.k == CV_INT || it.k == CV_FLOAT || it.k == CV_BOOL ||
         it.k == CV_NS || it.k == CV_MACRO) {
+        cv_kind k = it.k;
         cv_drop(&it);
-        return fail(C, x->b, "a %s is not iterable", cv_kind_name(it.k));
+        return fail(C, x->b, "a %s is not iterable", cv_kind_name(k));
     }
     int rc = to_list(C, x->b, &it, &items);
     cv_drop(&it);

@@ -66,16 +66,24 @@ typedef struct parser {
     void *arena;
     tok *toks;
     size_t n_toks, cap_toks, pos;
+    size_t where_off;  /* where() resumes from this offset's line and column */
+    int where_line, where_col;
     int depth;
     char *err;
     size_t errlen;
     bool failed;
 } parser;
 
-static void where(const parser *P, size_t off, int *line, int *col)
+static void where(parser *P, size_t off, int *line, int *col)
 {
     int l = 1, c = 1;
-    for (size_t i = 0; i < off && i < P->n; i++) {
+    size_t i = 0;
+    if (off >= P->where_off) { /* tokens come in order: continue from the last one */
+        i = P->where_off;
+        l = P->where_line;
+        c = P->where_col;
+    }
+    for (; i < off && i < P->n; i++) {
         if (P->src[i] == '\n') {
             l++;
             c = 1;
@@ -83,6 +91,9 @@ static void where(const parser *P, size_t off, int *line, int *col)
             c++;
         }
     }
+    P->where_off = i;
+    P->where_line = l;
+    P->where_col = c;
     *line = l;
     *col = c;
 }
@@ -260,10 +271,12 @@ static int lex_tag(parser *P, size_t *p, char kind, bool *line_starting)
     const char *s = P->src;
     size_t i = *p;
     char close = kind == '{' ? '}' : '%';
+    const tok begin = P->toks[P->n_toks - 1];
     for (;;) {
         while (i < P->n && is_ws(s[i])) i++;
         if (i >= P->n)
-            return fail_off(P, *p, "unterminated %s", kind == '{' ? "'{{'" : "'{%'");
+            return fail_at(P, begin.line, begin.col, "unterminated %s",
+                           kind == '{' ? "'{{'" : "'{%'");
         /* the end marker: [-+]?%} or -?}} */
         bool minus = s[i] == '-', plus = s[i] == '+' && kind == '%';
         size_t e = i + (minus || plus);
@@ -437,10 +450,10 @@ static const char *tok_desc(const tok *t)
     switch (t->kind) {
     case TK_EOF: return "end of template";
     case TK_TEXT: return "text";
-    case TK_VAR_BEGIN: return "'{{'";
-    case TK_VAR_END: return "'}}'";
-    case TK_BLOCK_BEGIN: return "'{%'";
-    case TK_BLOCK_END: return "'%}'";
+    case TK_VAR_BEGIN: return "{{";
+    case TK_VAR_END: return "}}";
+    case TK_BLOCK_BEGIN: return "{%";
+    case TK_BLOCK_END: return "%}";
     case TK_STRING: return "a string";
     case TK_INT: case TK_FLOAT: return "a number";
     default: return t->s;
@@ -449,7 +462,10 @@ static const char *tok_desc(const tok *t)
 
 static int fail_tok(parser *P, const tok *t, const char *what)
 {
-    return fail_at(P, t->line, t->col, "expected %s, found '%s'", what, tok_desc(t));
+    bool quote = t->kind != TK_EOF && t->kind != TK_TEXT && t->kind != TK_STRING &&
+                 t->kind != TK_INT && t->kind != TK_FLOAT;
+    return fail_at(P, t->line, t->col, quote ? "expected %s, found '%s'" : "expected %s, found %s",
+                   what, tok_desc(t));
 }
 
 static int expect_op(parser *P, const char *op)
@@ -1186,8 +1202,10 @@ static ct_node *parse_body(parser *P, const char *const *ends, const char **foun
         ct_node *x = NULL;
         if (t->kind == TK_EOF) {
             if (ends) {
+                size_t k = 0;
+                while (ends[k + 1]) k++;
                 fail_at(P, t->line, t->col, "unexpected end of template, expected '{%% %s %%}'",
-                        ends[0]);
+                        ends[k]);
                 goto fail;
             }
             break;
@@ -1243,7 +1261,7 @@ int chat_template_parse(const char *src, size_t len, chat_template **out, char *
 {
     *out = NULL;
     if (errlen) err[0] = 0;
-    parser P = {.err = err, .errlen = errlen};
+    parser P = {.err = err, .errlen = errlen, .where_line = 1, .where_col = 1};
     char *norm = malloc(len + 1);
     if (!norm) {
         snprintf(err, errlen, "out of memory");
