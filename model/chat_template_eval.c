@@ -304,7 +304,7 @@ static int call_macro(ctx *C, const ct_node *at, const ct_node *m, const ct_node
     if (C->call_depth >= CT_MAX_CALL_DEPTH)
         return fail(C, at, "macro '%s': calls nested deeper than %d", m->str, CT_MAX_CALL_DEPTH);
     size_t n = m->n_kids;
-    const char *names[64];
+    const char *names[64] = {NULL};
     cv args[64];
     if (n > 64) return fail(C, at, "macro '%s': more than 64 parameters", m->str);
     for (size_t i = 0; i < n; i++) names[i] = m->kids[i]->str;
@@ -941,7 +941,7 @@ static int eval_inner(ctx *C, const ct_node *x, cv *out)
         cv_drop(&a);
         return rc;
     case CT_TEST: {
-        bool r;
+        bool r = false;
         if (eval(C, x->a, &a)) return -1;
         rc = apply_test(C, x, &a, &r);
         cv_drop(&a);
