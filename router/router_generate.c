@@ -37,6 +37,8 @@ typedef struct relay {
     char rid[ROUTER_REQUEST_ID_MAX + 1];
     int32_t *ids; /* owned, [n_ids] prompt */
     size_t n_ids;
+    bool in_reasoning; /* the chat prompt ends inside an open <think> block: the output starts
+                          as reasoning (router_request_prompt_ids) */
     uint64_t seed;
     router_stop stop;
     int stop_ready;
@@ -390,7 +392,8 @@ static void relay_run(router_req *q)
         snprintf(s.rid, sizeof s.rid, "%012llx-%llu", (unsigned long long)(r->id_base & 0xffffffffffffULL),
                  (unsigned long long)atomic_fetch_add(&r->next_id, 1));
     if (router_request_validate(g, r->tok, &st) ||
-        router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
+        router_request_prompt_ids(g, r->tok, &r->chat, &s.ids, &s.n_ids, &s.in_reasoning,
+                                  &st)) {
         relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
         goto out;
     }

@@ -11,6 +11,7 @@
 #include "router/router.h"
 #include "router/router_dns.h"
 #include "router/router_pool.h"
+#include "router/router_request.h"
 #include "rpc/metrics_http.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_health.h"
@@ -23,6 +24,7 @@
 struct router {
     router_opts opts;        /* copy; strings borrowed from the caller */
     tokenizer *tok;          /* owned, NULL without --model */
+    router_chat chat;        /* owned: the model's chat template (tmpl NULL: why says why) */
     router_pool *pool;       /* owned */
     rpc_server *srv;         /* owned */
     rpc_auth *auth;          /* owned, or NULL: no --auth-token-file */
