@@ -23,15 +23,16 @@
  *               lower/upper/replace/title/capitalize;
  *   filters     trim, length/count, items, string, safe, tojson (indent, sort_keys), default/d,
  *               join, first, last, list, lower, upper, capitalize, title, replace, int, float,
- *               abs, unique? no: only those listed;
+ *               abs;
  *   tests       string, mapping, iterable, sequence, defined, undefined, none, false, true,
- *               boolean, number, integer, float, callable, odd, even, eq/ne via ==.
+ *               boolean, number, integer, float, callable, odd, even.
  * Anything else (include, extends, filters or tests not listed, ...) fails at parse with
  * "line L:C: ..." naming the construct; runtime errors (a method of the wrong type, an
  * undefined value's attribute) name line:col too. raise_exception(msg) fails with msg itself.
  * Bounded: macro-call depth 64, parse nesting 256, 10^6 loop iterations per render, 64 MiB of
  * output. Templates render as Python would print values: str() of ints, floats (repr), True/
- * False/None, lists and dicts (repr); autoescape is off, so `safe` is the identity.
+ * False/None, lists and dicts (repr); autoescape is off, so `safe` is the identity. Limits:
+ * lower/upper/title/capitalize map ASCII letters only; loop has no cycle() or changed().
  *
  * A chat_template is immutable after parse: render from any number of threads at once. */
 #ifndef DS_MODEL_CHAT_TEMPLATE_H
