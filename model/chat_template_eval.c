@@ -435,8 +435,7 @@ static int str_split(ctx *C, const ct_node *at, const cv *s, const cv *sep, int6
             if (p >= end) return 0;
             const char *q = p;
             if (maxsplit >= 0 && done >= maxsplit) {
-                q = end;
-                /* Python keeps the tail's trailing whitespace stripped only on the left */
+                q = end; /* the tail as it is: Python strips only its leading whitespace */
             } else {
                 while (q < end && !ct_space_len(q, (size_t)(end - q))) q += cp_len(q, (size_t)(end - q));
             }
