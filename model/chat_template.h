@@ -30,7 +30,7 @@
  * "line L:C: ..." naming the construct; runtime errors (a method of the wrong type, an
  * undefined value's attribute) name line:col too. raise_exception(msg) fails with msg itself.
  * Bounded: macro-call depth 64, parse nesting 256, 10^6 loop iterations per render, 64 MiB of
- * output. Templates render as Python would print values: str() of ints, floats (repr), True/
+ * output (and of any one string), 256 MiB of strings made in all. Templates render as Python would print values: str() of ints, floats (repr), True/
  * False/None, lists and dicts (repr); autoescape is off, so `safe` is the identity. Limits:
  * lower/upper/title/capitalize map ASCII letters only; loop has no cycle() or changed().
  *

@@ -33,6 +33,7 @@ typedef struct ctx {
     int flow;
     int call_depth;
     long iterations;
+    size_t string_bytes; /* bytes of every string made so far (CT_MAX_STRING_BYTES) */
 } ctx;
 
 static int fail(ctx *C, const ct_node *at, const char *fmt, ...)
@@ -115,6 +116,10 @@ static size_t slen(const cv *v) { return (size_t)json_object_get_string_len(v->u
 
 static int make_str(ctx *C, const ct_node *at, const char *s, size_t n, cv *out)
 {
+    *out = cv_undef();
+    if (n > CT_MAX_STRING_BYTES - C->string_bytes)
+        return fail(C, at, "strings made past %zu bytes", CT_MAX_STRING_BYTES);
+    C->string_bytes += n;
     *out = cv_str(s, n);
     return out->k == CV_STR ? 0 : fail_nomem(C, at);
 }

@@ -14,7 +14,8 @@
 #define CT_MAX_NEST 256          /* parse nesting (expressions and blocks) */
 #define CT_MAX_CALL_DEPTH 64     /* macro calls within macro calls */
 #define CT_MAX_ITERATIONS 1000000 /* loop iterations per render */
-#define CT_MAX_OUTPUT ((size_t)64 << 20)
+#define CT_MAX_OUTPUT ((size_t)64 << 20)        /* bytes of one output or string */
+#define CT_MAX_STRING_BYTES ((size_t)256 << 20) /* bytes of all strings one render makes */
 
 typedef enum ct_kind {
     /* expressions */

@@ -10,11 +10,11 @@
 bool ct_buf_add(ct_buf *b, const char *s, size_t n)
 {
     if (b->over) return false;
+    if (n > CT_MAX_OUTPUT - b->n) {
+        b->over = true;
+        return false;
+    }
     if (b->n + n + 1 > b->cap) {
-        if (b->n + n > CT_MAX_OUTPUT) {
-            b->over = true;
-            return false;
-        }
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
         char *p = realloc(b->p, cap);

@@ -167,6 +167,10 @@ static void test_bounds(void)
     expect_error("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}"
                  "{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
                  "{}", "out of memory or output past");
+    /* many strings, each under the output bound: the total is bounded too */
+    expect_error("{% set ns = namespace(l=[]) %}{% set s = 'x' * 1000000 %}"
+                 "{% for i in range(400) %}{% set ns.l = ns.l + [s ~ i] %}{% endfor %}",
+                 "{}", "strings made past");
 }
 
 static void test_chat(void)
