@@ -88,12 +88,48 @@ CASES = [
     ("content parts", [{"role": "user", "content": [{"type": "text", "text": "Part one, "},
                                                      {"type": "text", "text": "part two."}]}], None),
     ("unicode", [{"role": "user", "content": "\u65e5\u672c\u8a9e \U0001f642 caf\u00e9\u00a0\t"}], None),
+    ("image part", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}],
+     None),
     ("no user query", [{"role": "system", "content": "only a system turn"}], None),
     ("system not first", [{"role": "user", "content": "hi"},
                           {"role": "system", "content": "late"}], None),
     ("unknown role", [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}],
      None),
 ]
+
+PIECES = ["Hello", " world", "\n", "\n\n", "  ", "\t", "<think>", "</think>", "<tool_response>",
+          "</tool_response>", "\u00e9", "\u65e5\u672c", "\U0001f642", "\u00a0", "'", '"', "{", "}",
+          "<|im_end|>", "x" * 40, "1.5", "True", "None", "\\n"]
+
+
+def random_conversations(rng, n):
+    """Random but well-formed OpenAI conversations over awkward text pieces."""
+    def text():
+        return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 8)))
+    out = []
+    for i in range(n):
+        msgs = []
+        if rng.random() < 0.5:
+            msgs.append({"role": "system", "content": text()})
+        for _ in range(rng.randint(1, 4)):
+            msgs.append({"role": "user", "content": text()})
+            r = rng.random()
+            if r < 0.3:
+                msgs.append({"role": "assistant", "content": text()})
+            elif r < 0.5:
+                msgs.append({"role": "assistant", "content": text(), "reasoning_content": text()})
+            elif r < 0.7:
+                args = {"q": text(), "n": rng.randint(-5, 5), "f": rng.choice([0.25, 1e-7, 3.0]),
+                        "b": rng.random() < 0.5, "l": [text(), None], "o": {"k": text()}}
+                msgs.append({"role": "assistant", "content": text() if rng.random() < 0.5 else "",
+                             "tool_calls": [{"id": "c%d" % i, "type": "function", "function": {
+                                 "name": "search",
+                                 "arguments": json.dumps(args) if rng.random() < 0.5 else args}}]})
+                for _ in range(rng.randint(1, 2)):
+                    msgs.append({"role": "tool", "content": text()})
+        out.append(("random %d" % i, msgs, [SEARCH] if rng.random() < 0.5 else None))
+    return out
+
 
 MODES = [(-1, True), (0, True), (1, True), (-1, False)]
 
@@ -184,6 +220,9 @@ def main():
     # the generation prompt with thinking on or by default ends inside <think>, off does not
     modes = {(t, g): i for i, (t, g) in enumerate(MODES)}
     first = got[:len(MODES)]
+    import random
+    compare("qwen3.5 random", tool, tok, demo, qwen_path, qwen_src,
+            random_conversations(random.Random(29), 60), failures)
     if not (first[modes[(-1, True)]]["in_reasoning"] and first[modes[(1, True)]]["in_reasoning"]
             and not first[modes[(0, True)]]["in_reasoning"]
             and not first[modes[(-1, False)]]["in_reasoning"]):
