@@ -110,18 +110,19 @@ int router_create(router **out, const router_opts *opts, status *st)
     r->id_base = router_policy_rand(&seed);
     atomic_init(&r->next_id, 1);
     int rc;
+    if ((rc = router_ids_create(&r->ids, st))) goto fail;
     r->dns = calloc(1, sizeof *r->dns);
     if (!r->dns) { rc = status_fail(st, STATUS_NOMEM, "router: out of memory"); goto fail; }
     if (r->opts.model) {
         if ((rc = tokenizer_load_path(&r->tok, r->opts.model, st))) goto fail;
         LOG_INFO("router: tokenizer of %s: %zu tokens", r->opts.model, tokenizer_n_vocab(r->tok));
     }
-    router_chat_init(&r->chat, r->tok);
-    if (r->opts.model && !r->chat.tmpl)
-        LOG_WARN("router: chat prompts will fail (FAILED_PRECONDITION): %s", r->chat.why);
-    else if (r->chat.tmpl)
+    router_request_template_init(&r->chat_tmpl, r->tok);
+    if (r->opts.model && !r->chat_tmpl.tmpl)
+        LOG_WARN("router: chat prompts will fail (FAILED_PRECONDITION): %s", r->chat_tmpl.why);
+    else if (r->chat_tmpl.tmpl)
         LOG_INFO("router: chat template of %s parsed (thinks by default: %s)", r->opts.model,
-                 chat_template_thinking_default(r->chat.tmpl) ? "yes" : "no");
+                 r->chat_tmpl.thinking_default ? "yes" : "no");
     if (r->opts.worker_tls) {
         /* the files are read here once, so a bad one is a start-up error naming its flag */
         r->worker_tls = *r->opts.worker_tls;
@@ -165,6 +166,7 @@ int router_create(router **out, const router_opts *opts, status *st)
                           .health_listen = r->opts.health_listen, .auth = r->auth};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
+    if ((rc = router_api_add_methods(r, st))) goto fail;
     if ((rc = rpc_health_add_methods(r->health, r->srv, st))) goto fail;
     const char *listed[] = {ROUTER_SERVICE, "grpc.health.v1.Health",
                             "grpc.reflection.v1alpha.ServerReflection",
@@ -258,9 +260,11 @@ void router_destroy(router *r)
     if (r->metrics) metrics_destroy(r->metrics);
     if (r->pool) router_pool_destroy(r->pool);
     rpc_auth_destroy(r->worker_auth); /* after the pool: its channels send it */
-    router_chat_free(&r->chat);
+    router_request_template_free(&r->chat_tmpl);
     if (r->tok) tokenizer_destroy(r->tok);
     free(r->dns);
+    router_ids_destroy(r->ids);
+    if (r->model_info) protobuf_c_message_free_unpacked(&r->model_info->base, NULL);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

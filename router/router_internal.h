@@ -9,7 +9,9 @@
 #include "common/clock.h"
 #include "model/tokenizer.h"
 #include "router/router.h"
+#include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "router/router_dns.h"
+#include "router/router_ids.h"
 #include "router/router_pool.h"
 #include "router/router_request.h"
 #include "rpc/metrics_http.h"
@@ -24,7 +26,7 @@
 struct router {
     router_opts opts;        /* copy; strings borrowed from the caller */
     tokenizer *tok;          /* owned, NULL without --model */
-    router_chat chat;        /* owned: the model's chat template (tmpl NULL: why says why) */
+    router_request_template chat_tmpl; /* owned: the model's chat template (tmpl.tmpl NULL: why says why) */
     router_pool *pool;       /* owned */
     rpc_server *srv;         /* owned */
     rpc_auth *auth;          /* owned, or NULL: no --auth-token-file */
@@ -42,6 +44,7 @@ struct router {
         metrics_series *running, *healthy, *workers;
         metrics_series *ttft, *itl, *e2e;
     } m;
+    router_ids *ids;         /* owned: live requests by id, for Abort */
     router_dns_list *dns;    /* owned scratch for the poller's re-resolution */
     uint64_t id_base;        /* random, for made-up request ids */
     atomic_uint_fast64_t next_id;
@@ -50,7 +53,9 @@ struct router {
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t cv;       /* poller sleep, drain wait */
     int inflight;            /* Generate calls from on_request to on_release (status sent) */
-    int relays;              /* relay threads running */
+    int relays;              /* relay and abort threads running */
+    Deltaserve__V1__ModelInfo *model_info; /* owned (unpacked), the first a worker reported;
+                                              NULL until one answered GetModelInfo */
     int draining;
     int stopping;            /* the poller exits */
     int started;
@@ -62,6 +67,13 @@ struct router {
 
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */
 int router_generate_add_method(router *r, status *st);
+
+/* Adds /deltaserve.v1.Generation/Abort and /GetModelInfo to r->srv (router_api.c). */
+int router_api_add_methods(router *r, status *st);
+
+/* The poller, for a healthy worker: asks it for its ModelInfo while the router has none
+ * (blocks up to a poll timeout). */
+void router_api_learn_model(router *r, router_worker *w, int timeout_ms);
 
 /* Poller thread body (arg: router *); exits when r->stopping. */
 void *router_poll_main(void *arg);

@@ -106,7 +106,7 @@ int router_request_validate(const Deltaserve__V1__GenerateRequest *g, const toke
     return 0;
 }
 
-void router_chat_init(router_chat *c, const tokenizer *tok)
+void router_request_template_init(router_request_template *c, const tokenizer *tok)
 {
     memset(c, 0, sizeof *c);
     size_t len;
@@ -121,16 +121,18 @@ void router_chat_init(router_chat *c, const tokenizer *tok)
         if (chat_template_parse(src, len, &c->tmpl, err, sizeof err))
             snprintf(c->why, sizeof c->why, "the model's chat template cannot be rendered: %s",
                      err);
+        else
+            c->thinking_default = chat_template_thinking_default(c->tmpl);
     }
 }
 
-void router_chat_free(router_chat *c)
+void router_request_template_free(router_request_template *c)
 {
     chat_template_free(c->tmpl);
     c->tmpl = NULL;
 }
 
-int router_request_render_chat(const router_chat *c, struct json_object *messages,
+int router_request_render_chat(const router_request_template *c, struct json_object *messages,
                                struct json_object *tools, int thinking, char **text,
                                size_t *len, bool *in_reasoning, status *st)
 {
@@ -217,7 +219,7 @@ int router_request_chat_json(const Deltaserve__V1__ChatPrompt *chat,
 }
 
 int router_request_prompt_ids(const Deltaserve__V1__GenerateRequest *g, const tokenizer *tok,
-                              const router_chat *chat, int32_t **ids, size_t *n,
+                              const router_request_template *chat, int32_t **ids, size_t *n,
                               bool *in_reasoning, status *st)
 {
     *ids = NULL;

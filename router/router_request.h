@@ -29,15 +29,16 @@ struct json_object;
 
 /* The model's chat template as the router holds it: parsed once at start from the GGUF's
  * tokenizer.chat_template; read-only afterwards (any thread may render with it). */
-typedef struct router_chat {
+typedef struct router_request_template {
     chat_template *tmpl;   /* owned, NULL when there is none usable */
+    bool thinking_default; /* chat_template_thinking_default(tmpl), false without one */
     char why[256];         /* when tmpl is NULL: why (no --model, no template, the parse error) */
-} router_chat;
+} router_request_template;
 
 /* Parses tok's template (tok may be NULL). Never fails: a template that is absent or does not
  * parse leaves tmpl NULL and the reason in why (the caller logs it once). */
-void router_chat_init(router_chat *c, const tokenizer *tok);
-void router_chat_free(router_chat *c);
+void router_request_template_init(router_request_template *c, const tokenizer *tok);
+void router_request_template_free(router_request_template *c);
 
 /* OpenAI-shaped messages and tools (chat_template_render_chat's shapes) -> prompt text with
  * the generation prompt, for the gRPC chat prompt and the HTTP door alike. thinking: -1 the
@@ -45,7 +46,7 @@ void router_chat_free(router_chat *c);
  * ends inside an open <think> block, so the model's output starts as reasoning.
  * STATUS_PRECONDITION naming c->why when there is no template; STATUS_INVALID with the
  * template's message (raise_exception's text, or the malformed field) otherwise. */
-int router_request_render_chat(const router_chat *c, struct json_object *messages,
+int router_request_render_chat(const router_request_template *c, struct json_object *messages,
                                struct json_object *tools, int thinking, char **text,
                                size_t *len, bool *in_reasoning, status *st);
 
@@ -61,7 +62,7 @@ int router_request_chat_json(const Deltaserve__V1__ChatPrompt *chat,
  * STATUS_INVALID when text tokenizes to nothing ("text: ... no tokens"); chat prompts fail as
  * router_request_render_chat. */
 int router_request_prompt_ids(const Deltaserve__V1__GenerateRequest *g, const tokenizer *tok,
-                              const router_chat *chat, int32_t **ids, size_t *n,
+                              const router_request_template *chat, int32_t **ids, size_t *n,
                               bool *in_reasoning, status *st);
 
 #endif

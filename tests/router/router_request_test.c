@@ -16,7 +16,7 @@
 #include "tests/testutil/testutil.h"
 
 static tokenizer *tok;
-static router_chat chat_tmpl; /* the tiny model's template */
+static router_request_template chat_tmpl; /* the tiny model's template */
 static bool own_model; /* own-r2-tied (no shared folder): its own vocabulary */
 
 static int setup(void)
@@ -31,7 +31,7 @@ static int setup(void)
         fprintf(stderr, "cannot load %s: %s\n", path, st.msg);
         return 1;
     }
-    router_chat_init(&chat_tmpl, tok);
+    router_request_template_init(&chat_tmpl, tok);
     if (!chat_tmpl.tmpl) {
         fprintf(stderr, "%s: %s\n", path, chat_tmpl.why);
         return 1;
@@ -41,7 +41,7 @@ static int setup(void)
 
 static int teardown(void)
 {
-    router_chat_free(&chat_tmpl);
+    router_request_template_free(&chat_tmpl);
     tokenizer_destroy(tok);
     return 0;
 }
@@ -171,12 +171,12 @@ static void test_chat_and_prompt_ids(void)
     m[1].role = "user";
 
     /* no template: FAILED_PRECONDITION naming why */
-    router_chat none;
-    router_chat_init(&none, NULL);
+    router_request_template none;
+    router_request_template_init(&none, NULL);
     CU_ASSERT_EQUAL(router_request_prompt_ids(&g, tok, &none, &ids, &n, NULL, &st),
                     STATUS_PRECONDITION);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "no tokenizer"));
-    router_chat_free(&none);
+    router_request_template_free(&none);
     CU_ASSERT_EQUAL(router_request_prompt_ids(&g, tok, NULL, &ids, &n, NULL, &st),
                     STATUS_PRECONDITION);
 
@@ -184,7 +184,7 @@ static void test_chat_and_prompt_ids(void)
     size_t src_len;
     char *src = testutil_read_file("tests/model/data/qwen35_chat_template.jinja", &src_len);
     CU_ASSERT_PTR_NOT_NULL_FATAL(src);
-    router_chat qwen = {0};
+    router_request_template qwen = {0};
     char err[256];
     CU_ASSERT_EQUAL_FATAL(chat_template_parse(src, src_len, &qwen.tmpl, err, sizeof err), 0);
     Deltaserve__V1__Tool tool = DELTASERVE__V1__TOOL__INIT, *tools[1] = {&tool};
