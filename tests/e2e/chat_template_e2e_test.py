@@ -4,6 +4,7 @@ and the thinking switch as transformers' apply_chat_template does (the prompt th
 usage.prompt_tokens, against `deltaserve tokenize` of transformers' text); the template's
 raise_exception is INVALID_ARGUMENT with its message; a model without a template makes chat
 FAILED_PRECONDITION naming why, logged once at start, while text prompts still work.
+GetModelInfo's template facts are the router's template's (the fake worker reports none).
 Fixture: router (--model a rewritten tiny GGUF) + the fake worker.
 Run: .venv/bin/python chat_template_e2e_test.py (Bazel: //tests/e2e:chat_template_e2e_test)."""
 import json
@@ -130,6 +131,19 @@ class ChatTemplates(unittest.TestCase):
                           r"chat template", timeout=5)
         _, ids, _, _ = self.cb.generate(text="hi", max_tokens=2)
         self.assertEqual(ids, [5, 6])
+
+    def test_model_info_template_facts(self):
+        def info(c):
+            try:
+                return c.gen.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            except grpc.RpcError:
+                return None
+        q = h.wait_until(lambda: info(self.cq), 30, "the router's GetModelInfo")
+        self.assertTrue(q.has_chat_template)
+        self.assertTrue(q.thinking_default)  # Qwen3.5 thinks when not told
+        b = h.wait_until(lambda: info(self.cb), 30, "the router's GetModelInfo")
+        self.assertFalse(b.has_chat_template)
+        self.assertFalse(b.thinking_default)
 
 
 if __name__ == "__main__":
