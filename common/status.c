@@ -27,6 +27,7 @@ const char *status_code_name(status_code code)
         "OK",       "INVALID",     "IO",        "NOMEM",     "FORMAT",
         "UNSUPPORTED", "NOT_FOUND", "RANGE",    "EXHAUSTED", "UNAVAILABLE",
         "CANCELLED", "DEADLINE",   "DEVICE",    "INTERNAL",  "UNAUTHENTICATED",
+        "PRECONDITION",
     };
     if ((unsigned)code < sizeof names / sizeof names[0])
         return names[code];

@@ -26,6 +26,7 @@ typedef enum status_code {
     STATUS_DEVICE,      /* CUDA / NCCL failure */
     STATUS_INTERNAL,    /* a bug */
     STATUS_UNAUTHENTICATED, /* missing or wrong credentials (bearer token) */
+    STATUS_PRECONDITION, /* the server cannot do this at all (no chat template): FAILED_PRECONDITION */
 } status_code;
 
 typedef struct status {

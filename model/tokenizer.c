@@ -270,6 +270,16 @@ int tokenizer_create(tokenizer **out, const tokenizer_spec *spec, status *st)
     t->im_start = tokenizer_find_token(t, "<|im_start|>");
     t->im_end = tokenizer_find_token(t, "<|im_end|>");
     t->endoftext = tokenizer_find_token(t, "<|endoftext|>");
+    if (spec->chat_template.ptr) {
+        t->chat_template = malloc(spec->chat_template.len + 1);
+        if (!t->chat_template) {
+            rc = status_fail(st, STATUS_NOMEM, "tokenizer: out of memory");
+            goto fail;
+        }
+        memcpy(t->chat_template, spec->chat_template.ptr, spec->chat_template.len);
+        t->chat_template[spec->chat_template.len] = 0;
+        t->chat_template_len = spec->chat_template.len;
+    }
     *out = t;
     return STATUS_OK;
 fail:
@@ -281,6 +291,7 @@ void tokenizer_destroy(tokenizer *t)
 {
     if (!t) return;
     if (t->re) pcre2_code_free(t->re);
+    free(t->chat_template);
     free(t->special_ids);
     free(t->pairs);
     free(t->text_map);
@@ -390,6 +401,13 @@ int tokenizer_load(tokenizer **out, const gguf_file *f, status *st)
     if ((rc = kv_id(f, "tokenizer.ggml.eos_token_id", &spec.eos_id, st)) ||
         (rc = kv_id(f, "tokenizer.ggml.bos_token_id", &spec.bos_id, st)))
         goto done;
+    rc = gguf_get_str(f, "tokenizer.chat_template", &s, st);
+    if (rc == STATUS_OK) {
+        spec.chat_template = (tokenizer_text){s.ptr, (size_t)s.len};
+    } else if (rc != STATUS_NOT_FOUND) {
+        goto done;
+    }
+    status_clear(st);
     rc = tokenizer_create(out, &spec, st);
     if (rc) {
         /* Name the file in the message. */
@@ -416,6 +434,12 @@ int tokenizer_load_path(tokenizer **out, const char *path, status *st)
 }
 
 size_t tokenizer_n_vocab(const tokenizer *t) { return t->n_vocab; }
+
+const char *tokenizer_chat_template(const tokenizer *t, size_t *len)
+{
+    if (len) *len = t->chat_template_len;
+    return t->chat_template;
+}
 
 const char *tokenizer_token_text(const tokenizer *t, int32_t id, size_t *len)
 {

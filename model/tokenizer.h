@@ -57,6 +57,7 @@ typedef struct tokenizer_spec {
     int32_t eos_id;               /* tokenizer.ggml.eos_token_id, -1 if absent */
     int32_t bos_id;               /* tokenizer.ggml.bos_token_id, -1 if absent (never added) */
     tokenizer_pre pre;            /* split regex */
+    tokenizer_text chat_template; /* tokenizer.chat_template (Jinja text), ptr NULL if absent */
 } tokenizer_spec;
 
 typedef struct tokenizer tokenizer;
@@ -64,8 +65,8 @@ typedef struct tokenizer tokenizer;
 /* Builds a tokenizer from plain arrays. STATUS_FORMAT on an inconsistent vocabulary (a merge
  * without a space, eos out of range), STATUS_NOMEM. */
 int tokenizer_create(tokenizer **out, const tokenizer_spec *spec, status *st);
-/* Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,eos_token_id,bos_token_id} from f
- * and calls tokenizer_create. f may be closed afterwards. STATUS_UNSUPPORTED for a model other
+/* Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,eos_token_id,bos_token_id} and
+ * tokenizer.chat_template (optional) from f and calls tokenizer_create. f may be closed afterwards. STATUS_UNSUPPORTED for a model other
  * than "gpt2" or a pre-tokenizer other than "qwen35" (the default when absent) or "qwen2" (the
  * same regex without \p{M}); STATUS_NOT_FOUND when tokens or merges are missing. */
 int tokenizer_load(tokenizer **out, const gguf_file *f, status *st);
@@ -81,6 +82,10 @@ const uint8_t *tokenizer_token_bytes(const tokenizer *t, int32_t id, size_t *len
 int32_t tokenizer_token_type(const tokenizer *t, int32_t id); /* -1 if out of range */
 /* Id of the token whose GGUF text is exactly `text` (NUL-terminated), or -1. */
 int32_t tokenizer_find_token(const tokenizer *t, const char *text);
+
+/* The model's chat template (GGUF tokenizer.chat_template, Jinja source for
+ * model/chat_template.h), NUL-terminated; NULL when the GGUF has none. */
+const char *tokenizer_chat_template(const tokenizer *t, size_t *len);
 
 /* Special ids, -1 when the vocabulary has none. */
 int32_t tokenizer_eos_id(const tokenizer *t);        /* tokenizer.ggml.eos_token_id */

@@ -47,6 +47,8 @@ struct tokenizer {
     bool re_jit;
 
     int32_t eos, bos, im_start, im_end, endoftext;
+    char *chat_template;  /* owned, NUL-terminated tokenizer.chat_template, or NULL */
+    size_t chat_template_len;
 };
 
 /* FNV-1a over bytes: the text map's hash. */

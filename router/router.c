@@ -117,6 +117,12 @@ int router_create(router **out, const router_opts *opts, status *st)
         if ((rc = tokenizer_load_path(&r->tok, r->opts.model, st))) goto fail;
         LOG_INFO("router: tokenizer of %s: %zu tokens", r->opts.model, tokenizer_n_vocab(r->tok));
     }
+    router_request_template_init(&r->chat_tmpl, r->tok);
+    if (r->opts.model && !r->chat_tmpl.tmpl)
+        LOG_WARN("router: chat prompts will fail (FAILED_PRECONDITION): %s", r->chat_tmpl.why);
+    else if (r->chat_tmpl.tmpl)
+        LOG_INFO("router: chat template of %s parsed (thinks by default: %s)", r->opts.model,
+                 r->chat_tmpl.thinking_default ? "yes" : "no");
     if (r->opts.worker_tls) {
         /* the files are read here once, so a bad one is a start-up error naming its flag */
         r->worker_tls = *r->opts.worker_tls;
@@ -254,6 +260,7 @@ void router_destroy(router *r)
     if (r->metrics) metrics_destroy(r->metrics);
     if (r->pool) router_pool_destroy(r->pool);
     rpc_auth_destroy(r->worker_auth); /* after the pool: its channels send it */
+    router_request_template_free(&r->chat_tmpl);
     if (r->tok) tokenizer_destroy(r->tok);
     free(r->dns);
     router_ids_destroy(r->ids);

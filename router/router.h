@@ -2,7 +2,7 @@
  * reflection, and Prometheus metrics) over a set of workers (deltaserve.v1.Worker).
  *
  * For each Generate call a relay thread validates the request, turns the prompt into token ids
- * (the model's tokenizer; ChatML for chat messages), picks a worker (router_policy.h), streams
+ * (the model's tokenizer; chat messages rendered with the model's own chat template), picks a worker (router_policy.h), streams
  * Worker/Generate back to the client with text pieces (streaming detokenizer, stop strings),
  * and ends the call. A worker that fails before the first token reached the client is
  * retried on another worker; after that the stream ends with UNAVAILABLE. The client's

@@ -63,14 +63,10 @@ static void on_get_model_info(rpc_call *call, const ProtobufCMessage *req, void 
         return;
     }
     Deltaserve__V1__ModelInfo mi = *r->model_info;
-    /* Chat prompts are rendered here, with the router's tokenizer: without --model it renders
-     * none, whatever the workers' file holds. The template facts are the workers' (the same
-     * GGUF); LEAD: when the router renders with its own template (model/chat_template.h), set
-     * has_chat_template and thinking_default from that template here. */
-    if (!r->tok) {
-        mi.has_chat_template = 0;
-        mi.thinking_default = 0;
-    }
+    /* Chat prompts are rendered here, with the router's own copy of the template (--model):
+     * the template facts are the router's, whatever the workers' file holds. */
+    mi.has_chat_template = r->chat_tmpl.tmpl != NULL;
+    mi.thinking_default = r->chat_tmpl.thinking_default;
     rpc_call_reply(call, &mi.base); /* packed under the lock: the cache is never replaced, but
                                        this keeps the read simple */
     pthread_mutex_unlock(&r->mu);

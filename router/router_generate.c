@@ -39,6 +39,8 @@ typedef struct relay {
     char rid[ROUTER_REQUEST_ID_MAX + 1];
     int32_t *ids; /* owned, [n_ids] prompt */
     size_t n_ids;
+    bool in_reasoning; /* the chat prompt ends inside an open <think> block: the output starts
+                          as reasoning (router_request_prompt_ids) */
     uint64_t seed;
     router_stop stop;
     int stop_ready;
@@ -468,18 +470,6 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     return ATTEMPT_DONE;
 }
 
-/* Whether the chat prompt's rendering ends inside <think> (the output starts as reasoning). */
-static bool chat_in_reasoning(const Deltaserve__V1__GenerateRequest *g)
-{
-    char *text;
-    size_t len;
-    status st;
-    if (router_request_chatml(g->chat, &text, &len, &st)) return false;
-    bool in = router_chat_prompt_in_reasoning(text, len);
-    free(text);
-    return in;
-}
-
 /* The prompt (and an explicit max_new_tokens) against the workers' context, max_context (0:
  * not known yet: the worker checks alone): INVALID_ARGUMENT naming the field and the limit, as
  * the worker would (worker/request.c), before any worker is tried. */
@@ -516,7 +506,8 @@ static void relay_run(router_req *q)
     router_ids_register(r->ids, &s.live, s.rid);
     s.live_on = 1;
     if (router_request_validate(g, r->tok, &st) ||
-        router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
+        router_request_prompt_ids(g, r->tok, &r->chat_tmpl, &s.ids, &s.n_ids, &s.in_reasoning,
+                                  &st)) {
         relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
         goto out;
     }
@@ -540,7 +531,7 @@ static void relay_run(router_req *q)
     }
 
     if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT) {
-        if (router_chat_init(&s.chat, g->chat, chat_in_reasoning(g), s.text_cap, next_rand(r),
+        if (router_chat_init(&s.chat, g->chat, s.in_reasoning, s.text_cap, next_rand(r),
                              &st)) {
             relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
             goto out;

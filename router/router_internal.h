@@ -13,6 +13,7 @@
 #include "router/router_dns.h"
 #include "router/router_ids.h"
 #include "router/router_pool.h"
+#include "router/router_request.h"
 #include "rpc/metrics_http.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_health.h"
@@ -25,6 +26,7 @@
 struct router {
     router_opts opts;        /* copy; strings borrowed from the caller */
     tokenizer *tok;          /* owned, NULL without --model */
+    router_request_template chat_tmpl; /* owned: the model's chat template (tmpl.tmpl NULL: why says why) */
     router_pool *pool;       /* owned */
     rpc_server *srv;         /* owned */
     rpc_auth *auth;          /* owned, or NULL: no --auth-token-file */

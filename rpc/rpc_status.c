@@ -18,6 +18,7 @@ grpc_status_code rpc_status_to_grpc(status_code code)
     case STATUS_DEVICE:
     case STATUS_INTERNAL: return GRPC_STATUS_INTERNAL;
     case STATUS_UNAUTHENTICATED: return GRPC_STATUS_UNAUTHENTICATED;
+    case STATUS_PRECONDITION: return GRPC_STATUS_FAILED_PRECONDITION;
     }
     return GRPC_STATUS_INTERNAL;
 }

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/splitmix64.h"
 #include "gguf/quant.h"
+#include "model/chat_template.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_auth.h"
@@ -350,11 +351,15 @@ void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_bac
     copy_gguf_str(f, "general.architecture", ws->arch, sizeof ws->arch, "qwen35");
     copy_gguf_str(f, "general.name", ws->model_name, sizeof ws->model_name, base);
     gguf_str tmpl;
+    chat_template *ct = NULL;
+    char ct_err[200];
+    /* has_chat_template: a template the renderer (the router's, the same code) can run */
     ws->has_chat_template = gguf_get_str(f, "tokenizer.chat_template", &tmpl, NULL) == STATUS_OK &&
-                            tmpl.len > 0;
-    /* LEAD: the one assignment to wire to model/chat_template.h's
-     * chat_template_thinking_default() over tmpl once it lands. */
-    ws->thinking_default = false;
+                            tmpl.len > 0 &&
+                            chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, ct_err,
+                                                sizeof ct_err) == 0;
+    ws->thinking_default = ct && chat_template_thinking_default(ct);
+    chat_template_free(ct);
     if (ws->state == WS_LOADING) ws->state = WS_READY;
     bool ready = ws->state == WS_READY;
     pthread_mutex_unlock(&ws->mu);

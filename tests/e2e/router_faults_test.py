@@ -233,9 +233,9 @@ class Streams(unittest.TestCase):
             self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT, (kw, msg))
             self.assertTrue(msg.startswith(field), (field, msg))
 
-    def test_chat_is_rendered_with_chatml(self):
-        # the fake worker echoes the prompt when given no --tokens: use the slow one? no: check
-        # the prompt the worker saw through usage.prompt_tokens against tokenize
+    def test_chat_is_rendered_with_the_models_template(self):
+        # the tiny model's tokenizer.chat_template is ChatML: the prompt the worker saw
+        # (usage.prompt_tokens) is that rendering, tokenized
         _, ids, _, final = self.c.generate(chat=[("user", "Hi")], max_tokens=1)
         rc, out, err = h.run_cli(["tokenize", "--model", h.tiny_model(), "--text",
                                   "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"])

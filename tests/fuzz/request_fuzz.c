@@ -57,6 +57,7 @@
 #define RANDOM_SEED 0x9e3779b97f4a7c15ull
 
 static tokenizer *g_tok;
+static router_request_template g_chat; /* the tokenizer's chat template */
 static int g_vocab;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -75,6 +76,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         exit(2);
     }
     g_vocab = (int)tokenizer_n_vocab(g_tok);
+    router_request_template_init(&g_chat, g_tok);
     return 0;
 }
 
@@ -208,7 +210,7 @@ static void router_side(const uint8_t *data, size_t size)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     status_clear(&st);
-    rc = router_request_prompt_ids(g, g_tok, &ids, &n_ids, &st);
+    rc = router_request_prompt_ids(g, g_tok, &g_chat, &ids, &n_ids, NULL, &st);
     FUZZ_CHECK_RESULT(rc, st, 1);
     if (rc == STATUS_OK) {
         FUZZ_CHECK(ids && n_ids >= 1);
