@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "model/tokenizer.h"
+#include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "router/router.h"
 #include "router/router_dns.h"
 #include "router/router_pool.h"
@@ -57,6 +58,37 @@ struct router {
     /* counters for logs and metrics */
     atomic_int_fast64_t n_requests, n_ok, n_failed, n_retries;
 };
+
+/* Where a relay's output goes: the gRPC call (router_generate.c) or an HTTP request
+ * (router_http.c). Called from the relay thread only. */
+typedef struct router_sink {
+    /* One response message, as the public gRPC stream carries it (text, token ids, logprobs
+     * with the alternatives' text; the final one with finish_reason, usage, timings). m and
+     * what it points to are valid during the call only. 0, or nonzero when the client is gone
+     * (the relay then ends with CANCELLED). Must not allocate in steady state. */
+    int (*send)(void *ctx, const Deltaserve__V1__GenerateResponse *m);
+    /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
+    void (*end)(void *ctx, int grpc_code, const char *msg);
+    void *ctx;
+} router_sink;
+
+/* One request being relayed: validation, prompt, worker choice, retries, stop strings,
+ * detokenization, logprob text, metrics and the log line (router_generate.c). */
+typedef struct router_req router_req;
+
+/* A relay for g (owned by it from here on, also on failure; freed with
+ * protobuf_c_message_free_unpacked, so a door that builds g must allocate every part with
+ * malloc). deadline_ms is clock_now_ms-based or CLOCK_NO_DEADLINE. The caller holds one
+ * reference (router_relay_unref). Admission (draining, --max-inflight) is the door's. */
+int router_relay_create(router *r, Deltaserve__V1__GenerateRequest *g, const router_sink *sink,
+                        int64_t deadline_ms, router_req **out, status *st);
+/* Starts the relay thread (it holds its own reference). On failure nothing ran and the sink
+ * was not called: the caller ends its request itself. */
+int router_relay_start(router_req *q, status *st);
+/* The client is gone: the relay stops (the worker call is cancelled) and ends with CANCELLED
+ * (or DEADLINE_EXCEEDED when its deadline passed). Any thread, any time. */
+void router_relay_cancel(router_req *q);
+void router_relay_unref(router_req *q);
 
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */
 int router_generate_add_method(router *r, status *st);
