@@ -34,6 +34,10 @@ struct router {
     rpc_reflection *refl;    /* owned */
     metrics *metrics;        /* owned */
     metrics_http *metrics_http; /* owned, NULL without --metrics-listen */
+    struct router_http *http; /* owned, NULL without --http-listen (router_http.h) */
+    char model_id[256];      /* the model's name on the HTTP door: --served-model-name, the
+                                GGUF's general.name, or the file's base name */
+    int64_t t_start;         /* unix seconds at router_create (GET /v1/models' created) */
     struct {                 /* borrowed from metrics */
         metrics_series *ok[4];   /* request_success_total by finished_reason, FINISH_STOP .. FINISH_ERROR */
         metrics_series *failed;  /* request_failure_total: non-OK status */
@@ -48,7 +52,8 @@ struct router {
 
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t cv;       /* poller sleep, drain wait */
-    int inflight;            /* Generate calls from on_request to on_release (status sent) */
+    int inflight;            /* Generate calls from on_request to on_release (status sent), and
+                                HTTP generation requests from admission to their end */
     int relays;              /* relay threads running */
     int draining;
     int stopping;            /* the poller exits */
