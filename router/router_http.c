@@ -120,6 +120,7 @@ static int herr_set(herr *e, unsigned http, const char *type, const char *code, 
  * "stop[1]: ...", "text: ..."). */
 static void param_of(const char *msg, http_kind kind, char *out, size_t cap)
 {
+    if (!strncmp(msg, "request ", 8) && strstr(msg, ": ")) msg = strstr(msg, ": ") + 2; /* worker's */
     size_t n = strcspn(msg, ":[ ");
     if (msg[n] != ':' && msg[n] != '[') {
         out[0] = 0;
@@ -1177,8 +1178,9 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
         json_object_put(req);
         herr_set(&e, 400, "invalid_request_error", "invalid_json", NULL,
                  "the body is not valid JSON: %s",
-                 jerr != json_tokener_success ? json_tokener_error_desc(jerr)
-                                              : "unexpected data after the value");
+                 jerr == json_tokener_continue  ? "it ends in the middle of a value"
+                 : jerr != json_tokener_success ? json_tokener_error_desc(jerr)
+                                                : "unexpected data after the value");
         return reply_error(conn, &e);
     }
     http_params hp;
