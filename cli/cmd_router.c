@@ -184,8 +184,8 @@ int cmd_router(int argc, char **argv)
         char *hc = strrchr(hhost, ':');
         if (hc) *hc = 0;
         /* always printed: scripts and tests wait for this line too */
-        log_write(LOG_LEVEL_INFO, "router: HTTP (OpenAI API) on %s://%s:%d/v1", ro.tls ? "https" : "http",
-                  hhost, router_http_port_of(r));
+        log_write(LOG_LEVEL_INFO, "router: HTTP (OpenAI API) on %s://%s:%d/v1",
+                  ro.tls ? "https" : "http", hhost, router_http_port_of(r));
     }
     if (router_metrics_port(r)) {
         char mhost[256];

@@ -2,6 +2,7 @@
  * parsed into Generation requests, and the response (one JSON body, or SSE chunks written by
  * the relays' sinks). Output is written with router_json, input read with json-c. */
 #include "router/router_http.h"
+#include "router/router_http_parse.h"
 
 #include <errno.h>
 #include <math.h>
@@ -29,23 +30,12 @@ struct router_http {
     router *r;                 /* borrowed */
     struct MHD_Daemon *daemon; /* owned; a thread per connection */
     int port;
-    char *tls_cert, *tls_key;  /* owned PEM text, or NULL (plaintext) */
-    pthread_mutex_t mu;        /* guards live and stopping */
-    pthread_cond_t cv;         /* a request left live */
-    struct http_req *live;     /* requests whose relays may run */
+    char *tls_cert, *tls_key; /* owned PEM text, or NULL (plaintext) */
+    pthread_mutex_t mu;       /* guards live and stopping */
+    pthread_cond_t cv;        /* a request left live */
+    struct http_req *live;    /* requests whose relays may run */
     int stopping;
 };
-
-typedef enum { KIND_CHAT, KIND_COMPLETION } http_kind;
-
-/* An HTTP error as OpenAI's error object. */
-typedef struct herr {
-    unsigned http;
-    const char *type;
-    const char *code;
-    char param[96];
-    char msg[600];
-} herr;
 
 struct http_req;
 
@@ -54,26 +44,26 @@ struct http_req;
 typedef struct http_choice {
     struct http_req *h;
     int index;
-    router_req *q;     /* reference held, NULL if never created */
-    int started;       /* first message or end seen (under h->mu) */
-    int sent;          /* messages seen */
+    router_req *q; /* reference held, NULL if never created */
+    int started;   /* first message or end seen (under h->mu) */
+    int sent;      /* messages seen */
     int ended;
-    int code;          /* gRPC status of the end */
+    int code; /* gRPC status of the end */
     char msg[600];
-    int finish;        /* proto FinishReason of the final message */
+    int finish; /* proto FinishReason of the final message */
     int n_tool_calls;
     uint32_t prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens;
-    int64_t text_bytes; /* bytes of text so far (completions' text_offset) */
-    router_json chunk;  /* owned: one SSE event being written */
+    int64_t text_bytes;                 /* bytes of text so far (completions' text_offset) */
+    router_json chunk;                  /* owned: one SSE event being written */
     router_json lp_a, lp_b, lp_c, lp_d; /* owned: logprob fragments (chat: a; completions: a-d) */
     router_json content, reasoning, tools; /* owned: the whole answer (non-streaming) */
 } http_choice;
 
 typedef struct http_req {
     router_http *d;
-    http_kind kind;
+    router_http_kind kind;
     int stream, include_usage, n;
-    int lp_top;      /* alternatives printed per token; -1: no logprobs */
+    int lp_top; /* alternatives printed per token; -1: no logprobs */
     char id[64];
     int64_t created;
     pthread_mutex_t mu;
@@ -84,7 +74,7 @@ typedef struct http_req {
     int gone;        /* client gone or door stopping */
     router_json out; /* owned: SSE bytes not yet read by the daemon, from out_pos */
     size_t out_pos;
-    atomic_int refs; /* the connection + one per relay until its sink's end */
+    atomic_int refs;              /* the connection + one per relay until its sink's end */
     struct http_req *prev, *next; /* d->live */
     http_choice c[];
 } http_req;
@@ -99,28 +89,12 @@ typedef struct http_conn {
 
 /* ---- errors ---- */
 
-/* Returns -1, so an error path is one line. */
-static int herr_set(herr *e, unsigned http, const char *type, const char *code, const char *param,
-                    const char *fmt, ...)
-{
-    e->http = http;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-#define BAD(e, param, ...) herr_set((e), 400, "invalid_request_error", "invalid_value", (param), __VA_ARGS__)
-
 /* The OpenAI parameter a relay message names ("sampling.temperature: must be ...",
  * "stop[1]: ...", "text: ..."). */
-static void param_of(const char *msg, http_kind kind, char *out, size_t cap)
+static void param_of(const char *msg, router_http_kind kind, char *out, size_t cap)
 {
-    if (!strncmp(msg, "request ", 8) && strstr(msg, ": ")) msg = strstr(msg, ": ") + 2; /* worker's */
+    if (!strncmp(msg, "request ", 8) && strstr(msg, ": "))
+        msg = strstr(msg, ": ") + 2; /* worker's */
     size_t n = strcspn(msg, ":[ ");
     if (msg[n] != ':' && msg[n] != '[') {
         out[0] = 0;
@@ -129,11 +103,13 @@ static void param_of(const char *msg, http_kind kind, char *out, size_t cap)
     char f[96];
     snprintf(f, sizeof f, "%.*s", (int)(n < sizeof f ? n : sizeof f - 1), msg);
     const char *p = f;
-    if (!strncmp(p, "sampling.", 9)) p += 9;
-    else if (!strncmp(p, "stopping.", 9)) p += 9;
+    if (!strncmp(p, "sampling.", 9))
+        p += 9;
+    else if (!strncmp(p, "stopping.", 9))
+        p += 9;
     static const char *const map[][2] = {
-        {"max_new_tokens", "max_tokens"}, {"text", "prompt"},       {"token_ids.ids", "prompt"},
-        {"chat.messages", "messages"},    {"chat", "messages"},     {"prompt", "prompt"},
+        {"max_new_tokens", "max_tokens"}, {"text", "prompt"},         {"token_ids.ids", "prompt"},
+        {"chat.messages", "messages"},    {"chat", "messages"},       {"prompt", "prompt"},
         {"request_id", "user"},           {"stop_token_ids", "stop"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
@@ -141,12 +117,12 @@ static void param_of(const char *msg, http_kind kind, char *out, size_t cap)
             p = map[i][1];
             break;
         }
-    if (!strcmp(p, "logprobs") && kind == KIND_CHAT) p = "top_logprobs";
+    if (!strcmp(p, "logprobs") && kind == ROUTER_HTTP_CHAT) p = "top_logprobs";
     snprintf(out, cap, "%s", p);
 }
 
 /* A relay's end status as an HTTP error. */
-static void herr_from_grpc(herr *e, int code, const char *msg, http_kind kind)
+static void herr_from_grpc(router_http_error *e, int code, const char *msg, router_http_kind kind)
 {
     char param[96] = "";
     switch (code) {
@@ -154,43 +130,47 @@ static void herr_from_grpc(herr *e, int code, const char *msg, http_kind kind)
     case GRPC_STATUS_OUT_OF_RANGE:
     case GRPC_STATUS_FAILED_PRECONDITION:
         param_of(msg, kind, param, sizeof param);
-        herr_set(e, 400, "invalid_request_error", "invalid_value", param, "%s", msg);
+        router_http_parse_fail(e, 400, "invalid_request_error", "invalid_value", param, "%s", msg);
         break;
     case GRPC_STATUS_UNAUTHENTICATED:
-        herr_set(e, 401, "authentication_error", "invalid_api_key", NULL, "%s", msg);
+        router_http_parse_fail(e, 401, "authentication_error", "invalid_api_key", NULL, "%s", msg);
         break;
     case GRPC_STATUS_NOT_FOUND:
-        herr_set(e, 404, "not_found_error", "not_found", NULL, "%s", msg);
+        router_http_parse_fail(e, 404, "not_found_error", "not_found", NULL, "%s", msg);
         break;
     case GRPC_STATUS_RESOURCE_EXHAUSTED:
-        herr_set(e, 429, "rate_limit_error", "resource_exhausted", NULL, "%s", msg);
+        router_http_parse_fail(e, 429, "rate_limit_error", "resource_exhausted", NULL, "%s", msg);
         break;
     case GRPC_STATUS_UNAVAILABLE:
-        herr_set(e, 503, "service_unavailable", "unavailable", NULL, "%s", msg);
+        router_http_parse_fail(e, 503, "service_unavailable", "unavailable", NULL, "%s", msg);
         break;
     case GRPC_STATUS_DEADLINE_EXCEEDED:
-        herr_set(e, 504, "timeout", "deadline_exceeded", NULL, "%s", msg);
+        router_http_parse_fail(e, 504, "timeout", "deadline_exceeded", NULL, "%s", msg);
         break;
     case GRPC_STATUS_CANCELLED:
-        herr_set(e, 499, "cancelled", "cancelled", NULL, "%s", msg);
+        router_http_parse_fail(e, 499, "cancelled", "cancelled", NULL, "%s", msg);
         break;
     default:
-        herr_set(e, 500, "server_error", "internal", NULL, "%s", msg);
+        router_http_parse_fail(e, 500, "server_error", "internal", NULL, "%s", msg);
     }
 }
 
-static void write_error_obj(router_json *b, const herr *e)
+static void write_error_obj(router_json *b, const router_http_error *e)
 {
     router_json_lit(b, "{\"error\":{\"message\":");
     router_json_str(b, e->msg, strlen(e->msg));
     router_json_lit(b, ",\"type\":");
     router_json_str(b, e->type, strlen(e->type));
     router_json_lit(b, ",\"param\":");
-    if (e->param[0]) router_json_str(b, e->param, strlen(e->param));
-    else router_json_lit(b, "null");
+    if (e->param[0])
+        router_json_str(b, e->param, strlen(e->param));
+    else
+        router_json_lit(b, "null");
     router_json_lit(b, ",\"code\":");
-    if (e->code) router_json_str(b, e->code, strlen(e->code));
-    else router_json_lit(b, "null");
+    if (e->code)
+        router_json_str(b, e->code, strlen(e->code));
+    else
+        router_json_lit(b, "null");
     router_json_lit(b, "}}");
 }
 
@@ -206,7 +186,7 @@ static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned http, ro
     return rc;
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *conn, const herr *e)
+static enum MHD_Result reply_error(struct MHD_Connection *conn, const router_http_error *e)
 {
     router_json b = {0};
     write_error_obj(&b, e);
@@ -226,9 +206,10 @@ static enum MHD_Result reply_error(struct MHD_Connection *conn, const herr *e)
 
 static void choice_free(http_choice *c)
 {
-    router_json *bufs[] = {&c->chunk, &c->lp_a, &c->lp_b, &c->lp_c, &c->lp_d,
-                           &c->content, &c->reasoning, &c->tools};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) router_json_free(bufs[i]);
+    router_json *bufs[] = {&c->chunk, &c->lp_a,    &c->lp_b,      &c->lp_c,
+                           &c->lp_d,  &c->content, &c->reasoning, &c->tools};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        router_json_free(bufs[i]);
     if (c->q) router_relay_unref(c->q);
 }
 
@@ -238,12 +219,15 @@ static void http_req_unref(http_req *h)
     router_http *d = h->d;
     router *r = d->r;
     pthread_mutex_lock(&d->mu);
-    if (h->prev) h->prev->next = h->next;
-    else d->live = h->next;
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        d->live = h->next;
     if (h->next) h->next->prev = h->prev;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu); /* d may be freed from here (router_http_stop) */
-    for (int i = 0; i < h->n; i++) choice_free(&h->c[i]);
+    for (int i = 0; i < h->n; i++)
+        choice_free(&h->c[i]);
     router_json_free(&h->out);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
@@ -271,10 +255,13 @@ static const char *finish_name(const http_choice *c)
 {
     switch (c->finish) {
     case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP:
-        return c->h->kind == KIND_CHAT && c->n_tool_calls ? "tool_calls" : "stop";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
-    default: return "error";
+        return c->h->kind == ROUTER_HTTP_CHAT && c->n_tool_calls ? "tool_calls" : "stop";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH:
+        return "length";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED:
+        return "abort";
+    default:
+        return "error";
     }
 }
 
@@ -321,8 +308,7 @@ static void write_lp_chat(router_json *b, const http_choice *c,
 
 /* Completions logprobs of m's tokens: a tokens, b token_logprobs, cc top_logprobs, dd
  * text_offset (comma-separated elements, appended). base: text bytes before m. */
-static void write_lp_cmpl(http_choice *c, const Deltaserve__V1__GenerateResponse *m,
-                          int64_t base)
+static void write_lp_cmpl(http_choice *c, const Deltaserve__V1__GenerateResponse *m, int64_t base)
 {
     const tokenizer *tok = c->h->d->r->tok;
     size_t n = m->n_logprobs < m->n_token_ids ? m->n_logprobs : m->n_token_ids;
@@ -431,10 +417,10 @@ static void write_chunk(http_choice *c, const Deltaserve__V1__GenerateResponse *
     router_json *b = &c->chunk;
     router_json_reset(b);
     router_json_lit(b, "data: ");
-    write_head(b, h, h->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
+    write_head(b, h, h->kind == ROUTER_HTTP_CHAT ? "chat.completion.chunk" : "text_completion");
     router_json_lit(b, ",\"choices\":[{\"index\":");
     router_json_i64(b, c->index);
-    if (h->kind == KIND_CHAT) {
+    if (h->kind == ROUTER_HTTP_CHAT) {
         router_json_lit(b, ",\"delta\":{");
         int any = 0;
         if (c->sent == 1) {
@@ -511,7 +497,8 @@ static void write_tail(http_req *h)
 {
     if (h->include_usage) {
         router_json_lit(&h->out, "data: ");
-        write_head(&h->out, h, h->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
+        write_head(&h->out, h,
+                   h->kind == ROUTER_HTTP_CHAT ? "chat.completion.chunk" : "text_completion");
         router_json_lit(&h->out, ",\"choices\":[],\"usage\":");
         write_usage(&h->out, h);
         router_json_lit(&h->out, "}\n\n");
@@ -550,8 +537,10 @@ static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
         if (m->reasoning) router_json_raw(&c->reasoning, m->reasoning, strlen(m->reasoning));
         if (m->n_tool_calls) write_tool_calls(&c->tools, m, 0, 0);
         if (h->lp_top >= 0) {
-            if (h->kind == KIND_CHAT) write_lp_chat(&c->lp_a, c, m);
-            else write_lp_cmpl(c, m, base);
+            if (h->kind == ROUTER_HTTP_CHAT)
+                write_lp_chat(&c->lp_a, c, m);
+            else
+                write_lp_cmpl(c, m, base);
         }
         oom = c->content.oom || c->reasoning.oom || c->tools.oom || c->lp_a.oom || c->lp_b.oom ||
               c->lp_c.oom || c->lp_d.oom;
@@ -586,7 +575,7 @@ static void sink_end(void *ctx, int code, const char *msg)
     h->n_ended++;
     if (h->streaming && !h->gone) {
         if (code != GRPC_STATUS_OK) { /* mid-stream: an error event, then the stream ends */
-            herr e;
+            router_http_error e;
             herr_from_grpc(&e, code, c->msg, h->kind);
             router_json_lit(&h->out, "data: ");
             write_error_obj(&h->out, &e);
@@ -597,464 +586,6 @@ static void sink_end(void *ctx, int code, const char *msg)
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     http_req_unref(h);
-}
-
-/* ---- input: JSON fields ---- */
-
-/* o[k], with JSON null read as absent. */
-static json_object *field(json_object *o, const char *k)
-{
-    json_object *v = NULL;
-    if (!json_object_object_get_ex(o, k, &v) || json_object_is_type(v, json_type_null)) return NULL;
-    return v;
-}
-
-static int get_num(json_object *o, const char *k, double *out, herr *e)
-{
-    json_object *v = field(o, k);
-    if (!v) return 0;
-    if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-        return BAD(e, k, "%s: must be a number", k);
-    *out = json_object_get_double(v);
-    if (!isfinite(*out)) return BAD(e, k, "%s: must be finite", k);
-    return 1;
-}
-
-static int get_int(json_object *o, const char *k, int64_t lo, int64_t hi, int64_t *out, herr *e)
-{
-    json_object *v = field(o, k);
-    if (!v) return 0;
-    double d = json_object_get_double(v);
-    if (json_object_is_type(v, json_type_int)) {
-        *out = json_object_get_int64(v);
-    } else if (json_object_is_type(v, json_type_double) && d == floor(d) && fabs(d) < 9e15) {
-        *out = (int64_t)d;
-    } else {
-        return BAD(e, k, "%s: must be an integer", k);
-    }
-    if (*out < lo || *out > hi)
-        return BAD(e, k, "%s: %lld is outside [%lld, %lld]", k, (long long)*out, (long long)lo,
-                   (long long)hi);
-    return 1;
-}
-
-static int get_bool(json_object *o, const char *k, int *out, herr *e)
-{
-    json_object *v = field(o, k);
-    if (!v) return 0;
-    if (!json_object_is_type(v, json_type_boolean)) return BAD(e, k, "%s: must be a boolean", k);
-    *out = json_object_get_boolean(v);
-    return 1;
-}
-
-/* A JSON string as a C string: refused when it holds U+0000 (it would be cut). */
-static int str_of(json_object *v, const char *name, const char **s, herr *e)
-{
-    if (!json_object_is_type(v, json_type_string)) return BAD(e, name, "%s: must be a string", name);
-    *s = json_object_get_string(v);
-    if ((size_t)json_object_get_string_len(v) != strlen(*s))
-        return BAD(e, name, "%s: contains a NUL character (U+0000)", name);
-    return 1;
-}
-
-static int get_str(json_object *o, const char *k, const char *name, const char **s, herr *e)
-{
-    json_object *v = field(o, k);
-    if (!v) return 0;
-    return str_of(v, name, s, e);
-}
-
-static char *sdup(const char *s)
-{
-    return strdup(s ? s : "");
-}
-
-/* ---- input: the Generation request of choice i ---- */
-
-typedef struct http_params {
-    http_kind kind;
-    int stream, include_usage, n, lp_top; /* lp_top -1: no logprobs */
-    int64_t timeout_ms;                   /* 0: none */
-} http_params;
-
-/* content: a string, or an array of {"type":"text","text":...} parts, joined. */
-static int message_content(json_object *v, size_t i, char **out, herr *e)
-{
-    char name[64];
-    snprintf(name, sizeof name, "messages[%zu].content", i);
-    if (json_object_is_type(v, json_type_string)) {
-        const char *s;
-        if (str_of(v, name, &s, e) < 0) return -1;
-        *out = sdup(s);
-        return *out ? 0 : BAD(e, name, "out of memory");
-    }
-    if (!json_object_is_type(v, json_type_array))
-        return BAD(e, name, "%s: must be a string or an array of text parts", name);
-    router_json b = {0};
-    router_json_raw(&b, "", 0);
-    for (size_t j = 0; j < json_object_array_length(v); j++) {
-        json_object *part = json_object_array_get_idx(v, j), *t;
-        char pn[96];
-        snprintf(pn, sizeof pn, "%s[%zu]", name, j);
-        const char *type = NULL, *text = NULL;
-        if (!json_object_is_type(part, json_type_object) ||
-            get_str(part, "type", pn, &type, e) <= 0 || strcmp(type, "text") != 0 ||
-            !(t = field(part, "text"))) {
-            router_json_free(&b);
-            if (e->http == 400) return -1;
-            return BAD(e, pn, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported",
-                       pn);
-        }
-        snprintf(pn, sizeof pn, "%s[%zu].text", name, j);
-        if (str_of(t, pn, &text, e) < 0) {
-            router_json_free(&b);
-            return -1;
-        }
-        router_json_raw(&b, text, strlen(text));
-    }
-    *out = b.p ? b.p : sdup("");
-    return 0;
-}
-
-static int parse_message(json_object *o, size_t i, Deltaserve__V1__ChatMessage *m, herr *e)
-{
-    char name[64];
-    snprintf(name, sizeof name, "messages[%zu]", i);
-    if (!json_object_is_type(o, json_type_object)) return BAD(e, name, "%s: must be an object", name);
-    const char *s;
-    char fn[96];
-    snprintf(fn, sizeof fn, "%s.role", name);
-    int rc = get_str(o, "role", fn, &s, e);
-    if (rc < 0) return -1;
-    if (rc == 0) return BAD(e, fn, "%s: required", fn);
-    if (!(m->role = sdup(s))) return BAD(e, fn, "out of memory");
-    json_object *c = field(o, "content");
-    if (c && message_content(c, i, &m->content, e)) return -1;
-    static const char *const strs[][2] = {{"reasoning_content", "reasoning_content"},
-                                          {"reasoning", "reasoning_content"},
-                                          {"tool_call_id", "tool_call_id"},
-                                          {"name", "name"}};
-    for (size_t k = 0; k < 4; k++) {
-        snprintf(fn, sizeof fn, "%s.%s", name, strs[k][0]);
-        if ((rc = get_str(o, strs[k][0], fn, &s, e)) < 0) return -1;
-        if (!rc) continue;
-        char **dst = k < 2 ? &m->reasoning_content : k == 2 ? &m->tool_call_id : &m->name;
-        if (*dst != protobuf_c_empty_string) free(*dst);
-        if (!(*dst = sdup(s))) return BAD(e, fn, "out of memory");
-    }
-    json_object *tc = field(o, "tool_calls");
-    if (!tc) return 0;
-    snprintf(fn, sizeof fn, "%s.tool_calls", name);
-    if (!json_object_is_type(tc, json_type_array)) return BAD(e, fn, "%s: must be an array", fn);
-    size_t n = json_object_array_length(tc);
-    m->tool_calls = calloc(n ? n : 1, sizeof *m->tool_calls);
-    if (!m->tool_calls) return BAD(e, fn, "out of memory");
-    for (size_t j = 0; j < n; j++) {
-        json_object *t = json_object_array_get_idx(tc, j), *f;
-        Deltaserve__V1__ToolCall *call = malloc(sizeof *call);
-        if (!call) return BAD(e, fn, "out of memory");
-        deltaserve__v1__tool_call__init(call);
-        m->tool_calls[m->n_tool_calls++] = call;
-        char tn[192];
-        snprintf(tn, sizeof tn, "%s[%zu].function", fn, j);
-        if (!json_object_is_type(t, json_type_object) || !(f = field(t, "function")) ||
-            !json_object_is_type(f, json_type_object))
-            return BAD(e, tn, "%s: required (an object with name and arguments)", tn);
-        snprintf(tn, sizeof tn, "%s[%zu].id", fn, j);
-        if ((rc = get_str(t, "id", tn, &s, e)) < 0) return -1;
-        if (rc && !(call->id = sdup(s))) return BAD(e, tn, "out of memory");
-        snprintf(tn, sizeof tn, "%s[%zu].function.name", fn, j);
-        if ((rc = get_str(f, "name", tn, &s, e)) < 0) return -1;
-        if (!rc) return BAD(e, tn, "%s: required", tn);
-        if (!(call->name = sdup(s))) return BAD(e, tn, "out of memory");
-        snprintf(tn, sizeof tn, "%s[%zu].function.arguments", fn, j);
-        json_object *a = field(f, "arguments");
-        if (a && json_object_is_type(a, json_type_string)) {
-            if (str_of(a, tn, &s, e) < 0) return -1;
-            call->arguments = sdup(s);
-        } else if (a) { /* an object: its JSON text */
-            call->arguments = sdup(json_object_to_json_string_ext(a, JSON_C_TO_STRING_PLAIN));
-        }
-        if (!call->arguments) call->arguments = (char *)protobuf_c_empty_string;
-    }
-    return 0;
-}
-
-static int parse_tools(json_object *req, Deltaserve__V1__ChatPrompt *chat, herr *e)
-{
-    json_object *choice = field(req, "tool_choice");
-    if (choice) {
-        const char *s = NULL;
-        if (!json_object_is_type(choice, json_type_string) ||
-            str_of(choice, "tool_choice", &s, e) < 0 ||
-            (strcmp(s, "auto") != 0 && strcmp(s, "none") != 0)) {
-            return BAD(e, "tool_choice", "tool_choice: only \"auto\" and \"none\" are supported");
-        }
-        if (!strcmp(s, "none")) return 0; /* the model is not offered the tools */
-    }
-    json_object *tools = field(req, "tools");
-    if (!tools) return 0;
-    if (!json_object_is_type(tools, json_type_array))
-        return BAD(e, "tools", "tools: must be an array");
-    size_t n = json_object_array_length(tools);
-    chat->tools = calloc(n ? n : 1, sizeof *chat->tools);
-    if (!chat->tools) return BAD(e, "tools", "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        json_object *t = json_object_array_get_idx(tools, i), *f;
-        char tn[96];
-        snprintf(tn, sizeof tn, "tools[%zu].function", i);
-        Deltaserve__V1__Tool *tool = malloc(sizeof *tool);
-        if (!tool) return BAD(e, "tools", "out of memory");
-        deltaserve__v1__tool__init(tool);
-        chat->tools[chat->n_tools++] = tool;
-        const char *s;
-        if (!json_object_is_type(t, json_type_object) || !(f = field(t, "function")) ||
-            !json_object_is_type(f, json_type_object))
-            return BAD(e, tn, "%s: required (an object with a name)", tn);
-        snprintf(tn, sizeof tn, "tools[%zu].function.name", i);
-        int rc = get_str(f, "name", tn, &s, e);
-        if (rc < 0) return -1;
-        if (!rc || !s[0]) return BAD(e, tn, "%s: required", tn);
-        if (!(tool->name = sdup(s))) return BAD(e, tn, "out of memory");
-        snprintf(tn, sizeof tn, "tools[%zu].function.description", i);
-        if ((rc = get_str(f, "description", tn, &s, e)) < 0) return -1;
-        if (rc) tool->description = sdup(s);
-        json_object *p = field(f, "parameters");
-        if (p) tool->parameters = sdup(json_object_to_json_string_ext(p, JSON_C_TO_STRING_PLAIN));
-        if (!tool->description) tool->description = (char *)protobuf_c_empty_string;
-        if (!tool->parameters) tool->parameters = (char *)protobuf_c_empty_string;
-    }
-    return 0;
-}
-
-static int parse_chat(json_object *req, Deltaserve__V1__GenerateRequest *g, herr *e)
-{
-    json_object *msgs = field(req, "messages");
-    if (!msgs) return BAD(e, "messages", "messages: required");
-    if (!json_object_is_type(msgs, json_type_array) || json_object_array_length(msgs) == 0)
-        return BAD(e, "messages", "messages: must be a non-empty array");
-    Deltaserve__V1__ChatPrompt *chat = malloc(sizeof *chat);
-    if (!chat) return BAD(e, "messages", "out of memory");
-    deltaserve__v1__chat_prompt__init(chat);
-    g->chat = chat;
-    g->prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT;
-    size_t n = json_object_array_length(msgs);
-    chat->messages = calloc(n, sizeof *chat->messages);
-    if (!chat->messages) return BAD(e, "messages", "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        Deltaserve__V1__ChatMessage *m = malloc(sizeof *m);
-        if (!m) return BAD(e, "messages", "out of memory");
-        deltaserve__v1__chat_message__init(m);
-        chat->messages[chat->n_messages++] = m;
-        if (parse_message(json_object_array_get_idx(msgs, i), i, m, e)) return -1;
-    }
-    /* thinking: chat_template_kwargs.enable_thinking, or top-level enable_thinking */
-    int think = -1, rc;
-    json_object *kw = field(req, "chat_template_kwargs");
-    if (kw) {
-        if (!json_object_is_type(kw, json_type_object))
-            return BAD(e, "chat_template_kwargs", "chat_template_kwargs: must be an object");
-        json_object *v = field(kw, "enable_thinking");
-        if (v && !json_object_is_type(v, json_type_boolean))
-            return BAD(e, "chat_template_kwargs.enable_thinking",
-                       "chat_template_kwargs.enable_thinking: must be a boolean");
-        if (v) think = json_object_get_boolean(v);
-    }
-    int t2;
-    if ((rc = get_bool(req, "enable_thinking", &t2, e)) < 0) return -1;
-    if (rc) think = t2;
-    chat->thinking = think < 0 ? DELTASERVE__V1__THINKING__THINKING_DEFAULT
-                     : think  ? DELTASERVE__V1__THINKING__THINKING_ON
-                              : DELTASERVE__V1__THINKING__THINKING_OFF;
-    return parse_tools(req, chat, e);
-}
-
-static int parse_prompt(json_object *req, Deltaserve__V1__GenerateRequest *g, herr *e)
-{
-    json_object *p = field(req, "prompt");
-    if (!p) return BAD(e, "prompt", "prompt: required");
-    const char *s;
-    if (json_object_is_type(p, json_type_array) && json_object_array_length(p) == 1 &&
-        json_object_is_type(json_object_array_get_idx(p, 0), json_type_string))
-        p = json_object_array_get_idx(p, 0);
-    if (json_object_is_type(p, json_type_string)) {
-        if (str_of(p, "prompt", &s, e) < 0) return -1;
-        if (!(g->text = sdup(s))) return BAD(e, "prompt", "out of memory");
-        g->prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TEXT;
-        return 0;
-    }
-    if (!json_object_is_type(p, json_type_array) || json_object_array_length(p) == 0)
-        return BAD(e, "prompt", "prompt: must be a string, or a non-empty array of token ids");
-    size_t n = json_object_array_length(p);
-    Deltaserve__V1__TokenIds *t = malloc(sizeof *t);
-    if (!t) return BAD(e, "prompt", "out of memory");
-    deltaserve__v1__token_ids__init(t);
-    g->token_ids = t;
-    g->prompt_case = DELTASERVE__V1__GENERATE_REQUEST__PROMPT_TOKEN_IDS;
-    if (!(t->ids = malloc(n * sizeof *t->ids))) return BAD(e, "prompt", "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        json_object *v = json_object_array_get_idx(p, i);
-        if (!json_object_is_type(v, json_type_int))
-            return BAD(e, "prompt", "prompt[%zu]: a list prompt must hold token ids (one prompt "
-                       "per request: several strings are not supported)", i);
-        int64_t id = json_object_get_int64(v);
-        if (id < 0 || id > INT32_MAX)
-            return BAD(e, "prompt", "prompt[%zu]: token id %lld out of range", i, (long long)id);
-        t->ids[t->n_ids++] = (int32_t)id;
-    }
-    return 0;
-}
-
-static int parse_stop(json_object *req, Deltaserve__V1__GenerateRequest *g, herr *e)
-{
-    json_object *v = field(req, "stop");
-    if (!v) return 0;
-    const char *s;
-    if (json_object_is_type(v, json_type_string)) {
-        if (str_of(v, "stop", &s, e) < 0) return -1;
-        if (!(g->stop = malloc(sizeof *g->stop)) || !(g->stop[0] = sdup(s)))
-            return BAD(e, "stop", "out of memory");
-        g->n_stop = 1;
-        return 0;
-    }
-    if (!json_object_is_type(v, json_type_array))
-        return BAD(e, "stop", "stop: must be a string or an array of strings");
-    size_t n = json_object_array_length(v);
-    if (n > ROUTER_STOP_MAX) return BAD(e, "stop", "stop: %zu strings, at most %d", n, ROUTER_STOP_MAX);
-    if (!(g->stop = calloc(n ? n : 1, sizeof *g->stop))) return BAD(e, "stop", "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "stop[%zu]", i);
-        if (str_of(json_object_array_get_idx(v, i), name, &s, e) < 0) return -1;
-        if (!(g->stop[g->n_stop] = sdup(s))) return BAD(e, "stop", "out of memory");
-        g->n_stop++;
-    }
-    return 0;
-}
-
-/* Fields shared by both endpoints into g (choice i). */
-static int parse_common(json_object *req, const http_params *hp, int i,
-                        Deltaserve__V1__GenerateRequest *g, herr *e)
-{
-    Deltaserve__V1__SamplingParams *sp = malloc(sizeof *sp);
-    Deltaserve__V1__StoppingCriteria *sc = malloc(sizeof *sc);
-    if (sp) deltaserve__v1__sampling_params__init(sp);
-    if (sc) deltaserve__v1__stopping_criteria__init(sc);
-    g->sampling = sp;
-    g->stopping = sc;
-    if (!sp || !sc) return BAD(e, NULL, "out of memory");
-    double d;
-    int rc;
-    sp->temperature = 1.0f; /* OpenAI's default; 0 = greedy */
-    if ((rc = get_num(req, "temperature", &d, e)) < 0) return -1;
-    if (rc) sp->temperature = (float)d;
-    static const struct { const char *k; size_t off; } nums[] = {
-        {"top_p", offsetof(Deltaserve__V1__SamplingParams, top_p)},
-        {"min_p", offsetof(Deltaserve__V1__SamplingParams, min_p)},
-        {"presence_penalty", offsetof(Deltaserve__V1__SamplingParams, presence_penalty)},
-        {"frequency_penalty", offsetof(Deltaserve__V1__SamplingParams, frequency_penalty)},
-        {"repetition_penalty", offsetof(Deltaserve__V1__SamplingParams, repetition_penalty)},
-    };
-    for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++) {
-        if ((rc = get_num(req, nums[k].k, &d, e)) < 0) return -1;
-        if (rc) *(float *)((char *)sp + nums[k].off) = (float)d;
-    }
-    int64_t v;
-    if ((rc = get_int(req, "top_k", -1, INT32_MAX, &v, e)) < 0) return -1;
-    if (rc) sp->top_k = v < 0 ? 0 : (int32_t)v; /* -1: no filter, as vLLM */
-    if ((rc = get_int(req, "seed", INT64_MIN, INT64_MAX, &v, e)) < 0) return -1;
-    if (rc) sp->seed = (uint64_t)v + (uint64_t)i;
-    const char *mt = hp->kind == KIND_CHAT && field(req, "max_completion_tokens")
-                         ? "max_completion_tokens"
-                         : "max_tokens";
-    if ((rc = get_int(req, mt, 1, UINT32_MAX, &v, e)) < 0) return -1;
-    if (rc) sc->max_new_tokens = (uint32_t)v;
-    int b;
-    if ((rc = get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
-    if (rc) sc->ignore_eos = b;
-    if (parse_stop(req, g, e)) return -1;
-    g->logprobs = hp->lp_top < 0 ? 0 : (uint32_t)(hp->lp_top ? hp->lp_top : 1);
-    return 0;
-}
-
-/* The request of choice i, or NULL with e set. */
-static Deltaserve__V1__GenerateRequest *build_request(json_object *req, const http_params *hp,
-                                                      const char *id, int i, herr *e)
-{
-    Deltaserve__V1__GenerateRequest *g = malloc(sizeof *g);
-    if (!g) {
-        (void)BAD(e, NULL, "out of memory");
-        return NULL;
-    }
-    deltaserve__v1__generate_request__init(g);
-    char rid[96];
-    snprintf(rid, sizeof rid, "%s-%d", id, i);
-    g->request_id = sdup(rid);
-    int rc = !g->request_id ? BAD(e, NULL, "out of memory")
-             : hp->kind == KIND_CHAT ? parse_chat(req, g, e)
-                                     : parse_prompt(req, g, e);
-    if (!rc) rc = parse_common(req, hp, i, g, e);
-    if (rc) {
-        protobuf_c_message_free_unpacked(&g->base, NULL);
-        return NULL;
-    }
-    return g;
-}
-
-/* Checks that do not depend on the choice: model, n, stream, logprobs, unsupported fields. */
-static int parse_params(router_http *d, json_object *req, http_kind kind, http_params *hp, herr *e)
-{
-    memset(hp, 0, sizeof *hp);
-    hp->kind = kind;
-    hp->n = 1;
-    hp->lp_top = -1;
-    const char *s;
-    int rc, b;
-    int64_t v;
-    if ((rc = get_str(req, "model", "model", &s, e)) < 0) return -1;
-    if (rc && strcmp(s, d->r->model_id) != 0) {
-        herr_set(e, 404, "invalid_request_error", "model_not_found", "model",
-                 "model: '%s' is not served here (this router serves '%s')", s, d->r->model_id);
-        return -1;
-    }
-    if ((rc = get_str(req, "user", "user", &s, e)) < 0) return -1;
-    if ((rc = get_int(req, "n", 1, ROUTER_HTTP_MAX_N, &v, e)) < 0) return -1;
-    if (rc) hp->n = (int)v;
-    if ((rc = get_bool(req, "stream", &b, e)) < 0) return -1;
-    if (rc) hp->stream = b;
-    json_object *so = field(req, "stream_options");
-    if (so) {
-        if (!json_object_is_type(so, json_type_object))
-            return BAD(e, "stream_options", "stream_options: must be an object");
-        json_object *iu = field(so, "include_usage");
-        if (iu && !json_object_is_type(iu, json_type_boolean))
-            return BAD(e, "stream_options.include_usage",
-                       "stream_options.include_usage: must be a boolean");
-        hp->include_usage = iu && json_object_get_boolean(iu);
-    }
-    if (kind == KIND_CHAT) {
-        int lp = 0;
-        if ((rc = get_bool(req, "logprobs", &lp, e)) < 0) return -1;
-        if ((rc = get_int(req, "top_logprobs", 0, 20, &v, e)) < 0) return -1;
-        if (rc && !lp) return BAD(e, "top_logprobs", "top_logprobs: needs logprobs: true");
-        if (lp) hp->lp_top = rc ? (int)v : 0;
-        json_object *rf = field(req, "response_format"), *t;
-        if (rf && (!json_object_is_type(rf, json_type_object) || !(t = field(rf, "type")) ||
-                   !json_object_is_type(t, json_type_string) ||
-                   strcmp(json_object_get_string(t), "text") != 0))
-            return BAD(e, "response_format", "response_format: only {\"type\": \"text\"} is "
-                       "supported");
-    } else {
-        if ((rc = get_int(req, "logprobs", 0, 20, &v, e)) < 0) return -1;
-        if (rc) hp->lp_top = (int)v;
-        if ((rc = get_bool(req, "echo", &b, e)) < 0) return -1;
-        if (rc && b) return BAD(e, "echo", "echo: not supported");
-        if ((rc = get_str(req, "suffix", "suffix", &s, e)) < 0) return -1;
-        if (rc && s[0]) return BAD(e, "suffix", "suffix: not supported");
-        if ((rc = get_int(req, "best_of", 1, ROUTER_HTTP_MAX_N, &v, e)) < 0) return -1;
-        if (rc && v != hp->n) return BAD(e, "best_of", "best_of: only equal to n is supported");
-    }
-    return 0;
 }
 
 /* ---- the generation endpoints ---- */
@@ -1077,7 +608,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
     http_req *h = cls;
     (void)pos;
     pthread_mutex_lock(&h->mu);
-    while (h->out_pos == h->out.len && !h->done && !h->gone) pthread_cond_wait(&h->cv, &h->mu);
+    while (h->out_pos == h->out.len && !h->done && !h->gone)
+        pthread_cond_wait(&h->cv, &h->mu);
     size_t avail = h->out.len - h->out_pos;
     if (avail == 0) {
         int err = h->gone && !h->done;
@@ -1107,14 +639,14 @@ static const http_choice *first_error(const http_req *h, int only_unsent)
 static enum MHD_Result reply_body(struct MHD_Connection *conn, http_req *h)
 {
     router_json b = {0};
-    write_head(&b, h, h->kind == KIND_CHAT ? "chat.completion" : "text_completion");
+    write_head(&b, h, h->kind == ROUTER_HTTP_CHAT ? "chat.completion" : "text_completion");
     router_json_lit(&b, ",\"choices\":[");
     for (int i = 0; i < h->n; i++) {
         http_choice *c = &h->c[i];
         if (i) router_json_raw(&b, ",", 1);
         router_json_lit(&b, "{\"index\":");
         router_json_i64(&b, i);
-        if (h->kind == KIND_CHAT) {
+        if (h->kind == ROUTER_HTTP_CHAT) {
             router_json_lit(&b, ",\"message\":{\"role\":\"assistant\",\"content\":");
             if (c->content.len || !c->n_tool_calls)
                 router_json_str(&b, c->content.p ? c->content.p : "", c->content.len);
@@ -1141,8 +673,10 @@ static enum MHD_Result reply_body(struct MHD_Connection *conn, http_req *h)
             router_json_lit(&b, ",\"text\":");
             router_json_str(&b, c->content.p ? c->content.p : "", c->content.len);
             router_json_lit(&b, ",\"logprobs\":");
-            if (h->lp_top >= 0) write_lp_cmpl_obj(&b, c);
-            else router_json_lit(&b, "null");
+            if (h->lp_top >= 0)
+                write_lp_cmpl_obj(&b, c);
+            else
+                router_json_lit(&b, "null");
         }
         router_json_lit(&b, ",\"finish_reason\":\"");
         router_json_lit(&b, finish_name(c));
@@ -1158,14 +692,14 @@ static enum MHD_Result reply_body(struct MHD_Connection *conn, http_req *h)
 
 /* Admission, the relays, and the response. */
 static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *conn, http_conn *hc,
-                                      http_kind kind)
+                                      router_http_kind kind)
 {
     router *r = d->r;
-    herr e;
+    router_http_error e;
     memset(&e, 0, sizeof e);
     if (hc->too_big) {
-        herr_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                 "request body larger than %u bytes", ROUTER_HTTP_MAX_BODY);
+        router_http_parse_fail(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                               "request body larger than %u bytes", ROUTER_HTTP_MAX_BODY);
         return reply_error(conn, &e);
     }
     struct json_tokener *tk = json_tokener_new();
@@ -1176,36 +710,39 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
     json_tokener_free(tk);
     if (!req || jerr != json_tokener_success || used != hc->len) {
         json_object_put(req);
-        herr_set(&e, 400, "invalid_request_error", "invalid_json", NULL,
-                 "the body is not valid JSON: %s",
-                 jerr == json_tokener_continue  ? "it ends in the middle of a value"
-                 : jerr != json_tokener_success ? json_tokener_error_desc(jerr)
-                                                : "unexpected data after the value");
+        router_http_parse_fail(&e, 400, "invalid_request_error", "invalid_json", NULL,
+                               "the body is not valid JSON: %s",
+                               jerr == json_tokener_continue  ? "it ends in the middle of a value"
+                               : jerr != json_tokener_success ? json_tokener_error_desc(jerr)
+                                                              : "unexpected data after the value");
         return reply_error(conn, &e);
     }
-    http_params hp;
+    router_http_params hp;
     http_req *h = NULL;
     Deltaserve__V1__GenerateRequest *gs[ROUTER_HTTP_MAX_N] = {0};
     if (!json_object_is_type(req, json_type_object)) {
-        (void)BAD(&e, NULL, "the body must be a JSON object");
+        (void)router_http_parse_fail(&e, 400, "invalid_request_error", "invalid_value", NULL,
+                                     "the body must be a JSON object");
         goto fail;
     }
-    if (parse_params(d, req, kind, &hp, &e)) goto fail;
+    if (router_http_parse_params(req, kind, d->r->model_id, &hp, &e)) goto fail;
     for (int i = 0; i < hp.n; i++)
-        if (!(gs[i] = build_request(req, &hp, "x", i, &e))) goto fail;
+        if (!(gs[i] = router_http_parse_request(req, &hp, "x", i, &e))) goto fail;
 
     /* admission: the gRPC side's */
     atomic_fetch_add(&r->n_requests, 1);
     pthread_mutex_lock(&r->mu);
     if (r->draining) {
         pthread_mutex_unlock(&r->mu);
-        herr_set(&e, 503, "service_unavailable", "unavailable", NULL, "router is draining");
+        router_http_parse_fail(&e, 503, "service_unavailable", "unavailable", NULL,
+                               "router is draining");
         goto fail;
     }
     if (r->inflight >= r->opts.max_inflight) {
         pthread_mutex_unlock(&r->mu);
-        herr_set(&e, 429, "rate_limit_error", "resource_exhausted", NULL,
-                 "router: %d requests in flight (--max-inflight)", r->opts.max_inflight);
+        router_http_parse_fail(&e, 429, "rate_limit_error", "resource_exhausted", NULL,
+                               "router: %d requests in flight (--max-inflight)",
+                               r->opts.max_inflight);
         goto fail;
     }
     r->inflight++; /* until the request is freed */
@@ -1217,7 +754,7 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
         r->inflight--;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
-        herr_set(&e, 500, "server_error", "internal", NULL, "router: out of memory");
+        router_http_parse_fail(&e, 500, "server_error", "internal", NULL, "router: out of memory");
         goto fail;
     }
     h->d = d;
@@ -1228,7 +765,7 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
     h->lp_top = hp.lp_top;
     h->created = (int64_t)time(NULL);
     uint64_t seq = atomic_fetch_add(&r->next_id, 1);
-    snprintf(h->id, sizeof h->id, "%s-%012llx%llu", kind == KIND_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(h->id, sizeof h->id, "%s-%012llx%llu", kind == ROUTER_HTTP_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)(r->id_base & 0xffffffffffffULL), (unsigned long long)seq);
     pthread_mutex_init(&h->mu, NULL);
     clock_cond_init(&h->cv);
@@ -1239,7 +776,7 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
         char rid[96];
         snprintf(rid, sizeof rid, "%s-%d", h->id, i);
         free(gs[i]->request_id);
-        gs[i]->request_id = sdup(rid);
+        gs[i]->request_id = strdup(rid);
     }
     pthread_mutex_lock(&d->mu);
     int stopping = d->stopping;
@@ -1268,9 +805,11 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
 
     pthread_mutex_lock(&h->mu);
     if (h->stream) {
-        while (h->n_started < h->n) pthread_cond_wait(&h->cv, &h->mu);
+        while (h->n_started < h->n)
+            pthread_cond_wait(&h->cv, &h->mu);
     } else {
-        while (h->n_ended < h->n) pthread_cond_wait(&h->cv, &h->mu);
+        while (h->n_ended < h->n)
+            pthread_cond_wait(&h->cv, &h->mu);
     }
     const http_choice *bad = first_error(h, h->stream);
     if (!bad && h->stream) {
@@ -1353,7 +892,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         }
         if (hc->len + n + 1 > hc->cap) {
             size_t cap = hc->cap ? hc->cap : 4096;
-            while (cap < hc->len + n + 1) cap *= 2;
+            while (cap < hc->len + n + 1)
+                cap *= 2;
             char *p = realloc(hc->body, cap);
             if (!p) return MHD_NO;
             hc->body = p;
@@ -1364,34 +904,37 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         hc->body[hc->len] = 0;
         return MHD_YES;
     }
-    herr e;
+    router_http_error e;
     memset(&e, 0, sizeof e);
     int is_get = !strcmp(method, "GET"), is_post = !strcmp(method, "POST");
     int gen = !strcmp(url, "/v1/chat/completions") ? 1 : !strcmp(url, "/v1/completions") ? 2 : 0;
     int models = !strcmp(url, "/v1/models"), health = !strcmp(url, "/health");
     if (health && is_get) return serve_health(d, conn);
     if (!gen && !models && !health) {
-        herr_set(&e, 404, "invalid_request_error", "unknown_url", NULL,
-                 "no such endpoint: %s %s (served: POST /v1/chat/completions, POST "
-                 "/v1/completions, GET /v1/models, GET /health)", method, url);
+        router_http_parse_fail(&e, 404, "invalid_request_error", "unknown_url", NULL,
+                               "no such endpoint: %s %s (served: POST /v1/chat/completions, POST "
+                               "/v1/completions, GET /v1/models, GET /health)",
+                               method, url);
         return reply_error(conn, &e);
     }
     if ((gen && !is_post) || ((models || health) && !is_get)) {
-        herr_set(&e, 405, "invalid_request_error", "method_not_allowed", gen ? NULL : "GET",
-                 "%s %s: use %s", method, url, gen ? "POST" : "GET");
+        router_http_parse_fail(&e, 405, "invalid_request_error", "method_not_allowed",
+                               gen ? NULL : "GET", "%s %s: use %s", method, url,
+                               gen ? "POST" : "GET");
         return reply_error(conn, &e);
     }
     rpc_auth *auth = d->r->auth;
     if (auth) {
         const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
         if (!rpc_auth_check(auth, v, v ? strlen(v) : 0)) {
-            herr_set(&e, 401, "authentication_error", "invalid_api_key", NULL,
-                     v ? "the bearer token is wrong" : "missing 'Authorization: Bearer <token>'");
+            router_http_parse_fail(&e, 401, "authentication_error", "invalid_api_key", NULL,
+                                   v ? "the bearer token is wrong"
+                                     : "missing 'Authorization: Bearer <token>'");
             return reply_error(conn, &e);
         }
     }
     if (models) return serve_models(d, conn);
-    return serve_generate(d, conn, hc, gen == 1 ? KIND_CHAT : KIND_COMPLETION);
+    return serve_generate(d, conn, hc, gen == 1 ? ROUTER_HTTP_CHAT : ROUTER_HTTP_COMPLETION);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1403,7 +946,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!hc) return;
     *con_cls = NULL;
     if (hc->h) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) http_req_cancel(hc->h);
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            http_req_cancel(hc->h);
         else { /* relays of an error reply may still run: they were cancelled already */
         }
         http_req_unref(hc->h);
@@ -1474,15 +1018,14 @@ int router_http_start(router *r, const char *listen, router_http **out, status *
     if (d->tls_cert)
         d->daemon = MHD_start_daemon(
             flags, (uint16_t)port_num, NULL, NULL, on_http, d, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED,
-            on_completed, d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024),
-            MHD_OPTION_HTTPS_MEM_CERT, d->tls_cert, MHD_OPTION_HTTPS_MEM_KEY, d->tls_key,
-            MHD_OPTION_END);
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_HTTPS_MEM_CERT,
+            d->tls_cert, MHD_OPTION_HTTPS_MEM_KEY, d->tls_key, MHD_OPTION_END);
     else
         d->daemon = MHD_start_daemon(
             flags, (uint16_t)port_num, NULL, NULL, on_http, d, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED,
-            on_completed, d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_END);
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d->daemon) {
         rc = status_fail(st, STATUS_IO, "--http-listen: cannot listen on %s (port in use?%s)",
@@ -1502,18 +1045,23 @@ fail:
     return rc;
 }
 
-int router_http_port(const router_http *d) { return d->port; }
+int router_http_port(const router_http *d)
+{
+    return d->port;
+}
 
 void router_http_stop(router_http *d)
 {
     if (!d) return;
     pthread_mutex_lock(&d->mu);
     d->stopping = 1;
-    for (http_req *h = d->live; h; h = h->next) http_req_cancel(h);
+    for (http_req *h = d->live; h; h = h->next)
+        http_req_cancel(h);
     pthread_mutex_unlock(&d->mu);
     MHD_stop_daemon(d->daemon); /* joins the connection threads */
-    pthread_mutex_lock(&d->mu);  /* relays cancelled above may still be ending */
-    while (d->live) pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_lock(&d->mu); /* relays cancelled above may still be ending */
+    while (d->live)
+        pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d->tls_cert);

@@ -21,7 +21,8 @@ int router_json_reserve(router_json *b, size_t cap)
 {
     if (cap <= b->cap) return 0;
     size_t c = b->cap ? b->cap : 256;
-    while (c < cap) c *= 2;
+    while (c < cap)
+        c *= 2;
     char *p = realloc(b->p, c);
     if (!p) {
         b->oom = 1;
@@ -40,7 +41,10 @@ void router_json_raw(router_json *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
-void router_json_lit(router_json *b, const char *s) { router_json_raw(b, s, strlen(s)); }
+void router_json_lit(router_json *b, const char *s)
+{
+    router_json_raw(b, s, strlen(s));
+}
 
 /* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one. */
 static size_t utf8_seq(const unsigned char *s, size_t n)
@@ -49,7 +53,8 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
     size_t k;
     unsigned lo = 0x80, hi = 0xbf;
     if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) k = 2;
+    if (c >= 0xc2 && c <= 0xdf)
+        k = 2;
     else if (c >= 0xe0 && c <= 0xef) {
         k = 3;
         if (c == 0xe0) lo = 0xa0;
@@ -84,11 +89,21 @@ void router_json_esc(router_json *b, const char *s, size_t n)
         } else if (c < 0x20) {
             *o++ = '\\';
             switch (c) {
-            case '\n': *o++ = 'n'; break;
-            case '\r': *o++ = 'r'; break;
-            case '\t': *o++ = 't'; break;
-            case '\b': *o++ = 'b'; break;
-            case '\f': *o++ = 'f'; break;
+            case '\n':
+                *o++ = 'n';
+                break;
+            case '\r':
+                *o++ = 'r';
+                break;
+            case '\t':
+                *o++ = 't';
+                break;
+            case '\b':
+                *o++ = 'b';
+                break;
+            case '\f':
+                *o++ = 'f';
+                break;
             default:
                 *o++ = 'u';
                 *o++ = '0';

@@ -13,10 +13,10 @@
 #include <stdint.h>
 
 typedef struct router_json {
-    char *p;    /* owned, [cap] bytes; p[len] == 0 when len > 0 */
+    char *p; /* owned, [cap] bytes; p[len] == 0 when len > 0 */
     size_t len;
     size_t cap;
-    int oom;    /* an append failed: the content is incomplete */
+    int oom; /* an append failed: the content is incomplete */
 } router_json;
 
 void router_json_free(router_json *b);

@@ -42,7 +42,8 @@ static void test_escapes(void)
 static void test_invalid_utf8_replaced(void)
 {
     router_json b = {0};
-    const char in[] = "x\xe2\x82" "y\xff\xc0\xaf\xed\xa0\x80z"; /* cut, 0xff, overlong, surrogate */
+    const char in[] = "x\xe2\x82"
+                      "y\xff\xc0\xaf\xed\xa0\x80z"; /* cut, 0xff, overlong, surrogate */
     router_json_str(&b, in, sizeof in - 1);
     size_t n;
     const char *s = parse_str(&b, &n);
@@ -61,7 +62,8 @@ static void test_random_roundtrip(void)
     for (int it = 0; it < 2000; it++) {
         char in[64];
         size_t n = testutil_rng_next(&rng) % sizeof in;
-        for (size_t i = 0; i < n; i++) in[i] = (char)(testutil_rng_next(&rng) % 256);
+        for (size_t i = 0; i < n; i++)
+            in[i] = (char)(testutil_rng_next(&rng) % 256);
         router_json_reset(&b);
         router_json_str(&b, in, n);
         size_t m;
