@@ -2,10 +2,11 @@
 package (project venv) and by curl, against a router and a CPU worker on the demo model:
 chat and completions, streaming and not, usage, stop strings, n = 2, logprobs, the error
 object (401 wrong token, 400 naming the field, NUL characters, 404 model and path, 405, 413,
-429 when the worker is full, 504 past the deadline), the raw SSE shape (`curl -N`), and TLS with
-certificates made by openssl at test time."""
+429 when the worker is full, 504 past the deadline), the raw SSE shape (`curl -N`), a drain with
+a stream in flight, and TLS with certificates made by openssl at test time."""
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -344,6 +345,41 @@ def _ok(client):
         return True
     except openai.RateLimitError:
         return False
+
+
+class HttpDrain(unittest.TestCase):
+    """SIGTERM with an HTTP stream in flight: the stream ends normally, new requests get 503,
+    the router exits 0."""
+
+    def test_drain(self):
+        w, r, base = start(name="drain", router_extra=["--grace-seconds", "60"])
+        try:
+            client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
+            s = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=300,
+                                          stream=True, extra_body={"ignore_eos": True})
+            it = iter(s)
+            text = next(it).choices[0].text
+            r.signal(signal.SIGTERM)
+            r.wait_line("draining")
+            rc, body, err = curl("-w", "\n%{http_code}", "-H", "Content-Type: application/json",
+                                 "--data-binary", json.dumps({"prompt": "x", "max_tokens": 2}),
+                                 base + "/completions")
+            if rc == 0:  # the door may already be closed once the stream ended
+                text_body, code = body.rsplit("\n", 1)
+                self.assertEqual(code, "503", body)
+                self.assertIn("draining", json.loads(text_body)["error"]["message"])
+            last = None
+            n = 1
+            for ch in it:
+                n += 1
+                last = ch.choices[0].finish_reason
+            self.assertEqual(last, "length")
+            self.assertGreaterEqual(n, 300)  # a token per chunk, the finish maybe its own
+            self.assertEqual(r.wait(60), 0)
+            client.close()
+        finally:
+            r.stop()
+            w.stop()
 
 
 class HttpTls(unittest.TestCase):
