@@ -222,7 +222,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     if (m->n_logprobs) {
         out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
         out.logprobs = m->logprobs;
-        fill_logprob_text(s, m->logprobs, out.n_logprobs);
+        if (s->q->sink.top_text) fill_logprob_text(s, m->logprobs, out.n_logprobs);
     }
     int final = 0;
     if (matched >= 0) {
@@ -588,7 +588,7 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
                         "request: malformed (it does not survive re-encoding)");
         return;
     }
-    router_sink sink = {grpc_sink_send, grpc_sink_end, call};
+    router_sink sink = {grpc_sink_send, grpc_sink_end, call, 1};
     router_req *q;
     status st;
     if (router_relay_create(r, g, &sink, rpc_call_deadline_ms(call), &q, &st)) {

@@ -75,6 +75,8 @@ typedef struct router_sink {
     /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
     void (*end)(void *ctx, int grpc_code, const char *msg);
     void *ctx;
+    int top_text; /* the relay fills in each top-logprob alternative's text (a decode each);
+                     0 for a sink that reads the token's bytes itself */
 } router_sink;
 
 /* One request being relayed: validation, prompt, worker choice, retries, stop strings,
