@@ -708,6 +708,8 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
     enum json_tokener_error jerr = json_tokener_get_error(tk);
     size_t used = json_tokener_get_parse_end(tk);
     json_tokener_free(tk);
+    while (used < hc->len && hc->body[used] && strchr(" \t\r\n", hc->body[used]))
+        used++; /* trailing white space */
     if (!req || jerr != json_tokener_success || used != hc->len) {
         json_object_put(req);
         router_http_parse_fail(&e, 400, "invalid_request_error", "invalid_json", NULL,

@@ -240,6 +240,10 @@ class HttpApi(unittest.TestCase):
             self.assertError(code, out, 400, param)
         code, out = self.curl_json("/completions", {"prompt": PROMPT, "max_tokens": 100000})
         self.assertError(code, out, 400, "max_tokens")
+        code, out = self.curl_json("/completions", '{"prompt": "x", "max_tokens": 1}\n\n')
+        self.assertEqual(code, 200, out)  # white space after the value is fine
+        code, out = self.curl_json("/completions", '{"prompt": "x"} {}')
+        self.assertError(code, out, 400)
         code, out = self.curl_json("/completions", '{"prompt": "x",')
         self.assertError(code, out, 400)
         self.assertIn("JSON", out["error"]["message"])
