@@ -4,7 +4,10 @@
  * Output (stdout): the text as it streams (default); with --print-ids one JSON array of the
  * generated ids at the end instead; with --json one JSON object per response message. With
  * --verbose a summary of the final message goes to stderr. A non-OK status exits 1 after
- * printing "deltaserve client: CODE_NAME: message" on stderr. */
+ * printing "deltaserve client: CODE_NAME: message" on stderr.
+ *
+ * --model-info (GetModelInfo) and --abort ID (Abort) make one unary call instead and print its
+ * answer as one JSON object. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +27,8 @@
 
 typedef struct client_opts {
     const char *addr, *prompt, *ids, *chat, *system, *stop_ids, *request_id, *tls_ca;
-    const char *auth_token_file;
+    const char *auth_token_file, *abort_id;
+    int model_info;
     int max_tokens, top_k, logprobs, print_ids, json, verbose, worker, ignore_eos;
     int64_t seed, timeout_ms;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -73,6 +77,10 @@ static const flag_spec specs[] = {
      "print the final message's summary (finish reason, usage, timings) on stderr"},
     {"worker", NULL, NULL, FLAG_BOOL, offsetof(client_opts, worker),
      "--addr is a worker: call deltaserve.v1.Worker/Generate (ids prompts only)"},
+    {"model-info", NULL, NULL, FLAG_BOOL, offsetof(client_opts, model_info),
+     "print the model served (GetModelInfo) as one JSON object instead of generating"},
+    {"abort", NULL, NULL, FLAG_STR, offsetof(client_opts, abort_id),
+     "end the running or waiting request with this id (Abort) and print {\"found\": ...}"},
     {0},
 };
 
@@ -175,6 +183,84 @@ static void json_message(FILE *o, const Deltaserve__V1__GenerateResponse *m)
 
 /* Takes every --stop S / --stop=S out of argv (the flag table holds one value per flag);
  * comma lists are split. Returns the new argc. */
+static void json_model_info(FILE *o, const Deltaserve__V1__ModelInfo *m)
+{
+    fputs("{\"architecture\":", o);
+    json_str(o, m->architecture);
+    fputs(",\"name\":", o);
+    json_str(o, m->name);
+    fprintf(o, ",\"n_params\":%llu,\"n_layers\":%u,\"n_deltanet_layers\":%u,"
+               "\"n_attention_layers\":%u,\"hidden_size\":%u,\"vocab_size\":%u,"
+               "\"eos_token_ids\":[",
+            (unsigned long long)m->n_params, m->n_layers, m->n_deltanet_layers,
+            m->n_attention_layers, m->hidden_size, m->vocab_size);
+    for (size_t i = 0; i < m->n_eos_token_ids; i++)
+        fprintf(o, "%s%d", i ? "," : "", m->eos_token_ids[i]);
+    fprintf(o, "],\"max_context\":%u,\"quantization\":", m->max_context);
+    json_str(o, m->quantization);
+    fputs(",\"device\":", o);
+    json_str(o, m->device);
+    fprintf(o, ",\"max_running\":%u,\"path\":", m->max_running);
+    json_str(o, m->path);
+    fprintf(o, ",\"bos_token_id\":%d,\"has_chat_template\":%s,\"thinking_default\":%s}\n",
+            m->bos_token_id, m->has_chat_template ? "true" : "false",
+            m->thinking_default ? "true" : "false");
+}
+
+/* --model-info / --abort: one unary call to Generation (Worker with --worker); the answer as
+ * one JSON line. Exit status as for a stream: 1 on a non-OK status or no connection. */
+static int unary_command(const client_opts *o)
+{
+    const char *svc = o->worker ? "/deltaserve.v1.Worker/" : "/deltaserve.v1.Generation/";
+    char path[64];
+    Deltaserve__V1__GetModelInfoRequest ir = DELTASERVE__V1__GET_MODEL_INFO_REQUEST__INIT;
+    Deltaserve__V1__AbortRequest ar = DELTASERVE__V1__ABORT_REQUEST__INIT;
+    const ProtobufCMessage *req;
+    const ProtobufCMessageDescriptor *resp_desc;
+    if (o->model_info) {
+        snprintf(path, sizeof path, "%sGetModelInfo", svc);
+        req = &ir.base;
+        resp_desc = &deltaserve__v1__model_info__descriptor;
+    } else {
+        snprintf(path, sizeof path, "%sAbort", svc);
+        ar.request_id = (char *)o->abort_id;
+        req = &ar.base;
+        resp_desc = &deltaserve__v1__abort_response__descriptor;
+    }
+    status st;
+    rpc_client_channel *ch = NULL;
+    rpc_auth *auth = NULL;
+    const int tls_on = o->tls_ca && o->tls_ca[0];
+    rpc_tls_client tls = {tls_on ? o->tls_ca : NULL, NULL, NULL, NULL};
+    if ((o->auth_token_file && o->auth_token_file[0] &&
+         rpc_auth_create(o->auth_token_file, &auth, &st)) ||
+        rpc_client_channel_create_tls(&ch, o->addr, tls_on ? &tls : NULL, &st)) {
+        fprintf(stderr, "deltaserve client: %s\n", st.msg);
+        rpc_client_channel_destroy(ch);
+        rpc_auth_destroy(auth);
+        return 1;
+    }
+    rpc_client_channel_set_auth(ch, auth);
+    ProtobufCMessage *resp = NULL;
+    rpc_client_result res;
+    int rc = 0;
+    if (rpc_client_unary(ch, path, req, resp_desc, &resp, o->timeout_ms, &res)) {
+        rpc_client_explain(ch, &res, 2000);
+        fprintf(stderr, "deltaserve client: %s: %s\n", rpc_status_grpc_name(res.code),
+                res.message);
+        rc = 1;
+    } else if (o->model_info) {
+        json_model_info(stdout, (const Deltaserve__V1__ModelInfo *)resp);
+    } else {
+        printf("{\"found\":%s}\n",
+               ((const Deltaserve__V1__AbortResponse *)resp)->found ? "true" : "false");
+    }
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    rpc_client_channel_destroy(ch);
+    rpc_auth_destroy(auth);
+    return rc;
+}
+
 static int take_stops(int argc, char **argv, char *buf, size_t cap, char **stops, int *n_stops)
 {
     int k = 0;
@@ -218,6 +304,14 @@ int cmd_client(int argc, char **argv)
         return 2;
     }
     int n_prompts = !!o.prompt + !!o.ids + !!o.chat;
+    if (o.model_info || o.abort_id) {
+        if (n_prompts || (o.model_info && o.abort_id)) {
+            fprintf(stderr, "deltaserve client: --model-info and --abort take no prompt and "
+                            "not each other\n");
+            return 2;
+        }
+        return unary_command(&o);
+    }
     if (n_prompts != 1) {
         fprintf(stderr, "deltaserve client: give exactly one of --prompt, --ids and --chat\n");
         return 2;

@@ -33,7 +33,7 @@ typedef struct worker_opts {
     bool batch_invariant;
     int dense_rows;
     bool dense_per_pass;
-    int prefix_cache_mb, prefix_snapshot_every;
+    int prefix_cache_mb, prefix_snapshot_every, memory_mb;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen, *auth_token_file;
 } worker_opts;
 
@@ -42,7 +42,7 @@ static const flag_spec worker_flags[] = {
     {"listen", "DS_LISTEN", "0.0.0.0:50051", FLAG_STR, offsetof(worker_opts, listen), "gRPC address HOST:PORT (port 0: pick one)"},
     {"device", "DS_DEVICE", "cpu", FLAG_STR, offsetof(worker_opts, device), "cpu | cuda | cuda:N | cuda:A,B,... (the --tp ranks' GPUs; cuda without a GPU: CPU)"},
     {"metrics-listen", "DS_METRICS_LISTEN", NULL, FLAG_STR, offsetof(worker_opts, metrics_listen), "Prometheus /metrics HOST:PORT (unset: off)"},
-    {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in free GPU memory, at most 256; 8 on the CPU)"},
+    {"slots", "DS_SLOTS", "0", FLAG_INT, offsetof(worker_opts, slots), "sequence slots: requests running at once (0: as many as fit in memory with a quarter of the context each: at most 256 on cuda, 8 on the CPU)"},
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
@@ -51,7 +51,8 @@ static const flag_spec worker_flags[] = {
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
-    {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: min(model's, 4096))"},
+    {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: the model's, e.g. 262144, shrunk to what fits in memory; a given one that does not fit exits 1)"},
+    {"memory-mb", "DS_MEMORY_MB", "0", FLAG_INT, offsetof(worker_opts, memory_mb), "MiB the slots' state and the KV pool may take (0: chosen by the device: 50% of the available RAM on the CPU, the free GPU memory after the weights on cuda)"},
     {"step-tokens", "DS_STEP_TOKENS", "256", FLAG_INT, offsetof(worker_opts, step_tokens), "token budget per engine step (decode + prefill chunk)"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT, offsetof(worker_opts, grace_seconds), "drain: time in-flight streams get to finish"},
     {"name", "DS_WORKER_NAME", NULL, FLAG_STR, offsetof(worker_opts, name), "served_by name (default: the bound address)"},
@@ -104,14 +105,14 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     int lvl = log_level_parse(o.log_level);
-    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.step_tokens < 1 ||
+    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 1 ||
         o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1 ||
         o.prefix_snapshot_every < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--threads, --grace-seconds and --prefix-snapshot-every >= 0; "
+                            "--memory-mb, --threads, --grace-seconds and --prefix-snapshot-every >= 0; "
                             "--prefix-cache-mb >= -1");
         return 2;
     }
@@ -186,15 +187,31 @@ int cmd_worker(int argc, char **argv)
     if (qwen35_model_load(&model, o.model, &st)) goto fail;
     worker_model_desc desc = {.path = o.model};
     eog_ids(model, &desc);
-    int n_ctx = o.ctx ? o.ctx : (model->cfg.n_ctx_train > 0 && model->cfg.n_ctx_train < 4096
-                                     ? model->cfg.n_ctx_train : 4096);
-    worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .n_threads = o.threads, .tp = o.tp,
-                              .max_prefill_tokens = o.step_tokens,
+    /* the model's context unless --ctx: the forward shrinks a default that does not fit, and
+     * refuses a given one */
+    const int n_ctx = o.ctx ? o.ctx : model->cfg.n_ctx_train > 0 ? model->cfg.n_ctx_train : 4096;
+    worker_backend_opts bo = {.n_slots = o.slots, .n_ctx = n_ctx, .ctx_fit = !o.ctx,
+                              .mem_budget = (int64_t)o.memory_mb << 20, .n_threads = o.threads,
+                              .tp = o.tp, .max_prefill_tokens = o.step_tokens,
                               .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
                               .dense_per_pass = o.dense_per_pass,
                               .snap_budget = o.prefix_cache_mb < 0
                                                  ? -1 : (int64_t)o.prefix_cache_mb << 20};
-    if (worker_backend_create(o.device, model, &bo, &backend, &st)) goto fail;
+    if (worker_backend_create(o.device, model, &bo, &backend, &st)) {
+        if (st.code == STATUS_NOMEM && (o.ctx || o.slots)) { /* name the flags that asked */
+            char m[sizeof st.msg];
+            snprintf(m, sizeof m, "%s", st.msg);
+            char flags[64] = "";
+            if (o.ctx) snprintf(flags, sizeof flags, "--ctx %d", o.ctx);
+            if (o.slots)
+                snprintf(flags + strlen(flags), sizeof flags - strlen(flags), "%s--slots %d",
+                         o.ctx ? " " : "", o.slots);
+            status_fail(&st, STATUS_NOMEM, "%s: %s", flags, m);
+        }
+        goto fail;
+    }
+    /* always logged: how many sequences of what length fit, and why */
+    log_write(LOG_LEVEL_INFO, "memory: %s", backend->f->plan);
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
                       .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
@@ -208,7 +225,7 @@ int cmd_worker(int argc, char **argv)
         snprintf(prefix, sizeof prefix, "prefix cache off");
     log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
              "%s, queue %d, step %d tokens, loaded in %.0f ms",
-             o.model, model->cfg.n_layer, model->cfg.V, backend->device, backend->n_slots, n_ctx,
+             o.model, model->cfg.n_layer, model->cfg.V, backend->device, backend->n_slots, backend->n_ctx,
              (double)backend->state_bytes / (1 << 20), prefix, o.queue, o.step_tokens,
              (double)(clock_now_us() - t0) / 1000.0);
 

@@ -6,13 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/forward_impl.h"
+#include "model/fwd_plan.h"
 #include "model/sampler.h"
 #include "model/tp_shard.h"
 
 #define CPU_HEAD_MIN_ROWS 16 /* logits rows of the scratch at least (a prompt's head in groups) */
 #define CPU_FILL_VALUE 0.0659f /* fill(): any finite value */
+#define FWD_CPU_DEFAULT_SLOTS 8 /* chosen slots at most: the CPU is compute-bound beyond a few */
 
 typedef struct cpu_rank {
     const qwen35_model *m;   /* the model (one rank: borrowed) or the shard's */
@@ -425,6 +428,85 @@ static int snaps_create(cpu_forward *c, int64_t budget, status *st)
     return STATUS_OK;
 }
 
+/* The first unsigned number in file path, or 0 (absent, unreadable, "max"). */
+static uint64_t read_u64(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    unsigned long long v = 0;
+    if (fp) {
+        if (fscanf(fp, "%llu", &v) != 1) v = 0;
+        fclose(fp);
+    }
+    return (uint64_t)v;
+}
+
+/* The memory this process may still take, in bytes: MemAvailable of /proc/meminfo (else the
+ * free physical pages), and under a cgroup memory limit (a container: cgroup v2 memory.max, v1
+ * memory.limit_in_bytes) no more than the limit less the cgroup's usage. 0 if nothing is
+ * known. */
+static uint64_t mem_available(void)
+{
+    FILE *fp = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (fp && fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (fp) fclose(fp);
+    uint64_t avail = (uint64_t)kb << 10;
+    if (!avail) {
+        const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+    }
+    uint64_t limit = read_u64("/sys/fs/cgroup/memory.max"), used = 0;
+    if (limit) used = read_u64("/sys/fs/cgroup/memory.current");
+    else if ((limit = read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes")))
+        used = read_u64("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    if (limit && limit < (1ull << 60)) { /* v1 says "no limit" with a huge number */
+        const uint64_t left = limit > used ? limit - used : 0;
+        if (!avail || left < avail) avail = left;
+    }
+    return avail;
+}
+
+/* Slots, context and KV pool from memory (fwd_plan.h): the budget given, else
+ * FWD_CPU_MEM_PERCENT of the available RAM (mem_available). A slot: its recurrent state and its sampler (a
+ * token and a flag per position, vocabulary-sized candidate buffers); the KV pool holds F32 K
+ * and V of every attention layer (every rank together: the ranks split the heads). */
+static int plan_memory(const qwen35_model *m, const fwd_opts *o, int block_tokens, fwd_plan *out,
+                       status *st)
+{
+    char what[96];
+    uint64_t room = (uint64_t)o->mem_budget;
+    if (o->mem_budget > 0) {
+        snprintf(what, sizeof what, "a budget of %.1f MiB", (double)room / (1 << 20));
+    } else {
+        const uint64_t avail = mem_available();
+        room = avail ? avail / 100 * FWD_CPU_MEM_PERCENT : UINT64_MAX / 4;
+        snprintf(what, sizeof what, "%d%% of %.2f GiB available RAM", FWD_CPU_MEM_PERCENT,
+                 (double)avail / (1 << 30));
+        if (!avail) snprintf(what, sizeof what, "no limit: the available RAM is not known");
+    }
+    const fwd_plan_in in = {
+        .room = room,
+        .room_what = what,
+        .slot_bytes = qwen35_state_recurrent_bytes(m) + 16ull * (uint64_t)m->cfg.V,
+        .pos_bytes = sizeof(int32_t) + 1,
+        .block_bytes = 2 * qwen35_kv_floats(m, 1, block_tokens) * sizeof(float),
+        .block_tokens = block_tokens,
+        .n_ctx = o->n_ctx,
+        .ctx_fit = o->ctx_fit,
+        .n_slots = o->n_slots,
+        .max_slots = FWD_CPU_DEFAULT_SLOTS,
+        .kv_blocks = o->kv_blocks,
+    };
+    if (fwd_plan_make(&in, out, st)) {
+        char msg[sizeof st->msg];
+        snprintf(msg, sizeof msg, "%s", st->msg);
+        return status_fail(st, st->code, "cpu forward: %s", msg);
+    }
+    return STATUS_OK;
+}
+
 static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, status *st)
 {
     *out = NULL;
@@ -435,15 +517,19 @@ static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, statu
     fwd *f = &c->base;
     f->vt = &cpu_vt;
     f->model = m;
-    f->n_slots = o->n_slots ? o->n_slots : 8;
-    f->n_ctx = o->n_ctx;
-    f->vocab = m->cfg.V;
+    f->n_slots = 0; /* cpu_destroy on a failed plan frees no slot */
     f->ranks = c->n_ranks = o->ranks > 1 ? o->ranks : 1;
+    c->block_tokens = o->kv_block_tokens ? o->kv_block_tokens : 64;
+    fwd_plan plan;
+    if ((rc = plan_memory(m, o, c->block_tokens, &plan, st))) goto fail;
+    f->n_slots = plan.n_slots;
+    f->n_ctx = plan.n_ctx;
+    f->vocab = m->cfg.V;
     f->max_rows = o->max_rows ? o->max_rows : f->n_slots + 256;
     f->pass_rows = f->max_rows; /* a prompt chunk is one pass of rows */
-    c->block_tokens = o->kv_block_tokens ? o->kv_block_tokens : 64;
+    snprintf(f->plan, sizeof f->plan, "%s", plan.why);
     const int per_seq = (f->n_ctx + c->block_tokens - 1) / c->block_tokens;
-    const int64_t n_blocks = o->kv_blocks ? o->kv_blocks : (int64_t)f->n_slots * per_seq;
+    const int64_t n_blocks = plan.n_blocks;
     if (n_blocks > INT32_MAX) {
         rc = status_fail(st, STATUS_INVALID, "cpu forward: %d slots x %d positions: too many KV blocks",
                          f->n_slots, f->n_ctx);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/blas.h"
 #include "model/forward_cuda_impl.h"
+#include "model/fwd_plan.h"
 
 static int check_shapes(const qwen35_config *c, status *st)
 {
@@ -116,6 +117,59 @@ static int alloc_run_state(fc_rank *e, status *st)
     return STATUS_OK;
 }
 
+#define FC_PART_ROWS 257 /* rows of attention partials: a batched pass's 256 and the one-row
+                            step's */
+
+/* With ctx_fit: the longest context (fwd_plan.h) whose one slot fits in room with its whole KV
+ * and FC_PART_ROWS rows of attention partials (they grow with the context: attn.h), beside the
+ * pad slot; e->n_ctx and the KV tables' width follow. *why gets what the model's context would
+ * need when it is shrunk (else ""). */
+static int fit_context(fc_rank *e, uint64_t room, uint64_t per_slot, uint64_t block,
+                       const char *what, char *why, size_t why_len, status *st)
+{
+    const qwen35_config *c = &e->cfg;
+    why[0] = 0;
+    const uint64_t parts = 4ull * FC_PART_ROWS * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    const uint64_t pad = per_slot + block;
+    fwd_plan_in in = {
+        .room = room > pad ? room - pad : 0,
+        .room_what = what,
+        .slot_bytes = per_slot,
+        .pos_bytes = 8, /* the sampler's token history, on the device and pinned */
+        .ctx_bytes = (parts + (uint64_t)e->n_ctx - 1) / (uint64_t)e->n_ctx,
+        .block_bytes = block,
+        .block_tokens = ATTN_KV_BLOCK,
+        .n_ctx = e->n_ctx,
+        .ctx_fit = true,
+        .n_slots = e->n_slots > 0 ? e->n_slots : 1,
+        .max_slots = 1,
+    };
+    fwd_plan plan;
+    if (fwd_plan_make(&in, &plan, st)) {
+        char m[sizeof st->msg];
+        snprintf(m, sizeof m, "%s", st->msg);
+        return status_fail(st, STATUS_NOMEM, "cuda: %s", m);
+    }
+    if (plan.n_ctx < e->n_ctx) {
+        snprintf(why, why_len, "; the model's %d does not fit: one sequence of it needs %.2f GiB "
+                 "with its attention partials", e->n_ctx,
+                 (double)fwd_plan_one_slot_bytes(&in, e->n_ctx) / (1 << 30));
+        e->n_ctx = plan.n_ctx;
+        e->kv.ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
+    }
+    return STATUS_OK;
+}
+
+/* fwd.plan: the sizing in one line. */
+static void plan_line(fc_rank *e, int blocks, uint64_t block, uint64_t parts, const char *slots,
+                      const char *what, const char *shrunk)
+{
+    snprintf(e->plan, sizeof e->plan, "context %d tokens, %d slots (%s), KV pool %.2f GiB (%d "
+             "blocks of %d positions: %.1f full contexts), attention partials %.2f GiB; %s%s",
+             e->n_ctx, e->n_slots, slots, (double)blocks * block / 1073741824.0, blocks,
+             ATTN_KV_BLOCK, (double)blocks / e->kv.ld, parts / 1073741824.0, what, shrunk);
+}
+
 /* n_slots, the KV pool and the snapshots from free device memory (after the weights). A slot's
  * recurrent state is held whole; KV goes in blocks from one pool (paged), so the pool is sized
  * for every slot holding a quarter of n_ctx on average (the scheduler admits on the blocks
@@ -123,10 +177,14 @@ static int alloc_run_state(fc_rank *e, status *st)
  * positions of KV), at most 256; then the snapshots (fc_snaps_for) from what lies beyond that
  * quarter of a context per slot and one full context (so they never shrink the pool below
  * either), or a given budget's before the slots; the pool the rest (at most what full contexts
- * would take). The room: free memory less what a batched step's activations take at 256 rows
- * and a reserve of 2 GB or 5% (the CUDA context, graphs, fragmentation). With n_slots given, the pool holds kv_blocks blocks
- * when given, else every slot's full context, as a contiguous cache would, and chosen snapshots
- * take their share of what the slots and the pool leave; one more block is the pad slot's. */
+ * would take). The room: free memory less what a batched step's activations take at 256 rows,
+ * their attention partials at n_ctx (FC_PART_ROWS rows: they grow with the context) and a
+ * reserve of 2 GB or 5% (the CUDA context, graphs, fragmentation), at most the memory budget;
+ * with ctx_fit, n_ctx first shrinks to the longest that fits one slot (fit_context). With
+ * n_slots given, the pool holds kv_blocks blocks when given, else every slot's full context, as
+ * a contiguous cache would, or as many blocks as fit when those do not (at least one full
+ * context), and chosen snapshots take their share of what the slots and the pool leave; one
+ * more block is the pad slot's. e->plan says the outcome in one line. */
 static int size_state(fc_rank *e, status *st)
 {
     fc_kv *kv = &e->kv;
@@ -148,18 +206,35 @@ static int size_state(fc_rank *e, status *st)
     const uint64_t per_slot = a.used / 2;
     cuda_device_props p;
     if (cuda_device_props_get(e->device, &p, st)) return st->code;
-    const uint64_t row = 4 * ((uint64_t)c->V + 3ull * c->F + 4ull * c->H + 2ull * c->C +
-                              4ull * c->n_h * c->d_h + 2ull * c->n_v * c->d_v) +
-                         4 * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    const uint64_t row_fixed = 4 * ((uint64_t)c->V + 3ull * c->F + 4ull * c->H + 2ull * c->C +
+                                    4ull * c->n_h * c->d_h + 2ull * c->n_v * c->d_v);
     uint64_t reserve = p.mem_total_bytes / 20;
     if (reserve < (2ull << 30)) reserve = 2ull << 30;
-    reserve += 256 * row;
+    reserve += 256 * row_fixed;
     if (e->dense.resident) reserve += fc_dense_bytes(e); /* uploaded with the batched path */
     uint64_t room = p.mem_free_bytes > reserve ? p.mem_free_bytes - reserve : 0;
+    char what[128], shrunk[160];
+    if (e->mem_budget > 0 && (uint64_t)e->mem_budget < room) {
+        room = (uint64_t)e->mem_budget;
+        snprintf(what, sizeof what, "a budget of %.1f MiB", (double)room / (1 << 20));
+    } else {
+        snprintf(what, sizeof what, "%.2f GiB free on the GPU after the weights, less a %.2f GiB "
+                 "reserve", p.mem_free_bytes / 1073741824.0, reserve / 1073741824.0);
+    }
+    if (e->ctx_fit && fit_context(e, room, per_slot, block, what, shrunk, sizeof shrunk, st))
+        return st->code;
+    if (!e->ctx_fit) shrunk[0] = 0;
+    /* the attention partials of a batched pass's 256 rows and the one-row step, at n_ctx */
+    const uint64_t parts = 4ull * FC_PART_ROWS * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    room = room > parts ? room - parts : 0;
     const uint64_t snap = e->snap_bytes;
     if (e->n_slots) {
+        const uint64_t states = (uint64_t)(e->n_slots + 1) * per_slot;
+        const uint64_t fits = room > states ? (room - states) / block : 0; /* blocks */
         kv->n_blocks = e->kv_blocks_opt > 0 ? e->kv_blocks_opt + 1
                                             : e->n_slots * kv->ld + 1; /* + the pad slot's */
+        if (e->kv_blocks_opt <= 0 && (uint64_t)kv->n_blocks > fits && fits >= (uint64_t)kv->ld + 1)
+            kv->n_blocks = (int)fits; /* every slot's whole context does not fit: what does */
         const uint64_t taken = (uint64_t)(e->n_slots + 1) * per_slot + kv->n_blocks * block;
         const uint64_t left = room > taken ? room - taken : 0;
         e->n_snaps = fc_snaps_for(e->snap_budget, snap, left, left, e->n_slots);
@@ -168,6 +243,12 @@ static int size_state(fc_rank *e, status *st)
                      (double)e->n_snaps * snap / 1e9,
                      e->snap_budget < 0 ? ", chosen: 8 a slot, at most 1/8 of what the slots "
                                           "and the KV pool leave" : "");
+        if (taken > room)
+            return status_fail(st, STATUS_NOMEM, "cuda: %d slots of %d positions need %.2f GiB of "
+                               "state and KV; %.2f GiB are there (%s, less %.2f GiB of attention "
+                               "partials)", e->n_slots, e->n_ctx, taken / 1073741824.0,
+                               room / 1073741824.0, what, parts / 1073741824.0);
+        plan_line(e, kv->n_blocks - 1, block, parts, "given", what, shrunk);
         return STATUS_OK;
     }
     if (e->snap_budget > 0) { /* a given budget first */
@@ -184,9 +265,9 @@ static int size_state(fc_rank *e, status *st)
     if (fit > 256) fit = 256;
     if (fit < 1 || room < per_slot + full + block)
         return status_fail(st, STATUS_NOMEM, "cuda: one slot needs %.1f MB of state and %.1f MB "
-                           "of KV (%d positions); %.2f GB are free beyond the reserve%s",
-                           per_slot / 1e6, full / 1e6, e->n_ctx, (double)room / 1e9,
-                           e->n_snaps ? " and the snapshots" : "");
+                           "of KV (%d positions); %.2f GB are there (%s, less %.2f GB of attention "
+                           "partials%s)", per_slot / 1e6, full / 1e6, e->n_ctx, (double)room / 1e9,
+                           what, parts / 1e9, e->n_snaps ? " and the snapshots" : "");
     e->n_slots = (int)fit;
     if (e->snap_budget < 0) { /* chosen: from what lies beyond the pool's quarter contexts
                                  (and one full context) */
@@ -203,6 +284,8 @@ static int size_state(fc_rank *e, status *st)
              block / 1e3 / ATTN_KV_BLOCK, p.mem_free_bytes / 1e9, e->n_slots, kv->n_blocks - 1,
              ATTN_KV_BLOCK, (double)blocks * block / 1e9, (double)(kv->n_blocks - 1) / kv->ld,
              e->n_ctx, e->n_snaps, (double)e->n_snaps * snap / 1e9);
+    plan_line(e, kv->n_blocks - 1, block, parts, "as many as fit a quarter context each, at most 256",
+              what, shrunk);
     return STATUS_OK;
 }
 
@@ -221,6 +304,8 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
+    e->ctx_fit = o && o->ctx_fit;
+    e->mem_budget = o && o->mem_budget > 0 ? o->mem_budget : 0;
     e->snap_budget = o ? o->snap_budget : 0;
     e->dense_rows_opt = o && !o->batch_invariant ? o->dense_rows : 0;
     e->tp = o ? o->tp : NULL;

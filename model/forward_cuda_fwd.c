@@ -310,13 +310,13 @@ static int create_ranks(cuda_forward *c, status *st)
     const fc_rank *e0 = c->rank[0];
     for (int r = 1; r < n; r++) {
         const fc_rank *e = c->rank[r];
-        if (e->n_slots != e0->n_slots || e->kv.n_blocks != e0->kv.n_blocks ||
+        if (e->n_slots != e0->n_slots || e->n_ctx != e0->n_ctx || e->kv.n_blocks != e0->kv.n_blocks ||
             e->kv.ld != e0->kv.ld || e->max_rows != e0->max_rows || e->b.rows != e0->b.rows)
-            return status_fail(st, STATUS_INTERNAL, "tensor parallel: rank %d sized %d slots, %d "
-                               "KV blocks, %d rows (%d a pass); rank 0 %d, %d, %d (%d) (give "
-                               "--slots)", r, e->n_slots, e->kv.n_blocks - 1, e->max_rows,
-                               e->b.rows, e0->n_slots, e0->kv.n_blocks - 1, e0->max_rows,
-                               e0->b.rows);
+            return status_fail(st, STATUS_INTERNAL, "tensor parallel: rank %d sized %d slots of "
+                               "%d positions, %d KV blocks, %d rows (%d a pass); rank 0 %d of %d, "
+                               "%d, %d (%d) (give --slots and --ctx)", r, e->n_slots, e->n_ctx,
+                               e->kv.n_blocks - 1, e->max_rows, e->b.rows, e0->n_slots,
+                               e0->n_ctx, e0->kv.n_blocks - 1, e0->max_rows, e0->b.rows);
         c->rows_of[r] = calloc((size_t)e0->max_rows, sizeof *c->rows_of[r]);
         if (!c->rows_of[r]) return status_fail(st, STATUS_NOMEM, "tensor parallel: rows");
         fc_kv_borrow(c->rank[r], e0->kv.pool);
@@ -382,6 +382,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     c->opts = (fc_rank_opts){.n_ctx = o->n_ctx, .n_slots = o->n_slots, .max_rows = o->max_rows,
                              .batch_invariant = o->batch_invariant, .dense_rows = o->dense_rows,
                              .dense_per_pass = o->dense_per_pass, .kv_blocks = o->kv_blocks,
+                             .ctx_fit = o->ctx_fit,
+                             .mem_budget = o->mem_budget > 0 ? o->mem_budget / ranks : 0,
                              /* each rank's share: floor(share / its bytes) is floor(budget /
                                 the group's bytes), the ranks' shards being alike */
                              .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
@@ -390,6 +392,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];
     f->n_slots = e->n_slots;
+    f->n_ctx = e->n_ctx; /* shrunk to what fits with ctx_fit */
+    snprintf(f->plan, sizeof f->plan, "%s", e->plan);
     f->max_rows = e->max_rows;
     f->pass_rows = e->b.rows;
     f->kv = e->kv.pool;

@@ -40,7 +40,8 @@ typedef struct fc_rank fc_rank; /* one rank's forward on one GPU (below) */
 
 /* How a rank is made (forward_cuda_fwd.c fills it from fwd_opts). */
 typedef struct fc_rank_opts {
-    int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096 */
+    int n_ctx;    /* KV positions per slot (prompt + generated); 0 -> 4096; with ctx_fit the
+                     most, the rank's n_ctx what fits */
     int n_slots;  /* sequences with resident state; 0 -> as many as fit in free device memory
                      (at most 256, leaving a reserve; the log says the bytes per slot), the KV
                      pool sized for a quarter of n_ctx per slot on average; given: a pool with
@@ -59,6 +60,10 @@ typedef struct fc_rank_opts {
                              copies stay resident when they take at most half of the free
                              device memory (2 bytes a weight), else per pass */
     int kv_blocks;        /* > 0: the KV pool's blocks; 0: sized with the slots */
+    bool ctx_fit;         /* n_ctx is the model's: shrunk to the longest that fits one slot with
+                             its whole KV and the attention partials (size_state) */
+    int64_t mem_budget;   /* > 0: this rank's bytes for the slots, the KV pool, the snapshots and
+                             the attention partials at most; 0: the free device memory */
     int64_t snap_budget;  /* this rank's bytes for recurrent-state snapshots (prefix reuse):
                              0 none; > 0 as many snapshots as fit; < 0 chosen from the free
                              device memory (size_state, docs/GPU.md "Snapshots") */
@@ -259,6 +264,9 @@ struct fc_rank {
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
     int kv_blocks_opt;    /* fc_rank_opts.kv_blocks */
+    bool ctx_fit;         /* fc_rank_opts.ctx_fit */
+    int64_t mem_budget;   /* fc_rank_opts.mem_budget */
+    char plan[320];       /* size_state's sizing, one line (fwd.plan) */
     int64_t snap_budget;  /* fc_rank_opts.snap_budget */
     int n_snaps;          /* snapshot buffers in d_snaps (0: none) */
     uint64_t snap_bytes;  /* one snapshot on this rank: a slot's conv windows and S, as they lie

@@ -36,9 +36,16 @@
 #define FWD_MAX_RANKS 64
 
 typedef struct fwd_opts {
-    int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device: free GPU memory
-                          on cuda, 8 on the CPU) */
+    int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device from memory,
+                          a quarter of the context each: at most 256 on cuda, 8 on the CPU) */
     int n_ctx;         /* positions per sequence (prompt + generated) */
+    bool ctx_fit;      /* n_ctx is the model's, not asked for: the forward shrinks it to what
+                          fits in memory (fwd_plan.h), and says so in fwd.plan */
+    int64_t mem_budget; /* > 0: bytes the slots' state and the KV pool (and, on cuda, the
+                           snapshots and the context-sized attention partials) may take at
+                           most; 0: chosen by the device (cpu: FWD_CPU_MEM_PERCENT of the
+                           available RAM, within a cgroup limit; cuda: the free device memory
+                           after the weights, the activations and a reserve) */
     int max_rows;      /* most rows of one step (0: n_slots + 256) */
     int ranks;         /* tensor-parallel ranks (0 or 1: one) */
     int devices[FWD_MAX_RANKS]; /* cuda: the ranks' device indices */
@@ -59,6 +66,8 @@ typedef struct fwd_opts {
 } fwd_opts;
 
 #define FWD_CPU_SNAPS_PER_SLOT 4
+#define FWD_CPU_MEM_PERCENT 50 /* of MemAvailable (/proc/meminfo): the CPU forward's budget for
+                                  slots and KV when fwd_opts.mem_budget is 0 */
 
 /* A cached prefix a new sequence continues from (seq_resume): the recurrent state after n_pos
  * tokens, saved in snapshot snap (snap_save), and the KV blocks that hold positions [0, n_pos).
@@ -151,6 +160,8 @@ struct fwd {
     uint64_t kv_block_bytes; /* bytes of one KV block: every attention layer, K and V, every
                                 rank */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
+    char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what
+                             memory (fwd_plan.why): one line for the start-up log */
 };
 
 /* A device kind a binary can run on: an entry of the registry. */

@@ -136,6 +136,7 @@ int router_create(router **out, const router_opts *opts, status *st)
     r->id_base = router_policy_rand(&seed);
     atomic_init(&r->next_id, 1);
     int rc;
+    if ((rc = router_ids_create(&r->ids, st))) goto fail;
     r->dns = calloc(1, sizeof *r->dns);
     if (!r->dns) { rc = status_fail(st, STATUS_NOMEM, "router: out of memory"); goto fail; }
     if (r->opts.model) {
@@ -187,6 +188,7 @@ int router_create(router **out, const router_opts *opts, status *st)
                           .health_listen = r->opts.health_listen, .auth = r->auth};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
+    if ((rc = router_api_add_methods(r, st))) goto fail;
     if ((rc = rpc_health_add_methods(r->health, r->srv, st))) goto fail;
     const char *listed[] = {ROUTER_SERVICE, "grpc.health.v1.Health",
                             "grpc.reflection.v1alpha.ServerReflection",
@@ -289,6 +291,8 @@ void router_destroy(router *r)
     rpc_auth_destroy(r->worker_auth); /* after the pool: its channels send it */
     if (r->tok) tokenizer_destroy(r->tok);
     free(r->dns);
+    router_ids_destroy(r->ids);
+    if (r->model_info) protobuf_c_message_free_unpacked(&r->model_info->base, NULL);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

@@ -11,6 +11,7 @@
 
 #include "common/finish.h"
 #include "common/log.h"
+#include "router/router_chat.h"
 #include "router/router_internal.h"
 #include "router/router_request.h"
 #include "router/router_stop.h"
@@ -46,6 +47,8 @@ typedef struct relay {
     size_t piece_cap;
     char *text;       /* owned, [text_cap] text of the message being built */
     size_t text_cap, text_len;
+    router_chat chat; /* chat prompts: the answer / reasoning / tool-call splitter */
+    int chat_ready;
     /* outcome */
     int64_t n_tokens;      /* tokens sent to the client */
     int64_t n_msgs;        /* messages sent to the client */
@@ -57,6 +60,8 @@ typedef struct relay {
     int64_t attempt_done;  /* of which reported done in the current attempt */
     finish_reason finish;  /* of the final message; FINISH_NONE before it */
     char worker[ROUTER_ADDR_MAX];
+    router_live live;      /* in r->ids while live_on: Abort finds the request by its id */
+    int live_on;
 } relay;
 
 /* What one attempt on one worker ended with. */
@@ -86,6 +91,10 @@ _Static_assert((int)DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP == (int)FI
 static void relay_end(relay *s, grpc_status_code code, const char *msg)
 {
     router *r = s->q->r;
+    if (s->live_on) {
+        router_ids_unregister(r->ids, &s->live);
+        s->live_on = 0;
+    }
     s->q->sink.end(s->q->sink.ctx, code, msg);
     int64_t now = clock_now_us();
     if (code == GRPC_STATUS_OK) {
@@ -219,6 +228,9 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     out.n_token_ids = kept;
     out.token_ids = m->token_ids;
     if (s->text) out.text = s->text;
+    if (s->chat_ready && router_chat_message(&s->chat, out.text, s->text_len,
+                                             matched >= 0 || m->finish_reason, &out))
+        goto nomem;
     if (m->n_logprobs) {
         out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
         out.logprobs = m->logprobs;
@@ -261,7 +273,8 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
                                                         : (char *)router_pool_worker_addr(w);
         s->finish = (finish_reason)out.finish_reason;
     }
-    if (kept == 0 && !final && out.text[0] == 0) return 0; /* nothing to say */
+    if (kept == 0 && !final && out.text[0] == 0 && out.reasoning[0] == 0 && !out.n_tool_calls)
+        return 0; /* nothing to say */
     if (s->q->sink.send(s->q->sink.ctx, &out)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
         return -1;
@@ -299,6 +312,48 @@ static void end_cancelled(relay *s)
         relay_end(s, GRPC_STATUS_CANCELLED, "cancelled by the client");
 }
 
+/* Ends a request Abort reached before its worker ended it (waiting for a worker, between
+ * retries, or its worker call cancelled): the text held back, then a final message with
+ * FINISH_REASON_CANCELLED and status OK. w: the worker of the last attempt, or NULL. */
+static void relay_aborted(relay *s, router_worker *w)
+{
+    s->text_len = 0;
+    if (s->text) s->text[0] = 0;
+    if (s->q->r->tok) {
+        size_t np = tokenizer_detok_flush(&s->detok, s->piece, s->piece_cap);
+        const char *out;
+        size_t n_out;
+        if (push_text(s, s->piece, np) == -1) {
+            router_stop_flush(&s->stop, &out, &n_out);
+            text_append(s, out, n_out);
+        }
+    }
+    int64_t now = clock_now_us();
+    Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+    Deltaserve__V1__Usage usage = DELTASERVE__V1__USAGE__INIT;
+    Deltaserve__V1__Timings tm = DELTASERVE__V1__TIMINGS__INIT;
+    if (s->text) m.text = s->text;
+    m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+    usage.prompt_tokens = (uint32_t)s->n_ids;
+    usage.completion_tokens = (uint32_t)s->n_tokens;
+    usage.cached_tokens = s->cached_tokens;
+    m.usage = &usage;
+    tm.ttft_ms = ms_between(s->q->t0_us, s->t_first_us ? s->t_first_us : now);
+    tm.decode_ms = ms_between(s->t_first_us, s->t_last_us);
+    if (s->n_tokens > 1) tm.mean_itl_ms = tm.decode_ms / (float)(s->n_tokens - 1);
+    tm.total_ms = ms_between(s->q->t0_us, now);
+    m.timings = &tm;
+    m.request_id = s->rid;
+    m.seed = s->seed;
+    if (w) m.served_by = (char *)router_pool_worker_addr(w);
+    s->finish = FINISH_CANCELLED;
+    if (s->q->sink.send(s->q->sink.ctx, &m)) {
+        relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
+        return;
+    }
+    relay_end(s, GRPC_STATUS_OK, NULL);
+}
+
 /* One attempt on worker w. ATTEMPT_DONE: the public call was finished. ATTEMPT_RETRY: nothing
  * reached the client; *code / msg say why the worker failed. */
 static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__WorkerGenerateRequest *wr,
@@ -326,6 +381,7 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     q->stream = cs;
     if (q->cancelled) rpc_client_stream_cancel(cs);
     pthread_mutex_unlock(&q->mu);
+    if (router_ids_attach(r->ids, &s->live, w, cs)) rpc_client_stream_cancel(cs); /* aborted */
 
     int done = 0, worker_error = 0;
     ProtobufCMessage *m;
@@ -336,6 +392,7 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
         protobuf_c_message_free_unpacked(m, NULL);
         if (rc) done = 1;
     }
+    router_ids_detach(r->ids, &s->live);
     pthread_mutex_lock(&q->mu);
     q->stream = NULL;
     int cancelled = q->cancelled;
@@ -347,6 +404,10 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     rpc_client_stream_destroy(cs);
     if (cancelled) {
         end_cancelled(s);
+        return ATTEMPT_DONE;
+    }
+    if (router_ids_aborted(r->ids, &s->live)) {
+        relay_aborted(s, w);
         return ATTEMPT_DONE;
     }
     if (res.code == GRPC_STATUS_OK) {
@@ -376,6 +437,37 @@ static int relay_attempt(relay *s, router_worker *w, const Deltaserve__V1__Worke
     return ATTEMPT_DONE;
 }
 
+/* Whether the chat prompt's rendering ends inside <think> (the output starts as reasoning). */
+static bool chat_in_reasoning(const Deltaserve__V1__GenerateRequest *g)
+{
+    char *text;
+    size_t len;
+    status st;
+    if (router_request_chatml(g->chat, &text, &len, &st)) return false;
+    bool in = router_chat_prompt_in_reasoning(text, len);
+    free(text);
+    return in;
+}
+
+/* The prompt (and an explicit max_new_tokens) against the workers' context, max_context (0:
+ * not known yet: the worker checks alone): INVALID_ARGUMENT naming the field and the limit, as
+ * the worker would (worker/request.c), before any worker is tried. */
+static int check_context(const relay *s, int max_context, status *st)
+{
+    if (max_context <= 0) return STATUS_OK;
+    const Deltaserve__V1__GenerateRequest *g = s->q->g;
+    if (s->n_ids + 1 > (size_t)max_context)
+        return status_fail(st, STATUS_INVALID, "request %s: prompt: %zu tokens do not fit the "
+                           "context of %d (at most %d, leaving room for one generated token)",
+                           s->rid, s->n_ids, max_context, max_context - 1);
+    const uint32_t room = (uint32_t)(max_context - (int)s->n_ids);
+    if (g->stopping && g->stopping->max_new_tokens > room)
+        return status_fail(st, STATUS_INVALID, "request %s: stopping.max_new_tokens: %u exceeds "
+                           "the context left after the %zu-token prompt (%u of %d)", s->rid,
+                           g->stopping->max_new_tokens, s->n_ids, room, max_context);
+    return STATUS_OK;
+}
+
 static void relay_run(router_req *q)
 {
     router *r = q->r;
@@ -390,8 +482,14 @@ static void relay_run(router_req *q)
     else
         snprintf(s.rid, sizeof s.rid, "%012llx-%llu", (unsigned long long)(r->id_base & 0xffffffffffffULL),
                  (unsigned long long)atomic_fetch_add(&r->next_id, 1));
+    router_ids_register(r->ids, &s.live, s.rid);
+    s.live_on = 1;
     if (router_request_validate(g, r->tok, &st) ||
         router_request_prompt_ids(g, r->tok, &s.ids, &s.n_ids, &st)) {
+        relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+        goto out;
+    }
+    if (check_context(&s, router_pool_max_context(r->pool), &st)) {
         relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
         goto out;
     }
@@ -408,6 +506,15 @@ static void relay_run(router_req *q)
             relay_end(&s, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
             goto out;
         }
+    }
+
+    if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT) {
+        if (router_chat_init(&s.chat, g->chat, chat_in_reasoning(g), s.text_cap, next_rand(r),
+                             &st)) {
+            relay_end(&s, rpc_status_to_grpc(st.code), st.msg);
+            goto out;
+        }
+        s.chat_ready = 1;
     }
 
     /* the worker request: same sampling, a seed picked here when 0 so it can be reported */
@@ -441,6 +548,10 @@ static void relay_run(router_req *q)
             end_cancelled(&s);
             break;
         }
+        if (router_ids_aborted(r->ids, &s.live)) {
+            relay_aborted(&s, n_tried ? tried[n_tried - 1] : NULL);
+            break;
+        }
         router_worker *w = NULL;
         if (n_tried < max_attempts)
             w = router_pool_acquire(r->pool, prefix, s.cost, tried, n_tried, &rng);
@@ -470,7 +581,9 @@ static void relay_run(router_req *q)
     }
     for (int i = 0; i < n_tried; i++) router_pool_release(r->pool, tried[i], 0);
 out:
+    if (s.live_on) router_ids_unregister(r->ids, &s.live); /* every path ends in relay_end */
     if (s.stop_ready) router_stop_free(&s.stop);
+    if (s.chat_ready) router_chat_free(&s.chat);
     free(s.ids);
     free(s.piece);
     free(s.text);

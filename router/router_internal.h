@@ -11,6 +11,7 @@
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "router/router.h"
 #include "router/router_dns.h"
+#include "router/router_ids.h"
 #include "router/router_pool.h"
 #include "rpc/metrics_http.h"
 #include "rpc/rpc_auth.h"
@@ -45,6 +46,7 @@ struct router {
         metrics_series *running, *healthy, *workers;
         metrics_series *ttft, *itl, *e2e;
     } m;
+    router_ids *ids;         /* owned: live requests by id, for Abort */
     router_dns_list *dns;    /* owned scratch for the poller's re-resolution */
     uint64_t id_base;        /* random, for made-up request ids */
     atomic_uint_fast64_t next_id;
@@ -54,7 +56,9 @@ struct router {
     pthread_cond_t cv;       /* poller sleep, drain wait */
     int inflight;            /* Generate calls from on_request to on_release (status sent), and
                                 HTTP generation requests from admission to their end */
-    int relays;              /* relay threads running */
+    int relays;              /* relay and abort threads running */
+    Deltaserve__V1__ModelInfo *model_info; /* owned (unpacked), the first a worker reported;
+                                              NULL until one answered GetModelInfo */
     int draining;
     int stopping;            /* the poller exits */
     int started;
@@ -99,6 +103,13 @@ void router_relay_unref(router_req *q);
 
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */
 int router_generate_add_method(router *r, status *st);
+
+/* Adds /deltaserve.v1.Generation/Abort and /GetModelInfo to r->srv (router_api.c). */
+int router_api_add_methods(router *r, status *st);
+
+/* The poller, for a healthy worker: asks it for its ModelInfo while the router has none
+ * (blocks up to a poll timeout). */
+void router_api_learn_model(router *r, router_worker *w, int timeout_ms);
 
 /* Poller thread body (arg: router *); exits when r->stopping. */
 void *router_poll_main(void *arg);

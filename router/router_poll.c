@@ -87,7 +87,19 @@ static void poll_worker(router *r, router_worker *w)
             serving = 0; /* health is open, the Worker calls need the token: none would pass */
         }
     }
+    if (serving) router_api_learn_model(r, w, POLL_TIMEOUT_MS);
     router_pool_report_health(r->pool, w, serving);
+    if (serving && !router_pool_worker_context(r->pool, w)) { /* once per healthy spell */
+        Deltaserve__V1__GetModelInfoRequest mreq = DELTASERVE__V1__GET_MODEL_INFO_REQUEST__INIT;
+        if (rpc_client_unary(ch, "/deltaserve.v1.Worker/GetModelInfo", &mreq.base,
+                             &deltaserve__v1__model_info__descriptor, &resp, POLL_TIMEOUT_MS,
+                             &res) == 0) {
+            const Deltaserve__V1__ModelInfo *mi = (const Deltaserve__V1__ModelInfo *)resp;
+            router_pool_report_context(r->pool, w, mi->max_context > INT32_MAX
+                                                       ? INT32_MAX : (int)mi->max_context);
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+    }
     router_worker_state after = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
     if (before != after)
         LOG_INFO("router: worker %s is %s%s%s", router_pool_worker_addr(w),

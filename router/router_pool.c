@@ -15,6 +15,8 @@ struct router_worker {
     router_worker_load polled; /* last GetLoad */
     int64_t others;            /* other routers' outstanding tokens: min of the last two polls */
     int64_t others_last;       /* the last poll's estimate */
+    int max_context;           /* its ModelInfo.max_context; 0: not known (re-read when it
+                                  turns healthy again: a restarted worker may differ) */
 };
 
 struct router_pool {
@@ -130,6 +132,14 @@ int router_pool_snapshot(router_pool *p, router_worker **out, int max)
     return n;
 }
 
+void router_pool_ref(router_pool *p, router_worker *w)
+{
+    pthread_mutex_lock(&p->mu);
+    DS_ASSERT(w->refs > 0);
+    w->refs++;
+    pthread_mutex_unlock(&p->mu);
+}
+
 void router_pool_unref(router_pool *p, router_worker *w)
 {
     pthread_mutex_lock(&p->mu);
@@ -141,7 +151,34 @@ void router_pool_report_health(router_pool *p, router_worker *w, int serving)
 {
     pthread_mutex_lock(&p->mu);
     w->state = serving ? ROUTER_WORKER_HEALTHY : ROUTER_WORKER_UNHEALTHY;
+    if (!serving) w->max_context = 0;
     pthread_mutex_unlock(&p->mu);
+}
+
+void router_pool_report_context(router_pool *p, router_worker *w, int max_context)
+{
+    pthread_mutex_lock(&p->mu);
+    w->max_context = max_context > 0 ? max_context : 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int router_pool_worker_context(router_pool *p, const router_worker *w)
+{
+    pthread_mutex_lock(&p->mu);
+    const int n = w->max_context;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+int router_pool_max_context(router_pool *p)
+{
+    int n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n; i++)
+        if (p->w[i]->state == ROUTER_WORKER_HEALTHY && p->w[i]->max_context > n)
+            n = p->w[i]->max_context;
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load)

@@ -68,10 +68,19 @@ int router_pool_set(router_pool *p, const char *const *addrs, int n, status *st)
  * router_pool_unref). Returns the count (<= max). For the health/load poller. */
 int router_pool_snapshot(router_pool *p, router_worker **out, int max);
 void router_pool_unref(router_pool *p, router_worker *w);
+/* Another reference on a worker the caller already holds one on (release: router_pool_unref). */
+void router_pool_ref(router_pool *p, router_worker *w);
 
 void router_pool_report_health(router_pool *p, router_worker *w, int serving);
 void router_pool_report_load(router_pool *p, router_worker *w, const router_worker_load *load);
 void router_pool_report_failure(router_pool *p, router_worker *w);
+/* The worker's context (ModelInfo.max_context, from Worker/GetModelInfo); forgotten when it
+ * turns unhealthy. router_pool_worker_context: the worker's (0: not known);
+ * router_pool_max_context: the longest of the healthy workers' (0: none known), the bound the
+ * router checks a prompt against before routing it. */
+void router_pool_report_context(router_pool *p, router_worker *w, int max_context);
+int router_pool_worker_context(router_pool *p, const router_worker *w);
+int router_pool_max_context(router_pool *p);
 
 /* Picks a worker for a request that will cost `cost` tokens (prompt + max new), skipping the
  * workers in exclude[0, n_exclude) (those already tried); a worker whose last load listed

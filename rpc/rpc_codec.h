@@ -17,4 +17,11 @@ grpc_byte_buffer *rpc_codec_pack(const ProtobufCMessage *msg);
 ProtobufCMessage *rpc_codec_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
                                    size_t max_bytes);
 
+/* rpc_codec_unpack for a request a server received, which first refuses a string field holding
+ * a NUL byte (protobuf-c would cut it there): then NULL with why = "FIELD: contains a NUL byte
+ * at offset K" (rpc/rpc_wire.h). Any other failure: NULL with why = "". */
+ProtobufCMessage *rpc_codec_unpack_request(grpc_byte_buffer *bb,
+                                           const ProtobufCMessageDescriptor *desc,
+                                           size_t max_bytes, char *why, size_t why_cap);
+
 #endif

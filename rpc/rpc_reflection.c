@@ -1,6 +1,7 @@
 #include "rpc/rpc_reflection.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,8 +13,9 @@
 #define REFL_NAME_MAX 256
 
 typedef struct refl_file {
-    const uint8_t *data; /* borrowed: the FileDescriptorProto bytes inside the set */
+    const uint8_t *data; /* the FileDescriptorProto bytes: borrowed from the set, or owned */
     size_t bytes;
+    uint8_t *owned;      /* owned, [bytes]: the file without the services not served, or NULL */
     char name[REFL_NAME_MAX];
     char package[REFL_NAME_MAX];
     char deps[REFL_MAX_DEPS][REFL_NAME_MAX];
@@ -157,6 +159,48 @@ static int index_decl(rpc_reflection *r, int file, const char *scope, int kind,
                   : STATUS_OK;
 }
 
+static bool served(const rpc_reflection *r, const char *full)
+{
+    for (int i = 0; i < r->n_services; i++)
+        if (strcmp(r->services[i], full) == 0) return true;
+    return false;
+}
+
+/* Whether a ServiceDescriptorProto of file f is one this server serves. */
+static bool service_served(const rpc_reflection *r, const refl_file *f, const uint8_t *d,
+                           size_t l)
+{
+    const uint8_t *nm;
+    size_t nn;
+    char leaf[REFL_NAME_MAX], full[2 * REFL_NAME_MAX + 2];
+    if (!field1_name(d, l, &nm, &nn) || !copy_name(leaf, nm, nn)) return true; /* index_decl
+                                                                                  refuses it */
+    snprintf(full, sizeof full, "%s%s%s", f->package, f->package[0] ? "." : "", leaf);
+    return served(r, full);
+}
+
+/* The file's bytes less the services (field 6) this server does not serve, so that reflection
+ * describes only what it serves. */
+static int drop_services(rpc_reflection *r, refl_file *f, status *st)
+{
+    uint8_t *out = malloc(f->bytes ? f->bytes : 1);
+    if (!out) return status_fail(st, STATUS_NOMEM, "reflection: out of memory");
+    size_t n = 0;
+    wire w = {f->data, f->data + f->bytes};
+    uint32_t num;
+    const uint8_t *d;
+    size_t l;
+    for (const uint8_t *start = w.p; wire_next(&w, &num, &d, &l) > 0; start = w.p) {
+        if (num == 6 && d && !service_served(r, f, d, l)) continue;
+        memcpy(out + n, start, (size_t)(w.p - start));
+        n += (size_t)(w.p - start);
+    }
+    f->owned = out;
+    f->data = out;
+    f->bytes = n;
+    return STATUS_OK;
+}
+
 static int index_file(rpc_reflection *r, int fi, status *st)
 {
     refl_file *f = &r->files[fi];
@@ -177,10 +221,16 @@ static int index_file(rpc_reflection *r, int fi, status *st)
     if (rc < 0 || !f->name[0])
         return status_fail(st, STATUS_FORMAT, "reflection: file %d: malformed FileDescriptorProto", fi);
     w = (wire){f->data, f->data + f->bytes};
-    while ((rc = wire_next(&w, &num, &d, &l)) > 0)
+    bool dropped = false;
+    while ((rc = wire_next(&w, &num, &d, &l)) > 0) {
+        if (d && num == 6 && !service_served(r, f, d, l)) {
+            dropped = true;
+            continue;
+        }
         if (d && (num == 4 || num == 5 || num == 6))
             if (index_decl(r, fi, f->package, (int)num, d, l, 0, st)) return st->code;
-    return STATUS_OK;
+    }
+    return dropped ? drop_services(r, f, st) : STATUS_OK;
 }
 
 int rpc_reflection_create(const uint8_t *fds, size_t fds_bytes, const char *const *services,
@@ -225,6 +275,7 @@ fail:
 void rpc_reflection_destroy(rpc_reflection *r)
 {
     if (!r) return;
+    for (int i = 0; i < r->n_files; i++) free(r->files[i].owned);
     for (int i = 0; i < r->n_symbols; i++) free(r->symbols[i].name);
     free(r->symbols);
     free(r);

@@ -3,7 +3,9 @@
  * grpcurl-style tools need no .proto file. Answers ListServices (the names given at
  * creation), FileByFilename and FileContainingSymbol (the file and its transitive
  * dependencies, the asked file first); extension queries get an error response
- * (NOT_FOUND / UNIMPLEMENTED: our protos have no extensions).
+ * (NOT_FOUND / UNIMPLEMENTED: our protos have no extensions). It describes only the services
+ * given: a file's other services are cut out of the descriptors it sends, and their names and
+ * methods are not found (the router's copy of deltaserve.proto has Generation, not Worker).
  *
  * v1 and v1alpha messages are wire-identical, so both paths use the v1alpha protoc-c code. */
 #ifndef DS_RPC_RPC_REFLECTION_H
@@ -19,7 +21,8 @@ typedef struct rpc_reflection rpc_reflection;
 
 /* Parses the FileDescriptorSet (borrowed: must outlive the reflection object) and indexes every
  * file name and fully-qualified symbol (messages, nested messages, enums, services, methods).
- * services: the names ListServices reports (copied). STATUS_FORMAT if the set is malformed. */
+ * services: the names ListServices reports and the only services described (copied); the
+ * set's other services are left out. STATUS_FORMAT if the set is malformed. */
 int rpc_reflection_create(const uint8_t *fds, size_t fds_bytes, const char *const *services,
                           int n_services, rpc_reflection **out, status *st);
 

@@ -60,6 +60,7 @@
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_status.h"
 #include "rpc/rpc_tls.h"
+#include "rpc/rpc_wire.h"
 
 #define RPC_MAX_METHODS 32
 #define RPC_N_LISTEN 16 /* grpc_server_request_call kept outstanding */
@@ -397,12 +398,14 @@ static void on_recv(rpc_call *c, bool ok)
     }
     ProtobufCMessage *req = NULL;
     if (bb) {
-        req = rpc_codec_unpack(bb, m->request_desc, (size_t)c->srv->max_recv_bytes);
+        char msg[RPC_WIRE_PATH_MAX + 64];
+        req = rpc_codec_unpack_request(bb, m->request_desc, (size_t)c->srv->max_recv_bytes, msg,
+                                       sizeof msg);
         grpc_byte_buffer_destroy(bb);
         if (!req) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "%s: cannot parse the request as %s", c->path,
-                     m->request_desc->name);
+            if (!msg[0]) /* else a NUL in a string field, named (rpc_codec_unpack_request) */
+                snprintf(msg, sizeof msg, "%s: cannot parse the request as %s", c->path,
+                         m->request_desc->name);
             if (handed) { /* bidi: the owner finishes it */
                 DS_ASSERT(m->kind == RPC_METHOD_BIDI_STREAM);
                 pthread_mutex_lock(&c->mu);

@@ -127,7 +127,8 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
 {
     *out = NULL;
     const int prefill = o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 256;
-    const fwd_opts fo = {.n_slots = o->n_slots, .n_ctx = o->n_ctx,
+    const fwd_opts fo = {.n_slots = o->n_slots, .n_ctx = o->n_ctx, .ctx_fit = o->ctx_fit,
+                         .mem_budget = o->mem_budget,
                          .max_rows = o->n_slots > 0 ? o->n_slots + prefill : 0, .ranks = o->tp,
                          .kv_blocks = o->kv_blocks,
                          .kv_block_tokens = o->kv_block_tokens, .n_threads = o->n_threads,

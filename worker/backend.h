@@ -45,9 +45,13 @@ typedef struct worker_batch_item {
 } worker_batch_item;
 
 typedef struct worker_backend_opts {
-    int n_slots;   /* sequences alive at once (>= 1; 0: sized by the device: from free memory on
-                      cuda, 8 on the CPU) */
+    int n_slots;   /* sequences alive at once (>= 1; 0: sized by the device from memory, a
+                      quarter of the context each: at most 256 on cuda, 8 on the CPU) */
     int n_ctx;     /* positions per sequence (prompt + generated) */
+    bool ctx_fit;  /* n_ctx is the model's: the forward may shrink it to what fits in memory
+                      (fwd_opts.ctx_fit) */
+    int64_t mem_budget; /* bytes for the slots' state and the KV pool (fwd_opts.mem_budget);
+                           0: chosen by the device */
     int n_threads; /* CPU threads; 0 = default */
     int tp;        /* tensor-parallel ranks (0 or 1: one): the CPU simulates them in one process
                       (model/forward_cpu.h); cuda runs one rank per GPU over NCCL */

@@ -41,6 +41,8 @@ struct worker_service {
     char arch[64];
     char model_name[128];
     uint64_t n_params;
+    bool has_chat_template; /* the GGUF has a non-empty tokenizer.chat_template */
+    bool thinking_default;  /* that template reasons when not told */
 
     atomic_uint_fast64_t n_requests; /* for made-up request ids and seeds */
     uint64_t seed_base;
@@ -257,6 +259,8 @@ static void on_get_model_info(rpc_call *call, const ProtobufCMessage *msg, void 
     mi.max_running = (uint32_t)ws->backend->n_slots;
     mi.path = ws->path;
     mi.bos_token_id = ws->desc.bos_id;
+    mi.has_chat_template = ws->has_chat_template;
+    mi.thinking_default = ws->thinking_default;
     pthread_mutex_unlock(&ws->mu);
     rpc_call_reply(call, &mi.base); /* packed (copied) before return: pointers may go after */
 }
@@ -327,6 +331,12 @@ void worker_service_attach(worker_service *ws, const qwen35_model *m, worker_bac
     describe_quantization(f, ws->quantization, sizeof ws->quantization);
     copy_gguf_str(f, "general.architecture", ws->arch, sizeof ws->arch, "qwen35");
     copy_gguf_str(f, "general.name", ws->model_name, sizeof ws->model_name, base);
+    gguf_str tmpl;
+    ws->has_chat_template = gguf_get_str(f, "tokenizer.chat_template", &tmpl, NULL) == STATUS_OK &&
+                            tmpl.len > 0;
+    /* LEAD: the one assignment to wire to model/chat_template.h's
+     * chat_template_thinking_default() over tmpl once it lands. */
+    ws->thinking_default = false;
     if (ws->state == WS_LOADING) ws->state = WS_READY;
     bool ready = ws->state == WS_READY;
     pthread_mutex_unlock(&ws->mu);

@@ -16,12 +16,17 @@
 #       system prompt, 128 user and 128 generated tokens (64 at once); 256 requests sharing a
 #       4,096-token prefix with distinct 64-token suffixes (64 at once, 16 generated); loadgen's
 #       report and summary line for each, and the worker's prefix figures from /metrics
+#   serve_bench.sh long-context MODEL [PROMPT] [GEN]   one worker with the default context (the
+#       model's, no --ctx or --slots) behind a router: its "memory:" line, then one prompt of
+#       PROMPT (131072) tokens generating GEN (16) through the router end to end (loadgen's
+#       shared-prefix mode: PROMPT - 16 drawn ids and 16 more); fails unless it ends with every
+#       token, and prints its time to first token
 set -uo pipefail
 . tests/gpu/gpu_lib.sh
 mode=${1:-}
 model=${2:-}
-case $mode in loadgen|long-prompt|two-workers|prefix) ;; *)
-    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix MODEL [...]" >&2; exit 2;; esac
+case $mode in loadgen|long-prompt|two-workers|prefix|long-context) ;; *)
+    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context MODEL [...]" >&2; exit 2;; esac
 require_gpu "serve_bench $mode"
 [ -s "$model" ] || { echo "serve_bench: no model '$model' (tools/gpu-test makes synth/SIZE.gguf)"; exit 1; }
 ids=9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16
@@ -97,7 +102,7 @@ prefix() {
         serve_up "prefix-$cache" $wp $rp --model "$model" --device cuda --ctx 8192 \
             --metrics-listen 127.0.0.1:$mp $flag
         echo "=== cache $cache: $(grep -o 'prefix cache[^,]*' "$wlog" | head -1)"
-        local common="--addr 127.0.0.1:$rp --ignore-eos --timeout-ms 600000 --id-range 100,100000"
+        local common="--addr 127.0.0.1:$rp --ignore-eos --timeout-ms 480000 --id-range 100,100000"
         echo "--- cold prompts: 32 x 2048 tokens, one at a time"
         bench/loadgen $common --id-seed $((seed++)) --concurrency 1 --users 32 --turns 1 \
             --system-tokens 0 --user-tokens 2048 --max-tokens 1 || rc=1
@@ -121,8 +126,23 @@ PY
     return $rc
 }
 
+# long_context MODEL [PROMPT] [GEN]: the default context serves one PROMPT-token prompt.
+long_context() {
+    local pp=${3:-131072} gen=${4:-16} rc
+    serve_up longctx 50171 50172 --model "$model" --device cuda
+    echo "--- worker sizing"; grep -E " (memory|ready): |cuda: .*(slots|partials)" "$wlog"
+    bench/loadgen --addr 127.0.0.1:50172 --concurrency 1 --requests 1 --shared-prefix $((pp - 16)) \
+        --suffix-tokens 16 --max-tokens "$gen" --ignore-eos --timeout-ms 480000
+    rc=$?
+    serve_down
+    echo "--- router log"; tail -3 "$rlog"
+    echo "--- worker log"; grep -v "info request" "$wlog" | tail -8
+    return $rc
+}
+
 case $mode in
     prefix) prefix "$@" ;;
+    long-context) long_context "$@" ;;
     loadgen) loadgen "$@" ;;
     long-prompt) long_prompt "$@" ;;
     two-workers) two_workers "$@" ;;

@@ -1,6 +1,6 @@
 """`deltaserve client` against a router + one worker on the tiny reference model: output
 formats (text, --print-ids, --json), prompts (--prompt, --ids, --chat), stop strings
-(repeated and comma lists), --worker direct mode, and exit codes (0 ok, 1 non-OK status with
+(repeated and comma lists), --worker direct mode, --model-info and --abort, and exit codes (0 ok, 1 non-OK status with
 "deltaserve client: CODE: message", 2 usage)."""
 import json
 import os
@@ -52,6 +52,24 @@ class ClientCli(unittest.TestCase):
                                   "--ignore-eos"])
         self.assertEqual(rc, 0, err)
         self.assertEqual(json.loads(out), p["greedy"][:24])
+
+    def test_model_info_and_abort(self):
+        # the router's GetModelInfo equals the worker's; printed as one JSON object
+        rc, out, err = h.run_cli(["client", "--worker", "--addr", self.w.addr, "--model-info"])
+        self.assertEqual(rc, 0, err)
+        want = json.loads(out)
+        self.assertGreater(want["vocab_size"], 0)
+        self.assertGreater(want["max_context"], 0)
+        got = h.wait_until(lambda: (lambda r: r[0] == 0 and json.loads(r[1]))(
+            self.client("--model-info")), 30, "the router's model info")
+        self.assertEqual(got, want)
+        rc, out, err = self.client("--abort", "cli-no-such-request")
+        self.assertEqual((rc, json.loads(out)), (0, {"found": False}), err)
+        rc, out, err = self.client("--abort", "")
+        self.assertEqual(rc, 1)
+        self.assertIn("INVALID_ARGUMENT: request_id", err)
+        rc, _, err = self.client("--model-info", "--ids", "1")
+        self.assertEqual(rc, 2, err)
 
     def test_json_and_logprobs(self):
         rc, out, err = self.client("--ids", "1,2,3", "--max-tokens", "4", "--ignore-eos",

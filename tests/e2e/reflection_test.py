@@ -1,7 +1,8 @@
 """Server reflection and health from stock PyPI clients (project venv: grpcio-reflection,
 grpcio-health-checking): the router lists its services and serves our file descriptors, so
-tools like ghz and grpcurl need no .proto file; the standard health checker sees SERVING.
-Also checks a real worker's reflection when `deltaserve worker` is available."""
+tools like ghz and grpcurl need no .proto file; each process describes exactly the services it
+serves (the router Generation, not Worker; a worker Worker, not Generation); the standard
+health checker sees SERVING. Also checks a real worker's reflection."""
 import os
 import sys
 import unittest
@@ -14,6 +15,11 @@ from google.protobuf import descriptor_pb2, descriptor_pool  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # noqa: E402
     ProtoReflectionDescriptorDatabase)
+
+
+# What both processes serve besides their deltaserve.v1 service.
+SERVED = {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+          "grpc.reflection.v1.ServerReflection"}
 
 
 class Reflection(unittest.TestCase):
@@ -30,12 +36,15 @@ class Reflection(unittest.TestCase):
     def test_lists_services_and_resolves_descriptors(self):
         with grpc.insecure_channel(self.r.addr) as ch:
             db = ProtoReflectionDescriptorDatabase(ch)
-            services = set(db.get_services())
-            self.assertIn("deltaserve.v1.Generation", services)
-            self.assertIn("grpc.health.v1.Health", services)
-            self.assertIn("grpc.reflection.v1alpha.ServerReflection", services)
+            self.assertEqual(set(db.get_services()), SERVED | {"deltaserve.v1.Generation"})
             pool = descriptor_pool.DescriptorPool(db)
             svc = pool.FindServiceByName("deltaserve.v1.Generation")
+            self.assertEqual({m.name for m in svc.methods}, {"Generate", "Abort", "GetModelInfo"})
+            # the Worker service is not served here, so not described: not by name, and not in
+            # the file the router sends
+            with self.assertRaises(KeyError):
+                pool.FindServiceByName("deltaserve.v1.Worker")
+            self.assertEqual([s.name for s in svc.file.services_by_name.values()], ["Generation"])
             m = svc.FindMethodByName("Generate")
             # streaming flags live in the FileDescriptorProto (protobuf 4.21 has no attribute)
             fdp = descriptor_pb2.FileDescriptorProto()
@@ -60,10 +69,14 @@ class Reflection(unittest.TestCase):
         try:
             with grpc.insecure_channel(w.addr) as ch:
                 db = ProtoReflectionDescriptorDatabase(ch)
-                self.assertIn("deltaserve.v1.Worker", set(db.get_services()))
+                self.assertEqual(set(db.get_services()), SERVED | {"deltaserve.v1.Worker"})
                 pool = descriptor_pool.DescriptorPool(db)
-                m = pool.FindServiceByName("deltaserve.v1.Worker").FindMethodByName("GetLoad")
+                svc = pool.FindServiceByName("deltaserve.v1.Worker")
+                m = svc.FindMethodByName("GetLoad")
                 self.assertEqual(m.output_type.full_name, "deltaserve.v1.Load")
+                with self.assertRaises(KeyError):
+                    pool.FindServiceByName("deltaserve.v1.Generation")
+                self.assertEqual(list(svc.file.services_by_name), ["Worker"])
         finally:
             w.stop()
 

@@ -9,6 +9,10 @@
  *     a roomy context (4096) and a tight one (8).
  * (The router validates its own copy of the request, made by packing and unpacking it, as
  * router_generate.c does; the worker request is built from that copy.)
+ * Before both, as the server does before unpacking (rpc/rpc_wire.h): an input whose string
+ * field holds a NUL is refused there (then the input holds a 0 byte, the path names a field,
+ * and the offset lies inside the input) and goes no further; the walk itself must stay inside
+ * the input whatever it is.
  * Each step must end in STATUS_OK or a clean error: STATUS_INVALID (NOMEM allowed where the
  * function says so) with a non-empty message. On success the contracts are checked: prompt ids
  * in the vocabulary, at least one, prompt + max_new_tokens within the context, stop ids in the
@@ -27,6 +31,7 @@
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
 #include "router/router_request.h"
 #include "router/router_stop.h"
+#include "rpc/rpc_wire.h"
 #include "worker/request.h"
 
 #define FUZZ_CHECK(cond)                                                                   \
@@ -237,9 +242,23 @@ static void worker_direct(const uint8_t *data, size_t size)
     deltaserve__v1__worker_generate_request__free_unpacked(w, NULL);
 }
 
+/* The server's NUL check for a request of type desc: 1 when it refuses the input. */
+static int refused_for_nul(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                           size_t size)
+{
+    char path[RPC_WIRE_PATH_MAX];
+    size_t off;
+    if (!rpc_wire_find_nul(desc, data, size, path, &off)) return 0;
+    FUZZ_CHECK(path[0] != '\0' && memchr(path, '\0', sizeof path) != NULL);
+    FUZZ_CHECK(off < size && memchr(data, 0, size) != NULL);
+    return 1;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    router_side(data, size);
-    worker_direct(data, size);
+    if (!refused_for_nul(&deltaserve__v1__generate_request__descriptor, data, size))
+        router_side(data, size);
+    if (!refused_for_nul(&deltaserve__v1__worker_generate_request__descriptor, data, size))
+        worker_direct(data, size);
     return 0;
 }

@@ -32,23 +32,50 @@ static void test_parse_and_lookup(void)
     CU_ASSERT(rpc_reflection_find_file(r, "grpc/reflection/v1alpha/reflection.proto") >= 0);
     CU_ASSERT_EQUAL(rpc_reflection_find_file(r, "nope.proto"), -1);
 
-    const char *in_ds[] = {"deltaserve.v1.Worker", "deltaserve.v1.Generation",
+    const char *in_ds[] = {"deltaserve.v1.Worker",
                            "deltaserve.v1.Worker.Generate", "deltaserve.v1.Worker.GetLoad",
-                           "deltaserve.v1.Generation.Generate", "deltaserve.v1.GenerateRequest",
+                           "deltaserve.v1.GenerateRequest",
                            "deltaserve.v1.GenerateResponse", "deltaserve.v1.FinishReason",
                            ".deltaserve.v1.Load", "deltaserve.v1.SamplingParams"};
     for (size_t i = 0; i < sizeof in_ds / sizeof *in_ds; i++) {
         CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, in_ds[i]), ds);
     }
-    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.health.v1.Health"), health);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.health.v1.HealthCheckRequest"), health);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.health.v1.Health"), -1); /* not given */
     CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.health.v1.HealthCheckResponse.ServingStatus"),
                     health); /* nested enum */
+    /* only the services given are described: the same file's Generation is not */
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Generation"), -1);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Generation.Generate"), -1);
     CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Nope"), -1);
     CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1"), -1);
 
     int idx[8];
     CU_ASSERT_EQUAL(rpc_reflection_closure(r, ds, idx, 8), 1); /* self-contained */
     CU_ASSERT_EQUAL(idx[0], ds);
+    rpc_reflection_destroy(r);
+}
+
+/* The router's view: Generation described, Worker not; and the other way round. */
+static void test_only_served_services(void)
+{
+    static const char *gen[] = {"deltaserve.v1.Generation", "grpc.health.v1.Health"};
+    rpc_reflection *r;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(rpc_reflection_create(proto_descriptors_data, proto_descriptors_bytes,
+                                                gen, 2, &r, &st), STATUS_OK);
+    int ds = rpc_reflection_find_file(r, "deltaserve/v1/deltaserve.proto");
+    CU_ASSERT(ds >= 0);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Generation"), ds);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Generation.Abort"), ds);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Generation.GetModelInfo"), ds);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Worker"), -1);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "deltaserve.v1.Worker.GetLoad"), -1);
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.health.v1.Health"),
+                    rpc_reflection_find_file(r, "grpc/health/v1/health.proto"));
+    /* reflection's own files keep no service that was not given either */
+    CU_ASSERT_EQUAL(rpc_reflection_find_symbol(r, "grpc.reflection.v1.ServerReflection"), -1);
+    CU_ASSERT(rpc_reflection_find_symbol(r, "grpc.reflection.v1.ServerReflectionRequest") >= 0);
     rpc_reflection_destroy(r);
 }
 
@@ -98,6 +125,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("rpc_reflection", NULL, NULL);
     CU_add_test(s, "descriptor_present", test_descriptor_present);
     CU_add_test(s, "parse_and_lookup", test_parse_and_lookup);
+    CU_add_test(s, "only_served_services", test_only_served_services);
     CU_add_test(s, "damaged_set_rejected", test_damaged_set_rejected);
     CU_add_test(s, "closure_with_dependencies", test_closure_with_dependencies);
     return testutil_cunit_run();
