@@ -251,17 +251,17 @@ static void http_req_cancel(http_req *h)
 
 /* ---- output: chunks and bodies ---- */
 
+/* OpenAI's finish_reason. A chat answer that called a tool ends with "tool_calls" whether the
+ * model then stopped or hit max_tokens (the calls are complete; vLLM does the same). */
 static const char *finish_name(const http_choice *c)
 {
+    int tools = c->h->kind == ROUTER_HTTP_CHAT && c->n_tool_calls;
     switch (c->finish) {
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP:
-        return c->h->kind == ROUTER_HTTP_CHAT && c->n_tool_calls ? "tool_calls" : "stop";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP: return tools ? "tool_calls" : "stop";
     case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH:
-        return "length";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED:
-        return "abort";
-    default:
-        return "error";
+        return tools ? "tool_calls" : "length";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
+    default: return "error";
     }
 }
 

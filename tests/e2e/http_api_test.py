@@ -351,6 +351,75 @@ def _ok(client):
         return False
 
 
+FORCED = ("<think>\nThe user wants the weather; a < b holds.\n</think>\n\n"
+          "Let me check.\n\n"
+          "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+          "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "days": {"type": "integer"}}}}}]
+
+
+class HttpForcedOutput(unittest.TestCase):
+    """The scripted fake worker returns a Qwen3.5-style output (a think block, an answer, a tool
+    call): the HTTP answer has it split into reasoning_content, content and tool_calls."""
+
+    @classmethod
+    def setUpClass(cls):
+        rc, out, err = h.run_cli(["tokenize", "--model", demo(), "--text", FORCED], check=True)
+        cls.ids = [int(x) for x in out.strip().strip("[]").split(",")]
+        cls.w = h.start_fake_worker("http_fake", extra=[
+            "--tokens", ",".join(map(str, cls.ids)), "--vocab", "8192"])
+        cls.r = h.start_router([cls.w], model=demo(), name="http_fake_r",
+                               extra=["--http-listen", "127.0.0.1:0"])
+        m = cls.r.wait_line(HTTP_RE)
+        cls.client = openai.OpenAI(base_url="http://%s:%s/v1" % (m.group(2), m.group(3)),
+                                   api_key="none", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.r.stop()
+        cls.w.stop()
+
+    def check_call(self, calls):
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["name"], "get_weather")
+        self.assertEqual(json.loads(calls[0]["arguments"]), {"city": "Paris", "days": 3})
+        self.assertTrue(calls[0]["id"].startswith("call_"))
+
+    def test_split(self):
+        msgs = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+        r = self.client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS,
+                                                max_tokens=len(self.ids))
+        c = r.choices[0]
+        self.assertEqual(c.finish_reason, "tool_calls")
+        self.assertEqual(c.message.reasoning_content.strip(),
+                         "The user wants the weather; a < b holds.")
+        self.assertEqual(c.message.content.strip(), "Let me check.")
+        self.check_call([{"id": t.id, "name": t.function.name,
+                          "arguments": t.function.arguments} for t in c.message.tool_calls])
+        self.assertGreater(r.usage.completion_tokens_details.reasoning_tokens, 0)
+        self.assertLess(r.usage.completion_tokens_details.reasoning_tokens,
+                        r.usage.completion_tokens)
+        # streamed: the same pieces as deltas
+        reasoning, content, calls, finish = "", "", {}, None
+        for ch in self.client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS,
+                                                      max_tokens=len(self.ids), stream=True):
+            d = ch.choices[0].delta
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            content += d.content or ""
+            for t in d.tool_calls or []:
+                calls[t.index] = {"id": t.id, "name": t.function.name,
+                                  "arguments": t.function.arguments}
+            finish = ch.choices[0].finish_reason or finish
+        self.assertEqual(reasoning, c.message.reasoning_content)
+        self.assertEqual(content, c.message.content)
+        self.check_call([calls[i] for i in sorted(calls)])
+        self.assertEqual(finish, "tool_calls")
+
+
 class HttpDrain(unittest.TestCase):
     """SIGTERM with an HTTP stream in flight: the stream ends normally, new requests get 503,
     the router exits 0."""
