@@ -849,7 +849,15 @@ static enum MHD_Result serve_models(router_http *d, struct MHD_Connection *conn)
     router_json_str(&b, d->r->model_id, strlen(d->r->model_id));
     router_json_lit(&b, ",\"object\":\"model\",\"created\":");
     router_json_i64(&b, d->r->t_start);
-    router_json_lit(&b, ",\"owned_by\":\"deltaserve\"}]}");
+    router_json_lit(&b, ",\"owned_by\":\"deltaserve\"");
+    pthread_mutex_lock(&d->r->mu);
+    uint32_t ctx = d->r->model_info ? d->r->model_info->max_context : 0;
+    pthread_mutex_unlock(&d->r->mu);
+    if (ctx) { /* the workers' context per sequence, once one reported it (as vLLM) */
+        router_json_lit(&b, ",\"max_model_len\":");
+        router_json_i64(&b, ctx);
+    }
+    router_json_lit(&b, "}]}");
     enum MHD_Result rc = reply_json(conn, 200, &b);
     router_json_free(&b);
     return rc;

@@ -99,6 +99,7 @@ class HttpApi(unittest.TestCase):
     def test_models_and_health(self):
         ms = self.client.models.list()
         self.assertEqual([m.id for m in ms.data], [MODEL])
+        self.assertGreater(ms.data[0].max_model_len, 0)  # the workers' context
         rc, out, _ = curl("-w", "\n%{http_code}", self.base.replace("/v1", "/health"))
         self.assertEqual(out.rsplit("\n", 1)[1], "200")
         self.assertEqual(json.loads(out.rsplit("\n", 1)[0])["status"], "ok")
