@@ -312,7 +312,7 @@ class HttpFull(unittest.TestCase):
         w, r, base = start(worker_extra=["--slots", "1", "--queue", "0"], name="full")
         try:
             client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
-            started = threading.Event()
+            started, checked = threading.Event(), threading.Event()
             out = {}
 
             def long_stream():
@@ -323,19 +323,23 @@ class HttpFull(unittest.TestCase):
                     n += 1
                     if n == 2:
                         started.set()
-                    if n == 40:
+                        checked.wait(60)  # the slot stays taken until the 429 was seen
                         break
                 s.close()
                 out["n"] = n
 
             t = threading.Thread(target=long_stream)
             t.start()
-            self.assertTrue(started.wait(60))
-            with self.assertRaises(openai.RateLimitError) as cm:
-                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
-            self.assertEqual(cm.exception.status_code, 429)
-            t.join(60)
-            self.assertEqual(out.get("n"), 40)
+            try:
+                self.assertTrue(started.wait(60))
+                with self.assertRaises(openai.RateLimitError) as cm:
+                    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+                self.assertEqual(cm.exception.status_code, 429)
+                self.assertEqual(cm.exception.body["code"], "resource_exhausted")
+            finally:
+                checked.set()
+                t.join(60)
+            self.assertEqual(out.get("n"), 2)
             # the slot is free again once the stream was closed (the relay was cancelled)
             h.wait_until(lambda: _ok(client), timeout=30, what="the slot freed", interval=0.2)
             client.close()
