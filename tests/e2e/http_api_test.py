@@ -279,7 +279,7 @@ class HttpApi(unittest.TestCase):
     def test_deadline_504(self):
         code, out = self.curl_json("/completions",
                                    {"prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True},
-                                   extra=["-H", "X-Request-Timeout: 0.3"])
+                                   extra=["-H", "X-Request-Timeout: 0.1"])
         self.assertError(code, out, 504)
 
     def test_curl_sse_shape(self):
