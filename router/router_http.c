@@ -257,11 +257,14 @@ static const char *finish_name(const http_choice *c)
 {
     int tools = c->h->kind == ROUTER_HTTP_CHAT && c->n_tool_calls;
     switch (c->finish) {
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP: return tools ? "tool_calls" : "stop";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP:
+        return tools ? "tool_calls" : "stop";
     case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH:
         return tools ? "tool_calls" : "length";
-    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
-    default: return "error";
+    case DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED:
+        return "abort";
+    default:
+        return "error";
     }
 }
 
@@ -1025,17 +1028,21 @@ int router_http_start(router *r, const char *listen, router_http **out, status *
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (d->tls_cert) flags |= MHD_USE_TLS;
     int port_num = atoi(port);
+    /* a thread per connection: bounded (idle keep-alive connections count too) */
+    unsigned climit = (unsigned)r->opts.max_inflight + 64;
     if (d->tls_cert)
         d->daemon = MHD_start_daemon(
             flags, (uint16_t)port_num, NULL, NULL, on_http, d, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_HTTPS_MEM_CERT,
-            d->tls_cert, MHD_OPTION_HTTPS_MEM_KEY, d->tls_key, MHD_OPTION_END);
+            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_CONNECTION_LIMIT,
+            climit, MHD_OPTION_HTTPS_MEM_CERT, d->tls_cert, MHD_OPTION_HTTPS_MEM_KEY, d->tls_key,
+            MHD_OPTION_END);
     else
         d->daemon = MHD_start_daemon(
             flags, (uint16_t)port_num, NULL, NULL, on_http, d, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_END);
+            d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_CONNECTION_LIMIT,
+            climit, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d->daemon) {
         rc = status_fail(st, STATUS_IO, "--http-listen: cannot listen on %s (port in use?%s)",

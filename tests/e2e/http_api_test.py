@@ -234,6 +234,12 @@ class HttpApi(unittest.TestCase):
             ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
             ({"messages": CHAT, "stop": [1]}, "stop[0]"),
             ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
+            ({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": "yes"}},
+             "chat_template_kwargs.enable_thinking"),
+            ({"messages": CHAT, "tools": [{"type": "function", "function": {}}]},
+             "tools[0].function.name"),
+            ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+             "messages[0].content[0]"),
             ({}, "messages"),
         ]
         for body, param in cases:
