@@ -177,6 +177,39 @@ static void print_tensors(FILE *o, const gguf_file *f)
                     count_by_type[ty], bytes_by_type[ty]);
 }
 
+/* "mtp:" summary when <arch>.nextn_predict_layers > 0: the MTP (nextn) layers are the last
+ * blocks (docs/QWEN35.md §1.4); their tensors are counted from the first one's index on. */
+static void print_mtp(FILE *o, const gguf_file *f, const char *prefix)
+{
+    char key[128];
+    uint32_t nextn = 0, blocks = 0;
+    status st;
+    snprintf(key, sizeof key, "%snextn_predict_layers", prefix);
+    if (gguf_get_u32(f, key, &nextn, &st) != STATUS_OK || nextn == 0) {
+        fprintf(o, "mtp: none\n");
+        return;
+    }
+    snprintf(key, sizeof key, "%sblock_count", prefix);
+    if (gguf_get_u32(f, key, &blocks, &st) != STATUS_OK || blocks <= nextn) {
+        fprintf(o, "mtp: %u nextn layer(s) but block_count %u does not hold them\n", nextn, blocks);
+        return;
+    }
+    uint64_t n = 0, bytes = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        unsigned blk;
+        char rest;
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 95 ? t->name.len : 95), t->name.ptr);
+        if (sscanf(name, "blk.%u.%c", &blk, &rest) == 2 && blk >= blocks - nextn) {
+            n++;
+            bytes += t->n_bytes;
+        }
+    }
+    fprintf(o, "mtp: %u nextn layer(s) from blk.%u: %" PRIu64 " tensors, %" PRIu64 " bytes\n", nextn,
+            blocks - nextn, n, bytes);
+}
+
 static void print_info(FILE *o, const gguf_file *f)
 {
     status st;
@@ -203,6 +236,7 @@ static void print_info(FILE *o, const gguf_file *f)
     fprintf(o, "hyperparameters:\n");
     for (uint64_t i = 0; has_arch && i < f->n_kv; i++)
         if (key_has_prefix(&f->kv[i], prefix)) print_kv_line(o, &f->kv[i]);
+    if (has_arch) print_mtp(o, f, prefix);
 
     print_tokenizer(o, f);
 

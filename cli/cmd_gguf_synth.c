@@ -14,6 +14,7 @@ typedef struct synth_opts {
     const char *quant;
     int64_t seed;
     int threads;
+    int mtp; /* FLAG_BOOL */
     const char *output;
 } synth_opts;
 
@@ -26,6 +27,8 @@ static const flag_spec synth_flags[] = {
      "RNG seed (same seed, same bytes)"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(synth_opts, threads),
      "writer threads (0: online CPUs)"},
+    {"mtp", "DS_SYNTH_MTP", "false", FLAG_BOOL, offsetof(synth_opts, mtp),
+     "also write the MTP (nextn) block of a converted checkpoint"},
     {"output", NULL, NULL, FLAG_STR, offsetof(synth_opts, output), "output file (also -o FILE)"},
     {0},
 };
@@ -76,15 +79,15 @@ int cmd_gguf_synth(int argc, char **argv)
     }
 
     synth_options so = {.preset = p, .quant = (synth_quant)q, .seed = (uint64_t)o.seed,
-                        .n_threads = o.threads};
+                        .mtp = o.mtp != 0, .n_threads = o.threads};
     synth_stats s;
     if (synth_write(o.output, &so, &s, &st)) {
         fprintf(stderr, "%s: %s\n", USAGE, st.msg);
         return 1;
     }
-    printf("synth: preset %s quant %s tensors %d bytes %llu seconds %.2f GB/s %.2f threads %d "
+    printf("synth: preset %s%s quant %s tensors %d bytes %llu seconds %.2f GB/s %.2f threads %d "
            "-> %s\n",
-           p->name, synth_quant_name((synth_quant)q), s.n_tensors,
+           p->name, o.mtp ? " +mtp" : "", synth_quant_name((synth_quant)q), s.n_tensors,
            (unsigned long long)s.n_bytes, s.seconds,
            s.seconds > 0 ? (double)s.n_bytes / s.seconds / 1e9 : 0.0, s.n_threads, o.output);
     return 0;

@@ -101,6 +101,10 @@ static const struct {
     [SYNTH_KIND_ATTN_OUTPUT] = {"attn_output.weight", SYNTH_VALUES_MATMUL, true},
     [SYNTH_KIND_ATTN_Q_NORM] = {"attn_q_norm.weight", SYNTH_VALUES_NORM, false},
     [SYNTH_KIND_ATTN_K_NORM] = {"attn_k_norm.weight", SYNTH_VALUES_NORM, false},
+    [SYNTH_KIND_NEXTN_EH_PROJ] = {"nextn.eh_proj.weight", SYNTH_VALUES_MATMUL, true},
+    [SYNTH_KIND_NEXTN_ENORM] = {"nextn.enorm.weight", SYNTH_VALUES_NORM, false},
+    [SYNTH_KIND_NEXTN_HNORM] = {"nextn.hnorm.weight", SYNTH_VALUES_NORM, false},
+    [SYNTH_KIND_NEXTN_SHARED_HEAD_NORM] = {"nextn.shared_head_norm.weight", SYNTH_VALUES_NORM, false},
 };
 
 synth_values synth_kind_values(synth_kind kind)
@@ -156,6 +160,9 @@ static const synth_kind gdn_kinds[] = {
 static const synth_kind attn_kinds[] = {SYNTH_KIND_ATTN_Q,      SYNTH_KIND_ATTN_K,
                                         SYNTH_KIND_ATTN_V,      SYNTH_KIND_ATTN_OUTPUT,
                                         SYNTH_KIND_ATTN_Q_NORM, SYNTH_KIND_ATTN_K_NORM};
+static const synth_kind nextn_kinds[] = {SYNTH_KIND_NEXTN_EH_PROJ, SYNTH_KIND_NEXTN_ENORM,
+                                         SYNTH_KIND_NEXTN_HNORM,
+                                         SYNTH_KIND_NEXTN_SHARED_HEAD_NORM};
 #define N_OF(a) ((int)(sizeof(a) / sizeof(a)[0]))
 
 /* Shape of a kind (docs/QWEN35.md §1.4): ne[0], ne[1] (1 for 1D tensors). */
@@ -190,6 +197,10 @@ static void kind_shape(const synth_preset *p, synth_kind kind, uint64_t ne[2], u
     case SYNTH_KIND_ATTN_OUTPUT: a = Q, b = H; break;
     case SYNTH_KIND_ATTN_Q_NORM:
     case SYNTH_KIND_ATTN_K_NORM: a = (uint64_t)p->d_h; break;
+    case SYNTH_KIND_NEXTN_EH_PROJ: a = 2 * H, b = H; break;
+    case SYNTH_KIND_NEXTN_ENORM:
+    case SYNTH_KIND_NEXTN_HNORM:
+    case SYNTH_KIND_NEXTN_SHARED_HEAD_NORM: a = H; break;
     case SYNTH_KIND_COUNT: DS_ASSERT(0);
     }
     ne[0] = a;
@@ -221,6 +232,12 @@ static int plan_add(const synth_preset *p, synth_quant q, synth_kind kind, int l
 
 int synth_plan(const synth_preset *p, synth_quant q, synth_tensor **out, int *n_out, status *st)
 {
+    return synth_plan_mtp(p, q, false, out, n_out, st);
+}
+
+int synth_plan_mtp(const synth_preset *p, synth_quant q, bool mtp, synth_tensor **out,
+                   int *n_out, status *st)
+{
     *out = NULL;
     *n_out = 0;
     if ((unsigned)q >= SYNTH_QUANT_COUNT)
@@ -228,7 +245,7 @@ int synth_plan(const synth_preset *p, synth_quant q, synth_tensor **out, int *n_
     if (p->n_layer < 1 || p->n_layer > 4096 || p->full_attn_interval < 1)
         return status_fail(st, STATUS_INVALID, "synth %s: bad layer count %d", p->name,
                            p->n_layer);
-    int max = 3 + p->n_layer * (N_OF(common_kinds) + N_OF(gdn_kinds));
+    int max = 3 + (p->n_layer + 1) * (N_OF(common_kinds) + N_OF(gdn_kinds) + N_OF(nextn_kinds));
     synth_tensor *t = calloc((size_t)max, sizeof *t);
     if (!t) return status_fail(st, STATUS_NOMEM, "synth %s: out of memory", p->name);
     int n = 0, rc;
@@ -243,6 +260,15 @@ int synth_plan(const synth_preset *p, synth_quant q, synth_tensor **out, int *n_
         int nk = rec ? N_OF(gdn_kinds) : N_OF(attn_kinds);
         for (int i = 0; i < nk; i++)
             if ((rc = plan_add(p, q, ks[i], l, &t[n++], st))) goto fail;
+    }
+    if (mtp) { /* layer L: an attention layer plus the nextn tensors */
+        int l = p->n_layer;
+        for (int i = 0; i < N_OF(common_kinds); i++)
+            if ((rc = plan_add(p, q, common_kinds[i], l, &t[n++], st))) goto fail;
+        for (int i = 0; i < N_OF(attn_kinds); i++)
+            if ((rc = plan_add(p, q, attn_kinds[i], l, &t[n++], st))) goto fail;
+        for (int i = 0; i < N_OF(nextn_kinds); i++)
+            if ((rc = plan_add(p, q, nextn_kinds[i], l, &t[n++], st))) goto fail;
     }
     DS_ASSERT(n <= max);
     *out = t;

@@ -34,7 +34,7 @@ typedef enum synth_quant {
 /* One model shape. Dimension vocabulary as in model/README.md. */
 typedef struct synth_preset {
     const char *name; /* "tiny", "0.8b", "2b", "4b", "9b", "27b" */
-    int n_layer;      /* L, main layers (no MTP block is written) */
+    int n_layer;      /* L, main layers (the MTP block, when written, is layer L) */
     int H, F, V;
     int n_h, n_kv, d_h;             /* attention */
     int n_k, n_v, d_k, d_v, K_conv; /* Gated DeltaNet */
@@ -82,6 +82,11 @@ typedef enum synth_kind {
     SYNTH_KIND_ATTN_OUTPUT,
     SYNTH_KIND_ATTN_Q_NORM,
     SYNTH_KIND_ATTN_K_NORM,
+    /* MTP block (layer L, after an attention layer's tensors; docs/QWEN35.md §1.4) */
+    SYNTH_KIND_NEXTN_EH_PROJ,
+    SYNTH_KIND_NEXTN_ENORM,
+    SYNTH_KIND_NEXTN_HNORM,
+    SYNTH_KIND_NEXTN_SHARED_HEAD_NORM,
     SYNTH_KIND_COUNT
 } synth_kind;
 
@@ -122,9 +127,13 @@ synth_values synth_kind_values(synth_kind kind);
 
 /* The tensor table of a file in write order: token_embd, output_norm, [output], then each
  * layer. *out is malloc'ed (free it); *n_out its length. Fails on shapes that do not fit the
- * block size of the chosen type. */
+ * block size of the chosen type. synth_plan_mtp with mtp adds the MTP block of a converted
+ * file as layer L: an attention layer's 11 tensors and nextn.{eh_proj, enorm, hnorm,
+ * shared_head_norm} (15); the MTP layer's types follow the same rules at layer index L. */
 int synth_plan(const synth_preset *p, synth_quant q, synth_tensor **out, int *n_out,
                status *st);
+int synth_plan_mtp(const synth_preset *p, synth_quant q, bool mtp, synth_tensor **out,
+                   int *n_out, status *st);
 
 /* Fills rows [row0, row0 + n_rows) of tensor t (2D: ne[0]-element rows; 1D: one row) into dst
  * (n_rows * t->row_bytes bytes). Values depend only on (key, element/block index); key comes
@@ -137,6 +146,7 @@ typedef struct synth_options {
     const synth_preset *preset;
     synth_quant quant;
     uint64_t seed;
+    bool mtp;             /* also write the MTP block (block_count L + 1, nextn_predict_layers 1) */
     int n_threads;        /* 0: number of online CPUs */
     uint64_t chunk_bytes; /* 0: default (4 MiB); the unit of work and of one pwrite */
 } synth_options;

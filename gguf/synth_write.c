@@ -106,7 +106,7 @@ static int make_items(const synth_tensor *t, int n_t, uint64_t chunk_bytes, work
 /* Every metadata key of docs/QWEN35.md §1.2 and the tokenizer of §1.6. A setter's failure is kept
  * by the writer and reported, with its message, by gguf_writer_begin_data. */
 static void set_metadata(gguf_writer *w, const synth_preset *p, synth_quant q, uint64_t seed,
-                         const synth_vocab *v)
+                         bool mtp, const synth_vocab *v)
 {
     char name[96];
     snprintf(name, sizeof name, "deltaserve synth qwen35 %s %s", p->name, synth_quant_name(q));
@@ -120,7 +120,8 @@ static void set_metadata(gguf_writer *w, const synth_preset *p, synth_quant q, u
     gguf_writer_set_u64(w, "deltaserve.synth.seed", seed);
     gguf_writer_set_u32(w, "qwen35.context_length", p->n_ctx_train);
     gguf_writer_set_u32(w, "qwen35.embedding_length", (uint32_t)p->H);
-    gguf_writer_set_u32(w, "qwen35.block_count", (uint32_t)p->n_layer);
+    gguf_writer_set_u32(w, "qwen35.block_count", (uint32_t)p->n_layer + (mtp ? 1 : 0));
+    if (mtp) gguf_writer_set_u32(w, "qwen35.nextn_predict_layers", 1);
     gguf_writer_set_u32(w, "qwen35.feed_forward_length", (uint32_t)p->F);
     gguf_writer_set_u32(w, "qwen35.attention.head_count", (uint32_t)p->n_h);
     gguf_writer_set_u32(w, "qwen35.attention.head_count_kv", (uint32_t)p->n_kv);
@@ -191,7 +192,7 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
     memset(&wk, 0, sizeof wk);
     pthread_mutex_init(&wk.lock, NULL);
 
-    if ((rc = synth_plan(o->preset, o->quant, &plan, &n_t, st))) goto fail;
+    if ((rc = synth_plan_mtp(o->preset, o->quant, o->mtp, &plan, &n_t, st))) goto fail;
     if ((rc = synth_vocab_build(&vocab, (uint32_t)o->preset->V, st))) goto fail;
     keys = malloc(sizeof *keys * (size_t)n_t);
     if (!keys) {
@@ -200,7 +201,7 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
     }
     if ((rc = gguf_writer_create(&w, path, st))) goto fail;
     created = true;
-    set_metadata(w, o->preset, o->quant, o->seed, &vocab);
+    set_metadata(w, o->preset, o->quant, o->seed, o->mtp, &vocab);
     uint64_t tensor_bytes = 0;
     for (int i = 0; i < n_t; i++) {
         int idx = gguf_writer_add_tensor(w, plan[i].name, plan[i].n_dims, plan[i].ne,

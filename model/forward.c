@@ -80,6 +80,10 @@ int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_p
     ctx->n_mix = MAXL(Dv, qd);
     ctx->gdn_scratch_n = ref_gdn_chunked_scratch_floats(c->d_k, c->d_v);
     long n_in_max = MAXL(MAXL(H, c->F), MAXL(Dv, qd));
+    if (m->mtp.present) { /* the MTP's eh_proj reads [e ; h] rows of 2H (model/mtp.c) */
+        ctx->n_p1 = MAXL(ctx->n_p1, 2 * H);
+        n_in_max = MAXL(n_in_max, 2 * H);
+    }
     bool ok = true;
     ctx->x = alloc_f(R * H, &ok);
     ctx->xn = alloc_f(R * H, &ok);
@@ -149,14 +153,24 @@ static void mixer(qwen35_ctx *ctx, int il)
         cpu_fwd_attn_layer(ctx, il);
 }
 
-static void ffn(qwen35_ctx *ctx, int il)
+static void ffn_rows(qwen35_ctx *ctx, const qwen35_layer *ly)
 {
-    const qwen35_layer *ly = &ctx->m->layers[il];
     norm_rows(ctx, ly->post_norm);
     cpu_fwd_matmul(ctx, &ly->ffn_gate, ctx->xn, ctx->p1);
     cpu_fwd_matmul(ctx, &ly->ffn_up, ctx->xn, ctx->p2);
     ref_swiglu(ctx->p1, ctx->p2, ctx->n_rows * ctx->m->cfg.F, ctx->p1);
     cpu_fwd_matmul(ctx, &ly->ffn_down, ctx->p1, ctx->out);
+}
+
+static void ffn(qwen35_ctx *ctx, int il) { ffn_rows(ctx, &ctx->m->layers[il]); }
+
+void cpu_fwd_attn_block(qwen35_ctx *ctx, const qwen35_layer *ly, int slot)
+{
+    norm_rows(ctx, ly->attn_norm);
+    cpu_fwd_attn_rows(ctx, ly, slot);
+    residual(ctx);
+    ffn_rows(ctx, ly);
+    residual(ctx);
 }
 
 static void head(qwen35_ctx *ctx, int first, int n, float *logits, long ld)
@@ -266,9 +280,16 @@ void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
 int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
                    float *logits, bool all_logits, status *st)
 {
+    return qwen35_prefill_hidden(ctx, s, tokens, T, logits, all_logits, NULL, st);
+}
+
+int qwen35_prefill_hidden(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
+                          float *logits, bool all_logits, float *hidden, status *st)
+{
     int rc = check_prefill(ctx, s, tokens, T, st);
     if (rc) return rc;
-    int V = ctx->m->cfg.V;
+    const qwen35_config *c = &ctx->m->cfg;
+    int V = c->V;
     for (int t0 = 0; t0 < T; t0 += ctx->max_tokens) {
         int n = T - t0 < ctx->max_tokens ? T - t0 : ctx->max_tokens;
         bool last = t0 + n == T;
@@ -278,6 +299,9 @@ int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int 
         if (logits && all_logits) lg = logits + (long)t0 * V;
         else if (logits && last) lg = logits, first = n - 1;
         cpu_fwd_run(&ctx, 1, tokens + t0);
+        for (int r = 0; hidden && r < n; r++) /* the lm_head's input (head() computes the same) */
+            ref_rmsnorm(ctx->x + (long)r * c->H, ctx->m->output_norm, c->H, c->eps,
+                        hidden + (long)(t0 + r) * c->H);
         if (lg) cpu_fwd_run_head(&ctx, NULL, 1, first, n - first, lg, V);
         s->n_past += n;
     }

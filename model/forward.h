@@ -151,6 +151,12 @@ void qwen35_ctx_set_gdn_mode(qwen35_ctx *ctx, qwen35_gdn_mode mode);
 int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
                    float *logits, bool all_logits, status *st);
 
+/* qwen35_prefill that also writes, when hidden is not NULL, every token's final-norm output
+ * RMSNorm(x)·output_norm (the lm_head's input; [T][H]): the h the MTP head reads (model/mtp.h,
+ * docs/QWEN35.md §2.8). */
+int qwen35_prefill_hidden(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,
+                          float *logits, bool all_logits, float *hidden, status *st);
+
 /* One token for each of B sequences (1 <= B <= max_batch; all distinct states of this model):
  * tokens[b] goes to states[b] at position states[b]->n_past. logits: NULL or [B][V].
  * Errors (no state changed): STATUS_RANGE (bad id, a full context), STATUS_INVALID (bad B). */

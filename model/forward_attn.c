@@ -41,11 +41,15 @@ static void attn_head_task(void *arg, int task)
 
 void cpu_fwd_attn_layer(qwen35_ctx *ctx, int il)
 {
+    cpu_fwd_attn_rows(ctx, &ctx->m->layers[il], ctx->m->cfg.slot[il]);
+}
+
+void cpu_fwd_attn_rows(qwen35_ctx *ctx, const qwen35_layer *ly, int slot)
+{
     const qwen35_config *c = &ctx->m->cfg;
-    const qwen35_layer *ly = &ctx->m->layers[il];
     int n = ctx->n_rows, d = c->d_h;
     long qgd = 2L * c->n_h * d, kvd = (long)c->n_kv * d;
-    attn_job j = {.ctx = ctx, .slot = c->slot[il]};
+    attn_job j = {.ctx = ctx, .slot = slot};
     cpu_fwd_matmul(ctx, &ly->q, ctx->xn, ctx->p1); /* [n][n_h][2][d_h] */
     cpu_fwd_matmul(ctx, &ly->k, ctx->xn, ctx->p2); /* [n][n_kv][d_h] */
     cpu_fwd_matmul(ctx, &ly->v, ctx->xn, ctx->p3); /* [n][n_kv][d_h] */

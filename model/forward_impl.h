@@ -18,7 +18,8 @@ struct qwen35_ctx {
     float *x;              /* owned, [max_rows][H] residual stream */
     float *xn;             /* owned, [max_rows][H] normed input of the current sub-block */
     float *out;            /* owned, [max_rows][H] sub-block output before the residual add */
-    float *p1;             /* owned, [max_rows][n_p1] qkv (C) | q+gate (2 n_h d_h) | ffn gate (F) */
+    float *p1;             /* owned, [max_rows][n_p1] qkv (C) | q+gate (2 n_h d_h) | ffn gate (F)
+                              | the MTP's [e ; h] (2H, when the model has an MTP head) */
     float *p2;             /* owned, [max_rows][n_p2] z (D_v) | k (n_kv d_h) | ffn up (F) */
     float *p3;             /* owned, [max_rows][n_p3] conv output (C) | v (n_kv d_h) */
     float *mix;            /* owned, [max_rows][n_mix] mixer output: D_v | n_h d_h */
@@ -64,8 +65,15 @@ static inline void cpu_fwd_matmul(qwen35_ctx *ctx, const qwen35_mat *w, const fl
                ctx->n_rows, y, w->n_out, ctx->mm_scratch, (cpu_matmul_dot)ctx->dot_mode);
 }
 
-/* Mixers: read ctx->xn (normed input), write ctx->out [n_rows][H]; update the rows' states. */
+/* Mixers: read ctx->xn (normed input), write ctx->out [n_rows][H]; update the rows' states.
+ * cpu_fwd_attn_rows: the gated attention of layer ly with the KV of attention slot `slot` of
+ * the rows' states (cpu_fwd_attn_layer: model layer il, slot cfg.slot[il]). */
 void cpu_fwd_gdn_layer(qwen35_ctx *ctx, int il);
 void cpu_fwd_attn_layer(qwen35_ctx *ctx, int il);
+void cpu_fwd_attn_rows(qwen35_ctx *ctx, const qwen35_layer *ly, int slot);
+
+/* One full-attention decoder block on the rows of a group of one: x += Attn(RMSNorm(x)·
+ * attn_norm) (KV slot `slot`), x += FFN(RMSNorm(x)·post_norm). The MTP layer (model/mtp.c). */
+void cpu_fwd_attn_block(qwen35_ctx *ctx, const qwen35_layer *ly, int slot);
 
 #endif

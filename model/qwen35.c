@@ -1,8 +1,8 @@
 /* Qwen3.5 config from GGUF metadata and weight binding (docs/QWEN35.md §1.2-1.7).
  * Tolerant of the variants seen in the wild (§1.7): 3- or 4-element rope sections, per-layer
  * head_count_kv arrays with 0 for recurrent layers, per-layer head_count / feed_forward_length
- * arrays, ssm_dt with or without ".bias", extra v.* / mtp.* / nextn tensors, block_count
- * including the nextn (MTP) layers. */
+ * arrays, ssm_dt with or without ".bias", extra v.* / mtp.* tensors, block_count including
+ * the nextn (MTP) layers, whose first one is bound as the MTP head (§1.4). */
 #include "model/qwen35.h"
 
 #include <math.h>
@@ -117,6 +117,7 @@ static int load_config(const gguf_file *f, qwen35_config *c, status *st)
         (rc = get_f32_opt(f, KEY("rope.freq_base"), 1e7f, &c->rope_base, st)))
         return rc;
     c->n_layer = c->n_layer_all - nextn;
+    c->n_nextn = nextn;
     if (c->n_layer < 1 || c->n_layer_all > QWEN35_MAX_LAYERS)
         return status_fail(st, STATUS_UNSUPPORTED, "%s: %d layers (%d nextn): this engine runs 1..%d",
                            f->path, c->n_layer_all, nextn, QWEN35_MAX_LAYERS);
@@ -293,6 +294,39 @@ static int bind_layer(const gguf_file *f, const qwen35_config *c, int il, qwen35
     return STATUS_OK;
 }
 
+/* The MTP block at layer L (docs/QWEN35.md §1.4): an attention layer's tensors, the nextn
+ * projection and norms, and the optional embedding / head norm / head with their fallbacks. */
+static int bind_mtp(const gguf_file *f, qwen35_model *m, status *st)
+{
+    const qwen35_config *c = &m->cfg;
+    qwen35_config ca = *c; /* the MTP layer is a full-attention layer */
+    const int il = c->n_layer;
+    ca.recurrent[il] = false;
+    qwen35_mtp *t = &m->mtp;
+    char b[128];
+    int rc;
+    if ((rc = bind_layer(f, &ca, il, &t->layer, st)) ||
+        (rc = bind_mat(f, NAME(b, il, "nextn.eh_proj.weight"), 2LL * c->H, c->H, &t->eh_proj, st)) ||
+        (rc = bind_f32(f, NAME(b, il, "nextn.enorm.weight"), c->H, 1, &t->enorm, st)) ||
+        (rc = bind_f32(f, NAME(b, il, "nextn.hnorm.weight"), c->H, 1, &t->hnorm, st)))
+        return rc;
+    t->head_norm = m->output_norm;
+    t->embd = m->tok_embd;
+    t->head = m->output;
+    if (find_t(f, NAME(b, il, "nextn.shared_head_norm.weight")) &&
+        (rc = bind_f32(f, b, c->H, 1, &t->head_norm, st)))
+        return rc;
+    if (find_t(f, NAME(b, il, "nextn.embed_tokens.weight")) &&
+        (rc = bind_mat(f, b, c->H, c->V, &t->embd, st)))
+        return rc;
+    if (find_t(f, NAME(b, il, "nextn.shared_head_head.weight")) &&
+        (rc = bind_mat(f, b, c->H, c->V, &t->head, st)))
+        return rc;
+    t->layer_index = il;
+    t->present = true;
+    return STATUS_OK;
+}
+
 static int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st)
 {
     *out = NULL;
@@ -332,6 +366,7 @@ static int qwen35_model_from_gguf(qwen35_model **out, gguf_file *f, status *st)
         goto fail;
     for (int il = 0; il < c->n_layer; il++)
         if ((rc = bind_layer(f, c, il, &m->layers[il], st))) goto fail;
+    if (c->n_nextn > 0 && (rc = bind_mtp(f, m, st))) goto fail;
     *out = m;
     return STATUS_OK;
 fail:

@@ -17,6 +17,7 @@
 typedef struct qwen35_config {
     int n_layer;        /* main layers L (MTP layers excluded) */
     int n_layer_all;    /* block_count: L + nextn_predict_layers */
+    int n_nextn;        /* nextn_predict_layers (MTP layers after the main ones; 0 none) */
     int H, F, V;
     int n_h, n_kv, d_h; /* attention */
     int n_k, n_v, d_k, d_v, C, K_conv; /* DeltaNet; C = 2*n_k*d_k + n_v*d_v */
@@ -51,18 +52,34 @@ typedef struct qwen35_layer {
     qwen35_mat ffn_gate, ffn_up, ffn_down;
 } qwen35_layer;
 
+/* The MTP (nextn) head, docs/QWEN35.md §1.4, §2.8: layer L of the file, a full-attention
+ * decoder layer (`layer`: its attention and FFN fields) plus the projection of [embedding ;
+ * hidden] and its norms. embd, head_norm, head are the file's nextn.embed_tokens /
+ * shared_head_norm / shared_head_head when present, else the main model's token_embd /
+ * output_norm / output. */
+typedef struct qwen35_mtp {
+    bool present;
+    int layer_index;          /* L: its blk.L tensors */
+    qwen35_layer layer;
+    qwen35_mat eh_proj;       /* ne=[2H, H]: input [enorm(e) ; hnorm(h)], embedding first */
+    const float *enorm, *hnorm, *head_norm; /* [H], already 1+w */
+    qwen35_mat embd, head;    /* [H, V] */
+} qwen35_mtp;
+
 typedef struct qwen35_model {
     qwen35_config cfg;
     gguf_file *file; /* owned */
     qwen35_mat tok_embd, output; /* output == tok_embd when tied */
     const float *output_norm;
     qwen35_layer layers[QWEN35_MAX_LAYERS];
+    qwen35_mtp mtp; /* present when nextn_predict_layers >= 1 (its first layer) */
 } qwen35_model;
 
-/* Loads config and binds every weight by name with shape and type checks.
+/* Loads config and binds every weight by name with shape and type checks, the MTP block's too
+ * when nextn_predict_layers >= 1 (a file that announces one must carry it whole).
  * Errors: STATUS_IO (open), STATUS_UNSUPPORTED (architecture not qwen35, unsupported weight
  * type, layer kinds beyond what this engine runs), STATUS_FORMAT naming the key or tensor
- * (missing, mis-shaped, wrong type). Unknown tensors (v.*, mtp.*, nextn) are ignored. */
+ * (missing, mis-shaped, wrong type). Unknown tensors (v.*, mtp.*) are ignored. */
 int qwen35_model_load(qwen35_model **out, const char *path, status *st);
 void qwen35_model_free(qwen35_model *m);
 

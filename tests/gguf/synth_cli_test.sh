@@ -54,6 +54,16 @@ cmp -s "$tmp/a.gguf" "$tmp/b.gguf" || fail "same seed, threads 1 vs 4: files dif
 cmp -s "$tmp/a.gguf" "$tmp/c.gguf" && fail "seeds 9 and 10 gave the same file"
 [ "$(stat -c %s "$tmp/c.gguf")" = "$size" ] || fail "seed changed the file size"
 
-rm -f "$tmp/a.gguf" "$tmp/b.gguf" "$tmp/c.gguf" "$tmp/err"
+# --mtp: the 15 tensors of a converted MTP block as blk.4; gguf info reports them
+out=$("$bin" gguf synth --preset tiny --quant q8_0 --seed 9 --mtp -o "$tmp/m.gguf") || fail "--mtp run failed"
+printf '%s\n' "$out" | grep -q "preset tiny +mtp quant q8_0 tensors 70 " || fail "--mtp summary: $out"
+info=$("$bin" gguf info "$tmp/m.gguf") || fail "gguf info on the --mtp file failed"
+printf '%s\n' "$info" | grep -q "^mtp: 1 nextn layer(s) from blk.4: 15 tensors" ||
+    fail "gguf info mtp line: $(printf '%s\n' "$info" | grep '^mtp')"
+printf '%s\n' "$info" | grep -q "blk.4.nextn.eh_proj.weight *q8_0 *\[512, 256\]" ||
+    fail "gguf info lacks blk.4.nextn.eh_proj.weight [512, 256]"
+"$bin" gguf info "$tmp/a.gguf" | grep -q "^mtp: none" || fail "gguf info without MTP: no 'mtp: none'"
+
+rm -f "$tmp/a.gguf" "$tmp/b.gguf" "$tmp/c.gguf" "$tmp/m.gguf" "$tmp/err"
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "synth_cli_test: all checks passed"

@@ -110,6 +110,36 @@ static void test_plan_param_counts(void)
     }
 }
 
+/* The MTP block (--mtp) of each real size: 15 tensors more, every one named blk.L.*, and the
+ * parameter counts of docs/QWEN35.md §4.2's "MTP block" row (20.5/60.8/120.6/243.3/424.7 M). */
+static void test_plan_mtp(void)
+{
+    static const double want[] = {20.5e6, 60.8e6, 120.6e6, 243.3e6, 424.7e6};
+    for (int i = 0; i < 5; i++) {
+        const synth_preset *p = synth_preset_find(real_presets[i]);
+        synth_tensor *t, *tm;
+        int n, nm;
+        status st;
+        CU_ASSERT_EQUAL_FATAL(synth_plan(p, SYNTH_QUANT_Q4_K_M, &t, &n, &st), 0);
+        CU_ASSERT_EQUAL_FATAL(synth_plan_mtp(p, SYNTH_QUANT_Q4_K_M, true, &tm, &nm, &st), 0);
+        CU_ASSERT_EQUAL(nm, n + 15);
+        double params = 0;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "blk.%d.", p->n_layer);
+        for (int k = n; k < nm; k++) {
+            CU_ASSERT(!strncmp(tm[k].name, prefix, strlen(prefix)));
+            params += (double)tm[k].ne[0] * (double)tm[k].ne[1];
+        }
+        CU_ASSERT(fabs(params - want[i]) < 0.06e6);
+        if (fabs(params - want[i]) >= 0.06e6)
+            printf("\n  %s: MTP %.2f M params, spec %.1f M\n", p->name, params / 1e6, want[i] / 1e6);
+        CU_ASSERT_EQUAL(tm[nm - 4].kind, SYNTH_KIND_NEXTN_EH_PROJ);
+        CU_ASSERT_EQUAL(tm[nm - 4].ne[0], 2 * (uint64_t)p->H);
+        CU_ASSERT_EQUAL(tm[nm - 4].ne[1], (uint64_t)p->H);
+        free(t), free(tm);
+    }
+}
+
 /* Tensor data sizes against docs/QWEN35.md §4.3 (GB = 1e9, quoted to 2 decimals). */
 static void test_plan_sizes(void)
 {
@@ -652,6 +682,7 @@ int main(void)
     CU_add_test(s, "presets match docs/QWEN35.md 4.2", test_presets_match_spec);
     CU_add_test(s, "tensor counts per size", test_plan_counts);
     CU_add_test(s, "parameter counts per size", test_plan_param_counts);
+    CU_add_test(s, "MTP block per size", test_plan_mtp);
     CU_add_test(s, "data sizes match docs/QWEN35.md 4.3", test_plan_sizes);
     CU_add_test(s, "q4_k_m mix 0.8b", test_type_mix_0_8b);
     CU_add_test(s, "q4_k_m mix 27b", test_type_mix_27b);

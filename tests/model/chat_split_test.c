@@ -117,7 +117,8 @@ static void check_split(bool in_reasoning, struct json_object *tools, const char
                        want);
         }
     }
-    size_t *every = malloc(len * sizeof *every);
+    size_t *every = calloc(len + 1, sizeof *every);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(every);
     int n = 0;
     for (size_t i = 1; i < len; i++)
         if (char_boundary(text, i)) every[n++] = i;

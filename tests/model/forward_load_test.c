@@ -16,15 +16,21 @@
 
 static char src_tied[4096], src_untied[4096], tmp[4096];
 static ref_prompt *prompts;
+static qwen35_config cfg_tied; /* the tied reference model's config: the MTP block's shapes */
 static int n_prompts;
 
 static int setup(void)
 {
+    qwen35_model *m;
+    status st;
     ref_case_resolve_path("tiny-r2-tied", ".gguf", src_tied, sizeof src_tied);
     ref_case_resolve_path("tiny-r1-untied", ".gguf", src_untied, sizeof src_untied);
     snprintf(tmp, sizeof tmp, "%s/forward_load_%d.gguf", testutil_tmp_dir(), (int)getpid());
     ref_case tied;
     if (ref_case_resolve("tiny-r2-tied", &tied)) return 1;
+    if (qwen35_model_load(&m, src_tied, &st)) return 1;
+    cfg_tied = m->cfg;
+    qwen35_model_free(m);
     n_prompts = forward_test_read_prompts_in(tied.dir, tied.name, &prompts);
     return n_prompts > 0 ? 0 : 1;
 }
@@ -45,7 +51,9 @@ typedef struct edit {
     const char *reshape;       /* tensor whose ne[1] shrinks by one */
     const char *retype;        /* tensor re-typed to F16 */
     bool ollama, nextn, recurrent_layers, bad_heads, not_qwen;
+    const char *nextn_skip;    /* with nextn: MTP tensor (suffix after blk.4.) left out */
 } edit;
+
 
 static bool keep_kv(void *arg, const gguf_kv *kv)
 {
@@ -102,10 +110,30 @@ static int extra_tensors(void *arg, gguf_writer *w)
         gguf_writer_add_tensor(w, "v.blk.0.attn_q.weight", 2, ne, GGML_TYPE_F32), n++;
         gguf_writer_add_tensor(w, "mtp.fc.weight", 2, ne, GGML_TYPE_F32), n++;
     }
-    if (e->nextn) {
-        uint64_t eh[4] = {512, 256, 1, 1};
-        gguf_writer_add_tensor(w, "blk.4.nextn.eh_proj.weight", 2, eh, GGML_TYPE_F32), n++;
-        gguf_writer_add_tensor(w, "blk.4.attn_q.weight", 2, ne, GGML_TYPE_F32), n++;
+    if (e->nextn) { /* a whole MTP block of the converter's 15 tensors (zeros), layer 4 */
+        const qwen35_config *c = &cfg_tied;
+        uint64_t H = (uint64_t)c->H, F = (uint64_t)c->F, dh = (uint64_t)c->d_h;
+        uint64_t q = (uint64_t)c->n_h * dh, kv = (uint64_t)c->n_kv * dh;
+        const struct {
+            const char *name;
+            uint64_t n0, n1;
+        } mtp[] = {
+            {"attn_norm.weight", H, 1},        {"post_attention_norm.weight", H, 1},
+            {"ffn_gate.weight", H, F},         {"ffn_up.weight", H, F},
+            {"ffn_down.weight", F, H},         {"attn_q.weight", H, 2 * q},
+            {"attn_k.weight", H, kv},          {"attn_v.weight", H, kv},
+            {"attn_output.weight", q, H},      {"attn_q_norm.weight", dh, 1},
+            {"attn_k_norm.weight", dh, 1},     {"nextn.eh_proj.weight", 2 * H, H},
+            {"nextn.enorm.weight", H, 1},      {"nextn.hnorm.weight", H, 1},
+            {"nextn.shared_head_norm.weight", H, 1},
+        };
+        for (size_t i = 0; i < sizeof mtp / sizeof mtp[0]; i++) {
+            if (e->nextn_skip && !strcmp(e->nextn_skip, mtp[i].name)) continue;
+            char name[96];
+            snprintf(name, sizeof name, "blk.4.%s", mtp[i].name);
+            uint64_t d[4] = {mtp[i].n0, mtp[i].n1, 1, 1};
+            gguf_writer_add_tensor(w, name, mtp[i].n1 > 1 ? 2 : 1, d, GGML_TYPE_F32), n++;
+        }
     }
     return n;
 }
@@ -154,7 +182,33 @@ static void check_same_logits(edit *e)
 }
 
 static void test_variant_ollama(void) { check_same_logits(&(edit){.ollama = true}); }
-static void test_variant_nextn(void) { check_same_logits(&(edit){.nextn = true}); }
+/* A file with an MTP block: the main model's logits are unchanged and the block is bound. */
+static void test_variant_nextn(void)
+{
+    check_same_logits(&(edit){.nextn = true});
+    qwen35_model *m;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, tmp, &st), 0);
+    CU_ASSERT_EQUAL(m->cfg.n_layer, 4);
+    CU_ASSERT_EQUAL(m->cfg.n_nextn, 1);
+    CU_ASSERT(m->mtp.present);
+    CU_ASSERT_EQUAL(m->mtp.layer_index, 4);
+    CU_ASSERT_EQUAL(m->mtp.eh_proj.n_in, 2 * m->cfg.H);
+    CU_ASSERT_EQUAL(m->mtp.eh_proj.n_out, m->cfg.H);
+    CU_ASSERT_PTR_NOT_EQUAL(m->mtp.head_norm, m->output_norm); /* the file's shared_head_norm */
+    CU_ASSERT_PTR_EQUAL(m->mtp.embd.data, m->tok_embd.data);   /* no nextn.embed_tokens */
+    CU_ASSERT_PTR_EQUAL(m->mtp.head.data, m->output.data);     /* no nextn.shared_head_head */
+    qwen35_model_free(m);
+    /* without shared_head_norm the head norm is output_norm */
+    CU_ASSERT_FATAL(write_edit(src_tied, &(edit){.nextn = true, .nextn_skip = "nextn.shared_head_norm.weight"}) == 0);
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, tmp, &st), 0);
+    CU_ASSERT_PTR_EQUAL(m->mtp.head_norm, m->output_norm);
+    qwen35_model_free(m);
+    /* a model without one has none */
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, src_tied, &st), 0);
+    CU_ASSERT(!m->mtp.present);
+    qwen35_model_free(m);
+}
 static void test_variant_recurrent_layers(void) { check_same_logits(&(edit){.recurrent_layers = true}); }
 
 static void check_fails(const char *src, edit *e, int code, const char *needle)
@@ -181,6 +235,10 @@ static void test_errors(void)
     check_fails(src_tied, &(edit){.drop_kv = "qwen35.embedding_length"}, STATUS_FORMAT, "qwen35.embedding_length");
     check_fails(src_tied, &(edit){.drop_kv = "qwen35.ssm.group_count"}, STATUS_FORMAT, "qwen35.ssm.group_count");
     check_fails(src_tied, &(edit){.bad_heads = true}, STATUS_FORMAT, "3 attention heads");
+    check_fails(src_tied, &(edit){.nextn = true, .nextn_skip = "nextn.hnorm.weight"}, STATUS_FORMAT,
+                "missing tensor 'blk.4.nextn.hnorm.weight'");
+    check_fails(src_tied, &(edit){.nextn = true, .nextn_skip = "attn_k.weight"}, STATUS_FORMAT,
+                "missing tensor 'blk.4.attn_k.weight'");
     check_fails(src_tied, &(edit){.rename_from = "token_embd.weight", .rename_to = "tok.weight"}, STATUS_FORMAT, "token_embd.weight");
     qwen35_model *m = NULL;
     status st;
