@@ -165,9 +165,9 @@ static void json_message(FILE *o, const Deltaserve__V1__GenerateResponse *m)
         }
         if (m->usage)
             fprintf(o, ",\"usage\":{\"prompt_tokens\":%u,\"completion_tokens\":%u,"
-                       "\"cached_tokens\":%u}",
+                       "\"cached_tokens\":%u,\"reasoning_tokens\":%u}",
                     m->usage->prompt_tokens, m->usage->completion_tokens,
-                    m->usage->cached_tokens);
+                    m->usage->cached_tokens, m->usage->reasoning_tokens);
         if (m->timings)
             fprintf(o, ",\"timings\":{\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"ttft_ms\":%.3f,"
                        "\"decode_ms\":%.3f,\"total_ms\":%.3f,\"mean_itl_ms\":%.3f}",
@@ -457,9 +457,10 @@ int cmd_client(int argc, char **argv)
                                       m->stop_token_id);
             if (m->usage && k < sizeof summary)
                 k += (size_t)snprintf(summary + k, sizeof summary - k,
-                                      " prompt_tokens=%u cached_tokens=%u completion_tokens=%u",
+                                      " prompt_tokens=%u cached_tokens=%u completion_tokens=%u"
+                                      " reasoning_tokens=%u",
                                       m->usage->prompt_tokens, m->usage->cached_tokens,
-                                      m->usage->completion_tokens);
+                                      m->usage->completion_tokens, m->usage->reasoning_tokens);
             if (m->timings && k < sizeof summary)
                 k += (size_t)snprintf(summary + k, sizeof summary - k,
                                       " ttft_ms=%.1f total_ms=%.1f mean_itl_ms=%.2f",

@@ -1,15 +1,23 @@
 /* deltaserve generate: run a model locally (CPU or GPU) and stream the generated text.
  *
- *   deltaserve generate --model F (--prompt TEXT | --ids 1,2,3) [--chat] --max-tokens N
- *       [--temperature T --top-k K --top-p P --min-p M --repetition-penalty R
+ *   deltaserve generate --model F (--prompt TEXT | --ids 1,2,3) [--chat [--thinking on|off]]
+ *       --max-tokens N [--temperature T --top-k K --top-p P --min-p M --repetition-penalty R
  *        --presence-penalty A --frequency-penalty B --seed S] [--print-ids]
  *
  * Text is streamed to stdout as it is produced (streaming detokenizer: never a broken UTF-8
  * sequence), then one summary line goes to stderr: prompt tokens, generated tokens, prefill and
  * decode tok/s. With --print-ids stdout gets one line instead: the generated ids as a JSON
  * array. Generation stops at an end-of-generation token (not printed, not in the ids) or after
- * --max-tokens. --chat wraps the prompt text in ChatML:
- *   <|im_start|>user\nTEXT<|im_end|>\n<|im_start|>assistant\n
+ * --max-tokens.
+ *
+ * --chat renders --prompt as one user turn with the model's own chat template (GGUF
+ * tokenizer.chat_template, model/chat_template.h, as the router renders chat prompts), the
+ * generation prompt added; --thinking on|off sets the template's enable_thinking (default: the
+ * template's own). The output is then split as the router splits it (model/chat_split.h): the
+ * answer streams to stdout, the reasoning (inside <think>...</think>, or from the start when
+ * the prompt ends inside <think>) to stderr, ended by a newline, and a tool call goes to stdout
+ * as one line {"name": ..., "arguments": {...}}. The summary line then also gives the reasoning
+ * tokens: those from the first through the one whose text completes </think>.
  *
  * The generation runs in the worker's engine (worker/engine.h) over the backend --device picks,
  * one slot: the same loop, stop rules and samplers as a served request. Tokens reach this
@@ -23,18 +31,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "cli/cli.h"
 #include "cli/cli_ids.h"
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/sampling.h"
+#include "model/chat_split.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
 
 typedef struct gen_opts {
-    const char *model, *prompt, *ids, *device;
+    const char *model, *prompt, *ids, *device, *thinking;
     int chat, print_ids, max_tokens, threads, ctx, top_k, tp;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int64_t seed;
@@ -44,7 +56,8 @@ static const flag_spec gen_flags[] = {
     {"model", "DS_MODEL", NULL, FLAG_STR, offsetof(gen_opts, model), "GGUF model file (arch qwen35)"},
     {"prompt", NULL, NULL, FLAG_STR, offsetof(gen_opts, prompt), "prompt text"},
     {"ids", NULL, NULL, FLAG_STR, offsetof(gen_opts, ids), "prompt token ids, comma separated (instead of --prompt)"},
-    {"chat", NULL, "0", FLAG_BOOL, offsetof(gen_opts, chat), "wrap --prompt in ChatML (user turn, then the assistant's)"},
+    {"chat", NULL, "0", FLAG_BOOL, offsetof(gen_opts, chat), "render --prompt as a user turn with the model's chat template; reasoning to stderr"},
+    {"thinking", NULL, NULL, FLAG_STR, offsetof(gen_opts, thinking), "with --chat: on | off (the template's enable_thinking; default: the template's)"},
     {"max-tokens", NULL, "64", FLAG_INT, offsetof(gen_opts, max_tokens), "most tokens to generate"},
     {"temperature", NULL, "0", FLAG_FLOAT, offsetof(gen_opts, temperature), "0: greedy"},
     {"top-k", NULL, "0", FLAG_INT, offsetof(gen_opts, top_k), "0: off"},
@@ -62,18 +75,55 @@ static const flag_spec gen_flags[] = {
     {0},
 };
 
-/* The prompt ids: parsed --ids, or --prompt encoded (ChatML-wrapped with --chat). */
-static int prompt_ids(const gen_opts *o, const tokenizer *tok, int32_t **ids, int *n, status *st)
+/* --prompt as one user turn rendered with the model's chat template (thinking: -1 the
+ * template's default, 0 off, 1 on). *text is malloc'd; *in_reasoning: the prompt ends inside
+ * <think>. */
+static int chat_prompt(const char *prompt, int thinking, const tokenizer *tok, char **text,
+                       size_t *len, bool *in_reasoning, status *st)
 {
+    size_t src_len;
+    const char *src = tokenizer_chat_template(tok, &src_len);
+    if (!src)
+        return status_fail(st, STATUS_PRECONDITION, "--chat: the model has no chat template "
+                           "(GGUF tokenizer.chat_template); give the prompt text without --chat");
+    char err[200];
+    chat_template *t = NULL;
+    if (chat_template_parse(src, src_len, &t, err, sizeof err))
+        return status_fail(st, STATUS_INVALID, "--chat: the model's chat template cannot be "
+                           "rendered: %s", err);
+    json_object *msgs = json_object_new_array(), *m = json_object_new_object();
+    int rc = STATUS_OK;
+    if (!msgs || !m) {
+        json_object_put(m);
+        rc = status_fail(st, STATUS_NOMEM, "out of memory");
+        goto out;
+    }
+    json_object_object_add(m, "role", json_object_new_string("user"));
+    json_object_object_add(m, "content", json_object_new_string(prompt));
+    json_object_array_add(msgs, m);
+    if (chat_template_render_chat(t, msgs, NULL, thinking, true, text, len, in_reasoning, err,
+                                  sizeof err))
+        rc = status_fail(st, STATUS_INVALID, "--chat: rendering the model's chat template: %s",
+                         err);
+out:
+    json_object_put(msgs);
+    chat_template_free(t);
+    return rc;
+}
+
+/* The prompt ids: parsed --ids, or --prompt encoded (rendered with the chat template with
+ * --chat). */
+static int prompt_ids(const gen_opts *o, int thinking, const tokenizer *tok, int32_t **ids,
+                      int *n, bool *in_reasoning, status *st)
+{
+    *in_reasoning = false;
     if (o->ids) return cli_ids_parse(o->ids, ids, n, st);
-    const char *pre = o->chat ? "<|im_start|>user\n" : "";
-    const char *post = o->chat ? "<|im_end|>\n<|im_start|>assistant\n" : "";
-    size_t len = strlen(pre) + strlen(o->prompt) + strlen(post);
-    char *text = malloc(len + 1);
-    if (!text) return status_fail(st, STATUS_NOMEM, "out of memory");
-    snprintf(text, len + 1, "%s%s%s", pre, o->prompt, post);
+    char *text = NULL;
+    size_t len = strlen(o->prompt);
+    if (o->chat && chat_prompt(o->prompt, thinking, tok, &text, &len, in_reasoning, st))
+        return st->code;
     size_t n_ids = 0;
-    int rc = tokenizer_encode(tok, text, len, ids, &n_ids, st);
+    int rc = tokenizer_encode(tok, text ? text : o->prompt, len, ids, &n_ids, st);
     free(text);
     if (rc) return rc;
     if (n_ids == 0 || n_ids > INT32_MAX) return status_fail(st, STATUS_INVALID, "the prompt encodes to no tokens");
@@ -128,10 +178,55 @@ static void gen_on_finish(void *arg, const engine_request *r)
 
 static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish};
 
+/* Where the text goes: stdout, or with --chat the splitter's pieces (the answer to stdout, the
+ * reasoning to stderr, tool calls to stdout as JSON lines). */
+typedef struct gen_out {
+    chat_split *split;    /* owned, NULL without --chat */
+    size_t *at;           /* owned, [max_tokens + 1] with --chat: where each token's text starts */
+    size_t n_bytes;       /* text detokenized so far */
+    bool reasoning_shown; /* some reasoning went to stderr */
+    bool reasoning_ended; /* ... and its line was ended */
+} gen_out;
+
+static void end_reasoning(gen_out *o)
+{
+    if (o->reasoning_shown && !o->reasoning_ended) fputc('\n', stderr);
+    o->reasoning_ended = true;
+}
+
+static void on_piece(void *ud, const chat_piece *p)
+{
+    gen_out *o = ud;
+    if (p->kind == CHAT_PIECE_REASONING) {
+        fwrite(p->text, 1, p->len, stderr);
+        o->reasoning_shown = true;
+        return;
+    }
+    end_reasoning(o);
+    if (p->kind == CHAT_PIECE_CONTENT) {
+        fwrite(p->text, 1, p->len, stdout);
+        return;
+    }
+    json_object *name = json_object_new_string(p->name);
+    printf("{\"name\": %s, \"arguments\": %s}\n",
+           name ? json_object_to_json_string_ext(name, JSON_C_TO_STRING_PLAIN) : "null",
+           p->arguments);
+    json_object_put(name);
+}
+
+static void out_text(gen_out *o, const char *p, size_t n)
+{
+    if (o->split)
+        chat_split_feed(o->split, p, n, on_piece, o); /* out of memory: the text passes as text */
+    else
+        fwrite(p, 1, n, stdout);
+    o->n_bytes += n;
+}
+
 /* Streams the tokens the engine produces until it finishes the request: text to stdout as it
  * comes (or nothing, with --print-ids). Returns the request's result code. */
 static int stream_tokens(gen_run *g, const gen_opts *o, const tokenizer *tok, char *piece,
-                         size_t cap, status *st)
+                         size_t cap, gen_out *out, status *st)
 {
     tokenizer_detok dt;
     tokenizer_detok_init(&dt, tok);
@@ -143,17 +238,20 @@ static int stream_tokens(gen_run *g, const gen_opts *o, const tokenizer *tok, ch
         const bool done = g->done;
         pthread_mutex_unlock(&g->mu);
         for (; shown < n; shown++) {
+            if (out->at) out->at[shown] = out->n_bytes;
             if (o->print_ids || tokenizer_is_eog(tok, g->gen[shown])) continue;
             size_t n_out = 0;
             if (tokenizer_detok_push(&dt, g->gen[shown], piece, cap, &n_out, st)) return st->code;
-            fwrite(piece, 1, n_out, stdout);
+            out_text(out, piece, n_out);
             fflush(stdout);
         }
         if (done) break;
     }
     if (!o->print_ids) {
         size_t n_out = tokenizer_detok_flush(&dt, piece, cap);
-        fwrite(piece, 1, n_out, stdout);
+        out_text(out, piece, n_out);
+        if (out->split) chat_split_finish(out->split, on_piece, out);
+        end_reasoning(out);
         printf("\n");
     }
     if (g->end.result.code) *st = g->end.result;
@@ -170,7 +268,14 @@ int cmd_generate(int argc, char **argv)
     if (rc) return usage_error(st.msg);
     if (!o.model) return usage_error("--model is required");
     if (!o.prompt == !o.ids) return usage_error("give exactly one of --prompt and --ids");
-    if (o.chat && o.ids) return usage_error("--chat wraps --prompt text; it does not apply to --ids");
+    if (o.chat && o.ids) return usage_error("--chat renders --prompt text; it does not apply to --ids");
+    int thinking = -1;
+    if (o.thinking) {
+        if (!o.chat) return usage_error("--thinking applies to --chat");
+        if (!strcmp(o.thinking, "on")) thinking = 1;
+        else if (!strcmp(o.thinking, "off")) thinking = 0;
+        else return usage_error("--thinking must be on or off");
+    }
     if (o.max_tokens < 1) return usage_error("--max-tokens must be >= 1");
     if (o.ctx < 0) return usage_error("--ctx must be >= 0");
     sampling_params sp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
@@ -193,9 +298,11 @@ int cmd_generate(int argc, char **argv)
     int32_t *ids = NULL;
     char *piece = NULL;
     gen_run g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    gen_out out = {0};
     int n_prompt = 0, ret = 1;
+    bool in_reasoning = false;
     if (qwen35_model_load(&m, o.model, &st) || tokenizer_load(&tok, m->file, &st) ||
-        prompt_ids(&o, tok, &ids, &n_prompt, &st))
+        prompt_ids(&o, thinking, tok, &ids, &n_prompt, &in_reasoning, &st))
         goto fail;
     const int V = m->cfg.V;
     for (int i = 0; i < n_prompt; i++)
@@ -219,7 +326,12 @@ int cmd_generate(int argc, char **argv)
     const size_t cap = tokenizer_detok_max_out(tok);
     g.gen = malloc(sizeof(int32_t) * (size_t)(o.max_tokens + 1));
     piece = malloc(cap);
-    if (!g.gen || !piece) {
+    if (o.chat) {
+        out.split = chat_split_new();
+        if (out.split) chat_split_reset(out.split, in_reasoning, NULL);
+        out.at = malloc(sizeof *out.at * (size_t)(o.max_tokens + 1));
+    }
+    if (!g.gen || !piece || (o.chat && (!out.split || !out.at))) {
         status_fail(&st, STATUS_NOMEM, "out of memory");
         goto fail;
     }
@@ -233,7 +345,7 @@ int cmd_generate(int argc, char **argv)
     snprintf(ep.id, sizeof ep.id, "generate");
     const int64_t t0 = clock_now_us();
     if (engine_submit(eng, &ep, &gen_sink, &g, &st) ||
-        stream_tokens(&g, &o, tok, piece, cap, &st))
+        stream_tokens(&g, &o, tok, piece, cap, &out, &st))
         goto fail;
     /* the eog token that stopped it is not printed and not in the ids */
     const int n_gen = g.n_gen - (g.end.finish == FINISH_STOP && g.n_gen > 0 &&
@@ -246,8 +358,16 @@ int cmd_generate(int argc, char **argv)
     fflush(stdout);
     const double pre_s = (g.t_first_us - t0) / 1e6, dec_s = (g.t_end_us - g.t_first_us) / 1e6;
     const int n_dec = g.n_gen > 1 ? g.n_gen - 1 : 0;
-    fprintf(stderr, "generate: %s, prompt tokens %d, generated tokens %d, prefill %.1f tok/s, "
-            "decode %.1f tok/s\n", be->device, n_prompt, n_gen,
+    char reasoning[48] = "";
+    if (out.split && !o.print_ids) { /* the tokens whose text starts before the reasoning's end */
+        bool final;
+        const size_t end = chat_split_reasoning_end(out.split, &final);
+        int n_reasoning = 0;
+        for (int i = 0; i < n_gen; i++) n_reasoning += out.at[i] < end;
+        snprintf(reasoning, sizeof reasoning, ", reasoning tokens %d", n_reasoning);
+    }
+    fprintf(stderr, "generate: %s, prompt tokens %d, generated tokens %d%s, prefill %.1f tok/s, "
+            "decode %.1f tok/s\n", be->device, n_prompt, n_gen, reasoning,
             pre_s > 0 ? n_prompt / pre_s : 0.0, n_dec && dec_s > 0 ? n_dec / dec_s : 0.0);
     ret = 0;
 fail:
@@ -256,6 +376,8 @@ fail:
     worker_backend_destroy(be);
     free(piece);
     free(g.gen);
+    chat_split_free(out.split);
+    free(out.at);
     free(ids);
     tokenizer_destroy(tok);
     qwen35_model_free(m);

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "common/flags.h"
 #include "gguf/synth.h"
+#include "gguf/synth_vocab.h"
 
 typedef struct synth_opts {
     const char *preset;
@@ -15,6 +16,7 @@ typedef struct synth_opts {
     int64_t seed;
     int threads;
     int mtp; /* FLAG_BOOL */
+    const char *chat_template;
     const char *output;
 } synth_opts;
 
@@ -29,6 +31,10 @@ static const flag_spec synth_flags[] = {
      "writer threads (0: online CPUs)"},
     {"mtp", "DS_SYNTH_MTP", "false", FLAG_BOOL, offsetof(synth_opts, mtp),
      "also write the MTP (nextn) block of a converted checkpoint"},
+    {"chat-template", "DS_SYNTH_CHAT_TEMPLATE", "qwen35", FLAG_STR,
+     offsetof(synth_opts, chat_template),
+     "tokenizer.chat_template: qwen35 (Qwen3.5's as published, as the real models) or chatml "
+     "(a short ChatML without thinking)"},
     {"output", NULL, NULL, FLAG_STR, offsetof(synth_opts, output), "output file (also -o FILE)"},
     {0},
 };
@@ -64,6 +70,12 @@ int cmd_gguf_synth(int argc, char **argv)
                 o.preset ? o.preset : "");
         return 2;
     }
+    int tmpl = synth_template_parse(o.chat_template);
+    if (tmpl < 0) {
+        fprintf(stderr, "%s: unknown --chat-template '%s' (qwen35, chatml)\n", USAGE,
+                o.chat_template ? o.chat_template : "");
+        return 2;
+    }
     if (q < 0) {
         fprintf(stderr, "%s: unknown --quant '%s' (f32, f16, bf16, q8_0, q4_k_m)\n", USAGE,
                 o.quant ? o.quant : "");
@@ -79,7 +91,7 @@ int cmd_gguf_synth(int argc, char **argv)
     }
 
     synth_options so = {.preset = p, .quant = (synth_quant)q, .seed = (uint64_t)o.seed,
-                        .mtp = o.mtp != 0, .n_threads = o.threads};
+                        .mtp = o.mtp != 0, .chat_template = tmpl, .n_threads = o.threads};
     synth_stats s;
     if (synth_write(o.output, &so, &s, &st)) {
         fprintf(stderr, "%s: %s\n", USAGE, st.msg);

@@ -147,6 +147,7 @@ typedef struct synth_options {
     synth_quant quant;
     uint64_t seed;
     bool mtp;             /* also write the MTP block (block_count L + 1, nextn_predict_layers 1) */
+    int chat_template;    /* synth_template (synth_vocab.h): 0 Qwen3.5's, as the real models */
     int n_threads;        /* 0: number of online CPUs */
     uint64_t chunk_bytes; /* 0: default (4 MiB); the unit of work and of one pwrite */
 } synth_options;

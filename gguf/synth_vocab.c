@@ -413,8 +413,19 @@ void synth_vocab_free(synth_vocab *v)
     memset(v, 0, sizeof *v);
 }
 
-const char *synth_vocab_chat_template(void)
+/* gguf/synth_qwen35_chat_template.jinja as bytes, NUL-terminated (//gguf:synth_template_gen). */
+extern const char synth_qwen35_chat_template[];
+
+const char *synth_vocab_chat_template(synth_template t)
 {
+    if (t == SYNTH_TEMPLATE_QWEN35) return synth_qwen35_chat_template;
     return "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+}
+
+int synth_template_parse(const char *name)
+{
+    if (name && !strcmp(name, "qwen35")) return SYNTH_TEMPLATE_QWEN35;
+    if (name && !strcmp(name, "chatml")) return SYNTH_TEMPLATE_CHATML;
+    return -1;
 }

@@ -42,7 +42,16 @@ typedef struct synth_vocab {
 int synth_vocab_build(synth_vocab *v, uint32_t n_vocab, status *st);
 void synth_vocab_free(synth_vocab *v);
 
-/* The short ChatML chat template written as tokenizer.chat_template. */
-const char *synth_vocab_chat_template(void);
+/* The chat templates gguf synth can write as tokenizer.chat_template. */
+typedef enum {
+    SYNTH_TEMPLATE_QWEN35 = 0, /* Qwen3.5's as published (synth_qwen35_chat_template.jinja) */
+    SYNTH_TEMPLATE_CHATML = 1, /* a short ChatML: the turns, the generation prompt, no thinking */
+} synth_template;
+
+/* The template's text, NUL-terminated. */
+const char *synth_vocab_chat_template(synth_template t);
+
+/* "qwen35" / "chatml" -> the template, -1 for anything else. */
+int synth_template_parse(const char *name);
 
 #endif

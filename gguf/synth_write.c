@@ -106,7 +106,7 @@ static int make_items(const synth_tensor *t, int n_t, uint64_t chunk_bytes, work
 /* Every metadata key of docs/QWEN35.md §1.2 and the tokenizer of §1.6. A setter's failure is kept
  * by the writer and reported, with its message, by gguf_writer_begin_data. */
 static void set_metadata(gguf_writer *w, const synth_preset *p, synth_quant q, uint64_t seed,
-                         bool mtp, const synth_vocab *v)
+                         bool mtp, synth_template tmpl, const synth_vocab *v)
 {
     char name[96];
     snprintf(name, sizeof name, "deltaserve synth qwen35 %s %s", p->name, synth_quant_name(q));
@@ -148,7 +148,7 @@ static void set_metadata(gguf_writer *w, const synth_preset *p, synth_quant q, u
     gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", v->endoftext_id);
     gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", v->endoftext_id);
     gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
-    gguf_writer_set_str(w, "tokenizer.chat_template", synth_vocab_chat_template());
+    gguf_writer_set_str(w, "tokenizer.chat_template", synth_vocab_chat_template(tmpl));
 }
 
 static int run_threads(work *wk, int n_threads, status *st)
@@ -172,6 +172,8 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
     if (!o->preset) return status_fail(st, STATUS_INVALID, "synth: no preset given");
     if ((unsigned)o->quant >= SYNTH_QUANT_COUNT)
         return status_fail(st, STATUS_INVALID, "synth: unknown quant %d", (int)o->quant);
+    if (o->chat_template != SYNTH_TEMPLATE_QWEN35 && o->chat_template != SYNTH_TEMPLATE_CHATML)
+        return status_fail(st, STATUS_INVALID, "synth: unknown chat template %d", o->chat_template);
     int n_threads = o->n_threads;
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -201,7 +203,8 @@ int synth_write(const char *path, const synth_options *o, synth_stats *stats, st
     }
     if ((rc = gguf_writer_create(&w, path, st))) goto fail;
     created = true;
-    set_metadata(w, o->preset, o->quant, o->seed, o->mtp, &vocab);
+    set_metadata(w, o->preset, o->quant, o->seed, o->mtp, (synth_template)o->chat_template,
+                 &vocab);
     uint64_t tensor_bytes = 0;
     for (int i = 0; i < n_t; i++) {
         int idx = gguf_writer_add_tensor(w, plan[i].name, plan[i].n_dims, plan[i].ne,

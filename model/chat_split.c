@@ -3,6 +3,7 @@
 #include "model/chat_split.h"
 
 #include <json-c/json.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -33,6 +34,9 @@ struct chat_split {
     char *out;                 /* owned, [out_cap] a call's name, then its arguments' JSON */
     size_t out_len, out_cap;
     int n_calls;               /* tool calls emitted this request */
+    size_t n_fed;              /* bytes fed this request */
+    size_t reasoning_end;      /* bytes of the output through its </think>; 0 before one */
+    bool finished;             /* chat_split_finish ran */
     struct json_object *tools; /* borrowed: the request's tools, or NULL */
 };
 
@@ -68,10 +72,26 @@ void chat_split_reset(chat_split *s, bool in_reasoning, struct json_object *tool
     s->n_hold = s->n_old = 0;
     s->call_len = 0;
     s->n_calls = 0;
+    s->n_fed = s->reasoning_end = 0;
+    s->finished = false;
     s->tools = tools;
 }
 
 bool chat_split_in_reasoning(const chat_split *s) { return s->mode == MODE_REASONING; }
+
+size_t chat_split_reasoning_end(const chat_split *s, bool *final)
+{
+    if (s->mode == MODE_REASONING) { /* open: all of it so far; all of it at the end */
+        *final = s->finished;
+        return s->finished ? SIZE_MAX : s->n_fed;
+    }
+    if (s->at_start && !s->finished) { /* "<think>" may still open the output */
+        *final = false;
+        return 0;
+    }
+    *final = true;
+    return s->reasoning_end;
+}
 
 static int grow(char **buf, size_t *cap, size_t need)
 {
@@ -399,7 +419,10 @@ int chat_split_feed(chat_split *s, const char *text, size_t len, chat_split_sink
             s->n_hold = s->n_old = 0;
             s->at_start = false;
             run = i + 1;
-            if (m == MATCH_THINK_CLOSE) s->mode = MODE_CONTENT;
+            if (m == MATCH_THINK_CLOSE) {
+                s->mode = MODE_CONTENT;
+                s->reasoning_end = s->n_fed + i + 1;
+            }
             else if (m == MATCH_THINK_OPEN) s->mode = MODE_REASONING;
             else s->mode = MODE_TOOL, s->call_len = 0;
             continue;
@@ -416,6 +439,7 @@ int chat_split_feed(chat_split *s, const char *text, size_t len, chat_split_sink
         emit_text(sink, ud, text_kind(s), text + run, len - run - held_here);
         s->n_old = s->n_hold;
     }
+    s->n_fed += len;
     return rc;
 }
 
@@ -429,5 +453,6 @@ int chat_split_finish(chat_split *s, chat_split_sink sink, void *ud)
         emit_text(sink, ud, text_kind(s), s->hold, s->n_hold);
     }
     s->n_hold = s->n_old = 0;
+    s->finished = true;
     return rc;
 }

@@ -76,7 +76,15 @@ int chat_split_feed(chat_split *s, const char *text, size_t len, chat_split_sink
  * memory). The splitter needs a reset before the next request. */
 int chat_split_finish(chat_split *s, chat_split_sink sink, void *ud);
 
-/* Whether the splitter is inside reasoning now (the caller counts reasoning tokens). */
+/* Whether the splitter is inside reasoning now. */
 bool chat_split_in_reasoning(const chat_split *s);
+
+/* The reasoning is always a prefix of the output, its markers included: bytes [0, end) of the
+ * text fed. Returns end as known so far: with *final false it may still grow (the output is
+ * in reasoning, or may yet open with "<think>"), and the bytes before it are reasoning for
+ * certain; with *final true it is exact (0: the output has no reasoning; SIZE_MAX: the output
+ * ended inside reasoning, so all of it is). A caller that knows where each token's text starts
+ * in the fed text counts the reasoning tokens exactly with it (router_chat.h). */
+size_t chat_split_reasoning_end(const chat_split *s, bool *final);
 
 #endif

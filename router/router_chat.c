@@ -110,7 +110,8 @@ int router_chat_init(router_chat *c, const Deltaserve__V1__ChatPrompt *chat, boo
     c->split = chat_split_new();
     if (!c->split || grow((void **)&c->text, &c->text_cap, piece_cap + 1, 1) ||
         grow((void **)&c->reasoning, &c->reasoning_cap, piece_cap + 1, 1) ||
-        grow((void **)&c->strs, &c->strs_cap, 1024, 1) || calls_reserve(c, 4)) {
+        grow((void **)&c->strs, &c->strs_cap, 1024, 1) || calls_reserve(c, 4) ||
+        !(c->pending = malloc(ROUTER_CHAT_PENDING * sizeof *c->pending))) {
         router_chat_free(c);
         return status_fail(st, STATUS_NOMEM, "chat: out of memory");
     }
@@ -128,6 +129,7 @@ void router_chat_free(router_chat *c)
     free(c->calls);
     free(c->ptrs);
     free(c->offs);
+    free(c->pending);
     memset(c, 0, sizeof *c);
 }
 
@@ -167,14 +169,63 @@ static void on_piece(void *ud, const chat_piece *p)
     if (rc) c->failed = 1;
 }
 
-int router_chat_message(router_chat *c, const char *text, size_t len, bool last,
-                        Deltaserve__V1__GenerateResponse *out)
+void router_chat_token(router_chat *c, uint64_t at)
+{
+    if (c->reasoning_done) return; /* at >= every byte fed >= the reasoning's end */
+    if (c->n_pending) {
+        router_chat_pending *p =
+            &c->pending[(c->pending_head + c->n_pending - 1) % ROUTER_CHAT_PENDING];
+        if (p->at == at) {
+            p->n++;
+            return;
+        }
+    }
+    /* the offsets pending lie in the bytes held back past what the splitter decided */
+    DS_ASSERT(c->n_pending < ROUTER_CHAT_PENDING);
+    router_chat_pending *p = &c->pending[(c->pending_head + c->n_pending) % ROUTER_CHAT_PENDING];
+    p->at = at;
+    p->n = 1;
+    c->n_pending++;
+}
+
+/* Counts the pending tokens that start before the reasoning's end as far as it is known. */
+static void count_reasoning(router_chat *c)
+{
+    if (c->reasoning_done) return;
+    bool final;
+    size_t end = chat_split_reasoning_end(c->split, &final);
+    while (c->n_pending && c->pending[c->pending_head].at < (uint64_t)end) {
+        c->reasoning_tokens += c->pending[c->pending_head].n;
+        c->pending_head = (c->pending_head + 1) % ROUTER_CHAT_PENDING;
+        c->n_pending--;
+    }
+    if (final) {
+        c->reasoning_done = 1;
+        c->n_pending = 0;
+    }
+}
+
+uint32_t router_chat_reasoning_tokens(const router_chat *c) { return c->reasoning_tokens; }
+
+void router_chat_begin(router_chat *c)
 {
     c->text_len = c->reasoning_len = c->strs_len = c->n_calls = 0;
     c->text[0] = c->reasoning[0] = 0;
+}
+
+int router_chat_feed(router_chat *c, const char *text, size_t len)
+{
     if (chat_split_feed(c->split, text, len, on_piece, c)) c->failed = 1;
+    if (c->failed) return -1;
+    count_reasoning(c);
+    return 0;
+}
+
+int router_chat_end(router_chat *c, bool last, Deltaserve__V1__GenerateResponse *out)
+{
     if (last && chat_split_finish(c->split, on_piece, c)) c->failed = 1;
     if (c->failed) return -1;
+    count_reasoning(c);
     for (size_t i = 0; i < c->n_calls; i++) {
         Deltaserve__V1__ToolCall init = DELTASERVE__V1__TOOL_CALL__INIT;
         c->calls[i] = init;
@@ -188,4 +239,12 @@ int router_chat_message(router_chat *c, const char *text, size_t len, bool last,
     out->n_tool_calls = c->n_calls;
     out->tool_calls = c->n_calls ? c->ptrs : NULL;
     return 0;
+}
+
+int router_chat_message(router_chat *c, const char *text, size_t len, bool last,
+                        Deltaserve__V1__GenerateResponse *out)
+{
+    router_chat_begin(c);
+    if (router_chat_feed(c, text, len)) return -1;
+    return router_chat_end(c, last, out);
 }

@@ -50,6 +50,7 @@ typedef struct relay {
     size_t piece_cap;
     char *text;       /* owned, [text_cap] text of the message being built */
     size_t text_cap, text_len;
+    uint64_t out_bytes; /* bytes the detokenizer gave so far (before stop strings) */
     router_chat chat; /* chat prompts: the answer / reasoning / tool-call splitter */
     int chat_ready;
     /* outcome */
@@ -165,16 +166,30 @@ static int text_append(relay *s, const char *p, size_t n)
     return 0;
 }
 
-/* Pushes a decoded piece through the stop matcher into the message text. Returns the matched
- * stop index, -1, or -2 on allocation failure. */
+/* Pushes a decoded piece through the stop matcher into the message text and, for a chat, the
+ * splitter. Returns the matched stop index, -1, or -2 on allocation failure. */
 static int push_text(relay *s, const char *p, size_t n)
 {
     const char *out;
     size_t n_out;
     status st;
+    s->out_bytes += n;
     int m = router_stop_push(&s->stop, p, n, &out, &n_out, &st);
     if (m == -2 || text_append(s, out, n_out)) return -2;
+    if (s->chat_ready && router_chat_feed(&s->chat, out, n_out)) return -2;
     return m;
+}
+
+/* The held-back text at the end of the output (no stop string matched) into the message text
+ * and the splitter. Returns 0 or -2 on allocation failure. */
+static int flush_stop(relay *s)
+{
+    const char *out;
+    size_t n_out;
+    router_stop_flush(&s->stop, &out, &n_out);
+    if (text_append(s, out, n_out)) return -2;
+    if (s->chat_ready && router_chat_feed(&s->chat, out, n_out)) return -2;
+    return 0;
 }
 
 /* Fills in the text of each top-logprob alternative (Generation only). The strings are
@@ -214,9 +229,11 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     s->accepted = 1;
     s->text_len = 0;
     if (s->text) s->text[0] = 0;
+    if (s->chat_ready) router_chat_begin(&s->chat);
     if (r->tok) {
         for (size_t i = 0; i < n && matched < 0; i++) {
             size_t np;
+            if (s->chat_ready) router_chat_token(&s->chat, s->out_bytes);
             if (tokenizer_detok_push(&s->detok, m->token_ids[i], s->piece, s->piece_cap, &np,
                                      &st)) {
                 /* the worker returned an id outside our vocabulary: models differ */
@@ -232,12 +249,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
             size_t np = tokenizer_detok_flush(&s->detok, s->piece, s->piece_cap);
             matched = push_text(s, s->piece, np);
             if (matched == -2) goto nomem;
-            if (matched < 0) {
-                const char *out;
-                size_t n_out;
-                router_stop_flush(&s->stop, &out, &n_out);
-                if (text_append(s, out, n_out)) goto nomem;
-            }
+            if (matched < 0 && flush_stop(s)) goto nomem;
         }
     }
     if (m->usage) s->cached_tokens = m->usage->cached_tokens;
@@ -257,8 +269,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     out.n_token_ids = kept;
     out.token_ids = m->token_ids;
     if (s->text) out.text = s->text;
-    if (s->chat_ready && router_chat_message(&s->chat, out.text, s->text_len,
-                                             matched >= 0 || m->finish_reason, &out))
+    if (s->chat_ready && router_chat_end(&s->chat, matched >= 0 || m->finish_reason, &out))
         goto nomem;
     if (m->n_logprobs) {
         out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
@@ -290,11 +301,16 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
             if (m->matched_stop_case ==
                 DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID)
                 out.stop_token_id = m->stop_token_id;
-            out.usage = m->usage;
+            if (m->usage) {
+                usage = *m->usage;
+                out.usage = &usage;
+            }
             if (m->timings) tm = *m->timings;
         }
     }
     if (final) {
+        if (out.usage == &usage && s->chat_ready)
+            usage.reasoning_tokens = router_chat_reasoning_tokens(&s->chat);
         tm.ttft_ms = ms_between(s->q->t0_us, s->t_first_us ? s->t_first_us : s->q->t0_us);
         tm.total_ms = ms_between(s->q->t0_us, now);
         out.timings = &tm;
@@ -351,20 +367,19 @@ static void relay_aborted(relay *s, router_worker *w)
 {
     s->text_len = 0;
     if (s->text) s->text[0] = 0;
+    if (s->chat_ready) router_chat_begin(&s->chat);
     if (s->q->r->tok) {
         size_t np = tokenizer_detok_flush(&s->detok, s->piece, s->piece_cap);
-        const char *out;
-        size_t n_out;
-        if (push_text(s, s->piece, np) == -1) {
-            router_stop_flush(&s->stop, &out, &n_out);
-            text_append(s, out, n_out);
-        }
+        if (push_text(s, s->piece, np) == -1) flush_stop(s);
     }
     int64_t now = clock_now_us();
     Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
     Deltaserve__V1__Usage usage = DELTASERVE__V1__USAGE__INIT;
     Deltaserve__V1__Timings tm = DELTASERVE__V1__TIMINGS__INIT;
     if (s->text) m.text = s->text;
+    /* a chat's held text split as the end of the output (out of memory: the text unsplit) */
+    if (s->chat_ready && router_chat_end(&s->chat, true, &m) == 0)
+        usage.reasoning_tokens = router_chat_reasoning_tokens(&s->chat);
     m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
     usage.prompt_tokens = (uint32_t)s->n_ids;
     usage.completion_tokens = (uint32_t)s->n_tokens;

@@ -518,8 +518,6 @@ static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
     http_req *h = c->h;
     c->sent++;
     c->completion_tokens += (uint32_t)m->n_token_ids;
-    if (m->reasoning && m->reasoning[0] && !m->text[0])
-        c->reasoning_tokens += (uint32_t)m->n_token_ids;
     c->n_tool_calls += (int)m->n_tool_calls;
     if (m->finish_reason) {
         c->finish = m->finish_reason;
@@ -527,6 +525,7 @@ static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
             c->prompt_tokens = m->usage->prompt_tokens;
             c->completion_tokens = m->usage->completion_tokens;
             c->cached_tokens = m->usage->cached_tokens;
+            c->reasoning_tokens = m->usage->reasoning_tokens;
         }
     }
     int64_t base = c->text_bytes;

@@ -159,7 +159,7 @@ def test_generate():
             d = run("detokenize", "--model", model, "--ids", ",".join(map(str, p["greedy"])))
             check(r.returncode == 0 and d.returncode == 0 and r.stdout.rstrip(b"\n") == d.stdout.rstrip(b"\n"),
                   f"generate {name} prompt {i}: streamed text equals detokenize of the ids")
-    # --chat wraps in ChatML: equals the reference chat prompt (prompt 2 of tiny-r2-tied)
+    # --chat renders with the model's template (tiny-r2-tied's is ChatML): equals the reference chat prompt (prompt 2)
     meta = json.load(open(refcases.resolve_path("tiny-r2-tied", ".json")))
     p = meta["prompts"][2]
     r = run("generate", "--model", refcases.resolve_path("tiny-r2-tied", ".gguf"), "--chat", "--prompt",

@@ -9,7 +9,10 @@ and text, with the markers put back, are the text stream's text; stop strings to
 Forced output (the router on the demo model's tokenizer, the scripted fake worker returning the
 token ids of a Qwen3.5-style output: a think block, an answer with literal "<" text, a tool call):
 the stream's reasoning, text and tool_calls are that output split, with "call_" + 24 hex ids; the
-same tokens for a text prompt come back whole in text (non-chat streams are not split)."""
+same tokens for a text prompt come back whole in text (non-chat streams are not split). The
+final message's usage.reasoning_tokens is exact: the tokens through the one whose text completes
+</think>, also when the fake worker sends several tokens a message (--per-message) and when a
+stop string ends the output inside the reasoning or after it; 0 for a text prompt."""
 import os
 import re
 import sys
@@ -132,12 +135,63 @@ class ForcedOutput(unittest.TestCase):
             "--tokens", ",".join(map(str, cls.ids)), "--vocab", "8192"])
         cls.r = h.start_router([cls.w], model=DEMO, name="split_fake_router")
         cls.c = h.Client(cls.r.addr)
+        # the same output, several tokens a message
+        cls.wm = h.start_fake_worker("split_fake_multi", extra=[
+            "--tokens", ",".join(map(str, cls.ids)), "--vocab", "8192",
+            "--per-message", "3,1,5,2,7"])
+        cls.rm = h.start_router([cls.wm], model=DEMO, name="split_fake_multi_router")
+        cls.cm = h.Client(cls.rm.addr)
 
     @classmethod
     def tearDownClass(cls):
-        cls.c.close()
-        cls.r.stop()
-        cls.w.stop()
+        for c in (cls.c, cls.cm):
+            c.close()
+        for p in (cls.r, cls.rm, cls.w, cls.wm):
+            p.stop()
+
+    def detok(self, n):
+        return h.run_cli(["detokenize", "--model", DEMO, "--ids",
+                          ",".join(map(str, self.ids[:n]))], check=True)[1]
+
+    def first_with(self, s):
+        """The fewest forced tokens whose text contains s."""
+        lo, hi = 1, len(self.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if s in self.detok(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def test_reasoning_tokens(self):
+        n_close = self.first_with("</think>")
+        self.assertGreater(n_close, 3)
+        self.assertLess(n_close, len(self.ids))
+        for c in (self.c, self.cm):
+            req = chat_request([("user", "Weather?")], tools=TOOLS, max_tokens=len(self.ids))
+            msgs = list(c.gen.Generate(req, timeout=60))
+            if c is self.cm:
+                self.assertGreater(max(len(m.token_ids) for m in msgs), 1)
+            u = msgs[-1].usage
+            self.assertEqual(u.completion_tokens, len(self.ids))
+            self.assertEqual(u.reasoning_tokens, n_close)
+            # cut inside the reasoning: all of it is reasoning
+            req = chat_request([("user", "Weather?")], max_tokens=n_close - 1)
+            u = list(c.gen.Generate(req, timeout=60))[-1].usage
+            self.assertEqual((u.completion_tokens, u.reasoning_tokens), (n_close - 1,) * 2)
+            # a stop string inside the reasoning ends it there; one in the answer after it
+            n_stop = self.first_with("a < b")
+            req = chat_request([("user", "Weather?")], max_tokens=len(self.ids), stop=["a < b"])
+            u = list(c.gen.Generate(req, timeout=60))[-1].usage
+            self.assertEqual((u.completion_tokens, u.reasoning_tokens), (n_stop, n_stop))
+            req = chat_request([("user", "Weather?")], max_tokens=len(self.ids), stop=["check"])
+            m = list(c.gen.Generate(req, timeout=60))[-1]
+            self.assertEqual(m.usage.completion_tokens, self.first_with("check"))
+            self.assertEqual(m.usage.reasoning_tokens, n_close)
+            # a text prompt is not split: no reasoning tokens
+            _, _, _, final = c.generate(text="Weather?", max_tokens=len(self.ids))
+            self.assertEqual(final.usage.reasoning_tokens, 0)
 
     def test_split(self):
         req = chat_request([("user", "Weather in Paris for 3 days?")], tools=TOOLS,

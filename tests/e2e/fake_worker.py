@@ -3,7 +3,9 @@
 
 Serves deltaserve.v1.Worker (Generate, Abort, GetLoad, GetModelInfo) and grpc.health.v1
 Check. Generation is deterministic: the tokens are --tokens cycled (default: the prompt ids
-cycled), one every --token-ms, up to max_new_tokens (default 16); stop_token_ids end it.
+cycled), one every --token-ms, up to max_new_tokens (default 16); stop_token_ids end it. A
+message carries one token, or with --per-message K1,K2,... K1 tokens, then K2, ... (cycled), as
+a worker that sends the tokens of one step together.
 A prefix cache is played by --cached-tokens N (usage.cached_tokens = min(N, prompt - 1), on the
 first token's message and the final one, as the worker sends it) and --heads-of IDS (repeatable:
 GetLoad lists the hash of the first GetLoadRequest.prefix_tokens of these ids among its
@@ -68,6 +70,8 @@ class Worker(pb_grpc.WorkerServicer):
             stops = set(req.stopping.stop_token_ids)
             out = []
             cached = max(0, min(a.cached_tokens, len(ids) - 1))
+            sizes = [int(x) for x in a.per_message.split(",")] if a.per_message else [1]
+            m, n_msgs = None, 0
             for i in range(n):
                 if a.token_ms:
                     time.sleep(a.token_ms / 1000.0)
@@ -80,13 +84,15 @@ class Worker(pb_grpc.WorkerServicer):
                     total = self.tokens_sent
                 if a.die_after and total >= a.die_after:
                     os._exit(3)  # a crash mid-stream: no status, connection reset
-                m = pb.GenerateResponse(token_ids=[t])
+                if m is None:
+                    m = pb.GenerateResponse()
+                m.token_ids.append(t)
                 if req.logprobs:
                     m.logprobs.append(pb.TokenLogprob(
                         token_id=t, logprob=-0.5,
                         top=[pb.TopLogprob(token_id=(t + j) % a.vocab, logprob=-0.5 - j)
                              for j in range(req.logprobs)]))
-                if i == 0:  # the first token's message: usage, timings so far, served_by
+                if n_msgs == 0 and len(m.token_ids) == 1:  # the first message: usage, timings
                     m.usage.prompt_tokens = len(ids)
                     m.usage.cached_tokens = cached
                     m.timings.queue_ms = FIRST_QUEUE_MS
@@ -106,7 +112,9 @@ class Worker(pb_grpc.WorkerServicer):
                     m.request_id = req.request_id
                     m.seed = req.sampling.seed
                     m.served_by = a.name
-                yield m
+                if last or len(m.token_ids) == sizes[n_msgs % len(sizes)]:
+                    yield m
+                    m, n_msgs = None, n_msgs + 1
                 if last:
                     return
         finally:
@@ -147,6 +155,8 @@ def main():
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--mode", default="ok", choices=["ok", "unavailable", "exhausted"])
     p.add_argument("--die-after", type=int, default=0, help="exit after this many tokens in all")
+    p.add_argument("--per-message", default="",
+                   help="tokens per message K1,K2,... cycled (default: 1)")
     p.add_argument("--cached-tokens", type=int, default=0,
                    help="usage.cached_tokens of every request (at most its prompt - 1)")
     p.add_argument("--heads-of", action="append", default=[],

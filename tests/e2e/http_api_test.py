@@ -374,14 +374,22 @@ TOOLS = [{"type": "function", "function": {
 
 class HttpForcedOutput(unittest.TestCase):
     """The scripted fake worker returns a Qwen3.5-style output (a think block, an answer, a tool
-    call): the HTTP answer has it split into reasoning_content, content and tool_calls."""
+    call), several tokens a message: the HTTP answer has it split into reasoning_content, content
+    and tool_calls, and completion_tokens_details.reasoning_tokens is exact (the tokens through
+    the one whose text completes </think>), streamed or not."""
 
     @classmethod
     def setUpClass(cls):
         rc, out, err = h.run_cli(["tokenize", "--model", demo(), "--text", FORCED], check=True)
         cls.ids = [int(x) for x in out.strip().strip("[]").split(",")]
         cls.w = h.start_fake_worker("http_fake", extra=[
-            "--tokens", ",".join(map(str, cls.ids)), "--vocab", "8192"])
+            "--tokens", ",".join(map(str, cls.ids)), "--vocab", "8192",
+            "--per-message", "4,1,3,6"])
+        n = 1  # the fewest tokens whose text completes </think>
+        while "</think>" not in h.run_cli(["detokenize", "--model", demo(), "--ids",
+                                            ",".join(map(str, cls.ids[:n]))], check=True)[1]:
+            n += 1
+        cls.n_reasoning = n
         cls.r = h.start_router([cls.w], model=demo(), name="http_fake_r",
                                extra=["--http-listen", "127.0.0.1:0"])
         m = cls.r.wait_line(HTTP_RE)
@@ -411,13 +419,17 @@ class HttpForcedOutput(unittest.TestCase):
         self.assertEqual(c.message.content.strip(), "Let me check.")
         self.check_call([{"id": t.id, "name": t.function.name,
                           "arguments": t.function.arguments} for t in c.message.tool_calls])
-        self.assertGreater(r.usage.completion_tokens_details.reasoning_tokens, 0)
-        self.assertLess(r.usage.completion_tokens_details.reasoning_tokens,
-                        r.usage.completion_tokens)
+        self.assertEqual(r.usage.completion_tokens, len(self.ids))
+        self.assertEqual(r.usage.completion_tokens_details.reasoning_tokens, self.n_reasoning)
         # streamed: the same pieces as deltas
-        reasoning, content, calls, finish = "", "", {}, None
+        reasoning, content, calls, finish, usage = "", "", {}, None, None
         for ch in self.client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS,
-                                                      max_tokens=len(self.ids), stream=True):
+                                                      max_tokens=len(self.ids), stream=True,
+                                                      stream_options={"include_usage": True}):
+            if ch.usage:
+                usage = ch.usage
+            if not ch.choices:
+                continue
             d = ch.choices[0].delta
             reasoning += getattr(d, "reasoning_content", None) or ""
             content += d.content or ""
@@ -429,6 +441,7 @@ class HttpForcedOutput(unittest.TestCase):
         self.assertEqual(content, c.message.content)
         self.check_call([calls[i] for i in sorted(calls)])
         self.assertEqual(finish, "tool_calls")
+        self.assertEqual(usage.completion_tokens_details.reasoning_tokens, self.n_reasoning)
 
 
 class HttpDrain(unittest.TestCase):

@@ -1,8 +1,10 @@
 """Synthetic GGUFs read by gguf-py (llama.cpp's own reader, in .venv), independently of our C
 reader: every tiny quant is written with `deltaserve gguf synth`, then its metadata (keys, value
 types), tensor table (names, shapes, types recomputed here from docs/QWEN35.md §1.4/§5.3), tokenizer
-(merge invariants) and values (every tensor dequantised by gguf.quants: finite, intended scale)
-are checked. Usage: synth_py_check.py DELTASERVE_BINARY TMPDIR"""
+(merge invariants), chat template (by default Qwen3.5's, byte for byte the published one of
+tests/model/data; --chat-template chatml the short ChatML) and values (every tensor dequantised
+by gguf.quants: finite, intended scale) are checked.
+Usage: synth_py_check.py DELTASERVE_BINARY TMPDIR"""
 import os
 import subprocess
 import sys
@@ -12,6 +14,10 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 failures = []
+QWEN_TEMPLATE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "model", "data",
+                             "qwen35_chat_template.jinja")
+with open(QWEN_TEMPLATE, encoding="utf-8") as _f:
+    PUBLISHED = _f.read()
 
 
 def check(cond, msg):
@@ -120,7 +126,9 @@ def check_file(path, quant):
     check(toks[eos] == "<|im_end|>" and types[eos] == 3, "eos is not a CONTROL <|im_end|>")
     check(toks[field(r, "tokenizer.ggml.padding_token_id")] == "<|endoftext|>", "padding id")
     check(field(r, "tokenizer.ggml.add_bos_token") is False, "add_bos_token")
-    check("<|im_start|>" in field(r, "tokenizer.chat_template"), "chat template")
+    tmpl = field(r, "tokenizer.chat_template")
+    check(tmpl == PUBLISHED, "chat template: not Qwen3.5's as published (%s)"
+          % os.path.basename(QWEN_TEMPLATE))
 
     want = expected_tensors(quant)
     got = {t.name: t for t in r.tensors}
@@ -149,6 +157,14 @@ def check_file(path, quant):
 def main():
     binary, tmp = sys.argv[1], sys.argv[2]
     os.makedirs(tmp, exist_ok=True)
+    # --chat-template chatml: the short ChatML instead of the default Qwen3.5 template
+    path = os.path.join(tmp, "synth_py_chatml.gguf")
+    subprocess.run([binary, "gguf", "synth", "--preset", "tiny", "--quant", "f32", "--chat-template",
+                    "chatml", "-o", path], check=True, stdout=subprocess.DEVNULL)
+    tmpl = field(GGUFReader(path), "tokenizer.chat_template")
+    check(tmpl.startswith("{% for m in messages %}<|im_start|>") and "think" not in tmpl,
+          "--chat-template chatml: %r" % tmpl[:80])
+    os.unlink(path)
     for quant in ["f32", "f16", "bf16", "q8_0", "q4_k_m"]:
         path = os.path.join(tmp, "synth_py_%s.gguf" % quant)
         subprocess.run([binary, "gguf", "synth", "--preset", "tiny", "--quant", quant,

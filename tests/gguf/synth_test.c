@@ -568,11 +568,28 @@ static void check_tiny_file(synth_quant q)
     gguf_str tmpl;
     CU_ASSERT_EQUAL(gguf_get_str(f, "tokenizer.chat_template", &tmpl, &st), 0);
     CU_ASSERT_TRUE(tmpl.len > 20 && memmem(tmpl.ptr, tmpl.len, "<|im_start|>", 12) != NULL);
+    /* the default: Qwen3.5's template, its thinking switch and tool format included */
+    CU_ASSERT_TRUE(tmpl.len == strlen(synth_vocab_chat_template(SYNTH_TEMPLATE_QWEN35)) &&
+                   memmem(tmpl.ptr, tmpl.len, "enable_thinking", 15) != NULL &&
+                   memmem(tmpl.ptr, tmpl.len, "<tool_call>", 11) != NULL);
 
     check_values(f, plan, n);
     gguf_close(f);
     free(plan);
     unlink(path);
+}
+
+/* The templates by name; ChatML is the short one, without the thinking switch. */
+static void test_chat_templates(void)
+{
+    CU_ASSERT_EQUAL(synth_template_parse("qwen35"), SYNTH_TEMPLATE_QWEN35);
+    CU_ASSERT_EQUAL(synth_template_parse("chatml"), SYNTH_TEMPLATE_CHATML);
+    CU_ASSERT_EQUAL(synth_template_parse("qwen3"), -1);
+    CU_ASSERT_EQUAL(synth_template_parse(NULL), -1);
+    const char *q = synth_vocab_chat_template(SYNTH_TEMPLATE_QWEN35);
+    const char *c = synth_vocab_chat_template(SYNTH_TEMPLATE_CHATML);
+    CU_ASSERT_TRUE(strlen(q) > 7000 && strstr(q, "enable_thinking") && strstr(q, "<think>"));
+    CU_ASSERT_TRUE(strlen(c) < 200 && strstr(c, "<|im_start|>") && !strstr(c, "think"));
 }
 
 static void test_tiny_f32(void) { check_tiny_file(SYNTH_QUANT_F32); }
@@ -684,6 +701,7 @@ int main(void)
     CU_add_test(s, "parameter counts per size", test_plan_param_counts);
     CU_add_test(s, "MTP block per size", test_plan_mtp);
     CU_add_test(s, "data sizes match docs/QWEN35.md 4.3", test_plan_sizes);
+    CU_add_test(s, "chat templates", test_chat_templates);
     CU_add_test(s, "q4_k_m mix 0.8b", test_type_mix_0_8b);
     CU_add_test(s, "q4_k_m mix 27b", test_type_mix_27b);
     CU_add_test(s, "f32/f16/bf16/q8_0 mix", test_type_mix_plain);

@@ -10,6 +10,8 @@ errors), and the manifests agree with the binary they run:
   - probe service names: liveness "", readiness/startup the ones a running worker and router
     answer SERVING to over grpc.health.v1 (checked against the real processes);
   - the metrics port: --metrics-listen = containerPort "metrics" = prometheus.io/port;
+  - the router's HTTP API: --http-listen on every interface = containerPort "http", and each
+    Service of the router pods has a port "http" to it;
   - terminationGracePeriodSeconds >= preStop sleep + --grace-seconds + the 10 s final flush;
   - references resolve (serviceName, selectors, --workers-dns, ConfigMaps, volumes, HPA/PDB
     targets); non-root, read-only root filesystem; GPUs per overlay.
@@ -415,6 +417,33 @@ def check_gpus(c, flags, env, help_):
     return errs
 
 
+def check_http(w, c, flags, env, help_, services):
+    """The router's OpenAI HTTP API: --http-listen on every interface, its port the
+    containerPort "http", reached by a port "http" of every Service of the router's pods."""
+    errs = []
+    hh, hp = hostport(effective("http-listen", flags, env, help_))
+    if hp is None:
+        return ["no --http-listen (the OpenAI-compatible HTTP API)"]
+    if hh not in ("0.0.0.0", "[::]", "::"):
+        errs.append("--http-listen host %s is not every interface" % hh)
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+    if hp != ports.get("http"):
+        errs.append("--http-listen port %s != containerPort http %s" % (hp, ports.get("http")))
+    labels = w["spec"]["template"]["metadata"].get("labels", {})
+    for svc in services.values():
+        sel = svc["spec"].get("selector")
+        if not sel or not selects(sel, labels) or svc["spec"].get("clusterIP") == "None":
+            continue
+        http = [p for p in svc["spec"]["ports"] if p.get("name") == "http"]
+        if not http or http[0].get("targetPort") not in ("http", hp):
+            errs.append("Service %s has no port http to the --http-listen port %s"
+                        % (svc["metadata"]["name"], hp))
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if "grpc" not in c.get(kind, {}):
+            errs.append("%s is not a gRPC probe" % kind)
+    return errs
+
+
 def check_overlay(name, objs, helps, served):
     """Every consistency check on one rendered overlay: a list of error strings."""
     errs = []
@@ -531,6 +560,8 @@ def check_overlay(name, objs, helps, served):
                     errs.append("%s: --workers-dns %s is not a headless Service here" % (cid, dns))
                 elif dp not in [p["port"] for p in svc["spec"]["ports"] if p.get("name") == "grpc"]:
                     errs.append("%s: --workers-dns port %s is not the grpc port of Service %s" % (cid, dp, dh))
+            if sub == "router":
+                errs += ["%s: %s" % (cid, e) for e in check_http(w, c, flags, env, help_, services)]
             if sub == "worker":
                 errs += ["%s: %s" % (cid, e) for e in check_gpus(c, flags, env, help_)]
                 gpus_seen[wid] = int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
@@ -691,6 +722,49 @@ def check_netpol(worker, router, objs):
     return errs
 
 
+def check_router_netpol(router, objs):
+    """Ingress to the router pods, where a NetworkPolicy restricts it: the public APIs (ports
+    grpc and http) from every source, the metrics port from a labelled scraper only, no rule for
+    every port or for another port."""
+    errs = []
+    rl = router["spec"]["template"]["metadata"]["labels"]
+    c = pod_spec(router)["containers"][0]
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+    public = {ports.get("grpc"), ports.get("http")} - {None}
+    nps = [o for o in objs if o["kind"] == "NetworkPolicy" and selects(o["spec"]["podSelector"], rl)]
+    if not any("Ingress" in np["spec"].get("policyTypes", ["Ingress"]) for np in nps):
+        return ["no NetworkPolicy restricts ingress to the router pods (%s)" % rl]
+    open_ = set()
+    for np in nps:
+        for i, rule in enumerate(np["spec"].get("ingress", [])):
+            where = "%s ingress[%d]" % (obj_id(np), i)
+            if not rule.get("ports"):
+                errs.append("%s admits every port of the router" % where)
+                continue
+            covered = set()
+            for p in rule["ports"]:
+                n = ports.get(p.get("port")) if isinstance(p.get("port"), str) else p.get("port")
+                if n is None:
+                    errs.append("%s: port %s is not a router port" % (where, p.get("port")))
+                    continue
+                covered |= set(range(n, p.get("endPort", n) + 1))
+            peers = rule.get("from") or []
+            if not peers:
+                open_ |= covered
+                if covered - public:
+                    errs.append("%s admits every source to router ports %s (only grpc and http "
+                                "are public)" % (where, sorted(covered - public)))
+                continue
+            for peer in peers:
+                ps, ns = peer.get("podSelector"), peer.get("namespaceSelector")
+                if "ipBlock" in peer or (not (ps or {}).get("matchLabels")
+                                         and not (ns or {}).get("matchLabels")):
+                    errs.append("%s admits %s: name the scraper by labels" % (where, peer))
+    for n in sorted(public - open_):
+        errs.append("the router NetworkPolicy closes the router's public port %s (grpc, http)" % n)
+    return errs
+
+
 def check_secure(objs, certs, helps):
     """An overlay in SECURE_OVERLAYS: the worker's port needs the router's client certificate
     (mTLS) and/or its token, and the router has them; every key, certificate and token is a file
@@ -768,6 +842,7 @@ def check_secure(objs, certs, helps):
                     errs.append("%s and %s have different issuers: the workers' --tls-client-ca "
                                 "is their own CA" % (obj_id(rcert), obj_id(wcert)))
     errs += check_netpol(worker, router, objs)
+    errs += check_router_netpol(router, objs)
     return errs
 
 
@@ -908,6 +983,13 @@ BREAKAGES = [
      lambda o: container_of(o, "StatefulSet")["resources"]["limits"].update({"nvidia.com/gpu": 2})),
     ("root filesystem", "readOnlyRootFilesystem",
      lambda o: container_of(o, "Deployment")["securityContext"].update(readOnlyRootFilesystem=False)),
+    ("--http-listen port", "--http-listen port",
+     lambda o: set_arg(container_of(o, "Deployment"), "http-listen", "0.0.0.0:8081")),
+    ("no --http-listen", "no --http-listen",
+     lambda o: _drop_arg(o, "Deployment", "http-listen")),
+    ("Service without the http port", "has no port http",
+     lambda o: next(s for s in o if s["kind"] == "Service" and s["metadata"]["name"] == "deltaserve-router")
+     ["spec"]["ports"].pop(1)),
     ("schema: unknown field", "schema",
      lambda o: container_of(o, "StatefulSet").update(livenessProbes={})),
     ("schema: wrong type", "schema",
@@ -926,6 +1008,11 @@ def _drop_arg(o, kind, flag):
 
 def _netpol(o):
     return find(o, "NetworkPolicy")["spec"]["ingress"]
+
+
+def _router_netpol(o):
+    return next(n for n in o if n["kind"] == "NetworkPolicy"
+                and n["metadata"]["name"] == "deltaserve-router")["spec"]["ingress"]
 
 
 def _cert(r, name):
@@ -968,6 +1055,13 @@ OVERLAY_BREAKAGES = [
      lambda r: _netpol(r["tls"])[1].pop("ports")),
     ("tls", "metrics from anyone", "admits every source",
      lambda r: _netpol(r["tls"])[1].pop("from")),
+    ("tls", "router's http port closed", "closes the router's public port 8080",
+     lambda r: _router_netpol(r["tls"])[0].update(ports=[{"port": "grpc", "protocol": "TCP"}])),
+    ("tls", "router's metrics port public", "only grpc and http are public",
+     lambda r: _router_netpol(r["tls"])[1].pop("from")),
+    ("tls", "no router NetworkPolicy", "no NetworkPolicy restricts ingress to the router",
+     lambda r: r.update(tls=[o for o in r["tls"] if o["metadata"]["name"] != "deltaserve-router"
+                             or o["kind"] != "NetworkPolicy"])),
     ("tls", "secrets 0400 root", "unreadable by uid 65532",
      lambda r: _volume(r["tls"], "Deployment", "auth-token")["secret"].update(defaultMode=0o400)),
     ("tls", "no fsGroup", "unreadable by uid 65532",

@@ -4,7 +4,9 @@ Secrets laid out as kubelet lays them out (owner root, group fsGroup, the overla
 defaultMode; tests/k8s/k8s_manifests_test.py secret_file_owner), with the overlay's args (paths
 under the copies; loopback ports; the CPU and the demo model instead of a GPU and the PVC; the
 worker dialled as localhost, the DNS name its test certificate carries). Checks that both start
-and that a generation through the router, over TLS with the clients' token, streams tokens.
+and that a generation through the router, over TLS with the clients' token, streams tokens,
+and that the router's HTTP port (--http-listen) answers GET /v1/models over TLS with that token
+and 401 without it.
 Then the control: the same files mounted as the issue found them (0440 root:root, no fsGroup)
 make the router exit with "Permission denied".
 
@@ -91,7 +93,7 @@ def local_args(args, mounts, workers=None):
     out = []
     for a in args:
         k, _, v = a.partition("=")
-        if k in ("--listen", "--health-listen"):
+        if k in ("--listen", "--health-listen", "--http-listen"):
             a = "%s=127.0.0.1:0" % k
         elif k in ("--metrics-listen",):
             continue
@@ -155,6 +157,22 @@ def generate(port, ca):
                 time.sleep(0.2)
 
 
+def http_models(url, ca, token):
+    """(status, body) of GET url/models over TLS verified with ca, with the token if given."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    ctx = ssl.create_default_context(cafile=ca)
+    req = urllib.request.Request(url + "/models")
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def main():
     binary, k8s_dir, dsproto_py = (os.path.realpath(a) for a in sys.argv[1:4])
     model = os.path.realpath(next(a for a in sys.argv[4:] if a.endswith(".gguf")))
@@ -216,6 +234,19 @@ def main():
         print("generation through the router: %d tokens, finish_reason %s" % (len(toks), finish))
         if len(toks) != 8:
             print("FAIL: expected 8 tokens")
+            return 1
+        log.seek(0)
+        m = re.search(r"HTTP \(OpenAI API\) on (https?)://\S+?:(\d+)/v1", log.read())
+        if not m or m.group(1) != "https":
+            print("FAIL: the router logged no https HTTP API line (--http-listen with TLS)")
+            return 1
+        url = "https://localhost:%s/v1" % m.group(2)
+        ca = os.path.join(certs, "ca.pem")
+        ok, body = http_models(url, ca, CLIENT_TOKEN)
+        no, _ = http_models(url, ca, None)
+        print("HTTP API %s: /v1/models %d with the token, %d without" % (url, ok, no))
+        if ok != 200 or '"object":"list"' not in body.replace(" ", "") or no != 401:
+            print("FAIL: expected 200 with a model list and 401 without the token: %s" % body)
             return 1
         # control: the files as the issue found them (0440 root:root, no fsGroup)
         bad = mount_secrets(router, os.path.join(tmp, "router-root"), secrets, fsgroup_override=True)

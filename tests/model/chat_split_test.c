@@ -2,10 +2,12 @@
  * tool calls, parameters typed by a schema and without one, thinking off, literal "<" text,
  * unterminated blocks) fed whole, cut at every character boundary and at every pair of
  * boundaries; each time the pieces, adjacent text of one kind joined, must equal the expected
- * split. Also: reuse after reset, and no allocation per feed outside tool calls (malloc is
- * wrapped at link time: see tests/model/BUILD). */
+ * split. Also: reuse after reset, where the reasoning ends (chat_split_reasoning_end, fed a
+ * byte at a time), and no allocation per feed outside tool calls (malloc is wrapped at link
+ * time: see tests/model/BUILD). */
 #include <CUnit/Basic.h>
 #include <json-c/json.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +313,50 @@ static void test_reset_and_state(void)
     chat_split_free(s);
 }
 
+/* chat_split_reasoning_end fed a byte at a time: never past the final answer while open, the
+ * final answer once known and after finish (SIZE_MAX: the output ended inside reasoning). */
+static void test_reasoning_end(void)
+{
+    static const struct {
+        bool in_reasoning;
+        const char *text;
+        size_t want;
+    } cases[] = {
+        {true, "abc</think>\n\nHi", 11},
+        {false, "<think>x</think>y <think>z</think>", 16},
+        {false, "Hi <think>x</think>", 0},
+        {true, "abc</thi", SIZE_MAX},
+        {false, "<thi", 0},
+        {false, "<tool_call>\n<function=f>\n</function>\n</tool_call></think>", 0},
+        {true, "</think>", 8},
+        {false, "", 0},
+    };
+    chat_split *s = chat_split_new();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        collect c;
+        memset(&c, 0, sizeof c);
+        chat_split_reset(s, cases[k].in_reasoning, NULL);
+        size_t n = strlen(cases[k].text);
+        bool final;
+        for (size_t i = 0; i < n; i++) {
+            chat_split_feed(s, cases[k].text + i, 1, sink, &c);
+            size_t end = chat_split_reasoning_end(s, &final);
+            if (final) {
+                CU_ASSERT_EQUAL(end, cases[k].want);
+            } else {
+                CU_ASSERT_TRUE(end <= i + 1 && end <= cases[k].want);
+            }
+        }
+        chat_split_finish(s, sink, &c);
+        size_t end = chat_split_reasoning_end(s, &final);
+        CU_ASSERT_TRUE(final);
+        if (end != cases[k].want) printf("case %zu: reasoning end %zu, want %zu\n", k, end, cases[k].want);
+        CU_ASSERT_EQUAL(end, cases[k].want);
+    }
+    chat_split_free(s);
+}
+
 static void test_big_call_grows(void)
 {
     /* a call longer than the initial buffers */
@@ -372,6 +418,7 @@ int main(void)
     CU_add_test(s, "unterminated", test_unterminated);
     CU_add_test(s, "check_can_fail", test_check_can_fail);
     CU_add_test(s, "reset_and_state", test_reset_and_state);
+    CU_add_test(s, "reasoning_end", test_reasoning_end);
     CU_add_test(s, "big_call_grows", test_big_call_grows);
     CU_add_test(s, "no_alloc_per_feed", test_no_alloc_per_feed);
     return testutil_cunit_run();
