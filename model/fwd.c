@@ -26,11 +26,8 @@ int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st)
         const bool cont = i > 0 && rows[i - 1].slot == rows[i].slot;
         run = cont ? run + 1 : 1;
         if ((rows[i].verify || rows[i].hidden) && !f->verify_rows)
-            return status_fail(st, STATUS_UNSUPPORTED, "row %d: %s runs no verify rows "
-                               "(speculative decoding)", i, f->device);
-        if (rows[i].hidden && !rows[i].verify)
-            return status_fail(st, STATUS_RANGE, "row %d: a hidden output on a row that is not a "
-                               "verify row", i);
+            return status_fail(st, STATUS_UNSUPPORTED, "row %d: %s runs no verify rows nor "
+                               "hidden outputs (speculative decoding)", i, f->device);
         if (cont && rows[i].verify != rows[i - 1].verify)
             return status_fail(st, STATUS_RANGE, "row %d: slot %d's run mixes verify rows and "
                                "others", i, rows[i].slot);

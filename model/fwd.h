@@ -112,7 +112,7 @@ typedef struct fwd_row {
     bool verify;    /* a row of a verify run (see above): every row of the slot's run in this
                        step says so, at most fwd.verify_rows of them */
     float *hidden;  /* NULL, or host [H]: this row's final-norm output RMSNorm(x)·output_norm
-                       copied out (verify rows only) */
+                       copied out (the MTP head's input; a device with verify runs) */
     /* out, when sample */
     sample_result out;
 } fwd_row;
@@ -187,8 +187,8 @@ struct fwd {
     uint64_t snap_bytes;  /* bytes of one snapshot, every rank together */
     uint64_t kv_block_bytes; /* bytes of one KV block: every attention layer, K and V, every
                                 rank */
-    int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: the device
-                             runs none (rows with .verify or .hidden are refused) */
+    int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
+                             with .verify or .hidden are refused) */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
     char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what
                              memory (fwd_plan.why): one line for the start-up log */
@@ -215,9 +215,9 @@ const fwd_backend *fwd_backend_find(const char *name);
  * this binary has none of that name. */
 int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd **out, status *st);
 
-/* For implementations: STATUS_UNSUPPORTED for verify or hidden rows on a device without verify
- * runs, STATUS_RANGE for a verify run longer than fwd.verify_rows or one whose rows do not all
- * say verify. */
+/* For implementations: STATUS_UNSUPPORTED for verify rows or hidden outputs on a device without
+ * verify runs, STATUS_RANGE for a verify run longer than fwd.verify_rows or one whose rows do not
+ * all say verify. */
 int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st);
 
 /* For implementations: the KV blocks the runs of rows[0 .. n) need for their positions, taken

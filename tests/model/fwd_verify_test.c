@@ -6,7 +6,7 @@
  *    sequence that was fed only the rows up to there (greedy logits; and with a seeded sampler
  *    with penalties, the drawn tokens: the sampler's accepted tokens and RNG counter roll back);
  *  - errors by name: verify rows on a forward without them, a run longer than verify_rows, a
- *    hidden output on a plain row, a run mixing verify rows and others, rollback outside the
+ *    hidden output on a forward without verify runs, a run mixing verify rows and others, rollback outside the
  *    last run (and after a later step);
  *  - a verify step and a rollback allocate nothing (malloc, calloc, realloc wrapped). */
 #include <CUnit/Basic.h>
@@ -236,7 +236,7 @@ static void test_errors(void)
     float h[4096];
     CU_ASSERT_FATAL(m->cfg.H <= 4096);
     fwd_row plain_row = {.token = 1, .slot = 0, .pos = p, .sample = true, .hidden = h};
-    CU_ASSERT_EQUAL(fwd_step(f, &plain_row, 1, &st), STATUS_RANGE);
+    CU_ASSERT_EQUAL(fwd_step(plain, &plain_row, 1, &st), STATUS_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "hidden"));
     CU_ASSERT_EQUAL(fwd_n_past(f, 0), p); /* nothing ran */
     CU_ASSERT_EQUAL(fwd_rollback(f, 0, p + 1, &st), STATUS_RANGE); /* no verify run yet */
