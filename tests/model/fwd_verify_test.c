@@ -5,9 +5,9 @@
  *  - after a verify run, rollback to any of its positions continues bit-identically with a
  *    sequence that was fed only the rows up to there (greedy logits; and with a seeded sampler
  *    with penalties, the drawn tokens: the sampler's accepted tokens and RNG counter roll back);
- *  - errors by name: verify rows on a forward without them, a run longer than verify_rows, a
- *    hidden output on a forward without verify runs, a run mixing verify rows and others, rollback outside the
- *    last run (and after a later step);
+ *  - errors by name: verify rows or a hidden output on a forward without verify runs, a run
+ *    longer than verify_rows, a run mixing verify rows and others, rollback outside the last run
+ *    (and after a later step);
  *  - a verify step and a rollback allocate nothing (malloc, calloc, realloc wrapped). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
