@@ -260,6 +260,7 @@ void cpu_fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n)
     DS_ASSERT(n >= 1 && n <= ctx->max_tokens);
     ctx->n_rows = n;
     ctx->prefill = true;
+    ctx->keep = NULL;
     for (int r = 0; r < n; r++) {
         ctx->row_state[r] = s;
         ctx->row_pos[r] = s->n_past + r;
@@ -271,10 +272,18 @@ void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B)
     DS_ASSERT(B >= 1 && B <= ctx->max_batch);
     ctx->n_rows = B;
     ctx->prefill = false;
+    ctx->keep = NULL;
     for (int b = 0; b < B; b++) {
         ctx->row_state[b] = states[b];
         ctx->row_pos[b] = states[b]->n_past;
     }
+}
+
+void cpu_fwd_rows_keep(qwen35_ctx *ctx, float *keep, uint64_t stride)
+{
+    DS_ASSERT(ctx->prefill || !keep);
+    ctx->keep = keep;
+    ctx->keep_stride = stride;
 }
 
 int qwen35_prefill(qwen35_ctx *ctx, qwen35_state *s, const int32_t *tokens, int T,

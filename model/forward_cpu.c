@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/cpu/norm.h"
 #include "model/forward_impl.h"
 #include "model/fwd_plan.h"
 #include "model/sampler.h"
@@ -24,6 +25,8 @@ typedef struct cpu_rank {
     qwen35_state **slot;     /* owned, [n_slots]: recurrent state, KV in k / v by the slot's table */
     qwen35_state **pass;     /* owned, [max_rows]: the states of a decode pass's rows */
     float *snap;             /* owned, [n_snaps][snap_floats]: recurrent-state snapshots */
+    float *kept;             /* owned, [n_slots][verify_rows][snap_floats]: the recurrent state
+                                after each row of a slot's last verify run */
     uint64_t snap_floats;    /* one snapshot of this rank (conv windows, then S) */
 } cpu_rank;
 
@@ -42,6 +45,12 @@ typedef struct cpu_forward {
     uint32_t stamp;
     float *logits;           /* owned, [head_rows][V] */
     int head_rows;
+    /* each slot's last verify run (rollback): its first position, rows, and its sampler's
+     * accepted tokens and RNG counter before it; vrows[slot] 0: none since the last step */
+    int *vfirst, *vrows;
+    int64_t *vaccepted;
+    uint64_t *vstep;
+    uint8_t *vsampled;       /* owned, [n_slots][verify_rows]: row j of the run sampled */
     fwd_stats stats;
 } cpu_forward;
 
@@ -95,6 +104,11 @@ static bool wants_logits(const fwd_row *r) { return r->sample || r->logits; }
 static int finish_pass(cpu_forward *c, fwd_row *rows, int np, status *st)
 {
     const int V = c->base.vocab;
+    const qwen35_config *cf = &c->rank[0].m->cfg;
+    for (int j = 0; j < np; j++) { /* the lm_head's input, as head() computes it */
+        float *h = rows[c->pass_row[j]].hidden;
+        if (h) ref_rmsnorm(c->ctx[0]->x + (long)j * cf->H, c->rank[0].m->output_norm, cf->H, cf->eps, h);
+    }
     for (int j = 0; j < np;) {
         fwd_row *r = &rows[c->pass_row[j]];
         if (!wants_logits(r)) {
@@ -144,7 +158,7 @@ static int decode_pass(cpu_forward *c, fwd_row *rows, int n, status *st)
     for (int i = 0; i < n; i++) {
         const bool alone = (i == 0 || rows[i - 1].slot != rows[i].slot) &&
                            (i == n - 1 || rows[i + 1].slot != rows[i].slot);
-        if (!alone) continue;
+        if (!alone || rows[i].verify) continue;
         for (int r = 0; r < c->n_ranks; r++) c->rank[r].pass[B] = c->rank[r].slot[rows[i].slot];
         c->tokens[B] = rows[i].token;
         c->pass_row[B++] = i;
@@ -156,19 +170,38 @@ static int decode_pass(cpu_forward *c, fwd_row *rows, int n, status *st)
     return finish_pass(c, rows, B, st);
 }
 
-/* Each longer run, a pass of its own. */
+/* A verify run of len rows starts: what rollback needs to undo its rows. */
+static void verify_begin(cpu_forward *c, const fwd_row *rows, int len)
+{
+    const int slot = rows[0].slot;
+    c->vfirst[slot] = rows[0].pos;
+    c->vrows[slot] = len;
+    c->vaccepted[slot] = sampler_n_accepted(c->samplers[slot]);
+    c->vstep[slot] = sampler_step(c->samplers[slot]);
+    for (int j = 0; j < len; j++) c->vsampled[(size_t)slot * c->base.verify_rows + j] = rows[j].sample;
+}
+
+/* Each longer run, a pass of its own (a verify run's one of them even when it is one row). */
 static int prefill_passes(cpu_forward *c, fwd_row *rows, int n, status *st)
 {
     for (int i = 0; i < n;) {
         int e = i + 1;
         while (e < n && rows[e].slot == rows[i].slot) e++;
-        if (e - i > 1) {
+        if (e - i > 1 || rows[i].verify) {
             const int slot = rows[i].slot, len = e - i;
             for (int j = 0; j < len; j++) {
                 c->tokens[j] = rows[i + j].token;
                 c->pass_row[j] = i + j;
             }
-            for (int r = 0; r < c->n_ranks; r++) cpu_fwd_rows_prefill(c->ctx[r], c->rank[r].slot[slot], len);
+            const bool verify = rows[i].verify;
+            for (int r = 0; r < c->n_ranks; r++) {
+                cpu_rank *k = &c->rank[r];
+                cpu_fwd_rows_prefill(c->ctx[r], k->slot[slot], len);
+                if (verify)
+                    cpu_fwd_rows_keep(c->ctx[r], k->kept + (uint64_t)slot * c->base.verify_rows *
+                                      k->snap_floats, k->snap_floats);
+            }
+            if (verify) verify_begin(c, rows + i, len);
             cpu_fwd_run(c->ctx, c->n_ranks, c->tokens);
             advance(c, slot, len);
             if (finish_pass(c, rows, len, st)) return st->code;
@@ -181,7 +214,10 @@ static int prefill_passes(cpu_forward *c, fwd_row *rows, int n, status *st)
 static int cpu_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cpu_forward *c = (cpu_forward *)f;
-    if (check_rows(c, rows, n, st) || fwd_take_blocks(&c->base, rows, n, st)) return st->code;
+    if (check_rows(c, rows, n, st) || fwd_check_verify(f, rows, n, st) ||
+        fwd_take_blocks(&c->base, rows, n, st))
+        return st->code;
+    for (int i = 0; i < n; i++) c->vrows[rows[i].slot] = 0; /* a step ends the last verify run */
     if (decode_pass(c, rows, n, st) || prefill_passes(c, rows, n, st)) return st->code;
     c->stats.tokens += (uint64_t)n;
     c->stats.steps++;
@@ -198,6 +234,7 @@ static int cpu_seq_start(fwd *f, int slot, const sampling_params *p, status *st)
     kv_pool_release(f->kv, slot);
     for (int r = 0; r < c->n_ranks; r++) qwen35_state_reset(c->rank[r].slot[slot]);
     f->n_past[slot] = 0;
+    c->vrows[slot] = 0;
     sampler_reset(c->samplers[slot], p);
     return STATUS_OK;
 }
@@ -209,6 +246,7 @@ static void cpu_seq_end(fwd *f, int slot)
     kv_pool_release(f->kv, slot);
     for (int r = 0; r < c->n_ranks; r++) c->rank[r].slot[slot]->n_past = 0;
     f->n_past[slot] = 0;
+    c->vrows[slot] = 0;
 }
 
 static int cpu_fill(fwd *f, int slot, int n_past, status *st)
@@ -307,6 +345,31 @@ static int cpu_seq_resume(fwd *f, int slot, const sampling_params *p, const fwd_
     return STATUS_OK;
 }
 
+/* ---- speculative rollback ---- */
+
+static int cpu_rollback(fwd *f, int slot, int n_past, status *st)
+{
+    cpu_forward *c = (cpu_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "slot %d outside [0, %d)", slot, f->n_slots);
+    const int first = c->vfirst[slot], len = c->vrows[slot];
+    if (!len || n_past < first + 1 || n_past > first + len)
+        return status_fail(st, STATUS_RANGE, "slot %d: rollback to position %d outside its last "
+                           "verify run (%d rows from %d)", slot, n_past, len, first);
+    const int row = n_past - first - 1;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        qwen35_state_load_recurrent(k->slot[slot], k->kept + ((uint64_t)slot * f->verify_rows +
+                                    (uint64_t)row) * k->snap_floats, n_past);
+    }
+    f->n_past[slot] = n_past;
+    uint64_t step = c->vstep[slot];
+    for (int j = 0; j <= row; j++) step += c->vsampled[(size_t)slot * f->verify_rows + j];
+    sampler_rollback(c->samplers[slot], c->vaccepted[slot] + row + 1, step);
+    c->vrows[slot] = row + 1; /* a later rollback may only go back further */
+    return STATUS_OK;
+}
+
 static void cpu_get_stats(const fwd *f, fwd_stats *s) { *s = ((const cpu_forward *)f)->stats; }
 
 static void cpu_destroy(fwd *f)
@@ -319,6 +382,7 @@ static void cpu_destroy(fwd *f)
         free(k->slot);
         free(k->pass);
         free(k->snap);
+        free(k->kept);
         free(k->k);
         free(k->v);
         if (c->ctx) qwen35_ctx_destroy(c->ctx[r]);
@@ -336,6 +400,11 @@ static void cpu_destroy(fwd *f)
     free(c->pass_row);
     free(c->seen);
     free(c->logits);
+    free(c->vfirst);
+    free(c->vrows);
+    free(c->vaccepted);
+    free(c->vstep);
+    free(c->vsampled);
     free(c);
 }
 
@@ -346,6 +415,7 @@ static const fwd_vt cpu_vt = {
     .fill = cpu_fill,
     .snap_save = cpu_snap_save,
     .seq_resume = cpu_seq_resume,
+    .rollback = cpu_rollback,
     .get_stats = cpu_get_stats,
     .destroy = cpu_destroy,
 };
@@ -361,6 +431,9 @@ static int check_opts(const qwen35_model *m, const fwd_opts *o, status *st)
     if (o->kv_blocks < 0 || o->kv_block_tokens < 0)
         return status_fail(st, STATUS_INVALID, "cpu forward: KV blocks %d of %d positions", o->kv_blocks,
                            o->kv_block_tokens);
+    if (o->verify_rows < 0 || o->verify_rows > FWD_MAX_VERIFY_ROWS)
+        return status_fail(st, STATUS_INVALID, "cpu forward: verify runs of %d rows (0..%d)",
+                           o->verify_rows, FWD_MAX_VERIFY_ROWS);
     if (o->ranks < 0 || o->ranks > FWD_MAX_RANKS)
         return status_fail(st, STATUS_INVALID, "--tp %d: expected 1..%d", o->ranks, FWD_MAX_RANKS);
     return o->ranks > 1 ? tp_shard_check(&m->cfg, o->ranks, st) : STATUS_OK;
@@ -417,6 +490,14 @@ static int snaps_create(cpu_forward *c, int64_t budget, status *st)
     else if (budget > 0) n = budget / (int64_t)f->snap_bytes;
     if (n > INT32_MAX / 2) n = INT32_MAX / 2;
     f->n_snaps = (int)n;
+    for (int r = 0; f->verify_rows && r < c->n_ranks; r++) {
+        cpu_rank *k = &c->rank[r];
+        k->kept = malloc(((size_t)f->n_slots * f->verify_rows * k->snap_floats + 1) * sizeof(float));
+        if (!k->kept)
+            return status_fail(st, STATUS_NOMEM, "cpu forward: out of memory for %d kept states "
+                               "of %.1f MiB per slot (verify runs)", f->verify_rows,
+                               (double)f->snap_bytes / (1 << 20));
+    }
     if (!n) return STATUS_OK;
     for (int r = 0; r < c->n_ranks; r++) {
         cpu_rank *k = &c->rank[r];
@@ -553,7 +634,13 @@ static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, statu
     c->pass_row = calloc(R, sizeof *c->pass_row);
     c->seen = calloc(S, sizeof *c->seen);
     c->logits = malloc((size_t)c->head_rows * (size_t)f->vocab * sizeof(float));
-    if (!f->n_past || !c->rank || !c->ctx || !c->vocab_begin || !c->samplers || !c->tokens ||
+    f->verify_rows = o->verify_rows;
+    c->vfirst = calloc(S, sizeof *c->vfirst);
+    c->vrows = calloc(S, sizeof *c->vrows);
+    c->vaccepted = calloc(S, sizeof *c->vaccepted);
+    c->vstep = calloc(S, sizeof *c->vstep);
+    c->vsampled = calloc(S * (size_t)(o->verify_rows + 1), 1);
+    if (!c->vfirst || !c->vrows || !c->vaccepted || !c->vstep || !c->vsampled || !f->n_past || !c->rank || !c->ctx || !c->vocab_begin || !c->samplers || !c->tokens ||
         !c->pass_row || !c->seen || !c->logits) {
         rc = status_fail(st, STATUS_NOMEM, "cpu forward: out of memory for %d slots, %d rows",
                          f->n_slots, f->max_rows);

@@ -144,7 +144,9 @@ static int check_rows(const fwd *f, const fwd_row *rows, int n, status *st)
 static int cuda_step(fwd *f, fwd_row *rows, int n, status *st)
 {
     cuda_forward *c = (cuda_forward *)f;
-    if (check_rows(f, rows, n, st) || fwd_take_blocks(f, rows, n, st)) return st->code;
+    if (check_rows(f, rows, n, st) || fwd_check_verify(f, rows, n, st) ||
+        fwd_take_blocks(f, rows, n, st))
+        return st->code;
     int rc;
     if (!c->threads) { /* one rank: the caller's thread, no hop */
         rc = fc_rank_step(c->rank[0], rows, n, st);

@@ -6,6 +6,8 @@
  *   o_hv = RMSNorm(o_hv) · ssm_norm · silu(z_hv);   out = W_ssm_out o
  * Prefill (rows = T tokens of one sequence) runs the rule chunked (or token by token when
  * ctx->gdn_mode says so), one task per value head; decode runs one step per (sequence, head). */
+#include <string.h>
+
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/norm.h"
 #include "model/forward_impl.h"
@@ -40,7 +42,16 @@ static void gdn_prefill_head(void *arg, int hv)
     float *o = ctx->mix + (long)hv * c->d_v; /* row stride Dv */
     const float *q = y + (long)kh * c->d_k, *k = y + Dk + (long)kh * c->d_k;
     const float *v = y + 2 * Dk + (long)hv * c->d_v;
-    if (j->chunked) {
+    if (ctx->keep) { /* a verify run: the state after each row kept */
+        const uint64_t head = (uint64_t)c->d_v * c->d_k;
+        float *kept = ctx->keep + (uint64_t)c->n_gdn_layers * C * (c->K_conv - 1) +
+                      ((uint64_t)j->slot * c->n_v + (uint64_t)hv) * head;
+        for (int t = 0; t < T; t++) {
+            ref_gdn_step(q + t * C, k + t * C, v + t * C, ctx->b[(long)t * c->n_v + hv],
+                         ctx->a[(long)t * c->n_v + hv], c->d_k, c->d_v, S, o + t * Dv);
+            memcpy(kept + (uint64_t)t * ctx->keep_stride, S, head * sizeof(float));
+        }
+    } else if (j->chunked) {
         float *scratch = ctx->gdn_scratch + (long)cpu_pool_thread_index() * ctx->gdn_scratch_n;
         ref_gdn_chunked(T, q, k, C, v, C, ctx->b + hv, ctx->a + hv, c->n_v, c->d_k, c->d_v, S, o,
                         Dv, scratch);
@@ -80,7 +91,15 @@ void cpu_fwd_gdn_layer(qwen35_ctx *ctx, int il)
     cpu_fwd_matmul(ctx, &ly->gate, ctx->xn, ctx->p2);   /* z [n][D_v] */
     cpu_fwd_matmul(ctx, &ly->beta, ctx->xn, ctx->b);    /* b [n][n_v] */
     cpu_fwd_matmul(ctx, &ly->alpha, ctx->xn, ctx->a);   /* a [n][n_v] */
-    if (ctx->prefill) {
+    if (ctx->keep) { /* a verify run: row by row, the window after each row kept */
+        const uint64_t w = (uint64_t)C * (c->K_conv - 1);
+        float *state = conv_of(c, ctx->row_state[0], j.slot);
+        for (int r = 0; r < n; r++) {
+            ref_gdn_conv(ctx->p1 + r * C, C, 1, c->C, c->K_conv, ly->conv1d, state, ctx->p3 + r * C);
+            memcpy(ctx->keep + (uint64_t)r * ctx->keep_stride + (uint64_t)j.slot * w, state,
+                   w * sizeof(float));
+        }
+    } else if (ctx->prefill) {
         ref_gdn_conv(ctx->p1, C, n, c->C, c->K_conv, ly->conv1d,
                      conv_of(c, ctx->row_state[0], j.slot), ctx->p3);
     } else {

@@ -34,6 +34,11 @@ struct qwen35_ctx {
     bool prefill;          /* rows are consecutive tokens of one sequence (row_state[0]) */
     qwen35_state **row_state; /* owned array, [max_rows] (states borrowed) */
     int *row_pos;          /* owned, [max_rows] */
+    /* a verify run (prefill rows only): NULL, or where the recurrent state after each row goes,
+     * row r at keep + r * keep_stride in qwen35_state_save_recurrent's layout (the DeltaNet
+     * layers then run the conv and the rule one row at a time: cpu_fwd_rows_keep) */
+    float *keep;
+    uint64_t keep_stride;
 };
 
 /* qwen35_ctx_create with the thread pool given (borrowed: used by one ctx at a time, outlives
@@ -45,6 +50,9 @@ int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_p
  * each of the B states (decode). */
 void cpu_fwd_rows_prefill(qwen35_ctx *ctx, qwen35_state *s, int n);
 void cpu_fwd_rows_decode(qwen35_ctx *ctx, qwen35_state *const *states, int B);
+/* After cpu_fwd_rows_prefill: the recurrent state after each row kept at keep + r * stride
+ * (floats; qwen35_state_save_recurrent's layout) by the next cpu_fwd_run; NULL: none. */
+void cpu_fwd_rows_keep(qwen35_ctx *ctx, float *keep, uint64_t stride);
 
 /* A tensor-parallel group of n_ranks >= 1 ranks (model/tp_shard.h), each a ctx over its shard
  * with its rows set up alike (cpu_fwd_rows_*): the one way a step runs, one rank or several.

@@ -20,6 +20,24 @@ int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd *
     return b->create(m, o, out, st);
 }
 
+int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st)
+{
+    for (int i = 0, run = 0; i < n; i++) {
+        const bool cont = i > 0 && rows[i - 1].slot == rows[i].slot;
+        run = cont ? run + 1 : 1;
+        if ((rows[i].verify || rows[i].hidden) && !f->verify_rows)
+            return status_fail(st, STATUS_UNSUPPORTED, "row %d: %s runs no verify rows nor "
+                               "hidden outputs (speculative decoding)", i, f->device);
+        if (cont && rows[i].verify != rows[i - 1].verify)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d's run mixes verify rows and "
+                               "others", i, rows[i].slot);
+        if (rows[i].verify && run > f->verify_rows)
+            return status_fail(st, STATUS_RANGE, "row %d: slot %d's verify run is longer than %d "
+                               "rows", i, rows[i].slot, f->verify_rows);
+    }
+    return STATUS_OK;
+}
+
 int fwd_take_blocks(fwd *f, const fwd_row *rows, int n, status *st)
 {
     uint64_t need = 0;

@@ -21,6 +21,18 @@
  * Which devices a binary has is a registry Bazel builds (fwd_backends below): a binary links
  * one of //model:backends_cpu or //model:backends_all, nothing is found through weak symbols.
  *
+ * Speculative decoding (worker/spec.h) verifies k drafts of a slot in one step: a verify run,
+ * k+1 consecutive rows of the slot with .verify set (the last token, then the drafts), each
+ * sampled and, with .hidden, returning its final-norm output (the MTP head's input). A verify
+ * run computes what k+1 one-row steps would (CPU: bit for bit) and keeps the slot's recurrent
+ * state after each of its rows, so that fwd_rollback can take the slot back to just after any
+ * of them without a replay; the KV rows past that position are rewritten by later rows:
+ *
+ *   rows[i] = (fwd_row){.token = i ? d[i-1] : last, .slot = s, .pos = p + i, .sample = true,
+ *                       .verify = true, .hidden = h + i*H};        i = 0 .. k
+ *   fwd_step(f, rows, k + 1, &st);        rows[i].out.token: the model's choice after row i
+ *   fwd_rollback(f, s, p + a + 1, &st);   keep rows 0 .. a (a: drafts accepted)
+ *
  * Threading: one caller thread at a time (the engine thread). */
 #ifndef DS_MODEL_FWD_H
 #define DS_MODEL_FWD_H
@@ -63,7 +75,12 @@ typedef struct fwd_opts {
     int64_t snap_budget;  /* bytes for recurrent-state snapshots (prefix reuse), every rank
                              together: 0 none; < 0 chosen by the forward (cuda: a share of the
                              free device memory; cpu: FWD_CPU_SNAPS_PER_SLOT per slot) */
+    int verify_rows;      /* most rows of a verify run (speculative k + 1, at most
+                             FWD_MAX_VERIFY_ROWS); 0: no verify runs. The CPU keeps this many
+                             recurrent states per slot for fwd_rollback */
 } fwd_opts;
+
+#define FWD_MAX_VERIFY_ROWS 8
 
 #define FWD_CPU_SNAPS_PER_SLOT 4
 #define FWD_CPU_MEM_PERCENT 50 /* of MemAvailable (/proc/meminfo): the CPU forward's budget for
@@ -92,6 +109,10 @@ typedef struct fwd_row {
     bool prompt;    /* a prompt token (counts for penalties when the params say so) */
     bool sample;    /* sample the slot's next token from this row's logits */
     float *logits;  /* NULL, or host [V]: this row's logits copied out (eval and tests) */
+    bool verify;    /* a row of a verify run (see above): every row of the slot's run in this
+                       step says so, at most fwd.verify_rows of them */
+    float *hidden;  /* NULL, or host [H]: this row's final-norm output RMSNorm(x)·output_norm
+                       copied out (the MTP head's input; a device with verify runs) */
     /* out, when sample */
     sample_result out;
 } fwd_row;
@@ -139,6 +160,13 @@ typedef struct fwd_vt {
      * copy. */
     int (*seq_resume)(fwd *f, int slot, const sampling_params *p, const fwd_prefix *x,
                       status *st);
+    /* After a verify run of slot (its last step): the slot continues at n_past, first + 1 <=
+     * n_past <= first + rows (first: the run's first position) as if only the run's rows up to
+     * position n_past - 1 had been fed: the recurrent state kept after that row, the sampler's
+     * accepted tokens and RNG counter as they were after it. NULL on a device without verify
+     * runs. STATUS_RANGE for a bad slot, or an n_past outside the last verify run (nothing
+     * changed). */
+    int (*rollback)(fwd *f, int slot, int n_past, status *st);
     void (*get_stats)(const fwd *f, fwd_stats *s);
     void (*destroy)(fwd *f);
 } fwd_vt;
@@ -159,6 +187,8 @@ struct fwd {
     uint64_t snap_bytes;  /* bytes of one snapshot, every rank together */
     uint64_t kv_block_bytes; /* bytes of one KV block: every attention layer, K and V, every
                                 rank */
+    int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
+                             with .verify or .hidden are refused) */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
     char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what
                              memory (fwd_plan.why): one line for the start-up log */
@@ -184,6 +214,11 @@ const fwd_backend *fwd_backend_find(const char *name);
 /* Creates a forward on device kind name ("cpu", "cuda"); STATUS_INVALID naming the kind when
  * this binary has none of that name. */
 int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd **out, status *st);
+
+/* For implementations: STATUS_UNSUPPORTED for verify rows or hidden outputs on a device without
+ * verify runs, STATUS_RANGE for a verify run longer than fwd.verify_rows or one whose rows do not
+ * all say verify. */
+int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st);
 
 /* For implementations: the KV blocks the runs of rows[0 .. n) need for their positions, taken
  * from f->kv all or none (none to take when the caller took them). STATUS_EXHAUSTED, nothing
@@ -211,6 +246,12 @@ static inline int fwd_seq_resume(fwd *f, int slot, const sampling_params *p, con
                                  status *st)
 {
     return f->vt->seq_resume(f, slot, p, x, st);
+}
+static inline int fwd_rollback(fwd *f, int slot, int n_past, status *st)
+{
+    if (!f->vt->rollback)
+        return status_fail(st, STATUS_UNSUPPORTED, "%s: no verify runs to roll back", f->device);
+    return f->vt->rollback(f, slot, n_past, st);
 }
 static inline void fwd_get_stats(const fwd *f, fwd_stats *s) { f->vt->get_stats(f, s); }
 static inline void fwd_destroy(fwd *f)

@@ -58,6 +58,13 @@ int32_t sampler_sample(sampler *s, float *logits, sample_result *out);
 
 /* Number of sampler_sample calls since create/reset: the RNG counter of the next draw. */
 uint64_t sampler_step(const sampler *s);
+/* Tokens accepted since create/reset (prompt and generated). */
+int64_t sampler_n_accepted(const sampler *s);
+/* Speculative rollback: forgets the accepted tokens past the first n_accepted (0 <= n_accepted
+ * <= sampler_n_accepted; the penalty window as it was then) and sets the RNG counter to step
+ * (<= sampler_step), so the sampler is as it was after those tokens and draws. No allocation;
+ * O(tokens forgotten). */
+void sampler_rollback(sampler *s, int64_t n_accepted, uint64_t step);
 
 /* The RNG: Philox-4x32-10 (Salmon et al. 2011, Random123's philox4x32_10: multipliers
  * 0xD2511F53, 0xCD9E8D57, Weyl key increments 0x9E3779B9, 0xBB67AE85). */

@@ -88,6 +88,21 @@ void sampler_accept_prompt(sampler *s, const int32_t *ids, int64_t n) {
 
 void sampler_accept(sampler *s, int32_t token) { sampler_push(s, token, true); }
 
+int64_t sampler_n_accepted(const sampler *s) { return s->n_seq; }
+
+/* sampler_push undone, last token first: its count goes, and the token that left the window
+ * when it came comes back. */
+void sampler_rollback(sampler *s, int64_t n_accepted, uint64_t step) {
+    DS_ASSERT(n_accepted >= 0 && n_accepted <= s->n_seq && step <= s->step);
+    const int64_t w = s->p.penalty_window;
+    while (s->n_seq > n_accepted) {
+        const int64_t t = --s->n_seq;
+        if (s->seq_counted[t]) sampler_count_remove(s, s->seq[t]); /* the newest is in the window */
+        if (w > 0 && t >= w && s->seq_counted[t - w]) sampler_count_add(s, s->seq[t - w]);
+    }
+    s->step = step;
+}
+
 void sampler_penalty_apply(const sampler *s, float *logits) {
     const float rp = s->p.repetition_penalty, fp = s->p.frequency_penalty, pp = s->p.presence_penalty;
     if (rp == 1 && fp == 0 && pp == 0) return;

@@ -102,10 +102,10 @@ int worker_backend_wrap(fwd *f, worker_backend **out, status *st)
     worker_backend *b = calloc(1, sizeof *b);
     if (b) {
         b->rows = calloc((size_t)f->max_rows, sizeof *b->rows);
-        b->row_item = calloc((size_t)f->max_rows, sizeof *b->row_item);
+        b->row_out = calloc((size_t)f->max_rows, sizeof *b->row_out);
     }
-    if (!b || !b->rows || !b->row_item) {
-        if (b) free(b->rows), free(b->row_item), free(b);
+    if (!b || !b->rows || !b->row_out) {
+        if (b) free(b->rows), free(b->row_out), free(b);
         fwd_destroy(f);
         return status_fail(st, STATUS_NOMEM, "backend: out of memory for %d rows", f->max_rows);
     }
@@ -134,7 +134,7 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
                          .kv_block_tokens = o->kv_block_tokens, .n_threads = o->n_threads,
                          .exact_dot = o->exact_dot, .batch_invariant = o->batch_invariant,
                          .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass,
-                         .snap_budget = o->snap_budget};
+                         .snap_budget = o->snap_budget, .verify_rows = o->verify_rows};
     fwd *f;
     if (worker_fwd_create(device, m, &fo, &f, st)) return st->code;
     return worker_backend_wrap(f, out, st);
@@ -145,7 +145,7 @@ void worker_backend_destroy(worker_backend *b)
     if (!b) return;
     fwd_destroy(b->f);
     free(b->rows);
-    free(b->row_item);
+    free(b->row_out);
     free(b);
 }
 
@@ -169,13 +169,18 @@ int worker_backend_snap_save(worker_backend *b, int slot, int snap, status *st)
 
 void worker_backend_get_stats(const worker_backend *b, fwd_stats *s) { fwd_get_stats(b->f, s); }
 
+int worker_backend_rollback(worker_backend *b, int slot, int n_past, status *st)
+{
+    return fwd_rollback(b->f, slot, n_past, st);
+}
+
 /* Runs rows[0..n) and hands each sampled row's result to its item. */
 static int flush(worker_backend *b, int n, status *st)
 {
     if (!n) return STATUS_OK;
     if (fwd_step(b->f, b->rows, n, st)) return st->code;
     for (int i = 0; i < n; i++)
-        if (b->row_item[i]) b->row_item[i]->out = b->rows[i].out;
+        if (b->row_out[i]) *b->row_out[i] = b->rows[i].out;
     return STATUS_OK;
 }
 
@@ -224,10 +229,12 @@ int worker_backend_step(worker_backend *b, worker_batch_item *items, int n, stat
                 .pos = nr > 0 && b->rows[nr - 1].slot == it->slot ? b->rows[nr - 1].pos + 1
                                                                   : fwd_n_past(b->f, it->slot),
                 .prompt = it->prompt,
-                .sample = last && it->sample,
+                .sample = it->verify || (last && it->sample),
                 .logits = it->logits ? it->logits + (size_t)k * b->vocab : NULL,
+                .verify = it->verify,
+                .hidden = it->hidden ? it->hidden + (size_t)k * b->model->cfg.H : NULL,
             };
-            b->row_item[nr] = last && it->sample ? it : NULL;
+            b->row_out[nr] = it->verify ? &it->outs[k] : last && it->sample ? &it->out : NULL;
             nr++;
         }
     }

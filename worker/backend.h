@@ -40,6 +40,12 @@ typedef struct worker_batch_item {
     bool sample;
     float *logits;         /* NULL, or [n_tokens][vocab] out: the logits after each token
                               (eval and tests; not the serving path) */
+    float *hidden;         /* NULL, or [n_tokens][H] out: each token's final-norm output (the
+                              MTP head's input; fwd_row.hidden) */
+    bool verify;           /* speculative decoding: the tokens are a verify run (fwd.h: the last
+                              token, then the drafts; at most fwd.verify_rows), every one
+                              sampled into outs; worker_backend_rollback may follow */
+    sample_result *outs;   /* verify: [n_tokens] out, the token chosen after each */
     /* out, when sample: the token, with its logprobs when the sequence asked for them */
     sample_result out;
 } worker_batch_item;
@@ -70,6 +76,8 @@ typedef struct worker_backend_opts {
                                (reference comparisons), not with Q8 ones */
     int64_t snap_budget;    /* bytes of recurrent-state snapshots for prefix reuse
                                (fwd_opts.snap_budget): 0 none, < 0 chosen by the forward */
+    int verify_rows;        /* most rows of a verify run (fwd_opts.verify_rows: speculative
+                               k + 1); 0: none */
 } worker_backend_opts;
 
 typedef struct worker_backend {
@@ -85,7 +93,7 @@ typedef struct worker_backend {
     kv_pool *kv;          /* the forward's KV blocks: the scheduler reads the free ones and grows
                              each running sequence's table before a step */
     fwd_row *rows;        /* owned, [f->max_rows] */
-    worker_batch_item **row_item; /* owned, [f->max_rows]: the item a sampled row answers */
+    sample_result **row_out; /* owned, [f->max_rows]: where a sampled row's result goes */
 } worker_backend;
 
 /* The forward for a device name: "cpu"; "cuda" (devices 0 .. tp-1), "cuda:N" (N .. N+tp-1) or
@@ -126,6 +134,8 @@ int worker_backend_snap_save(worker_backend *b, int slot, int snap, status *st);
  * STATUS_INTERNAL: a sampled row found no finite logit; STATUS_DEVICE: the device failed (sticky:
  * the worker should exit). */
 int worker_backend_step(worker_backend *b, worker_batch_item *items, int n, status *st);
+/* After a verify item of slot: the slot continues at n_past (fwd_rollback). */
+int worker_backend_rollback(worker_backend *b, int slot, int n_past, status *st);
 void worker_backend_get_stats(const worker_backend *b, fwd_stats *s);
 
 #endif

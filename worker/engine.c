@@ -21,6 +21,7 @@
 #include "model/kv_pool.h"
 #include "model/prefix_cache.h"
 #include "worker/engine_metrics.h"
+#include "worker/spec.h"
 
 #define MIN_PREFILL_CHUNK 16
 /* Admission leaves this share of the KV pool free while others run (at least one block): room
@@ -29,6 +30,7 @@
 /* A new sequence waits for a running one to snapshot the prefix their prompts share only when
  * that saves it at least this many tokens over what the cache holds now. */
 #define PREFIX_WAIT_MIN 64
+#define SPEC_MAX_BATCH_DEFAULT 8
 
 struct engine {
     worker_backend *b; /* borrowed */
@@ -43,6 +45,8 @@ struct engine {
     /* sequences started with the cache on (under mu): how many, how many resumed, the tokens
        they looked up and those they resumed */
     uint64_t px_queries, px_hits, px_queried_tokens, px_cached_tokens;
+    worker_spec *sp;       /* owned: the draft head, NULL when nothing speculates */
+    uint64_t spec_steps, spec_drafted, spec_accepted; /* under mu */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -296,6 +300,10 @@ void engine_get_load(engine *e, engine_load *out)
     out->total_kv_blocks = e->kv ? kv_pool_total_blocks(e->kv) : 0;
     out->free_kv_blocks = e->kv ? kv_pool_free_blocks(e->kv) : 0;
     out->preemptions = e->n_preemptions;
+    out->speculative = e->sp != NULL;
+    out->spec_steps = e->spec_steps;
+    out->spec_drafted = e->spec_drafted;
+    out->spec_accepted = e->spec_accepted;
     out->outstanding_tokens = e->outstanding;
     /* the engine refreshes tps every second while it works; when idle it goes stale */
     double dt = (double)(now - e->tps_t0) / 1e6;
@@ -490,6 +498,7 @@ static int start_seq(engine *e, engine_request *r, status *st)
             prefix_spare(e);
             pthread_mutex_unlock(&e->mu);
             r->started = true;
+            r->spec = false; /* the draft head has no rows for the cached prefix */
             return 1;
         }
         if (st->code != STATUS_EXHAUSTED) {
@@ -504,6 +513,8 @@ static int start_seq(engine *e, engine_request *r, status *st)
 cold:
     if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
     r->started = true;
+    r->spec = e->sp && !r->p.no_speculation && sampling_params_is_greedy(&r->p.sampling);
+    if (r->spec) spec_start(e->sp, r->slot);
     return 1;
 }
 
@@ -572,13 +583,31 @@ static void sort_by_admission(engine_request **v, int n)
  * admission first. A chunk holds prompt tokens or generated ones, never both: the sampler
  * counts the two apart (penalize_prompt); a chunk ends where its sequence is due a snapshot
  * (snap_at). */
+static bool decoding(const engine_request *r)
+{
+    return r->n_fed >= r->p.n_prompt && known_tokens(r) - r->n_fed == 1;
+}
+
+/* Drafts a verify item of r may carry: spec_k, fewer near the end of its tokens or context
+ * (the verify run's last position must fit, and drafts past max_new_tokens are never used). */
+static int spec_drafts(const engine *e, const engine_request *r)
+{
+    int k = e->sp->k;
+    const int room = e->b->n_ctx - 1 - r->n_fed, left = r->p.max_new_tokens - r->n_generated - 1;
+    if (k > room) k = room;
+    if (k > left) k = left;
+    return k;
+}
+
 static int build_batch(engine *e, engine_request **active, int na)
 {
-    int n = 0, n_pre = 0;
+    int n = 0, n_pre = 0, n_decoding = 0;
     engine_request *pre[na > 0 ? na : 1];
+    for (int i = 0; i < na; i++) n_decoding += decoding(active[i]);
+    const bool speculate = e->sp && n_decoding <= e->o.spec_max_batch;
     for (int i = 0; i < na; i++) {
         engine_request *r = active[i];
-        if (r->n_fed < r->p.n_prompt || known_tokens(r) - r->n_fed > 1) {
+        if (!decoding(r)) {
             pre[n_pre++] = r;
             continue;
         }
@@ -588,6 +617,16 @@ static int build_batch(engine *e, engine_request **active, int na)
         it->tokens = r->tokens + r->n_fed;
         it->n_tokens = 1;
         it->sample = true;
+        if (r->spec) {
+            it->hidden = spec_hidden(e->sp, r->slot);
+            const int k = speculate ? spec_drafts(e, r) : 0;
+            if (k >= 1) { /* the tokens are drafted once the batch is final (spec_draft_all) */
+                it->verify = true;
+                it->n_tokens = k + 1;
+                it->tokens = spec_tokens(e->sp, r->slot);
+                it->outs = spec_outs(e->sp, r->slot);
+            }
+        }
         e->item_req[n++] = r;
     }
     sort_by_admission(pre, n_pre);
@@ -612,6 +651,7 @@ static int build_batch(engine *e, engine_request **active, int na)
         it->n_tokens = chunk;
         it->prompt = prompt;
         it->sample = r->n_fed + chunk == known_tokens(r);
+        if (r->spec) it->hidden = spec_hidden(e->sp, r->slot);
         e->item_req[n++] = r;
         budget -= chunk;
     }
@@ -823,6 +863,95 @@ static int fail_items(engine *e, engine_request **active, int na, const status *
     return nd;
 }
 
+/* ---- speculative decoding (worker/spec.h) ---- */
+
+/* The draft head fell behind (an error it reports: a bug, never the request's doing): r goes on
+ * without speculation, its output unchanged. */
+static void spec_off(engine_request *r, const status *st)
+{
+    LOG_ERROR("request %s: speculative decoding off: %s", r->p.id, st->msg);
+    r->spec = false;
+}
+
+/* After an item fed n of r's tokens with their h: the draft head catches up. */
+static void spec_follow(engine *e, engine_request *r, const int32_t *tokens, int n)
+{
+    status st;
+    if (spec_fed(e->sp, r->slot, tokens, n, &st)) spec_off(r, &st);
+}
+
+/* The batch is final: each verify item's drafts after its request's last token. A draft that
+ * fails turns the item back into a plain decode item. */
+static void spec_draft_all(engine *e, int n)
+{
+    for (int i = 0; i < n; i++) {
+        worker_batch_item *it = &e->items[i];
+        if (!it->verify) continue;
+        engine_request *r = e->item_req[i];
+        status st;
+        if (spec_draft(e->sp, r->slot, r->tokens[r->n_fed], it->n_tokens - 1, &st) == STATUS_OK)
+            continue;
+        spec_off(r, &st);
+        it->verify = false;
+        it->hidden = NULL;
+        it->outs = NULL;
+        it->tokens = r->tokens + r->n_fed;
+        it->n_tokens = 1;
+    }
+}
+
+/* A verify item ran: the drafts accepted are the longest run where row i's choice is draft
+ * i+1 (greedy: exactly the tokens one-row steps would have chosen), then the first row that
+ * differs gives one more token. They go to the sink at once, until one ends the request; the
+ * slot rolls back to the last row used and the draft head catches up on those rows. Returns nd
+ * (r added to done[] when it ended). */
+static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, int64_t now, int nd,
+                         uint64_t *generated)
+{
+    const int k = it->n_tokens - 1;
+    int a = 0;
+    while (a < k && it->outs[a].token == it->tokens[a + 1]) a++;
+    int used = a + 1;
+    bool fin = false;
+    for (int j = 0; j <= a; j++) {
+        worker_batch_item one = *it;
+        one.out = it->outs[j];
+        ++*generated;
+        if (take_token(e, r, &one, now)) {
+            fin = true;
+            used = j + 1;
+            break;
+        }
+    }
+    status st;
+    if (used < it->n_tokens && worker_backend_rollback(e->b, r->slot, r->n_fed + used, &st)) {
+        status res;
+        status_fail(&res, STATUS_INTERNAL, "request %s: %s", r->p.id, st.msg);
+        LOG_ERROR("%s", res.msg);
+        if (!fin) end_request(r, FINISH_ERROR, &res);
+        e->done[nd++] = r;
+        return nd;
+    }
+    r->n_fed += used;
+    r->spec_steps++;
+    r->spec_drafted += k;
+    r->spec_accepted += a;
+    pthread_mutex_lock(&e->mu);
+    e->spec_steps++;
+    e->spec_drafted += (uint64_t)k;
+    e->spec_accepted += (uint64_t)a;
+    pthread_mutex_unlock(&e->mu);
+    engine_metrics_spec(&e->m, k, a);
+    if (e->pc) prefix_after_step(e, r, it);
+    if (fin) {
+        e->done[nd++] = r;
+        if (e->pc) prefix_keep(e, r);
+        return nd;
+    }
+    spec_follow(e, r, it->tokens, used);
+    return nd;
+}
+
 static void *engine_main(void *arg)
 {
     engine *e = arg;
@@ -871,6 +1000,7 @@ static void *engine_main(void *arg)
         while ((n = build_batch(e, e->active, na)) > 0 && e->kv && !kv_grow(e, n, &na, &nd)) {
         }
         uint64_t generated = 0;
+        if (n > 0) spec_draft_all(e, n);
         if (n > 0) {
             int rc = worker_backend_step(e->b, e->items, n, &st);
             int64_t now = clock_now_us();
@@ -886,7 +1016,12 @@ static void *engine_main(void *arg)
             } else {
                 for (int i = 0; i < n; i++) {
                     engine_request *r = e->item_req[i];
+                    if (e->items[i].verify) {
+                        nd = spec_verified(e, r, &e->items[i], now, nd, &generated);
+                        continue;
+                    }
                     r->n_fed += e->items[i].n_tokens;
+                    if (r->spec) spec_follow(e, r, e->items[i].tokens, e->items[i].n_tokens);
                     if (e->pc) prefix_after_step(e, r, &e->items[i]);
                     if (!e->items[i].sample) continue;
                     generated++;
@@ -950,6 +1085,24 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
             return st->code;
         }
     }
+    if (e->o.spec_max_batch <= 0) e->o.spec_max_batch = SPEC_MAX_BATCH_DEFAULT;
+    if (e->o.spec_k > 0 && !b->model->mtp.present) {
+        LOG_INFO("speculative decoding off: the model has no MTP head");
+    } else if (e->o.spec_k > 0 && b->f->verify_rows < e->o.spec_k + 1) {
+        LOG_INFO("speculative decoding off: %s runs no verify runs of %d rows", b->device,
+                 e->o.spec_k + 1);
+    } else if (e->o.spec_k > 0) {
+        const int chunk = e->o.step_tokens > MIN_PREFILL_CHUNK ? e->o.step_tokens : MIN_PREFILL_CHUNK;
+        if (spec_create(b->model, e->n_slots, b->n_ctx, chunk, e->o.spec_k, e->o.spec_threads,
+                        &e->sp, st) != STATUS_OK) {
+            prefix_cache_destroy(e->pc);
+            free(e);
+            return st->code;
+        }
+        LOG_INFO("speculative decoding: the MTP head drafts %d tokens while at most %d sequences "
+                 "decode (greedy requests; %.1f MiB of draft state)", e->o.spec_k,
+                 e->o.spec_max_batch, (double)e->sp->bytes / (1 << 20));
+    }
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);
     e->running = calloc((size_t)e->n_slots, sizeof *e->running);
@@ -974,6 +1127,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     e->tps_t0 = clock_now_us();
     engine_metrics_init(&e->m, e->o.metrics, e->n_slots, e->kv ? kv_pool_total_blocks(e->kv) : 0);
     if (e->pc) engine_metrics_prefix_init(&e->m, e->o.metrics);
+    if (e->sp) engine_metrics_spec_init(&e->m, e->o.metrics);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         engine_destroy(e);
         return status_fail(st, STATUS_INTERNAL, "engine: cannot start the engine thread");
@@ -1043,6 +1197,7 @@ void engine_destroy(engine *e)
         pthread_cond_destroy(&e->idle_cv);
     }
     prefix_cache_destroy(e->pc);
+    spec_destroy(e->sp);
     free(e->pool);
     free(e->running);
     free(e->active);

@@ -75,6 +75,7 @@ typedef struct engine_params {
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int n_stop_ids;
     bool ignore_eos;
+    bool no_speculation; /* never speculate for this request (GenerateRequest.no_speculation) */
 } engine_params;
 
 /* Times in microseconds on clock_now_us (common/clock.h); t_admit is the first admission. */
@@ -103,6 +104,11 @@ typedef struct engine_request {
     int leader_slot, leader_pos;
     uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
                                the engine lock) */
+    /* speculative decoding (engine thread): the request speculates (the engine has a draft head,
+       the request allows it, greedy sampling, its sequence started cold); verify steps run,
+       drafts proposed and accepted */
+    bool spec;
+    int spec_steps, spec_drafted, spec_accepted;
     uint64_t admit_seq;     /* first admission order (1, 2, ...; kept through preemption): prefill
                                priority, and who is preempted first (the highest) */
     int64_t t_arrival, t_admit, t_first, t_last, t_end;
@@ -131,6 +137,11 @@ typedef struct engine_opts {
     /* the prefix cache is on when the backend's forward has snapshots (fwd.n_snaps) */
     int prefix_snap_every; /* a prompt prefill keeps a snapshot at the end of a step when this
                               many tokens were computed since its last one (0: never) */
+    /* speculative decoding with the model's MTP head (worker/spec.h), on when spec_k >= 1, the
+       model has the head and the forward runs verify runs of spec_k + 1 rows */
+    int spec_k;         /* drafts per verify run (0: off; 1..SPEC_MAX_K) */
+    int spec_max_batch; /* speculate only while at most this many sequences decode (0: 8) */
+    int spec_threads;   /* the draft head's CPU threads (0: all online CPUs) */
     /* optional: called once (engine thread) when the backend fails for good (STATUS_DEVICE) */
     void (*on_fatal)(void *arg);
     void *fatal_arg;
@@ -150,6 +161,9 @@ typedef struct engine_load {
     uint32_t prefix_snapshots, prefix_blocks;
     uint64_t prefix_snapshot_bytes;
     uint64_t outstanding_tokens;
+    /* speculative decoding: on (a draft head), verify runs, drafts proposed, drafts accepted */
+    bool speculative;
+    uint64_t spec_steps, spec_drafted, spec_accepted;
     double tokens_per_second;
     bool draining;
     uint64_t steps, tokens_generated, requests_finished;

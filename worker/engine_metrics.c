@@ -87,6 +87,28 @@ void engine_metrics_prefix(engine_metrics *em, const engine_load *l)
     *o = *l;
 }
 
+void engine_metrics_spec_init(engine_metrics *em, metrics *m)
+{
+    if (!em->on) return;
+    em->spec_steps = metrics_counter(m, "deltaserve:spec_verify_steps_total", NULL,
+                                     "Speculative verify runs (the last token and its drafts in "
+                                     "one step).");
+    em->spec_drafted = metrics_counter(m, "deltaserve:spec_draft_tokens_total", NULL,
+                                       "Tokens the MTP head drafted and the model verified.");
+    em->spec_accepted = metrics_counter(m, "deltaserve:spec_accepted_tokens_total", NULL,
+                                        "Drafted tokens the model accepted (acceptance rate: "
+                                        "accepted / drafted; tokens per verify run: 1 + "
+                                        "accepted / steps).");
+}
+
+void engine_metrics_spec(engine_metrics *em, int k, int a)
+{
+    if (!em->on || !em->spec_steps) return;
+    metrics_inc(em->spec_steps, 1);
+    metrics_inc(em->spec_drafted, k);
+    metrics_inc(em->spec_accepted, a);
+}
+
 void engine_metrics_preempted(engine_metrics *em)
 {
     if (em->on) metrics_inc(em->preemptions, 1);

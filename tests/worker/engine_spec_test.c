@@ -1,0 +1,154 @@
+/* Speculative decoding in the engine (worker/spec.h, engine.c) on a synthetic tiny model with an
+ * MTP head (gguf synth --mtp; F32 and Q8_0), the CPU forward:
+ *  - greedy tokens with speculation on (k = 1 and 4, three requests at once) equal those with
+ *    it off, and verify runs happened (engine_load.spec_*);
+ *  - a request with no_speculation, and a sampled one, run no verify run. */
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf/synth.h"
+#include "model/qwen35.h"
+#include "tests/testutil/testutil.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
+
+#define N_REQ 3
+#define N_NEW 40
+
+typedef struct collector {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[N_NEW];
+    int n;
+    bool done;
+} collector;
+
+static bool col_cancelled(void *arg) { (void)arg; return false; }
+static void col_token(void *arg, const engine_request *r, const worker_batch_item *it)
+{
+    (void)r;
+    collector *c = arg;
+    pthread_mutex_lock(&c->mu);
+    if (c->n < N_NEW) c->tokens[c->n++] = it->out.token;
+    pthread_mutex_unlock(&c->mu);
+}
+static void col_finish(void *arg, const engine_request *r)
+{
+    (void)r;
+    collector *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->done = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+static const engine_sink sink = {col_cancelled, col_token, col_finish};
+
+static void col_wait(collector *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static const int32_t PROMPTS[N_REQ][6] = {{1, 5, 9, 2, 7, 3}, {4, 4, 8, 1, 0, 6}, {11, 3, 2, 9, 5, 1}};
+
+/* Runs the three greedy requests (and, spec on, the two that must not speculate) on model path
+ * with speculation k (0: off); tokens out [N_REQ][N_NEW]. */
+static void run(const char *path, int k, int32_t out[N_REQ][N_NEW], engine_load *load)
+{
+    qwen35_model *m = NULL;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, path, &st), STATUS_OK);
+    CU_ASSERT_FATAL(m->mtp.present);
+    worker_backend *b = NULL;
+    const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
+                                    .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
+    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
+    engine *e = NULL;
+    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
+    CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
+    collector c[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        pthread_mutex_init(&c[i].mu, NULL);
+        pthread_cond_init(&c[i].cv, NULL);
+        engine_params p = {.prompt = PROMPTS[i], .n_prompt = 6, .max_new_tokens = N_NEW,
+                           .sampling = sampling_params_resolve(&(sampling_params){0}),
+                           .ignore_eos = true};
+        snprintf(p.id, sizeof p.id, "greedy-%d", i);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &c[i], &st), STATUS_OK);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        col_wait(&c[i]);
+        CU_ASSERT_EQUAL(c[i].n, N_NEW);
+        memcpy(out[i], c[i].tokens, sizeof c[i].tokens);
+    }
+    engine_get_load(e, load);
+    if (k) { /* neither of these speculates */
+        engine_params p = {.prompt = PROMPTS[0], .n_prompt = 6, .max_new_tokens = 8,
+                           .sampling = sampling_params_resolve(&(sampling_params){0}),
+                           .ignore_eos = true, .no_speculation = true};
+        snprintf(p.id, sizeof p.id, "off");
+        collector d = {0};
+        pthread_mutex_init(&d.mu, NULL);
+        pthread_cond_init(&d.cv, NULL);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &d, &st), STATUS_OK);
+        col_wait(&d);
+        CU_ASSERT(memcmp(d.tokens, out[0], 8 * sizeof(int32_t)) == 0);
+        p.no_speculation = false;
+        p.sampling = sampling_params_resolve(&(sampling_params){.temperature = 0.8f, .seed = 3});
+        d.done = false;
+        d.n = 0;
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &d, &st), STATUS_OK);
+        col_wait(&d);
+        CU_ASSERT_EQUAL(d.n, 8);
+        engine_load l2;
+        engine_get_load(e, &l2);
+        CU_ASSERT_EQUAL(l2.spec_steps, load->spec_steps);
+    }
+    engine_destroy(e);
+    worker_backend_destroy(b);
+    qwen35_model_free(m);
+}
+
+static void check(synth_quant q, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/engine_spec_%d_%s.gguf", testutil_tmp_dir(), (int)getpid(), name);
+    synth_options o = {.preset = synth_preset_find("tiny"), .quant = q, .seed = 7, .mtp = true,
+                       .n_threads = 2};
+    status st;
+    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    int32_t off[N_REQ][N_NEW], on[N_REQ][N_NEW];
+    engine_load l;
+    run(path, 0, off, &l);
+    CU_ASSERT_FALSE(l.speculative);
+    CU_ASSERT_EQUAL(l.spec_steps, 0);
+    for (int k = 1; k <= 4; k += 3) {
+        run(path, k, on, &l);
+        CU_ASSERT(l.speculative);
+        CU_ASSERT(l.spec_steps > 0);
+        CU_ASSERT(l.spec_drafted <= l.spec_steps * (uint64_t)k);
+        CU_ASSERT(l.spec_accepted <= l.spec_drafted);
+        printf("\n    %s k=%d: %llu verify runs, %llu drafted, %llu accepted", name, k,
+               (unsigned long long)l.spec_steps, (unsigned long long)l.spec_drafted,
+               (unsigned long long)l.spec_accepted);
+        CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    }
+    unlink(path);
+}
+
+static void test_f32(void) { check(SYNTH_QUANT_F32, "f32"); }
+static void test_q8(void) { check(SYNTH_QUANT_Q8_0, "q8_0"); }
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("engine_spec", NULL, NULL);
+    CU_add_test(s, "greedy_same_with_speculation_f32", test_f32);
+    CU_add_test(s, "greedy_same_with_speculation_q8_0", test_q8);
+    return testutil_cunit_run();
+}

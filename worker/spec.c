@@ -1,0 +1,96 @@
+/* The draft side of speculative decoding (worker/spec.h). */
+#include "worker/spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k, int n_threads,
+                worker_spec **out, status *st)
+{
+    *out = NULL;
+    if (!m->mtp.present)
+        return status_fail(st, STATUS_UNSUPPORTED, "speculative decoding: the model has no MTP head");
+    if (k < 1 || k > SPEC_MAX_K)
+        return status_fail(st, STATUS_INVALID, "--speculative-k %d: expected 1..%d", k, SPEC_MAX_K);
+    if (n_slots < 1 || n_ctx < 1 || chunk < 1)
+        return status_fail(st, STATUS_INVALID, "speculative decoding: %d slots of %d positions, "
+                           "items of %d tokens", n_slots, n_ctx, chunk);
+    worker_spec *sp = calloc(1, sizeof *sp);
+    if (!sp) return status_fail(st, STATUS_NOMEM, "speculative decoding: out of memory");
+    sp->m = m;
+    sp->k = k;
+    sp->n_slots = n_slots;
+    sp->chunk = chunk;
+    sp->H = m->cfg.H;
+    const size_t S = (size_t)n_slots, rows = (size_t)(1 + chunk) * (size_t)sp->H;
+    sp->ms = calloc(S, sizeof *sp->ms);
+    sp->h = malloc(S * rows * sizeof(float));
+    sp->pending = calloc(S, sizeof *sp->pending);
+    sp->tok = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->tok);
+    sp->outs = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->outs);
+    int rc = STATUS_OK;
+    if (!sp->ms || !sp->h || !sp->pending || !sp->tok || !sp->outs) {
+        rc = status_fail(st, STATUS_NOMEM, "speculative decoding: out of memory for %d slots",
+                         n_slots);
+        goto fail;
+    }
+    sp->bytes = S * rows * sizeof(float);
+    const qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = chunk + 1, .n_threads = n_threads};
+    if ((rc = qwen35_ctx_create(m, &co, &sp->ctx, st))) goto fail;
+    for (int s = 0; s < n_slots; s++) {
+        if ((rc = qwen35_mtp_state_create(m, n_ctx, &sp->ms[s], st))) goto fail;
+        sp->bytes += (uint64_t)n_ctx * 2u * (uint64_t)m->cfg.n_kv * (uint64_t)m->cfg.d_h * sizeof(float);
+    }
+    *out = sp;
+    return STATUS_OK;
+fail:
+    spec_destroy(sp);
+    return rc;
+}
+
+void spec_destroy(worker_spec *sp)
+{
+    if (!sp) return;
+    for (int s = 0; sp->ms && s < sp->n_slots; s++) qwen35_mtp_state_destroy(sp->ms[s]);
+    qwen35_ctx_destroy(sp->ctx);
+    free(sp->ms);
+    free(sp->h);
+    free(sp->pending);
+    free(sp->tok);
+    free(sp->outs);
+    free(sp);
+}
+
+void spec_start(worker_spec *sp, int slot)
+{
+    qwen35_mtp_state_reset(sp->ms[slot]);
+    sp->pending[slot] = false;
+}
+
+int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st)
+{
+    DS_ASSERT(n >= 1 && n <= sp->chunk);
+    const size_t H = (size_t)sp->H;
+    float *h0 = spec_hidden(sp, slot) - H; /* the pending row, then the item's rows */
+    int rc = STATUS_OK;
+    if (sp->pending[slot]) /* (pending, t0), (h_0, t1), .., (h_{n-2}, t_{n-1}) */
+        rc = qwen35_mtp_step(sp->ctx, sp->ms[slot], h0, tokens, n, NULL, NULL, st);
+    else if (n > 1) /* the sequence's first item: (h_0, t1), .. */
+        rc = qwen35_mtp_step(sp->ctx, sp->ms[slot], h0 + H, tokens + 1, n - 1, NULL, NULL, st);
+    if (rc) return rc;
+    memcpy(h0, h0 + (size_t)n * H, H * sizeof(float));
+    sp->pending[slot] = true;
+    return STATUS_OK;
+}
+
+int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st)
+{
+    DS_ASSERT(sp->pending[slot] && k >= 1 && k <= SPEC_MAX_K);
+    qwen35_mtp_state *ms = sp->ms[slot];
+    const int n_past = ms->n_past;
+    int32_t *t = spec_tokens(sp, slot);
+    t[0] = last;
+    const int rc = qwen35_mtp_draft(sp->ctx, ms, spec_hidden(sp, slot) - sp->H, last, k, t + 1, st);
+    qwen35_mtp_truncate(ms, n_past);
+    return rc;
+}

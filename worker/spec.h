@@ -1,0 +1,73 @@
+/* Speculative decoding's draft side in the worker (docs/ARCHITECTURE.md §5 "Speculative
+ * decoding"): the MTP head (model/mtp.h) of every slot kept in step with the main model, and
+ * its greedy drafts. The engine (engine.c) owns one when the model has an MTP head and the
+ * forward runs verify runs (fwd.verify_rows >= k + 1).
+ *
+ * Per slot: the MTP state (its own KV, one row per main-model position but the last) and the
+ * pending h, the main model's final-norm output of the row that produced the slot's last token.
+ * Every item the engine feeds a speculating slot returns its rows' h into spec_hidden(slot)
+ * (worker_batch_item.hidden); spec_fed then feeds the MTP the pairs it completes:
+ * (pending h, first token), (h of row i, token i+1) ..., and keeps the last row's h pending.
+ * A verify item (the last token, then the drafts) counts as an item of its accepted rows only
+ * (the forward rolled back past the others), so the MTP's rows stay those of the main model:
+ *
+ *   spec_start(sp, slot);                               the slot's sequence started cold
+ *   it.hidden = spec_hidden(sp, slot); step; spec_fed(sp, slot, it.tokens, it.n_tokens)
+ *   spec_draft(sp, slot, last, k, &st);                 sp->tokens(slot): last, d1 .. dk
+ *   verify item of k+1 rows; a accepted; rollback; spec_fed(sp, slot, tokens, a + 1)
+ *
+ * Memory: everything at create (an MTP state of n_ctx positions per slot: its KV is one
+ * attention layer's); nothing per token. Engine thread only. */
+#ifndef DS_WORKER_SPEC_H
+#define DS_WORKER_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/sampling.h"
+#include "common/status.h"
+#include "model/forward.h"
+#include "model/mtp.h"
+
+#define SPEC_MAX_K 4
+
+typedef struct worker_spec {
+    const qwen35_model *m;      /* borrowed */
+    int k;                      /* drafts per verify run (1 .. SPEC_MAX_K) */
+    int n_slots, chunk, H;      /* chunk: most tokens of one item */
+    qwen35_ctx *ctx;            /* owned: the MTP's workspace */
+    qwen35_mtp_state **ms;      /* owned, [n_slots] */
+    float *h;                   /* owned, [n_slots][1 + chunk][H]: row 0 the pending h */
+    bool *pending;              /* owned, [n_slots] */
+    int32_t *tok;               /* owned, [n_slots][SPEC_MAX_K + 1]: last token, drafts */
+    sample_result *outs;        /* owned, [n_slots][SPEC_MAX_K + 1]: a verify item's choices */
+    uint64_t bytes;             /* allocated, for the start-up log */
+} worker_spec;
+
+/* STATUS_UNSUPPORTED when m has no MTP head; STATUS_INVALID for k outside 1..SPEC_MAX_K;
+ * STATUS_NOMEM. n_threads as qwen35_ctx_opts (0: all online CPUs). */
+int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k, int n_threads,
+                worker_spec **out, status *st);
+void spec_destroy(worker_spec *sp);
+
+void spec_start(worker_spec *sp, int slot);
+static inline float *spec_hidden(worker_spec *sp, int slot)
+{
+    return sp->h + ((uint64_t)slot * (uint64_t)(1 + sp->chunk) + 1) * (uint64_t)sp->H;
+}
+static inline int32_t *spec_tokens(worker_spec *sp, int slot)
+{
+    return sp->tok + (uint64_t)slot * (SPEC_MAX_K + 1);
+}
+static inline sample_result *spec_outs(worker_spec *sp, int slot)
+{
+    return sp->outs + (uint64_t)slot * (SPEC_MAX_K + 1);
+}
+/* The MTP fed the pairs that n (1 <= n <= chunk) fed tokens, whose h are in spec_hidden's rows,
+ * complete. Errors as qwen35_mtp_step (a full MTP context). */
+int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st);
+/* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last;
+ * the MTP's rows are as before (the drafts' rows are truncated). */
+int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
+
+#endif
