@@ -126,7 +126,7 @@ static void gen_on_finish(void *arg, const engine_request *r)
     pthread_mutex_unlock(&g->mu);
 }
 
-static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish};
+static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish, NULL, NULL};
 
 /* Streams the tokens the engine produces until it finishes the request: text to stdout as it
  * comes (or nothing, with --print-ids). Returns the request's result code. */

@@ -449,6 +449,7 @@ static void on_send(rpc_call *c, bool ok)
         atomic_store(&c->cancelled, true); /* the call is over on the wire */
         drop_queue(c);
     }
+    bool writable = false;
     if (c->ring_n > 0) {
         grpc_byte_buffer *bb = c->ring[c->ring_head];
         c->ring_head = (c->ring_head + 1) % c->ring_cap;
@@ -456,8 +457,12 @@ static void on_send(rpc_call *c, bool ok)
         start_send(c, bb);
     } else if (c->state == RPC_CALL_FINISHING) {
         start_status(c);
+    } else {
+        writable = c->state == RPC_CALL_OPEN;
     }
     pthread_mutex_unlock(&c->mu);
+    /* the owner still has the call (only it finishes it, and it waits for this to send more) */
+    if (writable && c->method && c->method->on_writable) c->method->on_writable(c, c->method->user);
 }
 
 static void on_close(rpc_call *c)
@@ -496,6 +501,7 @@ static void maybe_release(rpc_call *c)
 static void *cq_thread(void *arg)
 {
     rpc_server *s = arg;
+    pthread_setname_np(pthread_self(), "ds-rpc-cq"); /* per-thread CPU in /proc (benches) */
     for (;;) {
         if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) {
             pthread_mutex_lock(&s->done_mu);

@@ -83,6 +83,12 @@ typedef struct rpc_method {
     /* A stream with no natural end (health Watch, reflection): a graceful shutdown ends it
      * (UNAVAILABLE, through on_cancel) at once instead of waiting the grace period for it. */
     bool end_at_shutdown;
+    /* CQ thread; may be NULL. A message rpc_call_send started has left (handed to the
+     * transport, or dropped because the call is over: rpc_call_cancelled) and no other is
+     * queued behind it, while the owner has not finished the call. An owner that keeps one
+     * message in flight sends what accumulated meanwhile from here, in one message (the
+     * worker's Generate coalesces tokens so). Must not block. */
+    void (*on_writable)(rpc_call *call, void *user);
 } rpc_method;
 
 typedef struct rpc_tls_server rpc_tls_server; /* rpc/rpc_tls.h */
