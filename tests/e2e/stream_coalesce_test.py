@@ -76,7 +76,8 @@ class Coalesce(unittest.TestCase):
             self.assertEqual(len(m.logprobs), len(m.token_ids))
             self.assertLessEqual(len(m.token_ids), MAX_MSG_TOKENS)
         sizes = [len(m.token_ids) for m in msgs]
-        self.assertGreater(max(sizes), 1, "no message carried more than one token: %s" % sizes)
+        self.assertGreater(max(sizes), 1, "no message carried more than one token (%d messages)"
+                           % len(msgs))
         self.assertLess(len(msgs), self.n // 2,
                         "%d messages for %d tokens: not coalesced" % (len(msgs), self.n))
         print("slow reader: %d tokens in %d messages (largest %d tokens); prompt reader: %d "
