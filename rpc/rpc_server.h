@@ -161,7 +161,9 @@ bool rpc_call_cancelled(const rpc_call *call);
 
 /* Packs msg (a copy is taken; msg may be freed on return) and sends it after the messages
  * already queued. Never blocks. STATUS_CANCELLED if the call was cancelled or is finished,
- * STATUS_NOMEM if the message cannot be packed. */
+ * STATUS_NOMEM if the queue cannot grow. The packed bytes go into one gRPC slice (held inline,
+ * without allocation, up to 23 bytes) and a byte buffer the call keeps from its last completed
+ * send. */
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
 
 /* Ends the call with a status after every queued message (dropped if cancelled). msg may be
