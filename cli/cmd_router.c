@@ -15,6 +15,7 @@ typedef struct router_cli_opts {
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
     const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
     const char *auth_token_file, *worker_token_file, *workers_tls_name;
+    const char *http_listen, *served_model_name;
     int reflection_auth;
 } router_cli_opts;
 
@@ -23,6 +24,12 @@ static const char *opt(const char *s) { return s && s[0] ? s : NULL; }
 static const flag_spec specs[] = {
     {"listen", "DS_LISTEN", "127.0.0.1:0", FLAG_STR, offsetof(router_cli_opts, listen),
      "gRPC address HOST:PORT (port 0 picks one; logged as 'listening on HOST:PORT')"},
+    {"http-listen", "DS_HTTP_LISTEN", NULL, FLAG_STR, offsetof(router_cli_opts, http_listen),
+     "OpenAI-compatible HTTP HOST:PORT (/v1/chat/completions, /v1/completions, /v1/models, "
+     "/health; same TLS and token as --listen; off if unset)"},
+    {"served-model-name", "DS_SERVED_MODEL_NAME", NULL, FLAG_STR,
+     offsetof(router_cli_opts, served_model_name),
+     "model id on the HTTP API (default: the GGUF's general.name, else its file name)"},
     {"workers", "DS_WORKERS", NULL, FLAG_STR, offsetof(router_cli_opts, workers),
      "worker addresses HOST:PORT,HOST:PORT"},
     {"workers-dns", "DS_WORKERS_DNS", NULL, FLAG_STR, offsetof(router_cli_opts, workers_dns),
@@ -133,6 +140,8 @@ int cmd_router(int argc, char **argv)
     ro.auth_token_file = opt(o.auth_token_file);
     ro.worker_token_file = opt(o.worker_token_file);
     ro.reflection_auth = o.reflection_auth;
+    ro.http_listen = opt(o.http_listen);
+    ro.served_model_name = opt(o.served_model_name);
 
     /* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts. Reset
      * their disposition first: a shell starts background jobs with SIGINT ignored, and an
@@ -168,6 +177,15 @@ int cmd_router(int argc, char **argv)
         if (hc) *hc = 0;
         log_write(LOG_LEVEL_INFO, "router: health (plaintext) on %s:%d", hhost,
                   router_health_port(r));
+    }
+    if (router_http_port_of(r)) {
+        char hhost[256];
+        snprintf(hhost, sizeof hhost, "%s", ro.http_listen);
+        char *hc = strrchr(hhost, ':');
+        if (hc) *hc = 0;
+        /* always printed: scripts and tests wait for this line too */
+        log_write(LOG_LEVEL_INFO, "router: HTTP (OpenAI API) on %s://%s:%d/v1",
+                  ro.tls ? "https" : "http", hhost, router_http_port_of(r));
     }
     if (router_metrics_port(r)) {
         char mhost[256];

@@ -6,6 +6,8 @@
 
 #include "common/finish.h"
 #include "common/log.h"
+#include "gguf/gguf.h"
+#include "router/router_http.h"
 #include "router/router_internal.h"
 #include "proto/proto_descriptors.h"
 #include "rpc/rpc_client.h"
@@ -81,6 +83,30 @@ static int metrics_setup(router *r, status *st)
     return 0;
 }
 
+/* The model id of the HTTP door (router_internal.h: model_id). */
+static void set_model_id(router *r)
+{
+    const router_opts *o = &r->opts;
+    if (o->served_model_name) {
+        snprintf(r->model_id, sizeof r->model_id, "%s", o->served_model_name);
+        return;
+    }
+    if (!o->model) {
+        snprintf(r->model_id, sizeof r->model_id, "deltaserve");
+        return;
+    }
+    const char *base = strrchr(o->model, '/');
+    base = base ? base + 1 : o->model;
+    snprintf(r->model_id, sizeof r->model_id, "%s", base);
+    gguf_file *f = NULL;
+    status st;
+    gguf_str name;
+    if (gguf_open(&f, o->model, &st) == 0 && gguf_get_str(f, "general.name", &name, NULL) == 0 &&
+        name.len > 0 && name.len < sizeof r->model_id && !memchr(name.ptr, 0, name.len))
+        snprintf(r->model_id, sizeof r->model_id, "%.*s", (int)name.len, name.ptr);
+    if (f) gguf_close(f);
+}
+
 static void apply_defaults(router_opts *o)
 {
     if (o->poll_ms <= 0) o->poll_ms = 500;
@@ -123,6 +149,8 @@ int router_create(router **out, const router_opts *opts, status *st)
     else if (r->chat_tmpl.tmpl)
         LOG_INFO("router: chat template of %s parsed (thinks by default: %s)", r->opts.model,
                  r->chat_tmpl.thinking_default ? "yes" : "no");
+    set_model_id(r);
+    r->t_start = (int64_t)ts.tv_sec;
     if (r->opts.worker_tls) {
         /* the files are read here once, so a bad one is a start-up error naming its flag */
         r->worker_tls = *r->opts.worker_tls;
@@ -193,6 +221,8 @@ int router_start(router *r, status *st)
         (rc = metrics_http_start(r->metrics, r->opts.metrics_listen, &r->metrics_http, st)))
         return rc;
     if ((rc = rpc_server_start(r->srv, st))) return rc;
+    if (r->opts.http_listen && (rc = router_http_start(r, r->opts.http_listen, &r->http, st)))
+        return rc;
     /* one synchronous round first, so workers that are already up are usable at once */
     router_poll_once(r, 1);
     if (pthread_create(&r->poller, NULL, router_poll_main, r))
@@ -204,6 +234,8 @@ int router_start(router *r, status *st)
 int router_port(const router *r) { return rpc_server_port(r->srv); }
 
 int router_health_port(const router *r) { return rpc_server_health_port(r->srv); }
+
+int router_http_port_of(const router *r) { return r->http ? router_http_port(r->http) : 0; }
 
 int router_metrics_port(const router *r)
 {
@@ -229,6 +261,8 @@ int router_drain(router *r, int grace_ms)
     pthread_mutex_unlock(&r->mu);
     if (left) LOG_WARN("router: drain: %d request%s still running after %d ms: ending them with "
                        "UNAVAILABLE", left, left == 1 ? "" : "s", grace_ms);
+    router_http_stop(r->http); /* HTTP requests left are cancelled */
+    r->http = NULL;
     /* Every Generate call is released (its status batch completed: no fixed linger needed)
      * unless some are left. The graceful stop then lets the other calls end and the connections
      * close after their last frames; Generate calls left are cancelled with UNAVAILABLE at once
@@ -252,6 +286,7 @@ void router_destroy(router *r)
 {
     if (!r) return;
     if (r->started) router_drain(r, 0);
+    router_http_stop(r->http);
     if (r->srv) rpc_server_destroy(r->srv);
     if (r->health) rpc_health_destroy(r->health);
     if (r->refl) rpc_reflection_destroy(r->refl);

@@ -38,6 +38,10 @@ typedef struct router_opts {
     const char *health_listen;  /* plaintext grpc.health.v1-only HOST:PORT, or NULL */
     const char *auth_token_file; /* Generation calls need "authorization: Bearer <token>" */
     int reflection_auth;        /* with a token: reflection needs it too */
+    const char *http_listen;    /* HOST:PORT of the OpenAI-compatible HTTP door, or NULL
+                                   (same TLS files and token as listen; router_http.h) */
+    const char *served_model_name; /* the model id on the HTTP door, or NULL: the GGUF's
+                                      general.name, else its file's base name */
 } router_opts;
 
 typedef struct router router;
@@ -53,6 +57,7 @@ int router_start(router *r, status *st);
 int router_port(const router *r);
 int router_metrics_port(const router *r);
 int router_health_port(const router *r); /* 0 without health_listen */
+int router_http_port_of(const router *r);  /* 0 without http_listen */
 
 /* Readiness NOT_SERVING; new Generate calls are refused with UNAVAILABLE "router is draining"
  * from the moment it returns (router_drain does it too; this is for logging "draining" only

@@ -1,6 +1,7 @@
-/* The public Generate: one relay thread per call (see router.h). The CQ thread only copies the
- * request and starts the thread (on_request), and forwards a client cancel to the running
- * worker call (on_cancel). */
+/* The relay (one thread per request, see router.h) and the public gRPC Generate. The relay
+ * writes to a router_sink (router_internal.h): a gRPC call here, an HTTP request in
+ * router_http.c. The CQ thread only copies the request and starts the thread (on_request), and
+ * forwards a client cancel to the running worker call (on_cancel). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,17 +22,17 @@
 #define WORKER_GEN_PATH "/deltaserve.v1.Worker/Generate"
 #define FULL_MSG "every worker is full (its slots and queue taken)"
 
-typedef struct router_req {
+struct router_req {
     router *r;
-    rpc_call *call;
-    Deltaserve__V1__GenerateRequest *g; /* owned: an unpacked copy of the request */
+    router_sink sink;                   /* where the relay's messages and status go */
+    Deltaserve__V1__GenerateRequest *g; /* owned: the request (unpacked copy or built by a door) */
     int64_t t0_us;                      /* arrival, clock_now_us */
     int64_t deadline_ms;                /* clock_now_ms, CLOCK_NO_DEADLINE if none */
     pthread_mutex_t mu;                 /* guards stream and cancelled */
     rpc_client_stream *stream;          /* borrowed: the worker call while it runs */
     int cancelled;                      /* the client cancelled / deadline / shutdown */
-    atomic_int refs;                    /* the relay thread + the call (until on_release) */
-} router_req;
+    atomic_int refs;                    /* the relay thread + the door's handle */
+};
 
 /* Per-request relay state. */
 typedef struct relay {
@@ -78,7 +79,7 @@ static uint64_t next_rand(router *r)
     return router_policy_rand(&x);
 }
 
-static void req_unref(router_req *q)
+void router_relay_unref(router_req *q)
 {
     if (atomic_fetch_sub(&q->refs, 1) != 1) return;
     if (q->g) protobuf_c_message_free_unpacked(&q->g->base, NULL);
@@ -104,7 +105,7 @@ static void relay_end(relay *s, grpc_status_code code, const char *msg)
         router_ids_unregister(r->ids, &s->live);
         s->live_on = 0;
     }
-    rpc_call_finish(s->q->call, code, msg);
+    s->q->sink.end(s->q->sink.ctx, code, msg);
     int64_t now = clock_now_us();
     if (code == GRPC_STATUS_OK) {
         atomic_fetch_add(&r->n_ok, 1);
@@ -262,7 +263,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     if (m->n_logprobs) {
         out.n_logprobs = m->n_logprobs < kept ? m->n_logprobs : kept;
         out.logprobs = m->logprobs;
-        fill_logprob_text(s, m->logprobs, out.n_logprobs);
+        if (s->q->sink.top_text) fill_logprob_text(s, m->logprobs, out.n_logprobs);
     }
     int final = 0;
     if (matched >= 0) {
@@ -306,7 +307,7 @@ static int relay_message(relay *s, router_worker *w, Deltaserve__V1__GenerateRes
     }
     if (kept == 0 && !final && out.text[0] == 0 && out.reasoning[0] == 0 && !out.n_tool_calls)
         return 0; /* nothing to say */
-    if (rpc_call_send(s->q->call, &out.base)) {
+    if (s->q->sink.send(s->q->sink.ctx, &out)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
         return -1;
     }
@@ -380,7 +381,7 @@ static void relay_aborted(relay *s, router_worker *w)
     tm.queue_ms = s->queue_ms;
     tm.prefill_ms = s->prefill_ms;
     s->finish = FINISH_CANCELLED;
-    if (rpc_call_send(s->q->call, &m.base)) {
+    if (s->q->sink.send(s->q->sink.ctx, &m)) {
         relay_end(s, GRPC_STATUS_CANCELLED, "client gone");
         return;
     }
@@ -629,12 +630,74 @@ static void *relay_main(void *arg)
     router_req *q = arg;
     router *r = q->r;
     relay_run(q);
-    req_unref(q);
+    router_relay_unref(q);
     pthread_mutex_lock(&r->mu);
     r->relays--;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     return NULL;
+}
+
+int router_relay_create(router *r, Deltaserve__V1__GenerateRequest *g, const router_sink *sink,
+                        int64_t deadline_ms, router_req **out, status *st)
+{
+    *out = NULL;
+    router_req *q = calloc(1, sizeof *q);
+    if (!q) {
+        protobuf_c_message_free_unpacked(&g->base, NULL);
+        return status_fail(st, STATUS_NOMEM, "router: out of memory");
+    }
+    q->r = r;
+    q->sink = *sink;
+    q->g = g;
+    q->t0_us = clock_now_us();
+    q->deadline_ms = deadline_ms;
+    pthread_mutex_init(&q->mu, NULL);
+    atomic_init(&q->refs, 1);
+    *out = q;
+    return 0;
+}
+
+int router_relay_start(router_req *q, status *st)
+{
+    router *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    r->relays++; /* undone below if the thread does not start */
+    pthread_mutex_unlock(&r->mu);
+    atomic_fetch_add(&q->refs, 1); /* the thread's */
+    pthread_attr_t attr;
+    pthread_t th;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    int ok = pthread_create(&th, &attr, relay_main, q) == 0;
+    pthread_attr_destroy(&attr);
+    if (ok) return 0;
+    atomic_fetch_sub(&q->refs, 1);
+    pthread_mutex_lock(&r->mu);
+    r->relays--;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return status_fail(st, STATUS_EXHAUSTED, "router: cannot start a relay");
+}
+
+void router_relay_cancel(router_req *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->cancelled = 1;
+    if (q->stream) rpc_client_stream_cancel(q->stream);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The gRPC sink: the relay's messages and status go to the call. */
+static int grpc_sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
+{
+    return rpc_call_send(ctx, &m->base);
+}
+
+static void grpc_sink_end(void *ctx, int code, const char *msg)
+{
+    rpc_call_finish(ctx, (grpc_status_code)code, msg);
 }
 
 static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
@@ -655,7 +718,6 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
         rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, m);
         return;
     }
-    r->relays++; /* undone below if the thread does not start */
     pthread_mutex_unlock(&r->mu);
     if (router_pool_full(r->pool)) { /* overload: refused before any copy, thread or worker call */
         pthread_mutex_lock(&r->mu);
@@ -680,71 +742,45 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
         return;
     }
 
-    router_req *q = calloc(1, sizeof *q);
-    uint8_t *buf = NULL;
+    Deltaserve__V1__GenerateRequest *g = NULL;
     size_t n = protobuf_c_message_get_packed_size(req);
-    if (q) buf = malloc(n ? n : 1);
-    if (q && buf) {
-        protobuf_c_message_pack(req, buf);
-        q->g = (Deltaserve__V1__GenerateRequest *)protobuf_c_message_unpack(
-            &deltaserve__v1__generate_request__descriptor, NULL, n, buf);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
+        return;
     }
+    protobuf_c_message_pack(req, buf);
+    g = (Deltaserve__V1__GenerateRequest *)protobuf_c_message_unpack(
+        &deltaserve__v1__generate_request__descriptor, NULL, n, buf);
     free(buf);
-    if (q && buf && !q->g) { /* packed, yet not readable back: a malformed field (e.g. an
-                                unknown field numbered 0), not an overload (docs/FUZZ.md, 1) */
-        free(q);
-        pthread_mutex_lock(&r->mu);
-        r->relays--;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+    if (!g) { /* packed, yet not readable back: a malformed field (e.g. an unknown field
+                 numbered 0), not an overload (docs/FUZZ.md, 1) */
         rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                         "request: malformed (it does not survive re-encoding)");
         return;
     }
-    pthread_attr_t attr;
-    pthread_t th;
-    int ok = q && q->g;
-    if (ok) {
-        q->r = r;
-        q->call = call;
-        q->t0_us = clock_now_us();
-        q->deadline_ms = rpc_call_deadline_ms(call);
-        pthread_mutex_init(&q->mu, NULL);
-        atomic_init(&q->refs, 2);
-        rpc_call_set_data(call, q);
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 256 * 1024);
-        ok = pthread_create(&th, &attr, relay_main, q) == 0;
-        pthread_attr_destroy(&attr);
-        if (!ok) atomic_fetch_sub(&q->refs, 1); /* the call's reference remains */
-    } else if (q) {
-        free(q);
+    router_sink sink = {grpc_sink_send, grpc_sink_end, call, 1};
+    router_req *q;
+    status st;
+    if (router_relay_create(r, g, &sink, rpc_call_deadline_ms(call), &q, &st)) {
+        rpc_call_finish(call, rpc_status_to_grpc(st.code), st.msg);
+        return;
     }
-    if (!ok) {
-        pthread_mutex_lock(&r->mu);
-        r->relays--;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "router: cannot start a relay");
-    }
+    rpc_call_set_data(call, q); /* the call's reference, dropped by on_release */
+    if (router_relay_start(q, &st)) rpc_call_finish(call, rpc_status_to_grpc(st.code), st.msg);
 }
 
 static void on_cancel(rpc_call *call, void *user)
 {
     router_req *q = rpc_call_data(call);
-    if (!q) return;
-    pthread_mutex_lock(&q->mu);
-    q->cancelled = 1;
-    if (q->stream) rpc_client_stream_cancel(q->stream);
-    pthread_mutex_unlock(&q->mu);
+    if (q) router_relay_cancel(q);
 }
 
 static void on_release(rpc_call *call, void *user)
 {
     router *r = user;
     router_req *q = rpc_call_data(call);
-    if (q) req_unref(q);
+    if (q) router_relay_unref(q);
     pthread_mutex_lock(&r->mu);
     r->inflight--;
     pthread_cond_broadcast(&r->cv);

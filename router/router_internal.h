@@ -8,8 +8,8 @@
 
 #include "common/clock.h"
 #include "model/tokenizer.h"
-#include "router/router.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
+#include "router/router.h"
 #include "router/router_dns.h"
 #include "router/router_ids.h"
 #include "router/router_pool.h"
@@ -37,6 +37,10 @@ struct router {
     rpc_reflection *refl;    /* owned */
     metrics *metrics;        /* owned */
     metrics_http *metrics_http; /* owned, NULL without --metrics-listen */
+    struct router_http *http; /* owned, NULL without --http-listen (router_http.h) */
+    char model_id[256];      /* the model's name on the HTTP door: --served-model-name, the
+                                GGUF's general.name, or the file's base name */
+    int64_t t_start;         /* unix seconds at router_create (GET /v1/models' created) */
     struct {                 /* borrowed from metrics */
         metrics_series *ok[4];   /* request_success_total by finished_reason, FINISH_STOP .. FINISH_ERROR */
         metrics_series *failed;  /* request_failure_total: non-OK status */
@@ -52,7 +56,8 @@ struct router {
 
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t cv;       /* poller sleep, drain wait */
-    int inflight;            /* Generate calls from on_request to on_release (status sent) */
+    int inflight;            /* Generate calls from on_request to on_release (status sent), and
+                                HTTP generation requests from admission to their end */
     int relays;              /* relay and abort threads running */
     Deltaserve__V1__ModelInfo *model_info; /* owned (unpacked), the first a worker reported;
                                               NULL until one answered GetModelInfo */
@@ -64,6 +69,39 @@ struct router {
     /* counters for logs and metrics */
     atomic_int_fast64_t n_requests, n_ok, n_failed, n_retries;
 };
+
+/* Where a relay's output goes: the gRPC call (router_generate.c) or an HTTP request
+ * (router_http.c). Called from the relay thread only. */
+typedef struct router_sink {
+    /* One response message, as the public gRPC stream carries it (text, token ids, logprobs
+     * with the alternatives' text; the final one with finish_reason, usage, timings). m and
+     * what it points to are valid during the call only. 0, or nonzero when the client is gone
+     * (the relay then ends with CANCELLED). Must not allocate in steady state. */
+    int (*send)(void *ctx, const Deltaserve__V1__GenerateResponse *m);
+    /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
+    void (*end)(void *ctx, int grpc_code, const char *msg);
+    void *ctx;
+    int top_text; /* the relay fills in each top-logprob alternative's text (a decode each);
+                     0 for a sink that reads the token's bytes itself */
+} router_sink;
+
+/* One request being relayed: validation, prompt, worker choice, retries, stop strings,
+ * detokenization, logprob text, metrics and the log line (router_generate.c). */
+typedef struct router_req router_req;
+
+/* A relay for g (owned by it from here on, also on failure; freed with
+ * protobuf_c_message_free_unpacked, so a door that builds g must allocate every part with
+ * malloc). deadline_ms is clock_now_ms-based or CLOCK_NO_DEADLINE. The caller holds one
+ * reference (router_relay_unref). Admission (draining, --max-inflight) is the door's. */
+int router_relay_create(router *r, Deltaserve__V1__GenerateRequest *g, const router_sink *sink,
+                        int64_t deadline_ms, router_req **out, status *st);
+/* Starts the relay thread (it holds its own reference). On failure nothing ran and the sink
+ * was not called: the caller ends its request itself. */
+int router_relay_start(router_req *q, status *st);
+/* The client is gone: the relay stops (the worker call is cancelled) and ends with CANCELLED
+ * (or DEADLINE_EXCEEDED when its deadline passed). Any thread, any time. */
+void router_relay_cancel(router_req *q);
+void router_relay_unref(router_req *q);
 
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */
 int router_generate_add_method(router *r, status *st);
