@@ -176,7 +176,7 @@ static void gen_on_finish(void *arg, const engine_request *r)
     pthread_mutex_unlock(&g->mu);
 }
 
-static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish};
+static const engine_sink gen_sink = {gen_cancelled, gen_on_token, gen_on_finish, NULL, NULL};
 
 /* Where the text goes: stdout, or with --chat the splitter's pieces (the answer to stdout, the
  * reasoning to stderr, tool calls to stdout as JSON lines). */

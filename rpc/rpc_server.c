@@ -51,6 +51,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/slice_buffer.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
@@ -113,6 +114,9 @@ struct rpc_call {
     grpc_byte_buffer **ring; /* owned, [ring_cap] queued packed messages; kept across reuse */
     int ring_cap, ring_head, ring_n;
     grpc_byte_buffer *send_buf; /* owned, the message on the wire, NULL if none */
+    grpc_byte_buffer *spare;    /* owned, or NULL: an empty raw byte buffer whose send has
+                                   completed, filled by the next rpc_call_send (kept across
+                                   reuse: the calls' messages cost gRPC no buffer struct each) */
     int n_inflight;             /* batches started and not completed */
     grpc_status_code fin_code;
     grpc_slice fin_details; /* owned until the status batch completes */
@@ -443,12 +447,20 @@ static void on_send(rpc_call *c, bool ok)
 {
     pthread_mutex_lock(&c->mu);
     c->n_inflight--;
-    grpc_byte_buffer_destroy(c->send_buf);
+    /* gRPC is done with the buffer once the send completed: it is kept, emptied, for the next */
+    grpc_byte_buffer *bb = c->send_buf;
     c->send_buf = NULL;
+    if (!c->spare && bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
+        grpc_slice_buffer_reset_and_unref(&bb->data.raw.slice_buffer);
+        c->spare = bb;
+    } else {
+        grpc_byte_buffer_destroy(bb);
+    }
     if (!ok) {
         atomic_store(&c->cancelled, true); /* the call is over on the wire */
         drop_queue(c);
     }
+    bool writable = false;
     if (c->ring_n > 0) {
         grpc_byte_buffer *bb = c->ring[c->ring_head];
         c->ring_head = (c->ring_head + 1) % c->ring_cap;
@@ -456,8 +468,12 @@ static void on_send(rpc_call *c, bool ok)
         start_send(c, bb);
     } else if (c->state == RPC_CALL_FINISHING) {
         start_status(c);
+    } else {
+        writable = c->state == RPC_CALL_OPEN;
     }
     pthread_mutex_unlock(&c->mu);
+    /* the owner still has the call (only it finishes it, and it waits for this to send more) */
+    if (writable && c->method && c->method->on_writable) c->method->on_writable(c, c->method->user);
 }
 
 static void on_close(rpc_call *c)
@@ -496,6 +512,7 @@ static void maybe_release(rpc_call *c)
 static void *cq_thread(void *arg)
 {
     rpc_server *s = arg;
+    pthread_setname_np(pthread_self(), "ds-rpc-cq"); /* per-thread CPU in /proc (benches) */
     for (;;) {
         if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) {
             pthread_mutex_lock(&s->done_mu);
@@ -797,6 +814,7 @@ void rpc_server_destroy(rpc_server *srv)
     for (int i = 0; i < srv->n_calls; i++) {
         pthread_mutex_destroy(&srv->calls[i].mu);
         free(srv->calls[i].ring);
+        if (srv->calls[i].spare) grpc_byte_buffer_destroy(srv->calls[i].spare);
     }
     pthread_mutex_destroy(&srv->done_mu);
     pthread_cond_destroy(&srv->done_cv);
@@ -831,16 +849,26 @@ static int enqueue(rpc_call *c, grpc_byte_buffer *bb)
 
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
 {
-    grpc_byte_buffer *bb = rpc_codec_pack(msg);
-    if (!bb) return STATUS_NOMEM;
+    /* packed into one slice: inline in the slice itself up to 23 bytes (a few token ids),
+       else one gRPC allocation */
+    const size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice sl = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
     int rc = STATUS_OK;
     pthread_mutex_lock(&call->mu);
     DS_ASSERT(call->state == RPC_CALL_OPEN); /* only the owner sends, before it finishes */
+    grpc_byte_buffer *bb = call->spare;
+    call->spare = NULL;
+    if (!bb) bb = grpc_raw_byte_buffer_create(NULL, 0);
+    grpc_slice_buffer_add(&bb->data.raw.slice_buffer, sl); /* takes the slice's reference */
     if (atomic_load(&call->cancelled)) rc = STATUS_CANCELLED;
     else if (!call->send_buf) start_send(call, bb);
     else rc = enqueue(call, bb);
+    if (rc != STATUS_OK) {
+        grpc_slice_buffer_reset_and_unref(&bb->data.raw.slice_buffer);
+        call->spare = bb;
+    }
     pthread_mutex_unlock(&call->mu);
-    if (rc != STATUS_OK) grpc_byte_buffer_destroy(bb);
     return rc;
 }
 

@@ -83,6 +83,12 @@ typedef struct rpc_method {
     /* A stream with no natural end (health Watch, reflection): a graceful shutdown ends it
      * (UNAVAILABLE, through on_cancel) at once instead of waiting the grace period for it. */
     bool end_at_shutdown;
+    /* CQ thread; may be NULL. A message rpc_call_send started has left (handed to the
+     * transport, or dropped because the call is over: rpc_call_cancelled) and no other is
+     * queued behind it, while the owner has not finished the call. An owner that keeps one
+     * message in flight sends what accumulated meanwhile from here, in one message (the
+     * worker's Generate coalesces tokens so). Must not block. */
+    void (*on_writable)(rpc_call *call, void *user);
 } rpc_method;
 
 typedef struct rpc_tls_server rpc_tls_server; /* rpc/rpc_tls.h */
@@ -155,7 +161,9 @@ bool rpc_call_cancelled(const rpc_call *call);
 
 /* Packs msg (a copy is taken; msg may be freed on return) and sends it after the messages
  * already queued. Never blocks. STATUS_CANCELLED if the call was cancelled or is finished,
- * STATUS_NOMEM if the message cannot be packed. */
+ * STATUS_NOMEM if the queue cannot grow. The packed bytes go into one gRPC slice (held inline,
+ * without allocation, up to 23 bytes) and a byte buffer the call keeps from its last completed
+ * send. */
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
 
 /* Ends the call with a status after every queued message (dropped if cancelled). msg may be

@@ -952,9 +952,28 @@ static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, in
     return nd;
 }
 
+
+/* The step's tokens are all told (on_token): each sink with an on_step_end hears it once (one
+ * beyond the first 4 distinct sinks of a step once per item: harmless, nothing new to hand). */
+static void step_end_sinks(engine *e, int n)
+{
+    const engine_sink *seen[4];
+    int n_seen = 0;
+    for (int i = 0; i < n; i++) {
+        const engine_sink *k = e->item_req[i]->sink;
+        if (!e->items[i].sample || !k->on_step_end) continue;
+        bool told = false;
+        for (int j = 0; j < n_seen && !told; j++) told = seen[j] == k;
+        if (told) continue;
+        if (n_seen < 4) seen[n_seen++] = k;
+        k->on_step_end(k->step_arg);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     engine *e = arg;
+    pthread_setname_np(pthread_self(), "ds-engine"); /* per-thread CPU in /proc (benches) */
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->n_running == 0 && e->n_waiting == 0)
@@ -1029,6 +1048,7 @@ static void *engine_main(void *arg)
                     e->done[nd++] = r;
                     if (e->pc) prefix_keep(e, r); /* the conversation's next turn starts here */
                 }
+                step_end_sinks(e, n);
             }
         }
         engine_metrics_step(&e->m, generated);

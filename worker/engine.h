@@ -43,8 +43,9 @@
  *     preemption a seeded sampled request draws from step 0 again (greedy decoding and
  *     penalties reproduce exactly; seeded draws do not).
  *
- * Sinks are called on the engine thread and must not block (the gRPC sink packs a message and
- * queues it). After on_finish the sink never hears of the request again.
+ * Sinks are called on the engine thread and must not block (the gRPC sink stores each token
+ * and hands a step's tokens to the streams' writers at on_step_end). After on_finish the sink
+ * never hears of the request again.
  *
  * Memory: the request pool (n_slots + queue entries) is allocated at creation; each request
  * has one allocation, made at submit and freed at finish, for its prompt and every token it may
@@ -126,6 +127,13 @@ typedef struct engine_sink {
      * (r->p.prompt is NULL): the request's slot is already free and counted so in GetLoad, so
      * whoever sees the stream end sees the slot free. */
     void (*on_finish)(void *arg, const engine_request *r);
+    /* optional: after the on_token calls of a step, once per step for each sink that had one
+     * (with step_arg): where a sink hands the step's tokens on in one go (the gRPC sink: one
+     * lock per step for all its streams). A sink with it still sees each token through
+     * on_token first, and on_finish of a request may come without a step end after its last
+     * tokens (cancel, failure): it then hands them on itself. */
+    void (*on_step_end)(void *step_arg);
+    void *step_arg;
 } engine_sink;
 
 typedef struct engine_opts {

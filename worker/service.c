@@ -23,6 +23,8 @@
 
 typedef enum ws_state { WS_LOADING, WS_READY, WS_DRAINING } ws_state;
 
+typedef struct ws_stream ws_stream;
+
 struct worker_service {
     rpc_server *srv;        /* owned */
     rpc_health *health;     /* owned */
@@ -45,97 +47,313 @@ struct worker_service {
     bool has_chat_template; /* the GGUF has a non-empty tokenizer.chat_template */
     bool thinking_default;  /* that template reasons when not told */
 
+    engine_sink sink;           /* the streams' sink (step_arg = this service) */
+    pthread_mutex_t smu;        /* the streams' hand-off: guards their n_ready, writing, final,
+                                   closing (one lock per engine step for all streams) */
+    struct ws_stream *dirty;    /* engine thread only: streams with tokens stored this step */
+
     atomic_uint_fast64_t n_requests; /* for made-up request ids and seeds */
     uint64_t seed_base;
 };
 
-/* ---- the engine sink: engine thread -> rpc_call ---- */
+/* ---- the streams: engine thread -> one hand-off per step -> the writer of each call ----
+ *
+ * Each Generate call has a ws_stream (its rpc_call's data). The engine thread stores every token
+ * in the stream's own arrays (sink_token: no lock, no allocation, no formatting) and, once per
+ * step (sink_step_end), publishes the step's tokens of all its streams under one lock,
+ * ws->smu. One thread at a time holds a stream's writer role (`writing`): it packs the tokens
+ * published and not yet sent into one GenerateResponse and sends it, then the role rides with
+ * that message until gRPC has taken it (on_writable, CQ thread), where what was published
+ * meanwhile goes out in the next message. So a lone stream's token is written at once by the
+ * engine thread; tokens that arrive while a write is outstanding travel together. The final
+ * message carries whatever is left, and the writer ends the call. */
+
+#define WS_MSG_TOKENS 64 /* most tokens one message carries (its logprobs are built on the stack) */
+
+typedef struct ws_stream {
+    worker_service *ws;
+    rpc_call *call;
+    int cap;  /* tokens the request may generate (max_new_tokens) */
+    int n_lp; /* top alternatives per token when logprobs were asked, else 0 */
+    /* engine thread only */
+    int n_gen;                    /* tokens stored */
+    bool dirty;                   /* on ws->dirty: tokens stored this step */
+    bool start;                   /* sink_step_end gave it the writer role */
+    struct ws_stream *dirty_next;
+    /* under ws->smu */
+    int n_ready;   /* tokens published to the writer */
+    bool writing;  /* a thread holds the writer role (a message of it in flight, or being built) */
+    bool final;    /* the request ended: fin* below are set */
+    bool closing;  /* the writer is sending the final message: on_writable has nothing to do */
+    /* the writer role's holder only */
+    int n_sent;
+    /* set by the engine thread before it publishes them (first token; the end) */
+    uint32_t n_prompt, n_cached;
+    float queue_ms, prefill_ms, ttft_ms;
+    finish_reason fin_reason;
+    int32_t fin_stop_token;
+    uint32_t fin_generated, fin_cached;
+    float fin_decode_ms, fin_total_ms;
+    uint64_t fin_seed;
+    char fin_id[ENGINE_REQUEST_ID_MAX + 1];
+    status fin_result;
+    /* owned, one allocation with the struct */
+    int32_t *ids;    /* [cap] */
+    float *lp;       /* [cap] when n_lp, else NULL */
+    uint8_t *n_top;  /* [cap] when n_lp */
+    int32_t *top_id; /* [cap][n_lp] */
+    float *top_lp;   /* [cap][n_lp] */
+} ws_stream;
 
 static float ms_between(int64_t a_us, int64_t b_us) { return a_us && b_us ? (float)(b_us - a_us) / 1000.0f : 0; }
 
-static bool sink_cancelled(void *arg) { return rpc_call_cancelled(arg); }
-
-static void sink_token(void *arg, const engine_request *r, const worker_batch_item *it)
+/* One allocation per request (on_generate, CQ thread), freed at on_release. */
+static ws_stream *stream_create(worker_service *ws, rpc_call *call, const engine_params *p)
 {
-    Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
-    int32_t id = it->out.token;
-    m.n_token_ids = 1;
-    m.token_ids = &id;
-    Deltaserve__V1__TokenLogprob lp = DELTASERVE__V1__TOKEN_LOGPROB__INIT;
-    Deltaserve__V1__TokenLogprob *lps[1] = {&lp};
-    Deltaserve__V1__TopLogprob top[SAMPLING_MAX_LOGPROBS];
-    Deltaserve__V1__TopLogprob *tops[SAMPLING_MAX_LOGPROBS];
-    if (r->p.sampling.n_logprobs > 0) {
-        lp.token_id = it->out.token;
-        lp.logprob = it->out.logprob;
-        for (int i = 0; i < it->out.n_top; i++) {
-            top[i] = (Deltaserve__V1__TopLogprob)DELTASERVE__V1__TOP_LOGPROB__INIT;
-            top[i].token_id = it->out.top_id[i];
-            top[i].logprob = it->out.top_logprob[i];
-            tops[i] = &top[i];
-        }
-        lp.n_top = (size_t)it->out.n_top;
-        lp.top = tops;
-        m.n_logprobs = 1;
-        m.logprobs = lps;
+    size_t cap = (size_t)p->max_new_tokens, n_lp = (size_t)p->sampling.n_logprobs;
+    size_t bytes = sizeof(ws_stream) + cap * sizeof(int32_t);
+    if (n_lp) bytes += cap * (sizeof(float) + 1 + n_lp * (sizeof(int32_t) + sizeof(float))) + 8;
+    ws_stream *s = calloc(1, bytes);
+    if (!s) return NULL;
+    s->ws = ws;
+    s->call = call;
+    s->cap = (int)cap;
+    s->n_lp = (int)n_lp;
+    char *q = (char *)(s + 1);
+    s->ids = (int32_t *)q;
+    q += cap * sizeof(int32_t);
+    if (n_lp) { /* floats and int32s first (4-byte aligned), the bytes last */
+        s->lp = (float *)q;
+        q += cap * sizeof(float);
+        s->top_id = (int32_t *)q;
+        q += cap * n_lp * sizeof(int32_t);
+        s->top_lp = (float *)q;
+        q += cap * n_lp * sizeof(float);
+        s->n_top = (uint8_t *)q;
     }
-    /* the first token also says what the prompt cost, where its time went and who serves it
-     * (see the proto's conventions): the router reports them when it ends a stream itself */
-    Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
-    Deltaserve__V1__Timings t = DELTASERVE__V1__TIMINGS__INIT;
-    if (r->n_generated == 1) {
-        u.prompt_tokens = (uint32_t)r->p.n_prompt;
-        u.cached_tokens = (uint32_t)r->n_cached;
-        m.usage = &u;
-        t.queue_ms = ms_between(r->t_arrival, r->t_admit);
-        t.prefill_ms = ms_between(r->t_admit, r->t_first);
-        t.ttft_ms = ms_between(r->t_arrival, r->t_first);
-        m.timings = &t;
-        m.served_by = (char *)rpc_call_data(arg);
-    }
-    rpc_call_send(arg, &m.base); /* a gone client: the engine sees it at the next step */
+    return s;
 }
 
+static bool sink_cancelled(void *arg) { return rpc_call_cancelled(((ws_stream *)arg)->call); }
+
+/* Engine thread, per token: stored, and the stream marked for this step's hand-off. */
+static void sink_token(void *arg, const engine_request *r, const worker_batch_item *it)
+{
+    ws_stream *s = arg;
+    DS_ASSERT(s->n_gen < s->cap); /* n_generated <= max_new_tokens */
+    const int i = s->n_gen++;
+    s->ids[i] = it->out.token;
+    if (s->n_lp) {
+        const int nt = it->out.n_top < s->n_lp ? it->out.n_top : s->n_lp;
+        s->lp[i] = it->out.logprob;
+        s->n_top[i] = (uint8_t)nt;
+        memcpy(&s->top_id[(size_t)i * s->n_lp], it->out.top_id, (size_t)nt * sizeof(int32_t));
+        memcpy(&s->top_lp[(size_t)i * s->n_lp], it->out.top_logprob, (size_t)nt * sizeof(float));
+    }
+    /* the first message also says what the prompt cost, where its time went and who serves
+     * it (see the proto's conventions): the router reports them when it ends a stream itself */
+    if (r->n_generated == 1) {
+        s->n_prompt = (uint32_t)r->p.n_prompt;
+        s->n_cached = (uint32_t)r->n_cached;
+        s->queue_ms = ms_between(r->t_arrival, r->t_admit);
+        s->prefill_ms = ms_between(r->t_admit, r->t_first);
+        s->ttft_ms = ms_between(r->t_arrival, r->t_first);
+    }
+    if (!s->dirty) {
+        s->dirty = true;
+        s->dirty_next = s->ws->dirty;
+        s->ws->dirty = s;
+    }
+}
+
+/* The message of tokens [from, from + n) of s (the first one with the prompt's usage and
+ * timings). lps/tops: the caller's room for n entries. */
+static void tokens_message(ws_stream *s, int from, int n, Deltaserve__V1__GenerateResponse *m,
+                           Deltaserve__V1__Usage *u, Deltaserve__V1__Timings *t,
+                           Deltaserve__V1__TokenLogprob *lp, Deltaserve__V1__TokenLogprob **lps,
+                           Deltaserve__V1__TopLogprob *top, Deltaserve__V1__TopLogprob **tops)
+{
+    m->n_token_ids = (size_t)n;
+    m->token_ids = &s->ids[from];
+    if (s->n_lp) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            const int j = from + i;
+            lp[i] = (Deltaserve__V1__TokenLogprob)DELTASERVE__V1__TOKEN_LOGPROB__INIT;
+            lp[i].token_id = s->ids[j];
+            lp[i].logprob = s->lp[j];
+            lp[i].n_top = s->n_top[j];
+            lp[i].top = &tops[k];
+            for (int a = 0; a < s->n_top[j]; a++, k++) {
+                top[k] = (Deltaserve__V1__TopLogprob)DELTASERVE__V1__TOP_LOGPROB__INIT;
+                top[k].token_id = s->top_id[(size_t)j * s->n_lp + a];
+                top[k].logprob = s->top_lp[(size_t)j * s->n_lp + a];
+                tops[k] = &top[k];
+            }
+            lps[i] = &lp[i];
+        }
+        m->n_logprobs = (size_t)n;
+        m->logprobs = lps;
+    }
+    if (from == 0 && n > 0) {
+        u->prompt_tokens = s->n_prompt;
+        u->cached_tokens = s->n_cached;
+        m->usage = u;
+        t->queue_ms = s->queue_ms;
+        t->prefill_ms = s->prefill_ms;
+        t->ttft_ms = s->ttft_ms;
+        m->timings = t;
+        m->served_by = s->ws->name;
+    }
+}
+
+/* Sends tokens [from, from + n), n <= WS_MSG_TOKENS; with fin, the final message (which
+ * carries them). rpc_call_send's code. */
+static int send_tokens(ws_stream *s, int from, int n, bool fin)
+{
+    Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+    Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
+    Deltaserve__V1__Timings t = DELTASERVE__V1__TIMINGS__INIT;
+    Deltaserve__V1__TokenLogprob lp[WS_MSG_TOKENS];
+    Deltaserve__V1__TokenLogprob *lps[WS_MSG_TOKENS];
+    Deltaserve__V1__TopLogprob top[WS_MSG_TOKENS * SAMPLING_MAX_LOGPROBS];
+    Deltaserve__V1__TopLogprob *tops[WS_MSG_TOKENS * SAMPLING_MAX_LOGPROBS];
+    DS_ASSERT(n <= WS_MSG_TOKENS);
+    tokens_message(s, from, n, &m, &u, &t, lp, lps, top, tops);
+    if (fin) {
+        switch (s->fin_reason) {
+        case FINISH_STOP: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
+        case FINISH_LENGTH: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
+        case FINISH_CANCELLED: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
+        default: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR; break;
+        }
+        if (s->fin_reason == FINISH_STOP && s->fin_stop_token >= 0) {
+            m.matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
+            m.stop_token_id = s->fin_stop_token;
+        }
+        u.prompt_tokens = s->n_prompt;
+        u.completion_tokens = s->fin_generated;
+        u.cached_tokens = s->fin_cached;
+        m.usage = &u;
+        t.queue_ms = s->queue_ms;
+        t.prefill_ms = s->prefill_ms;
+        t.ttft_ms = s->ttft_ms;
+        t.decode_ms = s->fin_decode_ms;
+        t.total_ms = s->fin_total_ms;
+        t.mean_itl_ms = s->fin_generated > 1 ? t.decode_ms / (float)(s->fin_generated - 1) : 0;
+        m.timings = &t;
+        m.request_id = s->fin_id;
+        m.seed = s->fin_seed;
+        m.served_by = s->ws->name;
+    }
+    return rpc_call_send(s->call, &m.base);
+}
+
+/* The end, by the writer role's holder: the tokens left (the last ones in the final message),
+ * the final message (none when the client is gone) and the status. The call is finished: s
+ * must not be touched after (on_release frees it). */
+static void stream_close(ws_stream *s, int n_ready)
+{
+    pthread_mutex_lock(&s->ws->smu);
+    s->closing = true; /* the messages below complete into on_writable: nothing to do there */
+    pthread_mutex_unlock(&s->ws->smu);
+    if (s->fin_result.code != STATUS_CANCELLED) { /* the client is gone: nobody reads them */
+        while (n_ready - s->n_sent > WS_MSG_TOKENS) {
+            send_tokens(s, s->n_sent, WS_MSG_TOKENS, false); /* queued in order */
+            s->n_sent += WS_MSG_TOKENS;
+        }
+        send_tokens(s, s->n_sent, n_ready - s->n_sent, true);
+    }
+    rpc_call_finish_status(s->call, &s->fin_result);
+}
+
+/* The writer role's holder sends what is published and not sent: one message, after which the
+ * role rides with it to on_writable; or, at the end, everything and the status; or, with
+ * nothing to send, it gives the role up. */
+static void stream_write(ws_stream *s)
+{
+    worker_service *ws = s->ws;
+    for (;;) {
+        pthread_mutex_lock(&ws->smu);
+        const int n_ready = s->n_ready;
+        const bool fin = s->final;
+        if (n_ready == s->n_sent && !fin) s->writing = false;
+        pthread_mutex_unlock(&ws->smu);
+        if (fin) {
+            stream_close(s, n_ready);
+            return;
+        }
+        if (n_ready == s->n_sent) return;
+        const int from = s->n_sent, n = n_ready - from < WS_MSG_TOKENS ? n_ready - from : WS_MSG_TOKENS;
+        s->n_sent = from + n; /* before the send: its completion may run on_writable at once */
+        if (send_tokens(s, from, n, false) == STATUS_OK) return;
+        s->n_sent = n_ready; /* the call is over on the wire: the engine ends the request */
+    }
+}
+
+/* CQ thread: the stream's message in flight has left; send what came meanwhile. */
+static void on_generate_writable(rpc_call *call, void *user)
+{
+    ws_stream *s = rpc_call_data(call);
+    worker_service *ws = user;
+    pthread_mutex_lock(&ws->smu);
+    const bool closing = s->closing;
+    pthread_mutex_unlock(&ws->smu);
+    if (!closing) stream_write(s);
+}
+
+/* Engine thread, once per step: the step's tokens of every stream published under one lock;
+ * the streams with no writer get one (this thread, which writes them at once). */
+static void sink_step_end(void *arg)
+{
+    worker_service *ws = arg;
+    if (!ws->dirty) return;
+    pthread_mutex_lock(&ws->smu);
+    for (ws_stream *s = ws->dirty; s; s = s->dirty_next) {
+        s->n_ready = s->n_gen;
+        s->start = !s->writing && !s->final;
+        if (s->start) s->writing = true;
+    }
+    pthread_mutex_unlock(&ws->smu);
+    ws_stream *next;
+    for (ws_stream *s = ws->dirty; s; s = next) {
+        next = s->dirty_next;
+        s->dirty = false;
+        if (s->start) stream_write(s); /* its send may complete (on the CQ thread) at once */
+    }
+    ws->dirty = NULL;
+}
 
 static void sink_finish(void *arg, const engine_request *r)
 {
-    rpc_call *call = arg;
-    if (r->result.code == STATUS_CANCELLED) { /* the client is gone: nobody reads a message */
-        rpc_call_finish_status(call, &r->result);
-        return;
+    ws_stream *s = arg;
+    worker_service *ws = s->ws;
+    if (s->dirty) sink_step_end(ws); /* its last tokens first, with the step's others */
+    s->fin_reason = r->finish;
+    s->fin_stop_token = r->stop_token;
+    s->fin_generated = (uint32_t)r->n_generated;
+    s->fin_cached = (uint32_t)r->n_cached;
+    if (s->n_gen == 0) { /* else set at the first token (and maybe being read by its writer) */
+        s->n_prompt = (uint32_t)r->p.n_prompt;
+        s->queue_ms = ms_between(r->t_arrival, r->t_admit);
+        s->prefill_ms = ms_between(r->t_admit, r->t_first);
+        s->ttft_ms = ms_between(r->t_arrival, r->t_first);
     }
-    Deltaserve__V1__GenerateResponse m = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
-    switch (r->finish) {
-    case FINISH_STOP: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
-    case FINISH_LENGTH: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
-    case FINISH_CANCELLED: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
-    default: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR; break;
-    }
-    if (r->finish == FINISH_STOP && r->stop_token >= 0) {
-        m.matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
-        m.stop_token_id = r->stop_token;
-    }
-    Deltaserve__V1__Usage u = DELTASERVE__V1__USAGE__INIT;
-    u.prompt_tokens = (uint32_t)r->p.n_prompt;
-    u.completion_tokens = (uint32_t)r->n_generated;
-    u.cached_tokens = (uint32_t)r->n_cached;
-    m.usage = &u;
-    Deltaserve__V1__Timings t = DELTASERVE__V1__TIMINGS__INIT;
-    t.queue_ms = ms_between(r->t_arrival, r->t_admit);
-    t.prefill_ms = ms_between(r->t_admit, r->t_first);
-    t.ttft_ms = ms_between(r->t_arrival, r->t_first);
-    t.decode_ms = ms_between(r->t_first, r->t_last);
-    t.total_ms = ms_between(r->t_arrival, r->t_end);
-    t.mean_itl_ms = r->n_generated > 1 ? t.decode_ms / (float)(r->n_generated - 1) : 0;
-    m.timings = &t;
-    m.request_id = (char *)r->p.id;
-    m.seed = r->p.sampling.seed;
-    m.served_by = (char *)rpc_call_data(call);
-    rpc_call_send(call, &m.base);
-    rpc_call_finish_status(call, &r->result);
+    s->fin_decode_ms = ms_between(r->t_first, r->t_last);
+    s->fin_total_ms = ms_between(r->t_arrival, r->t_end);
+    s->fin_seed = r->p.sampling.seed;
+    memcpy(s->fin_id, r->p.id, sizeof s->fin_id);
+    s->fin_result = r->result;
+    pthread_mutex_lock(&ws->smu);
+    s->n_ready = s->n_gen;
+    s->final = true;
+    const bool mine = !s->writing;
+    s->writing = true;
+    pthread_mutex_unlock(&ws->smu);
+    if (mine) stream_write(s); /* else the writer sends the final after its message */
 }
 
-static const engine_sink grpc_sink = {sink_cancelled, sink_token, sink_finish};
+static void on_generate_release(rpc_call *call, void *user) { free(rpc_call_data(call)); }
 
 /* ---- handlers (CQ thread: nothing here blocks) ---- */
 
@@ -177,8 +395,14 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
         rpc_call_finish_status(call, &st);
         return;
     }
-    rpc_call_set_data(call, ws->name); /* served_by, static for the service's life */
-    if (engine_submit(e, &p, &grpc_sink, call, &st)) {
+    ws_stream *s = stream_create(ws, call, &p);
+    if (!s) {
+        status_fail(&st, STATUS_NOMEM, "request %s: out of memory for its stream", p.id);
+        rpc_call_finish_status(call, &st);
+        return;
+    }
+    rpc_call_set_data(call, s); /* freed at on_release */
+    if (engine_submit(e, &p, &ws->sink, s, &st)) {
         /* refusals come in floods under overload: one line a second, with counts */
         static log_limit refused_log;
         long more;
@@ -378,6 +602,8 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
     worker_service *ws = calloc(1, sizeof *ws);
     if (!ws) return status_fail(st, STATUS_NOMEM, "worker service: out of memory");
     pthread_mutex_init(&ws->mu, NULL);
+    pthread_mutex_init(&ws->smu, NULL);
+    ws->sink = (engine_sink){sink_cancelled, sink_token, sink_finish, sink_step_end, ws};
     ws->state = WS_LOADING;
     ws->seed_base = splitmix64((uint64_t)clock_now_us() ^ ((uint64_t)(uintptr_t)ws << 16));
     if (o->metrics)
@@ -385,13 +611,14 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
                                                "reason=\"invalid\"", "Requests refused at admission.");
     const rpc_method methods[] = {
         {"/deltaserve.v1.Worker/Generate", &deltaserve__v1__worker_generate_request__descriptor,
-         RPC_METHOD_SERVER_STREAM, on_generate, NULL, NULL, ws, false},
+         RPC_METHOD_SERVER_STREAM, on_generate, NULL, on_generate_release, ws, false,
+         on_generate_writable},
         {"/deltaserve.v1.Worker/Abort", &deltaserve__v1__abort_request__descriptor,
-         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws, false},
+         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws, false, NULL},
         {"/deltaserve.v1.Worker/GetLoad", &deltaserve__v1__get_load_request__descriptor,
-         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false},
+         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false, NULL},
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
-         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false},
+         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false, NULL},
     };
     if (o->auth_token_file && rpc_auth_create(o->auth_token_file, &ws->auth, st)) goto fail;
     if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls,
@@ -459,5 +686,6 @@ void worker_service_destroy(worker_service *ws)
     rpc_server_destroy(ws->srv);
     rpc_auth_destroy(ws->auth); /* after the server: no check runs any more */
     pthread_mutex_destroy(&ws->mu);
+    pthread_mutex_destroy(&ws->smu);
     free(ws);
 }

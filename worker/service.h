@@ -1,5 +1,6 @@
-/* The deltaserve.v1.Worker gRPC service over an engine: Generate (validated, queued, streamed
- * by the engine thread through an rpc_call sink), Abort, GetModelInfo, GetLoad, plus
+/* The deltaserve.v1.Worker gRPC service over an engine: Generate (validated, queued, its tokens
+ * handed on once per engine step and written coalesced: one message on its way per stream, the
+ * tokens that come meanwhile in the next), Abort, GetModelInfo, GetLoad, plus
  * grpc.health.v1.Health and server reflection.
  *
  * Lifecycle (cli/cmd_worker.c):
@@ -8,7 +9,9 @@
  *   worker_service_attach   after the model, backend and engine exist: readiness SERVING;
  *   worker_service_drain    readiness NOT_SERVING, new Generate UNAVAILABLE, in-flight streams
  *                           get grace_ms to finish, the rest end UNAVAILABLE; when it returns
- *                           every stream has its final message and status queued;
+ *                           every stream has its final message and status queued, or handed
+ *                           to its writer, which queues them as soon as the message it has
+ *                           on its way leaves (see "Streaming" in worker/README.md);
  *   worker_service_shutdown stops the gRPC server gracefully: the queued messages and statuses
  *                           get up to flush_ms to be written, then the connections close;
  *   worker_service_destroy  shuts the server down (as above with WORKER_SERVICE_FLUSH_MS if not

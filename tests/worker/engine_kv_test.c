@@ -119,7 +119,7 @@ static void req_finish(void *arg, const engine_request *er)
     pthread_mutex_unlock(&r->mu);
 }
 
-static const engine_sink req_sink = {req_cancelled, req_token, req_finish};
+static const engine_sink req_sink = {req_cancelled, req_token, req_finish, NULL, NULL};
 
 /* Waits (<= 60 s) for on_finish. */
 static bool req_wait(req *r)

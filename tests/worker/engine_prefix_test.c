@@ -85,7 +85,7 @@ static void req_finish(void *arg, const engine_request *er)
     pthread_mutex_unlock(&r->mu);
 }
 
-static const engine_sink sink = {req_cancelled, req_token, req_finish};
+static const engine_sink sink = {req_cancelled, req_token, req_finish, NULL, NULL};
 
 static void req_init(req *r, const char *id, const int32_t *prompt, int n)
 {

@@ -74,7 +74,7 @@ static void col_finish(void *arg, const engine_request *r)
     pthread_mutex_unlock(&c->mu);
 }
 
-static const engine_sink col_sink = {col_cancelled, col_token, col_finish};
+static const engine_sink col_sink = {col_cancelled, col_token, col_finish, NULL, NULL};
 
 /* Waits (<= 20 s) until c is done, or until it has at least n tokens when n > 0. */
 static bool col_wait(collector *c, int n)

@@ -1,10 +1,13 @@
 /* The deltaserve.v1.Worker service over loopback gRPC with the CPU backend on the tiny
  * reference model: loading state, model info, a stream equal to the reference greedy tokens
  * with a complete final message, validation errors, load, client cancel freeing the slot,
- * Worker/Abort, queue full, and drain. */
+ * Worker/Abort, queue full, and drain; the streaming path allocating per request, not per
+ * token (our code's malloc/calloc/realloc counted; gRPC's and protobuf-c's, shared libraries,
+ * are not). */
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <CUnit/Basic.h>
@@ -18,6 +21,7 @@
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/service.h"
+#include "tests/testutil/alloc_count.h"
 #include "tests/testutil/testutil.h"
 
 #define GEN "/deltaserve.v1.Worker/Generate"
@@ -188,6 +192,50 @@ static void test_stream_matches_reference(void)
         CU_ASSERT_STRING_EQUAL(last->served_by, worker_service_name(g_ws));
         protobuf_c_message_free_unpacked(&last->base, NULL);
         tc_destroy(&t);
+    }
+}
+
+/* Heap allocations (of the code linked into this binary) over one whole Generate call of
+ * max_new tokens with n_logprobs, until the engine is idle again. */
+static long stream_allocs(int max_new, int n_logprobs)
+{
+    gen_req g;
+    tcall t;
+    make_req(&g, "alloc", &g_prompts[1], max_new);
+    g.r.logprobs = (uint32_t)n_logprobs;
+    const long a0 = testutil_allocs();
+    CU_ASSERT_FATAL(tc_start(&t, g_ch, GEN, &g.r.base, 20000, true));
+    int n = 0;
+    gen_resp *m;
+    while ((m = (gen_resp *)tc_recv(&t, &deltaserve__v1__generate_response__descriptor))) {
+        n += (int)m->n_token_ids;
+        CU_ASSERT(n_logprobs == 0 || m->n_logprobs == m->n_token_ids);
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    CU_ASSERT_EQUAL(tc_status(&t), GRPC_STATUS_OK);
+    tc_destroy(&t);
+    CU_ASSERT(engine_wait_idle(g_engine, 10000));
+    const long a1 = testutil_allocs();
+    CU_ASSERT_EQUAL(n, max_new);
+    return a1 - a0;
+}
+
+/* The engine's token hand-off and the stream's writer allocate per request (the request's
+ * tokens, the stream's arrays), never per token or per message: a 64-token stream allocates as
+ * often as a 4-token one, with logprobs too. */
+static void test_stream_allocates_per_request(void)
+{
+    const long before = testutil_allocs();
+    void *volatile probe = malloc(16); /* the counter counts (volatile: not optimised out) */
+    free(probe);
+    CU_ASSERT_EQUAL(testutil_allocs(), before + 1);
+    for (int lp = 0; lp <= 5; lp += 5) {
+        stream_allocs(4, lp); /* warm: rings and pools reach their size */
+        const long few = stream_allocs(4, lp), many = stream_allocs(64, lp);
+        CU_ASSERT_EQUAL(many, few);
+        CU_ASSERT(few <= 4);
+        if (many != few || few > 4)
+            fprintf(stderr, "logprobs %d: %ld allocations for 4 tokens, %ld for 64\n", lp, few, many);
     }
 }
 
@@ -375,6 +423,7 @@ int main(void)
     CU_add_test(s, "loading_state", test_loading_state);
     CU_add_test(s, "model_info", test_model_info);
     CU_add_test(s, "stream_matches_reference", test_stream_matches_reference);
+    CU_add_test(s, "stream_allocates_per_request", test_stream_allocates_per_request);
     CU_add_test(s, "stop_token_final_message", test_stop_token_final_message);
     CU_add_test(s, "invalid_request", test_invalid_request);
     CU_add_test(s, "cancel_frees_slot_and_abort", test_cancel_frees_slot_and_abort);
