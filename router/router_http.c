@@ -970,37 +970,21 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- start / stop ---- */
 
-static int split_host_port(const char *listen, char *host, size_t host_cap, char *port,
-                           size_t port_cap)
-{
-    const char *colon = strrchr(listen, ':');
-    if (!colon || !colon[1]) return -1;
-    const char *h = listen;
-    size_t hn = (size_t)(colon - listen);
-    if (hn >= 2 && h[0] == '[' && h[hn - 1] == ']') {
-        h++;
-        hn -= 2;
-    }
-    if (hn >= host_cap || strlen(colon + 1) >= port_cap) return -1;
-    memcpy(host, h, hn);
-    host[hn] = '\0';
-    strcpy(port, colon + 1);
-    return 0;
-}
-
 int router_http_start(router *r, const char *listen, router_http **out, status *st)
 {
-    char host[128], port[16];
     *out = NULL;
-    if (split_host_port(listen, host, sizeof host, port, sizeof port))
-        return status_fail(st, STATUS_INVALID, "--http-listen: bad address '%s' (HOST:PORT)",
-                           listen);
+    struct addrinfo *ai = NULL;
+    int port_num;
+    int rc = http_listen_resolve(listen, "--http-listen", &ai, &port_num, st);
+    if (rc) return rc;
     router_http *d = calloc(1, sizeof *d);
-    if (!d) return status_fail(st, STATUS_NOMEM, "--http-listen: out of memory");
+    if (!d) {
+        freeaddrinfo(ai);
+        return status_fail(st, STATUS_NOMEM, "--http-listen: out of memory");
+    }
     d->r = r;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
-    int rc;
     if (r->opts.tls) {
         if (!MHD_is_feature_supported(MHD_FEATURE_TLS)) {
             rc = status_fail(st, STATUS_UNSUPPORTED,
@@ -1011,22 +995,10 @@ int router_http_start(router *r, const char *listen, router_http **out, status *
             (rc = rpc_tls_read_pem(r->opts.tls->key_file, "--tls-key", &d->tls_key, st)))
             goto fail;
     }
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int ge = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
-    if (ge != 0 || !ai) {
-        rc = status_fail(st, STATUS_IO, "--http-listen: cannot resolve '%s': %s", listen,
-                         gai_strerror(ge));
-        goto fail;
-    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (d->tls_cert) flags |= MHD_USE_TLS;
-    int port_num = atoi(port);
     /* a thread per connection: bounded (idle keep-alive connections count too) */
     unsigned climit = (unsigned)r->opts.max_inflight + 64;
     if (d->tls_cert)
@@ -1043,6 +1015,7 @@ int router_http_start(router *r, const char *listen, router_http **out, status *
             d, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256 * 1024), MHD_OPTION_CONNECTION_LIMIT,
             climit, MHD_OPTION_END);
     freeaddrinfo(ai);
+    ai = NULL;
     if (!d->daemon) {
         rc = status_fail(st, STATUS_IO, "--http-listen: cannot listen on %s (port in use?%s)",
                          listen, d->tls_cert ? " a bad --tls-cert/--tls-key?" : "");
@@ -1053,6 +1026,7 @@ int router_http_start(router *r, const char *listen, router_http **out, status *
     *out = d;
     return 0;
 fail:
+    if (ai) freeaddrinfo(ai);
     free(d->tls_cert);
     free(d->tls_key);
     pthread_cond_destroy(&d->cv);

@@ -60,20 +60,37 @@ static int split_host_port(const char *listen, char *host, size_t host_cap, char
     return 0;
 }
 
-int metrics_http_start(metrics *m, const char *listen, metrics_http **out, status *st)
+int http_listen_resolve(const char *listen, const char *what, struct addrinfo **ai, int *port,
+                        status *st)
 {
-    char host[128], port[16];
-    *out = NULL;
-    if (split_host_port(listen, host, sizeof host, port, sizeof port))
-        return status_fail(st, STATUS_INVALID, "metrics: bad listen address '%s' (HOST:PORT)", listen);
-    struct addrinfo hints, *ai = NULL;
+    char host[128], ports[16];
+    *ai = NULL;
+    if (split_host_port(listen, host, sizeof host, ports, sizeof ports))
+        return status_fail(st, STATUS_INVALID, "%s: bad listen address '%s' (HOST:PORT)", what,
+                           listen);
+    struct addrinfo hints;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int e = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
-    if (e != 0 || !ai)
-        return status_fail(st, STATUS_IO, "metrics: cannot resolve '%s': %s", listen, gai_strerror(e));
+    int e = getaddrinfo(host[0] ? host : NULL, ports, &hints, ai);
+    if (e != 0 || !*ai) {
+        if (*ai) freeaddrinfo(*ai);
+        *ai = NULL;
+        return status_fail(st, STATUS_IO, "%s: cannot resolve '%s': %s", what, listen,
+                           gai_strerror(e));
+    }
+    *port = atoi(ports);
+    return STATUS_OK;
+}
+
+int metrics_http_start(metrics *m, const char *listen, metrics_http **out, status *st)
+{
+    struct addrinfo *ai;
+    int port_num;
+    *out = NULL;
+    int rc = http_listen_resolve(listen, "metrics", &ai, &port_num, st);
+    if (rc) return rc;
     metrics_http *h = calloc(1, sizeof *h);
     if (!h) {
         freeaddrinfo(ai);
@@ -81,7 +98,6 @@ int metrics_http_start(metrics *m, const char *listen, metrics_http **out, statu
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    int port_num = atoi(port);
     h->daemon = MHD_start_daemon(flags, (uint16_t)port_num, NULL, NULL, on_http, m,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
                                  (unsigned)10, MHD_OPTION_END);

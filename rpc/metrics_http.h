@@ -11,6 +11,13 @@
 #include "common/status.h"
 
 typedef struct metrics_http metrics_http;
+struct addrinfo;
+
+/* "HOST:PORT" or "[V6]:PORT" (empty host: every address) -> *ai (freeaddrinfo it) and the
+ * port, for every libmicrohttpd listener (this one, the router's HTTP door). STATUS_INVALID for a
+ * malformed address, STATUS_IO when it cannot be resolved; messages start with what. */
+int http_listen_resolve(const char *listen, const char *what, struct addrinfo **ai, int *port,
+                        status *st);
 
 /* Serves m (borrowed; must outlive the endpoint) on "HOST:PORT" or "[V6]:PORT" (port 0 picks
  * one: metrics_http_port). STATUS_INVALID for a malformed address, STATUS_IO naming it when it
