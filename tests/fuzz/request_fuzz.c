@@ -160,8 +160,12 @@ static int has_unknown_fields(const Deltaserve__V1__GenerateRequest *g)
         n += g->token_ids->base.n_unknown_fields;
     if (g->prompt_case == DELTASERVE__V1__GENERATE_REQUEST__PROMPT_CHAT && g->chat) {
         n += g->chat->base.n_unknown_fields;
-        for (size_t i = 0; i < g->chat->n_messages; i++)
-            n += g->chat->messages[i]->base.n_unknown_fields;
+        for (size_t i = 0; i < g->chat->n_messages; i++) {
+            const Deltaserve__V1__ChatMessage *m = g->chat->messages[i];
+            n += m->base.n_unknown_fields;
+            for (size_t j = 0; j < m->n_tool_calls; j++) n += m->tool_calls[j]->base.n_unknown_fields;
+        }
+        for (size_t i = 0; i < g->chat->n_tools; i++) n += g->chat->tools[i]->base.n_unknown_fields;
     }
     return n > 0;
 }

@@ -6,7 +6,7 @@
  * values, request ids of 128 and 129 bytes, 16 and 17 stop strings or stop ids, a 257-byte
  * stop string, invalid UTF-8 in text, chat and stop strings, a chat role with '<', an empty
  * chat, two prompt fields of the oneof on the wire, a truncated message, an unknown field, an
- * unknown field numbered 0 in a two-byte tag. */
+ * unknown field numbered 0 in a two-byte tag (in sampling, in a chat prompt's tool). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -245,6 +245,13 @@ static void router_seeds(void)
     static const uint8_t field0[] = {0x1a, 0x03, 0x0a, 0x01, 0x05, 0x2a, 0x0a, 0x81, 0x00,
                                      0, 0, 0, 0, 0, 0, 0, 0};
     save("r-sampling-field0-twobyte", field0, sizeof field0);
+    /* the same tag inside a chat prompt's tool (ChatPrompt.tools): a system turn, then a tool
+     * holding field 8 and the 81 00 field */
+    static const uint8_t tool0[] = {0x22, 0x28, 0x0a, 0x18, 0x0a, 0x06, 's', 'y', 's', 't', 'e',
+                                    'm', 0x12, 0x0e, 'Y', 'o', 'u', ' ', 'a', 'r', 'e', ' ', 't',
+                                    'e', 'r', 's', 'e', '.', 0x1a, 0x0c, 0x40, 0x2a, 0x81, 0x00,
+                                    0x03, 0, 0, 0, 0, 0, 0, 0};
+    save("r-chat-tool-field0-twobyte", tool0, sizeof tool0);
 }
 
 static void worker_seeds(void)
