@@ -29,7 +29,7 @@
 
 typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level;
-    int slots, queue, threads, ctx, step_tokens, grace_seconds, max_calls, tp;
+    int slots, queue, threads, ctx, step_tokens, prefill_min_tokens, grace_seconds, max_calls, tp;
     bool batch_invariant;
     int dense_rows;
     bool dense_per_pass;
@@ -54,6 +54,7 @@ static const flag_spec worker_flags[] = {
     {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: the model's, e.g. 262144, shrunk to what fits in memory; a given one that does not fit exits 1)"},
     {"memory-mb", "DS_MEMORY_MB", "0", FLAG_INT, offsetof(worker_opts, memory_mb), "MiB the slots' state and the KV pool may take (0: chosen by the device: 50% of the available RAM on the CPU, the free GPU memory after the weights on cuda)"},
     {"step-tokens", "DS_STEP_TOKENS", "256", FLAG_INT, offsetof(worker_opts, step_tokens), "token budget per engine step (decode + prefill chunk)"},
+    {"prefill-min-tokens", "DS_PREFILL_MIN_TOKENS", "16", FLAG_INT, offsetof(worker_opts, prefill_min_tokens), "prompt tokens every step may run however many sequences decode (at most --step-tokens): how fast waiting prompts get in when decodes fill the step"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT, offsetof(worker_opts, grace_seconds), "drain: time in-flight streams get to finish"},
     {"name", "DS_WORKER_NAME", NULL, FLAG_STR, offsetof(worker_opts, name), "served_by name (default: the bound address)"},
     {"max-calls", "DS_MAX_CALLS", "4096", FLAG_INT, offsetof(worker_opts, max_calls), "concurrent gRPC calls"},
@@ -105,13 +106,13 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     int lvl = log_level_parse(o.log_level);
-    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 1 ||
+    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 1 || o.prefill_min_tokens < 1 ||
         o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1 ||
         o.prefix_snapshot_every < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
-                          : "--step-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
+                          : "--step-tokens, --prefill-min-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
                             "--memory-mb, --threads, --grace-seconds and --prefix-snapshot-every >= 0; "
                             "--prefix-cache-mb >= -1");
         return 2;
@@ -212,7 +213,8 @@ int cmd_worker(int argc, char **argv)
     }
     /* always logged: how many sequences of what length fit, and why */
     log_write(LOG_LEVEL_INFO, "memory: %s", backend->f->plan);
-    engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens, .metrics = mx,
+    engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens,
+                      .prefill_min_tokens = o.prefill_min_tokens, .metrics = mx,
                       .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;

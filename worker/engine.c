@@ -23,7 +23,6 @@
 #include "worker/engine_metrics.h"
 #include "worker/spec.h"
 
-#define MIN_PREFILL_CHUNK 16
 /* Admission leaves this share of the KV pool free while others run (at least one block): room
  * for the running sequences to grow a while before anyone is preempted (vLLM's watermark). */
 #define KV_WATERMARK_PERCENT 1
@@ -631,6 +630,7 @@ static int build_batch(engine *e, engine_request **active, int na)
     }
     sort_by_admission(pre, n_pre);
     int budget = e->o.step_tokens - n;
+    if (budget < e->o.prefill_min_tokens) budget = e->o.prefill_min_tokens;
     /* a backend that runs prompt tokens as rows of the step caps them while others decode */
     const int cap = n > 0 && e->b->prompt_rows_while_decoding > 0 ? e->b->prompt_rows_while_decoding : 0;
     for (int i = 0; i < n_pre; i++) {
@@ -638,8 +638,6 @@ static int build_batch(engine *e, engine_request **active, int na)
         const bool prompt = r->n_fed < r->p.n_prompt;
         const int left = (prompt ? r->p.n_prompt : known_tokens(r)) - r->n_fed;
         int chunk = left < budget ? left : budget;
-        if (i == 0 && chunk < MIN_PREFILL_CHUNK) /* progress even when decodes fill the budget */
-            chunk = left < MIN_PREFILL_CHUNK ? left : MIN_PREFILL_CHUNK;
         if (cap && chunk > cap) chunk = cap;
         if (r->snap_at > r->n_fed && chunk > r->snap_at - r->n_fed) /* a snapshot is due there */
             chunk = r->snap_at - r->n_fed;
@@ -1084,6 +1082,8 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
     e->o = *o;
     if (e->o.queue < 0) e->o.queue = 64;
     if (e->o.step_tokens <= 0) e->o.step_tokens = 256;
+    if (e->o.prefill_min_tokens <= 0) e->o.prefill_min_tokens = ENGINE_PREFILL_MIN_TOKENS_DEFAULT;
+    if (e->o.prefill_min_tokens > e->o.step_tokens) e->o.prefill_min_tokens = e->o.step_tokens;
     e->n_slots = b->n_slots;
     e->kv = b->kv;
     if (e->kv && kv_pool_n_seqs(e->kv) < e->n_slots) {
@@ -1112,8 +1112,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
         LOG_INFO("speculative decoding off: %s runs no verify runs of %d rows", b->device,
                  e->o.spec_k + 1);
     } else if (e->o.spec_k > 0) {
-        const int chunk = e->o.step_tokens > MIN_PREFILL_CHUNK ? e->o.step_tokens : MIN_PREFILL_CHUNK;
-        if (spec_create(b->model, e->n_slots, b->n_ctx, chunk, e->o.spec_k, e->o.spec_threads,
+        if (spec_create(b->model, e->n_slots, b->n_ctx, e->o.step_tokens, e->o.spec_k, e->o.spec_threads,
                         &e->sp, st) != STATUS_OK) {
             prefix_cache_destroy(e->pc);
             free(e);

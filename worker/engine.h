@@ -7,7 +7,8 @@
  *      their slots; admits waiting requests into free slots;
  *   2. builds one batch: a decode token for every running sequence past its prompt, plus
  *      prefill chunks of the sequences still in their prompt, in admission order, bounded by
- *      the token budget (step_tokens; at least one chunk makes progress every step);
+ *      the token budget (step_tokens less the decode rows, but never below
+ *      prefill_min_tokens: waiting prompts progress however many sequences decode);
  *   3. takes from the backend's KV pool the blocks the batch's positions need, preempting
  *      when the pool runs dry (below);
  *   4. runs worker_backend_step, then for every sampled token checks the stop conditions and
@@ -136,9 +137,13 @@ typedef struct engine_sink {
     void *step_arg;
 } engine_sink;
 
+#define ENGINE_PREFILL_MIN_TOKENS_DEFAULT 16
+
 typedef struct engine_opts {
     int queue;        /* admission queue capacity (waiting requests); < 0 -> 64 */
     int step_tokens;  /* token budget per step (decode tokens + prefill chunk); 0 -> 256 */
+    int prefill_min_tokens; /* prompt tokens every step may run however many rows decode
+                               (at most step_tokens); 0 -> 16 */
     int32_t eos_ids[ENGINE_MAX_EOS_IDS]; /* end-of-generation ids (unless ignore_eos) */
     int n_eos_ids;
     metrics *metrics; /* optional: series are registered on it */

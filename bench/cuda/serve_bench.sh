@@ -21,12 +21,19 @@
 #       PROMPT (131072) tokens generating GEN (16) through the router end to end (loadgen's
 #       shared-prefix mode: PROMPT - 16 drawn ids and 16 more); fails unless it ends with every
 #       token, and prints its time to first token
+#   serve_bench.sh sched MODEL PROMPT STEP:MIN[,STEP:MIN...]   the scheduler's step budget: for
+#       each STEP:MIN a fresh worker (--slots 256 --ctx 4096 --prefix-cache-mb 0 --step-tokens
+#       STEP --prefill-min-tokens MIN) behind a router, loadgen at 16, 64 and 256 streams of one
+#       PROMPT-token prompt (the same ids every time; with the cache off each computes it all)
+#       and 128 generated tokens, 3 x streams
+#       in all (2 x at PROMPT >= 1024); one "sched ..." line per run with loadgen's summary
+#       (tok/s, TTFT and inter-token p50 / p99 at the client)
 set -uo pipefail
 . tests/gpu/gpu_lib.sh
 mode=${1:-}
 model=${2:-}
-case $mode in loadgen|long-prompt|two-workers|prefix|long-context) ;; *)
-    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context MODEL [...]" >&2; exit 2;; esac
+case $mode in loadgen|long-prompt|two-workers|prefix|long-context|sched) ;; *)
+    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context|sched MODEL [...]" >&2; exit 2;; esac
 require_gpu "serve_bench $mode"
 [ -s "$model" ] || { echo "serve_bench: no model '$model' (tools/gpu-test makes synth/SIZE.gguf)"; exit 1; }
 ids=9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16
@@ -140,7 +147,28 @@ long_context() {
     return $rc
 }
 
+sched() {
+    local pp=${3:?sched: PROMPT tokens} cfgs=${4:?sched: STEP:MIN list} cfg c rc=0 n out
+    local prompt
+    prompt=$(seq -s, 1000 $((999 + pp)))
+    out=${TMPDIR:-/tmp}/sched-loadgen.txt
+    for cfg in ${cfgs//,/ }; do
+        local step=${cfg%%:*} min=${cfg#*:}
+        serve_up "sched-$step-$min" 50181 50182 --model "$model" --device cuda --slots 256 \
+            --ctx 4096 --prefix-cache-mb 0 --step-tokens "$step" --prefill-min-tokens "$min"
+        for c in 16 64 256; do
+            n=$((3 * c)); [ "$pp" -ge 1024 ] && n=$((2 * c))
+            timeout 120 bench/loadgen --addr 127.0.0.1:50182 --concurrency $c --requests $n \
+                --ids "$prompt" --max-tokens 128 --ignore-eos --timeout-ms 110000 > "$out" 2>&1 || rc=1
+            echo "sched prompt=$pp step=$step min=$min streams=$c $(grep loadgen-summary "$out")"
+        done
+        serve_down
+    done
+    return $rc
+}
+
 case $mode in
+    sched) sched "$@" ;;
     prefix) prefix "$@" ;;
     long-context) long_context "$@" ;;
     loadgen) loadgen "$@" ;;

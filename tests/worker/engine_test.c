@@ -671,6 +671,49 @@ static void test_prefill_chunks_within_budget(void)
     fake_free(&f);
 }
 
+/* Two sequences decode in a budget of 4 rows; a third's 8-token prompt then runs in chunks of
+ * the budget left (2) or of prefill_min_tokens when that is more; want: its chunks. */
+static void prefill_min_run(int prefill_min, const int *want, int n_want)
+{
+    fake_backend f;
+    fake_init(&f, 3);
+    engine *e;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(engine_create(f.wb,
+                                        &(engine_opts){.queue = 4, .step_tokens = 4,
+                                                       .prefill_min_tokens = prefill_min},
+                                        &e, &st),
+                          STATUS_OK);
+    collector a, b, c;
+    col_init(&a);
+    col_init(&b);
+    col_init(&c);
+    fake_hold(&f, true);
+    engine_params p = fake_params("a", 2, 40);
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &a, &st), STATUS_OK);
+    p = fake_params("b", 2, 40);
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &b, &st), STATUS_OK);
+    fake_permit(&f, 2); /* both prompts in one step (2 + 2 rows), then one decode step */
+    CU_ASSERT_FATAL(col_wait(&a, 2) && col_wait(&b, 2));
+    p = fake_params("c", 8, 1);
+    CU_ASSERT_EQUAL(engine_submit(e, &p, &col_sink, &c, &st), STATUS_OK);
+    fake_hold(&f, false);
+    CU_ASSERT(col_wait(&c, 0) && col_wait(&a, 0) && col_wait(&b, 0));
+    CU_ASSERT_EQUAL(c.n_tokens, 1);
+    CU_ASSERT_EQUAL(f.n_chunks, 2 + n_want);
+    CU_ASSERT(f.n_chunks >= 2 && f.chunk_log[0] == 2 && f.chunk_log[1] == 2);
+    for (int i = 0; i < n_want && 2 + i < f.n_chunks; i++) CU_ASSERT_EQUAL(f.chunk_log[2 + i], want[i]);
+    engine_destroy(e);
+    fake_free(&f);
+}
+
+static void test_prefill_min_tokens(void)
+{
+    prefill_min_run(1, (int[]){2, 2, 2, 2}, 4); /* the budget left by the decodes */
+    prefill_min_run(3, (int[]){3, 3, 2}, 3);    /* at least 3 prompt rows a step */
+    prefill_min_run(9, (int[]){4, 4}, 2);       /* never more than the step budget */
+}
+
 typedef struct drain_arg {
     engine *e;
     int64_t grace_ms;
@@ -799,6 +842,7 @@ int main(void)
     CU_add_test(s, "kv_blocks_admission", test_kv_blocks_admission);
     CU_add_test(s, "kv_too_small_alone_fails", test_kv_too_small_alone_fails);
     CU_add_test(s, "prefill_chunks_within_budget", test_prefill_chunks_within_budget);
+    CU_add_test(s, "prefill_min_tokens", test_prefill_min_tokens);
     CU_add_test(s, "drain", test_drain);
     CU_add_test(s, "device_failure_is_fatal", test_device_failure_is_fatal);
     return testutil_cunit_run();
