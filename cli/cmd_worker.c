@@ -53,7 +53,7 @@ static const flag_spec worker_flags[] = {
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
     {"ctx", "DS_CTX", "0", FLAG_INT, offsetof(worker_opts, ctx), "context per sequence (0: the model's, e.g. 262144, shrunk to what fits in memory; a given one that does not fit exits 1)"},
     {"memory-mb", "DS_MEMORY_MB", "0", FLAG_INT, offsetof(worker_opts, memory_mb), "MiB the slots' state and the KV pool may take (0: chosen by the device: 50% of the available RAM on the CPU, the free GPU memory after the weights on cuda)"},
-    {"step-tokens", "DS_STEP_TOKENS", "256", FLAG_INT, offsetof(worker_opts, step_tokens), "token budget per engine step (decode + prefill chunk)"},
+    {"step-tokens", "DS_STEP_TOKENS", "0", FLAG_INT, offsetof(worker_opts, step_tokens), "token budget per engine step (decode rows + prompt chunks; 0: 1024 on cuda, 256 on the CPU; docs/BENCH.md 1.7 has the trade-off)"},
     {"prefill-min-tokens", "DS_PREFILL_MIN_TOKENS", "16", FLAG_INT, offsetof(worker_opts, prefill_min_tokens), "prompt tokens every step may run however many sequences decode (at most --step-tokens): how fast waiting prompts get in when decodes fill the step"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT, offsetof(worker_opts, grace_seconds), "drain: time in-flight streams get to finish"},
     {"name", "DS_WORKER_NAME", NULL, FLAG_STR, offsetof(worker_opts, name), "served_by name (default: the bound address)"},
@@ -106,14 +106,14 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     int lvl = log_level_parse(o.log_level);
-    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 1 || o.prefill_min_tokens < 1 ||
+    if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 0 || o.prefill_min_tokens < 1 ||
         o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1 ||
         o.prefix_snapshot_every < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
-                          : "--step-tokens, --prefill-min-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--memory-mb, --threads, --grace-seconds and --prefix-snapshot-every >= 0; "
+                          : "--prefill-min-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
+                            "--step-tokens, --memory-mb, --threads, --grace-seconds and --prefix-snapshot-every >= 0; "
                             "--prefix-cache-mb >= -1");
         return 2;
     }
@@ -184,6 +184,10 @@ int cmd_worker(int argc, char **argv)
         LOG_INFO("metrics on http://%.*s:%d/metrics", hn, o.metrics_listen, metrics_http_port(mx_http));
     }
 
+    /* measured on the 4B under 16-256 streams (docs/BENCH.md 1.7); the CPU keeps short steps
+     * (also when --device cuda finds no GPU: below) */
+    const bool step_default = o.step_tokens == 0;
+    if (step_default) o.step_tokens = strncmp(o.device, "cuda", 4) ? 256 : 1024;
     int64_t t0 = clock_now_us();
     if (qwen35_model_load(&model, o.model, &st)) goto fail;
     worker_model_desc desc = {.path = o.model};
@@ -211,6 +215,7 @@ int cmd_worker(int argc, char **argv)
         }
         goto fail;
     }
+    if (step_default && strncmp(backend->device, "cuda", 4)) o.step_tokens = 256;
     /* always logged: how many sequences of what length fit, and why */
     log_write(LOG_LEVEL_INFO, "memory: %s", backend->f->plan);
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens,

@@ -21,6 +21,10 @@ trap 'rm -rf "$tmp"' EXIT
 [ $rc = 2 ] && grep -q "device" "$tmp/o"; check "bad --device: exit 2" $?
 "$DS" worker --model "$MODEL" --slots -1 >"$tmp/o" 2>&1; rc=$?
 [ $rc = 2 ]; check "--slots -1: exit 2" $?
+"$DS" worker --model "$MODEL" --step-tokens -1 >"$tmp/o" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q -- "--step-tokens" "$tmp/o"; check "--step-tokens -1: exit 2 naming it" $?
+"$DS" worker --model "$MODEL" --prefill-min-tokens 0 >"$tmp/o" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q -- "--prefill-min-tokens" "$tmp/o"; check "--prefill-min-tokens 0: exit 2 naming it" $?
 "$DS" worker --model /nonexistent.gguf --listen 127.0.0.1:0 >"$tmp/o" 2>&1; rc=$?
 [ $rc = 1 ] && grep -q "/nonexistent.gguf" "$tmp/o"; check "missing model: exit 1 naming it" $?
 
@@ -43,6 +47,7 @@ start() {
 
 start a --slots 2; check "port 0: listening on + ready" $?
 [ -n "$PORT" ] && [ "$PORT" -gt 0 ]; check "picked port logged ($PORT)" $?
+grep -q "ready: .*step 256 tokens" "$tmp/log.a"; check "CPU: steps of 256 tokens by default" $?
 APID=$PID
 exec 4<&3
 "$DS" worker --model "$MODEL" --listen "127.0.0.1:$PORT" >"$tmp/o" 2>&1; rc=$?
@@ -50,6 +55,7 @@ exec 4<&3
 
 start b --device cuda; check "--device cuda: ready" $?
 grep -q "no GPU, using CPU" "$tmp/log.b"; check "--device cuda: 'no GPU, using CPU'" $?
+grep -q "ready: .*step 256 tokens" "$tmp/log.b"; check "--device cuda on the CPU: steps of 256 tokens" $?
 BPID=$PID
 kill -TERM "$BPID"
 while IFS= read -r -t 20 line <&3; do echo "$line" >>"$tmp/log.b"; done
