@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/finish.h"
 #include "common/log.h"
@@ -113,6 +114,10 @@ static void apply_defaults(router_opts *o)
     if (o->dns_refresh_ms <= 0) o->dns_refresh_ms = 5000;
     if (o->max_inflight <= 0) o->max_inflight = 1024;
     if (o->max_attempts <= 0) o->max_attempts = 3;
+    if (o->cq_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o->cq_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+    }
     if (o->policy.prefix_tokens <= 0) o->policy.prefix_tokens = 32;
 }
 
@@ -191,7 +196,8 @@ int router_create(router **out, const router_opts *opts, status *st)
     if (r->opts.auth_token_file && (rc = rpc_auth_create(r->opts.auth_token_file, &r->auth, st)))
         goto fail;
     rpc_server_opts so = {.listen = r->opts.listen, .tls = r->opts.tls,
-                          .health_listen = r->opts.health_listen, .auth = r->auth};
+                          .health_listen = r->opts.health_listen, .auth = r->auth,
+                          .cq_threads = r->opts.cq_threads};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
     if ((rc = router_api_add_methods(r, st))) goto fail;

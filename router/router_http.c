@@ -792,7 +792,8 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
     int64_t deadline = request_deadline(conn);
     for (int i = 0; i < hp.n; i++) {
         http_choice *c = &h->c[i];
-        router_sink sink = {sink_send, sink_end, c, 0}; /* token bytes from the tokenizer */
+        /* token bytes from the tokenizer; unpaced: each worker message is a chunk at once */
+        router_sink sink = {.send = sink_send, .end = sink_end, .ctx = c, .top_text = 0};
         status st;
         Deltaserve__V1__GenerateRequest *g = gs[i];
         gs[i] = NULL;
