@@ -209,12 +209,20 @@ static int text_append(relay *s, const char *p, size_t n)
 }
 
 /* Pushes a decoded piece through the stop matcher into the output's text and, for a chat, the
- * splitter. *matched: the index of the stop string that matched, or -1. */
-static int push_text(relay *s, const char *p, size_t n, int *matched)
+ * splitter. *matched: the index of the stop string that matched, or -1. NUL bytes (a token of
+ * byte 0) are dropped: a message's text is a C string (protobuf-c), and one NUL would cut off
+ * the text of every token gathered after it into the same message. */
+static int push_text(relay *s, char *p, size_t n, int *matched)
 {
     const char *out;
     size_t n_out;
     status st;
+    if (memchr(p, 0, n)) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (p[i]) p[k++] = p[i];
+        n = k;
+    }
     s->out_bytes += n;
     *matched = router_stop_push(&s->stop, p, n, &out, &n_out, &st);
     if (*matched == -2 || text_append(s, out, n_out)) return STATUS_NOMEM;
