@@ -15,7 +15,8 @@
  *
  * Threads: each CQ thread runs its own completion queue; a call is accepted on one of them and
  * every callback of that call (on_request, on_cancel, on_writable, on_release) runs on that
- * thread. Other code may start its own batches on the same queues (rpc_server_cq, rpc_call_cq,
+ * thread. gRPC publishes the calls of one connection to one queue (picked per connection), so
+ * the threads share the load of several clients, not of one connection. Other code may start its own batches on the same queues (rpc_server_cq, rpc_call_cq,
  * with rpc_cq.h tags: rpc_client.h's asynchronous streams), so one set of threads serves the
  * calls and the calls they make; rpc_server_hold keeps the threads until those batches ended.
  *
