@@ -51,8 +51,9 @@ static const flag_spec specs[] = {
      "Generate calls at once; more are RESOURCE_EXHAUSTED"},
     {"max-attempts", "DS_MAX_ATTEMPTS", "3", FLAG_INT, offsetof(router_cli_opts, max_attempts),
      "workers tried per request before its first token"},
-    {"cq-threads", "DS_CQ_THREADS", "0", FLAG_INT, offsetof(router_cli_opts, cq_threads),
-     "completion-queue threads serving every stream and worker call (0: min(cores, 4))"},
+    {"cq-threads", "DS_CQ_THREADS", "1", FLAG_INT, offsetof(router_cli_opts, cq_threads),
+     "completion-queue threads serving every stream and worker call (more only when one "
+     "thread saturates a core: each costs CPU per token, docs/BENCH.md 3.11)"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT,
      offsetof(router_cli_opts, grace_seconds), "on SIGTERM/SIGINT, time for in-flight streams"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(router_cli_opts, log_level),

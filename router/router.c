@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "common/finish.h"
 #include "common/log.h"
@@ -114,10 +113,7 @@ static void apply_defaults(router_opts *o)
     if (o->dns_refresh_ms <= 0) o->dns_refresh_ms = 5000;
     if (o->max_inflight <= 0) o->max_inflight = 1024;
     if (o->max_attempts <= 0) o->max_attempts = 3;
-    if (o->cq_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        o->cq_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
-    }
+    if (o->cq_threads <= 0) o->cq_threads = 1;
     if (o->policy.prefix_tokens <= 0) o->policy.prefix_tokens = 32;
 }
 

@@ -32,7 +32,8 @@ typedef struct router_opts {
     int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
     int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
     int cq_threads;             /* completion-queue threads serving every call and worker
-                                   call; 0 -> min(cores, 4) */
+                                   call; 0 -> 1 (gRPC's one epoll set: more threads hand
+                                   events to each other, docs/BENCH.md 3.11) */
     const rpc_tls_server *tls;  /* TLS on listen (NULL: plaintext) */
     const rpc_tls_client *worker_tls; /* TLS to the workers (NULL: plaintext); its target_name
                                          NULL with workers_dns: the NAME of NAME:PORT, so the
