@@ -274,7 +274,7 @@ int router_drain(router *r, int grace_ms)
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
     pthread_cond_broadcast(&r->cv);
-    /* every call is released now; relay threads may still be tidying up */
+    /* every call is released now; relays and Abort threads may still be ending */
     while (r->relays > 0) pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     if (r->started) {

@@ -306,9 +306,9 @@ static void emit(router_req *q, Deltaserve__V1__GenerateResponse *out, bool last
         end_output(s); /* nothing to say */
         return;
     }
-    const int gone = q->sink.send(q->sink.ctx, out);
+    const int rc = q->sink.send(q->sink.ctx, out);
     end_output(s);
-    if (gone) {
+    if (rc != STATUS_OK) {
         relay_end(q, GRPC_STATUS_CANCELLED, "client gone");
         return;
     }

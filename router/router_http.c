@@ -39,7 +39,7 @@ struct router_http {
 
 struct http_req;
 
-/* One choice: its relay and what it said. Touched by its relay thread (the sink) and, after
+/* One choice: its relay and what it said. Touched by its relay's steps (the sink) and, after
  * the relay ended, by the connection thread. */
 typedef struct http_choice {
     struct http_req *h;
@@ -510,7 +510,7 @@ static void write_tail(http_req *h)
     h->done = 1;
 }
 
-/* ---- the sink (relay thread) ---- */
+/* ---- the sink (the relay's steps, under its mutex) ---- */
 
 static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
 {
@@ -559,7 +559,7 @@ static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
     }
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    return gone || oom ? -1 : 0;
+    return gone ? STATUS_CANCELLED : oom ? STATUS_NOMEM : STATUS_OK;
 }
 
 static void sink_end(void *ctx, int code, const char *msg)

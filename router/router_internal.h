@@ -76,8 +76,9 @@ struct router {
 typedef struct router_sink {
     /* One response message, as the public gRPC stream carries it (text, token ids, logprobs
      * with the alternatives' text; the final one with finish_reason, usage, timings). m and
-     * what it points to are valid during the call only. 0, or nonzero when the client is gone
-     * (the relay then ends with CANCELLED). Must not allocate in steady state. */
+     * what it points to are valid during the call only. STATUS_OK, or a status (common/status.h:
+     * STATUS_CANCELLED, the client is gone; STATUS_NOMEM) after which the relay ends with
+     * CANCELLED. Must not allocate in steady state. */
     int (*send)(void *ctx, const Deltaserve__V1__GenerateResponse *m);
     /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
     void (*end)(void *ctx, int grpc_code, const char *msg);
