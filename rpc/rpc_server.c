@@ -7,9 +7,10 @@
  *   recv   {SEND_INITIAL_METADATA, RECV_MESSAGE} at accept; later {RECV_MESSAGE} (bidi only)
  *   send   {SEND_MESSAGE}                        one at a time; later messages wait in a ring
  *   status {SEND_STATUS_FROM_SERVER}             once the owner finished and sends drained
- * The call is released (grpc_call_unref, back to the pool) on the CQ thread once the status
- * batch completed and nothing else is in flight. The pool's free list and the request_call
- * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists).
+ * The call is released (grpc_call_unref, back to the pool) on its queue's CQ thread once the
+ * status batch completed and nothing else is in flight. Every batch of a call completes on the
+ * queue it was requested on, so its events never run on two threads at once; the pool's free
+ * list and the request_call counts are shared by the threads under pool_mu.
  *
  * Graceful shutdown (rpc_server_shutdown_grace), in this order, and why:
  *  1. wait (grace) until every call is finished by its owner, its status batch completed and
@@ -128,7 +129,7 @@ struct rpc_call {
     grpc_status_code fin_code;
     grpc_slice fin_details; /* owned until the status batch completes */
 
-    rpc_call *next_free; /* CQ thread only */
+    rpc_call *next_free; /* under srv->pool_mu */
 };
 
 /* The status batch has completed. */
@@ -756,7 +757,7 @@ static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
 #define WAIT_FOREVER CLOCK_NO_DEADLINE
 
 /* Waits at most timeout_ms (<= 0: just look; WAIT_FOREVER: no limit) until every call is
- * released (calls_only) or the CQ thread is done (the shutdown notified too: every connection
+ * released (calls_only) or the CQ threads are done (the shutdown notified too: every connection
  * closed). */
 static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
 {

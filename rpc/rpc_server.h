@@ -79,8 +79,8 @@ typedef struct rpc_method {
     const char *path;                               /* "/deltaserve.v1.Worker/Generate" */
     const ProtobufCMessageDescriptor *request_desc; /* how to unpack requests */
     rpc_method_kind kind;
-    /* CQ thread; must not block. req is freed by the server after the handler returns: copy
-     * what you keep. req is NULL only for bidi half-close. */
+    /* CQ thread; must not block. req is freed by the server after the handler returns (copy
+     * what you keep), unless owns_request. req is NULL only for bidi half-close. */
     void (*on_request)(rpc_call *call, const ProtobufCMessage *req, void *user);
     /* CQ thread, at most once, not before on_request; may be NULL. Must not block. */
     void (*on_cancel)(rpc_call *call, void *user);
