@@ -13,6 +13,7 @@
 typedef struct router_cli_opts {
     const char *listen, *workers, *workers_dns, *model, *metrics_listen, *routing, *log_level;
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
+    int cq_threads;
     const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
     const char *auth_token_file, *worker_token_file, *workers_tls_name;
     const char *http_listen, *served_model_name;
@@ -50,6 +51,9 @@ static const flag_spec specs[] = {
      "Generate calls at once; more are RESOURCE_EXHAUSTED"},
     {"max-attempts", "DS_MAX_ATTEMPTS", "3", FLAG_INT, offsetof(router_cli_opts, max_attempts),
      "workers tried per request before its first token"},
+    {"cq-threads", "DS_CQ_THREADS", "1", FLAG_INT, offsetof(router_cli_opts, cq_threads),
+     "completion-queue threads serving every stream and worker call (more only when one "
+     "thread saturates a core: each costs CPU per token, docs/BENCH.md 3.11)"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT,
      offsetof(router_cli_opts, grace_seconds), "on SIGTERM/SIGINT, time for in-flight streams"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(router_cli_opts, log_level),
@@ -124,6 +128,7 @@ int cmd_router(int argc, char **argv)
     ro.dns_refresh_ms = o.dns_refresh_ms;
     ro.max_inflight = o.max_inflight;
     ro.max_attempts = o.max_attempts;
+    ro.cq_threads = o.cq_threads;
     rpc_tls_server tls = {opt(o.tls_cert), opt(o.tls_key), NULL};
     rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key),
                            opt(o.workers_tls_name)};

@@ -113,6 +113,7 @@ static void apply_defaults(router_opts *o)
     if (o->dns_refresh_ms <= 0) o->dns_refresh_ms = 5000;
     if (o->max_inflight <= 0) o->max_inflight = 1024;
     if (o->max_attempts <= 0) o->max_attempts = 3;
+    if (o->cq_threads <= 0) o->cq_threads = 1;
     if (o->policy.prefix_tokens <= 0) o->policy.prefix_tokens = 32;
 }
 
@@ -191,7 +192,8 @@ int router_create(router **out, const router_opts *opts, status *st)
     if (r->opts.auth_token_file && (rc = rpc_auth_create(r->opts.auth_token_file, &r->auth, st)))
         goto fail;
     rpc_server_opts so = {.listen = r->opts.listen, .tls = r->opts.tls,
-                          .health_listen = r->opts.health_listen, .auth = r->auth};
+                          .health_listen = r->opts.health_listen, .auth = r->auth,
+                          .cq_threads = r->opts.cq_threads};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
     if ((rc = router_api_add_methods(r, st))) goto fail;
@@ -272,7 +274,7 @@ int router_drain(router *r, int grace_ms)
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
     pthread_cond_broadcast(&r->cv);
-    /* every call is released now; relay threads may still be tidying up */
+    /* every call is released now; relays and Abort threads may still be ending */
     while (r->relays > 0) pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     if (r->started) {

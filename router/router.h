@@ -1,7 +1,8 @@
 /* deltaserve router: serves the public deltaserve.v1.Generation API (plus grpc.health.v1 and
  * reflection, and Prometheus metrics) over a set of workers (deltaserve.v1.Worker).
  *
- * For each Generate call a relay thread validates the request, turns the prompt into token ids
+ * For each Generate call a relay (an event-driven state machine on a few completion-queue
+ * threads, --cq-threads; no thread per call) validates the request, turns the prompt into token ids
  * (the model's tokenizer; chat messages rendered with the model's own chat template), picks a worker (router_policy.h), streams
  * Worker/Generate back to the client with text pieces (streaming detokenizer, stop strings),
  * and ends the call. A worker that fails before the first token reached the client is
@@ -30,6 +31,9 @@ typedef struct router_opts {
     int dns_refresh_ms;         /* 0 -> 5000 */
     int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
     int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
+    int cq_threads;             /* completion-queue threads serving every call and worker
+                                   call; 0 -> 1 (gRPC's one epoll set: more threads hand
+                                   events to each other, docs/BENCH.md 3.11) */
     const rpc_tls_server *tls;  /* TLS on listen (NULL: plaintext) */
     const rpc_tls_client *worker_tls; /* TLS to the workers (NULL: plaintext); its target_name
                                          NULL with workers_dns: the NAME of NAME:PORT, so the

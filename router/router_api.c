@@ -89,7 +89,7 @@ static void hold_worker(void *w, void *ctx)
 static void cancel_call(void *call, void *ctx)
 {
     (void)ctx;
-    rpc_client_stream_cancel(call);
+    rpc_client_async_cancel(call);
 }
 
 /* Marks the id's live requests aborted; ends each one running on a worker there with

@@ -39,7 +39,7 @@ struct router_http {
 
 struct http_req;
 
-/* One choice: its relay and what it said. Touched by its relay thread (the sink) and, after
+/* One choice: its relay and what it said. Touched by its relay's steps (the sink) and, after
  * the relay ended, by the connection thread. */
 typedef struct http_choice {
     struct http_req *h;
@@ -510,7 +510,7 @@ static void write_tail(http_req *h)
     h->done = 1;
 }
 
-/* ---- the sink (relay thread) ---- */
+/* ---- the sink (the relay's steps, under its mutex) ---- */
 
 static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
 {
@@ -559,7 +559,7 @@ static int sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
     }
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    return gone || oom ? -1 : 0;
+    return gone ? STATUS_CANCELLED : oom ? STATUS_NOMEM : STATUS_OK;
 }
 
 static void sink_end(void *ctx, int code, const char *msg)
@@ -792,7 +792,8 @@ static enum MHD_Result serve_generate(router_http *d, struct MHD_Connection *con
     int64_t deadline = request_deadline(conn);
     for (int i = 0; i < hp.n; i++) {
         http_choice *c = &h->c[i];
-        router_sink sink = {sink_send, sink_end, c, 0}; /* token bytes from the tokenizer */
+        /* token bytes from the tokenizer; unpaced: each worker message is a chunk at once */
+        router_sink sink = {.send = sink_send, .end = sink_end, .ctx = c, .top_text = 0};
         status st;
         Deltaserve__V1__GenerateRequest *g = gs[i];
         gs[i] = NULL;

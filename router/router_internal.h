@@ -58,7 +58,7 @@ struct router {
     pthread_cond_t cv;       /* poller sleep, drain wait */
     int inflight;            /* Generate calls from on_request to on_release (status sent), and
                                 HTTP generation requests from admission to their end */
-    int relays;              /* relay and abort threads running */
+    int relays;              /* relays not yet ended and abort threads running */
     Deltaserve__V1__ModelInfo *model_info; /* owned (unpacked), the first a worker reported;
                                               NULL until one answered GetModelInfo */
     int draining;
@@ -71,18 +71,25 @@ struct router {
 };
 
 /* Where a relay's output goes: the gRPC call (router_generate.c) or an HTTP request
- * (router_http.c). Called from the relay thread only. */
+ * (router_http.c). Called under the relay's mutex, from whichever thread runs its step (never
+ * two at once). */
 typedef struct router_sink {
     /* One response message, as the public gRPC stream carries it (text, token ids, logprobs
      * with the alternatives' text; the final one with finish_reason, usage, timings). m and
-     * what it points to are valid during the call only. 0, or nonzero when the client is gone
-     * (the relay then ends with CANCELLED). Must not allocate in steady state. */
+     * what it points to are valid during the call only. STATUS_OK, or a status (common/status.h:
+     * STATUS_CANCELLED, the client is gone; STATUS_NOMEM) after which the relay ends with
+     * CANCELLED. Must not allocate in steady state. */
     int (*send)(void *ctx, const Deltaserve__V1__GenerateResponse *m);
     /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
     void (*end)(void *ctx, int grpc_code, const char *msg);
     void *ctx;
     int top_text; /* the relay fills in each top-logprob alternative's text (a decode each);
                      0 for a sink that reads the token's bytes itself */
+    void *cq;     /* the completion queue the relay's worker calls run on (the gRPC call's own,
+                     rpc_call_cq), or NULL: one of the server's, in turn */
+    int paced;    /* 1: after each send the door calls router_relay_writable once the message
+                     left; until then what the worker sends is gathered into the next message.
+                     0: every worker message is sent at once */
 } router_sink;
 
 /* One request being relayed: validation, prompt, worker choice, retries, stop strings,
@@ -95,12 +102,15 @@ typedef struct router_req router_req;
  * reference (router_relay_unref). Admission (draining, --max-inflight) is the door's. */
 int router_relay_create(router *r, Deltaserve__V1__GenerateRequest *g, const router_sink *sink,
                         int64_t deadline_ms, router_req **out, status *st);
-/* Starts the relay thread (it holds its own reference). On failure nothing ran and the sink
- * was not called: the caller ends its request itself. */
+/* Runs the relay's first step on the caller's thread (validation, the prompt, the first worker
+ * call) and leaves the rest to the events of its calls; it holds its own reference until it
+ * ended. Returns STATUS_OK: whatever happens is told through the sink. */
 int router_relay_start(router_req *q, status *st);
 /* The client is gone: the relay stops (the worker call is cancelled) and ends with CANCELLED
  * (or DEADLINE_EXCEEDED when its deadline passed). Any thread, any time. */
 void router_relay_cancel(router_req *q);
+/* A paced sink's last message left: what was gathered meanwhile goes out in one message. */
+void router_relay_writable(router_req *q);
 void router_relay_unref(router_req *q);
 
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */

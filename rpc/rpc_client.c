@@ -2,6 +2,7 @@
 #include "rpc/rpc_tls.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@
 
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_cq.h"
+#include "common/clock.h"
 
 struct rpc_client_channel {
     grpc_channel *ch;   /* owned */
@@ -423,3 +426,203 @@ int rpc_client_explain(const rpc_client_channel *c, rpc_client_result *r, int ti
                  "the server at %.200s is not using TLS: drop --tls-ca (%.200s)", c->target, was);
     return 1;
 }
+
+/* ---- asynchronous streams ---- */
+
+typedef enum async_op { ASYNC_START, ASYNC_MSG, ASYNC_STATUS } async_op;
+
+typedef struct async_tag {
+    rpc_cq_tag base; /* on_async_event */
+    rpc_client_async *a;
+    async_op op;
+} async_tag;
+
+struct rpc_client_async {
+    rpc_client_async_fn fn;
+    void *user;
+    pthread_mutex_t mu;        /* guards call against a cancel from another thread */
+    grpc_call *call;           /* owned while running, else NULL */
+    grpc_byte_buffer *send;    /* owned until the start batch completes */
+    grpc_byte_buffer *recv;    /* written by gRPC: the RECV_MESSAGE in flight */
+    grpc_byte_buffer *msg;     /* owned, the message of the MESSAGE event being handled (recv
+                                  may be written by the next read meanwhile) */
+    grpc_metadata_array init_md, trailing_md;
+    grpc_metadata auth_md;     /* value owned when n_auth_md */
+    size_t n_auth_md;
+    grpc_status_code code;
+    grpc_slice details;
+    int n_pending;             /* batches started and not completed (the queue's thread) */
+    int unparsable;            /* a message did not parse: the result says so */
+    int64_t n_received;
+    rpc_client_result result;
+    async_tag t_start, t_msg, t_status;
+};
+
+static void async_end(rpc_client_async *a)
+{
+    if (!a->unparsable) fill_result(&a->result, a->code, a->details);
+    grpc_slice_unref(a->details);
+    a->details = grpc_empty_slice();
+    if (a->n_auth_md) grpc_slice_unref(a->auth_md.value);
+    a->n_auth_md = 0;
+    grpc_metadata_array_destroy(&a->init_md);
+    grpc_metadata_array_destroy(&a->trailing_md);
+    pthread_mutex_lock(&a->mu);
+    grpc_call *call = a->call;
+    a->call = NULL;
+    pthread_mutex_unlock(&a->mu);
+    grpc_call_unref(call);
+    a->fn(a->user, RPC_CLIENT_ASYNC_END);
+}
+
+static void on_async_event(rpc_cq_tag *t, bool ok)
+{
+    async_tag *tag = (async_tag *)t;
+    rpc_client_async *a = tag->a;
+    (void)ok; /* a failed batch shows in the status, which always completes */
+    a->n_pending--;
+    switch (tag->op) {
+    case ASYNC_START:
+        grpc_byte_buffer_destroy(a->send);
+        a->send = NULL;
+        break;
+    case ASYNC_MSG:
+        if (a->recv) {
+            a->msg = a->recv;
+            a->recv = NULL;
+            a->fn(a->user, RPC_CLIENT_ASYNC_MESSAGE);
+            if (a->msg) { /* not taken: dropped */
+                grpc_byte_buffer_destroy(a->msg);
+                a->msg = NULL;
+            }
+        }
+        break;
+    case ASYNC_STATUS: break;
+    }
+    if (a->n_pending == 0) async_end(a);
+}
+
+int rpc_client_async_create(rpc_client_async **out, rpc_client_async_fn fn, void *user,
+                            status *st)
+{
+    rpc_client_async *a = calloc(1, sizeof *a);
+    if (!a) return status_fail(st, STATUS_NOMEM, "async call: out of memory");
+    a->fn = fn;
+    a->user = user;
+    pthread_mutex_init(&a->mu, NULL);
+    a->details = grpc_empty_slice();
+    a->t_start = (async_tag){{on_async_event}, a, ASYNC_START};
+    a->t_msg = (async_tag){{on_async_event}, a, ASYNC_MSG};
+    a->t_status = (async_tag){{on_async_event}, a, ASYNC_STATUS};
+    *out = a;
+    return STATUS_OK;
+}
+
+void rpc_client_async_destroy(rpc_client_async *a)
+{
+    if (!a) return;
+    DS_ASSERT(!a->call && a->n_pending == 0);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+static gpr_timespec deadline_at(int64_t deadline_ms)
+{
+    if (deadline_ms == CLOCK_NO_DEADLINE) return gpr_inf_future(GPR_CLOCK_REALTIME);
+    int64_t left = clock_left_ms(deadline_ms);
+    return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                        gpr_time_from_millis(left > 0 ? left : 0, GPR_TIMESPAN));
+}
+
+int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
+                           const char *method, const ProtobufCMessage *req, int64_t deadline_ms,
+                           status *st)
+{
+    DS_ASSERT(!a->call && a->n_pending == 0);
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS,
+                                               (grpc_completion_queue *)cq, m, NULL,
+                                               deadline_at(deadline_ms), NULL);
+    grpc_slice_unref(m);
+    if (!call)
+        return status_fail(st, STATUS_INTERNAL, "%s to %s: cannot create the call", method,
+                           c->target);
+    a->unparsable = 0;
+    a->n_received = 0;
+    a->code = GRPC_STATUS_UNKNOWN;
+    grpc_metadata_array_init(&a->init_md);
+    grpc_metadata_array_init(&a->trailing_md);
+    a->send = rpc_codec_pack(req);
+    a->n_auth_md = auth_metadata(c, &a->auth_md);
+    pthread_mutex_lock(&a->mu);
+    a->call = call;
+    pthread_mutex_unlock(&a->mu);
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = a->n_auth_md;
+    ops[0].data.send_initial_metadata.metadata = a->n_auth_md ? &a->auth_md : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = a->send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &a->init_md;
+    /* every batch counted before the first can complete on the queue's thread */
+    a->n_pending = 3;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 4, &a->t_start, NULL);
+    DS_ASSERT(e == GRPC_CALL_OK);
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[0].data.recv_status_on_client.trailing_metadata = &a->trailing_md;
+    ops[0].data.recv_status_on_client.status = &a->code;
+    ops[0].data.recv_status_on_client.status_details = &a->details;
+    e = grpc_call_start_batch(call, ops, 1, &a->t_status, NULL);
+    DS_ASSERT(e == GRPC_CALL_OK);
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_RECV_MESSAGE;
+    ops[0].data.recv_message.recv_message = &a->recv;
+    e = grpc_call_start_batch(call, ops, 1, &a->t_msg, NULL);
+    DS_ASSERT(e == GRPC_CALL_OK);
+    return STATUS_OK;
+}
+
+ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMessageDescriptor *desc)
+{
+    DS_ASSERT(a->msg);
+    ProtobufCMessage *m = rpc_codec_unpack(a->msg, desc, 0);
+    grpc_byte_buffer_destroy(a->msg);
+    a->msg = NULL;
+    if (m) {
+        a->n_received++;
+        return m;
+    }
+    a->unparsable = 1;
+    a->result.code = GRPC_STATUS_INTERNAL;
+    snprintf(a->result.message, sizeof a->result.message,
+             "message %lld of the stream does not parse as %s", (long long)a->n_received + 1,
+             desc->name);
+    grpc_call_cancel_with_status(a->call, GRPC_STATUS_INTERNAL, "unparsable message", NULL);
+    return NULL;
+}
+
+void rpc_client_async_read(rpc_client_async *a)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &a->recv;
+    a->n_pending++;
+    grpc_call_error e = grpc_call_start_batch(a->call, &op, 1, &a->t_msg, NULL);
+    DS_ASSERT(e == GRPC_CALL_OK);
+}
+
+void rpc_client_async_cancel(rpc_client_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    if (a->call) grpc_call_cancel(a->call, NULL);
+    pthread_mutex_unlock(&a->mu);
+}
+
+const rpc_client_result *rpc_client_async_result(const rpc_client_async *a) { return &a->result; }
+
+int64_t rpc_client_async_n_received(const rpc_client_async *a) { return a->n_received; }

@@ -100,4 +100,47 @@ void rpc_client_stream_destroy(rpc_client_stream *s);
 /* Messages received so far. */
 int64_t rpc_client_stream_n_received(const rpc_client_stream *s);
 
+/* ---- asynchronous server-streaming calls ----
+ * A call driven by events on a completion queue that another thread runs (rpc_server.h's CQ
+ * threads: rpc_server_cq / rpc_call_cq), for a process that relays many streams with a few
+ * threads (the router). The struct is the caller's for many calls one after another; its tags
+ * are rpc_cq.h's. fn runs on the queue's thread:
+ *   RPC_CLIENT_ASYNC_MESSAGE  a message arrived: take it (rpc_client_async_take), then ask for
+ *                             the next (rpc_client_async_read) or cancel;
+ *   RPC_CLIENT_ASYNC_END      the call is over (its status in rpc_client_async_result) and
+ *                             released: the struct may start another call (also from fn).
+ * Exactly one END per started call, after every MESSAGE of it. */
+typedef struct rpc_client_async rpc_client_async;
+typedef enum rpc_client_async_event {
+    RPC_CLIENT_ASYNC_MESSAGE,
+    RPC_CLIENT_ASYNC_END,
+} rpc_client_async_event;
+typedef void (*rpc_client_async_fn)(void *user, rpc_client_async_event ev);
+
+int rpc_client_async_create(rpc_client_async **out, rpc_client_async_fn fn, void *user,
+                            status *st);
+/* No call may be running (after its END, or before any start). */
+void rpc_client_async_destroy(rpc_client_async *a);
+
+/* Starts method on ch with req on the completion queue cq (a grpc_completion_queue * run by a
+ * thread that dispatches rpc_cq.h tags); deadline_ms on common/clock.h's clock, or
+ * CLOCK_NO_DEADLINE. The first message is asked for at once. Errors (nothing started, no END
+ * follows): STATUS_INTERNAL. */
+int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *ch,
+                           const char *method, const ProtobufCMessage *req, int64_t deadline_ms,
+                           status *st);
+
+/* In MESSAGE: the message (the caller frees it with protobuf_c_message_free_unpacked), or NULL
+ * when it does not parse as desc: the call is then cancelled and ends INTERNAL naming it. */
+ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMessageDescriptor *desc);
+/* In MESSAGE (or after it, on the queue's thread): asks for the next message. */
+void rpc_client_async_read(rpc_client_async *a);
+/* Cancels the running call, if any (any thread, any time): END follows with CANCELLED unless
+ * the status was already in. */
+void rpc_client_async_cancel(rpc_client_async *a);
+/* After END: the call's status and the peer's message. */
+const rpc_client_result *rpc_client_async_result(const rpc_client_async *a);
+/* Messages of the current (or last) call taken so far. */
+int64_t rpc_client_async_n_received(const rpc_client_async *a);
+
 #endif

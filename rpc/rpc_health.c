@@ -122,7 +122,7 @@ int rpc_health_add_methods(rpc_health *h, rpc_server *srv, status *st)
 {
     const rpc_method check = {"/grpc.health.v1.Health/Check",
                               &grpc__health__v1__health_check_request__descriptor,
-                              RPC_METHOD_UNARY, on_check, NULL, NULL, h, false, NULL};
+                              RPC_METHOD_UNARY, on_check, NULL, NULL, h, false, NULL, false};
     const rpc_method watch = {"/grpc.health.v1.Health/Watch",
                               &grpc__health__v1__health_check_request__descriptor,
                               RPC_METHOD_SERVER_STREAM, on_watch, on_watch_cancel, NULL, h,

@@ -7,9 +7,10 @@
  *   recv   {SEND_INITIAL_METADATA, RECV_MESSAGE} at accept; later {RECV_MESSAGE} (bidi only)
  *   send   {SEND_MESSAGE}                        one at a time; later messages wait in a ring
  *   status {SEND_STATUS_FROM_SERVER}             once the owner finished and sends drained
- * The call is released (grpc_call_unref, back to the pool) on the CQ thread once the status
- * batch completed and nothing else is in flight. The pool's free list and the request_call
- * bookkeeping are touched only by the CQ thread (and by rpc_server_start before it exists).
+ * The call is released (grpc_call_unref, back to the pool) on its queue's CQ thread once the
+ * status batch completed and nothing else is in flight. Every batch of a call completes on the
+ * queue it was requested on, so its events never run on two threads at once; the pool's free
+ * list and the request_call counts are shared by the threads under pool_mu.
  *
  * Graceful shutdown (rpc_server_shutdown_grace), in this order, and why:
  *  1. wait (grace) until every call is finished by its owner, its status batch completed and
@@ -58,6 +59,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_cq.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_status.h"
 #include "rpc/rpc_tls.h"
@@ -69,9 +71,14 @@
 enum rpc_tag_op { TAG_NEW, TAG_RECV, TAG_SEND, TAG_CLOSE, TAG_STATUS, TAG_SHUTDOWN };
 
 typedef struct rpc_tag {
-    rpc_call *call; /* NULL for the server shutdown tag */
-    int op;         /* rpc_tag_op */
+    rpc_cq_tag base; /* on_call_event, or on_shutdown_event for the server shutdown tag */
+    rpc_call *call;  /* NULL for the server shutdown tag */
+    int op;          /* rpc_tag_op */
+    rpc_server *srv_of_shutdown; /* the server shutdown tag's server */
 } rpc_tag;
+
+/* How often a CQ thread looks whether the server's shutdown is complete once it began. */
+#define RPC_SERVER_CQ_POLL_MS 20
 
 /* The life of a call on our side; one state at a time, under mu (FREE <-> ACCEPTED on the CQ
  * thread). The owner's path and the server's own (a refusal) end in different states because
@@ -108,6 +115,7 @@ struct rpc_call {
     char path[160];
     char peer[80];
     void *data; /* borrowed, the owner's */
+    int cq;     /* index of the queue its batches complete on (set when requested) */
 
     pthread_mutex_t mu; /* guards the fields below */
     rpc_call_state state;
@@ -121,7 +129,7 @@ struct rpc_call {
     grpc_status_code fin_code;
     grpc_slice fin_details; /* owned until the status batch completes */
 
-    rpc_call *next_free; /* CQ thread only */
+    rpc_call *next_free; /* under srv->pool_mu */
 };
 
 /* The status batch has completed. */
@@ -130,9 +138,18 @@ static bool call_status_done(rpc_call_state s)
     return s == RPC_CALL_DONE || s == RPC_CALL_REFUSED_DONE;
 }
 
+typedef struct rpc_cq_thread {
+    rpc_server *srv;
+    int i;               /* index in srv->cqs */
+    grpc_completion_queue *cq; /* owned */
+    pthread_t thread;
+    int n_requested;     /* under srv->pool_mu: request_call outstanding on this queue */
+} rpc_cq_thread;
+
 struct rpc_server {
     grpc_server *server;
-    grpc_completion_queue *cq;
+    rpc_cq_thread cqs[RPC_SERVER_MAX_CQ_THREADS];
+    int n_cqs;
     int port;
     int max_recv_bytes;
     rpc_method methods[RPC_MAX_METHODS];
@@ -142,19 +159,20 @@ struct rpc_server {
     rpc_server *health_srv; /* owned, or NULL: the plaintext health-only port */
     rpc_call *calls; /* owned, [n_calls] */
     int n_calls;
-    rpc_call *free_list; /* CQ thread only */
-    int n_requested;     /* CQ thread only: request_call outstanding */
+    pthread_mutex_t pool_mu; /* guards free_list and the queues' n_requested */
+    rpc_call *free_list;
+    atomic_int held;     /* rpc_server_hold: batches of others on the queues */
     atomic_int live;     /* accepted and not released */
     atomic_bool draining;      /* a graceful shutdown runs (calls are still accepted) */
     atomic_bool cancelling;    /* its grace ran out: calls accepted from now on are cancelled */
     atomic_bool shutting_down; /* grpc_server_shutdown_and_notify was called */
-    bool shutdown_seen; /* CQ thread only */
+    atomic_bool shutdown_seen; /* the shutdown notification came */
     bool started, stopped;
-    pthread_t thread;
     rpc_tag t_shutdown;
     pthread_mutex_t done_mu; /* guards cq_done */
     pthread_cond_t done_cv;  /* CLOCK_MONOTONIC */
-    bool cq_done;            /* the CQ thread has seen the shutdown and released every call */
+    int n_cq_done;           /* CQ threads that saw the shutdown and every call released */
+    bool cq_done;            /* ... all of them */
 };
 
 /* ---- batches (called with call->mu held) ---- */
@@ -235,25 +253,32 @@ static void finish_locked(rpc_call *c, grpc_status_code code, const char *msg)
 
 /* ---- the pool and accepting calls (CQ thread) ---- */
 
-static void request_calls(rpc_server *s)
+/* Keeps RPC_N_LISTEN calls requested on queue qi (its thread, or rpc_server_start). */
+static void request_calls(rpc_server *s, int qi)
 {
-    while (!atomic_load(&s->shutting_down) && s->n_requested < RPC_N_LISTEN && s->free_list) {
+    rpc_cq_thread *q = &s->cqs[qi];
+    pthread_mutex_lock(&s->pool_mu);
+    while (!atomic_load(&s->shutting_down) && q->n_requested < RPC_N_LISTEN && s->free_list) {
         rpc_call *c = s->free_list;
         s->free_list = c->next_free;
         c->gcall = NULL;
+        c->cq = qi;
         grpc_call_details_init(&c->details);
         grpc_metadata_array_init(&c->req_md);
         grpc_call_error e = grpc_server_request_call(s->server, &c->gcall, &c->details, &c->req_md,
-                                                     s->cq, s->cq, &c->t_new);
+                                                     q->cq, q->cq, &c->t_new);
         DS_ASSERT(e == GRPC_CALL_OK);
-        s->n_requested++;
+        q->n_requested++;
     }
+    pthread_mutex_unlock(&s->pool_mu);
 }
 
 static void return_to_pool(rpc_server *s, rpc_call *c)
 {
+    pthread_mutex_lock(&s->pool_mu);
     c->next_free = s->free_list;
     s->free_list = c;
+    pthread_mutex_unlock(&s->pool_mu);
 }
 
 static void release_call(rpc_call *c)
@@ -274,8 +299,9 @@ static void release_call(rpc_call *c)
         pthread_cond_broadcast(&s->done_cv);
         pthread_mutex_unlock(&s->done_mu);
     }
+    const int qi = c->cq; /* c may be requested on another queue once back in the pool */
     return_to_pool(s, c);
-    request_calls(s);
+    request_calls(s, qi);
 }
 
 static const rpc_method *find_method(rpc_server *s, const char *path)
@@ -307,7 +333,9 @@ static bool call_has_token(rpc_auth *auth, const grpc_metadata_array *md)
 
 static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
 {
-    s->n_requested--;
+    pthread_mutex_lock(&s->pool_mu);
+    s->cqs[c->cq].n_requested--;
+    pthread_mutex_unlock(&s->pool_mu);
     if (!ok) { /* shutting down: the request was never matched */
         grpc_call_details_destroy(&c->details);
         grpc_metadata_array_destroy(&c->req_md);
@@ -359,7 +387,7 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
         (atomic_load(&s->draining) && c->method && c->method->end_at_shutdown))
         grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, "server shutting down",
                                      NULL);
-    request_calls(s);
+    request_calls(s, c->cq);
 }
 
 /* The server answers by itself (unknown method, bad request, cancelled before the owner had
@@ -433,7 +461,7 @@ static void on_recv(rpc_call *c, bool ok)
     const bool tell_cancel = !handed && atomic_load(&c->cancelled);
     pthread_mutex_unlock(&c->mu);
     m->on_request(c, req, m->user);
-    if (req) protobuf_c_message_free_unpacked(req, NULL);
+    if (req && !m->owns_request) protobuf_c_message_free_unpacked(req, NULL);
 
     pthread_mutex_lock(&c->mu);
     if (m->kind == RPC_METHOD_BIDI_STREAM && req && c->state == RPC_CALL_OPEN &&
@@ -509,33 +537,67 @@ static void maybe_release(rpc_call *c)
     if (done) release_call(c);
 }
 
+/* A batch of one of the server's calls completed. */
+static void on_call_event(rpc_cq_tag *t, bool ok)
+{
+    rpc_tag *tag = (rpc_tag *)t;
+    rpc_call *c = tag->call;
+    switch (tag->op) {
+    case TAG_NEW: on_new_call(c->srv, c, ok); return;
+    case TAG_RECV: on_recv(c, ok); break;
+    case TAG_SEND: on_send(c, ok); break;
+    case TAG_CLOSE: on_close(c); break;
+    case TAG_STATUS: on_status(c); break;
+    default: DS_ASSERT(!"unknown tag");
+    }
+    maybe_release(c);
+}
+
+static void on_shutdown_event(rpc_cq_tag *t, bool ok)
+{
+    (void)ok;
+    rpc_server *s = ((rpc_tag *)t)->srv_of_shutdown;
+    atomic_store(&s->shutdown_seen, true);
+}
+
+/* Whether queue q's thread may stop: the shutdown notified, no call alive, no batch of others
+ * held, nothing requested on it. */
+static bool cq_finished(rpc_cq_thread *q)
+{
+    rpc_server *s = q->srv;
+    if (!atomic_load(&s->shutdown_seen) || atomic_load(&s->live) || atomic_load(&s->held))
+        return false;
+    pthread_mutex_lock(&s->pool_mu);
+    bool idle = q->n_requested == 0;
+    pthread_mutex_unlock(&s->pool_mu);
+    return idle;
+}
+
 static void *cq_thread(void *arg)
 {
-    rpc_server *s = arg;
+    rpc_cq_thread *q = arg;
+    rpc_server *s = q->srv;
     pthread_setname_np(pthread_self(), "ds-rpc-cq"); /* per-thread CPU in /proc (benches) */
     for (;;) {
-        if (s->shutdown_seen && atomic_load(&s->live) == 0 && s->n_requested == 0) {
+        if (cq_finished(q)) {
             pthread_mutex_lock(&s->done_mu);
-            s->cq_done = true;
+            if (++s->n_cq_done == s->n_cqs) s->cq_done = true;
             pthread_cond_broadcast(&s->done_cv);
             pthread_mutex_unlock(&s->done_mu);
             break;
         }
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        /* Once shutting down, the last release may happen on another queue's thread: look
+         * again every RPC_SERVER_CQ_POLL_MS instead of waiting for an event of this queue. */
+        gpr_timespec until = atomic_load(&s->shutting_down)
+                                 ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                gpr_time_from_millis(RPC_SERVER_CQ_POLL_MS,
+                                                                     GPR_TIMESPAN))
+                                 : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        grpc_event ev = grpc_completion_queue_next(q->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
-        rpc_tag *tag = ev.tag;
-        rpc_call *c = tag->call;
-        switch (tag->op) {
-        case TAG_SHUTDOWN: s->shutdown_seen = true; continue;
-        case TAG_NEW: on_new_call(s, c, ev.success != 0); continue;
-        case TAG_RECV: on_recv(c, ev.success != 0); break;
-        case TAG_SEND: on_send(c, ev.success != 0); break;
-        case TAG_CLOSE: on_close(c); break;
-        case TAG_STATUS: on_status(c); break;
-        default: DS_ASSERT(!"unknown tag");
-        }
-        maybe_release(c);
+        rpc_cq_tag *tag = ev.tag;
+        tag->on_event(tag, ev.success != 0);
     }
     return NULL;
 }
@@ -559,14 +621,16 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
         rpc_call *c = &s->calls[i];
         c->srv = s;
         pthread_mutex_init(&c->mu, NULL);
-        c->t_new = (rpc_tag){c, TAG_NEW};
-        c->t_recv = (rpc_tag){c, TAG_RECV};
-        c->t_send = (rpc_tag){c, TAG_SEND};
-        c->t_close = (rpc_tag){c, TAG_CLOSE};
-        c->t_status = (rpc_tag){c, TAG_STATUS};
-        return_to_pool(s, c);
+        c->t_new = (rpc_tag){{on_call_event}, c, TAG_NEW, NULL};
+        c->t_recv = (rpc_tag){{on_call_event}, c, TAG_RECV, NULL};
+        c->t_send = (rpc_tag){{on_call_event}, c, TAG_SEND, NULL};
+        c->t_close = (rpc_tag){{on_call_event}, c, TAG_CLOSE, NULL};
+        c->t_status = (rpc_tag){{on_call_event}, c, TAG_STATUS, NULL};
+        c->next_free = s->free_list;
+        s->free_list = c;
     }
-    s->t_shutdown = (rpc_tag){NULL, TAG_SHUTDOWN};
+    s->t_shutdown = (rpc_tag){{on_shutdown_event}, NULL, TAG_SHUTDOWN, s};
+    pthread_mutex_init(&s->pool_mu, NULL);
     pthread_mutex_init(&s->done_mu, NULL);
     clock_cond_init(&s->done_cv);
 
@@ -580,9 +644,14 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     args[1].key = GRPC_ARG_ALLOW_REUSEPORT;
     args[1].value.integer = 0;
     grpc_channel_args cargs = {2, args};
-    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->n_cqs = opts->cq_threads > 0 ? opts->cq_threads : 1;
+    if (s->n_cqs > RPC_SERVER_MAX_CQ_THREADS) s->n_cqs = RPC_SERVER_MAX_CQ_THREADS;
     s->server = grpc_server_create(&cargs, NULL);
-    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    for (int i = 0; i < s->n_cqs; i++) {
+        s->cqs[i] = (rpc_cq_thread){.srv = s, .i = i,
+                                    .cq = grpc_completion_queue_create_for_next(NULL)};
+        grpc_server_register_completion_queue(s->server, s->cqs[i].cq, NULL);
+    }
     s->auth = opts->auth;
     grpc_server_credentials *creds = NULL;
     if (opts->tls) {
@@ -645,9 +714,15 @@ int rpc_server_start(rpc_server *srv, status *st)
 {
     DS_ASSERT(!srv->started);
     grpc_server_start(srv->server);
-    request_calls(srv);
-    if (pthread_create(&srv->thread, NULL, cq_thread, srv) != 0)
-        return status_fail(st, STATUS_INTERNAL, "rpc server: cannot start the CQ thread");
+    for (int i = 0; i < srv->n_cqs; i++) request_calls(srv, i);
+    for (int i = 0; i < srv->n_cqs; i++) {
+        if (pthread_create(&srv->cqs[i].thread, NULL, cq_thread, &srv->cqs[i]) != 0) {
+            /* the threads started run until a shutdown; the others' queues have no thread */
+            srv->n_cqs = i;
+            srv->started = i > 0;
+            return status_fail(st, STATUS_INTERNAL, "rpc server: cannot start CQ thread %d", i);
+        }
+    }
     srv->started = true;
     return srv->health_srv ? rpc_server_start(srv->health_srv, st) : STATUS_OK;
 }
@@ -682,7 +757,7 @@ static int cancel_calls(rpc_server *srv, bool open_ended_only, const char *msg)
 #define WAIT_FOREVER CLOCK_NO_DEADLINE
 
 /* Waits at most timeout_ms (<= 0: just look; WAIT_FOREVER: no limit) until every call is
- * released (calls_only) or the CQ thread is done (the shutdown notified too: every connection
+ * released (calls_only) or the CQ threads are done (the shutdown notified too: every connection
  * closed). */
 static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
 {
@@ -756,11 +831,11 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
     srv->stopped = true;
     if (!srv->started) { /* nobody runs the CQ and no call exists: wait for the notification */
         atomic_store(&srv->shutting_down, true);
-        grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+        grpc_server_shutdown_and_notify(srv->server, srv->cqs[0].cq, &srv->t_shutdown.base);
         for (;;) {
             grpc_event ev =
-                grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown) break;
+                grpc_completion_queue_next(srv->cqs[0].cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown.base) break;
         }
         return true;
     }
@@ -787,11 +862,11 @@ bool rpc_server_shutdown_grace(rpc_server *srv, int64_t grace_ms)
     }
     /* 3. GOAWAY, connections close; what is left is dropped */
     atomic_store(&srv->shutting_down, true);
-    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+    grpc_server_shutdown_and_notify(srv->server, srv->cqs[0].cq, &srv->t_shutdown.base);
     if (!ended || !wait_done(srv, false, RPC_SERVER_CLOSE_MS))
         grpc_server_cancel_all_calls(srv->server);
     wait_done(srv, false, WAIT_FOREVER);
-    pthread_join(srv->thread, NULL);
+    for (int i = 0; i < srv->n_cqs; i++) pthread_join(srv->cqs[i].thread, NULL);
     /* the probes' port last: it answers (NOT_SERVING while draining) until the main one closed */
     if (srv->health_srv) rpc_server_shutdown_grace(srv->health_srv, 0);
     return clean;
@@ -807,9 +882,10 @@ void rpc_server_destroy(rpc_server *srv)
         grpc_server_destroy(srv->server);
     }
     if (srv->health_srv) rpc_server_destroy(srv->health_srv);
-    if (srv->cq) {
-        drain_cq(srv->cq);
-        grpc_completion_queue_destroy(srv->cq);
+    for (int i = 0; i < srv->n_cqs; i++) {
+        if (!srv->cqs[i].cq) continue;
+        drain_cq(srv->cqs[i].cq);
+        grpc_completion_queue_destroy(srv->cqs[i].cq);
     }
     for (int i = 0; i < srv->n_calls; i++) {
         pthread_mutex_destroy(&srv->calls[i].mu);
@@ -817,6 +893,7 @@ void rpc_server_destroy(rpc_server *srv)
         if (srv->calls[i].spare) grpc_byte_buffer_destroy(srv->calls[i].spare);
     }
     pthread_mutex_destroy(&srv->done_mu);
+    pthread_mutex_destroy(&srv->pool_mu);
     pthread_cond_destroy(&srv->done_cv);
     free(srv->calls);
     free(srv);
@@ -824,6 +901,20 @@ void rpc_server_destroy(rpc_server *srv)
 }
 
 int rpc_server_live_calls(rpc_server *srv) { return atomic_load(&srv->live); }
+
+int rpc_server_n_cqs(const rpc_server *srv) { return srv->n_cqs; }
+
+void *rpc_server_cq(rpc_server *srv, int i) { return srv->cqs[i % srv->n_cqs].cq; }
+
+void rpc_server_hold(rpc_server *srv) { atomic_fetch_add(&srv->held, 1); }
+
+void rpc_server_unhold(rpc_server *srv)
+{
+    const int was = atomic_fetch_sub(&srv->held, 1);
+    DS_ASSERT(was > 0);
+}
+
+void *rpc_call_cq(const rpc_call *call) { return call->srv->cqs[call->cq].cq; }
 
 int64_t rpc_call_deadline_ms(const rpc_call *call) { return call->deadline_ms; }
 bool rpc_call_cancelled(const rpc_call *call) { return atomic_load(&call->cancelled); }

@@ -1,4 +1,5 @@
-/* A gRPC C core server (grpc 1.51) with one completion-queue thread that never blocks on work.
+/* A gRPC C core server (grpc 1.51) with a few completion-queue threads (one by default) that
+ * never block on work.
  *
  * Calls are preallocated structs (a pool sized at creation) used as completion-queue tags,
  * with a small state machine. Methods are dispatched by path ("/pkg.Service/Method"; protoc-c
@@ -9,8 +10,15 @@
  *   rpc_server_create(&(rpc_server_opts){.listen = "127.0.0.1:0"}, &srv, &st);
  *   rpc_server_add_method(srv, &(rpc_method){"/deltaserve.v1.Worker/GetLoad",
  *       &deltaserve__v1__get_load_request__descriptor, RPC_METHOD_UNARY, on_get_load}, &st);
- *   rpc_server_start(srv, &st);            // spawns the CQ thread
+ *   rpc_server_start(srv, &st);            // spawns the CQ threads
  *   ... rpc_server_shutdown_grace(srv, 10000); rpc_server_destroy(srv);
+ *
+ * Threads: each CQ thread runs its own completion queue; a call is accepted on one of them and
+ * every callback of that call (on_request, on_cancel, on_writable, on_release) runs on that
+ * thread. gRPC publishes the calls of one connection to one queue (picked per connection), so
+ * the threads share the load of several clients, not of one connection. Other code may start its own batches on the same queues (rpc_server_cq, rpc_call_cq,
+ * with rpc_cq.h tags: rpc_client.h's asynchronous streams), so one set of threads serves the
+ * calls and the calls they make; rpc_server_hold keeps the threads until those batches ended.
  *
  * Handler contract (on_request): runs on the CQ thread and must not block (short mutexes are
  * fine; no waiting on work, no sleeping). From then on the handler owns the call and must call
@@ -71,8 +79,8 @@ typedef struct rpc_method {
     const char *path;                               /* "/deltaserve.v1.Worker/Generate" */
     const ProtobufCMessageDescriptor *request_desc; /* how to unpack requests */
     rpc_method_kind kind;
-    /* CQ thread; must not block. req is freed by the server after the handler returns: copy
-     * what you keep. req is NULL only for bidi half-close. */
+    /* CQ thread; must not block. req is freed by the server after the handler returns (copy
+     * what you keep), unless owns_request. req is NULL only for bidi half-close. */
     void (*on_request)(rpc_call *call, const ProtobufCMessage *req, void *user);
     /* CQ thread, at most once, not before on_request; may be NULL. Must not block. */
     void (*on_cancel)(rpc_call *call, void *user);
@@ -89,6 +97,9 @@ typedef struct rpc_method {
      * message in flight sends what accumulated meanwhile from here, in one message (the
      * worker's Generate coalesces tokens so). Must not block. */
     void (*on_writable)(rpc_call *call, void *user);
+    /* on_request takes req (non-NULL) and frees it with protobuf_c_message_free_unpacked: a
+     * handler that keeps the request as received (the router's Generate) needs no copy. */
+    bool owns_request;
 } rpc_method;
 
 typedef struct rpc_tls_server rpc_tls_server; /* rpc/rpc_tls.h */
@@ -106,7 +117,11 @@ typedef struct rpc_server_opts {
     int max_calls;      /* preallocated call structs = most calls alive at once; 0 -> 4096.
                            Beyond that, new calls wait inside gRPC until one is released. */
     int max_recv_bytes; /* largest request message accepted; 0 -> 16 MiB */
+    int cq_threads;     /* completion queues, a thread each; 0 -> 1, at most
+                           RPC_SERVER_MAX_CQ_THREADS */
 } rpc_server_opts;
+
+#define RPC_SERVER_MAX_CQ_THREADS 64
 
 /* Initialises gRPC, creates the server and binds the port (and health_listen), with TLS
  * credentials when opts->tls is set. STATUS_IO naming the address when it cannot be bound or a
@@ -150,6 +165,17 @@ void rpc_server_destroy(rpc_server *srv);
 /* Calls alive right now (accepted and not yet released). */
 int rpc_server_live_calls(rpc_server *srv);
 
+/* The completion queues (grpc_completion_queue *) the CQ threads run: rpc_server_cq(srv, i)
+ * for any i (taken modulo rpc_server_n_cqs), for batches of other calls whose tags are
+ * rpc_cq.h's. Valid from rpc_server_create to rpc_server_destroy. */
+int rpc_server_n_cqs(const rpc_server *srv);
+void *rpc_server_cq(rpc_server *srv, int i);
+
+/* Batches of other calls may be in flight on the queues: the CQ threads of a shutdown keep
+ * running until as many rpc_server_unhold as rpc_server_hold were called (any thread). */
+void rpc_server_hold(rpc_server *srv);
+void rpc_server_unhold(rpc_server *srv);
+
 /* ---- per call (thread-safe unless said otherwise) ---- */
 
 /* The client's deadline in ms on common/clock.h's clock (clock_now_ms), or CLOCK_NO_DEADLINE
@@ -175,6 +201,9 @@ void rpc_call_finish_status(rpc_call *call, const status *st);
 
 /* Unary reply: rpc_call_send(msg) then rpc_call_finish(OK). */
 void rpc_call_reply(rpc_call *call, const ProtobufCMessage *msg);
+
+/* The completion queue the call's batches complete on (its callbacks' thread runs it). */
+void *rpc_call_cq(const rpc_call *call);
 
 /* Per-call data for the handler (see "Lifetime"). */
 void rpc_call_set_data(rpc_call *call, void *data);

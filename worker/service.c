@@ -612,13 +612,13 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
     const rpc_method methods[] = {
         {"/deltaserve.v1.Worker/Generate", &deltaserve__v1__worker_generate_request__descriptor,
          RPC_METHOD_SERVER_STREAM, on_generate, NULL, on_generate_release, ws, false,
-         on_generate_writable},
+         on_generate_writable, false},
         {"/deltaserve.v1.Worker/Abort", &deltaserve__v1__abort_request__descriptor,
-         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws, false, NULL},
+         RPC_METHOD_UNARY, on_abort, NULL, NULL, ws, false, NULL, false},
         {"/deltaserve.v1.Worker/GetLoad", &deltaserve__v1__get_load_request__descriptor,
-         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false, NULL},
+         RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false, NULL, false},
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
-         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false, NULL},
+         RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false, NULL, false},
     };
     if (o->auth_token_file && rpc_auth_create(o->auth_token_file, &ws->auth, st)) goto fail;
     if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls,
