@@ -567,6 +567,7 @@ static void relay_run(router_req *q)
     wr.sampling = &samp;
     wr.stopping = g->stopping;
     wr.logprobs = g->logprobs;
+    wr.no_speculation = g->no_speculation;
 
     int64_t max_new = g->stopping && g->stopping->max_new_tokens ? g->stopping->max_new_tokens
                                                                  : ROUTER_REQUEST_DEFAULT_MAX_NEW;
