@@ -10,6 +10,8 @@ speculation, and a router (gRPC and the HTTP door) in front of the speculating o
 - a request with no_speculation (Generation through the router, and the HTTP door's
   "speculative": false) gets the same tokens, zero drafts in its timings, and moves no counter;
   a non-boolean "speculative" is a 400 naming the field;
+- a sampled request makes no verify run (only greedy requests speculate) and gives the tokens
+  of the worker without speculation for its seed;
 - --speculative-k outside 0..4 is refused at start with one line."""
 import json
 import os
@@ -108,6 +110,19 @@ class Speculative(unittest.TestCase):
         self.assertEqual(after["spec_accepted"] - before["spec_accepted"], accepted)
         self.assertEqual(mx, after, "/metrics and GetLoad disagree")
         print("greedy: %d verify runs, %d drafted, %d accepted" % (runs, drafted, accepted))
+
+    def test_sampled_requests_decode_one_token_a_step(self):
+        """Only greedy requests speculate: a seeded sampled one makes no verify run and repeats."""
+        runs = []
+        for _ in range(2):
+            _, ids, _, final = self.cs.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
+                                                       temperature=0.9, ignore_eos=True)
+            self.assertEqual(spec_timings(final), (0, 0, 0))
+            runs.append(ids)
+        self.assertEqual(runs[0], runs[1])
+        _, ids, _, _ = self.cp.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
+                                               temperature=0.9, ignore_eos=True)
+        self.assertEqual(ids, runs[0], "a sampled request differs on the worker with speculation")
 
     def test_worker_without_speculation_reports_none(self):
         _, ids, _, final = self.cp.worker_generate(PROMPTS[0], max_tokens=8, ignore_eos=True)
