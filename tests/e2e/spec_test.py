@@ -10,8 +10,8 @@ speculation, and a router (gRPC and the HTTP door) in front of the speculating o
 - a request with no_speculation (Generation through the router, and the HTTP door's
   "speculative": false) gets the same tokens, zero drafts in its timings, and moves no counter;
   a non-boolean "speculative" is a 400 naming the field;
-- a sampled request makes no verify run (only greedy requests speculate) and gives the tokens
-  of the worker without speculation for its seed;
+- a seeded sampled request speculates (the speculative sampling rule) and repeats run to run;
+  one with a penalty makes no verify run and gives the tokens of the worker without it;
 - --speculative-k outside 0..4 is refused at start with one line."""
 import json
 import os
@@ -111,18 +111,29 @@ class Speculative(unittest.TestCase):
         self.assertEqual(mx, after, "/metrics and GetLoad disagree")
         print("greedy: %d verify runs, %d drafted, %d accepted" % (runs, drafted, accepted))
 
-    def test_sampled_requests_decode_one_token_a_step(self):
-        """Only greedy requests speculate: a seeded sampled one makes no verify run and repeats."""
+    def test_sampled_requests(self):
+        """A seeded sampled request speculates and repeats its tokens and timings' counts; one
+        with a penalty makes no verify run and gives the tokens of the worker without
+        speculation."""
         runs = []
         for _ in range(2):
             _, ids, _, final = self.cs.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
                                                        temperature=0.9, ignore_eos=True)
+            v, d, a = spec_timings(final)
+            self.assertGreater(v, 0, "no verify run for a sampled request")
+            self.assertLessEqual(a, d)
+            self.assertEqual(len(ids), N_NEW)
+            runs.append((ids, (v, d, a)))
+        self.assertEqual(runs[0], runs[1], "a seed gave other tokens the second time")
+        outs = []
+        for c in (self.cs, self.cp):
+            req = pb.WorkerGenerateRequest(prompt_token_ids=PROMPTS[0])
+            h.fill_common(req, max_tokens=N_NEW, seed=11, temperature=0.9, ignore_eos=True)
+            req.sampling.repetition_penalty = 1.2
+            _, ids, _, final = h.collect(c.worker.Generate(req, timeout=60))
             self.assertEqual(spec_timings(final), (0, 0, 0))
-            runs.append(ids)
-        self.assertEqual(runs[0], runs[1])
-        _, ids, _, _ = self.cp.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
-                                               temperature=0.9, ignore_eos=True)
-        self.assertEqual(ids, runs[0], "a sampled request differs on the worker with speculation")
+            outs.append(ids)
+        self.assertEqual(outs[0], outs[1])
 
     def test_worker_without_speculation_reports_none(self):
         _, ids, _, final = self.cp.worker_generate(PROMPTS[0], max_tokens=8, ignore_eos=True)
