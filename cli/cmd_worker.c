@@ -24,6 +24,7 @@
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/service.h"
+#include "worker/spec.h"
 
 #define EXIT_DEVICE_FAILED 3
 
@@ -34,6 +35,7 @@ typedef struct worker_opts {
     int dense_rows;
     bool dense_per_pass;
     int prefix_cache_mb, prefix_snapshot_every, memory_mb;
+    int speculative_k, spec_max_batch, spec_threads;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen, *auth_token_file;
 } worker_opts;
 
@@ -48,6 +50,9 @@ static const flag_spec worker_flags[] = {
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
     {"prefix-cache-mb", "DS_PREFIX_CACHE_MB", "-1", FLAG_INT, offsetof(worker_opts, prefix_cache_mb), "MiB of recurrent-state snapshots kept for prefix reuse (-1: chosen by the device: a share of free GPU memory, 4 per slot on the CPU; 0: off)"},
     {"prefix-snapshot-every", "DS_PREFIX_SNAPSHOT_EVERY", "1024", FLAG_INT, offsetof(worker_opts, prefix_snapshot_every), "a long prompt's prefill keeps a snapshot at the end of a step when this many tokens were computed since its last one, so that prompts sharing part of it resume near where they part (0: only at the prompt's end and where prompts part)"},
+    {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu), else it stays off and the log says why"},
+    {"spec-max-batch", "DS_SPEC_MAX_BATCH", "8", FLAG_INT, offsetof(worker_opts, spec_max_batch), "speculate only while at most this many sequences decode (more: plain decode steps)"},
+    {"spec-threads", "DS_SPEC_THREADS", "0", FLAG_INT, offsetof(worker_opts, spec_threads), "CPU threads of the MTP head's drafts (0: as --threads)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
@@ -108,13 +113,15 @@ int cmd_worker(int argc, char **argv)
     int lvl = log_level_parse(o.log_level);
     if (!o.model || lvl < 0 || o.slots < 0 || o.queue < 0 || o.ctx < 0 || o.memory_mb < 0 || o.step_tokens < 0 || o.prefill_min_tokens < 1 ||
         o.grace_seconds < 0 || o.threads < 0 || o.max_calls < 1 || o.prefix_cache_mb < -1 ||
-        o.prefix_snapshot_every < 0) {
+        o.prefix_snapshot_every < 0 || o.speculative_k < 0 || o.speculative_k > SPEC_MAX_K ||
+        o.spec_max_batch < 1 || o.spec_threads < 0) {
         fprintf(stderr, "deltaserve worker: %s\n",
                 !o.model ? "--model is required"
                 : lvl < 0 ? "--log-level must be debug, info, warn or error"
                           : "--prefill-min-tokens and --max-calls must be >= 1; --slots, --queue, --ctx, "
-                            "--step-tokens, --memory-mb, --threads, --grace-seconds and --prefix-snapshot-every >= 0; "
-                            "--prefix-cache-mb >= -1");
+                            "--step-tokens, --memory-mb, --threads, --grace-seconds, --prefix-snapshot-every and "
+                            "--spec-threads >= 0; --prefix-cache-mb >= -1; --speculative-k 0..4; "
+                            "--spec-max-batch >= 1");
         return 2;
     }
     log_threshold = (log_level)lvl;
@@ -201,7 +208,10 @@ int cmd_worker(int argc, char **argv)
                               .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
                               .dense_per_pass = o.dense_per_pass,
                               .snap_budget = o.prefix_cache_mb < 0
-                                                 ? -1 : (int64_t)o.prefix_cache_mb << 20};
+                                                 ? -1 : (int64_t)o.prefix_cache_mb << 20,
+                              /* the kept states of verify runs only where drafts can come */
+                              .verify_rows = o.speculative_k > 0 && model->mtp.present
+                                                 ? o.speculative_k + 1 : 0};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) {
         if (st.code == STATUS_NOMEM && (o.ctx || o.slots)) { /* name the flags that asked */
             char m[sizeof st.msg];
@@ -220,7 +230,9 @@ int cmd_worker(int argc, char **argv)
     log_write(LOG_LEVEL_INFO, "memory: %s", backend->f->plan);
     engine_opts eo = {.queue = o.queue, .step_tokens = o.step_tokens,
                       .prefill_min_tokens = o.prefill_min_tokens, .metrics = mx,
-                      .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal};
+                      .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal,
+                      .spec_k = o.speculative_k, .spec_max_batch = o.spec_max_batch,
+                      .spec_threads = o.spec_threads ? o.spec_threads : o.threads};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;
     worker_service_attach(ws, model, backend, eng, &desc);

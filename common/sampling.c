@@ -45,9 +45,13 @@ sampling_params sampling_params_resolve(const sampling_params *p)
     return r;
 }
 
+bool sampling_params_no_penalty(const sampling_params *p)
+{
+    return (p->repetition_penalty == 1 || p->repetition_penalty == 0) &&
+           p->presence_penalty == 0 && p->frequency_penalty == 0;
+}
+
 bool sampling_params_is_greedy(const sampling_params *p)
 {
-    return (p->temperature == 0 || p->top_k == 1) &&
-           (p->repetition_penalty == 1 || p->repetition_penalty == 0) &&
-           p->presence_penalty == 0 && p->frequency_penalty == 0;
+    return (p->temperature == 0 || p->top_k == 1) && sampling_params_no_penalty(p);
 }

@@ -56,4 +56,9 @@ sampling_params sampling_params_resolve(const sampling_params *p);
  * logit (no penalty): the step's fused argmax is the sample. */
 bool sampling_params_is_greedy(const sampling_params *p);
 
+/* true when no penalty changes a logit (repetition 1 or 0, presence and frequency 0): the draws
+ * depend on the logits alone, so a draft head's distribution q can be compared with the model's
+ * (speculative sampling, model/sampler.h sampler_sample_verify). */
+bool sampling_params_no_penalty(const sampling_params *p);
+
 #endif

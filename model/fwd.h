@@ -113,6 +113,10 @@ typedef struct fwd_row {
                        step says so, at most fwd.verify_rows of them */
     float *hidden;  /* NULL, or host [H]: this row's final-norm output RMSNorm(x)·output_norm
                        copied out (the MTP head's input; a device with verify runs) */
+    const float *draft_q; /* NULL, or host [V] on a sampled verify row but the run's last: the
+                             draft head's distribution that `draft` (the next row's token) was
+                             drawn from; the row samples by sampler_sample_verify */
+    int32_t draft;
     /* out, when sample */
     sample_result out;
 } fwd_row;

@@ -1,7 +1,8 @@
-/* model/sampler internals, shared by its four files (not part of the API in sampler.h):
+/* model/sampler internals, shared by its five files (not part of the API in sampler.h):
  *   sampler.c          the API: create / reset, the order of operations, the draw;
  *   sampler_penalty.c  the penalty multiset (accepted tokens, windowed counts) and step 1;
  *   sampler_rng.c      Philox-4x32-10 and the uniform of a draw;
+ *   sampler_spec.c     speculative sampling: the distribution as probabilities, the verify draw;
  *   sampler_select.c   the O(V) loops (vectorised exp, sums, argmax, best n) and steps 4-7
  *                      (temperature, top-k, top-p, min-p) by selection, no vocabulary sort.
  * docs/SAMPLER.md numbers the steps. */

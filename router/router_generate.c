@@ -786,6 +786,7 @@ static void relay_begin(router_req *q)
         q->wr.stopping = &q->stopping;
     }
     q->wr.logprobs = g->logprobs;
+    q->wr.no_speculation = g->no_speculation;
 
     int64_t max_new = g->stopping && g->stopping->max_new_tokens ? g->stopping->max_new_tokens
                                                                  : ROUTER_REQUEST_DEFAULT_MAX_NEW;

@@ -407,6 +407,8 @@ static int parse_common(json_object *req, const router_http_params *hp, int i,
     int b;
     if ((rc = get_bool(req, "ignore_eos", &b, e)) < 0) return -1;
     if (rc) sc->ignore_eos = b;
+    if ((rc = get_bool(req, "speculative", &b, e)) < 0) return -1;
+    if (rc) g->no_speculation = !b;
     if (parse_stop(req, g, e)) return -1;
     g->logprobs = hp->lp_top < 0 ? 0 : (uint32_t)(hp->lp_top ? hp->lp_top : 1);
     return 0;

@@ -512,7 +512,7 @@ static int start_seq(engine *e, engine_request *r, status *st)
 cold:
     if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
     r->started = true;
-    r->spec = e->sp && !r->p.no_speculation && sampling_params_is_greedy(&r->p.sampling);
+    r->spec = e->sp && !r->p.no_speculation && sampling_params_no_penalty(&r->p.sampling);
     if (r->spec) spec_start(e->sp, r->slot);
     return 1;
 }
@@ -878,7 +878,9 @@ static void spec_follow(engine *e, engine_request *r, const int32_t *tokens, int
     if (spec_fed(e->sp, r->slot, tokens, n, &st)) spec_off(r, &st);
 }
 
-/* The batch is final: each verify item's drafts after its request's last token. A draft that
+/* The batch is final: each verify item's drafts after its request's last token (greedy: the
+ * MTP's argmax; sampled: drawn from the MTP's distribution, kept in it->q for the verify rows'
+ * rule). A draft that
  * fails turns the item back into a plain decode item. */
 static void spec_draft_all(engine *e, int n)
 {
@@ -887,8 +889,16 @@ static void spec_draft_all(engine *e, int n)
         if (!it->verify) continue;
         engine_request *r = e->item_req[i];
         status st;
-        if (spec_draft(e->sp, r->slot, r->tokens[r->n_fed], it->n_tokens - 1, &st) == STATUS_OK)
+        const sampling_params *p = &r->p.sampling;
+        const bool greedy = sampling_params_is_greedy(p);
+        const int rc = greedy ? spec_draft(e->sp, r->slot, r->tokens[r->n_fed], it->n_tokens - 1, &st)
+                              : spec_draft_sampled(e->sp, r->slot, r->tokens[r->n_fed],
+                                                   it->n_tokens - 1, p, r->n_fed, &st);
+        if (rc == STATUS_OK) {
+            it->q = greedy ? NULL : spec_q(e->sp, r->slot);
             continue;
+        }
+        it->q = NULL;
         spec_off(r, &st);
         it->verify = false;
         it->hidden = NULL;
@@ -899,7 +909,8 @@ static void spec_draft_all(engine *e, int n)
 }
 
 /* A verify item ran: the drafts accepted are the longest run where row i's choice is draft
- * i+1 (greedy: exactly the tokens one-row steps would have chosen), then the first row that
+ * i+1 (greedy: exactly the tokens one-row steps would have chosen; sampled: the drafts the
+ * speculative sampling rule kept, sampler_sample_verify), then the first row that
  * differs gives one more token. They go to the sink at once, until one ends the request; the
  * slot rolls back to the last row used and the draft head catches up on those rows. Returns nd
  * (r added to done[] when it ended). */
@@ -1119,7 +1130,7 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
             return st->code;
         }
         LOG_INFO("speculative decoding: the MTP head drafts %d tokens while at most %d sequences "
-                 "decode (greedy requests; %.1f MiB of draft state)", e->o.spec_k,
+                 "decode (requests without penalties; %.1f MiB of draft state)", e->o.spec_k,
                  e->o.spec_max_batch, (double)e->sp->bytes / (1 << 20));
     }
     int n_pool = e->n_slots + e->o.queue;

@@ -107,7 +107,7 @@ typedef struct engine_request {
     uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
                                the engine lock) */
     /* speculative decoding (engine thread): the request speculates (the engine has a draft head,
-       the request allows it, greedy sampling, its sequence started cold); verify steps run,
+       the request allows it, no sampling penalty, its sequence started cold); verify steps run,
        drafts proposed and accepted */
     bool spec;
     int spec_steps, spec_drafted, spec_accepted;

@@ -42,6 +42,7 @@ int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
     }
     if (sp.seed == 0) sp.seed = random_seed;
     out->sampling = sampling_params_resolve(&sp);
+    out->no_speculation = req->no_speculation != 0;
 
     int room = lim->n_ctx - n;
     const Deltaserve__V1__StoppingCriteria *s = req->stopping;

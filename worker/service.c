@@ -94,6 +94,7 @@ typedef struct ws_stream {
     int32_t fin_stop_token;
     uint32_t fin_generated, fin_cached;
     float fin_decode_ms, fin_total_ms;
+    uint32_t fin_spec_steps, fin_spec_drafted, fin_spec_accepted;
     uint64_t fin_seed;
     char fin_id[ENGINE_REQUEST_ID_MAX + 1];
     status fin_result;
@@ -241,6 +242,9 @@ static int send_tokens(ws_stream *s, int from, int n, bool fin)
         t.decode_ms = s->fin_decode_ms;
         t.total_ms = s->fin_total_ms;
         t.mean_itl_ms = s->fin_generated > 1 ? t.decode_ms / (float)(s->fin_generated - 1) : 0;
+        t.spec_verify_runs = s->fin_spec_steps;
+        t.spec_drafted = s->fin_spec_drafted;
+        t.spec_accepted = s->fin_spec_accepted;
         m.timings = &t;
         m.request_id = s->fin_id;
         m.seed = s->fin_seed;
@@ -341,6 +345,9 @@ static void sink_finish(void *arg, const engine_request *r)
     }
     s->fin_decode_ms = ms_between(r->t_first, r->t_last);
     s->fin_total_ms = ms_between(r->t_arrival, r->t_end);
+    s->fin_spec_steps = (uint32_t)r->spec_steps;
+    s->fin_spec_drafted = (uint32_t)r->spec_drafted;
+    s->fin_spec_accepted = (uint32_t)r->spec_accepted;
     s->fin_seed = r->p.sampling.seed;
     memcpy(s->fin_id, r->p.id, sizeof s->fin_id);
     s->fin_result = r->result;
@@ -461,6 +468,10 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
         l.prefix_snapshots = el.prefix_snapshots;
         l.prefix_blocks = el.prefix_blocks;
         l.prefix_snapshot_bytes = el.prefix_snapshot_bytes;
+        l.speculative = el.speculative;
+        l.spec_verify_runs = el.spec_steps;
+        l.spec_drafted = el.spec_drafted;
+        l.spec_accepted = el.spec_accepted;
         if (req->prefix_tokens > 0) {
             int nt = req->prefix_tokens < INT32_MAX ? (int)req->prefix_tokens : INT32_MAX;
             int n = engine_prefix_heads(e, nt, heads,

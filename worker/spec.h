@@ -1,6 +1,6 @@
 /* Speculative decoding's draft side in the worker (docs/ARCHITECTURE.md §5 "Speculative
  * decoding"): the MTP head (model/mtp.h) of every slot kept in step with the main model, and
- * its greedy drafts. The engine (engine.c) owns one when the model has an MTP head and the
+ * its drafts (greedy, or sampled from its distribution: spec_draft_sampled). The engine (engine.c) owns one when the model has an MTP head and the
  * forward runs verify runs (fwd.verify_rows >= k + 1).
  *
  * Per slot: the MTP state (its own KV, one row per main-model position but the last) and the
@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "model/forward.h"
 #include "model/mtp.h"
+#include "model/sampler.h"
 
 #define SPEC_MAX_K 4
 
@@ -41,6 +42,10 @@ typedef struct worker_spec {
     bool *pending;              /* owned, [n_slots] */
     int32_t *tok;               /* owned, [n_slots][SPEC_MAX_K + 1]: last token, drafts */
     sample_result *outs;        /* owned, [n_slots][SPEC_MAX_K + 1]: a verify item's choices */
+    int V;
+    float *q;                   /* owned, [n_slots][SPEC_MAX_K][V]: the distributions sampled
+                                   drafts were drawn from */
+    sampler *filt;              /* owned: turns draft logits into q (no penalties: no state) */
     uint64_t bytes;             /* allocated, for the start-up log */
 } worker_spec;
 
@@ -66,8 +71,20 @@ static inline sample_result *spec_outs(worker_spec *sp, int slot)
 /* The MTP fed the pairs that n (1 <= n <= chunk) fed tokens, whose h are in spec_hidden's rows,
  * complete. Errors as qwen35_mtp_step (a full MTP context). */
 int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st);
+static inline float *spec_q(worker_spec *sp, int slot)
+{
+    return sp->q + (uint64_t)slot * SPEC_MAX_K * (uint64_t)sp->V;
+}
 /* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last;
  * the MTP's rows are as before (the drafts' rows are truncated). */
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
+/* As spec_draft for a sampled sequence (p: resolved, temperature > 0, no penalties): draft i is
+ * drawn from q_i = sampler_probs(p) of the MTP's logits into spec_q(slot) [i], with the uniform
+ * sampler_uniform(p->seed ^ SPEC_DRAFT_KEY, pos + i), pos the position of `last`: the same
+ * drafts for the same seed, independent of the main model's draws. */
+int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sampling_params *p,
+                       int pos, status *st);
+
+#define SPEC_DRAFT_KEY 0x5deece66d2b1e4f3ull
 
 #endif

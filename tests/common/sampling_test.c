@@ -86,6 +86,17 @@ static void test_is_greedy(void)
     CU_ASSERT_FALSE(sampling_params_is_greedy(&p));
     p = sampling_params_resolve(&z), p.n_logprobs = 5; /* logprobs do not change the pick */
     CU_ASSERT_TRUE(sampling_params_is_greedy(&p));
+    /* no penalty: the filters and the temperature do not count */
+    p = sampling_params_resolve(&(sampling_params){.temperature = 0.7f, .top_k = 5, .top_p = 0.9f,
+                                                   .min_p = 0.1f});
+    CU_ASSERT_TRUE(sampling_params_no_penalty(&p));
+    CU_ASSERT_TRUE(sampling_params_no_penalty(&z)); /* repetition 0: the default 1 */
+    p.repetition_penalty = 0.9f;
+    CU_ASSERT_FALSE(sampling_params_no_penalty(&p));
+    p = sampling_params_resolve(&z), p.presence_penalty = 0.1f;
+    CU_ASSERT_FALSE(sampling_params_no_penalty(&p));
+    p = sampling_params_resolve(&z), p.frequency_penalty = 0.1f;
+    CU_ASSERT_FALSE(sampling_params_no_penalty(&p));
 }
 
 int main(void)

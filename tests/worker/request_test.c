@@ -62,6 +62,7 @@ static void test_defaults(void)
     CU_ASSERT_EQUAL(p.sampling.seed, 42); /* seed 0: the one the service picked */
     CU_ASSERT_EQUAL(p.max_new_tokens, 54); /* default 256 clipped to the context left */
     CU_ASSERT(!p.ignore_eos);
+    CU_ASSERT(!p.no_speculation);
 
     fixture(&f, 10);
     f.s.seed = 5;
@@ -73,6 +74,7 @@ static void test_defaults(void)
     f.stop_ids[1] = 999;
     f.stop.ignore_eos = 1;
     f.r.logprobs = 20;
+    f.r.no_speculation = 1;
     CU_ASSERT_EQUAL_FATAL(worker_request_parse(&f.r, &lim, 42, "w7", &p, &st), STATUS_OK);
     CU_ASSERT_STRING_EQUAL(p.id, "r1");
     CU_ASSERT_EQUAL(p.sampling.seed, 5);
@@ -82,6 +84,7 @@ static void test_defaults(void)
     CU_ASSERT_EQUAL(p.n_stop_ids, 2);
     CU_ASSERT_EQUAL(p.stop_ids[1], 999);
     CU_ASSERT(p.ignore_eos);
+    CU_ASSERT(p.no_speculation);
     CU_ASSERT_EQUAL(p.sampling.n_logprobs, 20);
 }
 
