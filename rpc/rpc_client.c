@@ -44,6 +44,22 @@ static size_t auth_metadata(const rpc_client_channel *c, grpc_metadata *md)
     return 1;
 }
 
+/* The first batch of a server-streaming call: metadata (the token, when set), the request,
+ * the half-close and the server's initial metadata. */
+static void start_ops(grpc_op ops[4], grpc_metadata *auth, size_t n_auth, grpc_byte_buffer *send,
+                      grpc_metadata_array *init_md)
+{
+    memset(ops, 0, 4 * sizeof *ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = n_auth;
+    ops[0].data.send_initial_metadata.metadata = n_auth ? auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = init_md;
+}
+
 /* A streaming call. Tags are the addresses of the tag_* fields. */
 struct rpc_client_stream {
     grpc_completion_queue *cq; /* pluck; owned unless borrowed */
@@ -249,15 +265,7 @@ int rpc_client_stream_start_on(rpc_client_stream **out, rpc_client_cq *cq, rpc_c
     s->send = rpc_codec_pack(req);
     s->n_auth_md = auth_metadata(c, &s->auth_md);
     grpc_op ops[4];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = s->n_auth_md;
-    ops[0].data.send_initial_metadata.metadata = s->n_auth_md ? &s->auth_md : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = s->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->init_md;
+    start_ops(ops, &s->auth_md, s->n_auth_md, s->send, &s->init_md);
     grpc_call_error e = grpc_call_start_batch(s->call, ops, 4, &s->tag_start, NULL);
     DS_ASSERT(e == GRPC_CALL_OK);
     s->start_pending = 1;
@@ -558,15 +566,7 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
     a->call = call;
     pthread_mutex_unlock(&a->mu);
     grpc_op ops[4];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = a->n_auth_md;
-    ops[0].data.send_initial_metadata.metadata = a->n_auth_md ? &a->auth_md : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = a->send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &a->init_md;
+    start_ops(ops, &a->auth_md, a->n_auth_md, a->send, &a->init_md);
     /* every batch counted before the first can complete on the queue's thread */
     a->n_pending = 3;
     grpc_call_error e = grpc_call_start_batch(call, ops, 4, &a->t_start, NULL);

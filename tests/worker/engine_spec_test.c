@@ -59,21 +59,28 @@ static void col_wait(collector *c)
 
 static const int32_t PROMPTS[N_REQ][6] = {{1, 5, 9, 2, 7, 3}, {4, 4, 8, 1, 0, 6}, {11, 3, 2, 9, 5, 1}};
 
+/* The model at path on a 4-slot CPU backend and an engine speculating k drafts (0: off). */
+static void open_engine(const char *path, int k, qwen35_model **m, worker_backend **b, engine **e)
+{
+    status st;
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(m, path, &st), STATUS_OK);
+    const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
+                                    .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
+    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", *m, &bo, b, &st), STATUS_OK);
+    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
+    CU_ASSERT_EQUAL_FATAL(engine_create(*b, &eo, e, &st), STATUS_OK);
+}
+
 /* Runs the three greedy requests (and, spec on, the two that must not speculate) on model path
  * with speculation k (0: off); tokens out [N_REQ][N_NEW]. */
 static void run(const char *path, int k, int32_t out[N_REQ][N_NEW], engine_load *load)
 {
     qwen35_model *m = NULL;
-    status st;
-    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, path, &st), STATUS_OK);
-    CU_ASSERT_FATAL(m->mtp.present);
     worker_backend *b = NULL;
-    const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
-                                    .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
-    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
     engine *e = NULL;
-    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
-    CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
+    status st;
+    open_engine(path, k, &m, &b, &e);
+    CU_ASSERT_FATAL(m->mtp.present);
     collector c[N_REQ];
     for (int i = 0; i < N_REQ; i++) {
         memset(&c[i], 0, sizeof c[i]);
@@ -162,15 +169,10 @@ static void run_sampled(const char *path, int k, const sampling_params *sp, int 
                         sampled_run *run, int n_seeds)
 {
     qwen35_model *m = NULL;
-    status st;
-    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, path, &st), STATUS_OK);
     worker_backend *b = NULL;
-    const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
-                                    .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
-    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
     engine *e = NULL;
-    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
-    CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
+    status st;
+    open_engine(path, k, &m, &b, &e);
     for (int i0 = 0; i0 < n_seeds; i0 += 4) {
         const int n = n_seeds - i0 < 4 ? n_seeds - i0 : 4;
         for (int i = i0; i < i0 + n; i++) {
