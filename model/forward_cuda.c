@@ -121,7 +121,7 @@ static int alloc_run_state(fc_rank *e, status *st)
                             step's */
 
 /* With ctx_fit: the longest context (fwd_plan.h) whose one slot fits in room with its whole KV
- * and FC_PART_ROWS rows of attention partials (they grow with the context: attn.h), beside the
+ * and FC_PART_ROWS rows of attention partials (at most ATTN_MAX_SPLITS a head: attn.h), beside the
  * pad slot; e->n_ctx and the KV tables' width follow. *why gets what the model's context would
  * need when it is shrunk (else ""). */
 static int fit_context(fc_rank *e, uint64_t room, uint64_t per_slot, uint64_t block,

@@ -1,8 +1,9 @@
 // Gated attention decode kernels (attn.h).
 //
-// attn_split: grid (n_kv, chunk CTAs, B). A CTA takes chunks of ATTN_CHUNK positions of one KV
-// head and all G = n_h/n_kv query heads that read it, so K and V are read once; its warps split
-// the chunk and run an online softmax each (below). Partials (o unnormalised, max m, sum l) are
+// attn_split: grid (n_kv, split CTAs, B). A CTA takes super-chunks (attn.h) of one KV head and
+// all G = n_h/n_kv query heads that read it, so K and V are read once; its warps split each
+// ATTN_CHUNK positions of a super-chunk and run an online softmax each through all of its
+// chunks (below). Partials (o unnormalised, max m, sum l) are
 // merged by attn_combine, which also applies the sigmoid gate. The cache's element type T
 // (__half or float, attn_kv_type) is a template parameter of prep and split.
 //
@@ -104,7 +105,7 @@ extern "C" void attn_prep(const float *d_qg, const float *d_k, const float *d_v,
 
 extern "C" int64_t attn_partial_floats(int n_h, int d_h, int n_ctx)
 {
-    return partial_row_floats(n_h, (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK, d_h);
+    return partial_row_floats(n_h, attn_n_split(n_ctx), d_h);
 }
 
 extern "C" int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B)
@@ -113,18 +114,20 @@ extern "C" int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B)
 }
 
 // partial layout, per row: o [n_h][n_split][d_h], then m [n_h][n_split], then l [n_h][n_split]
-// (row r's at r·attn_partial_floats, a multiple of 64 floats; n_split = the chunks of n_ctx)
+// (row r's at r·attn_partial_floats, a multiple of 64 floats; n_split = attn_n_split(n_ctx))
 //
-// attn_split: grid (n_kv, chunk CTAs, B), ATTN_SPLIT_WARPS warps. The CTA takes chunks
+// attn_split: grid (n_kv, split CTAs, B), ATTN_SPLIT_WARPS warps. The CTA takes super-chunks
 // `split` = blockIdx.y, + gridDim.y, ... below its row's position (at B = 1 gridDim.y is n_split:
-// one chunk at most; attn_decode_rows_dims); chunk `split` is ATTN_CHUNK positions of KV
-// head j, for its G = n_h/n_kv query heads, computed the same whichever CTA takes it; each warp takes
-// ATTN_CHUNK/ATTN_SPLIT_WARPS consecutive positions of it, lanes over d_h (lane l holds dims
+// one super-chunk at most; attn_decode_rows_dims); super-chunk `split` is positions
+// [split·sp, split·sp + sp) of KV head j (sp = attn_split_positions(n_ctx)), for its G = n_h/n_kv
+// query heads, computed the same whichever CTA takes it. It goes chunk by chunk (ATTN_CHUNK
+// positions, in one KV block); each warp takes ATTN_CHUNK/ATTN_SPLIT_WARPS consecutive positions
+// of every chunk and keeps one online softmax through them all, lanes over d_h (lane l holds dims
 // [EPL·l, EPL·l + EPL)). Per batch of ATTN_BATCH positions the warp first loads every K and V
 // row (16 bytes a lane at d_h 256 in F16, 2 x 16 in F32: all of a batch's DRAM requests in
 // flight at once), then per position and head: score = warp sum of q·k, online softmax
 // (running max m, sum l, the o accumulator rescaled), o += p·v in registers. The warps' (m, l,
-// o) are merged through shared memory into the chunk's partial. Registers hold q and o for exactly G heads (G is a template
+// o) are merged through shared memory into the super-chunk's partial. Registers hold q and o for exactly G heads (G is a template
 // parameter), which is what keeps the kernel at several CTAs per SM. An F32 row takes twice the
 // registers of an F16 one, so the F32 batches are halved where q and o already fill most.
 #define ATTN_SPLIT_WARPS 4
@@ -220,7 +223,7 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, E
                       const T *__restrict__ vc, const int32_t *__restrict__ table, int table_ld,
                       const int32_t *__restrict__ d_slot, const int32_t *__restrict__ d_pos,
                       const int32_t *__restrict__ d_skip, int n_h, int n_kv,
-                      float *__restrict__ part, int n_split, int early)
+                      float *__restrict__ part, int n_split, int sp, int early)
 {
     constexpr int d_h = 32 * EPL, NW = ATTN_SPLIT_WARPS, PPW = ATTN_CHUNK / NW;
     constexpr int big = sizeof(T) == 2 ? 32 : 16; // registers: q, o for G heads, the rows
@@ -240,13 +243,13 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, E
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t rs = (int64_t)n_kv * d_h; // elements between positions
     // early (B = 1, attn_decode): the position and the cache rows below it were written before
-    // the preceding launch, so the first chunk's rows below the position are copied before
+    // the preceding launch, so its first chunk's rows below the position are copied before
     // waiting for it (under PDL they overlap attn_prep); the position's own row after
     int n = 0, staged = 0; // positions of the first chunk staged early: [w0, staged)
     int64_t shift0 = 0;
     if (STAGE && early) {
         n = d_pos[row] + 1;
-        const int split = blockIdx.y, t0 = split * ATTN_CHUNK;
+        const int split = blockIdx.y, t0 = split * sp;
         if (t0 < n) {
             const int t1 = min(t0 + ATTN_CHUNK, n), w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
             const int64_t slot = d_slot ? d_slot[row] : 0, b0 = t0 / ATTN_KV_BLOCK;
@@ -259,8 +262,8 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, E
     ds_grid_dep();
     if (d_skip && d_skip[blockIdx.z]) return; // attn_prefill_runs wrote this row's partials
     n = d_pos[row] + 1;
-    // a chunk past the row's position has no partial: attn_combine reads the chunks below it
-    if ((int)blockIdx.y * ATTN_CHUNK >= n) return;
+    // a super-chunk past the row's position has no partial: attn_combine reads those below it
+    if ((int)blockIdx.y * sp >= n) return;
     const int64_t slot = d_slot ? d_slot[row] : 0;
     part += row * partial_row_floats(n_h, n_split, d_h);
     float *po = part, *pm = part + (int64_t)n_h * n_split * d_h, *pl = pm + (int64_t)n_h * n_split;
@@ -275,23 +278,8 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, E
             s_q[i / d_h][i % d_h] = q[(int64_t)j * G * d_h + i] * scale;
         __syncthreads();
     }
-    for (int split = blockIdx.y; split * ATTN_CHUNK < n; split += gridDim.y) {
-        if (split != (int)blockIdx.y) __syncthreads(); // the last chunk's merge has read s_*
-        const int t0 = split * ATTN_CHUNK, t1 = min(t0 + ATTN_CHUNK, n);
-        // the chunk lies in one KV block: position t of it at kh + shift + t·rs
-        const int64_t b0 = t0 / ATTN_KV_BLOCK;
-        const int64_t shift =
-            (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
-        const T *kb = kh + shift, *vb = vh + shift;
-        const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
-        if constexpr (STAGE) {
-            const int from = split == (int)blockIdx.y && staged > w0 ? staged : w0;
-            stage_rows<T, d_h>(sk, sv, kc + j * d_h + shift, vc + j * d_h + shift, rs, w0, from,
-                               w1, lane);
-            cp_async_commit();
-            cp_async_wait_all();
-            __syncwarp();
-        }
+    for (int split = blockIdx.y; split * sp < n; split += gridDim.y) {
+        if (split != (int)blockIdx.y) __syncthreads(); // the last split's merge has read s_*
         float qr[STAGE ? 1 : G][EPL], o[G][EPL], m[G], l[G];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -303,56 +291,75 @@ static __global__ void __launch_bounds__(ATTN_SPLIT_WARPS * 32, attn_staged<T, E
                 o[g][e] = 0.0f;
             }
         }
-        for (int tb = w0; tb < w1; tb += B) {
-            kv_raw<T, EPL> kr[B], vr[B];
-#pragma unroll
-            for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
-                const int64_t t = tb + b < w1 ? tb + b : tb;
-                if constexpr (STAGE) {
-                    kr[b] = load_kv<T, EPL>(sk + (t - w0) * d_h + lane * EPL);
-                    vr[b] = load_kv<T, EPL>(sv + (t - w0) * d_h + lane * EPL);
-                } else {
-                    kr[b] = load_kv<T, EPL>(kb + t * rs);
-                    vr[b] = load_kv<T, EPL>(vb + t * rs);
-                }
+        const int s0 = split * sp, s1 = min(s0 + sp, n);
+        for (int t0 = s0; t0 < s1; t0 += ATTN_CHUNK) {
+            const int t1 = min(t0 + ATTN_CHUNK, s1);
+            // the chunk lies in one KV block: position t of it at kh + shift + t·rs
+            const int64_t b0 = t0 / ATTN_KV_BLOCK;
+            const int64_t shift =
+                (attn_kv_block(table, table_ld, slot, (int)b0) - b0) * ATTN_KV_BLOCK * rs;
+            const T *kb = kh + shift, *vb = vh + shift;
+            const int w0 = t0 + warp * PPW, w1 = min(w0 + PPW, t1);
+            if constexpr (STAGE) {
+                if (t0 != s0) __syncwarp(); // every lane has read the warp's rows of the last chunk
+                const int from = split == (int)blockIdx.y && t0 == s0 && staged > w0 ? staged : w0;
+                stage_rows<T, d_h>(sk, sv, kc + j * d_h + shift, vc + j * d_h + shift, rs, w0, from,
+                                   w1, lane);
+                cp_async_commit();
+                cp_async_wait_all();
+                __syncwarp();
             }
-            // every score of the batch first (B x G independent warp sums, interleaved), then one
-            // online-softmax step per head for the whole batch
-            float sc[B][G];
+            for (int tb = w0; tb < w1; tb += B) {
+                kv_raw<T, EPL> kr[B], vr[B];
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                float qv[EPL];
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    if constexpr (STAGE) qv[e] = s_q[g][lane * EPL + e];
-                    else qv[e] = qr[g][e];
+                for (int b = 0; b < B; b++) { // past w1: reload the batch's first row (in bounds)
+                    const int64_t t = tb + b < w1 ? tb + b : tb;
+                    if constexpr (STAGE) {
+                        kr[b] = load_kv<T, EPL>(sk + (t - w0) * d_h + lane * EPL);
+                        vr[b] = load_kv<T, EPL>(sv + (t - w0) * d_h + lane * EPL);
+                    } else {
+                        kr[b] = load_kv<T, EPL>(kb + t * rs);
+                        vr[b] = load_kv<T, EPL>(vb + t * rs);
+                    }
                 }
+                // every score of the batch first (B x G independent warp sums, interleaved),
+                // then one online-softmax step per head for the whole batch
+                float sc[B][G];
 #pragma unroll
-                for (int b = 0; b < B; b++) {
-                    float a = 0.0f;
+                for (int g = 0; g < G; g++) {
+                    float qv[EPL];
 #pragma unroll
-                    for (int e = 0; e < EPL; e++) a += qv[e] * kv_at(kr[b], e);
-                    sc[b][g] = a;
+                    for (int e = 0; e < EPL; e++) {
+                        if constexpr (STAGE) qv[e] = s_q[g][lane * EPL + e];
+                        else qv[e] = qr[g][e];
+                    }
+#pragma unroll
+                    for (int b = 0; b < B; b++) {
+                        float a = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < EPL; e++) a += qv[e] * kv_at(kr[b], e);
+                        sc[b][g] = a;
+                    }
                 }
-            }
-            ds_warp_sum_n<B * G>(&sc[0][0]);
+                ds_warp_sum_n<B * G>(&sc[0][0]);
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                float mn = m[g];
+                for (int g = 0; g < G; g++) {
+                    float mn = m[g];
 #pragma unroll
-                for (int b = 0; b < B; b++)
-                    if (tb + b < w1) mn = fmaxf(mn, sc[b][g]);
-                const float r = __expf(m[g] - mn);
-                m[g] = mn;
-                l[g] *= r;
+                    for (int b = 0; b < B; b++)
+                        if (tb + b < w1) mn = fmaxf(mn, sc[b][g]);
+                    const float r = __expf(m[g] - mn);
+                    m[g] = mn;
+                    l[g] *= r;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) o[g][e] *= r;
+                    for (int e = 0; e < EPL; e++) o[g][e] *= r;
 #pragma unroll
-                for (int b = 0; b < B; b++) {
-                    const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
-                    l[g] += p;
+                    for (int b = 0; b < B; b++) {
+                        const float p = tb + b < w1 ? __expf(sc[b][g] - mn) : 0.0f;
+                        l[g] += p;
 #pragma unroll
-                    for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at(vr[b], e);
+                        for (int e = 0; e < EPL; e++) o[g][e] += p * kv_at(vr[b], e);
+                    }
                 }
             }
         }
@@ -432,7 +439,8 @@ static __device__ __forceinline__ void combine_ml(const float *pm, const float *
 template <int EPL, bool SLICE> // d_h = 32 * EPL
 static __global__ void attn_combine_kernel(const float *__restrict__ part,
                                            const float *__restrict__ qg, int64_t ld_qg, int n_h,
-                                           int n_split, const int32_t *__restrict__ d_pos,
+                                           int n_split, int sp,
+                                           const int32_t *__restrict__ d_pos,
                                            float *__restrict__ o, int64_t ld_o,
                                            void *__restrict__ oq)
 {
@@ -453,7 +461,7 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
     pm += (int64_t)h * n_split;
     pl += (int64_t)h * n_split;
     po += (int64_t)h * n_split * d_h + c + lane * LE;
-    const int ns = min(n_split, (*d_pos + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
+    const int ns = min(n_split, (*d_pos + 1 + sp - 1) / sp);
     float M, L;
     combine_ml(pm, pl, ns, scratch, &M, &L);
     float acc[LE];
@@ -467,7 +475,7 @@ static __global__ void attn_combine_kernel(const float *__restrict__ part,
 #pragma unroll 4
         for (int s = s0 + warp; s < s1; s += NW) {
             const float w = sw[s - s0];
-            if (w == 0.0f) continue; // an emptied chunk (a prefill segment's): its o is not read
+            if (w == 0.0f) continue; // an emptied split (a prefill segment's): its o is not read
             const float *ps = po + (int64_t)s * d_h;
             if constexpr (LE % 4 == 0) {
 #pragma unroll
@@ -501,15 +509,16 @@ static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q
                        const void *d_k_cache, const void *d_v_cache, const int32_t *d_table,
                        int table_ld, const int32_t *d_slot, const int32_t *d_pos,
                        const int32_t *d_skip,
-                       int n_h, int n_kv, int d_h, int n_split, float *d_partial, int early,
-                       const cuda_launch *l)
+                       int n_h, int n_kv, int d_h, int n_split, int sp, float *d_partial,
+                       int early, const cuda_launch *l)
 {
     const T *kc = (const T *)d_k_cache, *vc = (const T *)d_v_cache;
     const int G = n_h / n_kv;
 #define ATTN_SPLIT_G(E, GG)                                                                     \
     case GG:                                                                                     \
         ds_launch(attn_split_kernel<T, E, GG>, ds_grid(d), d.block, 0, l, d_q, ld_q, kc, vc,    \
-                  d_table, table_ld, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split, early); \
+                  d_table, table_ld, d_slot, d_pos, d_skip, n_h, n_kv, d_partial, n_split, sp,  \
+                  early);                                                                       \
         break;
 #define ATTN_SPLIT_E(E)                                                                         \
     switch (G) {                                                                                 \
@@ -528,17 +537,17 @@ static void attn_split(const cuda_launch_dims &d, const float *d_q, int64_t ld_q
 #undef ATTN_SPLIT_G
 }
 
-// Chunk CTAs per (row, KV head): every chunk of n_ctx at B = 1 (the launch B = 1 always had); at
-// B > 1 ATTN_ROWS_SPLIT_CTAS / (n_kv·B) of them (at least 1, at most n_split), each looping over
-// its chunks, so a large batch of short contexts launches few idle CTAs and a long context
-// still spreads over the GPU. Which CTA computes a chunk changes nothing in the arithmetic: the
-// chunks (ATTN_CHUNK positions from 0) and their merge depend only on the row's position.
+// Split CTAs per (row, KV head): every super-chunk of n_ctx at B = 1 (the launch B = 1 always
+// had); at B > 1 ATTN_ROWS_SPLIT_CTAS / (n_kv·B) of them (at least 1, at most n_split), each
+// looping over its super-chunks, so a large batch of short contexts launches few idle CTAs and a
+// long context still spreads over the GPU. Which CTA computes a super-chunk changes nothing in
+// the arithmetic: the super-chunks and their merge depend only on the row's position and n_ctx.
 #define ATTN_ROWS_SPLIT_CTAS 8192
 
 extern "C" void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B,
                                       cuda_launch_dims *split, cuda_launch_dims *combine)
 {
-    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const int n_split = attn_n_split(n_ctx);
     int per = n_split;
     if (B > 1) {
         per = ATTN_ROWS_SPLIT_CTAS / (n_kv * B);
@@ -561,25 +570,25 @@ static void decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64
     DS_ASSERT(n_kv > 0 && n_h % n_kv == 0 && n_h / n_kv <= ATTN_MAX_GROUP);
     DS_ASSERT(d_h % 32 == 0 && d_h <= 256);
     DS_ASSERT(kv_type == ATTN_KV_F16 || kv_type == ATTN_KV_F32);
-    DS_ASSERT(n_ctx >= 1 && (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK <= 65535);
+    DS_ASSERT(n_ctx >= 1);
     DS_ASSERT(B >= 1 && B <= 65535);
     // K/V rows are read 16 bytes at a time, the partials as float4
     DS_ASSERT((uintptr_t)d_k_cache % 16 == 0 && (uintptr_t)d_v_cache % 16 == 0 &&
               (uintptr_t)d_partial % 16 == 0);
     DS_ASSERT(d_slot == NULL || d_table || table_ld * ATTN_KV_BLOCK >= n_ctx);
-    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const int n_split = attn_n_split(n_ctx), sp = attn_split_positions(n_ctx);
     cuda_launch_dims ds, dc;
     attn_decode_rows_dims(n_h, n_kv, d_h, n_ctx, B, &ds, &dc);
     if (kv_type == ATTN_KV_F32)
         attn_split<float>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
-                          d_skip, n_h, n_kv, d_h, n_split, d_partial, early, l);
+                          d_skip, n_h, n_kv, d_h, n_split, sp, d_partial, early, l);
     else
         attn_split<__half>(ds, d_q, ld_q, d_k_cache, d_v_cache, d_table, table_ld, d_slot, d_pos,
-                           d_skip, n_h, n_kv, d_h, n_split, d_partial, early, l);
+                           d_skip, n_h, n_kv, d_h, n_split, sp, d_partial, early, l);
 #define ATTN_COMBINE(E)                                                                         \
     ds_launch(B == 1 ? attn_combine_kernel<E, true> : attn_combine_kernel<E, false>,            \
-              ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h, n_split, d_pos, d_o,     \
-              ld_o, d_o_q8)
+              ds_grid(dc), dc.block, 0, l, d_partial, d_qg, ld_qg, n_h, n_split, sp, d_pos,     \
+              d_o, ld_o, d_o_q8)
     switch (d_h / 32) {
     case 1: ATTN_COMBINE(1); break;
     case 2: ATTN_COMBINE(2); break;

@@ -1,8 +1,9 @@
 /* Gated attention decode on the GPU (docs/QWEN35.md §2.2, §2.3), one token of one sequence:
  *   attn_prep    per-head RMSNorm of q and k (q_norm/k_norm weights, already 1+w), partial
  *                NEOX RoPE on dims [0, n_rot) at position *d_pos, K/V appended to the cache
- *   attn_decode  GQA softmax attention over positions 0..*d_pos (split over chunks of
- *                ATTN_CHUNK positions, then merged), times sigmoid(gate); output F32 + Q8
+ *   attn_decode  GQA softmax attention over positions 0..*d_pos (split over super-chunks of
+ *                attn_split_positions(n_ctx) positions, then merged), times sigmoid(gate);
+ *                output F32 + Q8
  * CPU twins (kernels/cpu/attn.h): ref_attn_prep, ref_attn_decode, ref_sigmoid_gate.
  * The position lives on the device so a captured graph replays for every token. The cache's
  * element type (attn_kv_type) is the caller's choice: F32 holds K and V as computed, F16 halves
@@ -44,6 +45,25 @@ extern "C" {
 #define ATTN_CHUNK 32
 #define ATTN_KV_BLOCK 64  /* positions of a KV cache block */
 #define ATTN_MAX_GROUP 8 /* n_h / n_kv */
+#define ATTN_MAX_SPLITS 512 /* most partials of a row (of each head) */
+
+/* Super-chunks: a row's attention is split into partials of S = attn_split_positions(n_ctx)
+ * positions each (one (o, m, l) per head), S = ATTN_CHUNK x ceil(chunks / ATTN_MAX_SPLITS) with
+ * chunks = ceil(n_ctx / ATTN_CHUNK): ATTN_CHUNK up to 16,384 positions, 512 at 262,144. S is a
+ * function of the n_ctx the caller passes (the forward's, fixed) alone, so how a row's positions
+ * are split and merged depends on its position and n_ctx only, never on B or the other rows; and
+ * a row's partials number attn_n_split(n_ctx) <= ATTN_MAX_SPLITS whatever the context, which
+ * bounds the partial buffers (attn_partial_floats). */
+static inline int attn_split_positions(int n_ctx)
+{
+    const int chunks = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    return ATTN_CHUNK * ((chunks + ATTN_MAX_SPLITS - 1) / ATTN_MAX_SPLITS);
+}
+static inline int attn_n_split(int n_ctx)
+{
+    const int S = attn_split_positions(n_ctx);
+    return (n_ctx + S - 1) / S;
+}
 
 /* qg: [n_h][2][d_h] (attn_q output: per head the query then the gate); k, v: [n_kv][d_h];
  * q_norm_w, k_norm_w: [d_h]; k_cache, v_cache: the slot's blocks (d_table: its row of the
@@ -65,8 +85,9 @@ void attn_prep_rows(const float *d_qg, const float *d_k, const float *d_v, int64
                     attn_kv_type kv_type, int B, const cuda_launch *l);
 cuda_launch_dims attn_prep_rows_dims(int n_h, int n_kv, int d_h, int B);
 
-/* Floats of scratch attn_decode needs for a cache of n_ctx positions; attn_decode_rows needs
- * B times that (row i's at d_partial + i*attn_partial_floats). */
+/* Floats of scratch attn_decode needs for a cache of n_ctx positions (attn_n_split(n_ctx)
+ * partials of every head); attn_decode_rows needs B times that (row i's at
+ * d_partial + i*attn_partial_floats). */
 int64_t attn_partial_floats(int n_h, int d_h, int n_ctx);
 int64_t attn_partial_floats_rows(int n_h, int d_h, int n_ctx, int B);
 
@@ -82,10 +103,11 @@ void attn_decode(const float *d_q, const float *d_qg, const int32_t *d_table,
 /* Rows: row i attends over positions 0..d_pos[i] of slot d_slot[i]'s caches (n_ctx positions
  * each); q, qg, o rows at d_q + i*ld_q, d_qg + i*ld_qg, d_o + i*ld_o (d_o may be NULL); the Q8
  * form of row i at (uint8_t *)d_o_q8 + i*gemv_xq_bytes(n_h·d_h) (may be NULL); d_partial:
- * attn_partial_floats_rows. The grid covers every chunk of n_ctx at B = 1; at B > 1 it has fewer
- * chunk CTAs per row (attn_decode_rows_dims: about 8192 CTAs in all), each looping over the
- * row's chunks below its position and leaving at once past it, so short rows in a large batch
- * cost little and no host-side position bound is needed (the grid is fixed for a CUDA graph). */
+ * attn_partial_floats_rows. The grid covers every super-chunk of n_ctx at B = 1; at B > 1 it has
+ * fewer split CTAs per row (attn_decode_rows_dims: about 8192 CTAs in all), each looping over the
+ * row's super-chunks below its position and leaving at once past it, so short rows in a large
+ * batch cost little and no host-side position bound is needed (the grid is fixed for a CUDA
+ * graph). */
 void attn_decode_rows(const float *d_q, int64_t ld_q, const float *d_qg, int64_t ld_qg,
                       const void *d_k_cache, const void *d_v_cache, const int32_t *d_slot,
                       const int32_t *d_table, int table_ld, const int32_t *d_pos,
@@ -102,7 +124,7 @@ void attn_decode_rows_dims(int n_h, int n_kv, int d_h, int n_ctx, int B, cuda_la
  * row]'s F16 cache blocks ("KV blocks"), whose rows up to the run's last position attn_prep_rows
  * has written. attn_prefill_runs computes the softmax attention of every row of the long runs:
  * a tile of 64 / G rows and the G query heads of one KV head a CTA, over one of 16 segments of
- * the tile's positions; K and V read once a tile, on tensor cores (F16 products with F16
+ * the tile's positions (whole super-chunks each); K and V read once a tile, on tensor cores (F16 products with F16
  * remainders for q and the probabilities, F32 scores, softmax and sums); each segment written as
  * one of the row's partials (d_partial as attn_decode_rows'). attn_decode_rows with d_skip (1 for
  * those rows, 0 for the others) then leaves their chunks alone and merges and gates every row.

@@ -5,8 +5,9 @@
 // (tile blockIdx.y of all the long runs' tiles, in d_long's order) and the G query heads of KV
 // head blockIdx.x that read it: 64 query vectors at most (v = row·G + head; the last rows of a
 // tile, or vectors past QT·G, masked), and segment blockIdx.z of the positions up to the tile's
-// last: AP_SEGS segments of equal length (a multiple of KC), so a tile's prefix is read by up to
-// AP_SEGS CTAs at once and each writes its own partial.
+// last: AP_SEGS segments of equal length (a multiple of the super-chunk, attn.h, itself a multiple
+// of KC), so a tile's prefix is read by up to AP_SEGS CTAs at once and each writes its own
+// partial.
 //
 // Inside a CTA, 4 warps, each the 16 query vectors of its rows of the tile, on mma.sync
 // m16n8k16 (F16 in, F32 accumulation) fed by ldmatrix, with the scores S = Q Kᵀ, the
@@ -20,8 +21,9 @@
 // and F32), so O is rescaled in a few early chunks, not in every one. Q (scaled by 1/sqrt(d_h))
 // and P are split into an F16 part and an F16 remainder, each multiplied, so their rounding
 // stays near F32's (K and V are the F16 cache's own values). A segment's result goes out as the
-// partial of its first chunk in attn_decode_rows' layout (o unnormalised, m, l; the segment's
-// other chunks emptied), so attn_combine merges, divides and gates it as any row's.
+// partial of its first super-chunk in attn_decode_rows' layout (o unnormalised, m, l; the
+// segment's other super-chunks emptied), so attn_combine merges, divides and gates it as any
+// row's.
 //
 // Measured against a tile of WMMA with S, P and O through shared memory (8 warps): 1.3-1.6x
 // faster at an empty prefix, 3x at 31K positions, outputs within 1.2e-7.
@@ -37,7 +39,7 @@
 #define AP_THREADS 128
 #define AP_SEGS 16   // CTAs a tile's positions are split over
 #define AP_LAZY 8.0f // how far a chunk's max may pass the reference max before it moves
-static_assert(AP_KC == ATTN_CHUNK, "a segment starts at a partial's chunk");
+static_assert(AP_KC == ATTN_CHUNK, "a super-chunk is whole chunks");
 static_assert(ATTN_KV_BLOCK % AP_KC == 0, "a chunk lies in one KV block");
 
 template <int D> struct ap_smem { // bytes; rows of D + 8 halves: 16 bytes apart mod 128, so the
@@ -91,7 +93,7 @@ static __global__ void __launch_bounds__(AP_THREADS, 2)
                      const __half *__restrict__ vc, const int32_t *__restrict__ table,
                      int table_ld, const int32_t *__restrict__ slot,
                      const int32_t *__restrict__ pos, const int32_t *__restrict__ run, int R,
-                     const int32_t *__restrict__ lng, int n_h, int n_kv, int n_split,
+                     const int32_t *__restrict__ lng, int n_h, int n_kv, int n_split, int sp,
                      float *__restrict__ part)
 {
     using SM = ap_smem<D>;
@@ -111,7 +113,7 @@ static __global__ void __launch_bounds__(AP_THREADS, 2)
     const int nt = (int)min((int64_t)QT, n_run - t0);
     const int p_max = pos[row0 + t0 + nt - 1];
     int seg_len, c_lo, c_hi;
-    attn_segment(p_max, blockIdx.z, AP_SEGS, AP_KC, &seg_len, &c_lo, &c_hi);
+    attn_segment(p_max, blockIdx.z, AP_SEGS, sp, &seg_len, &c_lo, &c_hi);
     if (c_lo > p_max) return;
     const int64_t sl = slot[row0];
     const __half *kh = kc + (int64_t)j * D, *vh = vc + (int64_t)j * D;
@@ -242,10 +244,10 @@ static __global__ void __launch_bounds__(AP_THREADS, 2)
         lB += __shfl_xor_sync(0xffffffffu, lB, w);
     }
     // out: each vector whose position reaches the segment, its (o, m, l) as the partial of the
-    // segment's first chunk, the segment's other chunks below its position emptied (l = 0), as
-    // attn_split leaves them
+    // segment's first super-chunk, the segment's other super-chunks below its position emptied
+    // (l = 0), as attn_split leaves them
     const int64_t prow = partial_row_floats(n_h, n_split, D);
-    const int s_lo = c_lo / ATTN_CHUNK, s_hi = s_lo + seg_len / ATTN_CHUNK;
+    const int s_lo = c_lo / sp, s_hi = s_lo + seg_len / sp;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int v = half ? vB : vA, pv = half ? posB : posA;
@@ -260,7 +262,7 @@ static __global__ void __launch_bounds__(AP_THREADS, 2)
             op[1] = o[n][2 * half + 1];
         }
         float *pm = base + (int64_t)n_h * n_split * D, *pl = pm + (int64_t)n_h * n_split;
-        const int ns = min(n_split, (pv + 1 + ATTN_CHUNK - 1) / ATTN_CHUNK);
+        const int ns = min(n_split, (pv + 1 + sp - 1) / sp);
         for (int sidx = s_lo + t; sidx < min(ns, s_hi); sidx += 4) {
             pm[hs + sidx] = sidx == s_lo ? (half ? mB : mA) : -INFINITY;
             pl[hs + sidx] = sidx == s_lo ? (half ? lB : lA) : 0.0f;
@@ -314,12 +316,12 @@ extern "C" void attn_prefill_runs(const float *d_q, int64_t ld_q, const void *d_
     DS_ASSERT(d_table || table_ld * ATTN_KV_BLOCK >= n_ctx);
     DS_ASSERT(long_rows >= 2);
     const cuda_launch_dims d = attn_prefill_runs_dims(n_h, n_kv, B, long_rows);
-    const int n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const int n_split = attn_n_split(n_ctx), sp = attn_split_positions(n_ctx);
     const size_t smem = attn_prefill_smem_bytes(d_h);
 #define AP_LAUNCH(D)                                                                            \
     ds_launch(attn_prefill_kernel<D>, ds_grid(d), d.block, smem, l, d_q, ld_q,                   \
               (const __half *)d_k_cache, (const __half *)d_v_cache, d_table, table_ld, d_slot,  \
-              d_pos, d_run, R, d_long, n_h, n_kv, n_split, d_partial)
+              d_pos, d_run, R, d_long, n_h, n_kv, n_split, sp, d_partial)
     switch (d_h) {
     case 32: AP_LAUNCH(32); break;
     case 64: AP_LAUNCH(64); break;

@@ -143,6 +143,11 @@ static void test_prefill(void)
     static const int late[] = {100}, at3k[] = {3000};
     CU_ASSERT_TRUE(prefill_case(shapes[1], late, at3k, 1, 4000, 2, false));
     CU_ASSERT_TRUE(prefill_case(shapes[0], late, at3k, 1, 4000, 2, false));
+    /* segments of whole super-chunks (70,000 positions: 160 each), one super-chunk partly
+     * below a row's position */
+    static const int at30k[] = {30001};
+    CU_ASSERT_TRUE(prefill_case(shapes[5], late, at30k, 1, 70000, 2, false));
+    CU_ASSERT_TRUE(prefill_case(shapes[1], late, at30k, 1, 70000, 2, false));
     /* many long runs (16 rows or more) beside short ones: every long run's tiles in the grid */
     static const int mix[] = {16, 15, 40, 3, 16, 17, 2, 33, 16, 20, 1, 18, 16, 16};
     static const int mix_at[] = {0, 9, 500, 1, 70, 0, 30, 250, 64, 1000, 7, 2, 33, 480};

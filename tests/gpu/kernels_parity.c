@@ -275,6 +275,9 @@ static void test_attn(void)
                 CU_ASSERT_TRUE(attn_case(shapes[i], Ps[p], 600, kv));
         CU_ASSERT_TRUE(attn_case(shapes[3], 1030, 1100, kv)); /* 5 chunks */
         CU_ASSERT_TRUE(attn_case(shapes[2], 4000, 4096, kv)); /* the 0.8B at 4K: 125 of 128 */
+        /* super-chunks of 96 positions (40,000: 1,250 chunks, 3 a super-chunk, 417 partials),
+         * the last one partial */
+        CU_ASSERT_TRUE(attn_case(shapes[0], 20000, 40000, kv));
     }
 }
 

@@ -17,7 +17,7 @@
  *    projection rows (as the forward runs it) equal to the conv out of place;
  *  - with or without a GPU: the launch grids of every rows kernel (*_rows_dims, what the
  *    launchers use) against the device limits for B up to 256 (and 65535) at the 0.8B, 4B and
- *    27B shapes and n_ctx up to 256K.
+ *    27B shapes and n_ctx up to 256K, and the super-chunks (attn.h) that bound the partials.
  * Cases that perturb one row's output, or a byte of a slot no row names, assert the checks
  * fail. */
 #include <CUnit/Basic.h>
@@ -665,6 +665,12 @@ static void test_attn_rows(void)
     CU_ASSERT_TRUE(attn_rows_case((attn_shape){3, 1, 128, 32}, 17, 270, ATTN_KV_F16, PERTURB_NONE));
     CU_ASSERT_TRUE(attn_rows_case((attn_shape){3, 1, 128, 32}, 3, 270, ATTN_KV_F32, PERTURB_NONE));
     CU_ASSERT_TRUE(attn_rows_case(shapes[3], 5, 32768, ATTN_KV_F16, PERTURB_NONE));
+    /* super-chunks of 160 positions (70,000: 2,188 chunks, 5 a super-chunk, 438 partials; one
+     * spans KV blocks) and of 512 (262,144: the 27B's whole context; rows at 33, 0, 31, 32 and
+     * 262,143) */
+    CU_ASSERT_TRUE(attn_rows_case(shapes[0], 17, 70000, ATTN_KV_F16, PERTURB_NONE));
+    CU_ASSERT_TRUE(attn_rows_case(shapes[0], 3, 70000, ATTN_KV_F32, PERTURB_NONE));
+    CU_ASSERT_TRUE(attn_rows_case((attn_shape){8, 2, 64, 16}, 5, 262144, ATTN_KV_F16, PERTURB_NONE));
 }
 
 static void test_perturbed_fails(void)
@@ -723,7 +729,11 @@ static void test_launch_dims(void)
             d = attn_prep_rows_dims(s->n_h, s->n_kv, s->d_h, B);
             n_bad += !dims_ok("attn_prep_rows", d, B, d.grid_y);
             for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++) {
-                const int n_ctx = ctxs[c], n_split = (n_ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+                const int n_ctx = ctxs[c], n_split = attn_n_split(n_ctx);
+                /* the partials bounded (super-chunks, attn.h); plain chunks up to 16K */
+                n_bad += n_split < 1 || n_split > ATTN_MAX_SPLITS ||
+                         (int64_t)n_split * attn_split_positions(n_ctx) < n_ctx ||
+                         (n_ctx <= 16384) != (attn_split_positions(n_ctx) == ATTN_CHUNK);
                 cuda_launch_dims ds, dc;
                 attn_decode_rows_dims(s->n_h, s->n_kv, s->d_h, n_ctx, B, &ds, &dc);
                 n_bad += !dims_ok("attn_decode_rows (split)", ds, B, ds.grid_z);
@@ -746,6 +756,9 @@ static void test_launch_dims(void)
             }
         }
     }
+    n_bad += attn_split_positions(16385) != 64 || attn_split_positions(70000) != 160 ||
+             attn_split_positions(262144) != 512 || attn_n_split(262144) != 512 ||
+             attn_n_split(70000) != 438;
     printf("launch grids of the rows kernels: %d outside the limits\n", n_bad);
     CU_ASSERT_EQUAL(n_bad, 0);
     /* the check itself can fail */
