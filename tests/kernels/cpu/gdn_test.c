@@ -84,7 +84,7 @@ static void test_step_vs_hf_formula(void)
     float *o1 = malloc(sizeof(float) * 40 * 24), *o2 = malloc(sizeof(float) * 40 * 24);
     memcpy(S1, c.S0, sizeof(float) * 32 * 24);
     memcpy(S2, c.S0, sizeof(float) * 32 * 24);
-    ref_gdn_recurrent(c.T, c.q, c.k, c.d_k, c.v, c.d_v, c.beta, c.g, 1, c.d_k, c.d_v, S1, o1, c.d_v);
+    ref_gdn_recurrent(c.T, c.q, c.k, c.d_k, c.v, c.d_v, c.beta, c.g, 1, c.d_k, c.d_v, S1, false, o1, c.d_v);
     naive_recurrent(&c, S2, o2);
     CU_ASSERT_EQUAL(kernel_check("o", o1, o2, 40 * 24, 1e-5, 1e-4), 0);
     CU_ASSERT_EQUAL(kernel_check("S", S1, S2, 32 * 24, 1e-5, 1e-4), 0);
@@ -103,8 +103,8 @@ static int chunked_vs_recurrent(int T, int d_k, int d_v, float gmin, int perturb
     float *scratch = malloc(sizeof(float) * ref_gdn_chunked_scratch_floats(d_k, d_v));
     memcpy(S1, c.S0, sizeof(float) * ns);
     memcpy(S2, c.S0, sizeof(float) * ns);
-    ref_gdn_recurrent(T, c.q, c.k, d_k, c.v, d_v, c.beta, c.g, 1, d_k, d_v, S1, o1, d_v);
-    ref_gdn_chunked(T, c.q, c.k, d_k, c.v, d_v, c.beta, c.g, 1, d_k, d_v, S2, o2, d_v, scratch);
+    ref_gdn_recurrent(T, c.q, c.k, d_k, c.v, d_v, c.beta, c.g, 1, d_k, d_v, S1, false, o1, d_v);
+    ref_gdn_chunked(T, c.q, c.k, d_k, c.v, d_v, c.beta, c.g, 1, d_k, d_v, S2, false, o2, d_v, scratch);
     if (perturb) o2[T * d_v / 2] += 1e-2f;
     float omax = 0, smax = 0;
     for (long i = 0; i < (long)T * d_v; i++) omax = fmaxf(omax, fabsf(o1[i]));
@@ -184,7 +184,7 @@ static void test_decode_fused(void)
     memcpy(S2, S1, sizeof S1);
     float scratch[C + 2 * nv];
     CU_ASSERT(ref_gdn_decode_scratch_floats(C, nv) <= (long)(sizeof scratch / sizeof(float)));
-    ref_gdn_decode(mixed, z, b, a, w, dtb, ssma, nw, nk, nv, dk, dv, K, 1e-6f, cs1, S1, y1, scratch);
+    ref_gdn_decode(mixed, z, b, a, w, dtb, ssma, nw, nk, nv, dk, dv, K, 1e-6f, cs1, S1, false, y1, scratch);
 
     float y[C];
     for (int c = 0; c < C; c++) {
