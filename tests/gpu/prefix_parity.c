@@ -28,8 +28,9 @@
  *
  * The positions case runs with the DeltaNet state stored as F32 and as bf16 (fwd_opts.state_dtype):
  * with bf16, resume against split stays bit-identical and snap_bytes counts S at 2 bytes an
- * element; against cold, where S is rounded at other rows, the bound is 1e-2 of max|logit| on the
- * small models.
+ * element; against cold, where S is rounded at other rows (chunks, not rows), the bound is 0.1
+ * of max|logit| on the small models (the random-weight own-r2-tied moves by ~2% with a bf16
+ * state at all: tests/model/fwd_bf16_test).
  *
  * Models: the demo model (models/demo-en-17m.gguf), the reference own-r2-tied
  * ($DS_REPO_ROOT/tests/reference), the synthetic 4B (synth/4b.gguf, tools/gpu-test makes it);
@@ -316,7 +317,7 @@ static int prefixes(fwd *f, const model_case *mc, int P, const int *ns, int n_ns
                     tally *t, status *st)
 {
     const int V = f->vocab;
-    const double bound = mc->synthetic ? 0.5 : g_state == FWD_STATE_BF16 ? 1e-2 : 1e-3;
+    const double bound = mc->synthetic ? 0.5 : g_state == FWD_STATE_BF16 ? 0.1 : 1e-3;
     int32_t ids[MAX_P];
     prompt_make(ids, P, V, seed);
     run_out cold, split, res;
@@ -362,7 +363,7 @@ static void test_positions_on(const model_case *mc)
     tally_assert(mc, g_state == FWD_STATE_BF16
                          ? "bf16 state: every position 1..20 of 21, block edges of 100 and 200"
                          : "every position 1..20 of 21, block edges of 100 and 200",
-                 &t, mc->synthetic ? 0.5 : g_state == FWD_STATE_BF16 ? 1e-2 : 1e-3);
+                 &t, mc->synthetic ? 0.5 : g_state == FWD_STATE_BF16 ? 0.1 : 1e-3);
     CU_ASSERT_EQUAL(kv_pool_free_blocks(f->kv), free0);
 fail:
     if (st.code) printf("  %s: %s\n", mc->name, st.msg);
