@@ -2,9 +2,11 @@
  * recurrence in double, chunked vs token-by-token at chunk boundaries, the conv window, and
  * the fused per-token mixer (ref_gdn_decode) against its pieces. bf16 state storage: the
  * rounding (nearest even, exact round trip), where each form rounds (after every token, after
- * every chunk), and a state that stays finite and near the F32 one over thousands of tokens. */
+ * every chunk), and a state that stays finite and near the F32 one over thousands of tokens and
+ * over 131072 (a 128K context). */
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -378,6 +380,50 @@ static void test_bf16_long_run(void)
     case_free(&c);
 }
 
+/* 131072 tokens (a 128K context) of one 64 x 64 head, inputs drawn token by token as case_make
+ * draws them, slow decay (g in [-0.01, 0]): the bf16 state (row rule) stays finite and bounded
+ * like the F32 one (its largest element within 5% of the F32 state's, every element within 5% of
+ * that), and the last 1000 tokens' outputs stay as close */
+static void test_bf16_128k(void)
+{
+    enum { T = 131072, dk = 64, dv = 64, NS = dk * dv };
+    kc_rng r = {128};
+    static float Sf[NS], Sb[NS];
+    float q[dk], k[dk], v[dv], of[dv], ob[dv];
+    kc_fill(&r, Sf, NS, 0.5f);
+    ref_gdn_round_bf16(Sf, NS);
+    memcpy(Sb, Sf, sizeof Sf);
+    long non_finite = 0;
+    double o_max = 0, o_diff = 0;
+    for (int t = 0; t < T; t++) {
+        kc_fill(&r, q, dk, 1), kc_fill(&r, k, dk, 1), kc_fill(&r, v, dv, 1);
+        ref_l2norm(q, dk, 1e-6f, 1.0f / sqrtf((float)dk));
+        ref_l2norm(k, dk, 1e-6f, 1.0f);
+        const float beta = (float)kc_uniform(&r), g = -0.01f * (float)kc_uniform(&r);
+        ref_gdn_step(q, k, v, beta, g, dk, dv, Sf, of);
+        ref_gdn_step(q, k, v, beta, g, dk, dv, Sb, ob);
+        ref_gdn_round_bf16(Sb, NS);
+        if (t >= T - 1000)
+            for (int j = 0; j < dv; j++) {
+                non_finite += !isfinite(ob[j]);
+                o_max = fmax(o_max, fabs(of[j]));
+                o_diff = fmax(o_diff, fabs((double)ob[j] - of[j]));
+            }
+    }
+    float sf = 0, sb = 0;
+    for (int i = 0; i < NS; i++) {
+        non_finite += !isfinite(Sb[i]);
+        sf = fmaxf(sf, fabsf(Sf[i]));
+        sb = fmaxf(sb, fabsf(Sb[i]));
+    }
+    printf("\n  128K tokens: max|S| F32 %.4g, bf16 %.4g; last 1000 outputs: max|o| %.4g, "
+           "max|Δo| %.3g\n", sf, sb, o_max, o_diff);
+    CU_ASSERT_EQUAL(non_finite, 0);
+    CU_ASSERT(fabsf(sb - sf) <= 0.05f * sf);
+    CU_ASSERT_EQUAL(kernel_check("128K: bf16 S vs F32", Sb, Sf, NS, 0.05 * sf, 0), 0);
+    CU_ASSERT(o_diff <= 0.05 * o_max);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -391,5 +437,6 @@ int main(void)
     CU_add_test(s, "bf16_round", test_bf16_round);
     CU_add_test(s, "bf16_rounding_points", test_bf16_rounding_points);
     CU_add_test(s, "bf16_long_run", test_bf16_long_run);
+    CU_add_test(s, "bf16_128k", test_bf16_128k);
     return testutil_cunit_run();
 }
