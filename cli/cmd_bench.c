@@ -24,7 +24,7 @@
 #define BENCH_PEAK_GBS 4600.0
 
 typedef struct bench_opts {
-    const char *model, *device;
+    const char *model, *device, *state_dtype;
     int ctx, tokens, warmup, threads, tp;
 } bench_opts;
 
@@ -36,6 +36,7 @@ static const flag_spec bench_flags[] = {
     {"tokens", NULL, "256", FLAG_INT, offsetof(bench_opts, tokens), "tokens decoded and timed"},
     {"warmup", NULL, "16", FLAG_INT, offsetof(bench_opts, warmup), "untimed tokens first"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(bench_opts, threads), "CPU threads (cpu)"},
+    {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(bench_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way)"},
     {0},
 };
 
@@ -53,8 +54,9 @@ static int decode_steps(fwd *f, int n, int32_t *tok, status *st)
 static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
     fwd *f = NULL;
-    const fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2, .max_rows = 2,
-                         .ranks = o->tp, .n_threads = o->threads};
+    fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2, .max_rows = 2,
+                   .ranks = o->tp, .n_threads = o->threads};
+    if (fwd_state_dtype_parse(o->state_dtype, &fo.state_dtype, st)) return st->code;
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     const double t_load = clock_now_s();
     if (worker_fwd_create(o->device, m, &fo, &f, st) || fwd_seq_start(f, 0, &greedy, st) ||
@@ -70,8 +72,9 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
     const double dt = clock_now_s() - t0;
     fwd_get_stats(f, &s1);
     const double tps = o->tokens / dt;
-    printf("model %s\ndevice %s, batch 1, context %d..%d\n", o->model, f->device,
-           o->ctx + o->warmup, o->ctx + o->warmup + o->tokens);
+    printf("model %s\ndevice %s, batch 1, context %d..%d, state S %s (%.1f MiB a slot)\n", o->model,
+           f->device, o->ctx + o->warmup, o->ctx + o->warmup + o->tokens,
+           fwd_state_dtype_name(f->state_dtype), (double)f->state_bytes / (1 << 20));
     printf("decode: %d tokens in %.3f s = %.1f tok/s (%.1f us/token)\n", o->tokens, dt, tps,
            1e6 * dt / o->tokens);
     if (s1.bytes_per_token) { /* a device that counts its traffic (the GPU) */

@@ -25,7 +25,7 @@
 #define BATCH_MAX_SIZES 16
 
 typedef struct batch_opts {
-    const char *model, *device, *batch;
+    const char *model, *device, *batch, *state_dtype;
     int prompt, gen, threads, step_tokens, tp;
     bool batch_invariant;
     int dense_rows;
@@ -44,6 +44,7 @@ static const flag_spec batch_flags[] = {
     {"dense-rows", NULL, "-1", FLAG_INT, offsetof(batch_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", NULL, "false", FLAG_BOOL, offsetof(batch_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
     {"batch-invariant", NULL, "false", FLAG_BOOL, offsetof(batch_opts, batch_invariant), "every step through the batched kernels (B = 1 too)"},
+    {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(batch_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way)"},
     {0},
 };
 
@@ -110,6 +111,11 @@ int cmd_bench_batch(int argc, char **argv)
     if (rc == STATUS_CANCELLED) return 0;
     int sizes[BATCH_MAX_SIZES];
     const int n_sizes = rc ? 0 : flags_int_list(o.batch, sizes, BATCH_MAX_SIZES, 1, 4096);
+    fwd_state_dtype state_dtype = FWD_STATE_F32;
+    if (!rc && fwd_state_dtype_parse(o.state_dtype, &state_dtype, &st)) {
+        fprintf(stderr, "deltaserve bench batch: --state-dtype: %s\n", st.msg);
+        return 2;
+    }
     if (rc || !o.model || o.prompt < 1 || o.gen < 1 || o.step_tokens < 1 || !n_sizes) {
         fprintf(stderr, "deltaserve bench batch: %s\n",
                 rc ? st.msg : !o.model ? "--model is required"
@@ -131,11 +137,12 @@ int cmd_bench_batch(int argc, char **argv)
     const fwd_opts fo = {.n_slots = max_b, .n_ctx = o.prompt + o.gen + 1,
                          .max_rows = max_b + o.step_tokens, .ranks = o.tp, .n_threads = o.threads,
                          .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
-                         .dense_per_pass = o.dense_per_pass};
+                         .dense_per_pass = o.dense_per_pass, .state_dtype = state_dtype};
     rc = !rows || !toks ? status_fail(&st, STATUS_NOMEM, "%d sequences", max_b)
                         : worker_fwd_create(o.device, m, &fo, &f, &st);
     if (!rc) {
-        printf("model %s\ndevice %s\n\n", o.model, f->device);
+        printf("model %s\ndevice %s\nstate S %s: %.1f MiB a slot\n\n", o.model, f->device,
+               fwd_state_dtype_name(f->state_dtype), (double)f->state_bytes / (1 << 20));
         printf("|    PP |    TG |    B |    N_KV |   T_PP s |  S_PP t/s |   T_TG s |  S_TG t/s |      T s |    S t/s |\n");
         printf("|-------|-------|------|---------|----------|-----------|----------|-----------|----------|-----------|\n");
     }

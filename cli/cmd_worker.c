@@ -29,7 +29,7 @@
 #define EXIT_DEVICE_FAILED 3
 
 typedef struct worker_opts {
-    const char *model, *listen, *device, *metrics_listen, *name, *log_level;
+    const char *model, *listen, *device, *metrics_listen, *name, *log_level, *state_dtype;
     int slots, queue, threads, ctx, step_tokens, prefill_min_tokens, grace_seconds, max_calls, tp;
     bool batch_invariant;
     int dense_rows;
@@ -48,6 +48,7 @@ static const flag_spec worker_flags[] = {
     {"batch-invariant", "DS_BATCH_INVARIANT", "false", FLAG_BOOL, offsetof(worker_opts, batch_invariant), "cuda: every step through the batched kernels, so a sequence's tokens never depend on the others running beside it (slower for a lone stream)"},
     {"dense-rows", "DS_DENSE_ROWS", "-1", FLAG_INT, offsetof(worker_opts, dense_rows), "passes of this many rows or more multiply the quantised weights as F16 through cuBLAS (-1: 64 with the F16 copies resident, 128 when dequantised every pass; 0: never; cuda, not with --batch-invariant)"},
     {"dense-per-pass", "DS_DENSE_PER_PASS", "false", FLAG_BOOL, offsetof(worker_opts, dense_per_pass), "the dense path dequantises every pass instead of keeping F16 copies of the weights resident (they are kept when they take at most half of the free GPU memory)"},
+    {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(worker_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way; bf16 halves its bytes on cuda, so about twice the slots and snapshots fit, and its traffic in batched steps; docs/BENCH.md has its drift)"},
     {"prefix-cache-mb", "DS_PREFIX_CACHE_MB", "-1", FLAG_INT, offsetof(worker_opts, prefix_cache_mb), "MiB of recurrent-state snapshots kept for prefix reuse (-1: chosen by the device: a share of free GPU memory, 4 per slot on the CPU; 0: off)"},
     {"prefix-snapshot-every", "DS_PREFIX_SNAPSHOT_EVERY", "1024", FLAG_INT, offsetof(worker_opts, prefix_snapshot_every), "a long prompt's prefill keeps a snapshot at the end of a step when this many tokens were computed since its last one, so that prompts sharing part of it resume near where they part (0: only at the prompt's end and where prompts part)"},
     {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu), else it stays off and the log says why"},
@@ -130,6 +131,11 @@ int cmd_worker(int argc, char **argv)
                 "GPUs of --tp ranks), not '%s'\n", o.device);
         return 2;
     }
+    fwd_state_dtype state_dtype;
+    if (fwd_state_dtype_parse(o.state_dtype, &state_dtype, &st)) {
+        fprintf(stderr, "deltaserve worker: --state-dtype: %s\n", st.msg);
+        return 2;
+    }
     if (worker_backend_check_tp(o.device, o.tp, &st)) {
         fprintf(stderr, "deltaserve worker: %s\n", st.msg);
         return 2;
@@ -206,7 +212,7 @@ int cmd_worker(int argc, char **argv)
                               .mem_budget = (int64_t)o.memory_mb << 20, .n_threads = o.threads,
                               .tp = o.tp, .max_prefill_tokens = o.step_tokens,
                               .batch_invariant = o.batch_invariant, .dense_rows = o.dense_rows,
-                              .dense_per_pass = o.dense_per_pass,
+                              .dense_per_pass = o.dense_per_pass, .state_dtype = state_dtype,
                               .snap_budget = o.prefix_cache_mb < 0
                                                  ? -1 : (int64_t)o.prefix_cache_mb << 20,
                               /* the kept states of verify runs only where drafts can come */
@@ -242,10 +248,10 @@ int cmd_worker(int argc, char **argv)
                  backend->f->n_snaps, (double)backend->f->snap_bytes / (1 << 20));
     else
         snprintf(prefix, sizeof prefix, "prefix cache off");
-    log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each), "
-             "%s, queue %d, step %d tokens, loaded in %.0f ms",
+    log_write(LOG_LEVEL_INFO, "ready: %s, %d layers, vocab %d, device %s, %d slots x %d ctx (%.1f MiB state each, "
+             "S %s), %s, queue %d, step %d tokens, loaded in %.0f ms",
              o.model, model->cfg.n_layer, model->cfg.V, backend->device, backend->n_slots, backend->n_ctx,
-             (double)backend->state_bytes / (1 << 20), prefix, o.queue, o.step_tokens,
+             (double)backend->state_bytes / (1 << 20), fwd_state_dtype_name(backend->f->state_dtype), prefix, o.queue, o.step_tokens,
              (double)(clock_now_us() - t0) / 1000.0);
 
     int sig = 0;

@@ -72,6 +72,7 @@ int cpu_fwd_ctx_create(const qwen35_model *m, const qwen35_ctx_opts *opts, cpu_p
     ctx->max_rows = MAXL(o.max_batch, o.max_tokens);
     ctx->gdn_mode = o.gdn_mode;
     ctx->dot_mode = o.dot_mode;
+    ctx->bf16_state = o.bf16_state;
     long R = ctx->max_rows, H = c->H, Dv = (long)c->n_v * c->d_v, qd = (long)c->n_h * c->d_h;
     long kvd = (long)c->n_kv * c->d_h;
     ctx->n_p1 = MAXL(MAXL(c->C, 2 * qd), c->F);

@@ -133,6 +133,10 @@ typedef struct qwen35_ctx_opts {
     int n_threads;  /* 0 -> the number of online CPUs (the CLI passes --threads) */
     qwen35_gdn_mode gdn_mode;
     qwen35_dot_mode dot_mode;
+    bool bf16_state; /* the DeltaNet S rounded to bf16 values (RNE) where the GPU stores its bf16
+                        state (kernels/cpu/gdn.h): after every token of the row-by-row rule, after
+                        every chunk of the chunked one; still held in F32 floats here. The conv
+                        windows stay F32 */
 } qwen35_ctx_opts;
 
 typedef struct qwen35_ctx qwen35_ctx;

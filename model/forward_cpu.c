@@ -456,7 +456,8 @@ static int rank_create(cpu_forward *c, const qwen35_model *m, const fwd_opts *o,
     }
     const qwen35_ctx_opts co = {.max_batch = f->max_rows, .max_tokens = f->max_rows,
                                 .n_threads = o->n_threads, .gdn_mode = QWEN35_GDN_RECURRENT,
-                                .dot_mode = o->exact_dot ? QWEN35_DOT_EXACT : QWEN35_DOT_DEFAULT};
+                                .dot_mode = o->exact_dot ? QWEN35_DOT_EXACT : QWEN35_DOT_DEFAULT,
+                                .bf16_state = o->state_dtype == FWD_STATE_BF16};
     int rc = cpu_fwd_ctx_create(k->m, &co, c->pool, &c->ctx[r], st);
     if (rc) return rc;
     const uint64_t kv = qwen35_kv_floats(k->m, c->n_blocks, c->block_tokens) + 1;
@@ -659,6 +660,7 @@ static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, statu
         per_slot += qwen35_state_recurrent_bytes(c->rank[r].m) +
                     8 * qwen35_kv_floats(c->rank[r].m, per_seq, c->block_tokens);
     f->state_bytes = per_slot;
+    f->state_dtype = o->state_dtype;
     c->stats.state_bytes = per_slot * S;
     const int nt = cpu_pool_n_threads(c->pool);
     if (c->n_ranks > 1)

@@ -303,6 +303,8 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->kv_type = choose_kv_type(m);
     e->kv_elem_bytes = e->kv_type == ATTN_KV_F32 ? 4 : 2;
     e->batch_invariant = o && o->batch_invariant;
+    e->S_bf16 = o && o->state_bf16;
+    e->S_elem_bytes = e->S_bf16 ? 2 : 4;
     e->kv_blocks_opt = o ? o->kv_blocks : 0;
     e->ctx_fit = o && o->ctx_fit;
     e->mem_budget = o && o->mem_budget > 0 ? o->mem_budget : 0;
@@ -358,7 +360,7 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->stats.state_bytes = e->state_bytes;
     const uint64_t kv_read =
         (uint64_t)c->n_attn_layers * e->n_ctx * c->n_kv * c->d_h * e->kv_elem_bytes * 2; /* K, V */
-    const uint64_t S_rw = 2ull * c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4;
+    const uint64_t S_rw = 2ull * c->n_gdn_layers * c->n_v * c->d_v * c->d_k * e->S_elem_bytes;
     e->stats.bytes_per_token = e->w.bytes + S_rw + kv_read;
     *out = e;
     return STATUS_OK;

@@ -389,7 +389,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
                              /* each rank's share: floor(share / its bytes) is floor(budget /
                                 the group's bytes), the ranks' shards being alike */
                              .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
-                                                               : o->snap_budget};
+                                                               : o->snap_budget,
+                             .state_bf16 = o->state_dtype == FWD_STATE_BF16};
     int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];
@@ -405,6 +406,7 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
         goto fail;
     }
     f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1);
+    f->state_dtype = o->state_dtype;
     f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */
     for (int r = 0; r < ranks; r++) {
         if (c->rank[r]->n_snaps < f->n_snaps) f->n_snaps = c->rank[r]->n_snaps;

@@ -67,6 +67,8 @@ typedef struct fc_rank_opts {
     int64_t snap_budget;  /* this rank's bytes for recurrent-state snapshots (prefix reuse):
                              0 none; > 0 as many snapshots as fit; < 0 chosen from the free
                              device memory (size_state, docs/GPU.md "Snapshots") */
+    bool state_bf16;      /* the DeltaNet S stored as bf16 (fwd_opts.state_dtype): half its
+                             bytes in the slots and the snapshots, so about twice the slots */
     /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
      * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the
      * row-parallel outputs and gathers the vocabulary-split logits in its graphs) and its first
@@ -125,7 +127,8 @@ typedef struct fc_weights {
 /* One sequence slot: views into the state arena, its graphs and its sampler. */
 typedef struct fc_slot {
     float *d_conv;          /* [n_gdn][C][K_conv-1] */
-    float *d_S;             /* [n_gdn][n_v][d_v][d_k]; from d_conv to d_pos: a snapshot */
+    void *d_S;              /* [n_gdn][n_v][d_v][d_k] F32, or bf16 (fc_rank.S_bf16); from d_conv
+                               to d_pos: a snapshot */
     int32_t *d_pos;         /* [2]: position of the current token, next position */
     unsigned long long *d_best; /* [1]: the step's argmax key (gemv_argmax) */
     unsigned long long *h_best; /* pinned view: the argmax key read back by the graph */
@@ -263,6 +266,8 @@ struct fc_rank {
     fc_kv kv;
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
+    bool S_bf16;          /* fc_rank_opts.state_bf16 */
+    int S_elem_bytes;     /* 2 (bf16) or 4 (F32) */
     int kv_blocks_opt;    /* fc_rank_opts.kv_blocks */
     bool ctx_fit;         /* fc_rank_opts.ctx_fit */
     int64_t mem_budget;   /* fc_rank_opts.mem_budget */

@@ -67,11 +67,12 @@ static void rec_gdn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
     fc_act *a = &e->a;
     const int64_t D_v = (int64_t)c->n_v * c->d_v;
     float *conv = sl->d_conv + (int64_t)L->kind_index * c->C * (c->K_conv - 1);
-    float *S = sl->d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
+    void *S = (uint8_t *)sl->d_S +
+              (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k * e->S_elem_bytes;
     rec_in_proj(e, L, conv);
     const float *z = a->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
     gdn_decode(a->d_proj, beta, alpha, L->d_dt_bias, L->d_ssm_a, c->n_k, c->n_v, c->d_k, c->d_v,
-               c->eps, S, a->d_o, &e->launch);
+               c->eps, S, e->S_bf16, a->d_o, &e->launch);
     gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
 }
 
@@ -146,10 +147,11 @@ static float *slot0_conv(const fc_rank *e, const fc_layer *L)
     const qwen35_config *c = &e->cfg;
     return e->slots[0].d_conv + (int64_t)L->kind_index * c->C * (c->K_conv - 1);
 }
-static float *slot0_S(const fc_rank *e, const fc_layer *L)
+static void *slot0_S(const fc_rank *e, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
-    return e->slots[0].d_S + (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k;
+    return (uint8_t *)e->slots[0].d_S +
+           (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k * e->S_elem_bytes;
 }
 
 /* the GEMM input's F16 rows (d_xh), read by the quantised matrices that multiply x next */
@@ -198,18 +200,19 @@ static void recb_gdn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pref
     const fc_batch_act *a = &b->act;
     const int nb = s->nb;
     const int64_t D_v = (int64_t)c->n_v * c->d_v, stride = b->slot_stride / 4;
+    const int64_t S_stride = b->slot_stride / e->S_elem_bytes; /* in S's elements */
     const int long_rows = prefill ? FC_LONG_RUN_ROWS : 0;
     recb_in_proj(e, L, nb);
     gdn_conv_runs(a->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, s->slots, s->runs,
                   long_rows, c->C, c->K_conv, a->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = a->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
     gdn_decode_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
-                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, s->slots,
-                    s->runs, long_rows, a->d_o, D_v, nb, &e->launch);
+                    c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), e->S_bf16, S_stride,
+                    s->slots, s->runs, long_rows, a->d_o, D_v, nb, &e->launch);
     if (prefill)
         gdn_chunk_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
-                       c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), stride, s->slots,
-                       s->runs, s->long_runs, a->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS,
+                       c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), e->S_bf16,
+                       S_stride, s->slots, s->runs, s->long_runs, a->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS,
                        a->d_gdn_scratch, &e->launch);
     gdn_norm_gated_rows(a->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y,
                         b->ld_y, NULL, nb, &e->launch);

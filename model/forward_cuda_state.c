@@ -1,5 +1,5 @@
 /* The CUDA forward's run state (forward_cuda_impl.h): each slot's recurrent state, device
- * position and argmax word, the KV cache's block pools (F16 or F32, e->kv_type) and block table
+ * position and argmax word (S in F32 or bf16: e->S_bf16), the KV cache's block pools (F16 or F32, e->kv_type) and block table
  * in one arena; the activations one row uses (shared by every slot: rows run one after another)
  * in another. Laid out by a sizing pass (NULL base), then for real. The KV block tables are the
  * group's pool (rank 0's, model/kv_pool.h); each rank's device mirror of them is kept here,
@@ -22,7 +22,8 @@ void fc_state_layout(fc_rank *e, fc_arena *a)
     for (int i = 0; i <= e->n_slots; i++) { /* and the pad slot (forward_cuda_impl.h) */
         fc_slot *sl = &e->slots[i];
         sl->d_conv = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
-        sl->d_S = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
+        sl->d_S = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k *
+                                       e->S_elem_bytes);
         sl->d_pos = fc_arena_take(a, 8);
         sl->d_best = fc_arena_take(a, 8);
     }
@@ -176,7 +177,7 @@ uint64_t fc_snap_bytes(const fc_rank *e)
 {
     const qwen35_config *c = &e->cfg; /* as fc_state_layout takes d_conv, then d_S */
     return round256((uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4) +
-           round256((uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * 4);
+           round256((uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k * e->S_elem_bytes);
 }
 
 static uint8_t *snap_at(const fc_rank *e, int snap)

@@ -5,7 +5,8 @@
  *   o_hv = delta rule over tokens (value head hv reads key head hv % n_k)
  *   o_hv = RMSNorm(o_hv) · ssm_norm · silu(z_hv);   out = W_ssm_out o
  * Prefill (rows = T tokens of one sequence) runs the rule chunked (or token by token when
- * ctx->gdn_mode says so), one task per value head; decode runs one step per (sequence, head). */
+ * ctx->gdn_mode says so), one task per value head; decode runs one step per (sequence, head).
+ * ctx->bf16_state: S rounded to bf16 values where the GPU stores it (kernels/cpu/gdn.h). */
 #include <string.h>
 
 #include "kernels/cpu/gdn.h"
@@ -49,15 +50,16 @@ static void gdn_prefill_head(void *arg, int hv)
         for (int t = 0; t < T; t++) {
             ref_gdn_step(q + t * C, k + t * C, v + t * C, ctx->b[(long)t * c->n_v + hv],
                          ctx->a[(long)t * c->n_v + hv], c->d_k, c->d_v, S, o + t * Dv);
+            if (ctx->bf16_state) ref_gdn_round_bf16(S, (long)head);
             memcpy(kept + (uint64_t)t * ctx->keep_stride, S, head * sizeof(float));
         }
     } else if (j->chunked) {
         float *scratch = ctx->gdn_scratch + (long)cpu_pool_thread_index() * ctx->gdn_scratch_n;
-        ref_gdn_chunked(T, q, k, C, v, C, ctx->b + hv, ctx->a + hv, c->n_v, c->d_k, c->d_v, S, o,
-                        Dv, scratch);
+        ref_gdn_chunked(T, q, k, C, v, C, ctx->b + hv, ctx->a + hv, c->n_v, c->d_k, c->d_v, S,
+                        ctx->bf16_state, o, Dv, scratch);
     } else {
         ref_gdn_recurrent(T, q, k, C, v, C, ctx->b + hv, ctx->a + hv, c->n_v, c->d_k, c->d_v, S,
-                          o, Dv);
+                          ctx->bf16_state, o, Dv);
     }
     const float *z = ctx->p2 + (long)hv * c->d_v;
     for (int t = 0; t < T; t++)
@@ -77,6 +79,7 @@ static void gdn_decode_head(void *arg, int task)
     float *o = ctx->mix + r * Dv + (long)hv * c->d_v;
     ref_gdn_step(y + (long)kh * c->d_k, y + Dk + (long)kh * c->d_k, y + 2 * Dk + (long)hv * c->d_v,
                  ctx->b[(long)r * c->n_v + hv], ctx->a[(long)r * c->n_v + hv], c->d_k, c->d_v, S, o);
+    if (ctx->bf16_state) ref_gdn_round_bf16(S, (long)c->d_v * c->d_k);
     ref_rmsnorm_gated(o, ctx->p2 + r * Dv + (long)hv * c->d_v, j->ly->ssm_norm, c->d_v, c->eps);
 }
 

@@ -15,6 +15,7 @@ struct qwen35_ctx {
     int max_rows;          /* max(max_batch, max_tokens): rows of every activation buffer */
     qwen35_gdn_mode gdn_mode;
     qwen35_dot_mode dot_mode;
+    bool bf16_state;       /* qwen35_ctx_opts.bf16_state */
     float *x;              /* owned, [max_rows][H] residual stream */
     float *xn;             /* owned, [max_rows][H] normed input of the current sub-block */
     float *out;            /* owned, [max_rows][H] sub-block output before the residual add */

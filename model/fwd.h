@@ -47,6 +47,19 @@
 
 #define FWD_MAX_RANKS 64
 
+/* How the DeltaNet recurrent state S ([n_v][d_v][d_k] per layer and slot) is stored; the
+ * arithmetic, the decay and the gates are F32 either way, and the conv windows stay F32. */
+typedef enum fwd_state_dtype {
+    FWD_STATE_F32 = 0,
+    FWD_STATE_BF16, /* S loaded bf16 -> F32, updated, stored rounded to nearest even: cuda holds
+                       it in bf16 (half the bytes: about twice the slots and snapshots in the
+                       same memory); cpu keeps the same values in F32 floats */
+} fwd_state_dtype;
+
+/* "f32" or "bf16" into *out; STATUS_INVALID naming the text otherwise. */
+int fwd_state_dtype_parse(const char *text, fwd_state_dtype *out, status *st);
+const char *fwd_state_dtype_name(fwd_state_dtype t);
+
 typedef struct fwd_opts {
     int n_slots;       /* sequences alive at once (>= 1; 0: sized by the device from memory,
                           a quarter of the context each: at most 256 on cuda, 8 on the CPU) */
@@ -78,6 +91,7 @@ typedef struct fwd_opts {
     int verify_rows;      /* most rows of a verify run (speculative k + 1, at most
                              FWD_MAX_VERIFY_ROWS); 0: no verify runs. The CPU keeps this many
                              recurrent states per slot for fwd_rollback */
+    fwd_state_dtype state_dtype; /* the DeltaNet S's storage (above) */
 } fwd_opts;
 
 #define FWD_MAX_VERIFY_ROWS 8
@@ -187,6 +201,7 @@ struct fwd {
     kv_pool *kv;    /* owned: the KV blocks, one table per slot */
     int *n_past;    /* owned, [n_slots]: each slot's next position */
     uint64_t state_bytes; /* per slot, for logs */
+    fwd_state_dtype state_dtype; /* fwd_opts.state_dtype */
     int n_snaps;          /* snapshot buffers (0: no prefix reuse) */
     uint64_t snap_bytes;  /* bytes of one snapshot, every rank together */
     uint64_t kv_block_bytes; /* bytes of one KV block: every attention layer, K and V, every

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "gguf/quant.h"
 #include "kernels/cpu/act.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
@@ -72,13 +73,20 @@ void ref_gdn_step(const float *q, const float *k, const float *v, float beta, fl
     }
 }
 
+void ref_gdn_round_bf16(float *S, long n)
+{
+    for (long i = 0; i < n; i++) S[i] = quant_bf16_to_f32(quant_f32_to_bf16(S[i]));
+}
+
 void ref_gdn_recurrent(int T, const float *q, const float *k, long ld_qk, const float *v,
                        long ld_v, const float *beta, const float *g, long ld_g, int d_k, int d_v,
-                       float *S, float *o, long ld_o)
+                       float *S, bool bf16, float *o, long ld_o)
 {
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         ref_gdn_step(q + t * ld_qk, k + t * ld_qk, v + t * ld_v, beta[t * ld_g], g[t * ld_g],
                      d_k, d_v, S, o + t * ld_o);
+        if (bf16) ref_gdn_round_bf16(S, (long)d_v * d_k);
+    }
 }
 
 long ref_gdn_chunked_scratch_floats(int d_k, int d_v)
@@ -157,13 +165,14 @@ static void gdn_chunk(int n, const float *q, const float *k, long ld_qk, const f
 
 void ref_gdn_chunked(int T, const float *q, const float *k, long ld_qk, const float *v,
                      long ld_v, const float *beta, const float *g, long ld_g, int d_k, int d_v,
-                     float *S, float *o, long ld_o, float *scratch)
+                     float *S, bool bf16, float *o, long ld_o, float *scratch)
 {
     for (int t0 = 0; t0 < T; t0 += REF_GDN_CHUNK) {
         int n = T - t0 < REF_GDN_CHUNK ? T - t0 : REF_GDN_CHUNK;
         gdn_chunk(n, q + t0 * ld_qk, k + t0 * ld_qk, ld_qk, v + t0 * ld_v, ld_v,
                   beta + t0 * ld_g, g + t0 * ld_g, ld_g, d_k, d_v, S, o + t0 * ld_o, ld_o,
                   scratch);
+        if (bf16) ref_gdn_round_bf16(S, (long)d_v * d_k);
     }
 }
 
@@ -172,7 +181,7 @@ long ref_gdn_decode_scratch_floats(int C, int n_v) { return C + 2L * n_v; }
 void ref_gdn_decode(const float *mixed, const float *z, const float *b, const float *a,
                     const float *conv_w, const float *dt_bias, const float *ssm_a,
                     const float *norm_w, int n_k, int n_v, int d_k, int d_v, int K_conv,
-                    float eps, float *conv_state, float *S, float *y, float *scratch)
+                    float eps, float *conv_state, float *S, bool bf16, float *y, float *scratch)
 {
     int C = 2 * n_k * d_k + n_v * d_v;
     float *cy = scratch, *beta = scratch + C, *g = beta + n_v;
@@ -184,6 +193,7 @@ void ref_gdn_decode(const float *mixed, const float *z, const float *b, const fl
         int kh = hv % n_k;
         ref_gdn_step(q + kh * d_k, k + kh * d_k, v + hv * d_v, beta[hv], g[hv], d_k, d_v,
                      S + (long)hv * d_v * d_k, y + hv * d_v);
+        if (bf16) ref_gdn_round_bf16(S + (long)hv * d_v * d_k, (long)d_v * d_k);
         ref_rmsnorm_gated(y + hv * d_v, z + hv * d_v, norm_w, d_v, eps);
     }
 }

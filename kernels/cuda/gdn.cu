@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/gdn_conv.cuh"
+#include "kernels/cuda/gdn_state.cuh"
 #include "kernels/cuda/q8.cuh"
 
 #define GDN_WARPS 4
@@ -106,12 +107,12 @@ extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_c
     gdn_conv_rows(d_mixed, C, d_conv_w, d_conv_state, 0, NULL, C, K_conv, d_out, C, 1, l);
 }
 
-template <int EPL> // d_k = 32 * EPL
+template <int EPL, class ST> // d_k = 32 * EPL; ST: the state's storage type
 static __global__ void __launch_bounds__(GDN_WARPS * 32)
     gdn_decode_kernel(const float *__restrict__ conv, int64_t ld_conv,
                       const float *__restrict__ b, const float *__restrict__ a, int64_t ld_ba,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, int n_k,
-                      int d_v, float eps, float *__restrict__ S, int64_t S_stride,
+                      int d_v, float eps, ST *__restrict__ S, int64_t S_stride,
                       const int32_t *__restrict__ slot, const int32_t *__restrict__ run, int R,
                       int max_len, float *__restrict__ o, int64_t ld_o)
 {
@@ -127,24 +128,17 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
         const int hv = blockIdx.x, kh = hv % n_k, D_k = n_k * d_k;
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int j0 = blockIdx.y * NC; // this CTA's columns j0 + warp + GDN_WARPS * c
-        float *Sz = S + (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k +
-                    lane * EPL; // + j·d_k
+        ST *Sz = S + (slot ? slot[row0] : 0) * S_stride + (int64_t)hv * d_v * d_k +
+                 lane * EPL; // + j·d_k
         // the CTA's S columns stay in registers through every row of the run: loaded once,
         // before the q/k norms and (under programmatic dependent launch) before
         // griddepcontrol.wait, so the loads overlap the in-projection's tail; stored once after
-        // the last row
+        // the last row (bf16: rounded after every row, as a store would, so that a run's rows
+        // equal rows run one at a time)
         float s[GDN_CPW][EPL];
     #pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            const float *Sj = Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
-            if constexpr (EPL == 4) {
-                const float4 t = *(const float4 *)Sj;
-                s[c][0] = t.x, s[c][1] = t.y, s[c][2] = t.z, s[c][3] = t.w;
-            } else {
-    #pragma unroll
-                for (int e = 0; e < EPL; e++) s[c][e] = Sj[e];
-            }
-        }
+        for (int c = 0; c < GDN_CPW; c++)
+            gdn_state_load<EPL>(Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k, s[c]);
         const float dt_hv = dt_bias[hv], A_hv = ssm_a[hv];
         ds_grid_dep();
         for (int64_t row = row0; row < row0 + n; row++) {
@@ -201,21 +195,20 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                 }
             }
             ds_warp_sum_n<GDN_CPW>(oj);
+            if constexpr (!std::is_same<ST, float>::value) {
+    #pragma unroll
+                for (int c = 0; c < GDN_CPW; c++)
+    #pragma unroll
+                    for (int e = 0; e < EPL; e++) s[c][e] = gdn_state_round<ST>(s[c][e]);
+            }
             if (lane == 0)
     #pragma unroll
                 for (int c = 0; c < GDN_CPW; c++)
                     o[row * ld_o + (int64_t)hv * d_v + j0 + warp + GDN_WARPS * c] = oj[c];
         }
     #pragma unroll
-        for (int c = 0; c < GDN_CPW; c++) {
-            float *Sj = Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k;
-            if constexpr (EPL == 4) {
-                *(float4 *)Sj = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
-            } else {
-    #pragma unroll
-                for (int e = 0; e < EPL; e++) Sj[e] = s[c][e];
-            }
-        }
+        for (int c = 0; c < GDN_CPW; c++)
+            gdn_state_store<EPL>(Sz + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k, s[c]);
     }
 }
 
@@ -234,22 +227,28 @@ extern "C" cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B)
 extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b,
                                 const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
-                                float eps, float *d_S, int64_t S_slot_stride,
+                                float eps, void *d_S, bool S_bf16, int64_t S_slot_stride,
                                 const int32_t *d_slot, const int32_t *d_run, int long_rows,
                                 float *d_o, int64_t ld_o, int R, const cuda_launch *l)
 {
     static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && R >= 1 && R <= 65535);
-    DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0); // S is read as float4
+    // S is read 4 elements at a time (a float4, or 8 bytes of bf16)
+    DS_ASSERT(S_slot_stride % 4 == 0 && (uintptr_t)d_S % 16 == 0);
     cuda_launch_dims d = gdn_decode_rows_dims(n_v, d_v, R);
     // beside the chunked rule (long_rows > 0) most of the R run slots of a prompt pass are
     // empty: GDN_RUNS_BESIDE_CHUNKS CTAs of z each take every that-many-th run (an empty grid of
     // R = 256 cost 22 µs a 4B layer)
     if (long_rows > 0 && d.grid_z > GDN_RUNS_BESIDE_CHUNKS) d.grid_z = GDN_RUNS_BESIDE_CHUNKS;
+#define GDN_DECODE_LAUNCH_ST(EPL, ST)                                                           \
+    ds_launch(gdn_decode_kernel<EPL, ST>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,  \
+              ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, (ST *)d_S, S_slot_stride, d_slot, d_run, \
+              R, long_rows > 0 ? long_rows - 1 : INT_MAX, d_o, ld_o)
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
-    ds_launch(gdn_decode_kernel<EPL>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,      \
-              ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, d_S, S_slot_stride, d_slot, d_run, R,   \
-              long_rows > 0 ? long_rows - 1 : INT_MAX, d_o, ld_o)
+    do {                                                                                        \
+        if (S_bf16) GDN_DECODE_LAUNCH_ST(EPL, __nv_bfloat16);                                   \
+        else GDN_DECODE_LAUNCH_ST(EPL, float);                                                  \
+    } while (0)
     switch (d_k) {
     case 32: GDN_DECODE_LAUNCH(1); break;
     case 64: GDN_DECODE_LAUNCH(2); break;
@@ -257,26 +256,27 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
     default: DS_ASSERT(!"gdn_decode: d_k must be 32, 64 or 128");
     }
 #undef GDN_DECODE_LAUNCH
+#undef GDN_DECODE_LAUNCH_ST
 }
 
 extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b,
                                 const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
-                                float eps, float *d_S, int64_t S_slot_stride,
+                                float eps, void *d_S, bool S_bf16, int64_t S_slot_stride,
                                 const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
                                 const cuda_launch *l)
 {
     gdn_decode_runs(d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps,
-                    d_S, S_slot_stride, d_slot, NULL, 0, d_o, ld_o, B, l);
+                    d_S, S_bf16, S_slot_stride, d_slot, NULL, 0, d_o, ld_o, B, l);
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,
                            const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
-                           int d_k, int d_v, float eps, float *d_S, float *d_o,
+                           int d_k, int d_v, float eps, void *d_S, bool S_bf16, float *d_o,
                            const cuda_launch *l)
 {
-    gdn_decode_rows(d_conv, 0, d_b, d_a, 0, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps, d_S, 0,
-                    NULL, d_o, 0, 1, l);
+    gdn_decode_rows(d_conv, 0, d_b, d_a, 0, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps, d_S,
+                    S_bf16, 0, NULL, d_o, 0, 1, l);
 }
 
 // One CTA per value head and row, d_v threads (d_v % 32 == 0, <= 1024).

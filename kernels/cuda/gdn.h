@@ -1,14 +1,15 @@
 /* Gated DeltaNet decode on the GPU (docs/QWEN35.md §2.4), one token of one sequence, in three
  * steps whose composition is the CPU twin ref_gdn_decode (kernels/cpu/gdn.h):
  *   gdn_conv        conv window update + SiLU (also fused into the qkv GEMV: gemv_conv)
- *   gdn_decode      q/k L2 norms, q scale, gates, the delta rule on the FP32 state
+ *   gdn_decode      q/k L2 norms, q scale, gates, the delta rule (FP32 arithmetic)
  *   gdn_norm_gated  gated RMSNorm with silu(z), output F32 + Q8 for the ssm_out GEMV
- * Dimension names: model/README.md. S layout: [n_v][d_v][d_k] (key-contiguous, as the CPU's).
+ * Dimension names: model/README.md. S layout: [n_v][d_v][d_k] (key-contiguous, as the CPU's),
+ * F32 or bf16 ("State storage" below).
  * Value head hv uses key head hv % n_k. d_k and d_v must be 32, 64 or 128 (asserted).
  *
  * Rows: each step also has a *_rows form running B rows (1 <= B <= 65535) in one launch, row i
  * of sequence slot d_slot[i]. ld_*: elements between consecutive rows of a [B][...] activation;
- * a state's slot stride is in elements (floats); slot s's state is at base + s*stride (d_slot
+ * a state's slot stride is in elements (floats; S's in its storage type's); slot s's state is at base + s*stride (d_slot
  * NULL: every row uses the base, for B = 1). The slots of one launch must be distinct. There is
  * one kernel per step: the B = 1 functions are the rows functions with B = 1 and no slot map,
  * so a row's outputs and state are bit-identical whatever B is and whatever other rows share
@@ -25,7 +26,15 @@
  * every row's output and the final state are bit-identical to the rows launchers run once per
  * row in order (the rows launchers are the runs launchers with runs of one row). d_run is a step
  * input, like d_slot. gdn_decode_runs with long_rows > 0 leaves the runs of long_rows rows or
- * more to gdn_chunk_runs (below); 0 takes every run. */
+ * more to gdn_chunk_runs (below); 0 takes every run.
+ *
+ * State storage: S_bf16 false: S is F32; true: S is bf16 (uint16_t bit patterns of bfloat16),
+ * loaded into F32, updated in F32 (the decay and the gates F32 too) and stored rounded to
+ * nearest even. The row rule rounds S after every row (a run's rows too, though S stays on chip
+ * between them: a run still equals its rows one at a time); the chunked rule after every chunk.
+ * The CPU twins round at the same points (kernels/cpu/gdn.h, `bf16`). Slot strides and pointers
+ * are then in bf16 elements; the conv windows are F32 either way. Each kernel is instantiated
+ * for both types: the F32 one is the same code as without the choice. */
 #ifndef DS_KERNELS_CUDA_GDN_H
 #define DS_KERNELS_CUDA_GDN_H
 
@@ -59,21 +68,23 @@ void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w
 cuda_launch_dims gdn_conv_rows_dims(int C, int B); /* also of R runs */
 
 /* conv: [C] = [q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)] after gdn_conv; b, a: [n_v] (W_beta·h,
- * W_alpha·h); dt_bias, ssm_a: [n_v]; S: [n_v][d_v][d_k] in/out; o: [n_v·d_v] raw outputs. */
+ * W_alpha·h); dt_bias, ssm_a: [n_v]; S: [n_v][d_v][d_k] in/out (F32, or bf16 with S_bf16);
+ * o: [n_v·d_v] raw outputs. */
 void gdn_decode(const float *d_conv, const float *d_b, const float *d_a, const float *d_dt_bias,
-                const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v, float eps, float *d_S,
-                float *d_o, const cuda_launch *l);
+                const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v, float eps, void *d_S,
+                bool S_bf16, float *d_o, const cuda_launch *l);
 /* Rows: conv row i at d_conv + i*ld_conv; b, a of row i at d_b + i*ld_ba, d_a + i*ld_ba; S of
- * row i at d_S + d_slot[i]*S_slot_stride (d_S 16-byte aligned, S_slot_stride % 4 == 0:
- * asserted); o row i at d_o + i*ld_o. */
+ * row i at d_S + d_slot[i]*S_slot_stride elements (d_S 16-byte aligned, S_slot_stride % 4 ==
+ * 0: asserted); o row i at d_o + i*ld_o. */
 void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                      int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
-                     int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
-                     const int32_t *d_slot, float *d_o, int64_t ld_o, int B,
-                     const cuda_launch *l);
+                     int n_v, int d_k, int d_v, float eps, void *d_S, bool S_bf16,
+                     int64_t S_slot_stride, const int32_t *d_slot, float *d_o, int64_t ld_o,
+                     int B, const cuda_launch *l);
 void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                      int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
-                     int n_v, int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
+                     int n_v, int d_k, int d_v, float eps, void *d_S, bool S_bf16,
+                     int64_t S_slot_stride,
                      const int32_t *d_slot, const int32_t *d_run, int long_rows,
                      float *d_o, int64_t ld_o, int R, const cuda_launch *l);
 /* also of R runs, but for gdn_decode_runs with long_rows > 0: at most 64 in z, each CTA taking
@@ -97,7 +108,7 @@ size_t gdn_chunk_smem_bytes(int d_k);
 int64_t gdn_chunk_scratch_floats(int n_v, int d_k, int d_v, int rows, int long_rows);
 void gdn_chunk_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                     int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k, int n_v,
-                    int d_k, int d_v, float eps, float *d_S, int64_t S_slot_stride,
+                    int d_k, int d_v, float eps, void *d_S, bool S_bf16, int64_t S_slot_stride,
                     const int32_t *d_slot, const int32_t *d_run, const int32_t *d_long,
                     float *d_o, int64_t ld_o, int R, int rows, int long_rows, float *d_scratch,
                     const cuda_launch *l);

@@ -12,7 +12,9 @@
 // 2. Per run, value head and 32 state columns: the chunks in order, the columns S_c in shared
 //    memory from the run's first chunk to its last: Ũ = U − W·S_c, O = Qg·S_c + A·Ũ (the rows'
 //    outputs), S_c ← e^{γlast} S_c + Keᵀ·Ũ. Only this part is sequential, and it is three small
-//    products a chunk; the next chunk's Qg and W load (cp.async) while the last two run.
+//    products a chunk; the next chunk's Qg and W load (cp.async) while the last two run. A bf16
+//    state (gdn.h "State storage") is converted on the way in and out, and S_c rounded to bf16
+//    after every chunk, as if stored between chunks.
 // The products (M, A, U, W; every product of launch 2) on mma.sync m16n8k8 TF32 with F32
 // accumulation, each F32 operand split into a TF32 part and a TF32 remainder and the three
 // products that matter summed (hi·hi + hi·lo + lo·hi: near F32's rounding, the dropped lo·lo
@@ -21,6 +23,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gdn.h"
+#include "kernels/cuda/gdn_state.cuh"
 #include "kernels/cuda/q8.cuh"
 
 #define GDN_CHUNK 64
@@ -326,9 +329,9 @@ template <int DK> struct scan_smem { // floats
     static constexpr size_t BYTES = (size_t)FLOATS * 4;
 };
 
-template <int EPL>
+template <int EPL, class ST> // ST: the state's storage type (gdn.h "State storage")
 static __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
-    gdn_chunk_scan_kernel(int d_v, float *__restrict__ S_base, int64_t S_stride,
+    gdn_chunk_scan_kernel(int d_v, ST *__restrict__ S_base, int64_t S_stride,
                           const int32_t *__restrict__ slot, const int32_t *__restrict__ run, int R,
                           const int32_t *__restrict__ lng, const float *__restrict__ scratch,
                           float *__restrict__ o, int64_t ld_o)
@@ -378,9 +381,10 @@ static __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
         for (; x_done < x; x_done++) y0 += (run[R + lng[1 + x_done]] + L - 1) / L;
         const int r = lng[1 + x];
         const int64_t row0 = run[r], n_run = run[R + r];
-        float *S = S_base + slot[row0] * S_stride + ((int64_t)hv * d_v + j0) * DK;
+        ST *S = S_base + slot[row0] * S_stride + ((int64_t)hv * d_v + j0) * DK;
         __syncthreads(); // the last run's state is stored
-        for (int i = tid; i < C * DK; i += GDN_CHUNK_THREADS) sS[(i % DK) * LS + i / DK] = S[i];
+        for (int i = tid; i < C * DK; i += GDN_CHUNK_THREADS)
+            sS[(i % DK) * LS + i / DK] = gdn_state_get(S + i);
         {
             const int n = (int)min((int64_t)L, n_run);
             const float *it = scratch + ((int64_t)y0 * n_v + hv) * IF;
@@ -453,13 +457,14 @@ static __global__ void __launch_bounds__(GDN_CHUNK_THREADS)
 #pragma unroll
                     for (int q = 0; q < 4; q++)
                         sS[((mb + 2 * i) * 16 + g + 8 * (q >> 1)) * LS + nt * 8 + 2 * t + (q & 1)] =
-                            c[i][q];
+                            gdn_state_round<ST>(c[i][q]); // bf16: rounded after every chunk
             }
             __syncthreads(); // Ke, Ũ and A are done with
             if (more) load_kua(it_next, n_next);
         }
         __syncthreads();
-        for (int i = tid; i < C * DK; i += GDN_CHUNK_THREADS) S[i] = sS[(i % DK) * LS + i / DK];
+        for (int i = tid; i < C * DK; i += GDN_CHUNK_THREADS)
+            gdn_state_put(S + i, sS[(i % DK) * LS + i / DK]);
     }
 }
 
@@ -490,7 +495,9 @@ extern "C" int gdn_chunk_init(status *st)
 #define GDN_CHUNK_INIT(EPL)                                                                      \
     CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_prep_kernel<EPL>, smem,                          \
                                       (int)prep_smem<32 * EPL>::BYTES));                         \
-    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_scan_kernel<EPL>, smem,                          \
+    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_scan_kernel<EPL, float>, smem,                   \
+                                      (int)scan_smem<32 * EPL>::BYTES));                         \
+    CUDA_TRY(st, cudaFuncSetAttribute(gdn_chunk_scan_kernel<EPL, __nv_bfloat16>, smem,           \
                                       (int)scan_smem<32 * EPL>::BYTES))
     GDN_CHUNK_INIT(1);
     GDN_CHUNK_INIT(2);
@@ -509,7 +516,7 @@ extern "C" cuda_launch_dims gdn_chunk_runs_dims(int n_v, int d_v, int R)
 extern "C" void gdn_chunk_runs(const float *d_conv, int64_t ld_conv, const float *d_b,
                                const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
-                               float eps, float *d_S, int64_t S_slot_stride,
+                               float eps, void *d_S, bool S_bf16, int64_t S_slot_stride,
                                const int32_t *d_slot, const int32_t *d_run,
                                const int32_t *d_long, float *d_o, int64_t ld_o, int R, int rows,
                                int long_rows, float *d_scratch, const cuda_launch *l)
@@ -522,9 +529,14 @@ extern "C" void gdn_chunk_runs(const float *d_conv, int64_t ld_conv, const float
     ds_launch(gdn_chunk_prep_kernel<EPL>, prep_grid, GDN_CHUNK_THREADS,                          \
               prep_smem<32 * EPL>::BYTES, l, d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias,        \
               d_ssm_a, n_k, d_v, eps, d_run, R, d_long, d_scratch);                              \
-    ds_launch(gdn_chunk_scan_kernel<EPL>, ds_grid(d), d.block, scan_smem<32 * EPL>::BYTES, l,    \
-              d_v, d_S, S_slot_stride, d_slot, d_run, R, d_long, (const float *)d_scratch, d_o,  \
-              ld_o)
+    if (S_bf16)                                                                                  \
+        ds_launch(gdn_chunk_scan_kernel<EPL, __nv_bfloat16>, ds_grid(d), d.block,                \
+                  scan_smem<32 * EPL>::BYTES, l, d_v, (__nv_bfloat16 *)d_S, S_slot_stride,       \
+                  d_slot, d_run, R, d_long, (const float *)d_scratch, d_o, ld_o);                \
+    else                                                                                         \
+        ds_launch(gdn_chunk_scan_kernel<EPL, float>, ds_grid(d), d.block,                        \
+                  scan_smem<32 * EPL>::BYTES, l, d_v, (float *)d_S, S_slot_stride, d_slot,       \
+                  d_run, R, d_long, (const float *)d_scratch, d_o, ld_o)
     switch (d_k) {
     case 32: GDN_CHUNK_LAUNCH(1); break;
     case 64: GDN_CHUNK_LAUNCH(2); break;

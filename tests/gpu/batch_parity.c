@@ -23,6 +23,13 @@
  *    the quantised GEMM's (the same F16 weights and x; only the order of the sums differs, which
  *    the random weights amplify), and no farther from the CPU forward's than the quantised
  *    GEMM's (1.5x + 1e-3).
+ *  - bf16 recurrent state (fwd_opts.state_dtype, kernels/cuda/gdn.h "State storage") on the
+ *    reference models, batch invariant: alone = all together (greedy tokens), prompts in one
+ *    chunk = token by token (bit-identical logits: both round S after every row), and the
+ *    logits against the CPU forward's with bf16 state within 2e-2 of max|logit| (the F32
+ *    state's bound is 2e-3: an S element whose F32 value lies within the GPU's rounding error of
+ *    a bf16 midpoint rounds the other way, a 2^-8 step, and these random-weight models amplify
+ *    a perturbed state: tests/model/fwd_bf16_test).
  * Models: the reference models and the synthetic ones of DS_ENGINE_GGUF (required with
  * DS_REQUIRE_GPU=1, as engine_parity). */
 #include <CUnit/Basic.h>
@@ -269,6 +276,84 @@ done:
     qwen35_model_free(m);
 }
 
+/* bf16 state on one model: see the top */
+static void check_bf16(const char *path)
+{
+    status st;
+    status_clear(&st);
+    qwen35_model *m = NULL;
+    worker_backend *inv = NULL, *cpu = NULL;
+    static int32_t alone[N_SEQ][N_GEN], all[N_SEQ][N_GEN], pre_all[N_SEQ][N_GEN],
+        c_all[N_SEQ][N_GEN];
+    float *lg = NULL, *lp = NULL, *lc = NULL;
+    static seqs greedy;
+    if (qwen35_model_load(&m, path, &st)) goto done;
+    const int V = m->cfg.V;
+    seqs_make(&greedy, V, false);
+    const worker_backend_opts oi = {.n_slots = N_SEQ, .n_ctx = MAX_PROMPT + N_GEN + 1,
+                                    .max_prefill_tokens = 256, .batch_invariant = true,
+                                    .state_dtype = FWD_STATE_BF16};
+    const size_t rows = (size_t)N_SEQ * (MAX_PROMPT + N_GEN);
+    lg = calloc(rows * V, sizeof *lg);
+    lp = calloc(rows * V, sizeof *lp);
+    lc = calloc(rows * V, sizeof *lc);
+    if (!lg || !lp || !lc) {
+        status_fail(&st, STATUS_NOMEM, "logits");
+        goto done;
+    }
+    if (worker_backend_create("cuda", m, &oi, &inv, &st) ||
+        worker_backend_create("cpu", m, &oi, &cpu, &st) ||
+        run_groups(inv, &greedy, 1, alone, NULL, &st) ||
+        run_groups(inv, &greedy, N_SEQ, all, lg, &st) ||
+        run_groups(cpu, &greedy, N_SEQ, c_all, lc, &st))
+        goto done;
+    const int n = N_SEQ * N_GEN;
+    printf("  %s, bf16 state: greedy alone = all %d together: %d of %d\n", path, N_SEQ,
+           count_same(alone, all), n);
+    CU_ASSERT_EQUAL(count_same(alone, all), n);
+    double w = 0;
+    int rows_cmp = 0;
+    for (int i = 0; i < N_SEQ; i++) {
+        int k = 0;
+        while (k < N_GEN && c_all[i][k] == all[i][k]) k++;
+        const size_t off = (size_t)i * (MAX_PROMPT + N_GEN) * V;
+        w = fmax(w, worst_rel(lc + off, lg + off, greedy.plen[i] + k, V));
+        rows_cmp += greedy.plen[i] + k;
+    }
+    printf("  %s, bf16 state: logits vs the CPU's (bf16 state) over %d rows: worst %.3g of "
+           "max|logit| (bound 2e-2); greedy tokens equal: %d of %d\n", path, rows_cmp, w,
+           count_same(c_all, all), n);
+    CU_ASSERT(w <= 2e-2);
+    memset(lg, 0, rows * V * sizeof *lg);
+    if (run_chunks(inv, &greedy, N_SEQ, 1, all, lg, &st) ||
+        run_chunks(inv, &greedy, N_SEQ, MAX_PROMPT, pre_all, lp, &st))
+        goto done;
+    const int same = !memcmp(lg, lp, rows * V * sizeof *lg);
+    printf("  %s, bf16 state: logits of every row, prompts in one chunk vs token by token: %s\n",
+           path, same ? "bit-identical" : "DIFFERENT");
+    CU_ASSERT(same);
+done:
+    if (st.code) printf("  %s: %s\n", path, st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    free(lg);
+    free(lp);
+    free(lc);
+    worker_backend_destroy(inv);
+    worker_backend_destroy(cpu);
+    qwen35_model_free(m);
+}
+
+static void test_bf16_state(void)
+{
+    if (!g_have_gpu) return;
+    static const char *const names[] = {"tiny-r2-tied", "tiny-r1-untied"};
+    char path[1024];
+    for (int i = 0; i < 2; i++) {
+        ref_case_resolve_path(names[i], ".gguf", path, sizeof path);
+        check_bf16(path);
+    }
+}
+
 static void test_reference(void)
 {
     if (!g_have_gpu) return;
@@ -431,6 +516,7 @@ int main(void)
     CU_add_test(s, "synthetic: invariance", test_synthetic);
     CU_add_test(s, "abandoned sequences free their slots", test_abandon_and_reuse);
     CU_add_test(s, "the dense path against the quantised GEMM", test_dense);
+    CU_add_test(s, "bf16 recurrent state", test_bf16_state);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -14,7 +14,10 @@
  *  - snapshot sizing (snap_budget 0, < 0, > 0, smaller than one) and snap_bytes;
  *  - errors, each leaving the slot empty and the pool as it was: a bad snapshot, slot or n_pos,
  *    a block not held (full or partial), no block free for the partial copy;
- *  - snap_save and seq_resume allocate nothing (malloc, calloc, realloc wrapped). */
+ *  - snap_save and seq_resume allocate nothing (malloc, calloc, realloc wrapped).
+ * Split invariance and resume parity again with the DeltaNet state stored as bf16
+ * (fwd_opts.state_dtype): still bit for bit, S being rounded after every row whatever the
+ * passes. */
 #include <CUnit/Basic.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -78,6 +81,7 @@ static int setup(void)
 static int teardown(void)
 {
     for (int i = 0; i < n_models; i++) qwen35_model_free(models[i]);
+    n_models = 0; /* the next suite's setup loads them again */
     return 0;
 }
 
@@ -101,6 +105,20 @@ static bool splits_over(int ranks)
     return rc == STATUS_OK;
 }
 
+static fwd_state_dtype g_state; /* the suite's */
+
+static int setup_bf16(void)
+{
+    g_state = FWD_STATE_BF16;
+    return setup();
+}
+
+static int teardown_bf16(void)
+{
+    g_state = FWD_STATE_F32;
+    return teardown();
+}
+
 static fwd *make(int ranks, int kv_blocks, int64_t snap_budget)
 {
     fwd *f = NULL;
@@ -108,7 +126,8 @@ static fwd *make(int ranks, int kv_blocks, int64_t snap_budget)
     if (fwd_create("cpu", model, &(fwd_opts){.n_slots = 4, .n_ctx = NCTX, .max_rows = 64,
                                              .ranks = ranks, .kv_block_tokens = BT,
                                              .kv_blocks = kv_blocks, .n_threads = 2,
-                                             .snap_budget = snap_budget},
+                                             .snap_budget = snap_budget,
+                                             .state_dtype = g_state},
                    &f, &st))
         fprintf(stderr, "fwd_create: %s\n", st.msg);
     return f;
@@ -407,5 +426,8 @@ int main(void)
     CU_add_test(s, "resume_parity", test_resume_parity);
     CU_add_test(s, "snap_sizing", test_snap_sizing);
     CU_add_test(s, "errors", test_errors);
+    CU_pSuite b = CU_add_suite("fwd_prefix, bf16 state", setup_bf16, teardown_bf16);
+    CU_add_test(b, "split_invariance", test_split_invariance);
+    CU_add_test(b, "resume_parity", test_resume_parity);
     return testutil_cunit_run();
 }

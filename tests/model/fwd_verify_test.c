@@ -8,7 +8,9 @@
  *  - errors by name: verify rows or a hidden output on a forward without verify runs, a run
  *    longer than verify_rows, a run mixing verify rows and others, rollback outside the last run
  *    (and after a later step);
- *  - a verify step and a rollback allocate nothing (malloc, calloc, realloc wrapped). */
+ *  - a verify step and a rollback allocate nothing (malloc, calloc, realloc wrapped).
+ * The first three again with the DeltaNet state stored as bf16 (fwd_opts.state_dtype): the kept
+ * states and the one-row steps round S at the same rows, so everything stays bit for bit. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,10 +69,24 @@ static int teardown(void)
     return 0;
 }
 
+static fwd_state_dtype g_state; /* the suite's */
+
+static int setup_bf16(void)
+{
+    g_state = FWD_STATE_BF16;
+    return setup();
+}
+
+static int teardown_bf16(void)
+{
+    g_state = FWD_STATE_F32;
+    return teardown();
+}
+
 static fwd *make(const qwen35_model *m, int ranks, int verify_rows)
 {
     fwd_opts o = {.n_slots = 2, .n_ctx = 128, .n_threads = 2, .ranks = ranks, .kv_block_tokens = 8,
-                  .verify_rows = verify_rows};
+                  .verify_rows = verify_rows, .state_dtype = g_state};
     fwd *f = NULL;
     status st;
     if (fwd_create("cpu", m, &o, &f, &st)) fprintf(stderr, "fwd_create: %s\n", st.msg);
@@ -281,5 +297,9 @@ int main(void)
     CU_add_test(s, "rollback continues bit-identically (greedy)", test_rollback_greedy);
     CU_add_test(s, "rollback restores the sampler (seeded draws)", test_rollback_sampled);
     CU_add_test(s, "errors", test_errors);
+    CU_pSuite b = CU_add_suite("fwd_verify, bf16 state", setup_bf16, teardown_bf16);
+    CU_add_test(b, "a verify run equals one-row steps", test_verify_equals_single_rows);
+    CU_add_test(b, "rollback continues bit-identically (greedy)", test_rollback_greedy);
+    CU_add_test(b, "rollback restores the sampler (seeded draws)", test_rollback_sampled);
     return testutil_cunit_run();
 }
