@@ -19,7 +19,8 @@ with norms held as the GGUF stores them (the multiplier, 1 + w_hf), attn_q's row
 [query | gate], partial NEOX rotary (rope.dimension_count of head_dim, theta rope.freq_base).
 The embedding and lm_head are the main model's (frozen); head_norm is the head's own
 (nextn.shared_head_norm, initialised from output_norm). The layer starts as a copy of the main
-model's last attention layer; eh_proj and the pre-projection norms from scratch.
+model's last attention layer, eh_proj as the identity on the hidden half (plus noise 0.02), the
+pre-projection norms at 1.
 
 Teacher-forced, --depth D chained steps as speculative drafting runs them: at depth 1 the row
 of anchor t is (h_t, x_{t+1}) at position t and predicts x_{t+2}; at depth d > 1 the row is
@@ -32,7 +33,8 @@ corpus token's). Depth d's loss is weighted by --depth-decay^(d-1).
 AdamW (betas 0.9/0.95, decay 0.1 on matrices), warm-up then cosine to 10 % over progress =
 max(step / steps, seconds / time budget); bf16 autocast on CUDA. Every --eval-every steps and at
 the end: held-out soft cross-entropy and the share of rows whose argmax is the main model's
-argmax, per depth (teacher-forced acceptance). Writes DIR/mtp-head.safetensors (the 15 tensors
+argmax, per depth (teacher-forced acceptance); the head of the evaluation with the most agreement
+(summed over depths) is the one saved. Writes DIR/mtp-head.safetensors (the 15 tensors
 under their GGUF names, F32, numpy [n_out][n_in] layout) and DIR/log.json.
 --tiny: a few windows of each split and a small batch, for checking on a CPU in a minute.
 """
@@ -226,7 +228,9 @@ class MTPHead(torch.nn.Module):
         init = {}
         for n in self.NAMES[:11]:  # the layer: a copy of the main model's last attention layer
             init[n] = torch.from_numpy(w[b + n].copy())
-        init["nextn.eh_proj.weight"] = torch.randn(H, 2 * H, generator=g) * 0.02
+        eh = torch.randn(H, 2 * H, generator=g) * 0.02  # the hidden half starts as the identity
+        eh[:, H:] += torch.eye(H)
+        init["nextn.eh_proj.weight"] = eh
         init["nextn.enorm.weight"] = torch.ones(H)
         init["nextn.hnorm.weight"] = torch.ones(H)
         init["nextn.shared_head_norm.weight"] = torch.from_numpy(w["output_norm.weight"].copy())
@@ -425,6 +429,7 @@ def main():
     log(json.dumps(info))
     rng = np.random.default_rng(a.seed)
     hist, evals = [], []
+    best, best_state = None, None
     t0 = time.time()
     step, progress = 0, 0.0
     while progress < 1.0:
@@ -453,15 +458,23 @@ def main():
         if step % a.eval_every == 0 or progress >= 1.0:
             ev = evaluate(head, ho_ids, ho_h, a.depth, 16 if a.tiny else 64, dev)
             evals.append(dict(step=step, seconds=round(time.time() - t0, 2), depths=ev))
+            score = sum(e["agree"] for e in ev)
+            if best is None or score > best[0]:
+                best = (score, step)
+                best_state = {n: p.detach().clone() for n, p in head.p.items()}
             log("  held-out: " + "  ".join("d%d ce %.3f agree %.3f" % (e["depth"], e["soft_ce"], e["agree"])
                                            for e in ev))
     el = time.time() - t0
+    with torch.no_grad():  # the evaluation with the most held-out agreement (summed over depths)
+        for n, p in head.p.items():
+            p.copy_(best_state[n])
     save(head, a.out)
-    info.update(steps=step, seconds=round(el, 1), total_seconds=round(time.time() - t_start, 1),
+    info.update(steps=step, saved_step=best[1],
+                peak_gpu_bytes=torch.cuda.max_memory_allocated() if dev == "cuda" else None, seconds=round(el, 1), total_seconds=round(time.time() - t_start, 1),
                 train=hist, heldout=evals)
     json.dump(info, open(os.path.join(a.out, "log.json"), "w"), indent=0)
-    log("done: %d steps in %.0f s (%.0f s in all); wrote %s/mtp-head.safetensors, log.json" %
-        (step, el, time.time() - t_start, a.out))
+    log("done: %d steps in %.0f s (%.0f s in all); wrote %s/mtp-head.safetensors (step %d), log.json" %
+        (step, el, time.time() - t_start, a.out, best[1]))
     return 0
 
 
