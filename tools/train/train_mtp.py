@@ -377,6 +377,8 @@ def main():
     ap.add_argument("--pack", default=".train/pack")
     ap.add_argument("--out", required=True)
     ap.add_argument("--tiny", action="store_true", help="a few windows, small batch (CPU check)")
+    ap.add_argument("--train-windows", type=int, default=0,
+                    help="use only the first N training windows (0: all; a CPU run)")
     ap.add_argument("--steps", type=int, default=4000, help="planned steps (the time budget may end it first)")
     ap.add_argument("--time-budget", type=float, default=150, help="seconds of training")
     ap.add_argument("--batch", type=int, default=64, help="windows per step")
@@ -401,6 +403,8 @@ def main():
     held = torch.from_numpy(load_u16(os.path.join(a.pack, "heldout.u16.gz")))
     if a.tiny:
         train, held = train[:8 * a.window], held[:2 * a.window]
+    if a.train_windows:
+        train = train[:a.train_windows * a.window]
     model, w, kv, c, layer_types = main_from_gguf(a.gguf)
     assert w["token_embd.weight"].shape[0] == meta["vocab_size"], "the pack's vocabulary is not the GGUF's"
     model.to(dev)
@@ -419,6 +423,7 @@ def main():
     opt = torch.optim.AdamW([dict(params=mats, weight_decay=0.1), dict(params=rest, weight_decay=0.0)],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=dev == "cuda")
     B = min(a.batch, 4 if a.tiny else a.batch, tr_ids.shape[0])
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
     n_params = sum(p.numel() for p in head.p.values())
     import transformers
     info = dict(gguf=os.path.basename(a.gguf), device=dev,
