@@ -8,9 +8,11 @@
  *    positions; a random or broken head agrees on about 1 / V;
  *  - generated greedily from the snippet's first PROMPT tokens through the engine on the CPU
  *    with speculative decoding (k = 1 and 3), the tokens equal those without speculation and
- *    at least ACC_FLOOR of the drafts are accepted (engine_load.spec_*).
- * The floors sit well under what the shipped head does (models/README.md "MTP head") and far
- * above what an untrained one does (0 of several hundred drafts). */
+ *    every verify run accepts at least ACC_FLOOR drafts on average (engine_load.spec_*; at
+ *    k = 1 that is the acceptance rate).
+ * The shipped head: 0.223 teacher-forced, 0.21 accepted drafts per verify run at k = 1 and 3
+ * (models/README.md "The MTP head"). A head trained 12 steps on 8 windows gets 0.018 and 0.016,
+ * one trained 80 steps on them 0.120 and 0.107: both fail. */
 #include <CUnit/Basic.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,8 +30,8 @@
 #define DEMO "models/demo-en-17m.gguf" /* runfiles (//models:demo) */
 #define PROMPT 48
 #define N_NEW 64
-#define TF_FLOOR 0.30
-#define ACC_FLOOR 0.30
+#define TF_FLOOR 0.15
+#define ACC_FLOOR 0.15
 
 /* The PostgreSQL 15 manual, section 22.1 (held out: tools/train/corpus.py's hash split). */
 static const char SNIPPET[] =
@@ -177,7 +179,7 @@ static void test_speculative(void)
                (unsigned long long)l.spec_drafted, (unsigned long long)l.spec_accepted, acc,
                l.spec_steps ? (double)l.spec_accepted / l.spec_steps + 1 : 0);
         CU_ASSERT(l.spec_drafted >= (uint64_t)N_NEW / (k + 1));
-        CU_ASSERT(acc >= ACC_FLOOR);
+        CU_ASSERT((double)l.spec_accepted / l.spec_steps >= ACC_FLOOR);
     }
 }
 
