@@ -2,7 +2,7 @@
  *
  *   deltaserve generate --model F (--prompt TEXT | --ids 1,2,3) [--chat [--thinking on|off]]
  *       --max-tokens N [--temperature T --top-k K --top-p P --min-p M --repetition-penalty R
- *        --presence-penalty A --frequency-penalty B --seed S] [--print-ids]
+ *        --presence-penalty A --frequency-penalty B --seed S] [--print-ids] [--speculative-k K]
  *
  * Text is streamed to stdout as it is produced (streaming detokenizer: never a broken UTF-8
  * sequence), then one summary line goes to stderr: prompt tokens, generated tokens, prefill and
@@ -21,7 +21,14 @@
  *
  * The generation runs in the worker's engine (worker/engine.h) over the backend --device picks,
  * one slot: the same loop, stop rules and samplers as a served request. Tokens reach this
- * thread through the engine's sink. */
+ * thread through the engine's sink.
+ *
+ * --speculative-k K (1..4) decodes speculatively as the worker's flag of that name does: the
+ * model's MTP head drafts K tokens, one verify run of K + 1 rows checks them (worker/spec.h).
+ * The summary line then adds the request's verify runs, drafts, accepted drafts, the acceptance
+ * rate (accepted / drafted) and the mean accepted length (tokens per verify run: accepted / runs
+ * + 1); "speculative off" and why when the model, the device or the sampling settings rule it
+ * out (no MTP head, no verify runs, penalties). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -44,10 +51,11 @@
 #include "model/tokenizer.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
+#include "worker/spec.h"
 
 typedef struct gen_opts {
     const char *model, *prompt, *ids, *device, *thinking;
-    int chat, print_ids, max_tokens, threads, ctx, top_k, tp;
+    int chat, print_ids, max_tokens, threads, ctx, top_k, tp, speculative_k;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int64_t seed;
 } gen_opts;
@@ -72,6 +80,7 @@ static const flag_spec gen_flags[] = {
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(gen_opts, threads), "CPU threads (0: all online CPUs)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(gen_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
+    {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(gen_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4"},
     {0},
 };
 
@@ -278,6 +287,7 @@ int cmd_generate(int argc, char **argv)
     }
     if (o.max_tokens < 1) return usage_error("--max-tokens must be >= 1");
     if (o.ctx < 0) return usage_error("--ctx must be >= 0");
+    if (o.speculative_k < 0 || o.speculative_k > SPEC_MAX_K) return usage_error("--speculative-k must be 0..4");
     sampling_params sp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
                           .min_p = o.min_p, .repetition_penalty = o.repetition_penalty,
                           .presence_penalty = o.presence_penalty,
@@ -317,9 +327,11 @@ int cmd_generate(int argc, char **argv)
                     n_prompt, o.max_tokens, o.ctx ? n_ctx : m->cfg.n_ctx_train);
         goto fail;
     }
+    const int spec_k = m->mtp.present ? o.speculative_k : 0;
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = n_ctx, .n_threads = o.threads,
-                                    .max_prefill_tokens = 512, .tp = o.tp};
-    engine_opts eo = {.queue = 1, .step_tokens = 512};
+                                    .max_prefill_tokens = 512, .tp = o.tp,
+                                    .verify_rows = spec_k ? spec_k + 1 : 0};
+    engine_opts eo = {.queue = 1, .step_tokens = 512, .spec_k = spec_k, .spec_threads = o.threads};
     int32_t eog[ENGINE_MAX_EOS_IDS];
     const size_t n_eog = tokenizer_eog_ids(tok, eog);
     for (size_t i = 0; i < n_eog && eo.n_eos_ids < ENGINE_MAX_EOS_IDS; i++) eo.eos_ids[eo.n_eos_ids++] = eog[i];
@@ -337,6 +349,9 @@ int cmd_generate(int argc, char **argv)
     }
     if (worker_backend_create(o.device, m, &bo, &be, &st) || engine_create(be, &eo, &eng, &st))
         goto fail;
+    engine_load load;
+    engine_get_load(eng, &load);
+    const bool eng_speculates = load.speculative;
     /* from here a failure is the request's result, which this command prints as its one line;
      * the engine's own log lines (a failed step) would say it twice */
     log_threshold = LOG_LEVEL_OFF;
@@ -366,9 +381,21 @@ int cmd_generate(int argc, char **argv)
         for (int i = 0; i < n_gen; i++) n_reasoning += out.at[i] < end;
         snprintf(reasoning, sizeof reasoning, ", reasoning tokens %d", n_reasoning);
     }
+    char spec[160] = "";
+    if (o.speculative_k && g.end.spec)
+        snprintf(spec, sizeof spec, ", speculative k %d: verify runs %d, drafted %d, accepted %d, "
+                 "acceptance %.4f, mean accepted length %.3f", o.speculative_k, g.end.spec_steps,
+                 g.end.spec_drafted, g.end.spec_accepted,
+                 g.end.spec_drafted ? (double)g.end.spec_accepted / g.end.spec_drafted : 0.0,
+                 g.end.spec_steps ? (double)g.end.spec_accepted / g.end.spec_steps + 1 : 0.0);
+    else if (o.speculative_k)
+        snprintf(spec, sizeof spec, ", speculative off (%s)",
+                 !m->mtp.present ? "the model has no MTP head"
+                 : !eng_speculates ? "the device runs no verify runs"
+                                   : "the sampling settings have penalties");
     fprintf(stderr, "generate: %s, prompt tokens %d, generated tokens %d%s, prefill %.1f tok/s, "
-            "decode %.1f tok/s\n", be->device, n_prompt, n_gen, reasoning,
-            pre_s > 0 ? n_prompt / pre_s : 0.0, n_dec && dec_s > 0 ? n_dec / dec_s : 0.0);
+            "decode %.1f tok/s%s\n", be->device, n_prompt, n_gen, reasoning,
+            pre_s > 0 ? n_prompt / pre_s : 0.0, n_dec && dec_s > 0 ? n_dec / dec_s : 0.0, spec);
     ret = 0;
 fail:
     if (ret) fprintf(stderr, "deltaserve generate: %s\n", st.msg);

@@ -2,11 +2,15 @@
 llama.cpp's qwen35 conventions.
 
 Checks: the file is at most 40 MiB; its metadata keys are those of the repository's tied
-reference case made by the same exporter (tests/reference/own-r2-tied.gguf), with the values of
-the reference case's HF config (models/NAME.json) and 2 V heads per K head; the tensors are the
-ones a tied qwen35 model has for each layer type (3 DeltaNet layers then one attention layer),
-with their shapes, the matrices F16 and the vectors, ssm_a and ssm_conv1d F32, all finite; the
-tokenizer is gpt2/qwen35 with the five specials last as CONTROL tokens, <|im_end|> the EOS.
+reference case made by the same exporter (tests/reference/own-r2-tied.gguf) plus
+qwen35.nextn_predict_layers (the MTP head, tools/train/export_mtp.py), with the values of the
+reference case's HF config (models/NAME.json), block_count one more than its layers (the head's
+layer) and 2 V heads per K head; the tensors are the ones a tied qwen35 model has for each layer
+type (3 DeltaNet layers then one attention layer) plus the 15 of the MTP block llama.cpp's
+converter writes (an attention layer's and nextn.eh_proj / enorm / hnorm / shared_head_norm at
+layer L), with their shapes, the matrices F16 and the vectors, ssm_a and ssm_conv1d F32, all
+finite; the tokenizer is gpt2/qwen35 with the five specials last as CONTROL tokens, <|im_end|>
+the EOS.
 Run with the project venv (models_py_test.sh)."""
 import json
 import os
@@ -62,6 +66,18 @@ def expected_tensors(cfg, layer_types):
                         b + "attn_output.weight": ([n_h * d_h, H], "mat"),
                         b + "attn_q_norm.weight": ([d_h], "vec"),
                         b + "attn_k_norm.weight": ([d_h], "vec")})
+    b = "blk.%d." % len(layer_types)  # the MTP block (docs/QWEN35.md §1.4)
+    out.update({b + "attn_norm.weight": ([H], "vec"), b + "post_attention_norm.weight": ([H], "vec"),
+                b + "ffn_gate.weight": ([H, F], "mat"), b + "ffn_up.weight": ([H, F], "mat"),
+                b + "ffn_down.weight": ([F, H], "mat"),
+                b + "attn_q.weight": ([H, 2 * n_h * d_h], "mat"),
+                b + "attn_k.weight": ([H, n_kv * d_h], "mat"),
+                b + "attn_v.weight": ([H, n_kv * d_h], "mat"),
+                b + "attn_output.weight": ([n_h * d_h, H], "mat"),
+                b + "attn_q_norm.weight": ([d_h], "vec"), b + "attn_k_norm.weight": ([d_h], "vec"),
+                b + "nextn.eh_proj.weight": ([2 * H, H], "mat"),
+                b + "nextn.enorm.weight": ([H], "vec"), b + "nextn.hnorm.weight": ([H], "vec"),
+                b + "nextn.shared_head_norm.weight": ([H], "vec")})
     return out
 
 
@@ -76,12 +92,13 @@ def main():
     # metadata: the exporter's key set, the config's values
     own = gguf.GGUFReader(os.path.join("tests", "reference", "own-r2-tied.gguf"))
     keys = {k for k in r.fields if not k.startswith("GGUF.")}
-    want_keys = {k for k in own.fields if not k.startswith("GGUF.")}
+    want_keys = {k for k in own.fields if not k.startswith("GGUF.")} | {"qwen35.nextn_predict_layers"}
     check(keys == want_keys, "metadata keys are those of tools/refgen's tied case (%s)" %
           sorted(keys ^ want_keys))
     want = {"general.architecture": "qwen35", "general.file_type": 1,
             "qwen35.embedding_length": cfg["hidden_size"],
-            "qwen35.block_count": cfg["num_hidden_layers"],
+            "qwen35.block_count": cfg["num_hidden_layers"] + 1,
+            "qwen35.nextn_predict_layers": 1,
             "qwen35.feed_forward_length": cfg["intermediate_size"],
             "qwen35.attention.head_count": cfg["num_attention_heads"],
             "qwen35.attention.head_count_kv": cfg["num_key_value_heads"],
