@@ -30,7 +30,7 @@
 typedef struct eval_opts {
     const char *model, *ids, *ids_file, *logits_out, *mode, *device, *state_dtype;
     int threads, prompt_len, batch_tokens, ctx, tp, window;
-    bool exact_dot, ppl;
+    int exact_dot, ppl; /* FLAG_BOOL: int */
 } eval_opts;
 
 static const flag_spec eval_flags[] = {
