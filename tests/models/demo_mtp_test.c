@@ -10,7 +10,8 @@
  *    with speculative decoding (k = 1 and 3), the tokens equal those without speculation and
  *    every verify run accepts at least ACC_FLOOR drafts on average (engine_load.spec_*; at
  *    k = 1 that is the acceptance rate).
- * The shipped head: 0.223 teacher-forced, 0.21 accepted drafts per verify run at k = 1 and 3
+ * The shipped head: 0.386 teacher-forced, 0.47 and 0.70 accepted drafts per verify run at k = 1
+ * and 3; the earlier CPU-trained head (0.223, 0.21) fails too
  * (models/README.md "The MTP head"). A head trained 12 steps on 8 windows gets 0.018 and 0.016,
  * one trained 80 steps on them 0.120 and 0.107: both fail. */
 #include <CUnit/Basic.h>
@@ -30,8 +31,8 @@
 #define DEMO "models/demo-en-17m.gguf" /* runfiles (//models:demo) */
 #define PROMPT 48
 #define N_NEW 64
-#define TF_FLOOR 0.15
-#define ACC_FLOOR 0.15
+#define TF_FLOOR 0.30
+#define ACC_FLOOR 0.35
 
 /* The PostgreSQL 15 manual, section 22.1 (held out: tools/train/corpus.py's hash split). */
 static const char SNIPPET[] =
