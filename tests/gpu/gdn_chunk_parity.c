@@ -14,9 +14,11 @@
  *    CTAs take several runs each beside the chunked rule), slots no run names untouched;
  *  - a perturbed output fails the check.
  * With S stored as bf16 (gdn.h "State storage") the same, the twin rounding S after every chunk
- * (where the kernel does) and the row-by-row rule after every row: against the twin a bf16 step
- * more (|err| <= 2e-4 + 1e-2 |ref|, nmse <= 1e-6); against the row-by-row rule, whose roundings
- * fall elsewhere, |err| <= 1e-3 + 5e-2 |ref| and nmse <= 1e-4. */
+ * (where the kernel does: a run below long_rows goes row by row, so its twin is fed one row at a
+ * time and rounds after every row) and the row-by-row rule after every row: against the twin a
+ * bf16 step more (|err| <= 2e-4 + 1e-2 |ref|, nmse <= 1e-6); against the row-by-row rule, whose
+ * roundings fall elsewhere (up to 200 rows apart: on an H100 differences of 2.2e-3 on states of
+ * max ~0.3, nmse 7e-6), |err| <= 4e-3 + 5e-2 |ref| and nmse <= 1e-4. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,7 +43,7 @@ typedef struct bound {
     double atol, rtol, nmse;
 } bound;
 static const bound F32_BOUND = {2e-4, 2e-3, 1e-8}, BF16_TWIN = {2e-4, 1e-2, 1e-6},
-                   BF16_ROWS = {1e-3, 5e-2, 1e-4};
+                   BF16_ROWS = {4e-3, 5e-2, 1e-4};
 
 /* worst per-element excess over atol + rtol |ref| (0: all within) and the nmse, printed */
 static bool close_to(const char *what, const float *got, const float *ref, int64_t n, bound b)
@@ -147,10 +149,14 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
             const int kh = hv % sh.n_k;
             const float *q = qk + (size_t)i0 * C + kh * sh.d_k, *k = q + D_k;
             const float *v = qk + (size_t)i0 * C + 2 * D_k + hv * sh.d_v;
-            ref_gdn_chunked(len[r], q, k, C, v, C, beta + (size_t)i0 * sh.n_v + hv,
-                            g + (size_t)i0 * sh.n_v + hv, sh.n_v, sh.d_k, sh.d_v,
-                            S_ref + perm[r] * S_stride + (int64_t)hv * sh.d_v * sh.d_k, bf16,
-                            o_ref + (size_t)i0 * D_v + hv * sh.d_v, D_v, scratch);
+            /* bf16: a run the kernel takes row by row rounds S after every row */
+            const int step = bf16 && len[r] < long_rows ? 1 : len[r];
+            for (int t = 0; t < len[r]; t += step)
+                ref_gdn_chunked(step, q + (size_t)t * C, k + (size_t)t * C, C,
+                                v + (size_t)t * C, C, beta + (size_t)(i0 + t) * sh.n_v + hv,
+                                g + (size_t)(i0 + t) * sh.n_v + hv, sh.n_v, sh.d_k, sh.d_v,
+                                S_ref + perm[r] * S_stride + (int64_t)hv * sh.d_v * sh.d_k, bf16,
+                                o_ref + (size_t)(i0 + t) * D_v + hv * sh.d_v, D_v, scratch);
         }
     }
     bool ok = true;

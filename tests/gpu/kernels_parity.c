@@ -78,7 +78,7 @@ typedef struct gdn_shape {
 } gdn_shape;
 
 /* bf16: S stored as bf16 on the device and rounded where it is stored by the twin (gdn.h "State
- * storage"); its state bound is then a bf16 step (2^-7 relative at most) */
+ * storage"); its state bound is then two bf16 steps (elements the sides round apart, 5 rows) */
 static bool gdn_case(gdn_shape sh, int n_tokens, bool bf16, bool perturb)
 {
     const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
@@ -115,13 +115,15 @@ static bool gdn_case(gdn_shape sh, int n_tokens, bool bf16, bool perturb)
         snprintf(name, sizeof name, "gdn n_k %d n_v %d d_k %d d_v %d%s token %d%s", sh.n_k,
                  sh.n_v, sh.d_k, sh.d_v, bf16 ? " bf16 state" : "", t,
                  perturb ? " (perturbed)" : "");
-        ok &= gpu_parity_check(name, got, y, D_v, 2e-4, 2e-4, 1e-8, !perturb, NULL);
+        /* bf16: an S element the two sides round apart (a 2^-8 step) moves the output too */
+        ok &= gpu_parity_check(name, got, y, D_v, bf16 ? 1e-3 : 2e-4, bf16 ? 1e-2 : 2e-4, 1e-8,
+                               !perturb, NULL);
         free(mixed), free(z), free(b), free(a);
     }
     float *gS = gpu_state_host(d_S, nS, bf16), *gcs = malloc((size_t)C * (K - 1) * 4);
     to_host(gcs, d_cs, (size_t)C * (K - 1) * 4);
     snprintf(name, sizeof name, "  state S after %d tokens", n_tokens);
-    if (bf16) ok &= gpu_parity_check(name, gS, S, nS, 1e-5, 1e-2, 1e-7, true, NULL);
+    if (bf16) ok &= gpu_parity_check(name, gS, S, nS, 2e-4, 2e-2, 1e-7, true, NULL);
     else ok &= gpu_parity_check(name, gS, S, nS, 1e-5, 1e-4, 1e-9, true, NULL);
     ok &= gpu_parity_check("  conv state", gcs, cs, (int64_t)C * (K - 1), 0, 0, 0, true, NULL);
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_nw), cuda_free(d_cs);
