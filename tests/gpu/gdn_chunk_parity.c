@@ -16,7 +16,8 @@
  * With S stored as bf16 (gdn.h "State storage") the same, the twin rounding S after every chunk
  * (where the kernel does: a run below long_rows goes row by row, so its twin is fed one row at a
  * time and rounds after every row) and the row-by-row rule after every row: against the twin a
- * bf16 step more (|err| <= 2e-4 + 1e-2 |ref|, nmse <= 1e-6); against the row-by-row rule, whose
+ * few bf16 steps more where the two round apart (|err| <= 4e-4 + 2e-2 |ref|: 3 steps seen on an
+ * H100; nmse <= 1e-6, 7e-10 seen); against the row-by-row rule, whose
  * roundings fall elsewhere (up to 200 rows apart: on an H100 differences of 2.2e-3 on states of
  * max ~0.3, nmse 7e-6), |err| <= 4e-3 + 5e-2 |ref| and nmse <= 1e-4. */
 #include <CUnit/Basic.h>
@@ -42,7 +43,7 @@ typedef struct shape {
 typedef struct bound {
     double atol, rtol, nmse;
 } bound;
-static const bound F32_BOUND = {2e-4, 2e-3, 1e-8}, BF16_TWIN = {2e-4, 1e-2, 1e-6},
+static const bound F32_BOUND = {2e-4, 2e-3, 1e-8}, BF16_TWIN = {4e-4, 2e-2, 1e-6},
                    BF16_ROWS = {4e-3, 5e-2, 1e-4};
 
 /* worst per-element excess over atol + rtol |ref| (0: all within) and the nmse, printed */
