@@ -15,7 +15,6 @@
  * (models/README.md "The MTP head"). A head trained 12 steps on 8 windows gets 0.018 and 0.016,
  * one trained 80 steps on them 0.120 and 0.107: both fail. */
 #include <CUnit/Basic.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +25,7 @@
 #include "model/tokenizer.h"
 #include "tests/testutil/testutil.h"
 #include "worker/backend.h"
+#include "tests/testutil/engine_collector.h"
 #include "worker/engine.h"
 
 #define DEMO "models/demo-en-17m.gguf" /* runfiles (//models:demo) */
@@ -108,34 +108,6 @@ static void test_teacher_forced(void)
     qwen35_ctx_destroy(ctx);
 }
 
-typedef struct collector {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[N_NEW];
-    int n;
-    bool done;
-} collector;
-
-static bool col_cancelled(void *arg) { (void)arg; return false; }
-static void col_token(void *arg, const engine_request *r, const worker_batch_item *it)
-{
-    (void)r;
-    collector *c = arg;
-    pthread_mutex_lock(&c->mu);
-    if (c->n < N_NEW) c->tokens[c->n++] = it->out.token;
-    pthread_mutex_unlock(&c->mu);
-}
-static void col_finish(void *arg, const engine_request *r)
-{
-    (void)r;
-    collector *c = arg;
-    pthread_mutex_lock(&c->mu);
-    c->done = true;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-static const engine_sink sink = {col_cancelled, col_token, col_finish};
-
 /* N_NEW greedy tokens after the snippet's first PROMPT tokens, speculating k drafts (0: off). */
 static void generate(int k, int32_t out[N_NEW], engine_load *load)
 {
@@ -147,17 +119,16 @@ static void generate(int k, int32_t out[N_NEW], engine_load *load)
     CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", g_m, &bo, &b, &st), STATUS_OK);
     const engine_opts eo = {.queue = 2, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
     CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
-    collector c = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    engine_collector c;
+    engine_collector_init(&c, out, N_NEW);
     engine_params p = {.prompt = g_ids, .n_prompt = PROMPT, .max_new_tokens = N_NEW,
                        .sampling = sampling_params_resolve(&(sampling_params){0}),
                        .ignore_eos = true};
     snprintf(p.id, sizeof p.id, "demo-mtp-%d", k);
-    CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &c, &st), STATUS_OK);
-    pthread_mutex_lock(&c.mu);
-    while (!c.done) pthread_cond_wait(&c.cv, &c.mu);
-    pthread_mutex_unlock(&c.mu);
+    CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, &c, &st), STATUS_OK);
+    engine_collector_wait(&c);
     CU_ASSERT_EQUAL(c.n, N_NEW);
-    memcpy(out, c.tokens, sizeof c.tokens);
+    engine_collector_destroy(&c);
     engine_get_load(e, load);
     engine_destroy(e);
     worker_backend_destroy(b);

@@ -8,7 +8,6 @@
  *    verify row chooses) is distributed as without speculation (a two-sample chi-square). */
 #include <CUnit/Basic.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,45 +16,11 @@
 #include "model/qwen35.h"
 #include "tests/testutil/testutil.h"
 #include "worker/backend.h"
+#include "tests/testutil/engine_collector.h"
 #include "worker/engine.h"
 
 #define N_REQ 3
 #define N_NEW 40
-
-typedef struct collector {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[N_NEW];
-    int n;
-    bool done;
-} collector;
-
-static bool col_cancelled(void *arg) { (void)arg; return false; }
-static void col_token(void *arg, const engine_request *r, const worker_batch_item *it)
-{
-    (void)r;
-    collector *c = arg;
-    pthread_mutex_lock(&c->mu);
-    if (c->n < N_NEW) c->tokens[c->n++] = it->out.token;
-    pthread_mutex_unlock(&c->mu);
-}
-static void col_finish(void *arg, const engine_request *r)
-{
-    (void)r;
-    collector *c = arg;
-    pthread_mutex_lock(&c->mu);
-    c->done = true;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-static const engine_sink sink = {col_cancelled, col_token, col_finish};
-
-static void col_wait(collector *c)
-{
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
 
 static const int32_t PROMPTS[N_REQ][6] = {{1, 5, 9, 2, 7, 3}, {4, 4, 8, 1, 0, 6}, {11, 3, 2, 9, 5, 1}};
 
@@ -81,21 +46,20 @@ static void run(const char *path, int k, int32_t out[N_REQ][N_NEW], engine_load 
     status st;
     open_engine(path, k, &m, &b, &e);
     CU_ASSERT_FATAL(m->mtp.present);
-    collector c[N_REQ];
+    engine_collector c[N_REQ];
     for (int i = 0; i < N_REQ; i++) {
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
+        engine_collector_init(&c[i], out[i], N_NEW);
         engine_params p = {.prompt = PROMPTS[i], .n_prompt = 6, .max_new_tokens = N_NEW,
                            .sampling = sampling_params_resolve(&(sampling_params){0}),
                            .ignore_eos = true};
         snprintf(p.id, sizeof p.id, "greedy-%d", i);
-        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &c[i], &st), STATUS_OK);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, &c[i], &st),
+                              STATUS_OK);
     }
     for (int i = 0; i < N_REQ; i++) {
-        col_wait(&c[i]);
+        engine_collector_wait(&c[i]);
         CU_ASSERT_EQUAL(c[i].n, N_NEW);
-        memcpy(out[i], c[i].tokens, sizeof c[i].tokens);
+        engine_collector_destroy(&c[i]);
     }
     engine_get_load(e, load);
     if (k) { /* neither of these speculates */
@@ -103,19 +67,18 @@ static void run(const char *path, int k, int32_t out[N_REQ][N_NEW], engine_load 
                            .sampling = sampling_params_resolve(&(sampling_params){0}),
                            .ignore_eos = true, .no_speculation = true};
         snprintf(p.id, sizeof p.id, "off");
-        collector d = {0};
-        pthread_mutex_init(&d.mu, NULL);
-        pthread_cond_init(&d.cv, NULL);
-        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &d, &st), STATUS_OK);
-        col_wait(&d);
+        int32_t d_tok[N_NEW];
+        engine_collector d;
+        engine_collector_init(&d, d_tok, N_NEW);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, &d, &st), STATUS_OK);
+        engine_collector_wait(&d);
         CU_ASSERT(memcmp(d.tokens, out[0], 8 * sizeof(int32_t)) == 0);
         p.no_speculation = false;
         p.sampling = sampling_params_resolve(&(sampling_params){.temperature = 0.8f, .seed = 3,
                                                                 .repetition_penalty = 1.1f});
-        d.done = false;
-        d.n = 0;
-        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &d, &st), STATUS_OK);
-        col_wait(&d);
+        engine_collector_reset(&d);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, &d, &st), STATUS_OK);
+        engine_collector_wait(&d);
         CU_ASSERT_EQUAL(d.n, 8);
         engine_load l2;
         engine_get_load(e, &l2);
@@ -159,12 +122,13 @@ static void check(synth_quant q, const char *name)
 #define SAMPLED_NEW 3
 
 typedef struct sampled_run {
-    collector c[N_SEEDS];
+    engine_collector c[N_SEEDS];
+    int32_t tokens[N_SEEDS][N_NEW];
     engine_load load;
 } sampled_run;
 
 /* N_SEEDS sampled requests (seeds 1..) of SAMPLED_NEW tokens on model path with speculation k
- * (0: off), 4 at a time; their tokens in run->c. */
+ * (0: off), 4 at a time; their tokens in run->tokens. */
 static void run_sampled(const char *path, int k, const sampling_params *sp, int n_new,
                         sampled_run *run, int n_seeds)
 {
@@ -176,20 +140,20 @@ static void run_sampled(const char *path, int k, const sampling_params *sp, int 
     for (int i0 = 0; i0 < n_seeds; i0 += 4) {
         const int n = n_seeds - i0 < 4 ? n_seeds - i0 : 4;
         for (int i = i0; i < i0 + n; i++) {
-            collector *c = &run->c[i];
-            memset(c, 0, sizeof *c);
-            pthread_mutex_init(&c->mu, NULL);
-            pthread_cond_init(&c->cv, NULL);
+            engine_collector *c = &run->c[i];
+            engine_collector_init(c, run->tokens[i], N_NEW);
             sampling_params s = *sp;
             s.seed = 1 + (uint64_t)i;
             engine_params p = {.prompt = PROMPTS[1], .n_prompt = 6, .max_new_tokens = n_new,
                                .sampling = sampling_params_resolve(&s), .ignore_eos = true};
             snprintf(p.id, sizeof p.id, "sampled-%d", i);
-            CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, c, &st), STATUS_OK);
+            CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, c, &st),
+                                  STATUS_OK);
         }
         for (int i = i0; i < i0 + n; i++) {
-            col_wait(&run->c[i]);
+            engine_collector_wait(&run->c[i]);
             CU_ASSERT_EQUAL(run->c[i].n, n_new);
+            engine_collector_destroy(&run->c[i]);
         }
     }
     engine_get_load(e, &run->load);
@@ -238,7 +202,7 @@ static void test_sampled(void)
     CU_ASSERT_EQUAL(on.load.spec_steps, on2.load.spec_steps);
     CU_ASSERT_EQUAL(on.load.spec_accepted, on2.load.spec_accepted);
     for (int i = 0; i < 8; i++)
-        CU_ASSERT(memcmp(on.c[i].tokens, on2.c[i].tokens, sizeof on.c[i].tokens) == 0);
+        CU_ASSERT(memcmp(on.tokens[i], on2.tokens[i], sizeof on.tokens[i]) == 0);
     printf("\n    sampled k=2: %llu verify runs, %llu drafted, %llu accepted",
            (unsigned long long)on.load.spec_steps, (unsigned long long)on.load.spec_drafted,
            (unsigned long long)on.load.spec_accepted);
@@ -251,8 +215,8 @@ static void test_sampled(void)
     static int32_t a[N_SEEDS], b[N_SEEDS];
     int same = 0;
     for (int i = 0; i < N_SEEDS; i++) {
-        a[i] = on.c[i].tokens[1];
-        b[i] = off.c[i].tokens[1];
+        a[i] = on.tokens[i][1];
+        b[i] = off.tokens[i][1];
         same += a[i] == b[i];
     }
     int df;
