@@ -330,7 +330,7 @@ int cmd_generate(int argc, char **argv)
     const int spec_k = m->mtp.present ? o.speculative_k : 0;
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = n_ctx, .n_threads = o.threads,
                                     .max_prefill_tokens = 512, .tp = o.tp,
-                                    .verify_rows = spec_k ? spec_k + 1 : 0};
+                                    .verify_rows = spec_k ? spec_k + 1 : 0, .verify_runs = 1};
     engine_opts eo = {.queue = 1, .step_tokens = 512, .spec_k = spec_k, .spec_threads = o.threads};
     int32_t eog[ENGINE_MAX_EOS_IDS];
     const size_t n_eog = tokenizer_eog_ids(tok, eog);

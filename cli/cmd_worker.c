@@ -217,7 +217,8 @@ int cmd_worker(int argc, char **argv)
                                                  ? -1 : (int64_t)o.prefix_cache_mb << 20,
                               /* the kept states of verify runs only where drafts can come */
                               .verify_rows = o.speculative_k > 0 && model->mtp.present
-                                                 ? o.speculative_k + 1 : 0};
+                                                 ? o.speculative_k + 1 : 0,
+                              .verify_runs = o.spec_max_batch};
     if (worker_backend_create(o.device, model, &bo, &backend, &st)) {
         if (st.code == STATUS_NOMEM && (o.ctx || o.slots)) { /* name the flags that asked */
             char m[sizeof st.msg];

@@ -638,6 +638,7 @@ static int cpu_create(const qwen35_model *m, const fwd_opts *o, fwd **out, statu
     c->seen = calloc(S, sizeof *c->seen);
     c->logits = malloc((size_t)c->head_rows * (size_t)f->vocab * sizeof(float));
     f->verify_rows = o->verify_rows;
+    f->verify_sampled = true;
     c->vfirst = calloc(S, sizeof *c->vfirst);
     c->vrows = calloc(S, sizeof *c->vrows);
     c->vaccepted = calloc(S, sizeof *c->vaccepted);

@@ -103,11 +103,12 @@ static int alloc_run_state(fc_rank *e, status *st)
     fc_act_layout(e, &aa);
     fc_batch_layout(e, &aa);
     if (fc_kv_alloc(e, st) || fc_batch_alloc_host(e, st) ||
-        cuda_host_alloc(&e->h_pinned, 8 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1),
+        cuda_host_alloc(&e->h_pinned, 16 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1),
                         "pinned step buffers", st))
         return st->code;
     unsigned long long *h_best = (unsigned long long *)e->h_pinned;
     e->h_stage = (int32_t *)(h_best + e->n_slots);
+    e->h_rpos = e->h_stage + e->max_rows + 1;
     for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
@@ -193,16 +194,18 @@ static int size_state(fc_rank *e, status *st)
     const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
                            e->kv_elem_bytes; /* K and V of one block, every layer */
     e->snap_bytes = fc_snap_bytes(e);
-    const int given = e->n_slots;
+    const int given = e->n_slots, n_keep = e->n_keep;
     fc_slot probe[2];
     memset(probe, 0, sizeof probe);
     e->slots = probe;
     e->n_slots = 1;
+    e->n_keep = 0;
     kv->n_blocks = 0;
     fc_arena a = {0};
     fc_state_layout(e, &a); /* one slot and the pad slot, no KV */
     e->slots = NULL;
     e->n_slots = given;
+    e->n_keep = n_keep;
     const uint64_t per_slot = a.used / 2;
     cuda_device_props p;
     if (cuda_device_props_get(e->device, &p, st)) return st->code;
@@ -224,9 +227,14 @@ static int size_state(fc_rank *e, status *st)
     if (e->ctx_fit && fit_context(e, room, per_slot, block, what, shrunk, sizeof shrunk, st))
         return st->code;
     if (!e->ctx_fit) shrunk[0] = 0;
-    /* the attention partials of a batched pass's 256 rows and the one-row step, at n_ctx */
+    /* the attention partials of a batched pass's 256 rows and the one-row step, at n_ctx, and
+     * the verify runs' keep slots */
     const uint64_t parts = 4ull * FC_PART_ROWS * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
-    room = room > parts ? room - parts : 0;
+    const uint64_t keeps = (uint64_t)e->n_keep * per_slot;
+    room = room > parts + keeps ? room - parts - keeps : 0;
+    if (e->n_keep)
+        LOG_INFO("cuda: %d kept states for verify runs (%d runs of up to %d rows a step): %.1f MB",
+                 e->n_keep, e->verify_runs, e->verify_rows, keeps / 1e6);
     const uint64_t snap = e->snap_bytes;
     if (e->n_slots) {
         const uint64_t states = (uint64_t)(e->n_slots + 1) * per_slot;
@@ -310,6 +318,9 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->mem_budget = o && o->mem_budget > 0 ? o->mem_budget : 0;
     e->snap_budget = o ? o->snap_budget : 0;
     e->dense_rows_opt = o && !o->batch_invariant ? o->dense_rows : 0;
+    e->verify_rows = o && o->verify_rows >= 2 ? o->verify_rows : 0;
+    e->verify_runs = o && o->verify_runs > 0 ? o->verify_runs : FWD_VERIFY_RUNS;
+    e->n_keep = e->verify_rows ? e->verify_runs * (e->verify_rows - 1) : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
@@ -320,12 +331,14 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
         size_state(e, st))
         goto fail;
     e->max_rows = o && o->max_rows > 0 ? o->max_rows : e->n_slots + 256;
-    e->slots = calloc((size_t)e->n_slots + 1, sizeof *e->slots); /* + the pad slot */
+    /* + the pad slot and the keep slots */
+    e->slots = calloc((size_t)e->n_slots + 1 + e->n_keep, sizeof *e->slots);
     if (!e->slots) {
         status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", e->n_slots);
         goto fail;
     }
     fc_batch_plan(e);
+    if (!e->b.rows) e->verify_rows = 0; /* verify runs take the batched path */
     if (alloc_run_state(e, st)) goto fail;
     LOG_INFO("cuda: %s: weights %.2f GB, state+KV %.2f GB (%d slots of up to %d positions, KV "
              "%s in %d blocks of %d), scratch %.1f MB", e->props.name, e->w.bytes / 1e9,
@@ -442,6 +455,24 @@ static void stage_tokens(fc_rank *e, const fwd_row *rows, int B)
     e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
 }
 
+void fc_rank_rollback(fc_rank *e, int slot, int n_past)
+{
+    fc_slot *sl = &e->slots[slot];
+    const int row = n_past - sl->v_first - 1;
+    DS_ASSERT(sl->v_len > 0 && row >= 0 && row < sl->v_len);
+    if (row + 1 < sl->v_len) { /* conv windows and S lie back to back, as a snapshot's */
+        const fc_slot *k = &e->slots[sl->v_keep + row];
+        cuda_copy_async(sl->d_conv, k->d_conv, e->snap_bytes, e->launch.stream);
+    }
+    int32_t *pos = e->h_rpos + 2 * (int64_t)slot; /* the one-row graphs read it */
+    pos[0] = n_past - 1;
+    pos[1] = n_past;
+    cuda_copy_h2d_async(sl->d_pos, pos, 8, e->launch.stream);
+    sl->n_past = n_past;
+    sl->chain_ok = false;
+    sl->v_len = row + 1; /* a later rollback only goes further back */
+}
+
 /* true when the step goes through the batched graphs: more than one row (decode rows of several
  * slots, a prompt chunk), or every step when batch invariant */
 static bool step_batched(const fc_rank *e, int B)
@@ -465,6 +496,11 @@ int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st)
                 cuda_copy_d2h_async(rows[k].logits, e->a.d_logits, (size_t)e->cfg.V * 4,
                                     e->launch.stream);
                 e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
+            }
+            if (rows[k].hidden && fc_samples(e)) { /* the final norm's output (the MTP's h) */
+                cuda_copy_d2h_async(rows[k].hidden, e->a.d_h, (size_t)e->cfg.H * 4,
+                                    e->launch.stream);
+                e->stats.d2h_bytes += (uint64_t)e->cfg.H * 4;
             }
         }
         if (fc_sample_run(e, rows, i, j, e->a.d_logits, st)) return st->code;

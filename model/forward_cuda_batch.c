@@ -155,6 +155,8 @@ int fc_batch_alloc_host(fc_rank *e, status *st)
     if (cuda_host_alloc(&b->h_pinned, bytes, "pinned batched step buffers", st)) return st->code;
     b->h_best = b->h_pinned;
     b->h_stage = (int32_t *)(b->h_best + e->max_rows);
+    b->h_keep = malloc((size_t)e->max_rows * sizeof *b->h_keep);
+    if (!b->h_keep) return status_fail(st, STATUS_NOMEM, "cuda: keep slots of a step");
     return STATUS_OK;
 }
 
@@ -194,6 +196,7 @@ void fc_batch_destroy(fc_rank *e)
         cuda_graph_exec_destroy(e->b.g.head[k]);
     }
     cuda_host_free(e->b.h_pinned);
+    free(e->b.h_keep);
 }
 
 /* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged in
@@ -202,14 +205,14 @@ void fc_batch_destroy(fc_rank *e)
  * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
  * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
  * the graphs. */
-static int run_pass(fc_rank *e, fwd_row *rows, int n, int32_t *h_stage,
+static int run_pass(fc_rank *e, fwd_row *rows, int n, const int32_t *keep, int32_t *h_stage,
                     unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
     const int V = e->cfg.V;
     fc_pass_info in;
-    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, h_stage, head,
-                  &in);
+    fc_stage_pass(rows, n, b->bucket, b->n_buckets, e->n_slots, b->attn_tiles, keep, h_stage,
+                  head, &in);
     const int k = in.k, kh = in.kh, nh = in.nh;
     const size_t staged = (size_t)in.staged_ints * 4;
     cuda_copy_h2d_async(b->stage[k].head_rows, h_stage, staged, e->launch.stream);
@@ -233,6 +236,12 @@ static int run_pass(fc_rank *e, fwd_row *rows, int n, int32_t *h_stage,
             cuda_copy_d2h_async(r->logits, d_logits, (size_t)V * 4, e->launch.stream);
             e->stats.d2h_bytes += (uint64_t)V * 4;
         }
+        if (r->hidden && fc_samples(e)) { /* the final norm's output, the head's gathered row */
+            const int64_t H = e->cfg.H;
+            cuda_copy_d2h_async(r->hidden, b->act.d_h + (int64_t)head[j] * H, (size_t)H * 4,
+                                e->launch.stream);
+            e->stats.d2h_bytes += (uint64_t)H * 4;
+        }
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
         while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
@@ -241,19 +250,57 @@ static int run_pass(fc_rank *e, fwd_row *rows, int n, int32_t *h_stage,
     return STATUS_OK;
 }
 
+/* verify runs go row by row (gdn_decode_runs keeps their states), never the chunked rule */
+_Static_assert(FWD_MAX_VERIFY_ROWS < FC_LONG_RUN_ROWS, "a verify run is a short run");
+
+/* The step's verify runs (docs/GPU.md "Verify runs"), before any row runs: each run's rows but
+ * the last get keep slots in b->h_keep (the rest -1) and its slot's record; refused: a sampled
+ * sequence's run (greedy only here), more runs than the keep slots hold. */
+static int plan_keeps(fc_rank *e, const fwd_row *rows, int B, status *st)
+{
+    int32_t *keep = e->b.h_keep;
+    int next = 0, runs = 0;
+    for (int i = 0; i < B;) {
+        int j = i + 1;
+        while (j < B && rows[j].slot == rows[i].slot) j++;
+        for (int x = i; x < j; x++) keep[x] = -1;
+        fc_slot *sl = &e->slots[rows[i].slot];
+        if (rows[i].verify) {
+            if (!sl->greedy || rows[i].draft_q)
+                return status_fail(st, STATUS_UNSUPPORTED, "row %d: slot %d: cuda verify runs "
+                                   "take greedy sequences only", i, rows[i].slot);
+            if (next + j - i - 1 > e->n_keep)
+                return status_fail(st, STATUS_RANGE, "row %d: verify run %d of the step: the "
+                                   "forward keeps the states of %d runs of %d rows", i, runs + 1,
+                                   e->verify_runs, e->verify_rows);
+            sl->v_first = rows[i].pos;
+            sl->v_len = j - i;
+            sl->v_keep = e->n_slots + 1 + next;
+            for (int x = i; x + 1 < j; x++) keep[x] = e->n_slots + 1 + next++;
+            runs++;
+        }
+        i = j;
+    }
+    return STATUS_OK;
+}
+
 int fc_batch_step(fc_rank *e, fwd_row *rows, int B, status *st)
 {
     fc_batch *b = &e->b;
     int head[B];
+    if (plan_keeps(e, rows, B, st)) return st->code;
     for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
         DS_ASSERT(p < b->max_passes);
-        if (run_pass(e, rows + i, m, b->h_stage + (size_t)p * FC_STAGE_INTS(b->rows),
-                     b->h_best + i, head + i, st))
+        if (run_pass(e, rows + i, m, b->h_keep + i,
+                     b->h_stage + (size_t)p * FC_STAGE_INTS(b->rows), b->h_best + i, head + i,
+                     st))
             return st->code;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;
     e->stats.steps++;
+    for (int i = 0; i < B; i++) /* the verify runs' records name this step */
+        if (rows[i].verify) e->slots[rows[i].slot].v_step = e->stats.steps;
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
         if (!rows[i].sample || head[i] < 0 || !(sl->greedy || sl->sampler)) continue;

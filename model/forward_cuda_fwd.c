@@ -16,7 +16,7 @@
 #include "model/tp_shard.h"
 
 enum rank_job { JOB_CREATE, JOB_SEQ_START, JOB_SEQ_RESUME, JOB_SNAP_SAVE, JOB_FILL, JOB_STEP,
-                JOB_DESTROY };
+                JOB_ROLLBACK, JOB_DESTROY };
 
 typedef struct cuda_forward {
     fwd base;
@@ -64,6 +64,9 @@ static int run_on(cuda_forward *c, int r, status *st)
         return STATUS_OK;
     case JOB_FILL: return fc_slot_fill(c->rank[r], c->slot, c->n_past, st);
     case JOB_STEP: return fc_rank_step(c->rank[r], r ? c->rows_of[r] : c->rows, c->n, st);
+    case JOB_ROLLBACK:
+        fc_rank_rollback(c->rank[r], c->slot, c->n_past);
+        return STATUS_OK;
     case JOB_DESTROY:
         fc_rank_destroy(c->rank[r]);
         c->rank[r] = NULL;
@@ -178,6 +181,30 @@ static int cuda_fill(fwd *f, int slot, int n_past, status *st)
     return STATUS_OK;
 }
 
+/* After a verify run in the last step (docs/GPU.md "Verify runs"): the kept state of the row
+ * before n_past copied back on every rank. */
+static int cuda_rollback(fwd *f, int slot, int n_past, status *st)
+{
+    cuda_forward *c = (cuda_forward *)f;
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "rollback: slot %d outside [0, %d)", slot,
+                           f->n_slots);
+    const fc_rank *e = c->rank[0];
+    const fc_slot *sl = &e->slots[slot];
+    if (!sl->v_len || sl->v_step != e->stats.steps)
+        return status_fail(st, STATUS_RANGE, "rollback: slot %d ran no verify run in the last "
+                           "step", slot);
+    if (n_past <= sl->v_first || n_past > sl->v_first + sl->v_len)
+        return status_fail(st, STATUS_RANGE, "rollback: slot %d: position %d outside its verify "
+                           "run's [%d, %d]", slot, n_past, sl->v_first + 1,
+                           sl->v_first + sl->v_len);
+    c->slot = slot;
+    c->n_past = n_past;
+    if (on_ranks(c, JOB_ROLLBACK, st)) return st->code;
+    f->n_past[slot] = n_past;
+    return STATUS_OK;
+}
+
 /* ---- prefix reuse (fwd.h snap_save / seq_resume; docs/GPU.md "Snapshots") ---- */
 
 static int cuda_snap_save(fwd *f, int slot, int snap, status *st)
@@ -288,6 +315,7 @@ static const fwd_vt cuda_vt = {
     .fill = cuda_fill,
     .snap_save = cuda_snap_save,
     .seq_resume = cuda_seq_resume,
+    .rollback = cuda_rollback,
     .get_stats = cuda_get_stats,
     .destroy = cuda_destroy,
 };
@@ -347,10 +375,12 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
 {
     *out = NULL;
     if (o->n_slots < 0 || o->n_ctx < 1 || o->max_rows < 0 || o->ranks < 0 ||
-        o->ranks > FWD_MAX_RANKS || o->n_devices < 0 || o->n_devices > FWD_MAX_RANKS)
+        o->ranks > FWD_MAX_RANKS || o->n_devices < 0 || o->n_devices > FWD_MAX_RANKS ||
+        o->verify_rows < 0 || o->verify_rows > FWD_MAX_VERIFY_ROWS || o->verify_runs < 0)
         return status_fail(st, STATUS_INVALID, "cuda forward: slots %d, ctx %d, rows %d, ranks "
-                           "%d, %d devices", o->n_slots, o->n_ctx, o->max_rows, o->ranks,
-                           o->n_devices);
+                           "%d, %d devices, verify runs of %d rows, %d a step", o->n_slots,
+                           o->n_ctx, o->max_rows, o->ranks, o->n_devices, o->verify_rows,
+                           o->verify_runs);
     if (o->kv_block_tokens && o->kv_block_tokens != ATTN_KV_BLOCK)
         return status_fail(st, STATUS_UNSUPPORTED, "cuda forward: KV blocks of %d positions (the "
                            "kernels' are %d)", o->kv_block_tokens, ATTN_KV_BLOCK);
@@ -390,7 +420,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
                                 the group's bytes), the ranks' shards being alike */
                              .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
                                                                : o->snap_budget,
-                             .state_bf16 = o->state_dtype == FWD_STATE_BF16};
+                             .state_bf16 = o->state_dtype == FWD_STATE_BF16,
+                             .verify_rows = o->verify_rows, .verify_runs = o->verify_runs};
     int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];
@@ -405,7 +436,9 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
         rc = status_fail(st, STATUS_NOMEM, "cuda forward: %d slots", f->n_slots);
         goto fail;
     }
-    f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1);
+    f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1 + e->n_keep);
+    f->verify_rows = e->verify_rows; /* 0 without a batched path */
+    f->verify_sampled = false;
     f->state_dtype = o->state_dtype;
     f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */
     for (int r = 0; r < ranks; r++) {

@@ -12,16 +12,17 @@ static int bucket_of(const int *bucket, int n_buckets, int n)
     return k;
 }
 
-/* true when row i's logits are read: eval rows, and the sampled row (the last of its run) */
+/* true when row i's logits or final-norm output are read: eval rows, rows with a hidden output,
+ * the sampled row (the last of its run, or any of a verify run) */
 static bool needs_head(const fwd_row *rows, int i, int n)
 {
     const bool last = i + 1 == n || rows[i + 1].slot != rows[i].slot;
-    return rows[i].logits || (rows[i].sample && last);
+    return rows[i].logits || rows[i].hidden || (rows[i].sample && (last || rows[i].verify));
 }
 
 fc_stage fc_stage_at(int32_t *base, int rows, int nb)
 {
-    fc_stage s = {.head_rows = base, .nb = nb, .ints = rows + 7 * nb + 1};
+    fc_stage s = {.head_rows = base, .nb = nb, .ints = rows + 8 * nb + 1};
     s.tokens = base + rows;
     s.slots = s.tokens + nb;
     s.pos = s.slots + nb;
@@ -30,11 +31,13 @@ fc_stage fc_stage_at(int32_t *base, int rows, int nb)
     s.long_runs = s.run_len + nb;
     s.long_idx = s.long_runs + 1;
     s.tile_rows = s.long_idx + nb;
+    s.keep = s.tile_rows + nb;
     return s;
 }
 
 void fc_stage_pass(const fwd_row *rows, int n, const int *bucket, int n_buckets,
-                   int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info)
+                   int pad_slot, bool attn_tiles, const int32_t *keep, int32_t *base, int *head,
+                   fc_pass_info *info)
 {
     const int k = bucket_of(bucket, n_buckets, n), nb = bucket[k];
     const fc_stage s = fc_stage_at(base, bucket[n_buckets - 1], nb);
@@ -44,6 +47,7 @@ void fc_stage_pass(const fwd_row *rows, int n, const int *bucket, int n_buckets,
         s.tokens[j] = real ? rows[j].token : 0;
         s.slots[j] = real ? rows[j].slot : pad_slot;
         s.pos[j] = real ? rows[j].pos : 0;
+        s.keep[j] = real && keep ? keep[j] : -1;
         if (!real) continue;
         if (j == 0 || s.slots[j - 1] != s.slots[j]) {
             s.runs[n_runs] = j;

@@ -16,7 +16,7 @@
  * in one buffer of FC_STAGE_INTS(rows) ints, copied to the device in one piece; fc_stage_at
  * names its arrays for the bucket of nb rows (the layout depends on nb), on the host staging as
  * on its device mirror. */
-#define FC_STAGE_INTS(rows) (8 * (rows) + 8) /* a pass's staged ints, rounded up */
+#define FC_STAGE_INTS(rows) (9 * (rows) + 8) /* a pass's staged ints, rounded up */
 /* Runs of this many rows or more go to the chunked delta rule and the attention tiles; shorter
  * ones row by row, which spreads them over more CTAs (a chunked CTA takes a run at a time, and
  * 256 two-row runs of a pass measured 3x slower through it than row by row). */
@@ -36,14 +36,16 @@ typedef struct fc_stage {
     int32_t *long_idx;  /* [nb] = long_runs + 1: their indices in runs */
     int32_t *tile_rows; /* [nb]: 1 for a row attn_prefill_runs takes (a row of a long run, when
                            attn_tiles): attn_decode_rows' d_skip */
+    int32_t *keep;      /* [nb] (gdn.h "Keep"): the slot index a verify row's state is kept in
+                           too, -1 for the rest */
     int nb;
     int ints;           /* ints from head_rows to the last array, the bytes a pass copies:
-                           rows + 7 nb + 1 */
+                           rows + 8 nb + 1 */
 } fc_stage;
 
 /* The arrays of the bucket of nb rows in a staging buffer of FC_STAGE_INTS(rows) ints at base
  * (device or host): head_rows [0, rows), then tokens, slots, pos, runs (with run_len),
- * long_runs (with long_idx), tile_rows back to back. */
+ * long_runs (with long_idx), tile_rows, keep back to back. */
 fc_stage fc_stage_at(int32_t *base, int rows, int nb);
 
 typedef struct fc_pass_info {
@@ -55,10 +57,12 @@ typedef struct fc_pass_info {
 
 /* Stages rows[0 .. n) (1 <= n <= the largest bucket) into the staging buffer at base (the
  * arrays fc_stage_at names for the pass's bucket): bucket[0 .. n_buckets) ascending powers of
- * two, the last = rows; head[j] = row j's lm_head row (-1: its logits are not read: a prompt
- * row before its run's last, unless it asks for logits). */
+ * two, the last = rows; keep: NULL, or row j's keep slot (-1: none); head[j] = row j's lm_head
+ * row (-1: its logits are not read: a prompt row before its run's last, unless it asks for
+ * logits or its final-norm output, or is a verify row). */
 void fc_stage_pass(const fwd_row *rows, int n, const int *bucket, int n_buckets,
-                   int pad_slot, bool attn_tiles, int32_t *base, int *head, fc_pass_info *info);
+                   int pad_slot, bool attn_tiles, const int32_t *keep, int32_t *base, int *head,
+                   fc_pass_info *info);
 
 /* ---- the KV block tables' device mirror (kernels/cuda/attn.h "KV blocks") ----
  * The block tables are model/kv_pool.h's; the forward keeps a device copy of each slot's table

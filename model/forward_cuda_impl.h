@@ -69,6 +69,8 @@ typedef struct fc_rank_opts {
                              device memory (size_state, docs/GPU.md "Snapshots") */
     bool state_bf16;      /* the DeltaNet S stored as bf16 (fwd_opts.state_dtype): half its
                              bytes in the slots and the snapshots, so about twice the slots */
+    int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none */
+    int verify_runs;      /* most verify runs a step (fwd_opts.verify_runs; 0: FWD_VERIFY_RUNS) */
     /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
      * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the
      * row-parallel outputs and gathers the vocabulary-split logits in its graphs) and its first
@@ -141,6 +143,11 @@ typedef struct fc_slot {
     bool chain_ok;             /* d_best holds the argmax of this slot's last step */
     int32_t last_next;         /* the token that argmax was */
     int n_past;
+    /* the slot's last verify run (docs/GPU.md "Verify runs"): its first position and rows
+     * (0: none), the keep slot of its first row (row j's state after it: keep slot v_keep + j,
+     * the last row's in the slot itself) and the step it ran in (fc_rank.stats.steps after it) */
+    int v_first, v_len, v_keep;
+    uint64_t v_step;
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
@@ -244,6 +251,7 @@ typedef struct fc_batch {
     void *h_pinned;             /* owned: h_best, then h_stage */
     unsigned long long *h_best; /* pinned [max_rows]: the step's argmax keys */
     int32_t *h_stage;           /* pinned [max_passes][FC_STAGE_INTS(rows)]: each pass's staging */
+    int32_t *h_keep;            /* owned [max_rows]: each row's keep slot (-1: none) */
     uint64_t act_bytes;
 } fc_batch;
 
@@ -261,8 +269,10 @@ struct fc_rank {
     void *d_state;    /* owned, device: every slot's state */
     void *d_act;      /* owned, device: activations */
     uint64_t state_bytes, act_bytes;
-    fc_slot *slots;   /* owned, [n_slots + 1]: the last is the pad slot of batched steps (state
-                         only: no graphs, no sampler) */
+    fc_slot *slots;   /* owned, [n_slots + 1 + n_keep]: then the pad slot of batched steps and
+                         the keep slots of verify runs (state only: no graphs, no sampler) */
+    int n_keep;       /* keep slots: verify_runs x (verify_rows - 1), or 0 */
+    int verify_rows, verify_runs; /* fc_rank_opts' (verify_rows 0 without a batched path) */
     fc_kv kv;
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
@@ -280,7 +290,9 @@ struct fc_rank {
     int dense_rows_opt;   /* fc_rank_opts.dense_rows (0 with batch_invariant) */
     fc_dense dense;
     fc_act a;
-    void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's) */
+    void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's), then
+                         h_rpos */
+    int32_t *h_rpos;  /* pinned [n_slots][2]: a rolled back slot's device position */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
@@ -334,6 +346,11 @@ int fc_rank_seq_resume(fc_rank *e, int slot, const sampling_params *p, const fc_
  * rank 0 (the argmax only on the others). STATUS_INTERNAL when a sampled row found no token
  * (NaN or inf logits: broken weights); STATUS_DEVICE when the device failed. */
 int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st);
+/* After slot's verify run in the last step (checked by the group): the slot continues at n_past
+ * (v_first + 1 ..= v_first + v_len): the state kept after that row copied into the slot (none
+ * when it is the run's last), the device position set; asynchronous on the stream. The run's
+ * record then ends at that row (a second rollback goes further back or nowhere). */
+void fc_rank_rollback(fc_rank *e, int slot, int n_past);
 
 /* ---- forward_cuda_batch.c ---- */
 void fc_batch_plan(fc_rank *e);                 /* rows and buckets, or why_not */

@@ -204,11 +204,11 @@ static void recb_gdn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pref
     const int long_rows = prefill ? FC_LONG_RUN_ROWS : 0;
     recb_in_proj(e, L, nb);
     gdn_conv_runs(a->d_proj, b->ld_proj, L->d_conv_w, slot0_conv(e, L), stride, s->slots, s->runs,
-                  long_rows, c->C, c->K_conv, a->d_proj, b->ld_proj, nb, &e->launch);
+                  s->keep, long_rows, c->C, c->K_conv, a->d_proj, b->ld_proj, nb, &e->launch);
     const float *z = a->d_proj + c->C, *beta = z + D_v, *alpha = beta + c->n_v;
     gdn_decode_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                     c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), e->S_bf16, S_stride,
-                    s->slots, s->runs, long_rows, a->d_o, D_v, nb, &e->launch);
+                    s->slots, s->runs, s->keep, long_rows, a->d_o, D_v, nb, &e->launch);
     if (prefill)
         gdn_chunk_runs(a->d_proj, b->ld_proj, beta, alpha, b->ld_proj, L->d_dt_bias, L->d_ssm_a,
                        c->n_k, c->n_v, c->d_k, c->d_v, c->eps, slot0_S(e, L), e->S_bf16,

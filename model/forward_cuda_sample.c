@@ -62,10 +62,11 @@ void fc_sampler_prompt(fc_rank *e, fc_slot *sl, const int32_t *ids, int n)
 }
 
 /* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
- * rows in one call (the GPU sampler stages them through its pinned buffer once per step). */
+ * rows in one call (the GPU sampler stages them through its pinned buffer once per step). A
+ * verify run's rows are not counted: its sequence is greedy (fwd.h rollback). */
 static void accept_rows(fc_rank *e, const fwd_row *rows, int i, int j)
 {
-    if (!fc_samples(e)) return;
+    if (!fc_samples(e) || rows[i].verify) return;
     fc_slot *sl = &e->slots[rows[i].slot];
     int n = 0;
     for (int k = i; k < j; k++)

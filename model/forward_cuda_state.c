@@ -19,7 +19,8 @@ static uint64_t kv_block_bytes(const fc_rank *e)
 void fc_state_layout(fc_rank *e, fc_arena *a)
 {
     const qwen35_config *c = &e->cfg;
-    for (int i = 0; i <= e->n_slots; i++) { /* and the pad slot (forward_cuda_impl.h) */
+    /* and the pad slot and the keep slots (forward_cuda_impl.h), one stride apart */
+    for (int i = 0; i <= e->n_slots + e->n_keep; i++) {
         fc_slot *sl = &e->slots[i];
         sl->d_conv = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->C * (c->K_conv - 1) * 4);
         sl->d_S = fc_arena_take(a, (uint64_t)c->n_gdn_layers * c->n_v * c->d_v * c->d_k *

@@ -91,10 +91,14 @@ typedef struct fwd_opts {
     int verify_rows;      /* most rows of a verify run (speculative k + 1, at most
                              FWD_MAX_VERIFY_ROWS); 0: no verify runs. The CPU keeps this many
                              recurrent states per slot for fwd_rollback */
+    int verify_runs;      /* cuda: most verify runs in one step (0: FWD_VERIFY_RUNS); it keeps
+                             verify_runs x (verify_rows - 1) recurrent states for fwd_rollback,
+                             each a slot's worth of memory */
     fwd_state_dtype state_dtype; /* the DeltaNet S's storage (above) */
 } fwd_opts;
 
 #define FWD_MAX_VERIFY_ROWS 8
+#define FWD_VERIFY_RUNS 8
 
 #define FWD_CPU_SNAPS_PER_SLOT 4
 #define FWD_CPU_MEM_PERCENT 50 /* of MemAvailable (/proc/meminfo): the CPU forward's budget for
@@ -181,8 +185,10 @@ typedef struct fwd_vt {
     /* After a verify run of slot (its last step): the slot continues at n_past, first + 1 <=
      * n_past <= first + rows (first: the run's first position) as if only the run's rows up to
      * position n_past - 1 had been fed: the recurrent state kept after that row, the sampler's
-     * accepted tokens and RNG counter as they were after it. NULL on a device without verify
-     * runs. STATUS_RANGE for a bad slot, or an n_past outside the last verify run (nothing
+     * accepted tokens and RNG counter as they were after it. cuda: only before the forward's
+     * next step (the kept states are the next step's to reuse), and the sampler counts no
+     * verify row (its sequences are greedy). NULL on a device without verify runs.
+     * STATUS_RANGE for a bad slot, or an n_past outside the last verify run (nothing
      * changed). */
     int (*rollback)(fwd *f, int slot, int n_past, status *st);
     void (*get_stats)(const fwd *f, fwd_stats *s);
@@ -208,6 +214,9 @@ struct fwd {
                                 rank */
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
                              with .verify or .hidden are refused) */
+    bool verify_sampled;  /* verify runs of sampled sequences (the speculative sampling rule,
+                             .draft_q); false (cuda): of greedy sequences only, STATUS_UNSUPPORTED
+                             for others */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
     char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what
                              memory (fwd_plan.why): one line for the start-up log */

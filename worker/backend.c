@@ -135,6 +135,7 @@ int worker_backend_create(const char *device, const qwen35_model *m, const worke
                          .exact_dot = o->exact_dot, .batch_invariant = o->batch_invariant,
                          .dense_rows = o->dense_rows, .dense_per_pass = o->dense_per_pass,
                          .snap_budget = o->snap_budget, .verify_rows = o->verify_rows,
+                         .verify_runs = o->verify_runs,
                          .state_dtype = o->state_dtype};
     fwd *f;
     if (worker_fwd_create(device, m, &fo, &f, st)) return st->code;

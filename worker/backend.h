@@ -80,6 +80,7 @@ typedef struct worker_backend_opts {
                                (fwd_opts.snap_budget): 0 none, < 0 chosen by the forward */
     int verify_rows;        /* most rows of a verify run (fwd_opts.verify_rows: speculative
                                k + 1); 0: none */
+    int verify_runs;        /* most verify runs a step (fwd_opts.verify_runs; 0: the forward's) */
     fwd_state_dtype state_dtype; /* the DeltaNet S's storage (fwd_opts.state_dtype) */
 } worker_backend_opts;
 

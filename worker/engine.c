@@ -512,7 +512,9 @@ static int start_seq(engine *e, engine_request *r, status *st)
 cold:
     if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
     r->started = true;
-    r->spec = e->sp && !r->p.no_speculation && sampling_params_no_penalty(&r->p.sampling);
+    /* cuda's verify runs take greedy sequences only (fwd.verify_sampled) */
+    r->spec = e->sp && !r->p.no_speculation && sampling_params_no_penalty(&r->p.sampling) &&
+              (e->b->f->verify_sampled || sampling_params_is_greedy(&r->p.sampling));
     if (r->spec) spec_start(e->sp, r->slot);
     return 1;
 }

@@ -29,7 +29,8 @@ template <int AHEAD>
 static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
                                        const float *__restrict__ w, float *__restrict__ state,
                                        int64_t state_stride, const int32_t *__restrict__ slot,
-                                       const int32_t *__restrict__ run, int R, int C, int K,
+                                       const int32_t *__restrict__ run,
+                                       const int32_t *__restrict__ keep, int R, int C, int K,
                                        float *out, int64_t ld_out)
 {
     ds_grid_dep();
@@ -41,8 +42,13 @@ static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
     float *st = state + s * state_stride + (int64_t)c * (K - 1);
     const float *wc = w + (int64_t)c * K;
     if (K != 4 || n == 1) {
-        for (int64_t row = row0; row < row0 + n; row++)
+        for (int64_t row = row0; row < row0 + n; row++) {
             out[row * ld_out + c] = gdn_conv_channel(mixed[row * ld_mixed + c], wc, st, K);
+            if (keep && keep[row] >= 0) {
+                float *kp = state + keep[row] * state_stride + (int64_t)c * (K - 1);
+                for (int i = 0; i < K - 1; i++) kp[i] = st[i];
+            }
+        }
         return;
     }
     // a run of the model's 4-tap conv: the window in registers, the inputs of AHEAD rows
@@ -66,6 +72,10 @@ static __global__ void gdn_conv_kernel(const float *mixed, int64_t ld_mixed,
             acc += w2 * s2;
             s0 = s1, s1 = s2, s2 = xs[u];
             out[(r0 + u) * ld_out + c] = acc / (1.0f + expf(-acc));
+            if (keep && keep[r0 + u] >= 0) { // a verify row: the window after it
+                float *kp = state + keep[r0 + u] * state_stride + (int64_t)c * 3;
+                kp[0] = s0, kp[1] = s1, kp[2] = s2;
+            }
         }
     }
     st[0] = s0, st[1] = s1, st[2] = s2;
@@ -81,24 +91,26 @@ extern "C" void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const floa
                               const int32_t *d_slot, int C, int K_conv, float *d_out,
                               int64_t ld_out, int B, const cuda_launch *l)
 {
-    gdn_conv_runs(d_mixed, ld_mixed, d_conv_w, d_conv_state, state_slot_stride, d_slot, NULL, 0,
-                  C, K_conv, d_out, ld_out, B, l);
+    gdn_conv_runs(d_mixed, ld_mixed, d_conv_w, d_conv_state, state_slot_stride, d_slot, NULL,
+                  NULL, 0, C, K_conv, d_out, ld_out, B, l);
 }
 
 extern "C" void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
                               float *d_conv_state, int64_t state_slot_stride,
-                              const int32_t *d_slot, const int32_t *d_run, int long_rows, int C,
-                              int K_conv, float *d_out, int64_t ld_out, int R,
-                              const cuda_launch *l)
+                              const int32_t *d_slot, const int32_t *d_run,
+                              const int32_t *d_keep, int long_rows, int C, int K_conv,
+                              float *d_out, int64_t ld_out, int R, const cuda_launch *l)
 {
     DS_ASSERT(C > 0 && K_conv >= 1 && R >= 1 && R <= 65535);
     const cuda_launch_dims d = gdn_conv_rows_dims(C, R);
     if (long_rows > 0)
         ds_launch(gdn_conv_kernel<32>, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
-                  d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
+                  d_conv_state, state_slot_stride, d_slot, d_run, d_keep, R, C, K_conv, d_out,
+                  ld_out);
     else
         ds_launch(gdn_conv_kernel<8>, ds_grid(d), d.block, 0, l, d_mixed, ld_mixed, d_conv_w,
-                  d_conv_state, state_slot_stride, d_slot, d_run, R, C, K_conv, d_out, ld_out);
+                  d_conv_state, state_slot_stride, d_slot, d_run, d_keep, R, C, K_conv, d_out,
+                  ld_out);
 }
 
 extern "C" void gdn_conv(const float *d_mixed, const float *d_conv_w, float *d_conv_state, int C,
@@ -113,8 +125,9 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
                       const float *__restrict__ b, const float *__restrict__ a, int64_t ld_ba,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, int n_k,
                       int d_v, float eps, ST *__restrict__ S, int64_t S_stride,
-                      const int32_t *__restrict__ slot, const int32_t *__restrict__ run, int R,
-                      int max_len, float *__restrict__ o, int64_t ld_o)
+                      const int32_t *__restrict__ slot, const int32_t *__restrict__ run,
+                      const int32_t *__restrict__ keep, int R, int max_len,
+                      float *__restrict__ o, int64_t ld_o)
 {
     constexpr int d_k = 32 * EPL, NC = GDN_WARPS * GDN_CPW; // NC: the CTA's columns
     __shared__ float sq[d_k], sk[d_k], scratch[32];
@@ -205,6 +218,12 @@ static __global__ void __launch_bounds__(GDN_WARPS * 32)
     #pragma unroll
                 for (int c = 0; c < GDN_CPW; c++)
                     o[row * ld_o + (int64_t)hv * d_v + j0 + warp + GDN_WARPS * c] = oj[c];
+            if (keep && keep[row] >= 0) { // a verify row: the state after it (gdn.h "Keep")
+                ST *Sk = S + keep[row] * S_stride + (int64_t)hv * d_v * d_k + lane * EPL;
+    #pragma unroll
+                for (int c = 0; c < GDN_CPW; c++)
+                    gdn_state_store<EPL>(Sk + (int64_t)(j0 + warp + GDN_WARPS * c) * d_k, s[c]);
+            }
         }
     #pragma unroll
         for (int c = 0; c < GDN_CPW; c++)
@@ -228,8 +247,9 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
                                 const float *d_a, int64_t ld_ba, const float *d_dt_bias,
                                 const float *d_ssm_a, int n_k, int n_v, int d_k, int d_v,
                                 float eps, void *d_S, bool S_bf16, int64_t S_slot_stride,
-                                const int32_t *d_slot, const int32_t *d_run, int long_rows,
-                                float *d_o, int64_t ld_o, int R, const cuda_launch *l)
+                                const int32_t *d_slot, const int32_t *d_run,
+                                const int32_t *d_keep, int long_rows, float *d_o, int64_t ld_o,
+                                int R, const cuda_launch *l)
 {
     static_assert(GDN_WARPS * GDN_CPW == 32, "a CTA owns 32 S columns");
     DS_ASSERT(n_k > 0 && n_v % n_k == 0 && d_v > 0 && d_v % 32 == 0 && R >= 1 && R <= 65535);
@@ -243,7 +263,7 @@ extern "C" void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const floa
 #define GDN_DECODE_LAUNCH_ST(EPL, ST)                                                           \
     ds_launch(gdn_decode_kernel<EPL, ST>, ds_grid(d), d.block, 0, l, d_conv, ld_conv, d_b, d_a,  \
               ld_ba, d_dt_bias, d_ssm_a, n_k, d_v, eps, (ST *)d_S, S_slot_stride, d_slot, d_run, \
-              R, long_rows > 0 ? long_rows - 1 : INT_MAX, d_o, ld_o)
+              d_keep, R, long_rows > 0 ? long_rows - 1 : INT_MAX, d_o, ld_o)
 #define GDN_DECODE_LAUNCH(EPL)                                                                  \
     do {                                                                                        \
         if (S_bf16) GDN_DECODE_LAUNCH_ST(EPL, __nv_bfloat16);                                   \
@@ -267,7 +287,7 @@ extern "C" void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const floa
                                 const cuda_launch *l)
 {
     gdn_decode_runs(d_conv, ld_conv, d_b, d_a, ld_ba, d_dt_bias, d_ssm_a, n_k, n_v, d_k, d_v, eps,
-                    d_S, S_bf16, S_slot_stride, d_slot, NULL, 0, d_o, ld_o, B, l);
+                    d_S, S_bf16, S_slot_stride, d_slot, NULL, NULL, 0, d_o, ld_o, B, l);
 }
 
 extern "C" void gdn_decode(const float *d_conv, const float *d_b, const float *d_a,

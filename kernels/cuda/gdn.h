@@ -28,6 +28,13 @@
  * input, like d_slot. gdn_decode_runs with long_rows > 0 leaves the runs of long_rows rows or
  * more to gdn_chunk_runs (below); 0 takes every run.
  *
+ * Keep (verify runs of speculative decoding): d_keep NULL, or [R's rows]: d_keep[row] >= 0 is
+ * a slot index (in the same slot stride as d_slot's) where the state after that row is written
+ * too: the conv window by gdn_conv_runs, S by gdn_decode_runs (bf16: the rounded values a store
+ * after that row would hold), bit-identical to the slot's state had the run stopped there; -1:
+ * nothing kept. Keep slots are distinct from every run's slot and from each other. Only for
+ * runs gdn_decode_runs takes (not the chunked ones). d_keep is a step input, like d_run.
+ *
  * State storage: S_bf16 false: S is F32; true: S is bf16 (uint16_t bit patterns of bfloat16),
  * loaded into F32, updated in F32 (the decay and the gates F32 too) and stored rounded to
  * nearest even. The row rule rounds S after every row (a run's rows too, though S stays on chip
@@ -63,8 +70,8 @@ void gdn_conv_rows(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w
  * of a run ahead instead of 8 (more registers; the same arithmetic, bit for bit). */
 void gdn_conv_runs(const float *d_mixed, int64_t ld_mixed, const float *d_conv_w,
                    float *d_conv_state, int64_t state_slot_stride, const int32_t *d_slot,
-                   const int32_t *d_run, int long_rows, int C, int K_conv, float *d_out,
-                   int64_t ld_out, int R, const cuda_launch *l);
+                   const int32_t *d_run, const int32_t *d_keep, int long_rows, int C, int K_conv,
+                   float *d_out, int64_t ld_out, int R, const cuda_launch *l);
 cuda_launch_dims gdn_conv_rows_dims(int C, int B); /* also of R runs */
 
 /* conv: [C] = [q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)] after gdn_conv; b, a: [n_v] (W_beta·h,
@@ -84,9 +91,9 @@ void gdn_decode_rows(const float *d_conv, int64_t ld_conv, const float *d_b, con
 void gdn_decode_runs(const float *d_conv, int64_t ld_conv, const float *d_b, const float *d_a,
                      int64_t ld_ba, const float *d_dt_bias, const float *d_ssm_a, int n_k,
                      int n_v, int d_k, int d_v, float eps, void *d_S, bool S_bf16,
-                     int64_t S_slot_stride,
-                     const int32_t *d_slot, const int32_t *d_run, int long_rows,
-                     float *d_o, int64_t ld_o, int R, const cuda_launch *l);
+                     int64_t S_slot_stride, const int32_t *d_slot, const int32_t *d_run,
+                     const int32_t *d_keep, int long_rows, float *d_o, int64_t ld_o, int R,
+                     const cuda_launch *l);
 /* also of R runs, but for gdn_decode_runs with long_rows > 0: at most 64 in z, each CTA taking
  * every 64th run */
 cuda_launch_dims gdn_decode_rows_dims(int n_v, int d_v, int B);

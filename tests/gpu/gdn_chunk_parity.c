@@ -109,17 +109,18 @@ static bool chunk_case(shape sh, const int *len, int n_runs, int R, int long_row
     status st;
     CU_ASSERT_EQUAL(cuda_memset(d_o, 0, Ob, &st), STATUS_OK);
     CU_ASSERT_EQUAL(cuda_memset(d_o1, 0, Ob, &st), STATUS_OK);
-    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, nCS, d_slot, d_run, long_rows, C, K, d_p, ld_p, R, NULL);
+    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, nCS, d_slot, d_run, NULL, long_rows, C, K, d_p, ld_p, R,
+                  NULL);
     const float *d_b = d_p + C + D_v, *d_a = d_b + sh.n_v;
     /* chunked: short runs by the row-by-row kernel, the rest by the chunked one */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
-                    d_S, bf16, S_stride, d_slot, d_run, long_rows, d_o, ld_o, R, NULL);
+                    d_S, bf16, S_stride, d_slot, d_run, NULL, long_rows, d_o, ld_o, R, NULL);
     gdn_chunk_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
                    d_S, bf16, S_stride, d_slot, d_run, d_long, d_o, ld_o, R, B, long_rows, d_scr,
                    NULL);
     /* row by row, every run */
     gdn_decode_runs(d_p, ld_p, d_b, d_a, ld_p, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k, sh.d_v, eps,
-                    d_S1, bf16, S_stride, d_slot, d_run, 0, d_o1, ld_o, R, NULL);
+                    d_S1, bf16, S_stride, d_slot, d_run, NULL, 0, d_o1, ld_o, R, NULL);
     CU_ASSERT_EQUAL(cuda_check("gdn chunk launches", &st), STATUS_OK);
     float *P = gpu_host_of(d_p, Pb), *o = gpu_host_of(d_o, Ob), *o1 = gpu_host_of(d_o1, Ob);
     float *S = gpu_state_host(d_S, n_slots * S_stride, bf16);

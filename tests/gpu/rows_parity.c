@@ -365,8 +365,11 @@ static void test_gdn_rows(void)
  * gdn_decode_runs, one launch of R runs (R >= n_runs: the rest empty, as a bucket's padding),
  * against the same rows fed one at a time, in order, through the B = 1 launchers: every conv and
  * delta-rule output row and every slot's final state bit-identical, slots no run names untouched.
- * The B = 1 launchers are checked against the CPU twin above, so runs are too. */
-static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool bf16,
+ * With keep (verify runs, gdn.h "Keep"): every row but the last of each run of two or more rows
+ * also writes its state into a keep slot of its own, which must equal the run's slot as the one
+ * at a time feed left it after that row. The B = 1 launchers are checked against the CPU twin
+ * above, so runs are too. */
+static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool bf16, bool keep,
                           enum perturb perturb)
 {
     const int K = 4, C = 2 * sh.n_k * sh.d_k + sh.n_v * sh.d_v, D_v = sh.n_v * sh.d_v;
@@ -377,10 +380,15 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool 
     const int eb = bf16 ? 2 : 4; /* bytes of an S element on the device (gdn.h "State storage") */
     int B = 0;
     for (int r = 0; r < n_runs; r++) B += len[r];
-    const int n_slots = n_runs + 3;
     int32_t *slot = gpu_xmalloc((size_t)B * 4), *run = gpu_xmalloc((size_t)2 * R * 4);
+    int32_t *kp = gpu_xmalloc((size_t)B * 4);
+    int n_keep = 0;
+    for (int r = 0, i = 0; r < n_runs; i += len[r++])
+        for (int j = 0; j < len[r]; j++) kp[i + j] = keep && j + 1 < len[r] ? n_keep++ : -1;
+    const int n_slots = n_runs + 3 + n_keep; /* the keep slots last */
+    for (int i = 0; i < B; i++) kp[i] += kp[i] >= 0 ? n_runs + 3 : 0;
     int32_t *perm = gpu_xmalloc((size_t)n_slots * 4);
-    gpu_rng_permutation(&g_rng, perm, n_slots);
+    gpu_rng_permutation(&g_rng, perm, n_runs + 3);
     gpu_runs_make(len, n_runs, R, perm, slot, run);
     float *conv_w = gpu_rand_vec(&g_rng, (int64_t)C * K, 0.5f), *dt = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
     float *ssm_a = gpu_rand_vec(&g_rng, sh.n_v, 1.0f);
@@ -392,6 +400,7 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool 
     float *d_cw = dev_from(conv_w, (size_t)C * K * 4), *d_dt = dev_from(dt, sh.n_v * 4);
     float *d_sa = dev_from(ssm_a, sh.n_v * 4);
     int32_t *d_slot = dev_from(slot, (size_t)B * 4), *d_run = dev_from(run, (size_t)2 * R * 4);
+    int32_t *d_keep = keep ? dev_from(kp, (size_t)B * 4) : NULL;
     float *d_p = dev_from(p, Pb), *d_p1 = dev_from(p, Pb);
     uint8_t *d_S = gpu_state_dev(S0, n_slots * S_stride, bf16);
     uint8_t *d_S1 = gpu_state_dev(S0, n_slots * S_stride, bf16);
@@ -399,27 +408,34 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool 
     float *d_o = dev_fill(SENTINEL, Ob), *d_o1 = dev_fill(SENTINEL, Ob);
     /* the conv's two builds (8 or 32 rows a run loaded ahead): the 32 one beside prompt chunks,
      * here whenever R is a multiple of 4 */
-    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, R % 4 == 0 ? 16 : 0, C, K, d_p,
-                  ld_p, R, NULL);
+    gdn_conv_runs(d_p, ld_p, d_cw, d_cs, CS_stride, d_slot, d_run, d_keep, R % 4 == 0 ? 16 : 0, C,
+                  K, d_p, ld_p, R, NULL);
     gdn_decode_runs(d_p, ld_p, d_p + C + D_v, d_p + C + D_v + sh.n_v, ld_p, d_dt, d_sa, sh.n_k,
-                    sh.n_v, sh.d_k, sh.d_v, eps, d_S, bf16, S_stride, d_slot, d_run, 0, d_o, ld_o,
-                    R, NULL);
+                    sh.n_v, sh.d_k, sh.d_v, eps, d_S, bf16, S_stride, d_slot, d_run, d_keep, 0,
+                    d_o, ld_o, R, NULL);
     for (int i = 0; i < B; i++) {
         const int64_t s = slot[i];
         float *pi = d_p1 + i * ld_p;
         gdn_conv(pi, d_cw, d_cs1 + s * CS_stride, C, K, pi, NULL);
         gdn_decode(pi, pi + C + D_v, pi + C + D_v + sh.n_v, d_dt, d_sa, sh.n_k, sh.n_v, sh.d_k,
                    sh.d_v, eps, d_S1 + s * S_stride * eb, bf16, d_o1 + i * ld_o, NULL);
+        if (kp[i] < 0) continue; /* the reference of a kept row: the slot as it now stands */
+        cuda_copy_async(d_cs1 + kp[i] * CS_stride, d_cs1 + s * CS_stride, (size_t)nCS * 4, NULL);
+        cuda_copy_async(d_S1 + kp[i] * S_stride * eb, d_S1 + s * S_stride * eb, (size_t)nS * eb,
+                        NULL);
     }
     float *P = gpu_host_of(d_p, Pb), *P1 = gpu_host_of(d_p1, Pb), *o = gpu_host_of(d_o, Ob);
     float *o1 = gpu_host_of(d_o1, Ob), *S = gpu_state_host(d_S, n_slots * S_stride, bf16);
     float *S1 = gpu_state_host(d_S1, n_slots * S_stride, bf16);
     float *cs = gpu_host_of(d_cs, CSb), *cs1 = gpu_host_of(d_cs1, CSb);
     if (perturb == PERTURB_OUTPUT) o[(B - 1) * ld_o + D_v / 2] += 1e-3f;
+    if (perturb == PERTURB_STATE) S[(n_slots - 1) * S_stride + nS / 2] += 1e-3f; /* the last slot */
     char name[160];
-    snprintf(name, sizeof name, "gdn runs n_k %d n_v %d d_k %d d_v %d%s: %d runs (%d rows) in %d%s",
-             sh.n_k, sh.n_v, sh.d_k, sh.d_v, bf16 ? " bf16 state" : "", n_runs, B, R,
-             perturb == PERTURB_OUTPUT ? " (output perturbed)" : "");
+    snprintf(name, sizeof name, "gdn runs n_k %d n_v %d d_k %d d_v %d%s: %d runs (%d rows, %d "
+             "kept) in %d%s", sh.n_k, sh.n_v, sh.d_k, sh.d_v, bf16 ? " bf16 state" : "", n_runs, B,
+             n_keep, R, perturb == PERTURB_OUTPUT  ? " (output perturbed)"
+                        : perturb == PERTURB_STATE ? " (a state perturbed)"
+                                                   : "");
     int bad_rows = 0, bad_slots = 0;
     for (int i = 0; i < B; i++)
         bad_rows += memcmp(P + i * ld_p, P1 + i * ld_p, (size_t)ld_p * 4) != 0 ||
@@ -427,6 +443,7 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool 
     for (int s = 0; s < n_slots; s++) {
         bool named = false;
         for (int r = 0; r < n_runs; r++) named |= perm[r] == s;
+        named |= s >= n_runs + 3; /* a keep slot */
         const bool same = !memcmp(S + s * S_stride, S1 + s * S_stride, (size_t)nS * 4) &&
                           !memcmp(cs + s * CS_stride, cs1 + s * CS_stride, (size_t)nCS * 4);
         const bool kept = !memcmp(S + s * S_stride, S0 + s * S_stride, (size_t)nS * 4) &&
@@ -440,8 +457,8 @@ static bool gdn_runs_case(gdn_shape sh, const int *len, int n_runs, int R, bool 
         printf("  %s: bit-identical to the rows fed one at a time\n", name);
     cuda_free(d_cw), cuda_free(d_dt), cuda_free(d_sa), cuda_free(d_slot), cuda_free(d_run);
     cuda_free(d_p), cuda_free(d_p1), cuda_free(d_S), cuda_free(d_S1), cuda_free(d_cs);
-    cuda_free(d_cs1), cuda_free(d_o), cuda_free(d_o1);
-    free(slot), free(run), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0), free(cs0);
+    cuda_free(d_cs1), cuda_free(d_o), cuda_free(d_o1), cuda_free(d_keep);
+    free(slot), free(run), free(kp), free(perm), free(conv_w), free(dt), free(ssm_a), free(S0), free(cs0);
     free(p), free(P), free(P1), free(o), free(o1), free(S), free(S1), free(cs), free(cs1);
     return !bad_rows && !bad_slots;
 }
@@ -451,12 +468,16 @@ static void test_gdn_runs(void)
     if (!g_have_gpu) return;
     static const int prefill[] = {200}, mixed[] = {1, 7, 1, 64, 3, 1, 65, 1},
                      decode[] = {1, 1, 1, 1, 1};
+    static const int verify[] = {5, 1, 2, 4, 8, 1}; /* verify runs (k + 1 rows) beside decode rows */
     for (int bf16 = 0; bf16 < 2; bf16++) { /* S as F32, then as bf16: runs still equal rows */
-        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, prefill, 1, 1, bf16, PERTURB_NONE));
-        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, mixed, 8, 16, bf16, PERTURB_NONE));
-        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, mixed, 8, 8, bf16, PERTURB_NONE));
-        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){4, 4, 32, 32}, decode, 5, 8, bf16, PERTURB_NONE));
-        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 48, 128, 128}, prefill, 1, 4, bf16, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, prefill, 1, 1, bf16, false, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 32, 128, 128}, mixed, 8, 16, bf16, false, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, mixed, 8, 8, bf16, false, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){4, 4, 32, 32}, decode, 5, 8, bf16, false, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 48, 128, 128}, prefill, 1, 4, bf16, false, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){16, 48, 128, 128}, verify, 6, 8, bf16, true, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, verify, 6, 8, bf16, true, PERTURB_NONE));
+        CU_ASSERT_TRUE(gdn_runs_case((gdn_shape){4, 4, 32, 32}, verify, 6, 6, bf16, true, PERTURB_NONE));
     }
 }
 
@@ -696,8 +717,9 @@ static void test_perturbed_fails(void)
     CU_ASSERT_FALSE(gdn_rows_case((gdn_shape){2, 4, 64, 64}, 17, false, PERTURB_STATE));
     CU_ASSERT_FALSE(gdn_rows_case((gdn_shape){2, 4, 64, 64}, 17, true, PERTURB_STATE));
     static const int runs[] = {3, 9};
-    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, false, PERTURB_OUTPUT));
-    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, true, PERTURB_OUTPUT));
+    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, false, false, PERTURB_OUTPUT));
+    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, true, false, PERTURB_OUTPUT));
+    CU_ASSERT_FALSE(gdn_runs_case((gdn_shape){2, 4, 64, 64}, runs, 2, 2, false, true, PERTURB_STATE));
     CU_ASSERT_FALSE(attn_rows_case((attn_shape){4, 2, 64, 16}, 17, 300, ATTN_KV_F16, PERTURB_OUTPUT));
     CU_ASSERT_FALSE(attn_rows_case((attn_shape){4, 2, 64, 16}, 17, 300, ATTN_KV_F32, PERTURB_STATE));
 }

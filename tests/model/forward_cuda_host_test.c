@@ -45,6 +45,7 @@ static void test_stage_at(void)
         const struct { const int32_t *at; int n; } arr[] = {
             {s.head_rows, ROWS}, {s.tokens, nb}, {s.slots, nb}, {s.pos, nb}, {s.runs, nb},
             {s.run_len, nb}, {s.long_runs, 1}, {s.long_idx, nb}, {s.tile_rows, nb},
+            {s.keep, nb},
         };
         const int32_t *at = buf; /* back to back, in this order */
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
@@ -56,19 +57,20 @@ static void test_stage_at(void)
     }
 }
 
-/* the layout of fc_stage_pass for these rows, checked field by field */
-static void check_stage(const fwd_row *rows, int n, bool tiles)
+/* the layout of fc_stage_pass for these rows (keep: NULL or each row's keep slot), checked
+ * field by field */
+static void check_stage_keep(const fwd_row *rows, int n, bool tiles, const int32_t *keep)
 {
     int32_t stage[FC_STAGE_INTS(ROWS)];
     int head[ROWS];
     fc_pass_info in;
     memset(stage, 0x7f, sizeof stage);
-    fc_stage_pass(rows, n, g_bucket, N_BUCKETS, PAD, tiles, stage, head, &in);
+    fc_stage_pass(rows, n, g_bucket, N_BUCKETS, PAD, tiles, keep, stage, head, &in);
     int nb = 1;
     while (nb < n) nb *= 2;
     CU_ASSERT_EQUAL(in.nb, nb);
     CU_ASSERT_EQUAL(g_bucket[in.k], nb);
-    CU_ASSERT_EQUAL(in.staged_ints, ROWS + 7 * nb + 1);
+    CU_ASSERT_EQUAL(in.staged_ints, ROWS + 8 * nb + 1);
     const fc_stage s = fc_stage_at(stage, ROWS, nb);
     CU_ASSERT_EQUAL(s.nb, nb);
     CU_ASSERT_EQUAL(s.ints, in.staged_ints);
@@ -80,6 +82,7 @@ static void check_stage(const fwd_row *rows, int n, bool tiles)
         CU_ASSERT_EQUAL(tok[j], j < n ? rows[j].token : 0);
         CU_ASSERT_EQUAL(slot[j], j < n ? rows[j].slot : PAD);
         CU_ASSERT_EQUAL(pos[j], j < n ? rows[j].pos : 0);
+        CU_ASSERT_EQUAL(s.keep[j], j < n && keep ? keep[j] : -1); /* padding keeps nothing */
     }
     /* runs: maximal stretches of one slot, in order, covering the n rows; the rest empty */
     int covered = 0, n_runs = 0, n_long = 0;
@@ -109,12 +112,13 @@ static void check_stage(const fwd_row *rows, int n, bool tiles)
             if (j >= at && j < at + run[nb + x]) in_long = run[nb + x] >= FC_LONG_RUN_ROWS;
         CU_ASSERT_EQUAL(skip[j], tiles && j < n && in_long);
     }
-    /* the lm_head's rows: each run's sampled last row and every row asking for logits, padded
-     * to their bucket with the first */
+    /* the lm_head's rows: each run's sampled last row, every sampled verify row and every row
+     * asking for logits or its final-norm output, padded to their bucket with the first */
     int nh = 0;
     for (int j = 0; j < n; j++) {
         const bool last = j + 1 == n || rows[j + 1].slot != rows[j].slot;
-        const bool want = rows[j].logits || (rows[j].sample && last);
+        const bool want = rows[j].logits || rows[j].hidden ||
+                          (rows[j].sample && (last || rows[j].verify));
         CU_ASSERT_EQUAL(head[j] >= 0, want);
         if (want) {
             CU_ASSERT_EQUAL(head[j], nh);
@@ -127,6 +131,11 @@ static void check_stage(const fwd_row *rows, int n, bool tiles)
         CU_ASSERT(g_bucket[in.kh] >= nh && (in.kh == 0 || g_bucket[in.kh - 1] < nh));
         for (int j = nh; j < g_bucket[in.kh]; j++) CU_ASSERT_EQUAL(s.head_rows[j], s.head_rows[0]);
     }
+}
+
+static void check_stage(const fwd_row *rows, int n, bool tiles)
+{
+    check_stage_keep(rows, n, tiles, NULL);
 }
 
 static void test_stage_pass(void)
@@ -160,6 +169,30 @@ static void test_stage_pass(void)
         CU_ASSERT_EQUAL(n, 64);
         check_stage(rows, n, t);
     }
+}
+
+/* verify runs (speculative decoding): every row sampled and read by the lm_head, the rows but
+ * the last kept; rows asking for their final-norm output read too */
+static void test_stage_verify(void)
+{
+    fwd_row rows[ROWS];
+    static const int mixed[][3] = {{3, 1, 40}, {1, 4, 9}, {0, 1, 7}, {4, 3, 10}, {6, 12, 0}};
+    const int n = make_rows(rows, mixed, 5);
+    int32_t keep[ROWS];
+    for (int j = 0; j < n; j++) keep[j] = -1;
+    for (int j = 1; j < 5; j++) { /* slot 1's 4 rows and slot 4's 3 form verify runs */
+        rows[j].verify = true, rows[j].prompt = false, rows[j].sample = true;
+        if (j < 4) keep[j] = 20 + j;
+    }
+    for (int j = 6; j < 9; j++) {
+        rows[j].verify = true, rows[j].prompt = false, rows[j].sample = true;
+        if (j < 8) keep[j] = 30 + j;
+    }
+    float h[4];
+    rows[12].hidden = h; /* a prompt row mid-chunk with its final-norm output read */
+    check_stage_keep(rows, n, false, keep);
+    check_stage_keep(rows, n, true, keep);
+    check_stage_keep(rows, n, false, NULL);
 }
 
 /* ---- the KV block tables' device mirror ---- */
@@ -291,6 +324,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("forward_cuda_host", NULL, NULL);
     CU_add_test(s, "stage_at", test_stage_at);
     CU_add_test(s, "stage_pass", test_stage_pass);
+    CU_add_test(s, "stage_verify", test_stage_verify);
     CU_add_test(s, "kv_mirror", test_kv_mirror);
     CU_add_test(s, "kv_mirror_ranks", test_kv_mirror_ranks);
     CU_add_test(s, "snaps_for", test_snaps_for);
