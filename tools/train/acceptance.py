@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """The demo model's MTP head measured with deltaserve itself: speculative acceptance on held-out
-text and the batch-1 decode speed with and without speculation, on the CPU.
+text and the batch-1 decode speed with and without speculation, on the CPU or the GPU.
 
     acceptance.py --bin bazel-bin/cli/deltaserve [--model models/demo-en-17m.gguf]
                   [--pack .train/pack] [--prompts 32] [--prompt-tokens 64] [--max-tokens 128]
-                  [--ks 0,1,2,3,4] [--threads 2] [--rounds 1] [--json OUT]
+                  [--ks 0,1,2,3,4] [--threads 2] [--device cpu] [--rounds 1] [--json OUT]
 
 Prompts: --prompts windows of --prompt-tokens ids at evenly spaced offsets of the held-out
 stream (pack/heldout.u16.gz, prepare.py; documents the model never trained on). Each prompt is
 decoded greedily for --max-tokens tokens by `deltaserve generate --ids .. --print-ids
---speculative-k K` (the worker's engine and speculative path, one slot, --threads CPU threads)
-for every K of --ks (0: off). Per K, over all prompts: verify runs, drafted and accepted
+--speculative-k K --device D` (the worker's engine and speculative path, one slot, --threads
+CPU threads: the CPU forward's, and the MTP head's, which drafts on the CPU) for every K of --ks
+(0: off). Per K, over all prompts: verify runs, drafted and accepted
 tokens, the acceptance rate (accepted / drafted), the mean accepted length (tokens per verify
 run: accepted / runs + 1) and the decode speed (decoded tokens / decode seconds, from each
 run's summary line). The generated ids of every K must equal those of K = 0 (greedy is exact),
@@ -42,7 +43,7 @@ def prompts(pack, n, p):
 def generate(a, ids, k):
     cmd = [a.bin, "generate", "--model", a.model, "--ids", ",".join(map(str, ids)),
            "--max-tokens", str(a.max_tokens), "--print-ids", "--threads", str(a.threads),
-           "--speculative-k", str(k)]
+           "--speculative-k", str(k), "--device", a.device]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit("acceptance: %s failed: %s" % (" ".join(cmd[:4]), r.stderr.strip()))
@@ -64,6 +65,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (generate's --device)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -110,7 +112,7 @@ def main():
               (k, t["runs"], t["drafted"], t["accepted"], "%.4f" % acc if acc is not None else "-",
                "%.3f" % mal if mal is not None else "-", tps, tps / base if base else 0))
     out = dict(model=os.path.basename(a.model), prompts=a.prompts, prompt_tokens=a.prompt_tokens,
-               max_tokens=a.max_tokens, threads=a.threads, rounds=a.rounds,
+               max_tokens=a.max_tokens, threads=a.threads, device=a.device, rounds=a.rounds,
                source="pack/heldout.u16.gz, evenly spaced windows", results=rows)
     if a.json:
         with open(a.json, "w") as f:
