@@ -7,7 +7,15 @@
  * speed), warms up, then decodes --tokens tokens greedily, one step each (on the GPU: one graph
  * launch and one host sync). Prints tok/s; on the GPU also the bytes a token must move
  * (weights + DeltaNet state read and written + KV read), achieved GB/s and % of the H200's
- * 4.6 TB/s, kernels per token and host<->device bytes per token. */
+ * 4.6 TB/s, kernels per token and host<->device bytes per token.
+ *   deltaserve bench decode ... --speculative-k K --force-accept P
+ * The main model's side of speculative decoding at a forced acceptance rate (synthetic weights
+ * accept nothing): each step is a verify run of K+1 rows (the last token, then K drafts: the
+ * previous run's choices), after which each draft in turn counts as accepted with probability P
+ * (a fixed-seed draw) until one is not; the slot rolls back past the rejected rows (fwd_rollback)
+ * and the run yields the accepted drafts plus one token. Timed: the verify steps and rollbacks
+ * until --tokens tokens came out; the drafts' own cost (the MTP head, which drafts on the CPU)
+ * is not in it. Prints tok/s, verify runs and the mean tokens a run. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +25,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/sampling.h"
+#include "common/splitmix64.h"
 #include "model/qwen35.h"
 #include "model/fwd.h"
 #include "worker/backend.h"
@@ -25,7 +34,8 @@
 
 typedef struct bench_opts {
     const char *model, *device, *state_dtype;
-    int ctx, tokens, warmup, threads, tp;
+    int ctx, tokens, warmup, threads, tp, spec_k;
+    float force_accept;
 } bench_opts;
 
 static const flag_spec bench_flags[] = {
@@ -37,6 +47,8 @@ static const flag_spec bench_flags[] = {
     {"warmup", NULL, "16", FLAG_INT, offsetof(bench_opts, warmup), "untimed tokens first"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(bench_opts, threads), "CPU threads (cpu)"},
     {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(bench_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way)"},
+    {"speculative-k", NULL, "0", FLAG_INT, offsetof(bench_opts, spec_k), "verify runs of K drafts + 1 (1..4; 0: plain decode); with --force-accept"},
+    {"force-accept", NULL, "0", FLAG_FLOAT, offsetof(bench_opts, force_accept), "each draft accepted with this probability (0..1), drafting itself not timed"},
     {0},
 };
 
@@ -51,11 +63,38 @@ static int decode_steps(fwd *f, int n, int32_t *tok, status *st)
     return STATUS_OK;
 }
 
+/* Verify runs of slot 0 until n tokens came out (bench_opts.spec_k, force_accept): *tok the last
+ * token; *runs += the runs made. */
+static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64_t *rng,
+                        int *runs, status *st)
+{
+    const int k = o->spec_k;
+    fwd_row rows[FWD_MAX_VERIFY_ROWS];
+    int32_t drafts[FWD_MAX_VERIFY_ROWS] = {0};
+    for (int done = 0; done < n;) {
+        const int p = fwd_n_past(f, 0);
+        for (int i = 0; i <= k; i++)
+            rows[i] = (fwd_row){.token = i ? drafts[i - 1] : *tok, .slot = 0, .pos = p + i,
+                                .sample = true, .verify = true};
+        if (fwd_step(f, rows, k + 1, st)) return st->code;
+        int a = 0; /* drafts accepted: each with probability force_accept, until one is not */
+        while (a < k && (double)(splitmix64_next(rng) >> 11) * 0x1p-53 < o->force_accept) a++;
+        if (a < k && fwd_rollback(f, 0, p + a + 1, st)) return st->code;
+        for (int i = 0; i < k; i++) drafts[i] = rows[i].out.token; /* any ids do */
+        *tok = rows[a].out.token;
+        done += a + 1;
+        ++*runs;
+    }
+    return STATUS_OK;
+}
+
 static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
     fwd *f = NULL;
-    fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2, .max_rows = 2,
-                   .ranks = o->tp, .n_threads = o->threads};
+    const int k = o->spec_k;
+    fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2 + 2 * k,
+                   .max_rows = k + 2, .ranks = o->tp, .n_threads = o->threads,
+                   .verify_rows = k ? k + 1 : 0, .verify_runs = 1};
     if (fwd_state_dtype_parse(o->state_dtype, &fo.state_dtype, st)) return st->code;
     const sampling_params greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
     const double t_load = clock_now_s();
@@ -64,11 +103,18 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
         goto fail;
     fprintf(stderr, "bench: %s ready in %.1f s\n", f->device, clock_now_s() - t_load);
     int32_t tok = 1;
-    if (decode_steps(f, o->warmup, &tok, st)) goto fail;
+    uint64_t rng = 0x5eed;
+    int runs = 0;
+    if (k ? verify_steps(f, o, o->warmup, &tok, &rng, &runs, st)
+          : decode_steps(f, o->warmup, &tok, st))
+        goto fail;
+    runs = 0;
     fwd_stats s0 = {0}, s1 = {0};
     fwd_get_stats(f, &s0);
     const double t0 = clock_now_s();
-    if (decode_steps(f, o->tokens, &tok, st)) goto fail;
+    if (k ? verify_steps(f, o, o->tokens, &tok, &rng, &runs, st)
+          : decode_steps(f, o->tokens, &tok, st))
+        goto fail;
     const double dt = clock_now_s() - t0;
     fwd_get_stats(f, &s1);
     const double tps = o->tokens / dt;
@@ -77,6 +123,10 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
            fwd_state_dtype_name(f->state_dtype), (double)f->state_bytes / (1 << 20));
     printf("decode: %d tokens in %.3f s = %.1f tok/s (%.1f us/token)\n", o->tokens, dt, tps,
            1e6 * dt / o->tokens);
+    if (k)
+        printf("speculative: k %d, forced acceptance %.2f: %d verify runs, %.3f tokens a run, "
+               "%.1f us a run (drafting not timed)\n", k, o->force_accept, runs,
+               (double)o->tokens / runs, 1e6 * dt / runs);
     if (s1.bytes_per_token) { /* a device that counts its traffic (the GPU) */
         const double n = (double)(s1.tokens - s0.tokens), gbs = (double)s1.bytes_per_token * tps / 1e9;
         printf("bytes/token: %.3f GB (weights %.3f GB + state + KV at ctx %d) -> %.0f GB/s = "
@@ -106,8 +156,11 @@ int cmd_bench(int argc, char **argv)
     status st = {0};
     int rc = flags_parse(bench_flags, &o, argc - 1, argv + 1, usage, &st);
     if (rc == STATUS_CANCELLED) return 0;
-    if (rc || !o.model || o.tokens < 1 || o.ctx < 0 || o.warmup < 1) {
-        fprintf(stderr, "deltaserve bench: %s\n", rc ? st.msg : "--model, --tokens >= 1, --warmup >= 1");
+    if (rc || !o.model || o.tokens < 1 || o.ctx < 0 || o.warmup < 1 || o.spec_k < 0 ||
+        o.spec_k > FWD_MAX_VERIFY_ROWS - 1 || o.force_accept < 0 || o.force_accept > 1) {
+        fprintf(stderr, "deltaserve bench: %s\n",
+                rc ? st.msg : "--model, --tokens >= 1, --warmup >= 1, --speculative-k 0..7, "
+                              "--force-accept 0..1");
         return 2;
     }
     qwen35_model *m = NULL;
