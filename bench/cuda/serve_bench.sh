@@ -196,6 +196,19 @@ cpu_ticks() {
         END { printf "%d %d %d\n", total, engine, cq }'
 }
 
+# thread_ticks PID: "NAME=TICKS ..." of the process's live threads, summed by thread name.
+thread_ticks() {
+    cat "/proc/$1/task/"*/stat 2> /dev/null | awk '
+        {
+            for (i = length($0); i > 0 && substr($0, i, 1) != ")"; i--) ;
+            name = substr($0, index($0, "(") + 1, i - index($0, "(") - 1)
+            gsub(/[ =]/, "_", name)
+            split(substr($0, i + 1), f, " ")
+            t[name] += f[12] + f[13]
+        }
+        END { for (name in t) printf "%s=%d ", name, t[name]; print "" }'
+}
+
 # overhead MODEL [STREAMS] [PROMPT]: the router's and the worker's CPU per streamed token, and
 # what the router adds to loadgen's figures against loadgen straight to the worker.
 overhead() {
@@ -221,14 +234,14 @@ overhead() {
     echo "    worker_service: worker - worker_engine (ds-rpc-cq and gRPC's own threads); worker_cq:"
     echo "    ds-rpc-cq alone. Clock ticks of 1/$tck s. Targets (issue 27): router <= 5 us,"
     echo "    worker_service <= 20 us, router tok/s >= 98% of direct, TTFT p50 + <= 1 ms"
-    local r0 w0 r1 w1 summary direct="" via=""
+    local r0 w0 r1 w1 t0 t1 summary direct="" via=""
     for path in router direct; do
         local args=(--addr 127.0.0.1:50192)
         [ $path = direct ] && args=(--worker --addr 127.0.0.1:50191)
-        r0=$(cpu_ticks "$rpid"); w0=$(cpu_ticks "$wpid")
+        r0=$(cpu_ticks "$rpid"); w0=$(cpu_ticks "$wpid"); t0=$(thread_ticks "$wpid")
         timeout 300 bench/loadgen "${args[@]}" --concurrency "$c" --requests $n --ids "$prompt" \
             --max-tokens 128 --ignore-eos --timeout-ms 240000 > "$out" 2>&1 || rc=1
-        r1=$(cpu_ticks "$rpid"); w1=$(cpu_ticks "$wpid")
+        r1=$(cpu_ticks "$rpid"); w1=$(cpu_ticks "$wpid"); t1=$(thread_ticks "$wpid")
         echo "--- $path: loadgen $c streams, $n requests"
         sed 's/^/    /' "$out"
         summary=$(grep -o 'loadgen-summary mode=fixed .*' "$out")
@@ -247,6 +260,18 @@ overhead() {
                     (d[2] - c[2]) * us, (d[1] - c[1] - d[2] + c[2]) * us, (d[3] - c[3]) * us, s
                 exit !(tok == want && s ~ / failed=0 /)
             }' || { echo "overhead: $path: failed streams or not $((n * 128)) tokens"; rc=1; }
+        awk -v t0="$t0" -v t1="$t1" -v s="$summary" 'BEGIN {
+            if (match(s, /(^| )tokens=[0-9]+/)) tok = substr(s, RSTART, RLENGTH)
+            sub(/.*=/, "", tok); tok += 0
+            n = split(t0, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); b[kv[1]] = kv[2] }
+            n = split(t1, a, " ")
+            line = "    the worker'"'"'s threads by name, us per token (live at both reads):"
+            for (i = 1; i <= n; i++) {
+                split(a[i], kv, "=")
+                if (tok > 0 && kv[1] in b) line = line sprintf(" %s %.2f", kv[1], (kv[2] - b[kv[1]]) * 1e6 / '"$tck"' / tok)
+            }
+            print line
+        }'
         [ $path = router ] && via=$summary || direct=$summary
     done
     if [ -n "$via" ] && [ -n "$direct" ]; then
@@ -259,11 +284,11 @@ overhead() {
                 rt = get(v, "tokens_per_s"); dt = get(d, "tokens_per_s")
                 printf "%s router_tok_s=%.1f direct_tok_s=%.1f router_tok_s_change_pct=%.2f " \
                     "router_ttft_p50_added_ms=%.2f router_ttft_p99_added_ms=%.2f " \
-                    "router_itl_p99_added_ms=%.2f\n", tag, rt, dt, dt > 0 ? (rt / dt - 1) * 100 : 0,
+                    "router_itl_p99_added_ms=%.2f\n", tag, rt, dt, (dt > 0 ? (rt / dt - 1) * 100 : 0),
                     get(v, "ttft_p50_ms") - get(d, "ttft_p50_ms"),
                     get(v, "ttft_p99_ms") - get(d, "ttft_p99_ms"),
                     get(v, "itl_p99_ms") - get(d, "itl_p99_ms")
-            }'
+            }' || rc=1
     fi
     serve_down
     echo "--- router log"; tail -3 "$rlog"
