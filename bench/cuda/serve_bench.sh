@@ -28,12 +28,21 @@
 #       and 128 generated tokens, 3 x streams
 #       in all (2 x at PROMPT >= 1024); one "sched ..." line per run with loadgen's summary
 #       (tok/s, TTFT and inter-token p50 / p99 at the client)
+#   serve_bench.sh overhead MODEL [STREAMS] [PROMPT]   what the router and the worker's streaming
+#       side cost: one worker (--slots STREAMS --ctx 4096 --prefix-cache-mb 0, the default
+#       scheduler flags) and a router in front; loadgen with STREAMS (256) streams of one
+#       PROMPT-token (128) prompt and 128 generated tokens, STREAMS streams of warm-up through
+#       the router (not counted), then 3 x STREAMS through the router, then 3 x STREAMS straight
+#       to the worker (loadgen --worker, the same warm worker). One "overhead ..." line per run:
+#       the CPU per streamed token of the router and the worker (below) and loadgen's summary
+#       (tok/s, TTFT and inter-token p50 / p99 at the client); then one "overhead-compare ..."
+#       line: the router run's tok/s against the direct run's and its added TTFT p50
 set -uo pipefail
 . tests/gpu/gpu_lib.sh
 mode=${1:-}
 model=${2:-}
-case $mode in loadgen|long-prompt|two-workers|prefix|long-context|sched) ;; *)
-    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context|sched MODEL [...]" >&2; exit 2;; esac
+case $mode in loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead) ;; *)
+    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead MODEL [...]" >&2; exit 2;; esac
 require_gpu "serve_bench $mode"
 [ -s "$model" ] || { echo "serve_bench: no model '$model' (tools/gpu-test makes synth/SIZE.gguf)"; exit 1; }
 ids=9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16
@@ -167,7 +176,128 @@ sched() {
     return $rc
 }
 
+# cpu_ticks PID: "TOTAL ENGINE CQ", CPU time in clock ticks (getconf CLK_TCK a second): utime +
+# stime (/proc/PID/stat fields 14 and 15) of the process, all its threads including those that
+# ended, and of its threads named ds-engine (the worker's engine: the forward pass's host side
+# and each step's token hand-off) and ds-rpc-cq (rpc/rpc_server.c's completion-queue thread),
+# from /proc/PID/task/*/stat; a thread that ends between the two reads drops out of its sum.
+cpu_ticks() {
+    { cat "/proc/$1/stat"; cat "/proc/$1/task/"*/stat 2> /dev/null; } | awk '
+        function ticks(s,   i, f) {
+            for (i = length(s); i > 0 && substr(s, i, 1) != ")"; i--) ;
+            name = substr(s, index(s, "(") + 1, i - index(s, "(") - 1)
+            split(substr(s, i + 1), f, " ")
+            return f[12] + f[13]
+        }
+        NR == 1 { total = ticks($0); next }
+        { t = ticks($0) }
+        name == "ds-engine" { engine += t }
+        name == "ds-rpc-cq" { cq += t }
+        END { printf "%d %d %d\n", total, engine, cq }'
+}
+
+# thread_ticks PID: "NAME=TICKS ..." of the process's live threads, summed by thread name.
+thread_ticks() {
+    cat "/proc/$1/task/"*/stat 2> /dev/null | awk '
+        {
+            for (i = length($0); i > 0 && substr($0, i, 1) != ")"; i--) ;
+            name = substr($0, index($0, "(") + 1, i - index($0, "(") - 1)
+            gsub(/[ =]/, "_", name)
+            split(substr($0, i + 1), f, " ")
+            t[name] += f[12] + f[13]
+        }
+        END { for (name in t) printf "%s=%d ", name, t[name]; print "" }'
+}
+
+# overhead MODEL [STREAMS] [PROMPT]: the router's and the worker's CPU per streamed token, and
+# what the router adds to loadgen's figures against loadgen straight to the worker.
+overhead() {
+    local c=${3:-256} pp=${4:-128} rc=0 n path name prompt out ctx=4096 tck tag
+    prompt=$(seq -s, 1000 $((999 + pp)))
+    out=${TMPDIR:-/tmp}/overhead-loadgen.txt
+    n=$((3 * c))
+    tck=$(getconf CLK_TCK)
+    name=$(basename "$model" .gguf)
+    [ $((pp + 128)) -le $ctx ] || ctx=$((pp + 256))
+    serve_up overhead 50191 50192 --model "$model" --device cuda --slots "$c" --ctx $ctx \
+        --prefix-cache-mb 0
+    echo "--- worker: $(grep -o ' info ready: .*' "$wlog")"
+    kill -0 "$wpid" 2> /dev/null || { echo "overhead: the worker exited"; tail -20 "$wlog"; return 1; }
+    echo "--- warm-up (not counted): $c streams through the router"
+    timeout 60 bench/loadgen --addr 127.0.0.1:50192 --concurrency "$c" --requests "$c" \
+        --ids "$prompt" --max-tokens 128 --ignore-eos --timeout-ms 60000 | grep loadgen-summary \
+        || rc=1
+    echo "--- CPU per streamed token: (utime + stime after - before the run) / the tokens the run"
+    echo "    streamed (loadgen-summary tokens=, 128 a stream); router: the router process (with"
+    echo "    path=direct: idle, its health polls alone); worker: the whole worker process;"
+    echo "    worker_engine: its ds-engine thread (forward host side, step hand-off);"
+    echo "    worker_service: worker - worker_engine (ds-rpc-cq and gRPC's own threads); worker_cq:"
+    echo "    ds-rpc-cq alone. Clock ticks of 1/$tck s. Targets (issue 27): router <= 5 us,"
+    echo "    worker_service <= 20 us, router tok/s >= 98% and TTFT p50 <= 1 ms over direct's"
+    local r0 w0 r1 w1 t0 t1 summary direct="" via=""
+    for path in router direct; do
+        local args=(--addr 127.0.0.1:50192)
+        [ $path = direct ] && args=(--worker --addr 127.0.0.1:50191)
+        r0=$(cpu_ticks "$rpid"); w0=$(cpu_ticks "$wpid"); t0=$(thread_ticks "$wpid")
+        timeout 90 bench/loadgen "${args[@]}" --concurrency "$c" --requests $n --ids "$prompt" \
+            --max-tokens 128 --ignore-eos --timeout-ms 60000 > "$out" 2>&1 || rc=1
+        r1=$(cpu_ticks "$rpid"); w1=$(cpu_ticks "$wpid"); t1=$(thread_ticks "$wpid")
+        echo "--- $path: loadgen $c streams, $n requests"
+        sed 's/^/    /' "$out"
+        summary=$(grep -o 'loadgen-summary mode=fixed .*' "$out")
+        [ -n "$summary" ] || { echo "overhead: no loadgen-summary ($path)"; rc=1; continue; }
+        tag="overhead model=$name path=$path streams=$c prompt=$pp requests=$n"
+        awk -v tag="$tag" -v tck="$tck" -v r0="$r0" -v r1="$r1" -v w0="$w0" -v w1="$w1" \
+            -v s="${summary#loadgen-summary mode=fixed }" -v want=$((n * 128)) '
+            BEGIN {
+                split(r0, a, " "); split(r1, b, " "); split(w0, c, " "); split(w1, d, " ")
+                if (match(s, /(^| )tokens=[0-9]+/)) tok = substr(s, RSTART, RLENGTH)
+                sub(/.*=/, "", tok); tok += 0
+                us = tok > 0 ? 1e6 / tck / tok : 0
+                printf "%s router_us_per_token=%.2f worker_us_per_token=%.2f " \
+                    "worker_engine_us_per_token=%.2f worker_service_us_per_token=%.2f " \
+                    "worker_cq_us_per_token=%.2f %s\n", tag, (b[1] - a[1]) * us, (d[1] - c[1]) * us,
+                    (d[2] - c[2]) * us, (d[1] - c[1] - d[2] + c[2]) * us, (d[3] - c[3]) * us, s
+                exit !(tok == want && s ~ / failed=0 /)
+            }' || { echo "overhead: $path: failed streams or not $((n * 128)) tokens"; rc=1; }
+        awk -v t0="$t0" -v t1="$t1" -v s="$summary" -v tck="$tck" 'BEGIN {
+            if (match(s, /(^| )tokens=[0-9]+/)) tok = substr(s, RSTART, RLENGTH)
+            sub(/.*=/, "", tok); tok += 0
+            n = split(t0, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); b[kv[1]] = kv[2] }
+            n = split(t1, a, " ")
+            line = "    the worker'"'"'s threads by name, us per token (live at both reads):"
+            for (i = 1; i <= n; i++) {
+                split(a[i], kv, "=")
+                if (tok > 0 && kv[1] in b) line = line sprintf(" %s %.2f", kv[1], (kv[2] - b[kv[1]]) * 1e6 / tck / tok)
+            }
+            print line
+        }'
+        [ $path = router ] && via=$summary || direct=$summary
+    done
+    if [ -n "$via" ] && [ -n "$direct" ]; then
+        awk -v v="$via" -v d="$direct" -v tag="overhead-compare model=$name streams=$c prompt=$pp" '
+            function get(s, k,   f, i) {
+                split(s, f, " ")
+                for (i in f) if (index(f[i], k "=") == 1) return substr(f[i], length(k) + 2) + 0
+            }
+            BEGIN {
+                rt = get(v, "tokens_per_s"); dt = get(d, "tokens_per_s")
+                printf "%s router_tok_s=%.1f direct_tok_s=%.1f router_tok_s_change_pct=%.2f " \
+                    "router_ttft_p50_added_ms=%.2f router_ttft_p99_added_ms=%.2f " \
+                    "router_itl_p99_added_ms=%.2f\n", tag, rt, dt, (dt > 0 ? (rt / dt - 1) * 100 : 0),
+                    get(v, "ttft_p50_ms") - get(d, "ttft_p50_ms"),
+                    get(v, "ttft_p99_ms") - get(d, "ttft_p99_ms"),
+                    get(v, "itl_p99_ms") - get(d, "itl_p99_ms")
+            }' || rc=1
+    fi
+    serve_down
+    echo "--- router log"; tail -3 "$rlog"
+    echo "--- worker log (requests: $(grep -c 'info request' "$wlog"))"; grep -v "info request" "$wlog" | tail -8
+    return $rc
+}
+
 case $mode in
+    overhead) overhead "$@" ;;
     sched) sched "$@" ;;
     prefix) prefix "$@" ;;
     long-context) long_context "$@" ;;
