@@ -474,10 +474,11 @@ void fc_rank_rollback(fc_rank *e, int slot, int n_past)
 }
 
 /* true when the step goes through the batched graphs: more than one row (decode rows of several
- * slots, a prompt chunk), or every step when batch invariant */
-static bool step_batched(const fc_rank *e, int B)
+ * slots, a prompt chunk), a verify run (one row too: its record for rollback), or every step
+ * when batch invariant */
+static bool step_batched(const fc_rank *e, const fwd_row *rows, int B)
 {
-    return e->b.rows && (B > 1 || e->batch_invariant);
+    return e->b.rows && (B > 1 || e->batch_invariant || rows[0].verify);
 }
 
 int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st)
@@ -485,7 +486,7 @@ int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st)
     for (int i = 0; i < B; i++) /* the device's tables up to each slot's last row of the step */
         if (i + 1 == B || rows[i + 1].slot != rows[i].slot)
             fc_kv_sync(e, rows[i].slot, rows[i].pos);
-    if (step_batched(e, B)) return fc_batch_step(e, rows, B, st);
+    if (step_batched(e, rows, B)) return fc_batch_step(e, rows, B, st);
     stage_tokens(e, rows, B);
     for (int i = 0; i < B;) {
         int j = i + 1;
