@@ -2,7 +2,8 @@
  *
  *   deltaserve generate --model F (--prompt TEXT | --ids 1,2,3) [--chat [--thinking on|off]]
  *       --max-tokens N [--temperature T --top-k K --top-p P --min-p M --repetition-penalty R
- *        --presence-penalty A --frequency-penalty B --seed S] [--print-ids] [--speculative-k K]
+ *        --presence-penalty A --frequency-penalty B --seed S] [--print-ids] [--speculative-k K
+ *        [--spec-min-acceptance A]]
  *
  * Text is streamed to stdout as it is produced (streaming detokenizer: never a broken UTF-8
  * sequence), then one summary line goes to stderr: prompt tokens, generated tokens, prefill and
@@ -28,7 +29,10 @@
  * The summary line then adds the request's verify runs, drafts, accepted drafts, the acceptance
  * rate (accepted / drafted) and the mean accepted length (tokens per verify run: accepted / runs
  * + 1); "speculative off" and why when the model, the device or the sampling settings rule it
- * out (no MTP head, no verify runs, penalties). */
+ * out (no MTP head, no verify runs, penalties). --spec-min-acceptance A (default 0.3, as the
+ * worker's) switches speculation off for the rest of the generation once its rolling acceptance
+ * is below A after 8 verify runs (engine_opts.spec_min_accept); the summary then says so, with
+ * the counts up to there. 0 keeps it on (tools/train/acceptance.py measures a head that way). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -56,6 +60,7 @@
 typedef struct gen_opts {
     const char *model, *prompt, *ids, *device, *thinking;
     int chat, print_ids, max_tokens, threads, ctx, top_k, tp, speculative_k;
+    float spec_min_acceptance;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int64_t seed;
 } gen_opts;
@@ -81,6 +86,7 @@ static const flag_spec gen_flags[] = {
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(gen_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
     {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(gen_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4"},
+    {"spec-min-acceptance", "DS_SPEC_MIN_ACCEPTANCE", "0.3", FLAG_FLOAT, offsetof(gen_opts, spec_min_acceptance), "0..1: stop speculating once the rolling draft acceptance (accepted / drafted, each verify run weighted 1/8) is below this after 8 verify runs (0: never)"},
     {0},
 };
 
@@ -288,6 +294,8 @@ int cmd_generate(int argc, char **argv)
     if (o.max_tokens < 1) return usage_error("--max-tokens must be >= 1");
     if (o.ctx < 0) return usage_error("--ctx must be >= 0");
     if (o.speculative_k < 0 || o.speculative_k > SPEC_MAX_K) return usage_error("--speculative-k must be 0..4");
+    if (!(o.spec_min_acceptance >= 0 && o.spec_min_acceptance <= 1)) /* NaN too */
+        return usage_error("--spec-min-acceptance must be 0..1 (0: never switch speculation off)");
     sampling_params sp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
                           .min_p = o.min_p, .repetition_penalty = o.repetition_penalty,
                           .presence_penalty = o.presence_penalty,
@@ -331,7 +339,8 @@ int cmd_generate(int argc, char **argv)
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = n_ctx, .n_threads = o.threads,
                                     .max_prefill_tokens = 512, .tp = o.tp,
                                     .verify_rows = spec_k ? spec_k + 1 : 0, .verify_runs = 1};
-    engine_opts eo = {.queue = 1, .step_tokens = 512, .spec_k = spec_k, .spec_threads = o.threads};
+    engine_opts eo = {.queue = 1, .step_tokens = 512, .spec_k = spec_k, .spec_threads = o.threads,
+                      .spec_min_accept = o.spec_min_acceptance};
     int32_t eog[ENGINE_MAX_EOS_IDS];
     const size_t n_eog = tokenizer_eog_ids(tok, eog);
     for (size_t i = 0; i < n_eog && eo.n_eos_ids < ENGINE_MAX_EOS_IDS; i++) eo.eos_ids[eo.n_eos_ids++] = eog[i];
@@ -381,14 +390,19 @@ int cmd_generate(int argc, char **argv)
         for (int i = 0; i < n_gen; i++) n_reasoning += out.at[i] < end;
         snprintf(reasoning, sizeof reasoning, ", reasoning tokens %d", n_reasoning);
     }
-    char spec[160] = "";
-    if (o.speculative_k && g.end.spec)
-        snprintf(spec, sizeof spec, ", speculative k %d: verify runs %d, drafted %d, accepted %d, "
-                 "acceptance %.4f, mean accepted length %.3f", o.speculative_k, g.end.spec_steps,
-                 g.end.spec_drafted, g.end.spec_accepted,
-                 g.end.spec_drafted ? (double)g.end.spec_accepted / g.end.spec_drafted : 0.0,
-                 g.end.spec_steps ? (double)g.end.spec_accepted / g.end.spec_steps + 1 : 0.0);
-    else if (o.speculative_k)
+    char spec[256] = "";
+    if (o.speculative_k && (g.end.spec || g.end.spec_switched_off)) {
+        const int n = snprintf(spec, sizeof spec, ", speculative k %d: verify runs %d, drafted %d, "
+                               "accepted %d, acceptance %.4f, mean accepted length %.3f",
+                               o.speculative_k, g.end.spec_steps, g.end.spec_drafted,
+                               g.end.spec_accepted,
+                               g.end.spec_drafted ? (double)g.end.spec_accepted / g.end.spec_drafted : 0.0,
+                               g.end.spec_steps ? (double)g.end.spec_accepted / g.end.spec_steps + 1 : 0.0);
+        if (g.end.spec_switched_off && n > 0 && (size_t)n < sizeof spec)
+            snprintf(spec + n, sizeof spec - (size_t)n, ", then switched off (rolling acceptance "
+                     "%.3f < --spec-min-acceptance %.2f)", g.end.spec_accept,
+                     (double)o.spec_min_acceptance);
+    } else if (o.speculative_k)
         snprintf(spec, sizeof spec, ", speculative off (%s)",
                  !m->mtp.present ? "the model has no MTP head"
                  : !eng_speculates ? "the device runs no verify runs"

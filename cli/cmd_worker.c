@@ -36,6 +36,7 @@ typedef struct worker_opts {
     bool dense_per_pass;
     int prefix_cache_mb, prefix_snapshot_every, memory_mb;
     int speculative_k, spec_max_batch, spec_threads;
+    float spec_min_acceptance;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen, *auth_token_file;
 } worker_opts;
 
@@ -53,6 +54,7 @@ static const flag_spec worker_flags[] = {
     {"prefix-snapshot-every", "DS_PREFIX_SNAPSHOT_EVERY", "1024", FLAG_INT, offsetof(worker_opts, prefix_snapshot_every), "a long prompt's prefill keeps a snapshot at the end of a step when this many tokens were computed since its last one, so that prompts sharing part of it resume near where they part (0: only at the prompt's end and where prompts part)"},
     {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu), else it stays off and the log says why"},
     {"spec-max-batch", "DS_SPEC_MAX_BATCH", "8", FLAG_INT, offsetof(worker_opts, spec_max_batch), "speculate only while at most this many sequences decode (more: plain decode steps)"},
+    {"spec-min-acceptance", "DS_SPEC_MIN_ACCEPTANCE", "0.3", FLAG_FLOAT, offsetof(worker_opts, spec_min_acceptance), "0..1: a request whose rolling draft acceptance (accepted / drafted, each verify run weighted 1/8) is below this after 8 verify runs stops speculating for the rest of its life (its tokens unchanged; 0: never)"},
     {"spec-threads", "DS_SPEC_THREADS", "0", FLAG_INT, offsetof(worker_opts, spec_threads), "CPU threads of the MTP head's drafts (0: as --threads)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
@@ -123,6 +125,11 @@ int cmd_worker(int argc, char **argv)
                             "--step-tokens, --memory-mb, --threads, --grace-seconds, --prefix-snapshot-every and "
                             "--spec-threads >= 0; --prefix-cache-mb >= -1; --speculative-k 0..4; "
                             "--spec-max-batch >= 1");
+        return 2;
+    }
+    if (!(o.spec_min_acceptance >= 0 && o.spec_min_acceptance <= 1)) { /* NaN too */
+        fprintf(stderr, "deltaserve worker: --spec-min-acceptance must be 0..1 (0: never switch "
+                "speculation off), not %g\n", (double)o.spec_min_acceptance);
         return 2;
     }
     log_threshold = (log_level)lvl;
@@ -239,6 +246,7 @@ int cmd_worker(int argc, char **argv)
                       .prefill_min_tokens = o.prefill_min_tokens, .metrics = mx,
                       .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal,
                       .spec_k = o.speculative_k, .spec_max_batch = o.spec_max_batch,
+                      .spec_min_accept = o.spec_min_acceptance,
                       .spec_threads = o.spec_threads ? o.spec_threads : o.threads};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;

@@ -45,7 +45,7 @@ struct engine {
        they looked up and those they resumed */
     uint64_t px_queries, px_hits, px_queried_tokens, px_cached_tokens;
     worker_spec *sp;       /* owned: the draft head, NULL when nothing speculates */
-    uint64_t spec_steps, spec_drafted, spec_accepted; /* under mu */
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_switched_off; /* under mu */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -303,6 +303,7 @@ void engine_get_load(engine *e, engine_load *out)
     out->spec_steps = e->spec_steps;
     out->spec_drafted = e->spec_drafted;
     out->spec_accepted = e->spec_accepted;
+    out->spec_switched_off = e->spec_switched_off;
     out->outstanding_tokens = e->outstanding;
     /* the engine refreshes tps every second while it works; when idle it goes stale */
     double dt = (double)(now - e->tps_t0) / 1e6;
@@ -513,7 +514,8 @@ cold:
     if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
     r->started = true;
     /* cuda's verify runs take greedy sequences only (fwd.verify_sampled) */
-    r->spec = e->sp && !r->p.no_speculation && sampling_params_no_penalty(&r->p.sampling) &&
+    r->spec = e->sp && !r->p.no_speculation && !r->spec_switched_off &&
+              sampling_params_no_penalty(&r->p.sampling) &&
               (e->b->f->verify_sampled || sampling_params_is_greedy(&r->p.sampling));
     if (r->spec) spec_start(e->sp, r->slot);
     return 1;
@@ -947,16 +949,30 @@ static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, in
     r->spec_steps++;
     r->spec_drafted += k;
     r->spec_accepted += a;
+    r->spec_accept = spec_accept_mean(r->spec_accept, r->spec_steps, k, a);
+    /* the rolling rule: a request whose drafts keep failing decodes plainly from here on */
+    const bool quit = !fin && e->o.spec_min_accept > 0 && r->spec_steps >= SPEC_ACCEPT_MIN_RUNS &&
+                      r->spec_accept < e->o.spec_min_accept;
     pthread_mutex_lock(&e->mu);
     e->spec_steps++;
     e->spec_drafted += (uint64_t)k;
     e->spec_accepted += (uint64_t)a;
+    e->spec_switched_off += quit;
     pthread_mutex_unlock(&e->mu);
     engine_metrics_spec(&e->m, k, a);
     if (e->pc) prefix_after_step(e, r, it);
     if (fin) {
         e->done[nd++] = r;
         if (e->pc) prefix_keep(e, r);
+        return nd;
+    }
+    if (quit) {
+        LOG_DEBUG("request %s: speculative decoding off after %d verify runs: rolling acceptance "
+                  "%.3f < %.3f", r->p.id, r->spec_steps, r->spec_accept,
+                  (double)e->o.spec_min_accept);
+        r->spec = false;
+        r->spec_switched_off = true;
+        engine_metrics_spec_switched_off(&e->m);
         return nd;
     }
     spec_follow(e, r, it->tokens, used);
@@ -1119,6 +1135,13 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
         }
     }
     if (e->o.spec_max_batch <= 0) e->o.spec_max_batch = SPEC_MAX_BATCH_DEFAULT;
+    if (!(e->o.spec_min_accept >= 0 && e->o.spec_min_accept <= 1)) { /* NaN too */
+        status_fail(st, STATUS_INVALID, "engine: spec_min_accept must be 0..1, not %g",
+                    (double)e->o.spec_min_accept);
+        prefix_cache_destroy(e->pc);
+        free(e);
+        return st->code;
+    }
     if (e->o.spec_k > 0 && !b->model->mtp.present) {
         LOG_INFO("speculative decoding off: the model has no MTP head");
     } else if (e->o.spec_k > 0 && b->f->verify_rows < e->o.spec_k + 1) {
@@ -1132,8 +1155,10 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
             return st->code;
         }
         LOG_INFO("speculative decoding: the MTP head drafts %d tokens while at most %d sequences "
-                 "decode (requests without penalties; %.1f MiB of draft state)", e->o.spec_k,
-                 e->o.spec_max_batch, (double)e->sp->bytes / (1 << 20));
+                 "decode (requests without penalties; a request stops after %d verify runs with a "
+                 "rolling acceptance below %.2f; %.1f MiB of draft state)", e->o.spec_k,
+                 e->o.spec_max_batch, SPEC_ACCEPT_MIN_RUNS, (double)e->o.spec_min_accept,
+                 (double)e->sp->bytes / (1 << 20));
     }
     int n_pool = e->n_slots + e->o.queue;
     e->pool = calloc((size_t)n_pool, sizeof *e->pool);

@@ -107,10 +107,13 @@ typedef struct engine_request {
     uint32_t kv_promise;    /* KV blocks its admission counted and it has not taken yet (under
                                the engine lock) */
     /* speculative decoding (engine thread): the request speculates (the engine has a draft head,
-       the request allows it, no sampling penalty, its sequence started cold); verify steps run,
-       drafts proposed and accepted */
+       the request allows it, no sampling penalty, its sequence started cold, its acceptance
+       held up); verify steps run, drafts proposed and accepted */
     bool spec;
     int spec_steps, spec_drafted, spec_accepted;
+    double spec_accept;     /* rolling acceptance of its verify runs (spec_accept_mean) */
+    bool spec_switched_off; /* its rolling acceptance fell below spec_min_accept: it never
+                               speculates again (kept through preemption) */
     uint64_t admit_seq;     /* first admission order (1, 2, ...; kept through preemption): prefill
                                priority, and who is preempted first (the highest) */
     int64_t t_arrival, t_admit, t_first, t_last, t_end;
@@ -155,6 +158,9 @@ typedef struct engine_opts {
     int spec_k;         /* drafts per verify run (0: off; 1..SPEC_MAX_K) */
     int spec_max_batch; /* speculate only while at most this many sequences decode (0: 8) */
     int spec_threads;   /* the draft head's CPU threads (0: all online CPUs) */
+    float spec_min_accept; /* 0..1: a request whose rolling acceptance (worker/spec.h
+                              spec_accept_mean) is below this after at least
+                              SPEC_ACCEPT_MIN_RUNS verify runs stops speculating (0: never) */
     /* optional: called once (engine thread) when the backend fails for good (STATUS_DEVICE) */
     void (*on_fatal)(void *arg);
     void *fatal_arg;
@@ -174,9 +180,10 @@ typedef struct engine_load {
     uint32_t prefix_snapshots, prefix_blocks;
     uint64_t prefix_snapshot_bytes;
     uint64_t outstanding_tokens;
-    /* speculative decoding: on (a draft head), verify runs, drafts proposed, drafts accepted */
+    /* speculative decoding: on (a draft head), verify runs, drafts proposed, drafts accepted,
+       requests switched off by their rolling acceptance (spec_min_accept) */
     bool speculative;
-    uint64_t spec_steps, spec_drafted, spec_accepted;
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_switched_off;
     double tokens_per_second;
     bool draining;
     uint64_t steps, tokens_generated, requests_finished;

@@ -99,6 +99,10 @@ void engine_metrics_spec_init(engine_metrics *em, metrics *m)
                                         "Drafted tokens the model accepted (acceptance rate: "
                                         "accepted / drafted; tokens per verify run: 1 + "
                                         "accepted / steps).");
+    em->spec_switched_off = metrics_counter(m, "deltaserve:spec_switched_off_total", NULL,
+                                            "Requests that stopped speculating because their "
+                                            "rolling draft acceptance fell below "
+                                            "--spec-min-acceptance.");
 }
 
 void engine_metrics_spec(engine_metrics *em, int k, int a)
@@ -107,6 +111,11 @@ void engine_metrics_spec(engine_metrics *em, int k, int a)
     metrics_inc(em->spec_steps, 1);
     metrics_inc(em->spec_drafted, k);
     metrics_inc(em->spec_accepted, a);
+}
+
+void engine_metrics_spec_switched_off(engine_metrics *em)
+{
+    if (em->on && em->spec_switched_off) metrics_inc(em->spec_switched_off, 1);
 }
 
 void engine_metrics_preempted(engine_metrics *em)

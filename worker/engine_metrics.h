@@ -24,7 +24,7 @@ typedef struct engine_metrics {
     metrics_series *px_snapshots, *px_snapshot_bytes, *px_blocks;
     engine_load px_last; /* the counters as last observed (engine thread) */
     /* speculative decoding's (registered by engine_metrics_spec_init) */
-    metrics_series *spec_steps, *spec_drafted, *spec_accepted;
+    metrics_series *spec_steps, *spec_drafted, *spec_accepted, *spec_switched_off;
 } engine_metrics;
 
 /* Registers the series on m (NULL: off) for an engine of n_slots slots over a KV pool of
@@ -38,10 +38,13 @@ void engine_metrics_prefix_init(engine_metrics *em, metrics *m);
 void engine_metrics_prefix(engine_metrics *em, const engine_load *l);
 
 /* Speculative decoding's series (an engine with a draft head): deltaserve:spec_verify_steps_total,
- * deltaserve:spec_draft_tokens_total, deltaserve:spec_accepted_tokens_total. */
+ * deltaserve:spec_draft_tokens_total, deltaserve:spec_accepted_tokens_total,
+ * deltaserve:spec_switched_off_total. */
 void engine_metrics_spec_init(engine_metrics *em, metrics *m);
 /* A verify run of k drafts accepted a of them. */
 void engine_metrics_spec(engine_metrics *em, int k, int a);
+/* A request stopped speculating: its rolling acceptance fell below spec_min_accept. */
+void engine_metrics_spec_switched_off(engine_metrics *em);
 
 /* Admission: a request refused (draining, else queue full), or accepted with its prompt. */
 void engine_metrics_rejected(engine_metrics *em, bool draining);

@@ -87,4 +87,18 @@ int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sam
 
 #define SPEC_DRAFT_KEY 0x5deece66d2b1e4f3ull
 
+/* The rolling acceptance rule (engine.c): after each verify run of a request, its mean
+ * acceptance moves by SPEC_ACCEPT_WEIGHT of the way to that run's accepted / drafted (the first
+ * run sets it); once a request has made SPEC_ACCEPT_MIN_RUNS runs with the mean below
+ * engine_opts.spec_min_accept, it decodes without drafts for the rest of its life. */
+#define SPEC_ACCEPT_WEIGHT (1.0 / 8)
+#define SPEC_ACCEPT_MIN_RUNS 8
+
+/* The mean after a run of k >= 1 drafts accepted a, the request's run count now n (1: the first). */
+static inline double spec_accept_mean(double mean, int n, int k, int a)
+{
+    const double x = (double)a / k;
+    return n <= 1 ? x : mean + SPEC_ACCEPT_WEIGHT * (x - mean);
+}
+
 #endif

@@ -12,7 +12,12 @@ speculation, and a router (gRPC and the HTTP door) in front of the speculating o
   a non-boolean "speculative" is a 400 naming the field;
 - a seeded sampled request speculates (the speculative sampling rule) and repeats run to run;
   one with a penalty makes no verify run and gives the tokens of the worker without it;
-- --speculative-k outside 0..4 is refused at start with one line."""
+- the rolling acceptance rule: a worker with --spec-min-acceptance 0.99 stops each request's
+  speculation after exactly 8 verify runs (the tokens those of the worker without it) and counts
+  each in deltaserve:spec_switched_off_total; the speculating worker above runs with the default
+  (0.3) and exposes the counter;
+- --speculative-k outside 0..4, and --spec-min-acceptance outside 0..1, are refused at start with
+  one line."""
 import json
 import os
 import re
@@ -33,6 +38,16 @@ HTTP_RE = re.compile(r"HTTP \(OpenAI API\) on (https?)://(\S+?):(\d+)/v1")
 METRICS = {"spec_verify_runs": "deltaserve:spec_verify_steps_total",
            "spec_drafted": "deltaserve:spec_draft_tokens_total",
            "spec_accepted": "deltaserve:spec_accepted_tokens_total"}
+SWITCHED = "deltaserve:spec_switched_off_total"
+MIN_RUNS = 8  # verify runs before the rolling acceptance may switch a request off
+
+
+def metric(url, name):
+    """The value of the unlabelled series name at url's /metrics (None: absent)."""
+    with urllib.request.urlopen(url, timeout=10) as f:
+        text = f.read().decode()
+    vals = [float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ")]
+    return vals[0] if len(vals) == 1 else None
 
 
 def spec_timings(final):
@@ -185,6 +200,45 @@ class Speculative(unittest.TestCase):
         code, bad = self.post(dict(body, speculative="no"))
         self.assertEqual(code, 400, bad)
         self.assertEqual(bad["error"]["param"], "speculative", bad)
+
+    def test_rolling_acceptance_switches_off(self):
+        self.assertIsNotNone(metric(self.metrics_url, SWITCHED), "no %s" % SWITCHED)
+        w = h.start_worker("spec_strict", model=self.model,
+                           extra=["--threads", "1", "--slots", "4", "--ctx", "512",
+                                  "--prefix-cache-mb", "0", "--speculative-k", str(K),
+                                  "--spec-min-acceptance", "0.99",
+                                  "--metrics-listen", "127.0.0.1:0"])
+        try:
+            m = w.wait_line(r"metrics on http://(\S+?):(\d+)/metrics")
+            url = "http://%s:%s/metrics" % (m.group(1), m.group(2))
+            self.assertEqual(metric(url, SWITCHED), 0)
+            c = h.Client(w.addr)
+            try:
+                for p, want in zip(PROMPTS, self.plain):
+                    _, ids, _, final = c.worker_generate(p, max_tokens=N_NEW, ignore_eos=True)
+                    self.assertEqual(ids, want, "greedy tokens differ once switched off")
+                    v, d, a = spec_timings(final)
+                    # the first 8 runs would have to accept nearly every draft to stay on
+                    self.assertEqual((v, d), (MIN_RUNS, K * MIN_RUNS), final.timings)
+                    self.assertLess(v + a, N_NEW - 1, "no plain decode step after the switch")
+                h.wait_until(lambda: c.load().running == 0, 30, "the worker idle")
+                load = c.load()
+                self.assertEqual(load.spec_verify_runs, MIN_RUNS * len(PROMPTS))
+            finally:
+                c.close()
+            self.assertEqual(metric(url, SWITCHED), len(PROMPTS))
+        finally:
+            w.stop()
+
+    def test_bad_min_acceptance_refused(self):
+        for v in ("1.5", "-0.1"):
+            p = subprocess.run([h.binary(), "worker", "--model", self.model, "--listen",
+                                "127.0.0.1:0", "--speculative-k", "2", "--spec-min-acceptance", v],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+            err = p.stderr.decode()
+            self.assertEqual(p.returncode, 2, err)
+            self.assertIn("--spec-min-acceptance must be 0..1", err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_bad_k_refused(self):
         for k in ("5", "-1"):

@@ -5,19 +5,28 @@
  *  - a request with no_speculation, and a sampled one with a penalty, run no verify run;
  *  - sampled requests (no penalties) speculate by the speculative sampling rule: a seed gives
  *    the same tokens run to run, and over many seeds the second generated token (the first a
- *    verify row chooses) is distributed as without speculation (a two-sample chi-square). */
+ *    verify row chooses) is distributed as without speculation (a two-sample chi-square);
+ *  - the rolling acceptance rule (engine_opts.spec_min_accept): the mean's arithmetic
+ *    (spec_accept_mean: the first run sets it, each later one weighs 1/8); at 0.99 each of three
+ *    greedy requests makes exactly SPEC_ACCEPT_MIN_RUNS verify runs, then decodes plainly to its
+ *    end with the tokens of speculation off, each counted once in engine_load.spec_switched_off
+ *    and deltaserve:spec_switched_off_total; at 0 (the rule off) they speculate to the end;
+ *    a value outside 0..1 (or NaN) is refused at engine_create. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/metrics.h"
 #include "gguf/synth.h"
 #include "model/qwen35.h"
 #include "tests/testutil/testutil.h"
 #include "worker/backend.h"
 #include "tests/testutil/engine_collector.h"
 #include "worker/engine.h"
+#include "worker/spec.h"
 
 #define N_REQ 3
 #define N_NEW 40
@@ -232,6 +241,184 @@ static void test_sampled(void)
     unlink(path);
 }
 
+/* ---- the rolling acceptance rule ---- */
+
+static void test_accept_mean(void)
+{
+    CU_ASSERT_DOUBLE_EQUAL(spec_accept_mean(0.9, 1, 4, 1), 0.25, 1e-12); /* the first run sets it */
+    CU_ASSERT_DOUBLE_EQUAL(spec_accept_mean(0.5, 2, 2, 2), 0.5 + 0.5 / 8, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(spec_accept_mean(0.5, 9, 3, 0), 0.5 * 7 / 8, 1e-12);
+    double m = 0;
+    int n = 0;
+    m = spec_accept_mean(m, ++n, 2, 2);
+    for (int i = 0; i < 7; i++) m = spec_accept_mean(m, ++n, 2, 0);
+    CU_ASSERT_DOUBLE_EQUAL(m, pow(7.0 / 8, 7), 1e-12);
+}
+
+/* What a request's on_finish saw, besides its tokens (the collector is the sink's arg too). */
+typedef struct fin_collector {
+    engine_collector c; /* first: engine_collector_sink's calls take the same arg */
+    int spec_steps, spec_drafted, spec_accepted;
+    bool switched_off;
+    double accept;
+} fin_collector;
+
+static void fin_on_finish(void *arg, const engine_request *r)
+{
+    fin_collector *f = arg;
+    f->spec_steps = r->spec_steps;
+    f->spec_drafted = r->spec_drafted;
+    f->spec_accepted = r->spec_accepted;
+    f->switched_off = r->spec_switched_off;
+    f->accept = r->spec_accept;
+    engine_collector_sink.on_finish(arg, r);
+}
+
+/* The value of the unlabelled series name in m's exposition (-1: absent). */
+static double metric_value(metrics *m, const char *name)
+{
+    size_t len;
+    char *text = metrics_render(m, &len);
+    CU_ASSERT_FATAL(text != NULL);
+    double v = -1;
+    const size_t n = strlen(name);
+    for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') v = strtod(l + n + 1, NULL);
+    free(text);
+    return v;
+}
+
+#define ROLL_NEW 48
+
+/* The three greedy requests at once, ROLL_NEW tokens each, on model path with speculation k
+ * (0: off) and spec_min_accept min; tokens, what each one's end said and the engine's counters
+ * out; *switched the metric deltaserve:spec_switched_off_total (-1 without a draft head). */
+static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][ROLL_NEW],
+                        fin_collector fin[N_REQ], engine_load *load, double *switched)
+{
+    qwen35_model *m = NULL;
+    worker_backend *b = NULL;
+    engine *e = NULL;
+    metrics *mx = NULL;
+    status st;
+    CU_ASSERT_EQUAL_FATAL(metrics_create(64, &mx, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, path, &st), STATUS_OK);
+    const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
+                                    .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
+    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
+    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2,
+                            .spec_min_accept = min, .metrics = mx};
+    CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
+    const engine_sink sink = {.cancelled = engine_collector_sink.cancelled,
+                              .on_token = engine_collector_sink.on_token,
+                              .on_finish = fin_on_finish};
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&fin[i], 0, sizeof fin[i]);
+        engine_collector_init(&fin[i].c, out[i], ROLL_NEW);
+        engine_params p = {.prompt = PROMPTS[i], .n_prompt = 6, .max_new_tokens = ROLL_NEW,
+                           .sampling = sampling_params_resolve(&(sampling_params){0}),
+                           .ignore_eos = true};
+        snprintf(p.id, sizeof p.id, "rolling-%d", i);
+        CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &sink, &fin[i], &st), STATUS_OK);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        engine_collector_wait(&fin[i].c);
+        CU_ASSERT_EQUAL(fin[i].c.n, ROLL_NEW);
+        engine_collector_destroy(&fin[i].c);
+    }
+    engine_get_load(e, load);
+    *switched = metric_value(mx, "deltaserve:spec_switched_off_total");
+    engine_destroy(e);
+    worker_backend_destroy(b);
+    qwen35_model_free(m);
+    metrics_destroy(mx);
+}
+
+static void test_rolling_switch_off(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/engine_spec_%d_rolling.gguf", testutil_tmp_dir(), (int)getpid());
+    synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
+                       .mtp = true, .n_threads = 2};
+    status st;
+    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    static int32_t off[N_REQ][ROLL_NEW], on[N_REQ][ROLL_NEW];
+    fin_collector fin[N_REQ];
+    engine_load l;
+    double switched;
+    run_rolling(path, 0, 0.99f, off, fin, &l, &switched);
+    CU_ASSERT_EQUAL(l.spec_steps, 0);
+    CU_ASSERT_EQUAL(switched, -1); /* no draft head: no spec series */
+    const int K = 2;
+    /* 0.99: every request stops after exactly SPEC_ACCEPT_MIN_RUNS runs (its first eight would
+       have to accept nearly every draft to stay on) */
+    run_rolling(path, K, 0.99f, on, fin, &l, &switched);
+    CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    for (int i = 0; i < N_REQ; i++) {
+        CU_ASSERT_EQUAL(fin[i].spec_steps, SPEC_ACCEPT_MIN_RUNS);
+        CU_ASSERT(fin[i].switched_off);
+        CU_ASSERT(fin[i].accept < 0.99);
+        CU_ASSERT(fin[i].spec_drafted == K * SPEC_ACCEPT_MIN_RUNS);
+        printf("\n    min 0.99 request %d: %d verify runs, %d drafted, %d accepted, rolling %.3f",
+               i, fin[i].spec_steps, fin[i].spec_drafted, fin[i].spec_accepted, fin[i].accept);
+    }
+    CU_ASSERT_EQUAL(l.spec_steps, (uint64_t)N_REQ * SPEC_ACCEPT_MIN_RUNS);
+    CU_ASSERT_EQUAL(l.spec_switched_off, N_REQ);
+    CU_ASSERT_EQUAL(switched, N_REQ);
+    /* 0: the rule off, each speculates to its end */
+    run_rolling(path, K, 0, on, fin, &l, &switched);
+    CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    uint64_t runs = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        CU_ASSERT(fin[i].spec_steps > SPEC_ACCEPT_MIN_RUNS);
+        CU_ASSERT_FALSE(fin[i].switched_off);
+        /* every token after the first came from a verify run (a + 1 per run) but perhaps the
+           last, which leaves no room for a draft */
+        const int from_runs = fin[i].spec_steps + fin[i].spec_accepted;
+        CU_ASSERT(from_runs == ROLL_NEW - 1 || from_runs == ROLL_NEW - 2);
+        runs += (uint64_t)fin[i].spec_steps;
+        printf("\n    min 0 request %d: %d verify runs, %d drafted, %d accepted, rolling %.3f", i,
+               fin[i].spec_steps, fin[i].spec_drafted, fin[i].spec_accepted, fin[i].accept);
+    }
+    CU_ASSERT_EQUAL(l.spec_steps, runs);
+    CU_ASSERT_EQUAL(l.spec_switched_off, 0);
+    CU_ASSERT_EQUAL(switched, 0);
+    unlink(path);
+}
+
+/* engine_create refuses a spec_min_accept outside 0..1. */
+static void test_min_accept_range(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/engine_spec_%d_range.gguf", testutil_tmp_dir(), (int)getpid());
+    synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
+                       .mtp = true, .n_threads = 2};
+    status st;
+    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    qwen35_model *m = NULL;
+    worker_backend *b = NULL;
+    CU_ASSERT_EQUAL_FATAL(qwen35_model_load(&m, path, &st), STATUS_OK);
+    const worker_backend_opts bo = {.n_slots = 2, .n_ctx = 64, .n_threads = 2,
+                                    .max_prefill_tokens = 64, .verify_rows = 3};
+    CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
+    const float bad[] = {-0.1f, 1.5f, NAN};
+    for (int i = 0; i < 3; i++) {
+        engine *e = NULL;
+        const engine_opts eo = {.queue = 2, .step_tokens = 64, .spec_k = 2, .spec_threads = 2,
+                                .spec_min_accept = bad[i]};
+        CU_ASSERT_EQUAL(engine_create(b, &eo, &e, &st), STATUS_INVALID);
+        CU_ASSERT(strstr(st.msg, "spec_min_accept") != NULL);
+    }
+    engine *e = NULL;
+    const engine_opts eo = {.queue = 2, .step_tokens = 64, .spec_k = 2, .spec_threads = 2,
+                            .spec_min_accept = 1};
+    CU_ASSERT_EQUAL(engine_create(b, &eo, &e, &st), STATUS_OK);
+    engine_destroy(e);
+    worker_backend_destroy(b);
+    qwen35_model_free(m);
+    unlink(path);
+}
+
 static void test_f32(void) { check(SYNTH_QUANT_F32, "f32"); }
 static void test_q8(void) { check(SYNTH_QUANT_Q8_0, "q8_0"); }
 
@@ -242,5 +429,8 @@ int main(void)
     CU_add_test(s, "greedy_same_with_speculation_f32", test_f32);
     CU_add_test(s, "greedy_same_with_speculation_q8_0", test_q8);
     CU_add_test(s, "sampled_speculation_exact_and_reproducible", test_sampled);
+    CU_add_test(s, "rolling_acceptance_mean", test_accept_mean);
+    CU_add_test(s, "rolling_acceptance_switches_off", test_rolling_switch_off);
+    CU_add_test(s, "min_accept_out_of_range_refused", test_min_accept_range);
     return testutil_cunit_run();
 }
