@@ -10,6 +10,13 @@
  *    with speculative decoding (k = 1 and 3), the tokens equal those without speculation and
  *    every verify run accepts at least ACC_FLOOR drafts on average (engine_load.spec_*; at
  *    k = 1 that is the acceptance rate).
+ *  - the rolling acceptance rule (engine_opts.spec_min_accept) at k = 1: the verify runs the
+ *    engine makes are predicted exactly from the teacher-forced drafts over the sequence it
+ *    generates (a run at position p accepts when the head's row (h_{p-1}, x_p) drafts x_{p+1}),
+ *    and with them the rolling mean after each run (worker/spec.h spec_accept_mean); for a
+ *    threshold that the mean first crosses after more than 8 runs, the engine stops speculating
+ *    at exactly that run (not at 8: the mean is what decides), its tokens unchanged, and
+ *    counts it once; with the threshold 0 it never does.
  * The shipped head: 0.386 teacher-forced, 0.47 and 0.70 accepted drafts per verify run at k = 1
  * and 3; the earlier CPU-trained head (0.223, 0.21) fails too
  * (models/README.md "The MTP head"). A head trained 12 steps on 8 windows gets 0.018 and 0.016,
@@ -27,6 +34,7 @@
 #include "worker/backend.h"
 #include "tests/testutil/engine_collector.h"
 #include "worker/engine.h"
+#include "worker/spec.h"
 
 #define DEMO "models/demo-en-17m.gguf" /* runfiles (//models:demo) */
 #define PROMPT 48
@@ -108,8 +116,9 @@ static void test_teacher_forced(void)
     qwen35_ctx_destroy(ctx);
 }
 
-/* N_NEW greedy tokens after the snippet's first PROMPT tokens, speculating k drafts (0: off). */
-static void generate(int k, int32_t out[N_NEW], engine_load *load)
+/* N_NEW greedy tokens after the snippet's first PROMPT tokens, speculating k drafts (0: off),
+ * switched off below a rolling acceptance of min (0: never). */
+static void generate_min(int k, float min, int32_t out[N_NEW], engine_load *load)
 {
     status st;
     worker_backend *b = NULL;
@@ -117,7 +126,8 @@ static void generate(int k, int32_t out[N_NEW], engine_load *load)
     const worker_backend_opts bo = {.n_slots = 1, .n_ctx = PROMPT + N_NEW + 8, .n_threads = 2,
                                     .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
     CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", g_m, &bo, &b, &st), STATUS_OK);
-    const engine_opts eo = {.queue = 2, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
+    const engine_opts eo = {.queue = 2, .step_tokens = 64, .spec_k = k, .spec_threads = 2,
+                            .spec_min_accept = min};
     CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
     engine_collector c;
     engine_collector_init(&c, out, N_NEW);
@@ -133,6 +143,8 @@ static void generate(int k, int32_t out[N_NEW], engine_load *load)
     engine_destroy(e);
     worker_backend_destroy(b);
 }
+
+static void generate(int k, int32_t out[N_NEW], engine_load *load) { generate_min(k, 0, out, load); }
 
 static void test_speculative(void)
 {
@@ -155,6 +167,90 @@ static void test_speculative(void)
     }
 }
 
+/* ---- the rolling acceptance rule, predicted ---- */
+
+#define MAX_RUNS N_NEW
+
+/* The k = 1 verify runs of the greedy generation: seq the prompt and the N_NEW tokens without
+ * speculation, ok[p] whether the head's teacher-forced draft of seq[p + 1] (its row
+ * (h_{p-1}, x_p)) is seq[p + 1]. The first token comes from the prompt's row; then a run at the
+ * last token's position p drafts one token (none when a single token is left: a plain step)
+ * and yields 2 tokens when it is accepted, else 1. mean[i]: the rolling mean after run i + 1;
+ * returns the runs. */
+static int predict_runs(const bool *ok, double *mean)
+{
+    int n = 0, gen = 1;
+    double m = 0;
+    while (N_NEW - gen - 1 >= 1) {
+        const int p = PROMPT + gen - 1, a = ok[p];
+        m = spec_accept_mean(m, n + 1, 1, a);
+        mean[n++] = m;
+        gen += a + 1;
+    }
+    return n;
+}
+
+/* The run after which a threshold of min switches the request off (0: never). */
+static int switch_run(const double *mean, int n, double min)
+{
+    for (int i = SPEC_ACCEPT_MIN_RUNS - 1; i < n; i++)
+        if (mean[i] < min) return i + 1;
+    return 0;
+}
+
+static void test_rolling_predicted(void)
+{
+    CU_ASSERT_FATAL(g_n > PROMPT);
+    const int T = PROMPT + N_NEW, H = g_m->cfg.H, V = g_m->cfg.V;
+    int32_t seq[PROMPT + N_NEW], on[N_NEW];
+    engine_load l;
+    memcpy(seq, g_ids, sizeof(int32_t) * PROMPT);
+    generate(0, seq + PROMPT, &l);
+    /* the head's teacher-forced drafts over seq */
+    status st;
+    qwen35_ctx *ctx;
+    qwen35_state *s;
+    qwen35_mtp_state *ms;
+    CU_ASSERT_EQUAL_FATAL(qwen35_ctx_create(g_m, &(qwen35_ctx_opts){.n_threads = 2}, &ctx, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(qwen35_state_create(g_m, T, &s, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_state_create(g_m, T, &ms, &st), STATUS_OK);
+    float *h = malloc(sizeof(float) * (size_t)T * H), *dl = malloc(sizeof(float) * (size_t)T * V);
+    CU_ASSERT_FATAL(h && dl);
+    CU_ASSERT_EQUAL_FATAL(qwen35_prefill_hidden(ctx, s, seq, T, NULL, false, h, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_step(ctx, ms, h, seq + 1, T - 1, dl, NULL, &st), STATUS_OK);
+    bool ok[PROMPT + N_NEW] = {0};
+    for (int p = 1; p + 1 < T; p++) ok[p] = argmax(dl + (size_t)(p - 1) * V, V) == seq[p + 1];
+    free(h), free(dl);
+    qwen35_mtp_state_destroy(ms);
+    qwen35_state_destroy(s);
+    qwen35_ctx_destroy(ctx);
+    double mean[MAX_RUNS];
+    const int n = predict_runs(ok, mean);
+    /* the threshold 0: every run as predicted */
+    generate_min(1, 0, on, &l);
+    CU_ASSERT(memcmp(on, seq + PROMPT, sizeof on) == 0);
+    CU_ASSERT_EQUAL(l.spec_steps, (uint64_t)n);
+    CU_ASSERT_EQUAL(l.spec_switched_off, 0);
+    /* a threshold the mean first goes under after the most runs past the eighth: just above
+       the mean after run j, it switches at the first run i >= 8 whose mean is at most that */
+    int best = 0;
+    double min = 0;
+    for (int j = SPEC_ACCEPT_MIN_RUNS; j < n; j++) {
+        const double t = (float)(mean[j] + 1e-6); /* as the engine holds it */
+        const int at = switch_run(mean, n, t);
+        if (t < 1 && at > best) best = at, min = t;
+    }
+    printf("\n    k=1: %d verify runs predicted (%llu made); rolling mean after 8: %.3f, at the "
+           "end %.3f; threshold %.4f switches off after run %d", n,
+           (unsigned long long)l.spec_steps, n >= 8 ? mean[7] : -1.0, n ? mean[n - 1] : -1.0,
+           min, best);
+    CU_ASSERT_FATAL(best > SPEC_ACCEPT_MIN_RUNS); /* else the snippet tells 8 from the mean apart no more */
+    generate_min(1, (float)min, on, &l);
+    CU_ASSERT(memcmp(on, seq + PROMPT, sizeof on) == 0);
+    CU_ASSERT_EQUAL(l.spec_steps, (uint64_t)best);
+    CU_ASSERT_EQUAL(l.spec_switched_off, 1);
+}
+
 int main(void)
 {
     status st;
@@ -172,6 +268,7 @@ int main(void)
     CU_add_test(s, "the head is there and bound", test_head_loaded);
     CU_add_test(s, "teacher-forced agreement on held-out text", test_teacher_forced);
     CU_add_test(s, "speculative greedy: same tokens, drafts accepted", test_speculative);
+    CU_add_test(s, "rolling acceptance: the switch-off run predicted", test_rolling_predicted);
     const int rc = testutil_cunit_run();
     free(g_ids);
     qwen35_model_free(g_m);
