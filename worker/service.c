@@ -472,6 +472,7 @@ static void on_get_load(rpc_call *call, const ProtobufCMessage *msg, void *user)
         l.spec_verify_runs = el.spec_steps;
         l.spec_drafted = el.spec_drafted;
         l.spec_accepted = el.spec_accepted;
+        l.spec_switched_off = el.spec_switched_off;
         if (req->prefix_tokens > 0) {
             int nt = req->prefix_tokens < INT32_MAX ? (int)req->prefix_tokens : INT32_MAX;
             int n = engine_prefix_heads(e, nt, heads,

@@ -202,7 +202,9 @@ class Speculative(unittest.TestCase):
         self.assertEqual(bad["error"]["param"], "speculative", bad)
 
     def test_rolling_acceptance_switches_off(self):
-        self.assertIsNotNone(metric(self.metrics_url, SWITCHED), "no %s" % SWITCHED)
+        # the worker above: the default threshold, the counter exposed and GetLoad's the same
+        h.wait_until(lambda: self.cs.load().running == 0, 30, "the worker idle")
+        self.assertEqual(metric(self.metrics_url, SWITCHED), self.cs.load().spec_switched_off)
         w = h.start_worker("spec_strict", model=self.model,
                            extra=["--threads", "1", "--slots", "4", "--ctx", "512",
                                   "--prefix-cache-mb", "0", "--speculative-k", str(K),
@@ -224,6 +226,7 @@ class Speculative(unittest.TestCase):
                 h.wait_until(lambda: c.load().running == 0, 30, "the worker idle")
                 load = c.load()
                 self.assertEqual(load.spec_verify_runs, MIN_RUNS * len(PROMPTS))
+                self.assertEqual(load.spec_switched_off, len(PROMPTS))
             finally:
                 c.close()
             self.assertEqual(metric(url, SWITCHED), len(PROMPTS))
