@@ -14,8 +14,9 @@ speculation, and a router (gRPC and the HTTP door) in front of the speculating o
   one with a penalty makes no verify run and gives the tokens of the worker without it;
 - the rolling acceptance rule: a worker with --spec-min-acceptance 0.99 stops each request's
   speculation after exactly 8 verify runs (the tokens those of the worker without it) and counts
-  each in deltaserve:spec_switched_off_total; the speculating worker above runs with the default
-  (0.3) and exposes the counter;
+  each in deltaserve:spec_switched_off_total; the speculating worker above runs with the rule off
+  (0: its synthetic head accepts nothing, so every request speculates to its end) and exposes the
+  counter at 0;
 - --speculative-k outside 0..4, and --spec-min-acceptance outside 0..1, are refused at start with
   one line."""
 import json
@@ -67,6 +68,7 @@ class Speculative(unittest.TestCase):
         common = ["--threads", "1", "--slots", "4", "--ctx", "512", "--prefix-cache-mb", "0"]
         cls.ws = h.start_worker("spec_on", model=cls.model,
                                 extra=common + ["--speculative-k", str(K),
+                                                "--spec-min-acceptance", "0",
                                                 "--metrics-listen", "127.0.0.1:0"])
         m = cls.ws.wait_line(r"metrics on http://(\S+?):(\d+)/metrics")
         cls.metrics_url = "http://%s:%s/metrics" % (m.group(1), m.group(2))
@@ -202,9 +204,10 @@ class Speculative(unittest.TestCase):
         self.assertEqual(bad["error"]["param"], "speculative", bad)
 
     def test_rolling_acceptance_switches_off(self):
-        # the worker above: the default threshold, the counter exposed and GetLoad's the same
+        # the worker above: the rule off, the counter exposed at 0 and GetLoad's the same
         h.wait_until(lambda: self.cs.load().running == 0, 30, "the worker idle")
-        self.assertEqual(metric(self.metrics_url, SWITCHED), self.cs.load().spec_switched_off)
+        self.assertEqual(self.cs.load().spec_switched_off, 0)
+        self.assertEqual(metric(self.metrics_url, SWITCHED), 0)
         w = h.start_worker("spec_strict", model=self.model,
                            extra=["--threads", "1", "--slots", "4", "--ctx", "512",
                                   "--prefix-cache-mb", "0", "--speculative-k", str(K),
