@@ -82,10 +82,10 @@ static void test_head_loaded(void)
     CU_ASSERT_EQUAL(t->eh_proj.n_out, g_m->cfg.H);
 }
 
-/* Teacher-forced agreement of the head's first draft with the main model's greedy choice. */
-static void test_teacher_forced(void)
+/* The head teacher-forced over ids[0 .. T): the main model's logits (lg: NULL or [T][V]) and the
+ * MTP rows (h_t, x_{t+1}), t = 0 .. T-2, whose logits dl [T-1][V] draft x_{t+2}. */
+static void teacher_forced(const int32_t *ids, int T, float *lg, float *dl)
 {
-    const int T = g_n, H = g_m->cfg.H, V = g_m->cfg.V;
     status st;
     qwen35_ctx *ctx;
     qwen35_state *s;
@@ -93,13 +93,24 @@ static void test_teacher_forced(void)
     CU_ASSERT_EQUAL_FATAL(qwen35_ctx_create(g_m, &(qwen35_ctx_opts){.n_threads = 2}, &ctx, &st), STATUS_OK);
     CU_ASSERT_EQUAL_FATAL(qwen35_state_create(g_m, T, &s, &st), STATUS_OK);
     CU_ASSERT_EQUAL_FATAL(qwen35_mtp_state_create(g_m, T, &ms, &st), STATUS_OK);
-    float *lg = malloc(sizeof(float) * (size_t)T * V), *h = malloc(sizeof(float) * (size_t)T * H);
-    float *dl = malloc(sizeof(float) * (size_t)T * V);
-    CU_ASSERT_FATAL(lg && h && dl);
-    CU_ASSERT_EQUAL_FATAL(qwen35_prefill_hidden(ctx, s, g_ids, T, lg, true, h, &st), STATUS_OK);
-    /* rows (h_t, x_{t+1}), t = 0 .. T-2: row t drafts x_{t+2}; the main model's choice there is
-     * argmax of its logits at t+1 */
-    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_step(ctx, ms, h, g_ids + 1, T - 1, dl, NULL, &st), STATUS_OK);
+    float *h = malloc(sizeof(float) * (size_t)T * g_m->cfg.H);
+    CU_ASSERT_FATAL(h != NULL);
+    CU_ASSERT_EQUAL_FATAL(qwen35_prefill_hidden(ctx, s, ids, T, lg, lg != NULL, h, &st), STATUS_OK);
+    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_step(ctx, ms, h, ids + 1, T - 1, dl, NULL, &st), STATUS_OK);
+    free(h);
+    qwen35_mtp_state_destroy(ms);
+    qwen35_state_destroy(s);
+    qwen35_ctx_destroy(ctx);
+}
+
+/* Teacher-forced agreement of the head's first draft with the main model's greedy choice. */
+static void test_teacher_forced(void)
+{
+    const int T = g_n, V = g_m->cfg.V;
+    float *lg = malloc(sizeof(float) * (size_t)T * V), *dl = malloc(sizeof(float) * (size_t)T * V);
+    CU_ASSERT_FATAL(lg && dl);
+    /* row t drafts x_{t+2}; the main model's choice there is argmax of its logits at t+1 */
+    teacher_forced(g_ids, T, lg, dl);
     int agree = 0, corpus = 0;
     for (int t = 0; t + 1 < T; t++) {
         const int32_t main = argmax(lg + (size_t)(t + 1) * V, V), draft = argmax(dl + (size_t)t * V, V);
@@ -110,10 +121,7 @@ static void test_teacher_forced(void)
     printf("\n    %d positions: the head's draft is the main model's greedy choice at %d (%.3f), "
            "the snippet's next token at %d", T - 1, agree, rate, corpus);
     CU_ASSERT(rate >= TF_FLOOR);
-    free(lg), free(h), free(dl);
-    qwen35_mtp_state_destroy(ms);
-    qwen35_state_destroy(s);
-    qwen35_ctx_destroy(ctx);
+    free(lg), free(dl);
 }
 
 /* N_NEW greedy tokens after the snippet's first PROMPT tokens, speculating k drafts (0: off),
@@ -201,29 +209,18 @@ static int switch_run(const double *mean, int n, double min)
 static void test_rolling_predicted(void)
 {
     CU_ASSERT_FATAL(g_n > PROMPT);
-    const int T = PROMPT + N_NEW, H = g_m->cfg.H, V = g_m->cfg.V;
+    const int T = PROMPT + N_NEW, V = g_m->cfg.V;
     int32_t seq[PROMPT + N_NEW], on[N_NEW];
     engine_load l;
     memcpy(seq, g_ids, sizeof(int32_t) * PROMPT);
     generate(0, seq + PROMPT, &l);
     /* the head's teacher-forced drafts over seq */
-    status st;
-    qwen35_ctx *ctx;
-    qwen35_state *s;
-    qwen35_mtp_state *ms;
-    CU_ASSERT_EQUAL_FATAL(qwen35_ctx_create(g_m, &(qwen35_ctx_opts){.n_threads = 2}, &ctx, &st), STATUS_OK);
-    CU_ASSERT_EQUAL_FATAL(qwen35_state_create(g_m, T, &s, &st), STATUS_OK);
-    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_state_create(g_m, T, &ms, &st), STATUS_OK);
-    float *h = malloc(sizeof(float) * (size_t)T * H), *dl = malloc(sizeof(float) * (size_t)T * V);
-    CU_ASSERT_FATAL(h && dl);
-    CU_ASSERT_EQUAL_FATAL(qwen35_prefill_hidden(ctx, s, seq, T, NULL, false, h, &st), STATUS_OK);
-    CU_ASSERT_EQUAL_FATAL(qwen35_mtp_step(ctx, ms, h, seq + 1, T - 1, dl, NULL, &st), STATUS_OK);
+    float *dl = malloc(sizeof(float) * (size_t)T * V);
+    CU_ASSERT_FATAL(dl != NULL);
+    teacher_forced(seq, T, NULL, dl);
     bool ok[PROMPT + N_NEW] = {0};
     for (int p = 1; p + 1 < T; p++) ok[p] = argmax(dl + (size_t)(p - 1) * V, V) == seq[p + 1];
-    free(h), free(dl);
-    qwen35_mtp_state_destroy(ms);
-    qwen35_state_destroy(s);
-    qwen35_ctx_destroy(ctx);
+    free(dl);
     double mean[MAX_RUNS];
     const int n = predict_runs(ok, mean);
     /* the threshold 0: every run as predicted */
