@@ -183,21 +183,26 @@ int fc_weights_upload(fc_rank *e, status *st)
 {
     fc_arena arena = {0};
     fc_upload u = {.e = e, .w = &arena, .sizing = true};
-    if (upload_layers(&u, st)) return st->code;
+    int rc = upload_layers(&u, st);
+    if (rc) return rc;
     e->w.bytes = arena.used;
-    if (cuda_alloc(&e->w.d_arena, arena.used, "weights", st) ||
-        cuda_alloc(&u.d_stage, u.stage_cap, "upload staging", st))
+    rc = cuda_alloc(&e->w.d_arena, arena.used, "weights", st) ||
+         cuda_alloc(&u.d_stage, u.stage_cap, "upload staging", st);
+    if (rc) {
+        rc = st->code;
         goto done;
+    }
     u.h_cat = malloc(u.stage_cap);
     if (!u.h_cat) {
-        status_fail(st, STATUS_NOMEM, "upload staging (%llu bytes)", (unsigned long long)u.stage_cap);
+        rc = status_fail(st, STATUS_NOMEM, "upload staging (%llu bytes)",
+                         (unsigned long long)u.stage_cap);
         goto done;
     }
     arena = (fc_arena){e->w.d_arena, 0, e->w.bytes};
     u.sizing = false;
-    (void)upload_layers(&u, st);
-done:
+    rc = upload_layers(&u, st);
+done: /* rc, not st->code: a caller's status need not start cleared */
     cuda_free(u.d_stage);
     free(u.h_cat);
-    return st->code;
+    return rc;
 }

@@ -544,9 +544,10 @@ static bool prep_row_ok(const char *name, attn_shape sh, int pos, attn_kv_type k
     bool ok = gpu_parity_check(name, q_got, q_ref, HA, atol, 1e-4, 1e-10 + nmse_pos, true, NULL);
     if (kv == ATTN_KV_F32)
         ok &= gpu_parity_check("  K row (F32)", kg, kr, KVA, atol, 1e-4, 1e-10 + nmse_pos, true, NULL);
-    else
+    else /* each element within one F16 step of the twin's; one element a step (2^-10) off in
+            a 96-wide row is nmse 1.1e-8 (an H100 run): a few such in the row */
         ok &= gpu_parity_check("  K row (F16)", kg, kr, KVA, 1.5 * atol, 1.1e-3,
-                               1e-8 + 10 * nmse_pos, true, NULL);
+                               5e-8 + 10 * nmse_pos, true, NULL);
     ok &= gpu_parity_check("  V row", vg, vr, KVA, 0, 0, 0, true, NULL);
     const bool rest = memcmp(kc_got, kc_ref, at) == 0 && memcmp(vc_got, vc_ref, at) == 0 &&
                       memcmp(kc_got + at + row, kc_ref + at + row, slot_bytes - at - row) == 0 &&
