@@ -37,12 +37,25 @@
 #       the CPU per streamed token of the router and the worker (below) and loadgen's summary
 #       (tok/s, TTFT and inter-token p50 / p99 at the client); then one "overhead-compare ..."
 #       line: the router run's tok/s against the direct run's and its added TTFT p50
+#   serve_bench.sh soak MODEL [SECONDS]   a mixed soak (issue 27): one worker (the defaults,
+#       /metrics on) behind a router; after a warm-up pass of each stream kind, the worker's
+#       free slots and free KV blocks (/metrics; blocks held only by the prefix cache count as
+#       free, as loadgen --load-addr counts them), RSS and the GPUs' memory used; then for
+#       SECONDS (600) four loadgen runs at once through the router: short streams (32-token
+#       prompt, 32 tokens, 16 at once), long streams (1,024-token prompt, 512 tokens, 4 at
+#       once), streams cancelled by the client after 0..64 of 128 tokens (256-token prompt, 8 at
+#       once) and streams with a 1,500 ms deadline (64-token prompt, 256 tokens, 8 at once: most
+#       expire). One "soak-sample ..." line a minute; once the load stopped and nothing runs or
+#       waits (60 s at most), the same figures again and one "soak ..." line with verdict=PASS
+#       (exit 0) when the free slots and KV blocks are back, the GPU memory is the same, RSS grew
+#       less than 5% from the first minute's sample to the end, and no stream failed other than
+#       by its deadline
 set -uo pipefail
 . tests/gpu/gpu_lib.sh
 mode=${1:-}
 model=${2:-}
-case $mode in loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead) ;; *)
-    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead MODEL [...]" >&2; exit 2;; esac
+case $mode in loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead|soak) ;; *)
+    echo "usage: serve_bench.sh loadgen|long-prompt|two-workers|prefix|long-context|sched|overhead|soak MODEL [...]" >&2; exit 2;; esac
 require_gpu "serve_bench $mode"
 [ -s "$model" ] || { echo "serve_bench: no model '$model' (tools/gpu-test makes synth/SIZE.gguf)"; exit 1; }
 ids=9,8,7,6,5,4,3,2,1,10,11,12,13,14,15,16
@@ -296,7 +309,148 @@ overhead() {
     return $rc
 }
 
+# soak_load PORT: the worker's /metrics as "RUNNING WAITING FREE_SLOTS TOTAL_SLOTS FREE_KV
+# TOTAL_KV PREFIX_BLOCKS" (PREFIX_BLOCKS 0 with the prefix cache off); nothing when unreadable.
+soak_load() {
+    python3 - "$1" <<'PY' 2> /dev/null
+import sys, urllib.request
+names = ["running", "waiting", "free_slots", "total_slots", "free_kv_blocks", "total_kv_blocks"]
+keys = ["deltaserve:num_requests_" + n if n in ("running", "waiting") else "deltaserve:num_" + n
+        for n in names] + ["deltaserve:prefix_cache_blocks"]
+body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+v = {}
+for line in body.splitlines():
+    f = line.split()
+    if len(f) == 2 and f[0] in keys:
+        v[f[0]] = int(float(f[1]))
+if all(k in v for k in keys[:6]):
+    print(" ".join(str(v.get(k, 0)) for k in keys))
+PY
+}
+
+# soak_rss PID: VmRSS in kB; soak_gpu_mem: MiB used on all the GPUs (nvidia-smi), or "none".
+soak_rss() { awk '$1 == "VmRSS:" { print $2 }' "/proc/$1/status" 2> /dev/null; }
+soak_gpu_mem() {
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2> /dev/null |
+        awk '{ s += $1; n++ } END { if (n) print s; else print "none" }'
+}
+
+# soak_idle PORT: waits (60 s at most) until the worker runs and queues nothing; sets the
+# caller's load to its last soak_load; 1 when it never got there.
+soak_idle() {
+    local j
+    for j in $(seq 1 600); do
+        load=$(soak_load "$1")
+        [ -n "$load" ] && [ "${load%% *}" = 0 ] && set -- $load && [ "$2" = 0 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# soak_ids N: N prompt ids from the caller's id0 on.
+soak_ids() { seq -s, "$id0" $((id0 + $1 - 1)); }
+
+# soak MODEL [SECONDS]: a mixed load for SECONDS leaves the worker as it found it (issue 27).
+soak() {
+    local secs=${3:-600} dev=cuda wp=50201 rp=50202 mp=50203 id0=1000
+    local short_p=32 short_g=32 long_p=1024 long_g=512 cancel_p=256 cancel_g=128 cut=64
+    local dl_p=64 dl_g=256 dl_ms=1500
+    local dir=${TMPDIR:-/tmp}/soak name rc=0 i
+    [[ $secs =~ ^[1-9][0-9]*$ ]] || { echo "soak: SECONDS '$secs' is not a positive number"; return 2; }
+    name=$(basename "$model" .gguf)
+    mkdir -p "$dir"
+    serve_up soak $wp $rp --model "$model" --device $dev --metrics-listen 127.0.0.1:$mp
+    kill -0 "$wpid" 2> /dev/null || { echo "soak: the worker exited"; tail -20 "$wlog"; return 1; }
+    echo "--- worker: $(grep -o ' info ready: .*' "$wlog")"
+    # the four stream kinds: NAME CONCURRENCY then loadgen's flags
+    local -a kinds=(
+        "short 16 --ids $(soak_ids $short_p) --max-tokens $short_g --ignore-eos --timeout-ms 120000"
+        "long 4 --ids $(soak_ids $long_p) --max-tokens $long_g --ignore-eos --timeout-ms 600000"
+        "cancel 8 --ids $(soak_ids $cancel_p) --max-tokens $cancel_g --ignore-eos --cancel-after $cut --timeout-ms 120000"
+        "deadline 8 --ids $(soak_ids $dl_p) --max-tokens $dl_g --ignore-eos --timeout-ms $dl_ms"
+    )
+    local k kind c
+    echo "--- warm-up (not counted): one pass of each kind"
+    for k in "${kinds[@]}"; do
+        read -r kind c <<< "${k%% --*}"
+        timeout 600 bench/loadgen --addr 127.0.0.1:$rp --concurrency "$c" --requests "$c" \
+            ${k#"$kind $c "} > "$dir/warmup-$kind.txt" 2>&1 &
+    done
+    wait
+    grep -h "loadgen-summary" "$dir"/warmup-*.txt | sed 's/^/    /'
+    local load l0 l1 rss0 gpu0
+    soak_idle $mp || { echo "soak: the worker is not idle after the warm-up (/metrics: ${load:-none})"; rc=1; }
+    l0=$load rss0=$(soak_rss "$wpid") gpu0=$(soak_gpu_mem)
+    set -- $l0
+    local slots0=${3:-?} kv0=$(( ${5:-0} + ${7:-0} )) tslots=${4:-?} tkv=${6:-?}
+    echo "--- before: free slots $slots0 of $tslots, free KV blocks $5 + ${7:-0} the prefix cache holds of $tkv, RSS $((rss0 / 1024)) MiB, GPU memory used ${gpu0} MiB"
+    echo "--- $secs s of load through the router: short (${short_p}:${short_g} x 16), long (${long_p}:${long_g} x 4), cancel (${cancel_p}:${cancel_g}, cut after 0..$cut, x 8), deadline (${dl_p}:${dl_g}, ${dl_ms} ms, x 8)"
+    local pids=""
+    for k in "${kinds[@]}"; do
+        read -r kind c <<< "${k%% --*}"
+        timeout $((secs + 900)) bench/loadgen --addr 127.0.0.1:$rp --concurrency "$c" \
+            --duration-s "$secs" ${k#"$kind $c "} > "$dir/$kind.txt" 2>&1 &
+        pids="$pids $!"
+    done
+    local t0=$SECONDS el next=60 rss rss1="" gpu s
+    while :; do
+        local live=0 p
+        for p in $pids; do kill -0 "$p" 2> /dev/null && live=1; done
+        el=$((SECONDS - t0))
+        if [ $el -ge $next ] || { [ $live = 0 ] && [ -z "$rss1" ]; }; then
+            rss=$(soak_rss "$wpid") gpu=$(soak_gpu_mem) s=$(soak_load $mp)
+            set -- $s
+            echo "soak-sample elapsed_s=$el rss_mb=$(( ${rss:-0} / 1024 )) gpu_mem_mb=$gpu free_slots=${3:-?} free_kv_blocks=${5:-?} prefix_blocks=${7:-?} running=${1:-?} waiting=${2:-?}"
+            [ -z "$rss1" ] && rss1=${rss:-0}
+            next=$((next + 60))
+        fi
+        [ $live = 0 ] && break
+        sleep 1
+    done
+    wait $pids 2> /dev/null
+    local ok=0 failed=0 cancelled=0 deadline=0 f n
+    for kind in short long cancel deadline; do
+        f=$dir/$kind.txt
+        s=$(grep -o 'loadgen-summary mode=fixed .*' "$f")
+        echo "--- $kind: ${s:-no loadgen-summary}"
+        grep -E '^  (errors|cancelled)' "$f" | sed 's/^/  /'
+        if [ -z "$s" ]; then
+            failed=$((failed + 1)); tail -5 "$f"; continue
+        fi
+        for n in ok failed cancelled; do
+            local v
+            v=$(grep -oE "(^| )$n=[0-9]+" <<< "$s" | tail -1); v=${v##*=}
+            eval "$n=\$(( $n + ${v:-0} ))"
+        done
+        n=$(awk '$1 == "errors" && $2 == "DEADLINE_EXCEEDED:" { print $3 }' "$f")
+        deadline=$((deadline + ${n:-0}))
+    done
+    local failed_other=$((failed - deadline))
+    soak_idle $mp || { echo "soak: the worker is not idle 60 s after the load (/metrics: ${load:-none})"; rc=1; }
+    l1=$load
+    local rss2 gpu1
+    rss2=$(soak_rss "$wpid") gpu1=$(soak_gpu_mem)
+    set -- $l1
+    local slots1=${3:-?} kv1=$(( ${5:-0} + ${7:-0} ))
+    echo "--- after: free slots $slots1 of ${4:-?}, free KV blocks ${5:-?} + ${7:-0} the prefix cache holds of ${6:-?}, RSS $(( ${rss2:-0} / 1024 )) MiB, GPU memory used ${gpu1} MiB"
+    kill -0 "$wpid" 2> /dev/null || { echo "soak: the worker exited"; rc=1; }
+    local verdict
+    verdict=$(awk -v s0="$slots0" -v s1="$slots1" -v k0="$kv0" -v k1="$kv1" -v r1="${rss1:-0}" \
+        -v r2="${rss2:-0}" -v g0="$gpu0" -v g1="$gpu1" -v fo="$failed_other" -v ok="$ok" -v rc="$rc" '
+        BEGIN { print (rc == 0 && s0 == s1 && s0 != "?" && k0 == k1 && r1 > 0 && r2 < r1 * 1.05 &&
+                       g0 == g1 && fo == 0 && ok > 0) ? "PASS" : "FAIL" }')
+    printf 'soak model=%s seconds=%s streams_ok=%d cancelled=%d deadline=%d failed_other=%d slots_before=%s slots_after=%s kv_free_before=%s kv_free_after=%s rss_1min_mb=%.1f rss_end_mb=%.1f gpu_mem_before_mb=%s gpu_mem_after_mb=%s verdict=%s\n' \
+        "$name" "$secs" "$ok" "$cancelled" "$deadline" "$failed_other" "$slots0" "$slots1" "$kv0" \
+        "$kv1" "$(awk -v r="${rss1:-0}" 'BEGIN { print r / 1024 }')" \
+        "$(awk -v r="${rss2:-0}" 'BEGIN { print r / 1024 }')" "$gpu0" "$gpu1" "$verdict"
+    serve_down
+    echo "--- router log"; tail -3 "$rlog"
+    echo "--- worker log (requests: $(grep -c 'info request' "$wlog"))"; grep -v "info request" "$wlog" | tail -8
+    [ "$verdict" = PASS ]
+}
+
 case $mode in
+    soak) soak "$@" ;;
     overhead) overhead "$@" ;;
     sched) sched "$@" ;;
     prefix) prefix "$@" ;;
