@@ -369,23 +369,24 @@ soak() {
         "cancel 8 --ids $(soak_ids $cancel_p) --max-tokens $cancel_g --ignore-eos --cancel-after $cut --timeout-ms 120000"
         "deadline 8 --ids $(soak_ids $dl_p) --max-tokens $dl_g --ignore-eos --timeout-ms $dl_ms"
     )
-    local k kind c
+    local k kind c pids=""
     echo "--- warm-up (not counted): one pass of each kind"
     for k in "${kinds[@]}"; do
         read -r kind c <<< "${k%% --*}"
-        timeout 600 bench/loadgen --addr 127.0.0.1:$rp --concurrency "$c" --requests "$c" \
+        timeout 300 bench/loadgen --addr 127.0.0.1:$rp --concurrency "$c" --requests "$c" \
             ${k#"$kind $c "} > "$dir/warmup-$kind.txt" 2>&1 &
+        pids="$pids $!"
     done
-    wait
+    wait $pids
     grep -h "loadgen-summary" "$dir"/warmup-*.txt | sed 's/^/    /'
     local load l0 l1 rss0 gpu0
     soak_idle $mp || { echo "soak: the worker is not idle after the warm-up (/metrics: ${load:-none})"; rc=1; }
     l0=$load rss0=$(soak_rss "$wpid") gpu0=$(soak_gpu_mem)
     set -- $l0
     local slots0=${3:-?} kv0=$(( ${5:-0} + ${7:-0} )) tslots=${4:-?} tkv=${6:-?}
-    echo "--- before: free slots $slots0 of $tslots, free KV blocks $5 + ${7:-0} the prefix cache holds of $tkv, RSS $((rss0 / 1024)) MiB, GPU memory used ${gpu0} MiB"
+    echo "--- before: free slots $slots0 of $tslots, free KV blocks ${5:-?} + ${7:-0} the prefix cache holds of $tkv, RSS $((rss0 / 1024)) MiB, GPU memory used ${gpu0} MiB"
     echo "--- $secs s of load through the router: short (${short_p}:${short_g} x 16), long (${long_p}:${long_g} x 4), cancel (${cancel_p}:${cancel_g}, cut after 0..$cut, x 8), deadline (${dl_p}:${dl_g}, ${dl_ms} ms, x 8)"
-    local pids=""
+    pids=""
     for k in "${kinds[@]}"; do
         read -r kind c <<< "${k%% --*}"
         timeout $((secs + 900)) bench/loadgen --addr 127.0.0.1:$rp --concurrency "$c" \
