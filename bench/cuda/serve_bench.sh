@@ -378,7 +378,10 @@ soak() {
         pids="$pids $!"
     done
     wait $pids
-    grep -h "loadgen-summary" "$dir"/warmup-*.txt | sed 's/^/    /'
+    for k in "${kinds[@]}"; do
+        kind=${k%% *}
+        echo "    $kind: $(grep -o 'loadgen-summary .*' "$dir/warmup-$kind.txt" || echo 'no loadgen-summary')"
+    done
     local load l0 l1 rss0 gpu0
     soak_idle $mp || { echo "soak: the worker is not idle after the warm-up (/metrics: ${load:-none})"; rc=1; }
     l0=$load rss0=$(soak_rss "$wpid") gpu0=$(soak_gpu_mem)
