@@ -180,8 +180,9 @@ static void plan_line(fc_rank *e, int blocks, uint64_t block, uint64_t parts, co
  * either), or a given budget's before the slots; the pool the rest (at most what full contexts
  * would take). The room: free memory less what a batched step's activations take at 256 rows,
  * their attention partials at n_ctx (FC_PART_ROWS rows: they grow with the context) and a
- * reserve of 2 GB or 5% (the CUDA context, graphs, fragmentation), at most the memory budget;
- * with ctx_fit, n_ctx first shrinks to the longest that fits one slot (fit_context). With
+ * reserve of 2 GB or 5% (the CUDA context, graphs, fragmentation), at most the memory budget,
+ * less the verify runs' keep slots (docs/GPU.md "Verify runs"); with ctx_fit, n_ctx then shrinks
+ * to the longest that fits one slot (fit_context). With
  * n_slots given, the pool holds kv_blocks blocks when given, else every slot's full context, as
  * a contiguous cache would, or as many blocks as fit when those do not (at least one full
  * context), and chosen snapshots take their share of what the slots and the pool leave; one
@@ -224,17 +225,18 @@ static int size_state(fc_rank *e, status *st)
         snprintf(what, sizeof what, "%.2f GiB free on the GPU after the weights, less a %.2f GiB "
                  "reserve", p.mem_free_bytes / 1073741824.0, reserve / 1073741824.0);
     }
-    if (e->ctx_fit && fit_context(e, room, per_slot, block, what, shrunk, sizeof shrunk, st))
-        return st->code;
-    if (!e->ctx_fit) shrunk[0] = 0;
-    /* the attention partials of a batched pass's 256 rows and the one-row step, at n_ctx, and
-     * the verify runs' keep slots */
-    const uint64_t parts = 4ull * FC_PART_ROWS * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    /* the verify runs' keep slots, before anything is fitted in what is left */
     const uint64_t keeps = (uint64_t)e->n_keep * per_slot;
-    room = room > parts + keeps ? room - parts - keeps : 0;
+    room = room > keeps ? room - keeps : 0;
     if (e->n_keep)
         LOG_INFO("cuda: %d kept states for verify runs (%d runs of up to %d rows a step): %.1f MB",
                  e->n_keep, e->verify_runs, e->verify_rows, keeps / 1e6);
+    if (e->ctx_fit && fit_context(e, room, per_slot, block, what, shrunk, sizeof shrunk, st))
+        return st->code;
+    if (!e->ctx_fit) shrunk[0] = 0;
+    /* the attention partials of a batched pass's 256 rows and the one-row step, at n_ctx */
+    const uint64_t parts = 4ull * FC_PART_ROWS * (uint64_t)attn_partial_floats(c->n_h, c->d_h, e->n_ctx);
+    room = room > parts ? room - parts : 0;
     const uint64_t snap = e->snap_bytes;
     if (e->n_slots) {
         const uint64_t states = (uint64_t)(e->n_slots + 1) * per_slot;
