@@ -112,6 +112,11 @@ static int alloc_run_state(fc_rank *e, status *st)
     for (int i = 0; i < e->n_slots; i++) e->slots[i].h_best = h_best + i;
     e->h_ids = malloc((size_t)e->max_rows * 4);
     if (!e->h_ids) return status_fail(st, STATUS_NOMEM, "cuda: step ids");
+    void *hidden = NULL; /* verify runs: pinned, so a hidden output's copy syncs nothing */
+    if (e->verify_rows && cuda_host_alloc(&hidden, (size_t)e->max_rows * e->cfg.H * 4,
+                                          "pinned hidden outputs", st))
+        return st->code;
+    e->h_hidden = hidden;
     if (cuda_memset(e->d_act, 0, e->act_bytes, st)) return st->code;
     for (int i = 0; i <= e->n_slots; i++) /* and the pad slot */
         if (fc_slot_clear(e, i, st)) return st->code;
@@ -402,6 +407,7 @@ void fc_rank_destroy(fc_rank *e)
     cuda_free(e->d_act);
     cuda_free(e->d_snaps);
     cuda_host_free(e->h_pinned);
+    cuda_host_free(e->h_hidden);
     cuda_stream_destroy(e->launch.stream);
     free(e);
 }
@@ -457,6 +463,22 @@ static void stage_tokens(fc_rank *e, const fwd_row *rows, int B)
     e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
 }
 
+void fc_hidden_copy(fc_rank *e, int i, const float *d_h)
+{
+    if (!fc_samples(e)) return; /* tensor parallel: rank 0's rows carry the outputs */
+    const size_t H = (size_t)e->cfg.H;
+    cuda_copy_d2h_async(e->h_hidden + (size_t)i * H, d_h, H * 4, e->launch.stream);
+    e->stats.d2h_bytes += (uint64_t)H * 4;
+}
+
+void fc_hidden_out(fc_rank *e, fwd_row *rows, int B)
+{
+    if (!fc_samples(e)) return;
+    const size_t H = (size_t)e->cfg.H;
+    for (int i = 0; i < B; i++)
+        if (rows[i].hidden) memcpy(rows[i].hidden, e->h_hidden + (size_t)i * H, H * 4);
+}
+
 void fc_rank_rollback(fc_rank *e, int slot, int n_past)
 {
     fc_slot *sl = &e->slots[slot];
@@ -500,17 +522,14 @@ int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st)
                                     e->launch.stream);
                 e->stats.d2h_bytes += (uint64_t)e->cfg.V * 4;
             }
-            if (rows[k].hidden && fc_samples(e)) { /* the final norm's output (the MTP's h) */
-                cuda_copy_d2h_async(rows[k].hidden, e->a.d_h, (size_t)e->cfg.H * 4,
-                                    e->launch.stream);
-                e->stats.d2h_bytes += (uint64_t)e->cfg.H * 4;
-            }
+            if (rows[k].hidden) fc_hidden_copy(e, k, e->a.d_h); /* the final norm's output */
         }
         if (fc_sample_run(e, rows, i, j, e->a.d_logits, st)) return st->code;
         i = j;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;
     e->stats.steps++;
+    fc_hidden_out(e, rows, B);
     for (int i = 0; i < B; i++) {
         const fc_slot *sl = &e->slots[rows[i].slot];
         const bool last_of_slot = i + 1 == B || rows[i + 1].slot != rows[i].slot;

@@ -199,14 +199,15 @@ void fc_batch_destroy(fc_rank *e)
     free(e->b.h_keep);
 }
 
-/* rows[0 .. n) as one pass: their tokens, slots, positions, runs and lm_head rows staged in
- * h_stage (one pass's staging buffer) and copied to the device in one piece, the body graph of
+/* rows[0 .. n) (the step's rows i0 ..) as one pass: their tokens, slots, positions, runs and
+ * lm_head rows staged in h_stage (one pass's staging buffer) and copied to the device in one
+ * piece, the body graph of
  * the smallest bucket >= n, then, when some row's logits are read, the lm_head graph of the
  * smallest bucket >= those rows; their argmax keys back into h_best[0 ..), head[i] = row i's
  * lm_head row (-1: none). Each row's bookkeeping, logits copy and sampler are enqueued behind
  * the graphs. */
-static int run_pass(fc_rank *e, fwd_row *rows, int n, const int32_t *keep, int32_t *h_stage,
-                    unsigned long long *h_best, int *head, status *st)
+static int run_pass(fc_rank *e, fwd_row *rows, int i0, int n, const int32_t *keep,
+                    int32_t *h_stage, unsigned long long *h_best, int *head, status *st)
 {
     fc_batch *b = &e->b;
     const int V = e->cfg.V;
@@ -236,12 +237,8 @@ static int run_pass(fc_rank *e, fwd_row *rows, int n, const int32_t *keep, int32
             cuda_copy_d2h_async(r->logits, d_logits, (size_t)V * 4, e->launch.stream);
             e->stats.d2h_bytes += (uint64_t)V * 4;
         }
-        if (r->hidden && fc_samples(e)) { /* the final norm's output, the head's gathered row */
-            const int64_t H = e->cfg.H;
-            cuda_copy_d2h_async(r->hidden, b->act.d_h + (int64_t)head[j] * H, (size_t)H * 4,
-                                e->launch.stream);
-            e->stats.d2h_bytes += (uint64_t)H * 4;
-        }
+        if (r->hidden) /* the final norm's output: the head's gathered row */
+            fc_hidden_copy(e, i0 + j, b->act.d_h + (int64_t)head[j] * e->cfg.H);
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
         while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
@@ -292,13 +289,14 @@ int fc_batch_step(fc_rank *e, fwd_row *rows, int B, status *st)
     for (int i = 0, p = 0; i < B; i += b->rows, p++) { /* passes of at most the largest bucket */
         const int m = B - i < b->rows ? B - i : b->rows;
         DS_ASSERT(p < b->max_passes);
-        if (run_pass(e, rows + i, m, b->h_keep + i,
+        if (run_pass(e, rows + i, i, m, b->h_keep + i,
                      b->h_stage + (size_t)p * FC_STAGE_INTS(b->rows), b->h_best + i, head + i,
                      st))
             return st->code;
     }
     if (cuda_sync(e->launch.stream, "step", st)) return st->code;
     e->stats.steps++;
+    fc_hidden_out(e, rows, B);
     for (int i = 0; i < B; i++) /* the verify runs' records name this step */
         if (rows[i].verify) e->slots[rows[i].slot].v_step = e->stats.steps;
     for (int i = 0; i < B; i++) {

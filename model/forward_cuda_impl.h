@@ -293,6 +293,8 @@ struct fc_rank {
     void *h_pinned;   /* owned: each slot's h_best, then h_stage (the one-row step's), then
                          h_rpos */
     int32_t *h_rpos;  /* pinned [n_slots][2]: a rolled back slot's device position */
+    float *h_hidden;  /* owned, pinned [max_rows][H] when verify_rows: a step's hidden outputs,
+                         copied into the rows' own buffers after the sync (fc_hidden_*) */
     int32_t *h_stage;  /* pinned [1 + max_rows]: 0, then the step's forced tokens (one copy) */
     int32_t *h_ids;    /* owned, host [max_rows]: one slot's prompt tokens of a step */
     float *h_logits;   /* owned, [V] host: logits for the host fallback sampler */
@@ -351,6 +353,11 @@ int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st);
  * when it is the run's last), the device position set; asynchronous on the stream. The run's
  * record then ends at that row (a second rollback goes further back or nowhere). */
 void fc_rank_rollback(fc_rank *e, int slot, int n_past);
+/* Row i of a step asks for its final-norm output (fwd_row.hidden, rank 0): enqueue the copy of
+ * d_h ([H] on the device) into the pinned h_hidden row i (no host sync); after the step's sync,
+ * fc_hidden_out hands each such row's copy to its buffer. */
+void fc_hidden_copy(fc_rank *e, int i, const float *d_h);
+void fc_hidden_out(fc_rank *e, fwd_row *rows, int B);
 
 /* ---- forward_cuda_batch.c ---- */
 void fc_batch_plan(fc_rank *e);                 /* rows and buckets, or why_not */
