@@ -25,12 +25,13 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/sampling.h"
-#include "common/splitmix64.h"
 #include "model/qwen35.h"
 #include "model/fwd.h"
+#include "model/sampler.h"
 #include "worker/backend.h"
 
 #define BENCH_PEAK_GBS 4600.0
+#define BENCH_ACCEPT_SEED 0x5eed /* --force-accept's draws: sampler_uniform(seed, draw) */
 
 typedef struct bench_opts {
     const char *model, *device, *state_dtype;
@@ -65,7 +66,7 @@ static int decode_steps(fwd *f, int n, int32_t *tok, status *st)
 
 /* Verify runs of slot 0 until n tokens came out (bench_opts.spec_k, force_accept): *tok the last
  * token; *runs += the runs made. */
-static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64_t *rng,
+static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64_t *draw,
                         int *runs, status *st)
 {
     const int k = o->spec_k;
@@ -78,7 +79,7 @@ static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64
                                 .sample = true, .verify = true};
         if (fwd_step(f, rows, k + 1, st)) return st->code;
         int a = 0; /* drafts accepted: each with probability force_accept, until one is not */
-        while (a < k && (double)(splitmix64_next(rng) >> 11) * 0x1p-53 < o->force_accept) a++;
+        while (a < k && sampler_uniform(BENCH_ACCEPT_SEED, (*draw)++) < o->force_accept) a++;
         if (a < k && fwd_rollback(f, 0, p + a + 1, st)) return st->code;
         for (int i = 0; i < k; i++) drafts[i] = rows[i].out.token; /* any ids do */
         *tok = rows[a].out.token;
@@ -103,16 +104,16 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
         goto fail;
     fprintf(stderr, "bench: %s ready in %.1f s\n", f->device, clock_now_s() - t_load);
     int32_t tok = 1;
-    uint64_t rng = 0x5eed;
+    uint64_t draw = 0;
     int runs = 0;
-    if (k ? verify_steps(f, o, o->warmup, &tok, &rng, &runs, st)
+    if (k ? verify_steps(f, o, o->warmup, &tok, &draw, &runs, st)
           : decode_steps(f, o->warmup, &tok, st))
         goto fail;
     runs = 0;
     fwd_stats s0 = {0}, s1 = {0};
     fwd_get_stats(f, &s0);
     const double t0 = clock_now_s();
-    if (k ? verify_steps(f, o, o->tokens, &tok, &rng, &runs, st)
+    if (k ? verify_steps(f, o, o->tokens, &tok, &draw, &runs, st)
           : decode_steps(f, o->tokens, &tok, st))
         goto fail;
     const double dt = clock_now_s() - t0;
