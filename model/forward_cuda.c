@@ -463,22 +463,6 @@ static void stage_tokens(fc_rank *e, const fwd_row *rows, int B)
     e->stats.h2d_bytes += (uint64_t)(n + 1) * 4;
 }
 
-void fc_hidden_copy(fc_rank *e, int i, const float *d_h)
-{
-    if (!fc_samples(e)) return; /* tensor parallel: rank 0's rows carry the outputs */
-    const size_t H = (size_t)e->cfg.H;
-    cuda_copy_d2h_async(e->h_hidden + (size_t)i * H, d_h, H * 4, e->launch.stream);
-    e->stats.d2h_bytes += (uint64_t)H * 4;
-}
-
-void fc_hidden_out(fc_rank *e, fwd_row *rows, int B)
-{
-    if (!fc_samples(e)) return;
-    const size_t H = (size_t)e->cfg.H;
-    for (int i = 0; i < B; i++)
-        if (rows[i].hidden) memcpy(rows[i].hidden, e->h_hidden + (size_t)i * H, H * 4);
-}
-
 void fc_rank_rollback(fc_rank *e, int slot, int n_past)
 {
     fc_slot *sl = &e->slots[slot];

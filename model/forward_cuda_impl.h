@@ -8,7 +8,8 @@
  *                           step;
  *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
  *   forward_cuda_record.c   the graphs' contents, one function per sublayer of cpu_fwd_run;
- *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync;
+ *   forward_cuda_sample.c   the samplers, behind the graphs and after the sync, and the rows'
+ *                           hidden outputs read back the same way;
  *   forward_cuda_dense.c    the batched step's dense F16 path (cuBLAS);
  *   forward_cuda_state.c    slots (recurrent state, position), the KV cache and the device
  *                           mirror of its block tables, the one-row step's activations, the
@@ -353,11 +354,6 @@ int fc_rank_step(fc_rank *e, fwd_row *rows, int B, status *st);
  * when it is the run's last), the device position set; asynchronous on the stream. The run's
  * record then ends at that row (a second rollback goes further back or nowhere). */
 void fc_rank_rollback(fc_rank *e, int slot, int n_past);
-/* Row i of a step asks for its final-norm output (fwd_row.hidden, rank 0): enqueue the copy of
- * d_h ([H] on the device) into the pinned h_hidden row i (no host sync); after the step's sync,
- * fc_hidden_out hands each such row's copy to its buffer. */
-void fc_hidden_copy(fc_rank *e, int i, const float *d_h);
-void fc_hidden_out(fc_rank *e, fwd_row *rows, int B);
 
 /* ---- forward_cuda_batch.c ---- */
 void fc_batch_plan(fc_rank *e);                 /* rows and buckets, or why_not */
@@ -396,6 +392,11 @@ int fc_sample_run(fc_rank *e, fwd_row *rows, int i, int j, const float *d_logits
 /* After the step's sync: the sampled row's token from what the step left: the argmax (greedy:
  * greedy_next), the GPU sampler's result, or the host sampler on e->h_logits. */
 int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st);
+/* Row i of a step asks for its final-norm output (fwd_row.hidden, rank 0): enqueue the copy of
+ * d_h ([H] on the device) into the pinned h_hidden row i (no host sync); after the step's sync,
+ * fc_hidden_out hands each such row's copy to its buffer. */
+void fc_hidden_copy(fc_rank *e, int i, const float *d_h);
+void fc_hidden_out(fc_rank *e, fwd_row *rows, int B);
 
 /* ---- forward_cuda_dense.c ----
  * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a

@@ -4,6 +4,7 @@
  * tokens each slot's sampler counts; the sampled row's result read after the step's sync. Only
  * rank 0 samples under tensor parallelism (fc_samples). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "model/forward_cuda_impl.h"
@@ -121,4 +122,22 @@ int fc_sample_run(fc_rank *e, fwd_row *rows, int i, int j, const float *d_logits
         sample_on_host(e, r, d_logits, st))
         return st->code;
     return STATUS_OK;
+}
+
+/* ---- hidden outputs (the MTP head's h), read back like the samples ---- */
+
+void fc_hidden_copy(fc_rank *e, int i, const float *d_h)
+{
+    if (!fc_samples(e)) return; /* tensor parallel: rank 0's rows carry the outputs */
+    const size_t H = (size_t)e->cfg.H;
+    cuda_copy_d2h_async(e->h_hidden + (size_t)i * H, d_h, H * 4, e->launch.stream);
+    e->stats.d2h_bytes += (uint64_t)H * 4;
+}
+
+void fc_hidden_out(fc_rank *e, fwd_row *rows, int B)
+{
+    if (!fc_samples(e)) return;
+    const size_t H = (size_t)e->cfg.H;
+    for (int i = 0; i < B; i++)
+        if (rows[i].hidden) memcpy(rows[i].hidden, e->h_hidden + (size_t)i * H, H * 4);
 }
