@@ -52,6 +52,20 @@ static const gemv_matrix *unsupported_matrix(const fc_rank *e)
     return NULL;
 }
 
+/* every matrix has gemv_cols' builds (short passes multiply by gemv_cols) */
+static bool all_cols_planned(const fc_rank *e)
+{
+    for (int il = 0; il < e->cfg.n_layer; il++) {
+        const fc_layer *L = &e->w.layers[il];
+        for (int g = 0; g < L->n_in; g++)
+            if (!gemv_cols_planned(&L->in[g].m)) return false;
+        const gemv_matrix *m[4] = {&L->out, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 4; i++)
+            if (!gemv_cols_planned(m[i])) return false;
+    }
+    return gemv_cols_planned(&e->w.head);
+}
+
 void fc_batch_plan(fc_rank *e)
 {
     fc_batch *b = &e->b;
@@ -72,6 +86,7 @@ void fc_batch_plan(fc_rank *e)
     }
     b->rows = fc_pow2_ceil(want);
     b->chunked = !e->batch_invariant;
+    b->cols = !e->batch_invariant && all_cols_planned(e);
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
     fc_dense_plan(e);
     b->n_buckets = 0;
@@ -126,6 +141,7 @@ void fc_batch_layout(fc_rank *e, fc_arena *a)
     int64_t xw = c->H > c->F ? c->H : c->F;
     xw = xw > b->ld_y ? xw : b->ld_y;
     x->d_xh = fc_arena_take(a, R * xw * 2);
+    if (b->cols) x->d_xq = fc_arena_take(a, (R < GEMV_MAX_COLS ? R : GEMV_MAX_COLS) * gemv_xq_bytes(xw));
     b->half_x = gemm_reads_half(e->w.head.type);
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];

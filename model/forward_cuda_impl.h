@@ -221,6 +221,8 @@ typedef struct fc_batch_act {
     float *d_work;              /* the batched GEMM's split-K partials (gemm_work_floats) */
     uint16_t *d_xh;             /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
                                    (gemm_x_half), read by the quantised matrices */
+    void *d_xq;                 /* fc_batch.cols: the Q8 forms of a short pass's input rows
+                                   (gemv_quantize_rows, GEMV_MAX_COLS rows at most) */
     unsigned long long *d_best; /* [rows] argmax keys of the lm_head's rows */
     float *d_gdn_scratch;       /* gdn_chunk_runs' scratch (chunked) */
 } fc_batch_act;
@@ -241,6 +243,8 @@ typedef struct fc_batch {
                                    rule (not batch invariant) */
     bool attn_tiles;            /* and their attention by attn_prefill_runs (F16 cache) */
     bool half_x;                /* some matrix reads act.d_xh (gemm_reads_half) */
+    bool cols;                  /* passes of at most GEMV_MAX_COLS rows multiply by gemv_cols
+                                   (not batch invariant: another rounding than longer passes) */
     int64_t ld_proj, ld_y;
     int64_t slot_stride;        /* bytes from one slot's state to the next */
     int max_passes;             /* passes of a step of max_rows rows */

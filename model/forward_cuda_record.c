@@ -154,19 +154,41 @@ static void *slot0_S(const fc_rank *e, const fc_layer *L)
            (int64_t)L->kind_index * c->n_v * c->d_v * c->d_k * e->S_elem_bytes;
 }
 
-/* the GEMM input's F16 rows (d_xh), read by the quantised matrices that multiply x next */
-static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
+/* a pass of nb rows multiplies by gemv_cols (short passes: each weight block read once for
+ * the pass, against the rows' Q8 forms) rather than the GEMM; a dense path asked for from so
+ * few rows (--dense-rows) keeps them */
+static bool recb_cols(const fc_rank *e, int nb)
 {
-    if (e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
+    return e->b.cols && nb <= GEMV_MAX_COLS && !(e->dense.blas && nb >= e->dense.from);
 }
 
-/* y (+)= m·x for the nb rows: the dense path (gemm.h) from dense.from rows for the quantised
- * types, else the quantised GEMM; either reads x's F16 rows d_xh when the type does */
+/* where a kernel whose output a short pass's matrices read next writes its Q8 rows (the
+ * rows kernels' d_y_q8): d_xq when the pass multiplies by gemv_cols and some matrix is
+ * quantised (half_x), else NULL */
+static void *recb_q8(const fc_rank *e, int nb)
+{
+    return recb_cols(e, nb) && e->b.half_x ? e->b.act.d_xq : NULL;
+}
+
+/* the GEMM's F16 rows of x (d_xh), read by the quantised matrices that multiply it next; a
+ * short pass's Q8 rows come from the kernel that wrote x (recb_q8) */
+static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
+{
+    if (!recb_cols(e, nb) && e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
+}
+
+/* y (+)= m·x for the nb rows: gemv_cols for a short pass; the dense path (gemm.h) from
+ * dense.from rows for the quantised types; else the quantised GEMM, which reads x's F16 rows
+ * d_xh when the type does */
 static void recb_gemm(fc_rank *e, const gemv_matrix *m, const float *x, int64_t ld_x,
                       float *y, int64_t ld_y, gemv_epilogue ep, int nb)
 {
     const fc_batch_act *a = &e->b.act;
     fc_dense *d = &e->dense;
+    if (recb_cols(e, nb)) {
+        gemv_cols(m, x, ld_x, a->d_xq, y, ld_y, ep, nb, &e->launch);
+        return;
+    }
     if (d->blas && nb >= d->from && gemm_reads_half(m->type)) {
         DS_ASSERT(ep == GEMV_STORE || ep == GEMV_ADD);
         status st;
@@ -215,7 +237,7 @@ static void recb_gdn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pref
                        S_stride, s->slots, s->runs, s->long_runs, a->d_o, D_v, nb, nb, FC_LONG_RUN_ROWS,
                        a->d_gdn_scratch, &e->launch);
     gdn_norm_gated_rows(a->d_o, D_v, z, b->ld_proj, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y,
-                        b->ld_y, NULL, nb, &e->launch);
+                        b->ld_y, recb_q8(e, nb), nb, &e->launch);
 }
 
 static void recb_attn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool prefill)
@@ -242,7 +264,7 @@ static void recb_attn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pre
                           &e->launch);
     attn_decode_rows(a->d_q, HA, qg, b->ld_proj, kc, vc, s->slots, table, ld, s->pos,
                      tiles ? s->tile_rows : NULL, c->n_h, c->n_kv, c->d_h, e->n_ctx, a->d_part,
-                     a->d_y, b->ld_y, NULL, e->kv_type, nb, &e->launch);
+                     a->d_y, b->ld_y, recb_q8(e, nb), e->kv_type, nb, &e->launch);
 }
 
 void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
@@ -257,7 +279,7 @@ void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
                     b->slot_stride / 4, a->d_x, H, nb, l);
     for (int il = 0; il < c->n_layer; il++) {
         const fc_layer *L = &e->w.layers[il];
-        norm_rms_rows(a->d_x, H, L->d_attn_norm, (int)H, c->eps, a->d_h, H, NULL, nb, l);
+        norm_rms_rows(a->d_x, H, L->d_attn_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
         recb_x_half(e, a->d_h, H, H, nb);
         if (L->gdn)
             recb_gdn(e, L, s, prefill);
@@ -266,11 +288,13 @@ void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
         recb_x_half(e, a->d_y, b->ld_y, L->out.n_in, nb);
         recb_gemm(e, &L->out, a->d_y, b->ld_y, a->d_x, H, residual_ep(e), nb); /* residual */
         tp_sum(e, a->d_x, nb * H);
-        norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, NULL, nb, l);
+        norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
         recb_x_half(e, a->d_h, H, H, nb);
         recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
         recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
         gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
+        if (recb_cols(e, nb) && gemm_reads_half(L->down.type))
+            gemv_quantize_rows(a->d_ffn, F, a->d_xq, F, nb, l);
         recb_x_half(e, a->d_ffn, F, F, nb);
         recb_gemm(e, &L->down, a->d_ffn, F, a->d_x, H, residual_ep(e), nb);
         tp_sum(e, a->d_x, nb * H);
@@ -289,13 +313,17 @@ void fc_record_head(fc_rank *e, const fc_stage *s)
     const int64_t H = c->H;
     /* the graph's first kernel: a plain launch, as the body's embedding */
     const cuda_launch plain = {l->stream, false};
-    norm_rms_gather(a->d_x, H, s->head_rows, e->w.d_out_norm, (int)H, c->eps, a->d_h, H, NULL, nh,
-                    &plain);
+    norm_rms_gather(a->d_x, H, s->head_rows, e->w.d_out_norm, (int)H, c->eps, a->d_h, H,
+                    recb_q8(e, nh), nh, &plain);
     recb_x_half(e, a->d_h, H, H, nh);
     if (e->tp) /* this rank's vocabulary columns, the others' zeros: summed, all the logits */
         cuda_memset_async(a->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
-    gemm_rows(&e->w.head, a->d_h, H, a->d_xh, a->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh,
-              a->d_work, l);
+    if (recb_cols(e, nh))
+        gemv_cols(&e->w.head, a->d_h, H, a->d_xq, a->d_logits + e->vocab_begin, c->V, GEMV_STORE,
+                  nh, l);
+    else
+        gemm_rows(&e->w.head, a->d_h, H, a->d_xh, a->d_logits + e->vocab_begin, c->V,
+                  GEMV_STORE, nh, a->d_work, l);
     tp_sum(e, a->d_logits, (int64_t)nh * c->V);
     gemm_argmax_rows(a->d_logits, c->V, c->V, a->d_best, nh, l);
 }

@@ -4,9 +4,11 @@
  * and % of 4.6 TB/s. Also the device-to-device copy bandwidth (the practical ceiling) and the
  * cost of a tiny GEMV (launch-bound). Each shape: the tuning table's plan (gemv_matrix_plan),
  * the warp kernel with 1, 2 and 4 rows per warp, and the flat kernel.
- * Usage: gemv_bench [--fast] [--prefetch N] [reps] [key|all] [shape substring]
+ * Usage: gemv_bench [--fast] [--prefetch N] [--cols] [reps] [key|all] [shape substring]
  *   key: the short list; --fast: the planned and flat variants only; --prefetch N: the warp
- *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep). */
+ *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep);
+ *   --cols: short passes of B = 1, 2, 4, 8 rows instead: B planned GEMVs, gemv_cols with 1, 2
+ *   and 4 rows a warp, and the batched GEMM (gemm_rows), each in µs per pass. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "common/status.h"
 #include "gguf/quant.h"
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "tests/gpu/gpu_parity.h"
 
@@ -74,7 +77,113 @@ static int bench_copy(int reps, status *st)
 typedef struct bench_opts {
     bool fast;    /* the planned and flat variants only */
     int prefetch; /* -1: the table's */
+    bool cols;    /* short passes (bench_cols) */
 } bench_opts;
+
+/* --cols: one shape's short passes. Variant v of a pass of B rows: 0 B planned GEMVs, 1-3
+ * gemv_cols with 1, 2, 4 rows a warp, 4 gemm_rows. Timed as graphs of one pass per weight copy,
+ * replayed. */
+typedef struct cols_ctx {
+    gemv_matrix m;
+    void **d_w;
+    float *d_x, *d_y, *d_work;
+    void *d_xq;
+    uint16_t *d_xh;
+    int64_t xs;
+} cols_ctx;
+
+static void cols_pass(cols_ctx *c, int v, int B, int copy, const cuda_launch *l)
+{
+    c->m.d_w = c->d_w[copy];
+    const int64_t n_in = c->m.n_in, n_out = c->m.n_out;
+    if (v == 0)
+        for (int i = 0; i < B; i++)
+            gemv(&c->m, c->d_x + i * n_in, (uint8_t *)c->d_xq + i * c->xs, c->d_y + i * n_out,
+                 GEMV_STORE, l);
+    else if (v <= 3)
+        gemv_cols(&c->m, c->d_x, n_in, c->d_xq, c->d_y, n_out, GEMV_STORE, B, l);
+    else
+        gemm_rows(&c->m, c->d_x, n_in, c->d_xh, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
+}
+
+static int bench_cols(const bench_shape *s, int reps, const cuda_device_props *p, status *st)
+{
+    const int64_t n_in = s->n_in, n_out = s->n_out;
+    const uint64_t raw = quant_row_bytes(s->type, (uint64_t)(n_in * n_out));
+    const uint64_t packed = gemv_packed_bytes(s->type, n_in, n_out);
+    int copies = (int)((1ull << 30) / packed) + 1;
+    if (copies < 2) copies = 2;
+    if (copies > 64) copies = 64;
+    cols_ctx c = {.xs = (int64_t)gemv_xq_bytes(n_in)};
+    c.d_w = calloc(copies, sizeof(void *));
+    void *host = malloc(raw), *d_raw = NULL;
+    DS_ASSERT(host && c.d_w);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 42);
+    gpu_random_tensor(s->type, n_in * n_out, 0.05f, &rng, host);
+    cuda_event e0 = NULL, e1 = NULL;
+    cuda_stream stream = NULL;
+    const int BM = GEMV_MAX_COLS;
+    int rc = cuda_stream_create(&stream, st);
+    if (!rc) rc = cuda_alloc(&d_raw, raw, "raw", st);
+    for (int i = 0; !rc && i < copies; i++) rc = cuda_alloc(&c.d_w[i], packed, "w", st);
+    if (!rc) rc = cuda_upload(d_raw, host, raw, st);
+    for (int i = 0; !rc && i < copies; i++) gemv_pack(s->type, d_raw, c.d_w[i], n_in, n_out, NULL);
+    if (!rc) rc = cuda_alloc((void **)&c.d_x, BM * n_in * sizeof(float), "x", st);
+    if (!rc) rc = cuda_alloc(&c.d_xq, BM * c.xs, "xq", st);
+    if (!rc) rc = cuda_alloc((void **)&c.d_xh, BM * n_in * 2, "xh", st);
+    if (!rc) rc = cuda_alloc((void **)&c.d_y, BM * n_out * sizeof(float), "y", st);
+    c.m = (gemv_matrix){.type = s->type, .n_in = n_in, .n_out = n_out, .d_w = c.d_w[0]};
+    if (!rc) rc = gemv_matrix_plan(&c.m, p, st);
+    const int64_t wf = rc ? 0 : gemm_work_floats(&c.m, BM);
+    if (!rc && wf) rc = cuda_alloc((void **)&c.d_work, wf * sizeof(float), "work", st);
+    if (!rc) rc = cuda_event_create(&e0, st);
+    if (!rc) rc = cuda_event_create(&e1, st);
+    if (!rc) {
+        float *x = malloc(BM * n_in * sizeof(float));
+        for (int64_t i = 0; i < BM * n_in; i++) x[i] = gpu_rng_normal(&rng);
+        rc = cuda_upload(c.d_x, x, BM * n_in * sizeof(float), st);
+        free(x);
+        gemv_quantize_rows(c.d_x, n_in, c.d_xq, n_in, BM, NULL);
+        gemm_x_half(c.d_x, n_in, n_in, c.d_xh, BM, NULL);
+    }
+    if (!rc) rc = cuda_sync(NULL, "setup", st);
+    static const char *k_vname[] = {"B gemv", "cols r1", "cols r2", "cols r4", "gemm_rows"};
+    const cuda_launch l = {stream, false};
+    for (int B = 1; !rc && B <= BM; B *= 2) {
+        printf("%-20s %-5s %6lldx%-6lld B=%d:", s->what, quant_get(s->type)->name,
+               (long long)n_out, (long long)n_in, B);
+        for (int v = 0; !rc && v < 5; v++) {
+            if (v >= 1 && v <= 3) {
+                c.m.cols_rows = v == 1 ? 1 : v == 2 ? 2 : 4;
+                if ((rc = gemv_matrix_plan(&c.m, p, st))) break;
+            }
+            cuda_graph_exec g = NULL;
+            if ((rc = cuda_graph_capture_begin(stream, st))) break;
+            for (int i = 0; i < copies; i++) cols_pass(&c, v, B, i, &l);
+            if ((rc = cuda_graph_capture_end(stream, &g, NULL, st))) break;
+            const int gr = reps / copies + 2;
+            cuda_graph_launch(g, stream);
+            cuda_event_record(e0, stream);
+            for (int i = 0; i < gr; i++) cuda_graph_launch(g, stream);
+            cuda_event_record(e1, stream);
+            if ((rc = cuda_sync(stream, "cols bench", st))) break;
+            const double us = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
+            cuda_graph_exec_destroy(g);
+            printf("  %s %7.1f us (%4.0f GB/s)", k_vname[v], us, raw / (us * 1e-6) / 1e9);
+        }
+        printf("\n");
+    }
+    for (int i = 0; i < copies; i++) cuda_free(c.d_w[i]);
+    cuda_free(d_raw), cuda_free(c.d_x), cuda_free(c.d_xq), cuda_free(c.d_xh), cuda_free(c.d_y);
+    cuda_free(c.d_work);
+    cuda_event_destroy(e0);
+    cuda_event_destroy(e1);
+    cuda_stream_destroy(stream);
+    free(c.d_w);
+    free(host);
+    return rc;
+}
 
 static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
                      const cuda_device_props *p, status *st)
@@ -171,16 +280,18 @@ static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {false, -1};
+    bench_opts o = {false, -1, false};
     int a = 1;
     for (; a < argc && strncmp(argv[a], "--", 2) == 0; a++) {
         if (strcmp(argv[a], "--fast") == 0) {
             o.fast = true;
+        } else if (strcmp(argv[a], "--cols") == 0) {
+            o.cols = true;
         } else if (strcmp(argv[a], "--prefetch") == 0 && a + 1 < argc) {
             o.prefetch = atoi(argv[++a]);
             if (o.prefetch < 0 || o.prefetch > 2) o.prefetch = 2;
         } else {
-            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [reps] [key|all] "
+            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [--cols] [reps] [key|all] "
                             "[shape substring]\n");
             return 2;
         }
@@ -192,17 +303,18 @@ int main(int argc, char **argv)
     status st;
     status_clear(&st);
     cuda_device_props p;
-    if (cuda_device_props_get(0, &p, &st) || gemv_init(&p, &st)) {
+    if (cuda_device_props_get(0, &p, &st) || gemv_init(&p, &st) || gemm_init(&st)) {
         fprintf(stderr, "%s\n", st.msg);
         return 1;
     }
     printf("device: %s, %d SMs, %.1f GiB, L2 %.0f MiB; reps %d\n", p.name, p.sm_count,
            p.mem_total_bytes / 1073741824.0, p.l2_bytes / 1048576.0, reps);
-    if (bench_copy(50, &st)) fprintf(stderr, "copy: %s\n", st.msg);
+    if (!o.cols && bench_copy(50, &st)) fprintf(stderr, "copy: %s\n", st.msg);
     int fails = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if ((!key_only || k_shapes[i].key) && (!only || strstr(k_shapes[i].what, only)) &&
-            bench_one(&k_shapes[i], reps, &o, &p, &st)) {
+            (o.cols ? bench_cols(&k_shapes[i], reps, &p, &st)
+                    : bench_one(&k_shapes[i], reps, &o, &p, &st))) {
             fprintf(stderr, "%s: %s\n", k_shapes[i].what, st.msg);
             fails++;
         }

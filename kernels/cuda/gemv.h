@@ -49,6 +49,7 @@ typedef struct gemv_shape {
     uint32_t smem;    /* dynamic shared memory, bytes (flat kernel: the partials) */
     uint8_t wpr;      /* warp kernel: warps per row (1, 2, 4), splitting its blocks */
     uint8_t prefetch; /* warp kernel: row groups prefetched into L2 ahead (0..2) */
+    uint8_t rows;     /* gemv_cols: rows a warp (1, 2, 4) sharing each column's x loads */
 } gemv_shape;
 
 #define GEMV_N_SHAPES 5 /* one per epilogue: store, add, SwiGLU, argmax, conv */
@@ -64,6 +65,8 @@ typedef struct gemv_plan {
     uint8_t pair_per_sm[2][2];       /* gemv_pair with this matrix first, Q4_K/Q6_K only: CTAs
                                         per SM of the pair kernel, [store, conv][partner Q4_K,
                                         Q6_K] */
+    gemv_shape cols[3];              /* gemv_cols' builds of 1, 2 and 4 columns (grid 0: the
+                                        type or width has none, gemv_cols_supported) */
 } gemv_plan;
 
 /* A weight matrix on the device in the GEMV layout: n_out rows of n_in elements. Set the first
@@ -75,6 +78,7 @@ typedef struct gemv_matrix {
     const void *d_w;   /* borrowed, device, gemv_packed_bytes(type, n_in, n_out) bytes */
     int kernel;        /* GEMV_KERNEL_AUTO: the tuning table; WARP / FLAT: forced */
     int rows_per_warp; /* warp kernel: 0 = the tuning table; 1, 2 or 4: forced */
+    int cols_rows;     /* gemv_cols' rows a warp: 0 = its table; 1, 2 or 4: forced (benches) */
     gemv_plan plan;    /* filled by gemv_matrix_plan */
 } gemv_matrix;
 
@@ -106,6 +110,11 @@ void gemv_pack(uint32_t type, const void *d_src, void *d_dst, int64_t n_in, int6
  * (d = max|x|/127 and d·Σq per 32 elements). */
 uint64_t gemv_xq_bytes(int64_t n);
 void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, const cuda_launch *l);
+/* The Q8 forms of B rows of x ([B][ld_x] F32, the first n of each): row i at
+ * d_xq + i * gemv_xq_bytes(n), as the rows kernels write their Q8 outputs (norm_rms_rows...),
+ * each as gemv_quantize_x writes it. */
+void gemv_quantize_rows(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                        const cuda_launch *l);
 
 /* The launchers below take planned matrices (asserted; gemv_embed_step reads only the layout).
  * d_x: [n_in] F32, d_xq: gemv_xq_bytes(n_in) (either may be NULL if the type does not read it:
@@ -144,6 +153,20 @@ void gemv_pair(const gemv_matrix *w0, const gemv_matrix *w1, const void *d_xq, f
 void gemv_argmax(const gemv_matrix *w, const float *d_x, const void *d_xq, float *d_y,
                  unsigned long long *d_best, const cuda_launch *l);
 void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
+
+/* Multi-column GEMV for short batched passes (a verify run, a few decoding sequences):
+ * d_y[i] (=, or += with GEMV_ADD) W·x[i] for the B <= GEMV_MAX_COLS rows of a pass, each
+ * weight block read once for all of them (gemv_cols.cu). x: d_x [B][ld_x] F32 (float types) or
+ * d_xq, the rows' Q8 forms, row i at i * gemv_xq_bytes(n_in) (quantised types); d_y: [B][ld_y].
+ * The walk is the warp kernel's with 1, 2 or 4 rows a warp (plan.cols), so row i's result does
+ * not depend on the other rows. gemv_cols_supported: K-quants, Q8_0 rows of a multiple of 64,
+ * F32 of 4, F16/BF16 of 8; gemv_cols_planned: m's plan has the builds (gemv_matrix_plan made
+ * them). CPU twin: quant_matvec row by row. */
+#define GEMV_MAX_COLS 4
+bool gemv_cols_supported(uint32_t type, int64_t n_in);
+static inline bool gemv_cols_planned(const gemv_matrix *m) { return m->plan.cols[0].grid > 0; }
+void gemv_cols(const gemv_matrix *w, const float *d_x, int64_t ld_x, const void *d_xq,
+               float *d_y, int64_t ld_y, gemv_epilogue ep, int B, const cuda_launch *l);
 static inline int32_t gemv_argmax_row(unsigned long long best)
 {
     return (int32_t)(~(uint32_t)(best & 0xffffffffu));

@@ -89,12 +89,16 @@ extern "C" void gemv_pack(uint32_t type, const void *d_src, void *d_dst, int64_t
 
 extern "C" uint64_t gemv_xq_bytes(int64_t n) { return (uint64_t)n + (uint64_t)n / 32 * 8; }
 
-static __global__ void quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ qs,
-                                         float2 *__restrict__ ds, int64_t n)
+// row blockIdx.y of x ([rows][ld_x]) into its Q8 form at xq + blockIdx.y * ld_xq
+static __global__ void quantize_x_kernel(const float *__restrict__ x, int64_t ld_x,
+                                         int8_t *__restrict__ xq, int64_t ld_xq, int64_t n)
 {
     ds_grid_dep();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return; // n % 32 == 0: whole warps leave together
+    x += blockIdx.y * ld_x;
+    int8_t *qs = xq + blockIdx.y * ld_xq;
+    float2 *ds = (float2 *)(qs + n);
     const float v = x[i];
     float amax = fabsf(v);
 #pragma unroll
@@ -111,6 +115,14 @@ static __global__ void quantize_x_kernel(const float *__restrict__ x, int8_t *__
 extern "C" void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, const cuda_launch *l)
 {
     DS_ASSERT(n > 0 && n % 32 == 0);
-    ds_launch(quantize_x_kernel, ds_div_up(n, 256), 256, 0, l, d_x, (int8_t *)d_xq,
-              (float2 *)((int8_t *)d_xq + n), n);
+    ds_launch(quantize_x_kernel, dim3((unsigned)ds_div_up(n, 256), 1), 256, 0, l, d_x, n,
+              (int8_t *)d_xq, (int64_t)0, n);
+}
+
+extern "C" void gemv_quantize_rows(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                                   const cuda_launch *l)
+{
+    DS_ASSERT(n > 0 && n % 32 == 0 && B >= 1 && B <= 65535);
+    ds_launch(quantize_x_kernel, dim3((unsigned)ds_div_up(n, 256), (unsigned)B), 256, 0, l, d_x,
+              ld_x, (int8_t *)d_xq, (int64_t)gemv_xq_bytes(n), n);
 }

@@ -69,7 +69,7 @@ extern "C" int gemv_matrix_plan(gemv_matrix *m, const cuda_device_props *p, stat
     if (m->kernel == GEMV_KERNEL_FLAT) { /* forced (tests, benches): the flat kernel has no tuned
                                             parameters, the table's rows do not bound it */
         m->plan.kernel = GEMV_KERNEL_FLAT;
-        return gemv_flat_plan(m, p, st);
+        return gemv_flat_plan(m, p, st) || gemv_cols_plan(m, p, st) ? st->code : STATUS_OK;
     }
     const gemv_tune_row *r = tune_row(m, m->kernel);
     if (!r)
@@ -77,11 +77,14 @@ extern "C" int gemv_matrix_plan(gemv_matrix *m, const cuda_device_props *p, stat
                            m->kernel == GEMV_KERNEL_FLAT ? "flat" : "warp", m->type,
                            (long long)m->n_out, (long long)m->n_in);
     m->plan.kernel = r->kernel;
-    if (r->kernel == GEMV_KERNEL_FLAT) return gemv_flat_plan(m, p, st);
+    if (r->kernel == GEMV_KERNEL_FLAT)
+        return gemv_flat_plan(m, p, st) || gemv_cols_plan(m, p, st) ? st->code : STATUS_OK;
     m->plan.rows_per_warp = m->rows_per_warp ? m->rows_per_warp : r->rows;
     m->plan.prefetch = r->prefetch;
-    return gemv_warp_plan(m, r->prefetch, p, st) || gemv_pair_plan(m, p, st) ? st->code
-                                                                              : STATUS_OK;
+    return gemv_warp_plan(m, r->prefetch, p, st) || gemv_pair_plan(m, p, st) ||
+                   gemv_cols_plan(m, p, st)
+               ? st->code
+               : STATUS_OK;
 }
 
 // ---- the launchers: the plan's kernel ----

@@ -84,6 +84,8 @@ int gemv_warp_plan(gemv_matrix *m, int prefetch, const cuda_device_props *p, sta
 int gemv_flat_plan(gemv_matrix *m, const cuda_device_props *p, status *st);
 // plan.pair_per_sm of a Q4_K/Q6_K matrix.
 int gemv_pair_plan(gemv_matrix *m, const cuda_device_props *p, status *st);
+// plan.cols, gemv_cols' builds (left zero where gemv_cols_supported is false).
+int gemv_cols_plan(gemv_matrix *m, const cuda_device_props *p, status *st);
 
 // what a launch writes besides y (by epilogue)
 struct gemv_ep_out {

@@ -3,7 +3,8 @@
  * 128-wide rows, large), with each epilogue (store, residual add, SwiGLU, argmax) on the warp
  * kernel (rows per warp by the tuning table, and forced to 1, 2 and 4) and the flat kernel, the
  * two-matrix launch (gemv_pair) and the tuning table's choices, plus the Q8 activation
- * quantiser against its C twin (exact). The conv epilogue and the embedding step are in
+ * quantiser against its C twin (exact), and the multi-column GEMV of short passes (gemv_cols)
+ * column by column. The conv epilogue and the embedding step are in
  * kernels_parity. Quantised types are compared with
  * quant_matvec on the dequantised Q8 x (same sum, another order: tight bound), and the error
  * that quantising x itself adds is reported against the float x (loose bound, NMSE). */
@@ -518,6 +519,171 @@ static void test_flat_emulated(void)
     CU_ASSERT_FALSE(emulate_case(GGML_TYPE_Q6_K, 512, 64, 3, true));
 }
 
+/* gemv_cols (B rows of x through one read of the weights) on the matrix as planned: each
+ * column against quant_matvec on that row's Q8-rounded x (the tight bound of run_case_k) and
+ * against gemv of that row alone (the same walk: printed when not bit-identical, within the
+ * same bound); the Q8 rows of gemv_quantize_rows equal gemv_quantize_x's row by row; nothing
+ * written past the B rows' n_out columns. perturb: corrupt one output first. */
+static bool cols_case_r(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add, bool perturb,
+                        int rows)
+{
+    status st;
+    status_clear(&st);
+    const quant_traits *tr = quant_get(type);
+    const bool q = is_quant(type);
+    const int64_t ld_x = n_in + 4, ld_y = n_out + 3, xs = (int64_t)gemv_xq_bytes(n_in);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n_in * 131 + n_out * 7 + type * 3 + B));
+    float *x = calloc((size_t)(B * ld_x), sizeof(float)), *xd = malloc(n_in * sizeof(float));
+    float *y0 = malloc((size_t)(B * ld_y) * sizeof(float)), *got = malloc((size_t)(B * ld_y) * sizeof(float));
+    float *one = malloc(n_out * sizeof(float)), *ref = malloc(n_out * sizeof(float));
+    int8_t *qs = malloc(n_in), *gq = malloc((size_t)(B * xs)), *gq1 = malloc(gemv_xq_bytes(n_in));
+    float *qd = malloc(n_in / 32 * sizeof(float) + 4), *qsum = malloc(n_in / 32 * sizeof(float) + 4);
+    DS_ASSERT(x && xd && y0 && got && one && ref && qs && gq && gq1 && qd && qsum);
+    for (int64_t i = 0; i < B * ld_x; i++) x[i] = gpu_rng_normal(&rng);
+    for (int64_t i = 0; i < B * ld_y; i++) y0[i] = gpu_rng_normal(&rng);
+    dev_matrix W = {0};
+    float *d_x = NULL, *d_y = NULL, *d_one = NULL;
+    void *d_xq = NULL, *d_xq1 = NULL;
+    bool ok = true;
+    if (matrix_make(&W, type, n_in, n_out, 21 + n_out, &st) ||
+        (W.m.cols_rows = rows, matrix_plan(&W, GEMV_KERNEL_AUTO, 0, &st)) ||
+        cuda_alloc((void **)&d_x, (size_t)(B * ld_x) * sizeof(float), "x", &st) ||
+        cuda_alloc(&d_xq, (size_t)(B * xs), "xq", &st) ||
+        cuda_alloc(&d_xq1, gemv_xq_bytes(n_in), "xq1", &st) ||
+        cuda_alloc((void **)&d_y, (size_t)(B * ld_y) * sizeof(float), "y", &st) ||
+        cuda_alloc((void **)&d_one, n_out * sizeof(float), "one", &st) ||
+        cuda_upload(d_x, x, (size_t)(B * ld_x) * sizeof(float), &st) ||
+        cuda_upload(d_y, y0, (size_t)(B * ld_y) * sizeof(float), &st))
+        goto fail;
+    CU_ASSERT_TRUE(gemv_cols_planned(&W.m));
+    if (!add) /* NaN in the rows' columns, the padding past n_out keeps y0 */
+        for (int i = 0; i < B && !st.code; i++)
+            cuda_memset(d_y + i * ld_y, 0xff, n_out * sizeof(float), &st);
+    if (q) gemv_quantize_rows(d_x, ld_x, d_xq, n_in, B, NULL);
+    gemv_cols(&W.m, d_x, ld_x, d_xq, d_y, ld_y, add ? GEMV_ADD : GEMV_STORE, B, NULL);
+    if (cuda_sync(NULL, "gemv_cols", &st) ||
+        cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st) ||
+        (q && cuda_download(gq, d_xq, (size_t)(B * xs), &st)))
+        goto fail;
+    if (perturb) got[(B - 1) * ld_y + n_out / 2] += 1.0f + fabsf(got[(B - 1) * ld_y + n_out / 2]);
+    const uint64_t rb = quant_row_bytes(type, n_in);
+    for (int i = 0; i < B; i++) {
+        const float *xi = x + i * ld_x;
+        if (q) {
+            gpu_twin_q8_quantize(xi, n_in, qs, qd, qsum, xd);
+            /* the row's Q8 form: gemv_quantize_x's, byte for byte */
+            gemv_quantize_x(d_x + i * ld_x, d_xq1, n_in, NULL);
+            if (cuda_sync(NULL, "gemv_quantize_x", &st) ||
+                cuda_download(gq1, d_xq1, gemv_xq_bytes(n_in), &st))
+                goto fail;
+            if (memcmp(gq1, gq + i * xs, gemv_xq_bytes(n_in)) != 0) {
+                printf("  cols: row %d's Q8 form differs from gemv_quantize_x's\n", i);
+                ok = false;
+            }
+        } else {
+            memcpy(xd, xi, n_in * sizeof(float));
+        }
+        /* gemv of the row alone (d_xq1 holds its Q8 form) */
+        if (!add) gemv(&W.m, d_x + i * ld_x, d_xq1, d_one, GEMV_STORE, NULL);
+        else if (cuda_upload(d_one, y0 + i * ld_y, n_out * sizeof(float), &st))
+            goto fail;
+        else
+            gemv(&W.m, d_x + i * ld_x, d_xq1, d_one, GEMV_ADD, NULL);
+        if (cuda_sync(NULL, "gemv", &st) || cuda_download(one, d_one, n_out * sizeof(float), &st))
+            goto fail;
+        quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
+        double A = 0;
+        {
+            float *wr = malloc(n_in * sizeof(float));
+            DS_ASSERT(wr);
+            for (int64_t r = 0; r < n_out; r++) {
+                tr->dequant((const uint8_t *)W.host + r * rb, wr, n_in);
+                double a = 0;
+                for (int64_t k = 0; k < n_in; k++) a += (double)wr[k] * wr[k] * xd[k] * xd[k];
+                A = fmax(A, sqrt(a));
+            }
+            free(wr);
+        }
+        if (add)
+            for (int64_t r = 0; r < n_out; r++) ref[r] += y0[i * ld_y + r];
+        char name[128];
+        snprintf(name, sizeof name, "gemv_cols %s %s %lldx%lld B=%d r%d row %d%s", tr->name,
+                 add ? "add" : "store", (long long)n_out, (long long)n_in, B, rows, i,
+                 perturb ? " (perturbed)" : "");
+        const double atol = 2e-6 * sqrt((double)n_in) * A;
+        const double nmse = n_out >= 16 ? 1e-8 : 1.0;
+        ok &= gpu_parity_check(name, got + i * ld_y, ref, n_out, atol, 1e-4, nmse, true, NULL);
+        int64_t same = 0;
+        for (int64_t r = 0; r < n_out; r++) same += got[i * ld_y + r] == one[r];
+        if (same != n_out) {
+            snprintf(name, sizeof name, "  row %d against gemv alone (%lld of %lld equal)", i,
+                     (long long)same, (long long)n_out);
+            ok &= gpu_parity_check(name, got + i * ld_y, one, n_out, atol, 1e-4, nmse, false, NULL);
+        }
+        for (int64_t r = n_out; r < ld_y; r++)
+            if (memcmp(&got[i * ld_y + r], &y0[i * ld_y + r], sizeof(float)) != 0) {
+                printf("  cols: row %d column %lld past n_out written\n", i, (long long)r);
+                ok = false;
+            }
+    }
+    if (!perturb)
+        printf("  gemv_cols %s %s %lldx%lld B=%d r%d: %s\n", tr->name, add ? "add" : "store",
+               (long long)n_out, (long long)n_in, B, rows, ok ? "ok" : "FAILED");
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    matrix_free(&W);
+    cuda_free(d_x), cuda_free(d_xq), cuda_free(d_xq1), cuda_free(d_y), cuda_free(d_one);
+    free(x), free(xd), free(y0), free(got), free(one), free(ref), free(qs), free(gq), free(gq1);
+    free(qd), free(qsum);
+    return ok && st.code == STATUS_OK;
+}
+
+/* the plan's rows a warp (cols_rows 0) */
+static bool cols_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add, bool perturb)
+{
+    return cols_case_r(type, n_in, n_out, B, add, perturb, 0);
+}
+
+static void test_cols(void)
+{
+    if (!g_have_gpu) return;
+    static const int64_t shapes[][2] = {{1, 1}, {33, 3}, {1000, 20}, {2, 68}, {4099, 10}};
+    static const int Bs[] = {1, 2, 3, 4};
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
+        const int64_t unit = (k_types[t] == GGML_TYPE_Q4_K || k_types[t] == GGML_TYPE_Q5_K ||
+                              k_types[t] == GGML_TYPE_Q6_K) ? 256 : 32;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t b = 0; gemv_cols_supported(k_types[t], shapes[s][1] * unit) &&
+                               b < sizeof Bs / sizeof Bs[0];
+                 b++)
+                CU_ASSERT_TRUE(cols_case(k_types[t], shapes[s][1] * unit, shapes[s][0], Bs[b],
+                                         (s + b) % 2 == 1, false));
+    }
+    /* the reference models' 128-wide float rows; the 27B's shapes (ffn up, down: flat-planned
+     * Q6_K, the in-projection), an lm_head's rows */
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_F32, 128, 256, 4, false, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_F16, 136, 7, 3, true, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_Q4_K, 5120, 17408, 4, false, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_Q4_K, 17408, 5120, 4, true, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_Q6_K, 17408, 5120, 4, true, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_Q6_K, 5120, 10240, 2, false, false));
+    CU_ASSERT_TRUE(cols_case(GGML_TYPE_Q6_K, 1024, 248320, 4, false, false));
+    CU_ASSERT_FALSE(cols_case(GGML_TYPE_Q4_K, 512, 64, 3, false, true));
+    CU_ASSERT_FALSE(cols_case(GGML_TYPE_F32, 128, 40, 4, true, true));
+    /* every rows-a-warp build forced, odd rows */
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++)
+        for (int r = 1; r <= 4; r *= 2)
+            for (int B = 2; B <= GEMV_MAX_COLS; B++)
+                CU_ASSERT_TRUE(cols_case_r(k_types[t], 512, 203, B, B % 2 == 1, false, r));
+    /* what gemv_cols takes */
+    CU_ASSERT_TRUE(gemv_cols_supported(GGML_TYPE_F16, 136));
+    CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_F16, 132));
+    CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_F32, 130));
+    CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_Q8_0, 96));
+}
+
 static void test_perturbed_fails(void)
 {
     if (!g_have_gpu) return;
@@ -546,6 +712,7 @@ int main(void)
     CU_add_test(s, "epilogues", test_epilogues);
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "pair", test_pair);
+    CU_add_test(s, "cols", test_cols);
     CU_add_test(s, "plan", test_plan);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
