@@ -290,9 +290,13 @@ void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
         tp_sum(e, a->d_x, nb * H);
         norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
         recb_x_half(e, a->d_h, H, H, nb);
-        recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
-        recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
-        gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
+        if (recb_cols(e, nb) && L->gate.type == L->up.type) {
+            gemv_cols_swiglu(&L->gate, &L->up, a->d_h, H, a->d_xq, a->d_ffn, F, nb, l);
+        } else {
+            recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
+            recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
+            gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
+        }
         if (recb_cols(e, nb) && gemm_reads_half(L->down.type))
             gemv_quantize_rows(a->d_ffn, F, a->d_xq, F, nb, l);
         recb_x_half(e, a->d_ffn, F, F, nb);

@@ -7,8 +7,9 @@
  * Usage: gemv_bench [--fast] [--prefetch N] [--cols] [reps] [key|all] [shape substring]
  *   key: the short list; --fast: the planned and flat variants only; --prefetch N: the warp
  *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep);
- *   --cols: short passes of B = 1, 2, 4, 8 rows instead: B planned GEMVs, gemv_cols with 1, 2
- *   and 4 rows a warp, and the batched GEMM (gemm_rows), each in µs per pass. */
+ *   --cols: short passes of B = 1, 2, 4 rows instead: B planned GEMVs, gemv_cols with 1, 2
+ *   and 4 rows a warp, and the batched GEMM (gemm_rows), each in µs per pass; --cols-wpr W:
+ *   gemv_cols' warps per row group forced to W (1, 2, 4) instead of the plan's (a sweep). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,7 @@ typedef struct bench_opts {
     bool fast;    /* the planned and flat variants only */
     int prefetch; /* -1: the table's */
     bool cols;    /* short passes (bench_cols) */
+    int cols_wpr; /* bench_cols: gemv_cols' warps a row group forced (1, 2, 4; 0: the plan's) */
 } bench_opts;
 
 /* --cols: one shape's short passes. Variant v of a pass of B rows: 0 B planned GEMVs, 1-3
@@ -106,7 +108,8 @@ static void cols_pass(cols_ctx *c, int v, int B, int copy, const cuda_launch *l)
         gemm_rows(&c->m, c->d_x, n_in, c->d_xh, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
 }
 
-static int bench_cols(const bench_shape *s, int reps, const cuda_device_props *p, status *st)
+static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
+                      const cuda_device_props *p, status *st)
 {
     const int64_t n_in = s->n_in, n_out = s->n_out;
     const uint64_t raw = quant_row_bytes(s->type, (uint64_t)(n_in * n_out));
@@ -157,6 +160,12 @@ static int bench_cols(const bench_shape *s, int reps, const cuda_device_props *p
             if (v >= 1 && v <= 3) {
                 c.m.cols_rows = v == 1 ? 1 : v == 2 ? 2 : 4;
                 if ((rc = gemv_matrix_plan(&c.m, p, st))) break;
+                for (int k = 0; o->cols_wpr && k < 3; k++) { /* one CTA a row group */
+                    gemv_shape *sh = &c.m.plan.cols[k];
+                    const int64_t cta_rows = (int64_t)sh->rows * (4 / o->cols_wpr);
+                    sh->wpr = (uint8_t)o->cols_wpr;
+                    sh->grid = (uint32_t)((n_out + cta_rows - 1) / cta_rows);
+                }
             }
             cuda_graph_exec g = NULL;
             if ((rc = cuda_graph_capture_begin(stream, st))) break;
@@ -280,18 +289,21 @@ static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {false, -1, false};
+    bench_opts o = {false, -1, false, 0};
     int a = 1;
     for (; a < argc && strncmp(argv[a], "--", 2) == 0; a++) {
         if (strcmp(argv[a], "--fast") == 0) {
             o.fast = true;
         } else if (strcmp(argv[a], "--cols") == 0) {
             o.cols = true;
+        } else if (strcmp(argv[a], "--cols-wpr") == 0 && a + 1 < argc) {
+            o.cols_wpr = atoi(argv[++a]);
+            if (o.cols_wpr != 1 && o.cols_wpr != 2) o.cols_wpr = 4;
         } else if (strcmp(argv[a], "--prefetch") == 0 && a + 1 < argc) {
             o.prefetch = atoi(argv[++a]);
             if (o.prefetch < 0 || o.prefetch > 2) o.prefetch = 2;
         } else {
-            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [--cols] [reps] [key|all] "
+            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [--cols [--cols-wpr 1|2|4]] [reps] [key|all] "
                             "[shape substring]\n");
             return 2;
         }
@@ -313,7 +325,7 @@ int main(int argc, char **argv)
     int fails = 0;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if ((!key_only || k_shapes[i].key) && (!only || strstr(k_shapes[i].what, only)) &&
-            (o.cols ? bench_cols(&k_shapes[i], reps, &p, &st)
+            (o.cols ? bench_cols(&k_shapes[i], reps, &o, &p, &st)
                     : bench_one(&k_shapes[i], reps, &o, &p, &st))) {
             fprintf(stderr, "%s: %s\n", k_shapes[i].what, st.msg);
             fails++;

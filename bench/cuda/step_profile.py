@@ -18,7 +18,9 @@ import csv
 import re
 import sys
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# the duration units ncu writes: "nsecond" and so on, or "ns" and so on (Nsight Compute 2025)
+UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+         "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def kernels(lines):

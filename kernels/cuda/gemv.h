@@ -67,6 +67,7 @@ typedef struct gemv_plan {
                                         Q6_K] */
     gemv_shape cols[3];              /* gemv_cols' builds of 1, 2 and 4 columns (grid 0: the
                                         type or width has none, gemv_cols_supported) */
+    gemv_shape cols_swiglu[3];       /* gemv_cols_swiglu's, this matrix the gate */
 } gemv_plan;
 
 /* A weight matrix on the device in the GEMV layout: n_out rows of n_in elements. Set the first
@@ -167,6 +168,11 @@ bool gemv_cols_supported(uint32_t type, int64_t n_in);
 static inline bool gemv_cols_planned(const gemv_matrix *m) { return m->plan.cols[0].grid > 0; }
 void gemv_cols(const gemv_matrix *w, const float *d_x, int64_t ld_x, const void *d_xq,
                float *d_y, int64_t ld_y, gemv_epilogue ep, int B, const cuda_launch *l);
+/* The FFN's up half for a short pass: d_y[i][r] = silu(gate[r]·x[i]) * (up[r]·x[i]), gate and up
+ * of one type and shape walked together (each x load serves both; gate's plan). */
+void gemv_cols_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
+                      int64_t ld_x, const void *d_xq, float *d_y, int64_t ld_y, int B,
+                      const cuda_launch *l);
 static inline int32_t gemv_argmax_row(unsigned long long best)
 {
     return (int32_t)(~(uint32_t)(best & 0xffffffffu));

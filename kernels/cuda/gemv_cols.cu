@@ -9,7 +9,8 @@
 // rows); B between them takes the next build up, its extra column reading row B-1 again and
 // storing nothing. Measured on an H100 (bench/cuda/gemv_bench --cols, docs/GPU.md §4): at 8
 // rows the batched GEMM is as fast or faster on the 4B's and the 27B's matrices, so passes of
-// more than GEMV_MAX_COLS rows take it.
+// more than GEMV_MAX_COLS rows take it. gemv_cols_swiglu runs gate and up (M = 2 matrices of one
+// shape) in one walk, each x load serving both, with the SwiGLU as its epilogue.
 #include "kernels/cuda/gemv_warp.cuh"
 
 static constexpr int k_cols_builds[] = {1, 2, 4};
@@ -18,13 +19,14 @@ static_assert(GEMV_MAX_COLS == 4, "the largest build");
 // column j's row of x: row min(j, B-1)
 static __device__ __forceinline__ int64_t col_row(int j, int B) { return j < B ? j : B - 1; }
 
-// NC columns of R weight rows: acc[r][j] = this lane's partial dot of row rows[r] with column
-// j. Each column's x slice is loaded once and used for the R rows.
-template <typename TT, int NC, int R>
-static __device__ __forceinline__ void cols_dot_q(const uint8_t *W, const int64_t *rows, int nb,
-                                                  uint64_t nblk, int64_t n_in,
+// NC columns of R rows of M matrices (1, or 2: gate and up): acc[m][r][j] = this lane's partial
+// dot of row rows[r] of matrix m with column j. Each column's x slice is loaded once and used for
+// the M * R rows.
+template <typename TT, int NC, int R, int M>
+static __device__ __forceinline__ void cols_dot_q(const uint8_t *const *W, const int64_t *rows,
+                                                  int nb, uint64_t nblk, int64_t n_in,
                                                   const int8_t *xq, int64_t ld_xq, int B,
-                                                  int lr, int nl, float (*acc)[NC])
+                                                  int lr, int nl, float (*acc)[R][NC])
 {
     const int bpi = nl / TT::TPB;
     const int c = lr % TT::TPB;
@@ -34,107 +36,127 @@ static __device__ __forceinline__ void cols_dot_q(const uint8_t *W, const int64_
     const int8_t *xqs[NC];
 #pragma unroll
     for (int j = 0; j < NC; j++) xqs[j] = xq + col_row(j, B) * ld_xq;
-#pragma unroll(NC * R <= 4 ? 2 : 1)
+#pragma unroll(NC * R * M <= 4 ? 2 : 1)
     for (int b = lr / TT::TPB; b < nb; b += bpi) {
-        decltype(slice_load(TT(), W, nblk, 0, c)) w[R];
+        decltype(slice_load(TT(), W[0], nblk, 0, c)) w[M][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) w[r] = slice_load(TT(), W, nblk, (uint64_t)(base[r] + (uint32_t)b), c);
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                w[m][r] = slice_load(TT(), W[m], nblk, (uint64_t)(base[r] + (uint32_t)b), c);
 #pragma unroll
         for (int j = 0; j < NC; j++) {
             const auto xv = load_x(TT(), b, c, xqs[j], (const float2 *)(xqs[j] + n_in));
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r][j] += slice_compute(TT(), w[r], c, xv);
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[m][r][j] += slice_compute(TT(), w[m][r], c, xv);
         }
     }
 }
 
-template <int NC, int R>
-static __device__ __forceinline__ void cols_dot_f(f32_t, const uint8_t *W, const int64_t *rows,
-                                                  int64_t n_in, const float *x, int64_t ld_x,
-                                                  int B, int lane, float (*acc)[NC])
+template <int NC, int R, int M>
+static __device__ __forceinline__ void cols_dot_f(f32_t, const uint8_t *const *W,
+                                                  const int64_t *rows, int64_t n_in,
+                                                  const float *x, int64_t ld_x, int B, int lane,
+                                                  float (*acc)[R][NC])
 {
-#pragma unroll(NC * R <= 4 ? 2 : 1)
+#pragma unroll(NC * R * M <= 4 ? 2 : 1)
     for (int64_t i = 4 * lane; i < n_in; i += 128) {
-        float4 a[R];
+        float4 a[M][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) a[r] = ldg<float4>((const float *)W + rows[r] * n_in + i);
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                a[m][r] = ldg<float4>((const float *)W[m] + rows[r] * n_in + i);
 #pragma unroll
         for (int j = 0; j < NC; j++) {
             const float4 v = ldx4(x + col_row(j, B) * ld_x, i);
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                acc[r][j] += a[r].x * v.x + a[r].y * v.y + a[r].z * v.z + a[r].w * v.w;
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[m][r][j] += a[m][r].x * v.x + a[m][r].y * v.y + a[m][r].z * v.z +
+                                    a[m][r].w * v.w;
         }
     }
 }
 
-template <bool BF, int NC, int R>
-static __device__ __forceinline__ void cols_dot_h(const uint8_t *W, const int64_t *rows,
+template <bool BF, int NC, int R, int M>
+static __device__ __forceinline__ void cols_dot_h(const uint8_t *const *W, const int64_t *rows,
                                                   int64_t n_in, const float *x, int64_t ld_x,
-                                                  int B, int lane, float (*acc)[NC])
+                                                  int B, int lane, float (*acc)[R][NC])
 {
-#pragma unroll(NC * R <= 4 ? 2 : 1)
+#pragma unroll(NC * R * M <= 4 ? 2 : 1)
     for (int64_t i = 8 * lane; i < n_in; i += 256) {
-        float w[R][8];
+        float w[M][R][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const uint4 a = ldg<uint4>((const uint16_t *)W + rows[r] * n_in + i);
-            const uint32_t u[4] = {a.x, a.y, a.z, a.w};
+        for (int m = 0; m < M; m++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (BF) {
-                    w[r][2 * k] = __uint_as_float(u[k] << 16);
-                    w[r][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-                } else {
-                    const float2 f = __half22float2(*(const __half2 *)&u[k]);
-                    w[r][2 * k] = f.x;
-                    w[r][2 * k + 1] = f.y;
+            for (int r = 0; r < R; r++) {
+                const uint4 a = ldg<uint4>((const uint16_t *)W[m] + rows[r] * n_in + i);
+                const uint32_t u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (BF) {
+                        w[m][r][2 * k] = __uint_as_float(u[k] << 16);
+                        w[m][r][2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+                    } else {
+                        const float2 f = __half22float2(*(const __half2 *)&u[k]);
+                        w[m][r][2 * k] = f.x;
+                        w[m][r][2 * k + 1] = f.y;
+                    }
                 }
             }
-        }
 #pragma unroll
         for (int j = 0; j < NC; j++) {
             const float *xr = x + col_row(j, B) * ld_x;
             const float4 v0 = ldx4(xr, i), v1 = ldx4(xr, i + 4);
             const float xs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int m = 0; m < M; m++)
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    acc[r][j] += w[r][2 * k] * xs[2 * k] + w[r][2 * k + 1] * xs[2 * k + 1];
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        acc[m][r][j] += w[m][r][2 * k] * xs[2 * k] + w[m][r][2 * k + 1] * xs[2 * k + 1];
         }
     }
 }
 
-template <int NC, int R>
-static __device__ __forceinline__ void cols_dot_f(f16_t, const uint8_t *W, const int64_t *rows,
-                                                  int64_t n_in, const float *x, int64_t ld_x,
-                                                  int B, int lane, float (*acc)[NC])
+template <int NC, int R, int M>
+static __device__ __forceinline__ void cols_dot_f(f16_t, const uint8_t *const *W,
+                                                  const int64_t *rows, int64_t n_in,
+                                                  const float *x, int64_t ld_x, int B, int lane,
+                                                  float (*acc)[R][NC])
 {
-    cols_dot_h<false, NC, R>(W, rows, n_in, x, ld_x, B, lane, acc);
+    cols_dot_h<false, NC, R, M>(W, rows, n_in, x, ld_x, B, lane, acc);
 }
-template <int NC, int R>
-static __device__ __forceinline__ void cols_dot_f(bf16_t, const uint8_t *W, const int64_t *rows,
-                                                  int64_t n_in, const float *x, int64_t ld_x,
-                                                  int B, int lane, float (*acc)[NC])
+template <int NC, int R, int M>
+static __device__ __forceinline__ void cols_dot_f(bf16_t, const uint8_t *const *W,
+                                                  const int64_t *rows, int64_t n_in,
+                                                  const float *x, int64_t ld_x, int B, int lane,
+                                                  float (*acc)[R][NC])
 {
-    cols_dot_h<true, NC, R>(W, rows, n_in, x, ld_x, B, lane, acc);
+    cols_dot_h<true, NC, R, M>(W, rows, n_in, x, ld_x, B, lane, acc);
 }
 
 // The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of R rows; group g of CTA k takes
 // rows [R * (k * G + g), +R), then strides by the grid. Every warp of a CTA runs the same
 // iterations (the wpr warps of a group meet in shared memory); rows past n_out are computed on
-// row n_out - 1 and not stored.
-template <typename TT, int NC, int R>
+// row n_out - 1 and not stored. M = 2: gate (W0) and up (W1), y = silu(gate) * up.
+template <typename TT, int NC, int R, int M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_cols_kernel(const uint8_t *__restrict__ W, int64_t n_in, int64_t n_out,
-                     const float *__restrict__ x, int64_t ld_x, const int8_t *__restrict__ xq,
-                     int64_t ld_xq, float *__restrict__ y, int64_t ld_y, int B, int wpr, int add)
+    gemv_cols_kernel(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, int64_t n_in,
+                     int64_t n_out, const float *__restrict__ x, int64_t ld_x,
+                     const int8_t *__restrict__ xq, int64_t ld_xq, float *__restrict__ y,
+                     int64_t ld_y, int B, int wpr, int add)
 {
-    __shared__ float s_part[GEMV_WARPS][R * NC];
+    __shared__ float s_part[GEMV_WARPS][M * R * NC];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int groups = GEMV_WARPS / wpr, grp = warp / wpr, wk = warp % wpr;
     const int lr = wk * 32 + lane, nl = wpr * 32;
+    const uint8_t *W[2] = {W0, W1};
     uint64_t nblk = 0;
     if constexpr (!is_float_type<TT>::v) nblk = (uint64_t)n_out * (uint64_t)(n_in / TT::QK);
     ds_grid_dep();
@@ -152,57 +174,70 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 y_old[r][j] = add && lane == 0 && wk == 0 && j < B && r0 + r < n_out
                                   ? y[j * ld_y + r0 + r]
                                   : 0.0f;
-        float acc[R][NC];
+        float acc[M][R][NC];
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++)
 #pragma unroll
-            for (int j = 0; j < NC; j++) acc[r][j] = 0.0f;
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NC; j++) acc[m][r][j] = 0.0f;
         if constexpr (is_float_type<TT>::v)
-            cols_dot_f<NC, R>(TT(), W, rows, n_in, x, ld_x, B, lr, acc);
+            cols_dot_f<NC, R, M>(TT(), W, rows, n_in, x, ld_x, B, lr, acc);
         else
-            cols_dot_q<TT, NC, R>(W, rows, (int)(n_in / TT::QK), nblk, n_in, xq, ld_xq, B, lr, nl,
-                                  acc);
+            cols_dot_q<TT, NC, R, M>(W, rows, (int)(n_in / TT::QK), nblk, n_in, xq, ld_xq, B, lr,
+                                     nl, acc);
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++)
 #pragma unroll
-            for (int j = 0; j < NC; j++) acc[r][j] = warp_sum(acc[r][j]);
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NC; j++) acc[m][r][j] = warp_sum(acc[m][r][j]);
         if (wpr > 1) { // the group's warps: partial sums through shared memory, added in order
             if (lane == 0)
 #pragma unroll
-                for (int r = 0; r < R; r++)
+                for (int m = 0; m < M; m++)
 #pragma unroll
-                    for (int j = 0; j < NC; j++) s_part[warp][r * NC + j] = acc[r][j];
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int j = 0; j < NC; j++)
+                            s_part[warp][(m * R + r) * NC + j] = acc[m][r][j];
             __syncthreads();
             if (wk == 0)
 #pragma unroll
-                for (int r = 0; r < R; r++)
+                for (int m = 0; m < M; m++)
 #pragma unroll
-                    for (int j = 0; j < NC; j++)
-                        for (int k = 1; k < wpr; k++) acc[r][j] += s_part[warp + k][r * NC + j];
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int j = 0; j < NC; j++)
+                            for (int k = 1; k < wpr; k++)
+                                acc[m][r][j] += s_part[warp + k][(m * R + r) * NC + j];
             __syncthreads();
         }
         if (lane == 0 && wk == 0)
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int j = 0; j < NC; j++)
-                    if (j < B && r0 + r < n_out)
-                        y[j * ld_y + r0 + r] = add ? y_old[r][j] + acc[r][j] : acc[r][j];
+                for (int j = 0; j < NC; j++) {
+                    if (j >= B || r0 + r >= n_out) continue;
+                    float v = acc[0][r][j];
+                    if constexpr (M == 2) v = v / (1.0f + __expf(-v)) * acc[M - 1][r][j];
+                    y[j * ld_y + r0 + r] = add ? y_old[r][j] + v : v;
+                }
     }
 }
 
 // ---- planning: one shape per build ----
 
 // rows a warp by build (1, 2, 4 columns), unless the matrix forces one (cols_rows): the fastest
-// on most of gemv_bench --cols' shapes
+// on most of gemv_bench --cols' shapes; the SwiGLU builds (two matrices) at most 2
 static constexpr int k_cols_rows[3] = {1, 2, 4};
 
-template <typename TT, int NC, int R>
+template <typename TT, int NC, int R, int M>
 static int plan_nc(gemv_matrix *m, gemv_shape *sh, const cuda_device_props *p, status *st)
 {
     int per_sm = 0;
     CUDA_TRY(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                     &per_sm, gemv_cols_kernel<TT, NC, R>, GEMV_WARPS * 32, 0));
+                     &per_sm, gemv_cols_kernel<TT, NC, R, M>, GEMV_WARPS * 32, 0));
     const int64_t full = (int64_t)p->sm_count * (per_sm < 1 ? 1 : per_sm);
     int wpr;
     int64_t cta_rows, need;
@@ -215,14 +250,16 @@ static int plan_nc(gemv_matrix *m, gemv_shape *sh, const cuda_device_props *p, s
     return STATUS_OK;
 }
 
-template <typename TT, int NC>
+template <typename TT, int NC, int M>
 static int plan_rows(gemv_matrix *m, gemv_shape *sh, int rows, const cuda_device_props *p,
                      status *st)
 {
+    if constexpr (M == 1)
+        if (rows == 4) return plan_nc<TT, NC, 4, M>(m, sh, p, st);
     switch (rows) {
-    case 4: return plan_nc<TT, NC, 4>(m, sh, p, st);
-    case 2: return plan_nc<TT, NC, 2>(m, sh, p, st);
-    default: return plan_nc<TT, NC, 1>(m, sh, p, st);
+    case 4: // two matrices: at most 2 rows a warp (registers)
+    case 2: return plan_nc<TT, NC, 2, M>(m, sh, p, st);
+    default: return plan_nc<TT, NC, 1, M>(m, sh, p, st);
     }
 }
 
@@ -231,9 +268,13 @@ static int plan_cols_t(gemv_matrix *m, const cuda_device_props *p, status *st)
 {
     const int *rw = k_cols_rows;
     const int f = m->cols_rows;
-    return plan_rows<TT, 1>(m, &m->plan.cols[0], f ? f : rw[0], p, st) ||
-                   plan_rows<TT, 2>(m, &m->plan.cols[1], f ? f : rw[1], p, st) ||
-                   plan_rows<TT, 4>(m, &m->plan.cols[2], f ? f : rw[2], p, st)
+    gemv_shape *c = m->plan.cols, *g = m->plan.cols_swiglu;
+    return plan_rows<TT, 1, 1>(m, &c[0], f ? f : rw[0], p, st) ||
+                   plan_rows<TT, 2, 1>(m, &c[1], f ? f : rw[1], p, st) ||
+                   plan_rows<TT, 4, 1>(m, &c[2], f ? f : rw[2], p, st) ||
+                   plan_rows<TT, 1, 2>(m, &g[0], f ? f : rw[0], p, st) ||
+                   plan_rows<TT, 2, 2>(m, &g[1], f ? f : rw[1], p, st) ||
+                   plan_rows<TT, 4, 2>(m, &g[2], f ? f : rw[2], p, st)
                ? st->code
                : STATUS_OK;
 }
@@ -269,55 +310,77 @@ int gemv_cols_plan(gemv_matrix *m, const cuda_device_props *p, status *st)
 
 // ---- launch ----
 
-template <typename TT, int NC, int R>
-static void launch_r(const gemv_matrix *w, const gemv_shape &sh, const float *x, int64_t ld_x,
-                     const void *xq, float *y, int64_t ld_y, bool add, int B,
-                     const cuda_launch *l)
+template <typename TT, int NC, int R, int M>
+static void launch_r(const gemv_matrix *w, const gemv_matrix *w1, const gemv_shape &sh,
+                     const float *x, int64_t ld_x, const void *xq, float *y, int64_t ld_y,
+                     bool add, int B, const cuda_launch *l)
 {
-    ds_launch(gemv_cols_kernel<TT, NC, R>, sh.grid, GEMV_WARPS * 32, 0, l, (const uint8_t *)w->d_w,
-              w->n_in, w->n_out, x, ld_x, (const int8_t *)xq, (int64_t)gemv_xq_bytes(w->n_in), y,
-              ld_y, B, (int)sh.wpr, (int)add);
+    ds_launch(gemv_cols_kernel<TT, NC, R, M>, sh.grid, GEMV_WARPS * 32, 0, l,
+              (const uint8_t *)w->d_w, (const uint8_t *)(w1 ? w1->d_w : nullptr), w->n_in,
+              w->n_out, x, ld_x, (const int8_t *)xq, (int64_t)gemv_xq_bytes(w->n_in), y, ld_y, B,
+              (int)sh.wpr, (int)add);
 }
 
-template <typename TT, int NC>
-static void launch_nc(const gemv_matrix *w, const gemv_shape &sh, const float *x, int64_t ld_x,
-                      const void *xq, float *y, int64_t ld_y, bool add, int B,
-                      const cuda_launch *l)
+template <typename TT, int NC, int M>
+static void launch_nc(const gemv_matrix *w, const gemv_matrix *w1, const gemv_shape &sh,
+                      const float *x, int64_t ld_x, const void *xq, float *y, int64_t ld_y,
+                      bool add, int B, const cuda_launch *l)
 {
     switch (sh.rows) {
-    case 4: launch_r<TT, NC, 4>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
-    case 2: launch_r<TT, NC, 2>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
-    default: launch_r<TT, NC, 1>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    case 4:
+        if constexpr (M == 1) launch_r<TT, NC, 4, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l);
+        break;
+    case 2: launch_r<TT, NC, 2, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    default: launch_r<TT, NC, 1, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
     }
 }
 
-template <typename TT>
-static void launch_cols_t(const gemv_matrix *w, const float *x, int64_t ld_x, const void *xq,
-                          float *y, int64_t ld_y, bool add, int B, const cuda_launch *l)
+template <typename TT, int M>
+static void launch_cols_t(const gemv_matrix *w, const gemv_matrix *w1, const float *x,
+                          int64_t ld_x, const void *xq, float *y, int64_t ld_y, bool add, int B,
+                          const cuda_launch *l)
 {
     const int k = B <= 1 ? 0 : B <= 2 ? 1 : 2;
-    const gemv_shape &sh = w->plan.cols[k];
-    DS_ASSERT(sh.grid > 0 && k_cols_builds[k] >= B);
+    const gemv_shape &sh = M == 2 ? w->plan.cols_swiglu[k] : w->plan.cols[k];
+    DS_ASSERT(sh.grid > 0 && k_cols_builds[k] >= B && (M == 1 || sh.rows <= 2));
     switch (k) {
-    case 0: launch_nc<TT, 1>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
-    case 1: launch_nc<TT, 2>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
-    default: launch_nc<TT, 4>(w, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    case 0: launch_nc<TT, 1, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    case 1: launch_nc<TT, 2, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    default: launch_nc<TT, 4, M>(w, w1, sh, x, ld_x, xq, y, ld_y, add, B, l); break;
+    }
+}
+
+template <int M>
+static void launch_cols(const gemv_matrix *w, const gemv_matrix *w1, const float *d_x,
+                        int64_t ld_x, const void *d_xq, float *d_y, int64_t ld_y, bool add,
+                        int B, const cuda_launch *l)
+{
+    DS_ASSERT(w->plan.kernel != 0 && B >= 1 && B <= GEMV_MAX_COLS);
+    const bool fl = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
+    DS_ASSERT(fl ? d_x != nullptr : d_xq != nullptr);
+    (void)fl;
+    switch (w->type) {
+    case GGML_TYPE_F32: launch_cols_t<f32_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_F16: launch_cols_t<f16_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_BF16: launch_cols_t<bf16_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_Q8_0: launch_cols_t<q80_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_Q4_K: launch_cols_t<q4k_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_Q5_K: launch_cols_t<q5k_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    case GGML_TYPE_Q6_K: launch_cols_t<q6k_t, M>(w, w1, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
+    default: DS_ASSERT(!"gemv_cols: unsupported type");
     }
 }
 
 extern "C" void gemv_cols(const gemv_matrix *w, const float *d_x, int64_t ld_x, const void *d_xq,
                           float *d_y, int64_t ld_y, gemv_epilogue ep, int B, const cuda_launch *l)
 {
-    DS_ASSERT(w->plan.kernel != 0 && B >= 1 && B <= GEMV_MAX_COLS);
-    const bool add = ep == GEMV_ADD;
-    switch (w->type) {
-    case GGML_TYPE_F32: DS_ASSERT(d_x); launch_cols_t<f32_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_F16: DS_ASSERT(d_x); launch_cols_t<f16_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_BF16: DS_ASSERT(d_x); launch_cols_t<bf16_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q8_0: DS_ASSERT(d_xq); launch_cols_t<q80_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q4_K: DS_ASSERT(d_xq); launch_cols_t<q4k_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q5_K: DS_ASSERT(d_xq); launch_cols_t<q5k_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    case GGML_TYPE_Q6_K: DS_ASSERT(d_xq); launch_cols_t<q6k_t>(w, d_x, ld_x, d_xq, d_y, ld_y, add, B, l); break;
-    default: DS_ASSERT(!"gemv_cols: unsupported type");
-    }
+    launch_cols<1>(w, nullptr, d_x, ld_x, d_xq, d_y, ld_y, ep == GEMV_ADD, B, l);
+}
+
+extern "C" void gemv_cols_swiglu(const gemv_matrix *gate, const gemv_matrix *up, const float *d_x,
+                                 int64_t ld_x, const void *d_xq, float *d_y, int64_t ld_y, int B,
+                                 const cuda_launch *l)
+{
+    DS_ASSERT(up->type == gate->type && up->n_in == gate->n_in && up->n_out == gate->n_out);
+    launch_cols<2>(gate, up, d_x, ld_x, d_xq, d_y, ld_y, false, B, l);
 }

@@ -27,7 +27,7 @@ KS = [
     ("void gemm_q_kernel<11, 128>(const gemv_matrix *, float *)", "usecond", "100.00"),
     ("void gemv_embed_rows_kernel(const void *, int)", "nsecond", "2,500"),  # step 2: the last
     ("void gemm_q_kernel<11, 128>(const gemv_matrix *, float *)", "msecond", "0.2"),
-    ("void gemm_q_kernel<14, 64>(const gemv_matrix *, float *)", "usecond", "50"),
+    ("void gemm_q_kernel<14, 64>(const gemv_matrix *, float *)", "us", "50"),
     ("void (anonymous namespace)::gdn_decode_kernel<4, float>(float *)", "usecond", "37.5"),
     ("argmax_rows(const float *, int)", "usecond", "10"),
 ]

@@ -640,6 +640,84 @@ fail:
     return ok && st.code == STATUS_OK;
 }
 
+/* gemv_cols_swiglu: each row of the pass against silu(gate·x') * (up·x') from quant_matvec on
+ * the row's Q8-rounded x' (run_case_k's SwiGLU bound). */
+static bool cols_swiglu_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool perturb)
+{
+    status st;
+    status_clear(&st);
+    const quant_traits *tr = quant_get(type);
+    const bool q = is_quant(type);
+    const int64_t ld_y = n_out + 1, xs = (int64_t)gemv_xq_bytes(n_in);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n_in * 17 + n_out * 5 + type + B));
+    float *x = malloc((size_t)(B * n_in) * sizeof(float)), *xd = malloc(n_in * sizeof(float));
+    float *got = malloc((size_t)(B * ld_y) * sizeof(float));
+    float *g = malloc(n_out * sizeof(float)), *u = malloc(n_out * sizeof(float));
+    int8_t *qs = malloc(n_in);
+    float *qd = malloc(n_in / 32 * sizeof(float) + 4), *qsum = malloc(n_in / 32 * sizeof(float) + 4);
+    DS_ASSERT(x && xd && got && g && u && qs && qd && qsum);
+    for (int64_t i = 0; i < B * n_in; i++) x[i] = gpu_rng_normal(&rng);
+    dev_matrix G = {0}, U = {0};
+    float *d_x = NULL, *d_y = NULL;
+    void *d_xq = NULL;
+    bool ok = true;
+    if (matrix_make(&G, type, n_in, n_out, 31 + n_out, &st) ||
+        matrix_plan(&G, GEMV_KERNEL_AUTO, 0, &st) ||
+        matrix_make(&U, type, n_in, n_out, 32 + n_out, &st) ||
+        matrix_plan(&U, GEMV_KERNEL_AUTO, 0, &st) ||
+        cuda_alloc((void **)&d_x, (size_t)(B * n_in) * sizeof(float), "x", &st) ||
+        cuda_alloc(&d_xq, (size_t)(B * xs), "xq", &st) ||
+        cuda_alloc((void **)&d_y, (size_t)(B * ld_y) * sizeof(float), "y", &st) ||
+        cuda_upload(d_x, x, (size_t)(B * n_in) * sizeof(float), &st) ||
+        cuda_memset(d_y, 0xff, (size_t)(B * ld_y) * sizeof(float), &st))
+        goto fail;
+    if (q) gemv_quantize_rows(d_x, n_in, d_xq, n_in, B, NULL);
+    gemv_cols_swiglu(&G.m, &U.m, d_x, n_in, d_xq, d_y, ld_y, B, NULL);
+    if (cuda_sync(NULL, "gemv_cols_swiglu", &st) ||
+        cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st))
+        goto fail;
+    if (perturb) got[n_out / 2] += 1.0f + fabsf(got[n_out / 2]);
+    const uint64_t rb = quant_row_bytes(type, n_in);
+    for (int i = 0; i < B; i++) {
+        if (q)
+            gpu_twin_q8_quantize(x + i * n_in, n_in, qs, qd, qsum, xd);
+        else
+            memcpy(xd, x + i * n_in, n_in * sizeof(float));
+        quant_matvec(type, G.host, rb, n_in, xd, g, 0, n_out);
+        quant_matvec(type, U.host, rb, n_in, xd, u, 0, n_out);
+        double A = 0;
+        float *wr = malloc(n_in * sizeof(float));
+        DS_ASSERT(wr);
+        for (int64_t r = 0; r < n_out; r++) {
+            tr->dequant((const uint8_t *)G.host + r * rb, wr, n_in);
+            double a = 0;
+            for (int64_t k = 0; k < n_in; k++) a += (double)wr[k] * wr[k] * xd[k] * xd[k];
+            A = fmax(A, sqrt(a));
+        }
+        free(wr);
+        const double up_scale = 1.0 + rms(u, n_out);
+        for (int64_t r = 0; r < n_out; r++) g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+        char name[128];
+        snprintf(name, sizeof name, "gemv_cols_swiglu %s %lldx%lld B=%d row %d%s", tr->name,
+                 (long long)n_out, (long long)n_in, B, i, perturb ? " (perturbed)" : "");
+        ok &= gpu_parity_check(name, got + i * ld_y, g, n_out,
+                               2e-6 * sqrt((double)n_in) * A * up_scale, 1e-4,
+                               n_out >= 16 ? 1e-8 : 1.0, !perturb, NULL);
+    }
+    if (!perturb)
+        printf("  gemv_cols_swiglu %s %lldx%lld B=%d: %s\n", tr->name, (long long)n_out,
+               (long long)n_in, B, ok ? "ok" : "FAILED");
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    matrix_free(&G);
+    matrix_free(&U);
+    cuda_free(d_x), cuda_free(d_xq), cuda_free(d_y);
+    free(x), free(xd), free(got), free(g), free(u), free(qs), free(qd), free(qsum);
+    return ok && st.code == STATUS_OK;
+}
+
 /* the plan's rows a warp (cols_rows 0) */
 static bool cols_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add, bool perturb)
 {
@@ -682,6 +760,13 @@ static void test_cols(void)
     CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_F16, 132));
     CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_F32, 130));
     CU_ASSERT_FALSE(gemv_cols_supported(GGML_TYPE_Q8_0, 96));
+    /* the SwiGLU pair: every type, the 27B's and the 0.8B's FFN shapes, a perturbed one fails */
+    for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++)
+        for (int B = 1; B <= GEMV_MAX_COLS; B++)
+            CU_ASSERT_TRUE(cols_swiglu_case(k_types[t], 512, 301, B, false));
+    CU_ASSERT_TRUE(cols_swiglu_case(GGML_TYPE_Q4_K, 5120, 17408, 4, false));
+    CU_ASSERT_TRUE(cols_swiglu_case(GGML_TYPE_Q4_K, 1024, 3584, 2, false));
+    CU_ASSERT_FALSE(cols_swiglu_case(GGML_TYPE_Q4_K, 512, 64, 3, true));
 }
 
 static void test_perturbed_fails(void)
