@@ -490,10 +490,10 @@ static void on_async_event(rpc_cq_tag *t, bool ok)
     (void)ok; /* a failed batch shows in the status, which always completes */
     a->n_pending--;
     switch (tag->op) {
-    case ASYNC_START:
+    case ASYNC_START: /* the start batch also read the first message */
         grpc_byte_buffer_destroy(a->send);
         a->send = NULL;
-        break;
+        /* fall through */
     case ASYNC_MSG:
         if (a->recv) {
             a->msg = a->recv;
@@ -565,11 +565,15 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
     pthread_mutex_lock(&a->mu);
     a->call = call;
     pthread_mutex_unlock(&a->mu);
-    grpc_op ops[4];
+    /* two batches: the start with the first RECV_MESSAGE (its completion is the first
+     * message's event), and the status */
+    grpc_op ops[5];
     start_ops(ops, &a->auth_md, a->n_auth_md, a->send, &a->init_md);
+    ops[4] = (grpc_op){.op = GRPC_OP_RECV_MESSAGE};
+    ops[4].data.recv_message.recv_message = &a->recv;
     /* every batch counted before the first can complete on the queue's thread */
-    a->n_pending = 3;
-    grpc_call_error e = grpc_call_start_batch(call, ops, 4, &a->t_start, NULL);
+    a->n_pending = 2;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 5, &a->t_start, NULL);
     DS_ASSERT(e == GRPC_CALL_OK);
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -578,18 +582,20 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
     ops[0].data.recv_status_on_client.status_details = &a->details;
     e = grpc_call_start_batch(call, ops, 1, &a->t_status, NULL);
     DS_ASSERT(e == GRPC_CALL_OK);
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_MESSAGE;
-    ops[0].data.recv_message.recv_message = &a->recv;
-    e = grpc_call_start_batch(call, ops, 1, &a->t_msg, NULL);
-    DS_ASSERT(e == GRPC_CALL_OK);
     return STATUS_OK;
 }
 
 ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMessageDescriptor *desc)
 {
+    return rpc_client_async_take_with(a, desc, NULL);
+}
+
+ProtobufCMessage *rpc_client_async_take_with(rpc_client_async *a,
+                                             const ProtobufCMessageDescriptor *desc,
+                                             ProtobufCAllocator *alloc)
+{
     DS_ASSERT(a->msg);
-    ProtobufCMessage *m = rpc_codec_unpack(a->msg, desc, 0);
+    ProtobufCMessage *m = rpc_codec_unpack_with(a->msg, desc, 0, alloc);
     grpc_byte_buffer_destroy(a->msg);
     a->msg = NULL;
     if (m) {
