@@ -21,6 +21,7 @@
 
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_init.h"
 #include "rpc/rpc_cq.h"
 #include "common/clock.h"
 
@@ -91,7 +92,7 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
         return status_fail(st, STATUS_INVALID, "channel target '%s' is too long", target);
     rpc_client_channel *c = calloc(1, sizeof *c);
     if (!c) return status_fail(st, STATUS_NOMEM, "channel %s: out of memory", target);
-    grpc_init();
+    rpc_init_grpc();
     grpc_channel_credentials *creds = NULL;
     if (tls && rpc_tls_client_creds(tls, &creds, st)) {
         free(c);
@@ -219,7 +220,7 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
 
 rpc_client_cq *rpc_client_cq_create(void)
 {
-    grpc_init();
+    rpc_init_grpc();
     return (rpc_client_cq *)grpc_completion_queue_create_for_pluck(NULL);
 }
 

@@ -59,6 +59,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_init.h"
 #include "rpc/rpc_cq.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_status.h"
@@ -634,7 +635,7 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     pthread_mutex_init(&s->done_mu, NULL);
     clock_cond_init(&s->done_cv);
 
-    grpc_init();
+    rpc_init_grpc();
     grpc_arg args[2];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;

@@ -54,17 +54,20 @@ class RouterBench(unittest.TestCase):
             after = {k: sum(cpu_s(p.p.pid) for p in v) for k, v in procs.items()}
             text = out.stdout + out.stderr
             self.assertEqual(out.returncode, 0, text)
-            m = re.search(r"loadgen-summary mode=fixed ok=(\d+) failed=(\d+) \S+ tokens=(\d+)",
-                          text)
+            m = re.search(r"loadgen-summary mode=fixed ok=(\d+) failed=(\d+) \S+ tokens=(\d+) "
+                          r"messages=(\d+)", text)
             self.assertIsNotNone(m, text)
             ok, failed, tokens = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            msgs = int(m.group(4))
             self.assertEqual((ok, failed, tokens), (STREAMS, 0, STREAMS * TOKENS), text)
             us = {k: (after[k] - before[k]) * 1e6 / tokens for k in procs}
             tps = re.search(r"tokens/s ([\d.]+)", text).group(1)
             print("router-bench: %d streams x %d tokens through a router and 2 CPU workers "
                   "(tiny model), %s tokens/s" % (STREAMS, TOKENS, tps))
-            print("router-bench router_us_per_token=%.1f worker_us_per_token=%.1f tokens=%d"
-                  % (us["router"], us["worker"], tokens))
+            print("router-bench router_us_per_token=%.1f worker_us_per_token=%.1f tokens=%d "
+                  "messages=%d router_us_per_message=%.1f"
+                  % (us["router"], us["worker"], tokens, msgs,
+                     (after["router"] - before["router"]) * 1e6 / msgs))
             sys.stdout.flush()
             self.assertLess(us["router"], ROUTER_US_MAX, "router CPU per token")
             self.assertLess(us["worker"], WORKER_US_MAX, "worker CPU per token (both workers)")
