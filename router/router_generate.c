@@ -26,6 +26,7 @@
 #include "router/router_internal.h"
 #include "router/router_request.h"
 #include "router/router_stop.h"
+#include "router/router_wire.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_codec.h"
 #include "rpc/rpc_status.h"
@@ -66,6 +67,8 @@ typedef struct relay {
     size_t n_held, held_cap;
     rpc_arena arena;  /* owned: the worker messages' memory (allocation-free unpacking), reset
                          once none is alive (on_worker_event) */
+    uint8_t *wire;    /* owned, [wire_cap] a message of ids and text packed by hand (emit) */
+    size_t wire_cap;
     /* outcome */
     int64_t n_tokens;      /* tokens taken into the output (sent or being built) */
     int64_t n_msgs;        /* messages sent to the client */
@@ -312,7 +315,24 @@ static void emit(router_req *q, Deltaserve__V1__GenerateResponse *out, bool last
         end_output(s); /* nothing to say */
         return;
     }
-    const int rc = q->sink.send(q->sink.ctx, out);
+    int rc;
+    if (q->sink.send_wire && !final && !s->n_pend_lp && !out->reasoning[0] &&
+        !out->n_tool_calls && !out->usage && !out->timings && !out->request_id[0] &&
+        !out->served_by[0] && !out->seed && !out->matched_stop_case) {
+        /* the common message: ids and text, packed here (router_wire.h) */
+        const size_t text_len = strlen(out->text);
+        if (grow((void **)&s->wire, &s->wire_cap,
+                 router_wire_tokens_max(out->n_token_ids, text_len), 1)) {
+            end_output(s);
+            relay_end(q, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
+            return;
+        }
+        const size_t n = router_wire_encode_tokens(out->token_ids, out->n_token_ids, out->text,
+                                                   text_len, s->wire);
+        rc = q->sink.send_wire(q->sink.ctx, s->wire, n);
+    } else {
+        rc = q->sink.send(q->sink.ctx, out);
+    }
     end_output(s);
     if (rc != STATUS_OK) {
         relay_end(q, GRPC_STATUS_CANCELLED, "client gone");
@@ -684,6 +704,8 @@ static void unlock_maybe_finalize(router_req *q)
         free(s->pend_ids);
         free(s->pend_lp);
         free(s->held);
+        free(s->wire);
+        s->wire = NULL;
         rpc_arena_free(&s->arena);
         s->ids = NULL;
         s->piece = s->text = NULL;
@@ -708,8 +730,20 @@ static void on_worker_event(void *user, rpc_client_async_event ev)
     pthread_mutex_lock(&q->mu);
     if (ev == RPC_CLIENT_ASYNC_MESSAGE) {
         relay *s = &q->s;
-        ProtobufCMessage *m = rpc_client_async_take_with(
-            q->call, &deltaserve__v1__generate_response__descriptor, &s->arena.alloc);
+        /* a message of token ids only (all but a stream's first and last, as a rule) is read
+         * here; others, and anything this does not read, by protobuf-c */
+        size_t nb;
+        const uint8_t *b = rpc_client_async_peek(q->call, &nb);
+        ProtobufCMessage *m = NULL;
+        Deltaserve__V1__GenerateResponse *fast =
+            b ? router_wire_decode_tokens(b, nb, &s->arena.alloc) : NULL;
+        if (fast) {
+            rpc_client_async_consume(q->call);
+            m = &fast->base;
+        } else {
+            m = rpc_client_async_take_with(q->call, &deltaserve__v1__generate_response__descriptor,
+                                           &s->arena.alloc);
+        }
         if (m && q->done) {
             protobuf_c_message_free_unpacked(m, &s->arena.alloc);
         } else if (m) {
@@ -875,6 +909,11 @@ static int grpc_sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
     return rpc_call_send(ctx, &m->base);
 }
 
+static int grpc_sink_send_wire(void *ctx, const uint8_t *b, size_t n)
+{
+    return rpc_call_send_bytes(ctx, b, n);
+}
+
 static void grpc_sink_end(void *ctx, int code, const char *msg)
 {
     rpc_call_finish(ctx, (grpc_status_code)code, msg);
@@ -926,7 +965,8 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
         protobuf_c_message_free_unpacked(&g->base, NULL);
         return;
     }
-    router_sink sink = {.send = grpc_sink_send, .end = grpc_sink_end, .ctx = call,
+    router_sink sink = {.send = grpc_sink_send, .send_wire = grpc_sink_send_wire,
+                        .end = grpc_sink_end, .ctx = call,
                         .top_text = 1, .cq = rpc_call_cq(call), .paced = 1};
     router_req *q;
     status st;

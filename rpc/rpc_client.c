@@ -612,6 +612,25 @@ ProtobufCMessage *rpc_client_async_take_with(rpc_client_async *a,
     return NULL;
 }
 
+const uint8_t *rpc_client_async_peek(const rpc_client_async *a, size_t *n)
+{
+    const grpc_byte_buffer *bb = a->msg;
+    DS_ASSERT(bb);
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE ||
+        bb->data.raw.slice_buffer.count != 1)
+        return NULL;
+    *n = GRPC_SLICE_LENGTH(bb->data.raw.slice_buffer.slices[0]);
+    return GRPC_SLICE_START_PTR(bb->data.raw.slice_buffer.slices[0]);
+}
+
+void rpc_client_async_consume(rpc_client_async *a)
+{
+    DS_ASSERT(a->msg);
+    grpc_byte_buffer_destroy(a->msg);
+    a->msg = NULL;
+    a->n_received++;
+}
+
 void rpc_client_async_read(rpc_client_async *a)
 {
     grpc_op op;

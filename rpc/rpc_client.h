@@ -138,6 +138,12 @@ ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMess
 ProtobufCMessage *rpc_client_async_take_with(rpc_client_async *a,
                                              const ProtobufCMessageDescriptor *desc,
                                              ProtobufCAllocator *alloc);
+/* In MESSAGE: the message's bytes when they are one uncompressed slice (valid until it is
+ * taken or consumed), else NULL. */
+const uint8_t *rpc_client_async_peek(const rpc_client_async *a, size_t *n);
+/* In MESSAGE: the message was read through rpc_client_async_peek: it is dropped and counted as
+ * received. */
+void rpc_client_async_consume(rpc_client_async *a);
 /* In MESSAGE (or after it, on the queue's thread): asks for the next message. */
 void rpc_client_async_read(rpc_client_async *a);
 /* Cancels the running call, if any (any thread, any time): END follows with CANCELLED unless
