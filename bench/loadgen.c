@@ -156,7 +156,7 @@ typedef struct loadgen_thread {
     double end_s;         /* monotonic deadline with --duration-s, else 0 */
     pthread_t th;
     /* results (counted streams only) */
-    int64_t ok, tokens, errors[17], cancelled;
+    int64_t ok, tokens, msgs, errors[17], cancelled;
     loadgen_vec ttft_srv, itl_srv, ttft_cli, itl_cli;
 } loadgen_thread;
 
@@ -178,7 +178,7 @@ static void *run_thread(void *arg)
         }
         ProtobufCMessage *pm;
         rpc_client_result res;
-        int64_t n_tok = 0;
+        int64_t n_tok = 0, n_msg = 0;
         /* --cancel-after: this stream's cancel point, spread over 0..N by the stream's index */
         const int64_t cut = counted && t->o->cancel_after >= 0
                                 ? (int64_t)((uint64_t)k * 2654435761u % (uint64_t)(t->o->cancel_after + 1))
@@ -191,6 +191,7 @@ static void *run_thread(void *arg)
                                       &res)) {
             Deltaserve__V1__GenerateResponse *m = (Deltaserve__V1__GenerateResponse *)pm;
             double now = clock_now_s();
+            n_msg++;
             if (m->n_token_ids) {
                 if (!first) first = now;
                 else
@@ -216,6 +217,7 @@ static void *run_thread(void *arg)
             } else if (res.code == 0) {
                 t->ok++;
                 t->tokens += n_tok;
+                t->msgs += n_msg;
                 if (srv_ttft >= 0) vec_push(&t->ttft_srv, srv_ttft);
                 if (srv_itl > 0) vec_push(&t->itl_srv, srv_itl);
                 if (first) vec_push(&t->ttft_cli, (first - t0) * 1e3);
@@ -720,11 +722,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.concurrency; i++) pthread_join(ts[i].th, NULL);
     double elapsed = clock_now_s() - t_start;
 
-    int64_t ok = 0, tokens = 0, errors[17] = {0}, n_err = 0, cancelled = 0;
+    int64_t ok = 0, tokens = 0, msgs = 0, errors[17] = {0}, n_err = 0, cancelled = 0;
     loadgen_vec ttft_srv = {0}, itl_srv = {0}, ttft_cli = {0}, itl_cli = {0};
     for (int i = 0; i < o.concurrency; i++) {
         ok += ts[i].ok;
         tokens += ts[i].tokens;
+        msgs += ts[i].msgs;
         cancelled += ts[i].cancelled;
         for (int c = 0; c < 17; c++) {
             errors[c] += ts[i].errors[c];
@@ -756,11 +759,11 @@ int main(int argc, char **argv)
     print_pcts("inter-token (final message mean_itl)", &itl_srv);
     print_pcts("TTFT (client, first message)", &ttft_cli);
     print_pcts("inter-token (client, per token)", &itl_cli);
-    printf("loadgen-summary mode=fixed ok=%lld failed=%lld cancelled=%lld tokens=%lld "
+    printf("loadgen-summary mode=fixed ok=%lld failed=%lld cancelled=%lld tokens=%lld messages=%lld "
            "ttft_p50_ms=%.2f ttft_p99_ms=%.2f itl_p50_ms=%.2f itl_p99_ms=%.2f streams_per_s=%.2f "
            "tokens_per_s=%.1f elapsed_s=%.3f\n",
            (long long)ok, (long long)n_err, (long long)cancelled, (long long)tokens,
-           pct(&ttft_cli, 50), pct(&ttft_cli, 99), pct(&itl_cli, 50), pct(&itl_cli, 99),
+           (long long)msgs, pct(&ttft_cli, 50), pct(&ttft_cli, 99), pct(&itl_cli, 50), pct(&itl_cli, 99),
            (double)ok / elapsed, (double)tokens / elapsed, elapsed);
     run_rc = n_err ? 1 : 0;
     free(ttft_srv.v);

@@ -26,13 +26,16 @@
 #include "router/router_internal.h"
 #include "router/router_request.h"
 #include "router/router_stop.h"
+#include "router/router_wire.h"
 #include "rpc/rpc_client.h"
+#include "rpc/rpc_codec.h"
 #include "rpc/rpc_status.h"
 
 #define GEN_PATH "/deltaserve.v1.Generation/Generate"
 #define WORKER_GEN_PATH "/deltaserve.v1.Worker/Generate"
 #define FULL_MSG "every worker is full (its slots and queue taken)"
 #define RELAY_MAX_TRIED 16 /* workers one request may try (--max-attempts is capped to it) */
+#define RELAY_ARENA_BYTES 4096 /* the worker messages' arena to start with (rpc_codec.h) */
 
 /* Per-request relay state: prompt, detokenizer, stop strings, chat splitter, the output being
  * built, and the outcome. */
@@ -62,6 +65,10 @@ typedef struct relay {
     size_t n_pend_lp, pend_lp_cap;
     ProtobufCMessage **held; /* owned, [held_cap] worker messages its logprobs point into */
     size_t n_held, held_cap;
+    rpc_arena arena;  /* owned: the worker messages' memory (allocation-free unpacking), reset
+                         once none is alive (on_worker_event) */
+    uint8_t *wire;    /* owned, [wire_cap] a message of ids and text packed by hand (emit) */
+    size_t wire_cap;
     /* outcome */
     int64_t n_tokens;      /* tokens taken into the output (sent or being built) */
     int64_t n_msgs;        /* messages sent to the client */
@@ -119,6 +126,7 @@ void router_relay_unref(router_req *q)
 {
     if (atomic_fetch_sub(&q->refs, 1) != 1) return;
     if (q->g) protobuf_c_message_free_unpacked(&q->g->base, NULL);
+    rpc_arena_free(&q->s.arena); /* finalize did, once the relay started */
     rpc_client_async_destroy(q->call);
     pthread_mutex_destroy(&q->mu);
     free(q);
@@ -256,7 +264,8 @@ static void end_output(relay *s)
     s->building = 0;
     s->n_pend = 0;
     s->n_pend_lp = 0;
-    for (size_t i = 0; i < s->n_held; i++) protobuf_c_message_free_unpacked(s->held[i], NULL);
+    for (size_t i = 0; i < s->n_held; i++)
+        protobuf_c_message_free_unpacked(s->held[i], &s->arena.alloc);
     s->n_held = 0;
 }
 
@@ -306,7 +315,24 @@ static void emit(router_req *q, Deltaserve__V1__GenerateResponse *out, bool last
         end_output(s); /* nothing to say */
         return;
     }
-    const int rc = q->sink.send(q->sink.ctx, out);
+    int rc;
+    if (q->sink.send_wire && !final && !s->n_pend_lp && !out->reasoning[0] &&
+        !out->n_tool_calls && !out->usage && !out->timings && !out->request_id[0] &&
+        !out->served_by[0] && !out->seed && !out->matched_stop_case) {
+        /* the common message: ids and text, packed here (router_wire.h) */
+        const size_t text_len = strlen(out->text);
+        if (grow((void **)&s->wire, &s->wire_cap,
+                 router_wire_tokens_max(out->n_token_ids, text_len), 1)) {
+            end_output(s);
+            relay_end(q, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
+            return;
+        }
+        const size_t n = router_wire_encode_tokens(out->token_ids, out->n_token_ids, out->text,
+                                                   text_len, s->wire);
+        rc = q->sink.send_wire(q->sink.ctx, s->wire, n);
+    } else {
+        rc = q->sink.send(q->sink.ctx, out);
+    }
     end_output(s);
     if (rc != STATUS_OK) {
         relay_end(q, GRPC_STATUS_CANCELLED, "client gone");
@@ -339,7 +365,7 @@ static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
             if (tokenizer_detok_push(&s->detok, m->token_ids[i], s->piece, s->piece_cap, &np,
                                      &st)) {
                 /* the worker returned an id outside our vocabulary: models differ */
-                protobuf_c_message_free_unpacked(&m->base, NULL);
+                protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
                 relay_end(q, GRPC_STATUS_INTERNAL, "worker returned a token id outside the "
                                                    "router's vocabulary (different models?)");
                 return;
@@ -440,10 +466,10 @@ static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
     /* a final message (or the worker's error) goes now, queued behind one in flight */
     if (final || q->worker_error || !q->busy)
         emit(q, &out, matched >= 0 || m->finish_reason);
-    if (!n_lp) protobuf_c_message_free_unpacked(&m->base, NULL);
+    if (!n_lp) protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
     return;
 nomem:
-    protobuf_c_message_free_unpacked(&m->base, NULL);
+    protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
     relay_end(q, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
 }
 
@@ -678,6 +704,9 @@ static void unlock_maybe_finalize(router_req *q)
         free(s->pend_ids);
         free(s->pend_lp);
         free(s->held);
+        free(s->wire);
+        s->wire = NULL;
+        rpc_arena_free(&s->arena);
         s->ids = NULL;
         s->piece = s->text = NULL;
         s->pend_ids = NULL;
@@ -700,14 +729,28 @@ static void on_worker_event(void *user, rpc_client_async_event ev)
     router_req *q = user;
     pthread_mutex_lock(&q->mu);
     if (ev == RPC_CLIENT_ASYNC_MESSAGE) {
-        ProtobufCMessage *m =
-            rpc_client_async_take(q->call, &deltaserve__v1__generate_response__descriptor);
+        relay *s = &q->s;
+        /* a message of token ids only (all but a stream's first and last, as a rule) is read
+         * here; others, and anything this does not read, by protobuf-c */
+        size_t nb;
+        const uint8_t *b = rpc_client_async_peek(q->call, &nb);
+        ProtobufCMessage *m = NULL;
+        Deltaserve__V1__GenerateResponse *fast =
+            b ? router_wire_decode_tokens(b, nb, &s->arena.alloc) : NULL;
+        if (fast) {
+            rpc_client_async_consume(q->call);
+            m = &fast->base;
+        } else {
+            m = rpc_client_async_take_with(q->call, &deltaserve__v1__generate_response__descriptor,
+                                           &s->arena.alloc);
+        }
         if (m && q->done) {
-            protobuf_c_message_free_unpacked(m, NULL);
+            protobuf_c_message_free_unpacked(m, &s->arena.alloc);
         } else if (m) {
             relay_message(q, (Deltaserve__V1__GenerateResponse *)m);
             if (!q->done) rpc_client_async_read(q->call);
         }
+        if (s->n_held == 0) rpc_arena_reset(&s->arena); /* no worker message is alive */
         pthread_mutex_unlock(&q->mu); /* a message never ends the call: its END follows */
         return;
     }
@@ -813,6 +856,7 @@ int router_relay_create(router *r, Deltaserve__V1__GenerateRequest *g, const rou
     q->deadline_ms = deadline_ms;
     pthread_mutex_init(&q->mu, NULL);
     atomic_init(&q->refs, 1);
+    rpc_arena_init(&q->s.arena, RELAY_ARENA_BYTES); /* out of memory: messages use malloc */
     int rc = rpc_client_async_create(&q->call, on_worker_event, q, st);
     if (rc) {
         router_relay_unref(q);
@@ -863,6 +907,11 @@ void router_relay_writable(router_req *q)
 static int grpc_sink_send(void *ctx, const Deltaserve__V1__GenerateResponse *m)
 {
     return rpc_call_send(ctx, &m->base);
+}
+
+static int grpc_sink_send_wire(void *ctx, const uint8_t *b, size_t n)
+{
+    return rpc_call_send_bytes(ctx, b, n);
 }
 
 static void grpc_sink_end(void *ctx, int code, const char *msg)
@@ -916,7 +965,8 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *req, void *user)
         protobuf_c_message_free_unpacked(&g->base, NULL);
         return;
     }
-    router_sink sink = {.send = grpc_sink_send, .end = grpc_sink_end, .ctx = call,
+    router_sink sink = {.send = grpc_sink_send, .send_wire = grpc_sink_send_wire,
+                        .end = grpc_sink_end, .ctx = call,
                         .top_text = 1, .cq = rpc_call_cq(call), .paced = 1};
     router_req *q;
     status st;

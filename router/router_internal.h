@@ -80,6 +80,10 @@ typedef struct router_sink {
      * STATUS_CANCELLED, the client is gone; STATUS_NOMEM) after which the relay ends with
      * CANCELLED. Must not allocate in steady state. */
     int (*send)(void *ctx, const Deltaserve__V1__GenerateResponse *m);
+    /* send for a message of token ids and text only, given as its wire bytes b[0, n) (what m
+     * packs to: router_wire.h), valid during the call only; same outcome as send. NULL: the
+     * sink takes only send. */
+    int (*send_wire)(void *ctx, const uint8_t *b, size_t n);
     /* The end, exactly once: a gRPC status code and message (NULL or "" with OK). */
     void (*end)(void *ctx, int grpc_code, const char *msg);
     void *ctx;

@@ -21,6 +21,7 @@
 
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_init.h"
 #include "rpc/rpc_cq.h"
 #include "common/clock.h"
 
@@ -91,7 +92,7 @@ int rpc_client_channel_create_tls(rpc_client_channel **out, const char *target,
         return status_fail(st, STATUS_INVALID, "channel target '%s' is too long", target);
     rpc_client_channel *c = calloc(1, sizeof *c);
     if (!c) return status_fail(st, STATUS_NOMEM, "channel %s: out of memory", target);
-    grpc_init();
+    rpc_init_grpc();
     grpc_channel_credentials *creds = NULL;
     if (tls && rpc_tls_client_creds(tls, &creds, st)) {
         free(c);
@@ -219,7 +220,7 @@ int rpc_client_unary(rpc_client_channel *c, const char *method, const ProtobufCM
 
 rpc_client_cq *rpc_client_cq_create(void)
 {
-    grpc_init();
+    rpc_init_grpc();
     return (rpc_client_cq *)grpc_completion_queue_create_for_pluck(NULL);
 }
 
@@ -490,10 +491,10 @@ static void on_async_event(rpc_cq_tag *t, bool ok)
     (void)ok; /* a failed batch shows in the status, which always completes */
     a->n_pending--;
     switch (tag->op) {
-    case ASYNC_START:
+    case ASYNC_START: /* the start batch also read the first message */
         grpc_byte_buffer_destroy(a->send);
         a->send = NULL;
-        break;
+        /* fall through */
     case ASYNC_MSG:
         if (a->recv) {
             a->msg = a->recv;
@@ -565,11 +566,15 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
     pthread_mutex_lock(&a->mu);
     a->call = call;
     pthread_mutex_unlock(&a->mu);
-    grpc_op ops[4];
+    /* two batches: the start with the first RECV_MESSAGE (its completion is the first
+     * message's event), and the status */
+    grpc_op ops[5];
     start_ops(ops, &a->auth_md, a->n_auth_md, a->send, &a->init_md);
+    ops[4] = (grpc_op){.op = GRPC_OP_RECV_MESSAGE};
+    ops[4].data.recv_message.recv_message = &a->recv;
     /* every batch counted before the first can complete on the queue's thread */
-    a->n_pending = 3;
-    grpc_call_error e = grpc_call_start_batch(call, ops, 4, &a->t_start, NULL);
+    a->n_pending = 2;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 5, &a->t_start, NULL);
     DS_ASSERT(e == GRPC_CALL_OK);
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -578,18 +583,20 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *c,
     ops[0].data.recv_status_on_client.status_details = &a->details;
     e = grpc_call_start_batch(call, ops, 1, &a->t_status, NULL);
     DS_ASSERT(e == GRPC_CALL_OK);
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_RECV_MESSAGE;
-    ops[0].data.recv_message.recv_message = &a->recv;
-    e = grpc_call_start_batch(call, ops, 1, &a->t_msg, NULL);
-    DS_ASSERT(e == GRPC_CALL_OK);
     return STATUS_OK;
 }
 
 ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMessageDescriptor *desc)
 {
+    return rpc_client_async_take_with(a, desc, NULL);
+}
+
+ProtobufCMessage *rpc_client_async_take_with(rpc_client_async *a,
+                                             const ProtobufCMessageDescriptor *desc,
+                                             ProtobufCAllocator *alloc)
+{
     DS_ASSERT(a->msg);
-    ProtobufCMessage *m = rpc_codec_unpack(a->msg, desc, 0);
+    ProtobufCMessage *m = rpc_codec_unpack_with(a->msg, desc, 0, alloc);
     grpc_byte_buffer_destroy(a->msg);
     a->msg = NULL;
     if (m) {
@@ -603,6 +610,25 @@ ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMess
              desc->name);
     grpc_call_cancel_with_status(a->call, GRPC_STATUS_INTERNAL, "unparsable message", NULL);
     return NULL;
+}
+
+const uint8_t *rpc_client_async_peek(const rpc_client_async *a, size_t *n)
+{
+    const grpc_byte_buffer *bb = a->msg;
+    DS_ASSERT(bb);
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE ||
+        bb->data.raw.slice_buffer.count != 1)
+        return NULL;
+    *n = GRPC_SLICE_LENGTH(bb->data.raw.slice_buffer.slices[0]);
+    return GRPC_SLICE_START_PTR(bb->data.raw.slice_buffer.slices[0]);
+}
+
+void rpc_client_async_consume(rpc_client_async *a)
+{
+    DS_ASSERT(a->msg);
+    grpc_byte_buffer_destroy(a->msg);
+    a->msg = NULL;
+    a->n_received++;
 }
 
 void rpc_client_async_read(rpc_client_async *a)

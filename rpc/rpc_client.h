@@ -133,6 +133,17 @@ int rpc_client_async_start(rpc_client_async *a, void *cq, rpc_client_channel *ch
 /* In MESSAGE: the message (the caller frees it with protobuf_c_message_free_unpacked), or NULL
  * when it does not parse as desc: the call is then cancelled and ends INTERNAL naming it. */
 ProtobufCMessage *rpc_client_async_take(rpc_client_async *a, const ProtobufCMessageDescriptor *desc);
+/* rpc_client_async_take with the message's memory from alloc (an rpc_arena's, rpc_codec.h;
+ * NULL: malloc): free it with protobuf_c_message_free_unpacked(m, alloc). */
+ProtobufCMessage *rpc_client_async_take_with(rpc_client_async *a,
+                                             const ProtobufCMessageDescriptor *desc,
+                                             ProtobufCAllocator *alloc);
+/* In MESSAGE: the message's bytes when they are one uncompressed slice (valid until it is
+ * taken or consumed), else NULL. */
+const uint8_t *rpc_client_async_peek(const rpc_client_async *a, size_t *n);
+/* In MESSAGE: the message was read through rpc_client_async_peek: it is dropped and counted as
+ * received. */
+void rpc_client_async_consume(rpc_client_async *a);
 /* In MESSAGE (or after it, on the queue's thread): asks for the next message. */
 void rpc_client_async_read(rpc_client_async *a);
 /* Cancels the running call, if any (any thread, any time): END follows with CANCELLED unless

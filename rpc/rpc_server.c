@@ -59,6 +59,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_init.h"
 #include "rpc/rpc_cq.h"
 #include "rpc/rpc_auth.h"
 #include "rpc/rpc_status.h"
@@ -634,7 +635,7 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     pthread_mutex_init(&s->done_mu, NULL);
     clock_cond_init(&s->done_cv);
 
-    grpc_init();
+    rpc_init_grpc();
     grpc_arg args[2];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -938,13 +939,9 @@ static int enqueue(rpc_call *c, grpc_byte_buffer *bb)
     return STATUS_OK;
 }
 
-int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
+/* Sends the packed message in sl (its reference taken). */
+static int send_slice(rpc_call *call, grpc_slice sl)
 {
-    /* packed into one slice: inline in the slice itself up to 23 bytes (a few token ids),
-       else one gRPC allocation */
-    const size_t n = protobuf_c_message_get_packed_size(msg);
-    grpc_slice sl = grpc_slice_malloc(n);
-    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
     int rc = STATUS_OK;
     pthread_mutex_lock(&call->mu);
     DS_ASSERT(call->state == RPC_CALL_OPEN); /* only the owner sends, before it finishes */
@@ -961,6 +958,23 @@ int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
     }
     pthread_mutex_unlock(&call->mu);
     return rc;
+}
+
+int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg)
+{
+    /* packed into one slice: inline in the slice itself up to 23 bytes (a few token ids),
+       else one gRPC allocation */
+    const size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice sl = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(sl));
+    return send_slice(call, sl);
+}
+
+int rpc_call_send_bytes(rpc_call *call, const uint8_t *bytes, size_t n)
+{
+    grpc_slice sl = grpc_slice_malloc(n);
+    memcpy(GRPC_SLICE_START_PTR(sl), bytes, n);
+    return send_slice(call, sl);
 }
 
 void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg)

@@ -191,6 +191,8 @@ bool rpc_call_cancelled(const rpc_call *call);
  * without allocation, up to 23 bytes) and a byte buffer the call keeps from its last completed
  * send. */
 int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
+/* rpc_call_send of a message already packed: bytes[0, n) (copied). */
+int rpc_call_send_bytes(rpc_call *call, const uint8_t *bytes, size_t n);
 
 /* Ends the call with a status after every queued message (dropped if cancelled). msg may be
  * NULL or ""; it is copied. Exactly once per call; the caller must not touch the call after. */
