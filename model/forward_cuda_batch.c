@@ -20,8 +20,10 @@
  * eval rows copy their logits. Each pass has its own pinned staging, so the whole step still
  * costs one host sync.
  *
- * Batch invariance: each decode row's arithmetic is the same in every bucket and beside any
- * other rows, so its logits do not depend on the bucket or the other rows. A prompt chunk's
+ * Batch invariance: each decode row's arithmetic is the same beside any other rows, so its
+ * logits do not depend on the other rows; buckets of at most GEMV_MAX_COLS rows multiply by
+ * gemv_cols (Q8 activations), larger ones by the GEMM (F16 activations), unless batch_invariant
+ * (the GEMM at every size). A prompt chunk's
  * chunked rule depends on where its chunks start (equal to the row-by-row rule in exact
  * arithmetic); with fc_rank_opts.batch_invariant every run goes row by row, bit-identical
  * to the same tokens fed one per step. Steps of one decode row take the GEMV graphs (faster at
