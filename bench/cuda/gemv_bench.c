@@ -82,10 +82,34 @@ typedef struct bench_opts {
     int cols_wpr; /* bench_cols: gemv_cols' warps a row group forced (1, 2, 4; 0: the plan's) */
 } bench_opts;
 
+/* µs per pass: pass(ctx, i, l) for each weight copy i captured once in a graph, the graph
+ * launched once to warm up, then timed over reps / copies + 2 launches. */
+typedef void (*bench_pass_fn)(void *ctx, int copy, const cuda_launch *l);
+static int graph_us(bench_pass_fn pass, void *ctx, int copies, int reps, cuda_stream stream,
+                    cuda_event e0, cuda_event e1, double *us, status *st)
+{
+    const cuda_launch l = {stream, false};
+    cuda_graph_exec g = NULL;
+    int rc = cuda_graph_capture_begin(stream, st);
+    for (int i = 0; !rc && i < copies; i++) pass(ctx, i, &l);
+    if (!rc) rc = cuda_graph_capture_end(stream, &g, NULL, st);
+    if (rc) return rc;
+    const int gr = reps / copies + 2;
+    cuda_graph_launch(g, stream);
+    cuda_event_record(e0, stream);
+    for (int i = 0; i < gr; i++) cuda_graph_launch(g, stream);
+    cuda_event_record(e1, stream);
+    rc = cuda_sync(stream, "bench graph", st);
+    if (!rc) *us = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
+    cuda_graph_exec_destroy(g);
+    return rc;
+}
+
 /* --cols: one shape's short passes. Variant v of a pass of B rows: 0 B planned GEMVs, 1-3
  * gemv_cols with 1, 2, 4 rows a warp, 4 gemm_rows. Timed as graphs of one pass per weight copy,
  * replayed. */
 typedef struct cols_ctx {
+    int v, B; /* the variant and rows of the pass being timed */
     gemv_matrix m;
     void **d_w;
     float *d_x, *d_y, *d_work;
@@ -94,8 +118,10 @@ typedef struct cols_ctx {
     int64_t xs;
 } cols_ctx;
 
-static void cols_pass(cols_ctx *c, int v, int B, int copy, const cuda_launch *l)
+static void cols_pass(void *ctx, int copy, const cuda_launch *l)
 {
+    cols_ctx *c = ctx;
+    const int v = c->v, B = c->B;
     c->m.d_w = c->d_w[copy];
     const int64_t n_in = c->m.n_in, n_out = c->m.n_out;
     if (v == 0)
@@ -152,7 +178,6 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     }
     if (!rc) rc = cuda_sync(NULL, "setup", st);
     static const char *k_vname[] = {"B gemv", "cols r1", "cols r2", "cols r4", "gemm_rows"};
-    const cuda_launch l = {stream, false};
     for (int B = 1; !rc && B <= BM; B *= 2) {
         printf("%-20s %-5s %6lldx%-6lld B=%d:", s->what, quant_get(s->type)->name,
                (long long)n_out, (long long)n_in, B);
@@ -167,18 +192,9 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
                     sh->grid = (uint32_t)((n_out + cta_rows - 1) / cta_rows);
                 }
             }
-            cuda_graph_exec g = NULL;
-            if ((rc = cuda_graph_capture_begin(stream, st))) break;
-            for (int i = 0; i < copies; i++) cols_pass(&c, v, B, i, &l);
-            if ((rc = cuda_graph_capture_end(stream, &g, NULL, st))) break;
-            const int gr = reps / copies + 2;
-            cuda_graph_launch(g, stream);
-            cuda_event_record(e0, stream);
-            for (int i = 0; i < gr; i++) cuda_graph_launch(g, stream);
-            cuda_event_record(e1, stream);
-            if ((rc = cuda_sync(stream, "cols bench", st))) break;
-            const double us = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
-            cuda_graph_exec_destroy(g);
+            double us = 0;
+            c.v = v, c.B = B;
+            if ((rc = graph_us(cols_pass, &c, copies, reps, stream, e0, e1, &us, st))) break;
             printf("  %s %7.1f us (%4.0f GB/s)", k_vname[v], us, raw / (us * 1e-6) / 1e9);
         }
         printf("\n");
@@ -192,6 +208,22 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     free(c.d_w);
     free(host);
     return rc;
+}
+
+/* bench_one's graph: one planned GEMV of weight copy `copy` */
+typedef struct one_ctx {
+    gemv_matrix *m;
+    void **d_w;
+    const float *d_x;
+    const void *d_xq;
+    float *d_y;
+} one_ctx;
+
+static void one_pass(void *ctx, int copy, const cuda_launch *l)
+{
+    one_ctx *c = ctx;
+    c->m->d_w = c->d_w[copy];
+    gemv(c->m, c->d_x, c->d_xq, c->d_y, GEMV_STORE, l);
 }
 
 static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
@@ -256,18 +288,9 @@ static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
         if ((rc = cuda_sync(stream, "gemv bench", st))) break;
         const double us = cuda_event_elapsed_ms(e0, e1) * 1e3 / reps;
         /* the same GEMVs captured once in a graph (one per weight copy) and replayed */
-        cuda_graph_exec g = NULL;
-        if ((rc = cuda_graph_capture_begin(stream, st))) break;
-        for (int i = 0; i < copies; i++) gemv(BENCH_M(i), d_x, d_xq, d_y, GEMV_STORE, &l);
-        if ((rc = cuda_graph_capture_end(stream, &g, NULL, st))) break;
-        const int gr = reps / copies + 2;
-        cuda_graph_launch(g, stream);
-        cuda_event_record(e0, stream);
-        for (int i = 0; i < gr; i++) cuda_graph_launch(g, stream);
-        cuda_event_record(e1, stream);
-        if ((rc = cuda_sync(stream, "gemv graph bench", st))) break;
-        const double gus = cuda_event_elapsed_ms(e0, e1) * 1e3 / ((double)gr * copies);
-        cuda_graph_exec_destroy(g);
+        one_ctx oc = {&m0, d_w, d_x, d_xq, d_y};
+        double gus = 0;
+        if ((rc = graph_us(one_pass, &oc, copies, reps, stream, e0, e1, &gus, st))) break;
         const double gbs = bytes / (gus * 1e-6) / 1e9;
         printf("%-20s %-5s %6lldx%-6lld %-7s %8.1f MB  launch %8.2f us  graph %8.2f us "
                "%6.0f GB/s %5.1f%% of 4.6 TB/s\n",

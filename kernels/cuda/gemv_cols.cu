@@ -124,21 +124,14 @@ static __device__ __forceinline__ void cols_dot_h(const uint8_t *const *W, const
     }
 }
 
-template <int NC, int R, int M>
-static __device__ __forceinline__ void cols_dot_f(f16_t, const uint8_t *const *W,
+// F16 and BF16 rows: cols_dot_h (F32 rows take the overload above)
+template <int NC, int R, int M, typename TT>
+static __device__ __forceinline__ void cols_dot_f(TT, const uint8_t *const *W,
                                                   const int64_t *rows, int64_t n_in,
                                                   const float *x, int64_t ld_x, int B, int lane,
                                                   float (*acc)[R][NC])
 {
-    cols_dot_h<false, NC, R, M>(W, rows, n_in, x, ld_x, B, lane, acc);
-}
-template <int NC, int R, int M>
-static __device__ __forceinline__ void cols_dot_f(bf16_t, const uint8_t *const *W,
-                                                  const int64_t *rows, int64_t n_in,
-                                                  const float *x, int64_t ld_x, int B, int lane,
-                                                  float (*acc)[R][NC])
-{
-    cols_dot_h<true, NC, R, M>(W, rows, n_in, x, ld_x, B, lane, acc);
+    cols_dot_h<std::is_same<TT, bf16_t>::value, NC, R, M>(W, rows, n_in, x, ld_x, B, lane, acc);
 }
 
 // The CTA's GEMV_WARPS warps form GEMV_WARPS / wpr row groups of R rows; group g of CTA k takes
@@ -186,31 +179,19 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         else
             cols_dot_q<TT, NC, R, M>(W, rows, (int)(n_in / TT::QK), nblk, n_in, xq, ld_xq, B, lr,
                                      nl, acc);
+        constexpr int NA = M * R * NC;
+        float *const af = &acc[0][0][0]; // [m][r][j] in order
 #pragma unroll
-        for (int m = 0; m < M; m++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int j = 0; j < NC; j++) acc[m][r][j] = warp_sum(acc[m][r][j]);
+        for (int i = 0; i < NA; i++) af[i] = warp_sum(af[i]);
         if (wpr > 1) { // the group's warps: partial sums through shared memory, added in order
             if (lane == 0)
 #pragma unroll
-                for (int m = 0; m < M; m++)
-#pragma unroll
-                    for (int r = 0; r < R; r++)
-#pragma unroll
-                        for (int j = 0; j < NC; j++)
-                            s_part[warp][(m * R + r) * NC + j] = acc[m][r][j];
+                for (int i = 0; i < NA; i++) s_part[warp][i] = af[i];
             __syncthreads();
             if (wk == 0)
 #pragma unroll
-                for (int m = 0; m < M; m++)
-#pragma unroll
-                    for (int r = 0; r < R; r++)
-#pragma unroll
-                        for (int j = 0; j < NC; j++)
-                            for (int k = 1; k < wpr; k++)
-                                acc[m][r][j] += s_part[warp + k][(m * R + r) * NC + j];
+                for (int i = 0; i < NA; i++)
+                    for (int k = 1; k < wpr; k++) af[i] += s_part[warp + k][i];
             __syncthreads();
         }
         if (lane == 0 && wk == 0)

@@ -519,6 +519,26 @@ static void test_flat_emulated(void)
     CU_ASSERT_FALSE(emulate_case(GGML_TYPE_Q6_K, 512, 64, 3, true));
 }
 
+/* The float-rounding scale of a GEMV against quant_matvec: A = max over rows of
+ * sqrt(sum (w x)^2) for the dequantised weights of the GGUF rows in host. */
+static double sum_scale(uint32_t type, const void *host, int64_t n_in, int64_t n_out,
+                        const float *x)
+{
+    const quant_traits *tr = quant_get(type);
+    const uint64_t rb = quant_row_bytes(type, n_in);
+    float *wr = malloc(n_in * sizeof(float));
+    DS_ASSERT(wr);
+    double A = 0;
+    for (int64_t r = 0; r < n_out; r++) {
+        tr->dequant((const uint8_t *)host + r * rb, wr, n_in);
+        double a = 0;
+        for (int64_t k = 0; k < n_in; k++) a += (double)wr[k] * wr[k] * x[k] * x[k];
+        A = fmax(A, sqrt(a));
+    }
+    free(wr);
+    return A;
+}
+
 /* gemv_cols (B rows of x through one read of the weights) on the matrix as planned: each
  * column against quant_matvec on that row's Q8-rounded x (the tight bound of run_case_k) and
  * against gemv of that row alone (the same walk: printed when not bit-identical, within the
@@ -593,18 +613,7 @@ static bool cols_case_r(uint32_t type, int64_t n_in, int64_t n_out, int B, bool 
         if (cuda_sync(NULL, "gemv", &st) || cuda_download(one, d_one, n_out * sizeof(float), &st))
             goto fail;
         quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
-        double A = 0;
-        {
-            float *wr = malloc(n_in * sizeof(float));
-            DS_ASSERT(wr);
-            for (int64_t r = 0; r < n_out; r++) {
-                tr->dequant((const uint8_t *)W.host + r * rb, wr, n_in);
-                double a = 0;
-                for (int64_t k = 0; k < n_in; k++) a += (double)wr[k] * wr[k] * xd[k] * xd[k];
-                A = fmax(A, sqrt(a));
-            }
-            free(wr);
-        }
+        const double A = sum_scale(type, W.host, n_in, n_out, xd);
         if (add)
             for (int64_t r = 0; r < n_out; r++) ref[r] += y0[i * ld_y + r];
         char name[128];
@@ -686,16 +695,7 @@ static bool cols_swiglu_case(uint32_t type, int64_t n_in, int64_t n_out, int B, 
             memcpy(xd, x + i * n_in, n_in * sizeof(float));
         quant_matvec(type, G.host, rb, n_in, xd, g, 0, n_out);
         quant_matvec(type, U.host, rb, n_in, xd, u, 0, n_out);
-        double A = 0;
-        float *wr = malloc(n_in * sizeof(float));
-        DS_ASSERT(wr);
-        for (int64_t r = 0; r < n_out; r++) {
-            tr->dequant((const uint8_t *)G.host + r * rb, wr, n_in);
-            double a = 0;
-            for (int64_t k = 0; k < n_in; k++) a += (double)wr[k] * wr[k] * xd[k] * xd[k];
-            A = fmax(A, sqrt(a));
-        }
-        free(wr);
+        const double A = sum_scale(type, G.host, n_in, n_out, xd);
         const double up_scale = 1.0 + rms(u, n_out);
         for (int64_t r = 0; r < n_out; r++) g[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
         char name[128];
