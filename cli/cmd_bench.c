@@ -14,8 +14,11 @@
  * previous run's choices), after which each draft in turn counts as accepted with probability P
  * (a fixed-seed draw) until one is not; the slot rolls back past the rejected rows (fwd_rollback)
  * and the run yields the accepted drafts plus one token. Timed: the verify steps and rollbacks
- * until --tokens tokens came out; the drafts' own cost (the MTP head, which drafts on the CPU)
- * is not in it. Prints tok/s, verify runs and the mean tokens a run. */
+ * until --tokens tokens came out, and, where the model has an MTP head the forward runs on its
+ * device (fwd_has_mtp: cuda), the drafting as served: each run's drafts made by the head
+ * (fwd_mtp_draft, from the head's rows of the context: the fill's pattern), and after it the
+ * accepted rows fed to it (fwd_mtp_feed). Without one the drafts' own cost is not in it.
+ * Prints tok/s, verify runs and the mean tokens a run. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +52,7 @@ static const flag_spec bench_flags[] = {
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(bench_opts, threads), "CPU threads (cpu)"},
     {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(bench_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way)"},
     {"speculative-k", NULL, "0", FLAG_INT, offsetof(bench_opts, spec_k), "verify runs of K drafts + 1 (1..4; 0: plain decode); with --force-accept"},
-    {"force-accept", NULL, "0", FLAG_FLOAT, offsetof(bench_opts, force_accept), "each draft accepted with this probability (0..1), drafting itself not timed"},
+    {"force-accept", NULL, "0", FLAG_FLOAT, offsetof(bench_opts, force_accept), "each draft accepted with this probability (0..1); drafting timed where the forward runs the MTP head"},
     {0},
 };
 
@@ -65,23 +68,35 @@ static int decode_steps(fwd *f, int n, int32_t *tok, status *st)
 }
 
 /* Verify runs of slot 0 until n tokens came out (bench_opts.spec_k, force_accept): *tok the last
- * token; *runs += the runs made. */
+ * token; *runs += the runs made. With the head on the device (hb: [k + 2][H], row 0 the pending
+ * h, the head fed up to the position before *tok's), each run is drafted by it and its accepted
+ * rows fed to it after the rollback, as worker/spec.c does; without, the drafts are the last
+ * run's choices. */
 static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64_t *draw,
-                        int *runs, status *st)
+                        int *runs, float *hb, status *st)
 {
     const int k = o->spec_k;
+    const size_t H = (size_t)f->model->cfg.H;
     fwd_row rows[FWD_MAX_VERIFY_ROWS];
-    int32_t drafts[FWD_MAX_VERIFY_ROWS] = {0};
+    int32_t drafts[FWD_MAX_VERIFY_ROWS] = {0}, fed[FWD_MAX_VERIFY_ROWS];
     for (int done = 0; done < n;) {
         const int p = fwd_n_past(f, 0);
+        if (hb && fwd_mtp_draft(f, 0, p - 1, hb, *tok, k, drafts, st)) return st->code;
         for (int i = 0; i <= k; i++)
             rows[i] = (fwd_row){.token = i ? drafts[i - 1] : *tok, .slot = 0, .pos = p + i,
-                                .sample = true, .verify = true};
+                                .sample = true, .verify = true,
+                                .hidden = hb ? hb + (1 + i) * H : NULL};
         if (fwd_step(f, rows, k + 1, st)) return st->code;
         int a = 0; /* drafts accepted: each with probability force_accept, until one is not */
         while (a < k && sampler_uniform(BENCH_ACCEPT_SEED, (*draw)++) < o->force_accept) a++;
         if (a < k && fwd_rollback(f, 0, p + a + 1, st)) return st->code;
-        for (int i = 0; i < k; i++) drafts[i] = rows[i].out.token; /* any ids do */
+        if (hb) { /* (pending, t_0), (h_0, t_1) .. (h_{a-1}, t_a); h_a pending */
+            for (int i = 0; i <= a; i++) fed[i] = rows[i].token;
+            if (fwd_mtp_feed(f, 0, p - 1, hb, fed, a + 1, st)) return st->code;
+            memcpy(hb, hb + (1 + a) * H, H * sizeof(float));
+        } else {
+            for (int i = 0; i < k; i++) drafts[i] = rows[i].out.token; /* any ids do */
+        }
         *tok = rows[a].out.token;
         done += a + 1;
         ++*runs;
@@ -92,6 +107,7 @@ static int verify_steps(fwd *f, const bench_opts *o, int n, int32_t *tok, uint64
 static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
 {
     fwd *f = NULL;
+    float *hb = NULL; /* the head's hidden rows, when it drafts on the device */
     const int k = o->spec_k;
     fwd_opts fo = {.n_slots = 1, .n_ctx = o->ctx + o->warmup + o->tokens + 2 + 2 * k,
                    .max_rows = k + 2, .ranks = o->tp, .n_threads = o->threads,
@@ -106,14 +122,19 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
     int32_t tok = 1;
     uint64_t draw = 0;
     int runs = 0;
-    if (k ? verify_steps(f, o, o->warmup, &tok, &draw, &runs, st)
+    /* the head on the device: its rows of the context are the fill's, the pending h zeros */
+    if (k && fwd_has_mtp(f) && !(hb = calloc((size_t)(k + 2) * m->cfg.H, sizeof(float)))) {
+        status_fail(st, STATUS_NOMEM, "bench: hidden rows");
+        goto fail;
+    }
+    if (k ? verify_steps(f, o, o->warmup, &tok, &draw, &runs, hb, st)
           : decode_steps(f, o->warmup, &tok, st))
         goto fail;
     runs = 0;
     fwd_stats s0 = {0}, s1 = {0};
     fwd_get_stats(f, &s0);
     const double t0 = clock_now_s();
-    if (k ? verify_steps(f, o, o->tokens, &tok, &draw, &runs, st)
+    if (k ? verify_steps(f, o, o->tokens, &tok, &draw, &runs, hb, st)
           : decode_steps(f, o->tokens, &tok, st))
         goto fail;
     const double dt = clock_now_s() - t0;
@@ -126,8 +147,9 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
            1e6 * dt / o->tokens);
     if (k)
         printf("speculative: k %d, forced acceptance %.2f: %d verify runs, %.3f tokens a run, "
-               "%.1f us a run (drafting not timed)\n", k, o->force_accept, runs,
-               (double)o->tokens / runs, 1e6 * dt / runs);
+               "%.1f us a run (%s)\n", k, o->force_accept, runs, (double)o->tokens / runs,
+               1e6 * dt / runs, hb ? "drafting by the MTP head on the device timed"
+                                   : "drafting not timed");
     if (s1.bytes_per_token) { /* a device that counts its traffic (the GPU) */
         const double n = (double)(s1.tokens - s0.tokens), gbs = (double)s1.bytes_per_token * tps / 1e9;
         printf("bytes/token: %.3f GB (weights %.3f GB + state + KV at ctx %d) -> %.0f GB/s = "
@@ -140,6 +162,7 @@ static int bench_run(const qwen35_model *m, const bench_opts *o, status *st)
                (s1.h2d_bytes - s0.h2d_bytes) / n);
     }
 fail:
+    free(hb);
     fwd_destroy(f);
     return st->code;
 }

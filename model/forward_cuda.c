@@ -90,6 +90,7 @@ static int alloc_run_state(fc_rank *e, status *st)
     fc_arena sa = {0}, aa = {0};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
+    fc_mtp_layout(e, &aa);
     fc_batch_layout(e, &aa);
     e->state_bytes = sa.used, e->act_bytes = aa.used;
     if (cuda_alloc(&e->d_state, sa.used, "state and KV cache", st) ||
@@ -101,8 +102,9 @@ static int alloc_run_state(fc_rank *e, status *st)
     aa = (fc_arena){e->d_act, 0, e->act_bytes};
     fc_state_layout(e, &sa);
     fc_act_layout(e, &aa);
+    fc_mtp_layout(e, &aa);
     fc_batch_layout(e, &aa);
-    if (fc_kv_alloc(e, st) || fc_batch_alloc_host(e, st) ||
+    if (fc_kv_alloc(e, st) || fc_batch_alloc_host(e, st) || fc_mtp_alloc_host(e, st) ||
         cuda_host_alloc(&e->h_pinned, 16 * (size_t)e->n_slots + 4 * ((size_t)e->max_rows + 1),
                         "pinned step buffers", st))
         return st->code;
@@ -197,7 +199,7 @@ static int size_state(fc_rank *e, status *st)
     fc_kv *kv = &e->kv;
     kv->ld = (e->n_ctx + ATTN_KV_BLOCK - 1) / ATTN_KV_BLOCK;
     const qwen35_config *c = &e->cfg;
-    const uint64_t block = 2ull * c->n_attn_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
+    const uint64_t block = 2ull * e->n_kv_layers * ATTN_KV_BLOCK * c->n_kv * c->d_h *
                            e->kv_elem_bytes; /* K and V of one block, every layer */
     e->snap_bytes = fc_snap_bytes(e);
     const int given = e->n_slots, n_keep = e->n_keep;
@@ -330,6 +332,8 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->n_keep = e->verify_rows ? e->verify_runs * (e->verify_rows - 1) : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
+    e->mtp.on = o && o->mtp && m->mtp.present && e->verify_rows && !e->tp;
+    e->n_kv_layers = e->cfg.n_attn_layers + (e->mtp.on ? 1 : 0);
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||
         gemv_init(&e->props, st) || cuda_stream_create(&e->launch.stream, st) ||
@@ -399,6 +403,7 @@ void fc_rank_destroy(fc_rank *e)
     fc_samplers_destroy(e);
     fc_batch_destroy(e);
     fc_dense_destroy(e);
+    fc_mtp_destroy(e);
     free(e->slots);
     free(e->h_ids);
     fc_kv_destroy(e);

@@ -205,6 +205,46 @@ static int cuda_rollback(fwd *f, int slot, int n_past, status *st)
     return STATUS_OK;
 }
 
+/* ---- the MTP head (fwd.h mtp_feed / mtp_draft; one rank) ---- */
+
+static int check_mtp(const fwd *f, int slot, int pos, const int32_t *tokens, int T, status *st)
+{
+    if (slot < 0 || slot >= f->n_slots)
+        return status_fail(st, STATUS_RANGE, "MTP: slot %d outside [0, %d)", slot, f->n_slots);
+    if (pos < 0 || T < 1)
+        return status_fail(st, STATUS_RANGE, "MTP: %d rows at position %d", T, pos);
+    for (int i = 0; i < T; i++)
+        if (tokens[i] < 0 || tokens[i] >= f->vocab)
+            return status_fail(st, STATUS_RANGE, "MTP: row %d: token id %d outside [0, %d)", i,
+                               tokens[i], f->vocab);
+    return STATUS_OK;
+}
+
+static int cuda_mtp_feed(fwd *f, int slot, int pos, const float *hidden, const int32_t *tokens,
+                         int T, status *st)
+{
+    cuda_forward *c = (cuda_forward *)f;
+    if (check_mtp(f, slot, pos, tokens, T, st)) return st->code;
+    if ((int64_t)pos + T > f->n_past[slot])
+        return status_fail(st, STATUS_RANGE, "MTP: slot %d: rows %d .. %d past its %d fed "
+                           "positions", slot, pos, pos + T - 1, f->n_past[slot]);
+    return fc_rank_mtp_feed(c->rank[0], slot, pos, hidden, tokens, T, st);
+}
+
+static int cuda_mtp_draft(fwd *f, int slot, int pos, const float *h, int32_t token, int k,
+                          int32_t *drafts, status *st)
+{
+    cuda_forward *c = (cuda_forward *)f;
+    if (check_mtp(f, slot, pos, &token, 1, st)) return st->code;
+    if (k < 1 || k >= FWD_MAX_VERIFY_ROWS)
+        return status_fail(st, STATUS_RANGE, "MTP: %d drafts (1..%d)", k, FWD_MAX_VERIFY_ROWS - 1);
+    if (pos > f->n_past[slot] || (int64_t)pos + k >= f->n_ctx)
+        return status_fail(st, STATUS_RANGE, "MTP: slot %d: %d drafts from position %d (%d fed, "
+                           "context %d)", slot, k, pos, f->n_past[slot], f->n_ctx);
+    if (kv_pool_ensure(f->kv, slot, (int64_t)pos + k + 1, st)) return st->code;
+    return fc_rank_mtp_draft(c->rank[0], slot, pos, h, token, k, drafts, st);
+}
+
 /* ---- prefix reuse (fwd.h snap_save / seq_resume; docs/GPU.md "Snapshots") ---- */
 
 static int cuda_snap_save(fwd *f, int slot, int snap, status *st)
@@ -320,6 +360,21 @@ static const fwd_vt cuda_vt = {
     .destroy = cuda_destroy,
 };
 
+/* the same with the MTP head on the device */
+static const fwd_vt cuda_mtp_vt = {
+    .seq_start = cuda_seq_start,
+    .seq_end = cuda_seq_end,
+    .step = cuda_step,
+    .fill = cuda_fill,
+    .snap_save = cuda_snap_save,
+    .seq_resume = cuda_seq_resume,
+    .rollback = cuda_rollback,
+    .mtp_feed = cuda_mtp_feed,
+    .mtp_draft = cuda_mtp_draft,
+    .get_stats = cuda_get_stats,
+    .destroy = cuda_destroy,
+};
+
 /* ---- create ---- */
 
 /* Several ranks: the model's shards, the NCCL communicators, a thread per rank, and every rank
@@ -421,7 +476,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
                              .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
                                                                : o->snap_budget,
                              .state_bf16 = o->state_dtype == FWD_STATE_BF16,
-                             .verify_rows = o->verify_rows, .verify_runs = o->verify_runs};
+                             .verify_rows = o->verify_rows, .verify_runs = o->verify_runs,
+                             .mtp = m->mtp.present && o->verify_rows >= 2 && ranks == 1};
     int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];
@@ -439,13 +495,14 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1 + e->n_keep);
     f->verify_rows = e->verify_rows; /* 0 without a batched path */
     f->verify_sampled = false;
+    if (e->mtp.on && e->verify_rows) f->vt = &cuda_mtp_vt;
     f->state_dtype = o->state_dtype;
     f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */
     for (int r = 0; r < ranks; r++) {
         if (c->rank[r]->n_snaps < f->n_snaps) f->n_snaps = c->rank[r]->n_snaps;
         f->snap_bytes += c->rank[r]->snap_bytes;
         const fc_kv *kv = &c->rank[r]->kv; /* K and V of every attention layer */
-        f->kv_block_bytes += 2 * (uint64_t)c->rank[r]->cfg.n_attn_layers * kv->layer_bytes /
+        f->kv_block_bytes += 2 * (uint64_t)c->rank[r]->n_kv_layers * kv->layer_bytes /
                              (uint64_t)kv->n_blocks;
     }
     device_name(c);

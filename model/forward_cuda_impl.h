@@ -4,6 +4,7 @@
  *                           checked and their KV blocks taken in the one pool, then each rank;
  *                           snapshots saved and prefixes resumed (blocks adopted) on every rank;
  *   forward_cuda_tp.c       the rank threads of a group of several ranks;
+ *   forward_cuda_mtp.c      the MTP head's feeds and drafts (fwd.h mtp_feed / mtp_draft);
  *   forward_cuda.c          one rank: create / destroy, sizing, the one-row graphs' capture, the
  *                           step;
  *   forward_cuda_batch.c    the batched step: plan, buckets, their graphs, passes;
@@ -71,6 +72,8 @@ typedef struct fc_rank_opts {
     bool state_bf16;      /* the DeltaNet S stored as bf16 (fwd_opts.state_dtype): half its
                              bytes in the slots and the snapshots, so about twice the slots */
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none */
+    bool mtp;             /* the model's MTP head on the device (fc_mtp), its KV a layer more in
+                             the pool */
     int verify_runs;      /* most verify runs a step (fwd_opts.verify_runs; 0: FWD_VERIFY_RUNS) */
     /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
      * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the
@@ -126,6 +129,31 @@ typedef struct fc_weights {
     gemv_matrix embd, head; /* head.d_w == embd.d_w when tied */
     const float *d_out_norm; /* [H] */
 } fc_weights;
+
+/* The MTP head on the device (forward_cuda_mtp.c, fwd.h mtp_feed / mtp_draft): its decoder
+ * layer (an attention layer whose KV is the pool's layer n_attn_layers, under the slots' tables),
+ * the projection of [embedding ; hidden] and the norms; rows run one after another on the
+ * one-row step's activations, launched directly (no graph). The rows' inputs (hidden rows,
+ * position, tokens) go through pinned rings, reused once a sync has drained their copies. */
+#define FC_MTP_ROWS 64 /* rows of one feed upload */
+typedef struct fc_mtp {
+    bool on;
+    fc_layer layer;                  /* kind_index n_attn_layers */
+    gemv_matrix eh_proj, embd, head; /* embd, head: the main model's when the file shares them */
+    const float *d_enorm, *d_hnorm, *d_head_norm; /* [H] */
+    float *d_cat;                 /* [2H]: [RMSNorm(e)·enorm ; RMSNorm(h)·hnorm] */
+    void *d_catq;                 /* gemv_xq_bytes(2H): its Q8 form */
+    float *d_hin;                 /* [FC_MTP_ROWS][H]: the rows' hidden inputs */
+    float *d_g;                   /* [H]: a draft row's head-norm output, the next row's input */
+    int32_t *d_in;                /* [4 + FC_MTP_ROWS]: position pair, token cursor, token out,
+                                     then the rows' tokens (gemv_embed_step) */
+    unsigned long long *d_best;   /* [1]: a draft row's argmax key */
+    float *h_ring;                /* owned, pinned [ring_rows][H] */
+    int32_t *h_iring;             /* pinned [iring_cap]: after h_ring in the same allocation */
+    unsigned long long *h_best;   /* pinned [FWD_MAX_VERIFY_ROWS]: a draft's argmax keys */
+    int ring_rows, iring_cap, ring_used, iring_used;
+    uint64_t ring_steps;          /* stats.steps when the rings were last drained */
+} fc_mtp;
 
 /* One sequence slot: views into the state arena, its graphs and its sampler. */
 typedef struct fc_slot {
@@ -279,6 +307,8 @@ struct fc_rank {
     int n_keep;       /* keep slots: verify_runs x (verify_rows - 1), or 0 */
     int verify_rows, verify_runs; /* fc_rank_opts' (verify_rows 0 without a batched path) */
     fc_kv kv;
+    int n_kv_layers;    /* layers of the KV pool: the attention layers, and the MTP head's */
+    fc_mtp mtp;
     fc_batch b;
     bool batch_invariant; /* every step through the batched graphs (fc_rank_opts) */
     bool S_bf16;          /* fc_rank_opts.state_bf16 */
@@ -377,6 +407,11 @@ void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced);
  * first s->nb rows of s->head_rows (bucket graphs). */
 void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill);
 void fc_record_head(fc_rank *e, const fc_stage *s);
+/* One row of the MTP head for slot (model/mtp.c run_rows): its token the next staged one
+ * (forced: mtp.d_in's) or the last draft row's argmax, its hidden input d_hin [H], at the
+ * position after mtp.d_in's pair; with head, g into mtp.d_g and the argmax of head·g into
+ * mtp.d_best. */
+void fc_record_mtp_row(fc_rank *e, int slot, const float *d_hin, bool forced, bool head);
 
 /* ---- forward_cuda_sample.c ----
  * One GPU sampler per slot, or (where the device cannot run it) host samplers on e->h_logits,
@@ -401,6 +436,18 @@ int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st);
  * fc_hidden_out hands each such row's copy to its buffer. */
 void fc_hidden_copy(fc_rank *e, int i, const float *d_h);
 void fc_hidden_out(fc_rank *e, fwd_row *rows, int B);
+
+/* ---- forward_cuda_mtp.c (fwd.h mtp_feed / mtp_draft; the group checked slot, positions and
+ * tokens, and took the draft rows' blocks) ----
+ * Its activations (after the one-row step's), its pinned rings; T rows of the head from
+ * position pos, asynchronous; k drafts from the row (h, token) at pos, one sync. */
+void fc_mtp_layout(fc_rank *e, fc_arena *a);
+int fc_mtp_alloc_host(fc_rank *e, status *st);
+void fc_mtp_destroy(fc_rank *e);
+int fc_rank_mtp_feed(fc_rank *e, int slot, int pos, const float *hidden, const int32_t *tokens,
+                     int T, status *st);
+int fc_rank_mtp_draft(fc_rank *e, int slot, int pos, const float *h, int32_t token, int k,
+                      int32_t *drafts, status *st);
 
 /* ---- forward_cuda_dense.c ----
  * The resident F16 copies' bytes; whether they stay resident (wanted: the options ask for a

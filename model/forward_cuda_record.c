@@ -76,21 +76,27 @@ static void rec_gdn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
     gdn_norm_gated(a->d_o, z, L->d_ssm_norm, c->n_v, c->d_v, c->eps, a->d_y, a->d_yq, &e->launch);
 }
 
-/* cpu_fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y */
-static void rec_attn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
+/* cpu_fwd_attn_layer (model/forward_attn.c) without its residual: gated attention into d_y, at
+ * the position after d_pos's pair, slot's KV under its table row */
+static void rec_attn_at(fc_rank *e, int slot, const int32_t *d_pos, const fc_layer *L)
 {
     const qwen35_config *c = &e->cfg;
     fc_act *a = &e->a;
     const int64_t HA = (int64_t)c->n_h * c->d_h, KVA = (int64_t)c->n_kv * c->d_h;
     void *kc = fc_kv_layer(e, e->kv.d_k, L->kind_index);
     void *vc = fc_kv_layer(e, e->kv.d_v, L->kind_index);
-    const int32_t *table = e->kv.d_table + (sl - e->slots) * (int64_t)e->kv.ld; /* its row */
+    const int32_t *table = e->kv.d_table + (int64_t)slot * e->kv.ld; /* its row */
     rec_in_proj(e, L, NULL);
     const float *qg = a->d_proj, *k = qg + 2 * HA, *v = k + KVA;
     attn_prep(qg, k, v, L->d_q_norm, L->d_k_norm, c->n_h, c->n_kv, c->d_h, c->n_rot, c->rope_base,
-              c->eps, sl->d_pos, table, kc, vc, a->d_q, e->kv_type, &e->launch);
-    attn_decode(a->d_q, qg, table, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, sl->d_pos,
-                a->d_part, a->d_y, a->d_yq, e->kv_type, &e->launch);
+              c->eps, d_pos, table, kc, vc, a->d_q, e->kv_type, &e->launch);
+    attn_decode(a->d_q, qg, table, kc, vc, c->n_h, c->n_kv, c->d_h, e->n_ctx, d_pos, a->d_part,
+                a->d_y, a->d_yq, e->kv_type, &e->launch);
+}
+
+static void rec_attn(fc_rank *e, const fc_slot *sl, const fc_layer *L)
+{
+    rec_attn_at(e, (int)(sl - e->slots), sl->d_pos, L);
 }
 
 /* ffn + residual: x += down(silu(gate·h) * (up·h)) */
@@ -133,6 +139,32 @@ void fc_record_token(fc_rank *e, const fc_slot *sl, bool forced)
         gemv_argmax(&e->w.head, a->d_h, a->d_hq, a->d_logits, sl->d_best, &e->launch);
     }
     cuda_copy_d2h_async(sl->h_best, sl->d_best, 8, e->launch.stream);
+}
+
+/* run_rows of model/mtp.c for one row: u = eh_proj·[RMSNorm(e)·enorm ; RMSNorm(h)·hnorm], the
+ * head's decoder layer on u (its KV the pool's MTP layer), g = RMSNorm(u)·head_norm and the
+ * argmax of head·g. The embedding kernel takes the token and advances the position pair. */
+void fc_record_mtp_row(fc_rank *e, int slot, const float *d_hin, bool forced, bool head)
+{
+    const qwen35_config *c = &e->cfg;
+    fc_act *a = &e->a;
+    fc_mtp *m = &e->mtp;
+    const fc_layer *L = &m->layer;
+    int32_t *in = m->d_in; /* position pair, cursor, token out, tokens */
+    gemv_embed_step(&m->embd, forced ? in + 4 : NULL, in + 2, m->d_best, in + 3, in, a->d_x,
+                    &e->launch);
+    norm_rms(a->d_x, m->d_enorm, c->H, c->eps, m->d_cat, NULL, &e->launch);
+    norm_rms(d_hin, m->d_hnorm, c->H, c->eps, m->d_cat + c->H, NULL, &e->launch);
+    gemv_quantize_x(m->d_cat, m->d_catq, 2 * (int64_t)c->H, &e->launch);
+    gemv(&m->eh_proj, m->d_cat, m->d_catq, a->d_x, GEMV_STORE, &e->launch);
+    rec_norm(e, L->d_attn_norm);
+    rec_attn_at(e, slot, in, L);
+    gemv(&L->out, a->d_y, a->d_yq, a->d_x, GEMV_ADD, &e->launch);
+    rec_norm(e, L->d_post_norm);
+    rec_ffn(e, L);
+    if (!head) return;
+    norm_rms(a->d_x, m->d_head_norm, c->H, c->eps, m->d_g, a->d_hq, &e->launch);
+    gemv_argmax(&m->head, m->d_g, a->d_hq, a->d_logits, m->d_best, &e->launch);
 }
 
 /* ---- the batched step: cpu_fwd_run for nb rows in runs of one slot (forward_cuda_batch.c) ----

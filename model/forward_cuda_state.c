@@ -30,8 +30,8 @@ void fc_state_layout(fc_rank *e, fc_arena *a)
     }
     fc_kv *kv = &e->kv;
     kv->layer_bytes = (uint64_t)kv->n_blocks * kv_block_bytes(e);
-    kv->d_k = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
-    kv->d_v = fc_arena_take(a, (uint64_t)c->n_attn_layers * kv->layer_bytes);
+    kv->d_k = fc_arena_take(a, (uint64_t)e->n_kv_layers * kv->layer_bytes);
+    kv->d_v = fc_arena_take(a, (uint64_t)e->n_kv_layers * kv->layer_bytes);
     kv->d_table = fc_arena_take(a, (uint64_t)(e->n_slots + 1) * kv->ld * 4);
 }
 
@@ -154,7 +154,7 @@ int fc_slot_fill(fc_rank *e, int slot, int n_past, status *st)
      * normal, not a NaN or infinity) */
     fc_kv_sync(e, slot, n_past);
     const int32_t *row = kv_pool_table(e->kv.pool, slot);
-    for (int il = 0; il < e->cfg.n_attn_layers; il++)
+    for (int il = 0; il < e->n_kv_layers; il++)
         for (int b = 0; b < kv_pool_held(e->kv.pool, slot); b++) {
             const uint64_t off = (uint64_t)row[b] * kv_block_bytes(e);
             if (cuda_memset((uint8_t *)fc_kv_layer(e, e->kv.d_k, il) + off, 0x2c,
@@ -203,7 +203,7 @@ int fc_slot_resume(fc_rank *e, int slot, const fc_resume *r, status *st)
     if (rows) { /* the partial block's first rows: they lie at its start ([row][n_kv][d_h]) */
         const uint64_t block = kv_block_bytes(e), bytes = block / ATTN_KV_BLOCK * rows;
         const uint64_t src = (uint64_t)r->src_block * block, dst = (uint64_t)r->dst_block * block;
-        for (int il = 0; il < e->cfg.n_attn_layers; il++) {
+        for (int il = 0; il < e->n_kv_layers; il++) {
             uint8_t *k = fc_kv_layer(e, e->kv.d_k, il), *v = fc_kv_layer(e, e->kv.d_v, il);
             cuda_copy_async(k + dst, k + src, bytes, e->launch.stream);
             cuda_copy_async(v + dst, v + src, bytes, e->launch.stream);

@@ -144,6 +144,45 @@ static int upload_attn(fc_upload *u, const qwen35_layer *W, fc_layer *L, status 
     return STATUS_OK;
 }
 
+/* The MTP head (fc_mtp): its layer as an attention layer whose KV is the pool's layer after the
+ * model's, the projection, the norms; its embedding and lm_head the main model's when the file
+ * shares them (the same tensor data), else uploaded. */
+static int upload_mtp(fc_upload *u, status *st)
+{
+    fc_rank *e = u->e;
+    const qwen35_config *c = &e->cfg;
+    const qwen35_model *m = e->model;
+    const qwen35_mtp *W = &m->mtp;
+    fc_mtp *t = &e->mtp;
+    fc_layer *L = &t->layer;
+    L->gdn = false;
+    L->kind_index = c->n_attn_layers;
+    if (W->layer.ffn_gate.type != W->layer.ffn_up.type)
+        return status_fail(st, STATUS_UNSUPPORTED,
+                           "cuda: the MTP layer's ffn_gate and ffn_up of different types");
+    if (upload_vec(u, W->layer.attn_norm, c->H, &L->d_attn_norm, st) ||
+        upload_vec(u, W->layer.post_norm, c->H, &L->d_post_norm, st) ||
+        upload_attn(u, &W->layer, L, st) || upload_one(u, &W->layer.ffn_gate, &L->gate, st) ||
+        upload_one(u, &W->layer.ffn_up, &L->up, st) ||
+        upload_one(u, &W->layer.ffn_down, &L->down, st) ||
+        upload_one(u, &W->eh_proj, &t->eh_proj, st) ||
+        upload_vec(u, W->enorm, c->H, &t->d_enorm, st) ||
+        upload_vec(u, W->hnorm, c->H, &t->d_hnorm, st) ||
+        upload_vec(u, W->head_norm, c->H, &t->d_head_norm, st))
+        return st->code;
+    if (W->embd.data == m->tok_embd.data)
+        t->embd = e->w.embd;
+    else if (upload_one(u, &W->embd, &t->embd, st))
+        return st->code;
+    if (W->head.data == m->output.data)
+        t->head = e->w.head;
+    else if (W->head.data == m->tok_embd.data)
+        t->head = e->w.embd;
+    else if (upload_one(u, &W->head, &t->head, st))
+        return st->code;
+    return STATUS_OK;
+}
+
 static int upload_layers(fc_upload *u, status *st)
 {
     fc_rank *e = u->e;
@@ -174,7 +213,7 @@ static int upload_layers(fc_upload *u, status *st)
         e->w.head = e->w.embd;
     else if (upload_one(u, &m->output, &e->w.head, st))
         return st->code;
-    return STATUS_OK;
+    return e->mtp.on ? upload_mtp(u, st) : STATUS_OK;
 }
 
 /* Sizing pass (no device memory), one allocation for the arena and the staging buffers, then

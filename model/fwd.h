@@ -191,6 +191,25 @@ typedef struct fwd_vt {
      * STATUS_RANGE for a bad slot, or an n_past outside the last verify run (nothing
      * changed). */
     int (*rollback)(fwd *f, int slot, int n_past, status *st);
+    /* The MTP head on the forward's device (speculative decoding's draft model, model/mtp.h),
+     * NULL where the forward has none (cpu: the caller runs model/mtp.h itself; cuda: a model
+     * without a head, no verify runs, or tensor parallel). The head's KV rows lie in the slot's
+     * KV blocks, one attention layer more, at the main model's positions; the caller keeps the
+     * head's position (the rows it fed: pos), as qwen35_mtp_state's n_past.
+     * mtp_feed: rows pos .. pos+T-1 pair hidden[r] (host [T][H]: the main model's final-norm
+     * outputs, fwd_row.hidden) with tokens[r] (qwen35_mtp_step without outputs); asynchronous,
+     * no host sync, nothing allocated. The slot must hold those positions' blocks (pos + T <=
+     * fwd_n_past(slot)).
+     * mtp_draft: k greedy drafts (1 <= k < FWD_MAX_VERIFY_ROWS) from the row (h, token) at pos,
+     * chained through each row's head-norm output (qwen35_mtp_draft); the KV blocks of
+     * positions up to pos + k are taken (the verify run after it needs them); one host sync.
+     * Rows pos .. pos+k-1 are scratch: the next feed rewrites them.
+     * Errors, nothing run: STATUS_RANGE for a bad slot, position or token id, STATUS_EXHAUSTED
+     * when no KV block is free for a draft row; STATUS_DEVICE when the device failed. */
+    int (*mtp_feed)(fwd *f, int slot, int pos, const float *hidden, const int32_t *tokens,
+                    int T, status *st);
+    int (*mtp_draft)(fwd *f, int slot, int pos, const float *h, int32_t token, int k,
+                     int32_t *drafts, status *st);
     void (*get_stats)(const fwd *f, fwd_stats *s);
     void (*destroy)(fwd *f);
 } fwd_vt;
@@ -280,6 +299,18 @@ static inline int fwd_rollback(fwd *f, int slot, int n_past, status *st)
     if (!f->vt->rollback)
         return status_fail(st, STATUS_UNSUPPORTED, "%s: no verify runs to roll back", f->device);
     return f->vt->rollback(f, slot, n_past, st);
+}
+/* Whether the MTP head drafts on the forward's device (fwd_vt.mtp_feed). */
+static inline bool fwd_has_mtp(const fwd *f) { return f->vt->mtp_feed != NULL; }
+static inline int fwd_mtp_feed(fwd *f, int slot, int pos, const float *hidden,
+                               const int32_t *tokens, int T, status *st)
+{
+    return f->vt->mtp_feed(f, slot, pos, hidden, tokens, T, st);
+}
+static inline int fwd_mtp_draft(fwd *f, int slot, int pos, const float *h, int32_t token, int k,
+                                int32_t *drafts, status *st)
+{
+    return f->vt->mtp_draft(f, slot, pos, h, token, k, drafts, st);
 }
 static inline void fwd_get_stats(const fwd *f, fwd_stats *s) { f->vt->get_stats(f, s); }
 static inline void fwd_destroy(fwd *f)

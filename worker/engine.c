@@ -1148,16 +1148,17 @@ int engine_create(worker_backend *b, const engine_opts *o, engine **out, status 
         LOG_INFO("speculative decoding off: %s runs no verify runs of %d rows", b->device,
                  e->o.spec_k + 1);
     } else if (e->o.spec_k > 0) {
-        if (spec_create(b->model, e->n_slots, b->n_ctx, e->o.step_tokens, e->o.spec_k, e->o.spec_threads,
-                        &e->sp, st) != STATUS_OK) {
+        if (spec_create(b->model, b->f, e->n_slots, b->n_ctx, e->o.step_tokens, e->o.spec_k,
+                        e->o.spec_threads, &e->sp, st) != STATUS_OK) {
             prefix_cache_destroy(e->pc);
             free(e);
             return st->code;
         }
-        LOG_INFO("speculative decoding: the MTP head drafts %d tokens while at most %d sequences "
-                 "decode (requests without penalties; a request stops after %d verify runs with a "
-                 "rolling acceptance below %.2f; %.1f MiB of draft state)", e->o.spec_k,
-                 e->o.spec_max_batch, SPEC_ACCEPT_MIN_RUNS, (double)e->o.spec_min_accept,
+        LOG_INFO("speculative decoding: the MTP head (%s) drafts %d tokens while at most %d "
+                 "sequences decode (requests without penalties; a request stops after %d verify "
+                 "runs with a rolling acceptance below %.2f; %.1f MiB of draft state)",
+                 e->sp->dev ? b->device : "cpu", e->o.spec_k, e->o.spec_max_batch,
+                 SPEC_ACCEPT_MIN_RUNS, (double)e->o.spec_min_accept,
                  (double)e->sp->bytes / (1 << 20));
     }
     int n_pool = e->n_slots + e->o.queue;

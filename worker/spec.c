@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k, int n_threads,
-                worker_spec **out, status *st)
+int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk, int k,
+                int n_threads, worker_spec **out, status *st)
 {
     *out = NULL;
     if (!m->mtp.present)
@@ -18,25 +18,29 @@ int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k,
     worker_spec *sp = calloc(1, sizeof *sp);
     if (!sp) return status_fail(st, STATUS_NOMEM, "speculative decoding: out of memory");
     sp->m = m;
+    sp->dev = f && fwd_has_mtp(f) ? f : NULL;
     sp->k = k;
     sp->n_slots = n_slots;
     sp->chunk = chunk;
     sp->H = m->cfg.H;
     const size_t S = (size_t)n_slots, rows = (size_t)(1 + chunk) * (size_t)sp->H;
-    sp->ms = calloc(S, sizeof *sp->ms);
     sp->h = malloc(S * rows * sizeof(float));
     sp->pending = calloc(S, sizeof *sp->pending);
     sp->tok = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->tok);
     sp->outs = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->outs);
     sp->V = m->cfg.V;
-    sp->q = malloc(S * SPEC_MAX_K * (size_t)sp->V * sizeof(float));
     int rc = STATUS_OK;
-    if (!sp->ms || !sp->h || !sp->pending || !sp->tok || !sp->outs || !sp->q) {
-        rc = status_fail(st, STATUS_NOMEM, "speculative decoding: out of memory for %d slots",
-                         n_slots);
-        goto fail;
+    if (!sp->h || !sp->pending || !sp->tok || !sp->outs) goto nomem;
+    sp->bytes = S * rows * sizeof(float);
+    if (sp->dev) { /* the head's state is in the forward's KV blocks */
+        if (!(sp->n_past = calloc(S, sizeof *sp->n_past))) goto nomem;
+        *out = sp;
+        return STATUS_OK;
     }
-    sp->bytes = (S * rows + S * SPEC_MAX_K * (size_t)sp->V) * sizeof(float);
+    sp->ms = calloc(S, sizeof *sp->ms);
+    sp->q = malloc(S * SPEC_MAX_K * (size_t)sp->V * sizeof(float));
+    if (!sp->ms || !sp->q) goto nomem;
+    sp->bytes += S * SPEC_MAX_K * (size_t)sp->V * sizeof(float);
     if ((rc = sampler_create(&sp->filt, sp->V, 1, &(sampling_params){0}, st))) goto fail;
     const qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = chunk + 1, .n_threads = n_threads};
     if ((rc = qwen35_ctx_create(m, &co, &sp->ctx, st))) goto fail;
@@ -46,6 +50,8 @@ int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k,
     }
     *out = sp;
     return STATUS_OK;
+nomem:
+    rc = status_fail(st, STATUS_NOMEM, "speculative decoding: out of memory for %d slots", n_slots);
 fail:
     spec_destroy(sp);
     return rc;
@@ -57,6 +63,7 @@ void spec_destroy(worker_spec *sp)
     for (int s = 0; sp->ms && s < sp->n_slots; s++) qwen35_mtp_state_destroy(sp->ms[s]);
     qwen35_ctx_destroy(sp->ctx);
     free(sp->ms);
+    free(sp->n_past);
     free(sp->h);
     free(sp->pending);
     free(sp->tok);
@@ -68,8 +75,21 @@ void spec_destroy(worker_spec *sp)
 
 void spec_start(worker_spec *sp, int slot)
 {
-    qwen35_mtp_state_reset(sp->ms[slot]);
+    if (sp->dev)
+        sp->n_past[slot] = 0;
+    else
+        qwen35_mtp_state_reset(sp->ms[slot]);
     sp->pending[slot] = false;
+}
+
+/* T >= 1 rows of the head: the device's or the CPU's */
+static int feed(worker_spec *sp, int slot, const float *h, const int32_t *tokens, int T,
+                status *st)
+{
+    if (!sp->dev) return qwen35_mtp_step(sp->ctx, sp->ms[slot], h, tokens, T, NULL, NULL, st);
+    const int rc = fwd_mtp_feed(sp->dev, slot, sp->n_past[slot], h, tokens, T, st);
+    if (!rc) sp->n_past[slot] += T;
+    return rc;
 }
 
 int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st)
@@ -79,9 +99,9 @@ int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st
     float *h0 = spec_hidden(sp, slot) - H; /* the pending row, then the item's rows */
     int rc = STATUS_OK;
     if (sp->pending[slot]) /* (pending, t0), (h_0, t1), .., (h_{n-2}, t_{n-1}) */
-        rc = qwen35_mtp_step(sp->ctx, sp->ms[slot], h0, tokens, n, NULL, NULL, st);
+        rc = feed(sp, slot, h0, tokens, n, st);
     else if (n > 1) /* the sequence's first item: (h_0, t1), .. */
-        rc = qwen35_mtp_step(sp->ctx, sp->ms[slot], h0 + H, tokens + 1, n - 1, NULL, NULL, st);
+        rc = feed(sp, slot, h0 + H, tokens + 1, n - 1, st);
     if (rc) return rc;
     memcpy(h0, h0 + (size_t)n * H, H * sizeof(float));
     sp->pending[slot] = true;
@@ -91,10 +111,13 @@ int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st)
 {
     DS_ASSERT(sp->pending[slot] && k >= 1 && k <= SPEC_MAX_K);
-    qwen35_mtp_state *ms = sp->ms[slot];
-    const int n_past = ms->n_past;
     int32_t *t = spec_tokens(sp, slot);
     t[0] = last;
+    if (sp->dev)
+        return fwd_mtp_draft(sp->dev, slot, sp->n_past[slot], spec_hidden(sp, slot) - sp->H, last,
+                             k, t + 1, st);
+    qwen35_mtp_state *ms = sp->ms[slot];
+    const int n_past = ms->n_past;
     const int rc = qwen35_mtp_draft(sp->ctx, ms, spec_hidden(sp, slot) - sp->H, last, k, t + 1, st);
     qwen35_mtp_truncate(ms, n_past);
     return rc;
@@ -104,6 +127,9 @@ int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sam
                        int pos, status *st)
 {
     DS_ASSERT(sp->pending[slot] && k >= 1 && k <= SPEC_MAX_K);
+    if (sp->dev)
+        return status_fail(st, STATUS_UNSUPPORTED, "speculative decoding: %s drafts greedy "
+                           "sequences only", sp->dev->device);
     qwen35_mtp_state *ms = sp->ms[slot];
     const int n_past = ms->n_past;
     const size_t H = (size_t)sp->H;

@@ -16,8 +16,12 @@
  *   spec_draft(sp, slot, last, k, &st);                 sp->tokens(slot): last, d1 .. dk
  *   verify item of k+1 rows; a accepted; rollback; spec_fed(sp, slot, tokens, a + 1)
  *
- * Memory: everything at create (an MTP state of n_ctx positions per slot: its KV is one
- * attention layer's); nothing per token. Engine thread only. */
+ * Where the forward has the head on its device (fwd_has_mtp: cuda), the rows go there
+ * (fwd_mtp_feed / fwd_mtp_draft: the same pairs, the head's KV in the slot's blocks) and only
+ * greedy drafts are made; else the head runs here on the CPU (model/mtp.h).
+ *
+ * Memory: everything at create (on the CPU an MTP state of n_ctx positions per slot: its KV is
+ * one attention layer's); nothing per token. Engine thread only. */
 #ifndef DS_WORKER_SPEC_H
 #define DS_WORKER_SPEC_H
 
@@ -27,6 +31,7 @@
 #include "common/sampling.h"
 #include "common/status.h"
 #include "model/forward.h"
+#include "model/fwd.h"
 #include "model/mtp.h"
 #include "model/sampler.h"
 
@@ -36,8 +41,10 @@ typedef struct worker_spec {
     const qwen35_model *m;      /* borrowed */
     int k;                      /* drafts per verify run (1 .. SPEC_MAX_K) */
     int n_slots, chunk, H;      /* chunk: most tokens of one item */
-    qwen35_ctx *ctx;            /* owned: the MTP's workspace */
-    qwen35_mtp_state **ms;      /* owned, [n_slots] */
+    fwd *dev;                   /* borrowed: the forward whose device runs the head, or NULL */
+    int *n_past;                /* owned, [n_slots] with dev: the head's rows fed */
+    qwen35_ctx *ctx;            /* owned without dev: the MTP's workspace */
+    qwen35_mtp_state **ms;      /* owned without dev, [n_slots] */
     float *h;                   /* owned, [n_slots][1 + chunk][H]: row 0 the pending h */
     bool *pending;              /* owned, [n_slots] */
     int32_t *tok;               /* owned, [n_slots][SPEC_MAX_K + 1]: last token, drafts */
@@ -49,10 +56,11 @@ typedef struct worker_spec {
     uint64_t bytes;             /* allocated, for the start-up log */
 } worker_spec;
 
-/* STATUS_UNSUPPORTED when m has no MTP head; STATUS_INVALID for k outside 1..SPEC_MAX_K;
+/* The head on f's device when it has one (fwd_has_mtp; f may be NULL), else on the CPU.
+ * STATUS_UNSUPPORTED when m has no MTP head; STATUS_INVALID for k outside 1..SPEC_MAX_K;
  * STATUS_NOMEM. n_threads as qwen35_ctx_opts (0: all online CPUs). */
-int spec_create(const qwen35_model *m, int n_slots, int n_ctx, int chunk, int k, int n_threads,
-                worker_spec **out, status *st);
+int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk, int k,
+                int n_threads, worker_spec **out, status *st);
 void spec_destroy(worker_spec *sp);
 
 void spec_start(worker_spec *sp, int slot);
@@ -78,7 +86,7 @@ static inline float *spec_q(worker_spec *sp, int slot)
 /* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last;
  * the MTP's rows are as before (the drafts' rows are truncated). */
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
-/* As spec_draft for a sampled sequence (p: resolved, temperature > 0, no penalties): draft i is
+/* As spec_draft for a sampled sequence (on the CPU head only: STATUS_UNSUPPORTED with dev) (p: resolved, temperature > 0, no penalties): draft i is
  * drawn from q_i = sampler_probs(p) of the MTP's logits into spec_q(slot) [i], with the uniform
  * sampler_uniform(p->seed ^ SPEC_DRAFT_KEY, pos + i), pos the position of `last`: the same
  * drafts for the same seed, independent of the main model's draws. */
