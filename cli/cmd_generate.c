@@ -398,8 +398,12 @@ int cmd_generate(int argc, char **argv)
                                g.end.spec_accepted,
                                g.end.spec_drafted ? (double)g.end.spec_accepted / g.end.spec_drafted : 0.0,
                                g.end.spec_steps ? (double)g.end.spec_accepted / g.end.spec_steps + 1 : 0.0);
-        if (g.end.spec_switched_off && n > 0 && (size_t)n < sizeof spec)
-            snprintf(spec + n, sizeof spec - (size_t)n, ", then switched off (rolling acceptance "
+        const int n2 = n > 0 && (size_t)n < sizeof spec
+                           ? n + snprintf(spec + n, sizeof spec - (size_t)n, ", drafts on %s",
+                                          fwd_has_mtp(be->f) ? "the device" : "the CPU")
+                           : n;
+        if (g.end.spec_switched_off && n2 > 0 && (size_t)n2 < sizeof spec)
+            snprintf(spec + n2, sizeof spec - (size_t)n2, ", then switched off (rolling acceptance "
                      "%.3f < --spec-min-acceptance %.2f)", g.end.spec_accept,
                      (double)o.spec_min_acceptance);
     } else if (o.speculative_k)

@@ -55,7 +55,7 @@ static const flag_spec worker_flags[] = {
     {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu), else it stays off and the log says why"},
     {"spec-max-batch", "DS_SPEC_MAX_BATCH", "8", FLAG_INT, offsetof(worker_opts, spec_max_batch), "speculate only while at most this many sequences decode (more: plain decode steps)"},
     {"spec-min-acceptance", "DS_SPEC_MIN_ACCEPTANCE", "0.3", FLAG_FLOAT, offsetof(worker_opts, spec_min_acceptance), "0..1: a request whose rolling draft acceptance (accepted / drafted, each verify run weighted 1/8) is below this after 8 verify runs stops speculating for the rest of its life (its tokens unchanged; 0: never)"},
-    {"spec-threads", "DS_SPEC_THREADS", "0", FLAG_INT, offsetof(worker_opts, spec_threads), "CPU threads of the MTP head's drafts (0: as --threads)"},
+    {"spec-threads", "DS_SPEC_THREADS", "0", FLAG_INT, offsetof(worker_opts, spec_threads), "CPU threads of the MTP head's drafts where it drafts on the CPU (0: as --threads)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
     {"queue", "DS_QUEUE", "64", FLAG_INT, offsetof(worker_opts, queue), "admission queue: requests waiting for a slot"},
     {"threads", "DS_THREADS", "0", FLAG_INT, offsetof(worker_opts, threads), "CPU threads (0: all online CPUs)"},
