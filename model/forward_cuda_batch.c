@@ -39,33 +39,44 @@
 #include "model/forward_cuda_host.h"
 #include "model/forward_cuda_impl.h"
 
-/* every matrix of the model in a layout the batched GEMM reads, or the first that is not */
+/* every matrix a batched pass multiplies: the layers', the lm_head, and the MTP head's (its
+ * rows' passes, forward_cuda_mtp.c); *n of them into m (FC_MAX_MATRICES at most) */
+#define FC_MAX_MATRICES (8 * (QWEN35_MAX_LAYERS + 1) + 2)
+static void pass_matrices(const fc_rank *e, const gemv_matrix **m, int *n)
+{
+    int k = 0;
+    for (int il = 0; il <= e->cfg.n_layer; il++) {
+        const fc_layer *L = il < e->cfg.n_layer ? &e->w.layers[il] : &e->mtp.layer;
+        if (il == e->cfg.n_layer && !e->mtp.on) break;
+        for (int g = 0; g < L->n_in; g++) m[k++] = &L->in[g].m;
+        m[k++] = &L->out, m[k++] = &L->gate, m[k++] = &L->up, m[k++] = &L->down;
+    }
+    m[k++] = &e->w.head;
+    if (e->mtp.on) m[k++] = &e->mtp.eh_proj;
+    DS_ASSERT(k <= FC_MAX_MATRICES);
+    *n = k;
+}
+
+/* every such matrix in a layout the batched GEMM reads, or the first that is not */
 static const gemv_matrix *unsupported_matrix(const fc_rank *e)
 {
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        for (int g = 0; g < L->n_in; g++)
-            if (!gemm_supported(L->in[g].m.type, L->in[g].m.n_in)) return &L->in[g].m;
-        const gemv_matrix *m[4] = {&L->out, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 4; i++)
-            if (!gemm_supported(m[i]->type, m[i]->n_in)) return m[i];
-    }
-    if (!gemm_supported(e->w.head.type, e->w.head.n_in)) return &e->w.head;
+    const gemv_matrix *m[FC_MAX_MATRICES];
+    int n;
+    pass_matrices(e, m, &n);
+    for (int i = 0; i < n; i++)
+        if (!gemm_supported(m[i]->type, m[i]->n_in)) return m[i];
     return NULL;
 }
 
-/* every matrix has gemv_cols' builds (short passes multiply by gemv_cols) */
+/* every such matrix has gemv_cols' builds (short passes multiply by gemv_cols) */
 static bool all_cols_planned(const fc_rank *e)
 {
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        for (int g = 0; g < L->n_in; g++)
-            if (!gemv_cols_planned(&L->in[g].m)) return false;
-        const gemv_matrix *m[4] = {&L->out, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 4; i++)
-            if (!gemv_cols_planned(m[i])) return false;
-    }
-    return gemv_cols_planned(&e->w.head);
+    const gemv_matrix *m[FC_MAX_MATRICES];
+    int n;
+    pass_matrices(e, m, &n);
+    for (int i = 0; i < n; i++)
+        if (!gemv_cols_planned(m[i])) return false;
+    return true;
 }
 
 void fc_batch_plan(fc_rank *e)
@@ -142,15 +153,14 @@ void fc_batch_layout(fc_rank *e, fc_arena *a)
     x->d_work = fc_arena_take(a, work_floats(e, (int)R) * 4);
     int64_t xw = c->H > c->F ? c->H : c->F;
     xw = xw > b->ld_y ? xw : b->ld_y;
+    if (e->mtp.on && 2 * (int64_t)c->H > xw) xw = 2 * (int64_t)c->H; /* the MTP's eh_proj */
     x->d_xh = fc_arena_take(a, R * xw * 2);
     if (b->cols) x->d_xq = fc_arena_take(a, (R < GEMV_MAX_COLS ? R : GEMV_MAX_COLS) * gemv_xq_bytes(xw));
-    b->half_x = gemm_reads_half(e->w.head.type);
-    for (int il = 0; il < c->n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        for (int g = 0; g < L->n_in; g++) b->half_x |= gemm_reads_half(L->in[g].m.type);
-        b->half_x |= gemm_reads_half(L->out.type) || gemm_reads_half(L->gate.type) ||
-                     gemm_reads_half(L->up.type) || gemm_reads_half(L->down.type);
-    }
+    const gemv_matrix *m[FC_MAX_MATRICES];
+    int n_m;
+    pass_matrices(e, m, &n_m);
+    b->half_x = false;
+    for (int i = 0; i < n_m; i++) b->half_x |= gemm_reads_half(m[i]->type);
     int32_t *d_stage = fc_arena_take(a, FC_STAGE_INTS(R) * 4);
     for (int k = 0; d_stage && k < b->n_buckets; k++) /* not in the sizing pass */
         b->stage[k] = fc_stage_at(d_stage, b->rows, b->bucket[k]);

@@ -132,24 +132,29 @@ typedef struct fc_weights {
 
 /* The MTP head on the device (forward_cuda_mtp.c, fwd.h mtp_feed / mtp_draft): its decoder
  * layer (an attention layer whose KV is the pool's layer n_attn_layers, under the slots' tables),
- * the projection of [embedding ; hidden] and the norms; rows run one after another on the
- * one-row step's activations, launched directly (no graph). The rows' inputs (hidden rows,
- * position, tokens) go through pinned rings, reused once a sync has drained their copies. */
-#define FC_MTP_ROWS 64 /* rows of one feed upload */
+ * the projection of [embedding ; hidden] and the norms. A feed's rows run in batched passes (on
+ * the batched step's activations), a draft's rows one by one (on the one-row step's), launched
+ * directly (no graph). The rows' inputs (hidden rows, staging) go through pinned rings, reused
+ * once a sync has drained their copies. */
 typedef struct fc_mtp {
     bool on;
     fc_layer layer;                  /* kind_index n_attn_layers */
     gemv_matrix eh_proj, embd, head; /* embd, head: the main model's when the file shares them */
     const float *d_enorm, *d_hnorm, *d_head_norm; /* [H] */
-    float *d_cat;                 /* [2H]: [RMSNorm(e)·enorm ; RMSNorm(h)·hnorm] */
-    void *d_catq;                 /* gemv_xq_bytes(2H): its Q8 form */
-    float *d_hin;                 /* [FC_MTP_ROWS][H]: the rows' hidden inputs */
+    int pass_rows;                /* rows of a feed's pass: the largest bucket below the dense
+                                     path's (whose resident copies are the main model's) */
+    float *d_cat;                 /* [pass_rows][2H]: [RMSNorm(e)·enorm ; RMSNorm(h)·hnorm] */
+    void *d_catq;                 /* gemv_xq_bytes(2H): a draft row's Q8 form of it */
+    float *d_hin;                 /* [pass_rows][H]: the rows' hidden inputs */
     float *d_g;                   /* [H]: a draft row's head-norm output, the next row's input */
-    int32_t *d_in;                /* [4 + FC_MTP_ROWS]: position pair, token cursor, token out,
-                                     then the rows' tokens (gemv_embed_step) */
+    int32_t *d_in;                /* [5]: a draft's position pair, token cursor, token out and
+                                     first token (gemv_embed_step) */
     unsigned long long *d_best;   /* [1]: a draft row's argmax key */
     float *h_ring;                /* owned, pinned [ring_rows][H] */
-    int32_t *h_iring;             /* pinned [iring_cap]: after h_ring in the same allocation */
+    int32_t *h_iring;             /* pinned [iring_cap]: after h_ring in the same allocation; a
+                                     pass's staging (fc_stage_pass), a draft's d_in */
+    fwd_row *rows;                /* owned [pass_rows]: a pass's rows for fc_stage_pass */
+    int *heads;                   /* owned [pass_rows]: its lm_head rows (unused) */
     unsigned long long *h_best;   /* pinned [FWD_MAX_VERIFY_ROWS]: a draft's argmax keys */
     int ring_rows, iring_cap, ring_used, iring_used;
     uint64_t ring_steps;          /* stats.steps when the rings were last drained */
@@ -412,6 +417,9 @@ void fc_record_head(fc_rank *e, const fc_stage *s);
  * position after mtp.d_in's pair; with head, g into mtp.d_g and the argmax of head·g into
  * mtp.d_best. */
 void fc_record_mtp_row(fc_rank *e, int slot, const float *d_hin, bool forced, bool head);
+/* A pass of rows of the MTP head (staged as a batched pass's: tokens, slots, positions), their
+ * hidden inputs d_hin [nb][H], through the head's layer: its KV rows written. */
+void fc_record_mtp_rows(fc_rank *e, const fc_stage *s, const float *d_hin);
 
 /* ---- forward_cuda_sample.c ----
  * One GPU sampler per slot, or (where the device cannot run it) host samplers on e->h_logits,

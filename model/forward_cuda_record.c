@@ -299,7 +299,8 @@ static void recb_attn(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pre
                      a->d_y, b->ld_y, recb_q8(e, nb), e->kv_type, nb, &e->launch);
 }
 
-void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
+/* one decoder layer on the pass's residual stream d_x */
+static void recb_layer(fc_rank *e, const fc_layer *L, const fc_stage *s, bool prefill)
 {
     const qwen35_config *c = &e->cfg;
     const fc_batch *b = &e->b;
@@ -307,34 +308,59 @@ void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
     const cuda_launch *l = &e->launch;
     const int nb = s->nb;
     const int64_t H = c->H, F = c->F;
-    gemv_embed_rows(&e->w.embd, s->tokens, s->slots, s->pos, e->slots[0].d_pos,
-                    b->slot_stride / 4, a->d_x, H, nb, l);
-    for (int il = 0; il < c->n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        norm_rms_rows(a->d_x, H, L->d_attn_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
-        recb_x_half(e, a->d_h, H, H, nb);
-        if (L->gdn)
-            recb_gdn(e, L, s, prefill);
-        else
-            recb_attn(e, L, s, prefill);
-        recb_x_half(e, a->d_y, b->ld_y, L->out.n_in, nb);
-        recb_gemm(e, &L->out, a->d_y, b->ld_y, a->d_x, H, residual_ep(e), nb); /* residual */
-        tp_sum(e, a->d_x, nb * H);
-        norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
-        recb_x_half(e, a->d_h, H, H, nb);
-        if (recb_cols(e, nb) && L->gate.type == L->up.type) {
-            gemv_cols_swiglu(&L->gate, &L->up, a->d_h, H, a->d_xq, a->d_ffn, F, nb, l);
-        } else {
-            recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
-            recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
-            gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
-        }
-        if (recb_cols(e, nb) && gemm_reads_half(L->down.type))
-            gemv_quantize_rows(a->d_ffn, F, a->d_xq, F, nb, l);
-        recb_x_half(e, a->d_ffn, F, F, nb);
-        recb_gemm(e, &L->down, a->d_ffn, F, a->d_x, H, residual_ep(e), nb);
-        tp_sum(e, a->d_x, nb * H);
+    norm_rms_rows(a->d_x, H, L->d_attn_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
+    recb_x_half(e, a->d_h, H, H, nb);
+    if (L->gdn)
+        recb_gdn(e, L, s, prefill);
+    else
+        recb_attn(e, L, s, prefill);
+    recb_x_half(e, a->d_y, b->ld_y, L->out.n_in, nb);
+    recb_gemm(e, &L->out, a->d_y, b->ld_y, a->d_x, H, residual_ep(e), nb); /* residual */
+    tp_sum(e, a->d_x, nb * H);
+    norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
+    recb_x_half(e, a->d_h, H, H, nb);
+    if (recb_cols(e, nb) && L->gate.type == L->up.type) {
+        gemv_cols_swiglu(&L->gate, &L->up, a->d_h, H, a->d_xq, a->d_ffn, F, nb, l);
+    } else {
+        recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
+        recb_gemm(e, &L->up, a->d_h, H, a->d_gu + F, 2 * F, GEMV_STORE, nb);
+        gemm_swiglu_rows(a->d_gu, 2 * F, (int)F, a->d_ffn, F, nb, l);
     }
+    if (recb_cols(e, nb) && gemm_reads_half(L->down.type))
+        gemv_quantize_rows(a->d_ffn, F, a->d_xq, F, nb, l);
+    recb_x_half(e, a->d_ffn, F, F, nb);
+    recb_gemm(e, &L->down, a->d_ffn, F, a->d_x, H, residual_ep(e), nb);
+    tp_sum(e, a->d_x, nb * H);
+}
+
+void fc_record_batch(fc_rank *e, const fc_stage *s, bool prefill)
+{
+    const qwen35_config *c = &e->cfg;
+    const fc_batch *b = &e->b;
+    gemv_embed_rows(&e->w.embd, s->tokens, s->slots, s->pos, e->slots[0].d_pos,
+                    b->slot_stride / 4, b->act.d_x, c->H, s->nb, &e->launch);
+    for (int il = 0; il < c->n_layer; il++) recb_layer(e, &e->w.layers[il], s, prefill);
+}
+
+/* run_rows of model/mtp.c for a pass of rows (their hidden inputs d_hin [nb][H]): the two norms
+ * into the [nb][2H] rows of mtp.d_cat, eh_proj, the head's layer (its attention row by row:
+ * attn_decode_rows) */
+void fc_record_mtp_rows(fc_rank *e, const fc_stage *s, const float *d_hin)
+{
+    const qwen35_config *c = &e->cfg;
+    const fc_batch_act *a = &e->b.act;
+    const cuda_launch *l = &e->launch;
+    const fc_mtp *m = &e->mtp;
+    const int nb = s->nb;
+    const int64_t H = c->H;
+    gemv_embed_rows(&m->embd, s->tokens, s->slots, s->pos, NULL, 0, a->d_x, H, nb, l);
+    norm_rms_rows(a->d_x, H, m->d_enorm, (int)H, c->eps, m->d_cat, 2 * H, NULL, nb, l);
+    norm_rms_rows(d_hin, H, m->d_hnorm, (int)H, c->eps, m->d_cat + H, 2 * H, NULL, nb, l);
+    if (recb_cols(e, nb) && gemm_reads_half(m->eh_proj.type))
+        gemv_quantize_rows(m->d_cat, 2 * H, a->d_xq, 2 * H, nb, l);
+    recb_x_half(e, m->d_cat, 2 * H, 2 * H, nb);
+    recb_gemm(e, &m->eh_proj, m->d_cat, 2 * H, a->d_x, H, GEMV_STORE, nb);
+    recb_layer(e, &m->layer, s, false);
 }
 
 /* The lm_head of nh = s->nb rows of the pass's residual stream, the rows s->head_rows[0, nh)
