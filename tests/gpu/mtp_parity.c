@@ -28,41 +28,23 @@
 #include "model/fwd.h"
 #include "model/mtp.h"
 #include "model/qwen35.h"
+#include "tests/gpu/gpu_models.h"
 #include "tests/gpu/gpu_parity.h"
 
 enum { MAX_K = 7, N_CTX = 512, T_LONG = 150 };
 #define MARGIN 5e-3
 
 static bool g_have_gpu;
-static int g_n_models;
-static qwen35_model *g_model[2];
-static const char *g_name[2];
+static gpu_models g_models;
 static char g_synth[64];
 
 static const sampling_params k_greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
 
-static void load(const char *path, const char *name)
-{
-    status st;
-    if (access(path, R_OK) != 0) {
-        printf("  %s absent: not run\n", path);
-        return;
-    }
-    if (qwen35_model_load(&g_model[g_n_models], path, &st)) {
-        printf("  %s: %s\n", path, st.msg);
-        CU_FAIL("model load");
-        return;
-    }
-    g_name[g_n_models++] = name;
-}
-
 static void find_models(void)
 {
-    const char *root = getenv("DS_REPO_ROOT");
     char p[1024];
-    snprintf(p, sizeof p, "models/demo-en-17m.gguf");
-    if (access(p, R_OK) != 0 && root) snprintf(p, sizeof p, "%s/models/demo-en-17m.gguf", root);
-    load(p, "demo");
+    gpu_models_demo_path(p, sizeof p);
+    gpu_models_load(&g_models, p, "demo");
     snprintf(g_synth, sizeof g_synth, "/tmp/mtp_parity_%d.gguf", (int)getpid());
     const synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_Q4_K_M,
                              .seed = 7, .mtp = true};
@@ -72,7 +54,7 @@ static void find_models(void)
         CU_FAIL("synth");
         return;
     }
-    load(g_synth, "tiny q4_k_m");
+    gpu_models_load(&g_models, g_synth, "tiny q4_k_m");
 }
 
 static fwd *make(const qwen35_model *m, int verify_rows)
@@ -219,8 +201,8 @@ static void test_drafts(void)
 {
     if (!g_have_gpu) return;
     static const int lens[] = {1, 5, 37, T_LONG};
-    for (int c = 0; c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         fwd *f = make(m, MAX_K + 1);
         CU_ASSERT_FATAL(f != NULL);
         CU_ASSERT(fwd_has_mtp(f));
@@ -237,11 +219,11 @@ static void test_drafts(void)
                 CU_ASSERT_FATAL(gpu_prompt(f, 0, ids, T));
                 CU_ASSERT_FATAL(gpu_feed(f, 0, m, ref.h, ids, T, 0));
                 CU_ASSERT_FATAL(gpu_draft(f, 0, m, ref.h, T, next, k, d));
-                compared += check_drafts(g_name[c], T, d, &ref, k, &near);
+                compared += check_drafts(g_models.name[c], T, d, &ref, k, &near);
             }
             free(ref.h);
         }
-        printf("  %s: %d drafts compared, %d chains stopped at a near tie\n", g_name[c], compared,
+        printf("  %s: %d drafts compared, %d chains stopped at a near tie\n", g_models.name[c], compared,
                near);
         CU_ASSERT(compared > 0);
         fwd_destroy(f);
@@ -254,8 +236,8 @@ static void test_feeds(void)
 {
     if (!g_have_gpu) return;
     enum { T = T_LONG, K = 4 };
-    for (int c = 0; c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         fwd *f = make(m, K + 1);
         CU_ASSERT_FATAL(f != NULL);
         int32_t ids[T];
@@ -267,14 +249,14 @@ static void test_feeds(void)
         int near = 0;
         CU_ASSERT_FATAL(gpu_prompt(f, 0, ids, T) && gpu_feed(f, 0, m, ref.h, ids, T, 0) &&
                         gpu_draft(f, 0, m, ref.h, T, next, K, base));
-        check_drafts(g_name[c], T, base, &ref, K, &near);
+        check_drafts(g_models.name[c], T, base, &ref, K, &near);
         /* again from the same position: its scratch rows rewritten, the same bits */
         CU_ASSERT_FATAL(gpu_draft(f, 0, m, ref.h, T, next, K, d));
         CU_ASSERT(!memcmp(d, base, sizeof d));
         /* two feeds, in the other slot */
         CU_ASSERT_FATAL(gpu_prompt(f, 1, ids, T) && gpu_feed(f, 1, m, ref.h, ids, T, 70) &&
                         gpu_draft(f, 1, m, ref.h, T, next, K, d));
-        check_drafts(g_name[c], T, d, &ref, K, &near);
+        check_drafts(g_models.name[c], T, d, &ref, K, &near);
         /* a draft from the middle, then the rest fed over its scratch rows */
         status st;
         const int mid = 60;
@@ -285,7 +267,7 @@ static void test_feeds(void)
         CU_ASSERT(!fwd_mtp_feed(f, 1, mid, ref.h + (size_t)mid * m->cfg.H, ids + mid + 1,
                                 T - 1 - mid, &st));
         CU_ASSERT_FATAL(gpu_draft(f, 1, m, ref.h, T, next, K, d));
-        check_drafts(g_name[c], T, d, &ref, K, &near);
+        check_drafts(g_models.name[c], T, d, &ref, K, &near);
         free(ref.h);
         fwd_destroy(f);
     }
@@ -299,8 +281,8 @@ static void expect(int rc, const status *st, int code, const char *what)
 
 static void test_errors(void)
 {
-    if (!g_have_gpu || !g_n_models) return;
-    const qwen35_model *m = g_model[0];
+    if (!g_have_gpu || !g_models.n) return;
+    const qwen35_model *m = g_models.m[0];
     fwd *f = make(m, 3);
     CU_ASSERT_FATAL(f != NULL);
     enum { T = 8 };
@@ -332,7 +314,7 @@ static void test_errors(void)
 static void test_models(void)
 {
     const char *req = getenv("DS_REQUIRE_GPU");
-    if (g_have_gpu && req && !strcmp(req, "1")) CU_ASSERT(g_n_models == 2);
+    if (g_have_gpu && req && !strcmp(req, "1")) CU_ASSERT(g_models.n == 2);
 }
 
 int main(void)
@@ -349,7 +331,7 @@ int main(void)
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
     CU_cleanup_registry();
-    for (int c = 0; c < g_n_models; c++) qwen35_model_free(g_model[c]);
+    gpu_models_free(&g_models);
     if (g_synth[0]) unlink(g_synth);
     return failed ? 1 : 0;
 }

@@ -26,42 +26,25 @@
 #include "common/status.h"
 #include "model/fwd.h"
 #include "model/qwen35.h"
+#include "tests/gpu/gpu_models.h"
 #include "tests/gpu/gpu_parity.h"
 
 enum { MAX_K = 4, P = 21, AFTER = 6, N_CTX = 256 };
 
 static bool g_have_gpu;
-static int g_n_models;
-static qwen35_model *g_model[2];
-static const char *g_name[2];
+static gpu_models g_models;
 static fwd_state_dtype g_dtype;
 
 static const sampling_params k_greedy = {.top_p = 1, .repetition_penalty = 1}; /* resolved */
-
-static void load(const char *path, const char *name)
-{
-    status st;
-    if (access(path, R_OK) != 0) {
-        printf("  %s absent: not run\n", path);
-        return;
-    }
-    if (qwen35_model_load(&g_model[g_n_models], path, &st)) {
-        printf("  %s: %s\n", path, st.msg);
-        CU_FAIL("model load");
-        return;
-    }
-    g_name[g_n_models++] = name;
-}
 
 static void find_models(void)
 {
     const char *root = getenv("DS_REPO_ROOT");
     char p[1024];
-    snprintf(p, sizeof p, "models/demo-en-17m.gguf");
-    if (access(p, R_OK) != 0 && root) snprintf(p, sizeof p, "%s/models/demo-en-17m.gguf", root);
-    load(p, "demo");
+    gpu_models_demo_path(p, sizeof p);
+    gpu_models_load(&g_models, p, "demo");
     snprintf(p, sizeof p, "%s/tests/reference/own-r2-tied.gguf", root ? root : ".");
-    load(p, "own-r2-tied");
+    gpu_models_load(&g_models, p, "own-r2-tied");
 }
 
 static fwd *make(const qwen35_model *m, bool invariant, int verify_rows, int verify_runs)
@@ -146,8 +129,8 @@ static float max_abs(const float *x, size_t n)
 
 static void test_equals_rows(void)
 {
-    for (int c = 0; g_have_gpu && c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; g_have_gpu && c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         const int V = m->cfg.V, H = m->cfg.H;
         fwd *fo = make(m, true, MAX_K + 1, 2), *fr = make(m, true, MAX_K + 1, 2);
         CU_ASSERT_PTR_NOT_NULL_FATAL(fo);
@@ -173,7 +156,7 @@ static void test_equals_rows(void)
             CU_ASSERT_EQUAL(fwd_n_past(fr, 0), P + k + 1);
         }
         printf("  %s%s: verify runs of 2..%d rows %s one-row steps (logits, tokens, h)\n",
-               g_name[c], g_dtype == FWD_STATE_BF16 ? " (bf16 state)" : "", MAX_K + 1,
+               g_models.name[c], g_dtype == FWD_STATE_BF16 ? " (bf16 state)" : "", MAX_K + 1,
                bad ? "DIFFER from" : "bit-identical to");
         free(l1), free(l2), free(h1), free(h2);
         fwd_destroy(fo);
@@ -185,8 +168,8 @@ static void test_equals_rows(void)
  * a sequence fed those a+1 rows one by one (logits bit for bit). Also rolled back twice. */
 static void test_rollback(void)
 {
-    for (int c = 0; g_have_gpu && c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; g_have_gpu && c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         const int V = m->cfg.V;
         fwd *fr = make(m, true, MAX_K + 1, 2), *fs = make(m, true, MAX_K + 1, 2);
         CU_ASSERT_PTR_NOT_NULL_FATAL(fr);
@@ -220,7 +203,7 @@ static void test_rollback(void)
                     CU_ASSERT(same);
                 }
         printf("  %s%s: rollback, %d cases (k 1..%d, every a, twice): %d differ from the rows "
-               "fed alone\n", g_name[c], g_dtype == FWD_STATE_BF16 ? " (bf16 state)" : "", cases,
+               "fed alone\n", g_models.name[c], g_dtype == FWD_STATE_BF16 ? " (bf16 state)" : "", cases,
                MAX_K, bad);
         free(lr), free(ls);
         fwd_destroy(fr);
@@ -233,8 +216,8 @@ static void test_rollback(void)
  * refused. */
 static void test_two_runs(void)
 {
-    for (int c = 0; g_have_gpu && c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; g_have_gpu && c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         const int V = m->cfg.V, n = MAX_K + 1, R = 2 * n + 1;
         fwd *fa = make(m, true, n, 2), *fb = make(m, true, n, 2);
         CU_ASSERT_PTR_NOT_NULL_FATAL(fa);
@@ -282,7 +265,7 @@ static void test_two_runs(void)
                 same &= na[s] == nb[s] && !memcmp(la, lb, (size_t)V * 4);
             }
         CU_ASSERT(same);
-        printf("  %s%s: two verify runs and a decode row in one step %s each alone\n", g_name[c],
+        printf("  %s%s: two verify runs and a decode row in one step %s each alone\n", g_models.name[c],
                g_dtype == FWD_STATE_BF16 ? " (bf16 state)" : "", same ? "equal" : "DIFFER from");
         free(la), free(lb);
         fwd_destroy(fa);
@@ -295,8 +278,8 @@ static void test_two_runs(void)
 static void test_default_path(void)
 {
     if (g_dtype != FWD_STATE_F32) return;
-    for (int c = 0; g_have_gpu && c < g_n_models; c++) {
-        const qwen35_model *m = g_model[c];
+    for (int c = 0; g_have_gpu && c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
         const int V = m->cfg.V, n = MAX_K + 1;
         fwd *fo = make(m, false, n, 0), *fr = make(m, false, n, 0);
         CU_ASSERT_PTR_NOT_NULL_FATAL(fo);
@@ -318,7 +301,7 @@ static void test_default_path(void)
             agree += t1[i] == t2[i];
         }
         printf("  %s: default path: verify run vs one-row GEMV steps: logits within %.2e of "
-               "max|logit| (bound 5e-3), greedy tokens %d of %d the same\n", g_name[c], worst,
+               "max|logit| (bound 5e-3), greedy tokens %d of %d the same\n", g_models.name[c], worst,
                agree, n);
         CU_ASSERT(worst <= 5e-3f);
         free(l1), free(l2);
@@ -329,8 +312,8 @@ static void test_default_path(void)
 
 static void test_errors(void)
 {
-    if (!g_have_gpu || g_dtype != FWD_STATE_F32 || !g_n_models) return;
-    const qwen35_model *m = g_model[0];
+    if (!g_have_gpu || g_dtype != FWD_STATE_F32 || !g_models.n) return;
+    const qwen35_model *m = g_models.m[0];
     fwd *plain = make(m, false, 0, 0), *f = make(m, true, 3, 1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(plain);
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -374,7 +357,7 @@ static void test_errors(void)
 static void test_models(void)
 {
     const char *req = getenv("DS_REQUIRE_GPU");
-    if (g_have_gpu && req && !strcmp(req, "1")) CU_ASSERT(g_n_models >= 1);
+    if (g_have_gpu && req && !strcmp(req, "1")) CU_ASSERT(g_models.n >= 1);
 }
 
 static int use_bf16(void)
@@ -403,6 +386,6 @@ int main(void)
     CU_basic_run_tests();
     const unsigned failed = CU_get_number_of_tests_failed() + CU_get_number_of_failures();
     CU_cleanup_registry();
-    for (int c = 0; c < g_n_models; c++) qwen35_model_free(g_model[c]);
+    gpu_models_free(&g_models);
     return failed ? 1 : 0;
 }
