@@ -209,6 +209,9 @@ static int cuda_rollback(fwd *f, int slot, int n_past, status *st)
 
 static int check_mtp(const fwd *f, int slot, int pos, const int32_t *tokens, int T, status *st)
 {
+    if (!f->mtp)
+        return status_fail(st, STATUS_UNSUPPORTED, "%s: no MTP head on the device (the model "
+                           "has none, no verify runs, or tensor parallel)", f->device);
     if (slot < 0 || slot >= f->n_slots)
         return status_fail(st, STATUS_RANGE, "MTP: slot %d outside [0, %d)", slot, f->n_slots);
     if (pos < 0 || T < 1)
@@ -356,19 +359,6 @@ static const fwd_vt cuda_vt = {
     .snap_save = cuda_snap_save,
     .seq_resume = cuda_seq_resume,
     .rollback = cuda_rollback,
-    .get_stats = cuda_get_stats,
-    .destroy = cuda_destroy,
-};
-
-/* the same with the MTP head on the device */
-static const fwd_vt cuda_mtp_vt = {
-    .seq_start = cuda_seq_start,
-    .seq_end = cuda_seq_end,
-    .step = cuda_step,
-    .fill = cuda_fill,
-    .snap_save = cuda_snap_save,
-    .seq_resume = cuda_seq_resume,
-    .rollback = cuda_rollback,
     .mtp_feed = cuda_mtp_feed,
     .mtp_draft = cuda_mtp_draft,
     .get_stats = cuda_get_stats,
@@ -495,7 +485,7 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1 + e->n_keep);
     f->verify_rows = e->verify_rows; /* 0 without a batched path */
     f->verify_sampled = false;
-    if (e->mtp.on && e->verify_rows) f->vt = &cuda_mtp_vt;
+    f->mtp = e->mtp.on && e->verify_rows;
     f->state_dtype = o->state_dtype;
     f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */
     for (int r = 0; r < ranks; r++) {

@@ -192,8 +192,9 @@ typedef struct fwd_vt {
      * changed). */
     int (*rollback)(fwd *f, int slot, int n_past, status *st);
     /* The MTP head on the forward's device (speculative decoding's draft model, model/mtp.h),
-     * NULL where the forward has none (cpu: the caller runs model/mtp.h itself; cuda: a model
-     * without a head, no verify runs, or tensor parallel). The head's KV rows lie in the slot's
+     * where fwd.mtp says so (cpu: never, the caller runs model/mtp.h itself; cuda: not for a
+     * model without a head, without verify runs, or tensor parallel; then STATUS_UNSUPPORTED,
+     * or NULL). The head's KV rows lie in the slot's
      * KV blocks, one attention layer more, at the main model's positions; the caller keeps the
      * head's position (the rows it fed: pos), as qwen35_mtp_state's n_past.
      * mtp_feed: rows pos .. pos+T-1 pair hidden[r] (host [T][H]: the main model's final-norm
@@ -233,6 +234,7 @@ struct fwd {
                                 rank */
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
                              with .verify or .hidden are refused) */
+    bool mtp;             /* the model's MTP head runs on the device (vt.mtp_feed, mtp_draft) */
     bool verify_sampled;  /* verify runs of sampled sequences (the speculative sampling rule,
                              .draft_q); false (cuda): of greedy sequences only, STATUS_UNSUPPORTED
                              for others */
@@ -300,16 +302,20 @@ static inline int fwd_rollback(fwd *f, int slot, int n_past, status *st)
         return status_fail(st, STATUS_UNSUPPORTED, "%s: no verify runs to roll back", f->device);
     return f->vt->rollback(f, slot, n_past, st);
 }
-/* Whether the MTP head drafts on the forward's device (fwd_vt.mtp_feed). */
-static inline bool fwd_has_mtp(const fwd *f) { return f->vt->mtp_feed != NULL; }
+/* Whether the MTP head drafts on the forward's device (fwd.mtp). */
+static inline bool fwd_has_mtp(const fwd *f) { return f->mtp; }
 static inline int fwd_mtp_feed(fwd *f, int slot, int pos, const float *hidden,
                                const int32_t *tokens, int T, status *st)
 {
+    if (!f->vt->mtp_feed)
+        return status_fail(st, STATUS_UNSUPPORTED, "%s: no MTP head on the device", f->device);
     return f->vt->mtp_feed(f, slot, pos, hidden, tokens, T, st);
 }
 static inline int fwd_mtp_draft(fwd *f, int slot, int pos, const float *h, int32_t token, int k,
                                 int32_t *drafts, status *st)
 {
+    if (!f->vt->mtp_draft)
+        return status_fail(st, STATUS_UNSUPPORTED, "%s: no MTP head on the device", f->device);
     return f->vt->mtp_draft(f, slot, pos, h, token, k, drafts, st);
 }
 static inline void fwd_get_stats(const fwd *f, fwd_stats *s) { f->vt->get_stats(f, s); }

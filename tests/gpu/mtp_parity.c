@@ -11,7 +11,7 @@
  *    as above;
  *  - errors by name, nothing run: a bad slot, rows past the slot's fed positions, a token id
  *    outside the vocabulary, k outside 1..7, drafts past the context;
- *  - fwd_has_mtp: only with a head and verify runs.
+ *  - fwd_has_mtp: only with a head and verify runs (without: STATUS_UNSUPPORTED).
  * Models: the demo model (models/demo-en-17m.gguf, its trained head, F32) and a synthetic
  * "tiny" Q4_K_M with a head written here (gguf/synth.h), so the quantised kernels run too. */
 #include <CUnit/Basic.h>
@@ -308,6 +308,8 @@ static void test_errors(void)
     fwd *plain = make(m, 0); /* no verify runs: no head on the device */
     CU_ASSERT_FATAL(plain != NULL);
     CU_ASSERT(!fwd_has_mtp(plain));
+    float h1[1] = {0};
+    expect(fwd_mtp_feed(plain, 0, 0, h1, ids, 1, &st), &st, STATUS_UNSUPPORTED, "no head");
     fwd_destroy(plain);
 }
 
