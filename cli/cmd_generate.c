@@ -59,7 +59,7 @@
 
 typedef struct gen_opts {
     const char *model, *prompt, *ids, *device, *thinking;
-    int chat, print_ids, max_tokens, threads, ctx, top_k, tp, speculative_k;
+    int chat, print_ids, max_tokens, threads, ctx, top_k, tp, speculative_k, spec_gate;
     float spec_min_acceptance;
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int64_t seed;
@@ -86,6 +86,7 @@ static const flag_spec gen_flags[] = {
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(gen_opts, tp), "tensor-parallel ranks (cpu: simulated in one process)"},
     {"ctx", NULL, "0", FLAG_INT, offsetof(gen_opts, ctx), "context length (0: the model's)"},
     {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(gen_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4"},
+    {"spec-gate", "DS_SPEC_GATE", "true", FLAG_BOOL, offsetof(gen_opts, spec_gate), "speculate only while speculating steps measure faster per token than plain ones (as the worker's --spec-gate); false: every step"},
     {"spec-min-acceptance", "DS_SPEC_MIN_ACCEPTANCE", "0.3", FLAG_FLOAT, offsetof(gen_opts, spec_min_acceptance), "0..1: stop speculating once the rolling draft acceptance (accepted / drafted, each verify run weighted 1/8) is below this after 8 verify runs (0: never)"},
     {0},
 };
@@ -340,7 +341,7 @@ int cmd_generate(int argc, char **argv)
                                     .max_prefill_tokens = 512, .tp = o.tp,
                                     .verify_rows = spec_k ? spec_k + 1 : 0, .verify_runs = 1};
     engine_opts eo = {.queue = 1, .step_tokens = 512, .spec_k = spec_k, .spec_threads = o.threads,
-                      .spec_min_accept = o.spec_min_acceptance};
+                      .spec_min_accept = o.spec_min_acceptance, .spec_gate = o.spec_gate != 0};
     int32_t eog[ENGINE_MAX_EOS_IDS];
     const size_t n_eog = tokenizer_eog_ids(tok, eog);
     for (size_t i = 0; i < n_eog && eo.n_eos_ids < ENGINE_MAX_EOS_IDS; i++) eo.eos_ids[eo.n_eos_ids++] = eog[i];

@@ -35,7 +35,7 @@ typedef struct worker_opts {
     int dense_rows;
     bool dense_per_pass;
     int prefix_cache_mb, prefix_snapshot_every, memory_mb;
-    int speculative_k, spec_max_batch, spec_threads;
+    int speculative_k, spec_max_batch, spec_threads, spec_gate;
     float spec_min_acceptance;
     const char *tls_cert, *tls_key, *tls_client_ca, *health_listen, *auth_token_file;
 } worker_opts;
@@ -52,8 +52,9 @@ static const flag_spec worker_flags[] = {
     {"state-dtype", "DS_STATE_DTYPE", "f32", FLAG_STR, offsetof(worker_opts, state_dtype), "f32 | bf16: how the DeltaNet recurrent state S is stored (arithmetic F32 either way; bf16 halves its bytes on cuda, so about twice the slots and snapshots fit, and its traffic in batched steps; docs/BENCH.md has its drift)"},
     {"prefix-cache-mb", "DS_PREFIX_CACHE_MB", "-1", FLAG_INT, offsetof(worker_opts, prefix_cache_mb), "MiB of recurrent-state snapshots kept for prefix reuse (-1: chosen by the device: a share of free GPU memory, 4 per slot on the CPU; 0: off)"},
     {"prefix-snapshot-every", "DS_PREFIX_SNAPSHOT_EVERY", "1024", FLAG_INT, offsetof(worker_opts, prefix_snapshot_every), "a long prompt's prefill keeps a snapshot at the end of a step when this many tokens were computed since its last one, so that prompts sharing part of it resume near where they part (0: only at the prompt's end and where prompts part)"},
-    {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu), else it stays off and the log says why"},
+    {"speculative-k", "DS_SPECULATIVE_K", "0", FLAG_INT, offsetof(worker_opts, speculative_k), "speculative decoding with the model's MTP head: tokens drafted per verify run, 0 (off) .. 4; needs a model with an MTP head and a device with verify runs (cpu; cuda: greedy requests, the head drafting on the GPU), else it stays off and the log says why"},
     {"spec-max-batch", "DS_SPEC_MAX_BATCH", "8", FLAG_INT, offsetof(worker_opts, spec_max_batch), "speculate only while at most this many sequences decode (more: plain decode steps)"},
+    {"spec-gate", "DS_SPEC_GATE", "true", FLAG_BOOL, offsetof(worker_opts, spec_gate), "speculate with a number of decoding sequences only while its steps measure faster per token than plain steps there (a plain or speculating step every 32 keeps both measured); false: whenever allowed"},
     {"spec-min-acceptance", "DS_SPEC_MIN_ACCEPTANCE", "0.3", FLAG_FLOAT, offsetof(worker_opts, spec_min_acceptance), "0..1: a request whose rolling draft acceptance (accepted / drafted, each verify run weighted 1/8) is below this after 8 verify runs stops speculating for the rest of its life (its tokens unchanged; 0: never)"},
     {"spec-threads", "DS_SPEC_THREADS", "0", FLAG_INT, offsetof(worker_opts, spec_threads), "CPU threads of the MTP head's drafts where it drafts on the CPU (0: as --threads)"},
     {"tp", "DS_TP", "1", FLAG_INT, offsetof(worker_opts, tp), "tensor-parallel ranks: cpu simulates them in one process; cuda runs one per GPU over NCCL (libnccl.so.2 loaded at run time)"},
@@ -246,7 +247,7 @@ int cmd_worker(int argc, char **argv)
                       .prefill_min_tokens = o.prefill_min_tokens, .metrics = mx,
                       .prefix_snap_every = o.prefix_snapshot_every, .on_fatal = on_fatal,
                       .spec_k = o.speculative_k, .spec_max_batch = o.spec_max_batch,
-                      .spec_min_accept = o.spec_min_acceptance,
+                      .spec_min_accept = o.spec_min_acceptance, .spec_gate = o.spec_gate != 0,
                       .spec_threads = o.spec_threads ? o.spec_threads : o.threads};
     for (int i = 0; i < desc.n_eos_ids; i++) eo.eos_ids[eo.n_eos_ids++] = desc.eos_ids[i];
     if (engine_create(backend, &eo, &eng, &st)) goto fail;

@@ -46,6 +46,10 @@ struct engine {
     uint64_t px_queries, px_hits, px_queried_tokens, px_cached_tokens;
     worker_spec *sp;       /* owned: the draft head, NULL when nothing speculates */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_switched_off; /* under mu */
+    spec_gate gate;        /* engine_opts.spec_gate: whether speculating pays (engine thread) */
+    uint64_t gate_step;    /* the step (steps + 1) gate_spec was chosen for, at gate_b */
+    int gate_b;
+    bool gate_spec;
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -607,7 +611,15 @@ static int build_batch(engine *e, engine_request **active, int na)
     int n = 0, n_pre = 0, n_decoding = 0;
     engine_request *pre[na > 0 ? na : 1];
     for (int i = 0; i < na; i++) n_decoding += decoding(active[i]);
-    const bool speculate = e->sp && n_decoding <= e->o.spec_max_batch;
+    bool speculate = e->sp && n_decoding <= e->o.spec_max_batch;
+    if (speculate && e->o.spec_gate) { /* one choice a step (build_batch may run again) */
+        if (e->gate_step != e->steps + 1 || e->gate_b != n_decoding) {
+            e->gate_spec = spec_gate_choose(&e->gate, n_decoding);
+            e->gate_step = e->steps + 1;
+            e->gate_b = n_decoding;
+        }
+        speculate = e->gate_spec;
+    }
     for (int i = 0; i < na; i++) {
         engine_request *r = active[i];
         if (!decoding(r)) {
@@ -867,6 +879,19 @@ static int fail_items(engine *e, engine_request **active, int na, const status *
 
 /* ---- speculative decoding (worker/spec.h) ---- */
 
+/* A step of n items that took seconds for `generated` tokens, into the gate when it had decoding
+ * items only: speculated when one of them was a verify run. */
+static void gate_record(engine *e, int n, double seconds, uint64_t generated)
+{
+    bool verify = false;
+    for (int i = 0; i < n; i++) {
+        if (!e->items[i].verify && e->items[i].n_tokens != 1) return; /* a prompt chunk */
+        if (e->items[i].prompt) return;
+        verify |= e->items[i].verify;
+    }
+    spec_gate_record(&e->gate, n, verify, seconds, generated);
+}
+
 /* The draft head fell behind (an error it reports: a bug, never the request's doing): r goes on
  * without speculation, its output unchanged. */
 static void spec_off(engine_request *r, const status *st)
@@ -1046,6 +1071,7 @@ static void *engine_main(void *arg)
         while ((n = build_batch(e, e->active, na)) > 0 && e->kv && !kv_grow(e, n, &na, &nd)) {
         }
         uint64_t generated = 0;
+        const double t_step = clock_now_s();
         if (n > 0) spec_draft_all(e, n);
         if (n > 0) {
             int rc = worker_backend_step(e->b, e->items, n, &st);
@@ -1076,6 +1102,7 @@ static void *engine_main(void *arg)
                     if (e->pc) prefix_keep(e, r); /* the conversation's next turn starts here */
                 }
                 step_end_sinks(e, n);
+                if (e->sp && e->o.spec_gate) gate_record(e, n, clock_now_s() - t_step, generated);
             }
         }
         engine_metrics_step(&e->m, generated);

@@ -158,6 +158,8 @@ typedef struct engine_opts {
     int spec_k;         /* drafts per verify run (0: off; 1..SPEC_MAX_K) */
     int spec_max_batch; /* speculate only while at most this many sequences decode (0: 8) */
     int spec_threads;   /* the draft head's CPU threads (0: all online CPUs) */
+    bool spec_gate;     /* speculate at a number of decoding sequences only while measured
+                           faster there than plain steps (worker/spec.h spec_gate) */
     float spec_min_accept; /* 0..1: a request whose rolling acceptance (worker/spec.h
                               spec_accept_mean) is below this after at least
                               SPEC_ACCEPT_MIN_RUNS verify runs stops speculating (0: never) */

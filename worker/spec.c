@@ -155,3 +155,27 @@ int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sam
     qwen35_mtp_truncate(ms, n_past);
     return rc;
 }
+
+/* ---- the gate ---- */
+
+static int gate_b(int b) { return b < 1 ? 1 : b > SPEC_GATE_MAX_B ? SPEC_GATE_MAX_B : b; }
+
+bool spec_gate_choose(spec_gate *g, int b)
+{
+    b = gate_b(b);
+    const uint32_t ns = g->n[1][b], np = g->n[0][b];
+    const uint32_t turn = g->turns[b]++;
+    if (ns < SPEC_GATE_MIN || np < SPEC_GATE_MIN) return ns <= np;
+    const bool faster = g->s_tok[1][b] < g->s_tok[0][b];
+    return turn % SPEC_GATE_PROBE == SPEC_GATE_PROBE - 1 ? !faster : faster;
+}
+
+void spec_gate_record(spec_gate *g, int b, bool speculated, double seconds, uint64_t tokens)
+{
+    if (tokens < 1 || !(seconds >= 0)) return;
+    b = gate_b(b);
+    const int s = speculated;
+    const double x = seconds / (double)tokens;
+    g->s_tok[s][b] = g->n[s][b] ? g->s_tok[s][b] + SPEC_GATE_WEIGHT * (x - g->s_tok[s][b]) : x;
+    if (g->n[s][b] < UINT32_MAX) g->n[s][b]++;
+}

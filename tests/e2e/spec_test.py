@@ -69,6 +69,7 @@ class Speculative(unittest.TestCase):
         cls.ws = h.start_worker("spec_on", model=cls.model,
                                 extra=common + ["--speculative-k", str(K),
                                                 "--spec-min-acceptance", "0",
+                                                "--spec-gate=false",
                                                 "--metrics-listen", "127.0.0.1:0"])
         m = cls.ws.wait_line(r"metrics on http://(\S+?):(\d+)/metrics")
         cls.metrics_url = "http://%s:%s/metrics" % (m.group(1), m.group(2))
@@ -211,7 +212,7 @@ class Speculative(unittest.TestCase):
         w = h.start_worker("spec_strict", model=self.model,
                            extra=["--threads", "1", "--slots", "4", "--ctx", "512",
                                   "--prefix-cache-mb", "0", "--speculative-k", str(K),
-                                  "--spec-min-acceptance", "0.99",
+                                  "--spec-min-acceptance", "0.99", "--spec-gate=false",
                                   "--metrics-listen", "127.0.0.1:0"])
         try:
             m = w.wait_line(r"metrics on http://(\S+?):(\d+)/metrics")

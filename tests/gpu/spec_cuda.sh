@@ -17,7 +17,7 @@ for p in "${prompts[@]}"; do
     base=""
     for k in 0 1 3; do
         ids=$(cli/deltaserve generate --model "$model" --prompt "$p" --max-tokens 96 --print-ids \
-              --speculative-k "$k" --spec-min-acceptance 0 --device cuda 2> "$log")
+              --speculative-k "$k" --spec-min-acceptance 0 --spec-gate=false --device cuda 2> "$log")
         if [ "$k" = 0 ]; then
             base=$ids
             continue

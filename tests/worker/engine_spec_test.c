@@ -11,7 +11,12 @@
  *    greedy requests makes exactly SPEC_ACCEPT_MIN_RUNS verify runs, then decodes plainly to its
  *    end with the tokens of speculation off, each counted once in engine_load.spec_switched_off
  *    and deltaserve:spec_switched_off_total; at 0 (the rule off) they speculate to the end;
- *    a value outside 0..1 (or NaN) is refused at engine_create. */
+ *    a value outside 0..1 (or NaN) is refused at engine_create;
+ *  - the gate (engine_opts.spec_gate, spec_gate_*): its rule on given step times (both sides
+ *    measured first, then the faster, the other every SPEC_GATE_PROBE-th step, per number of
+ *    sequences, following a change), and in the engine on this model, whose head accepts nothing
+ *    (a verify step costs more and gives one token): a greedy request speculates on a few steps
+ *    only, its tokens those of speculation off. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +38,8 @@
 
 static const int32_t PROMPTS[N_REQ][6] = {{1, 5, 9, 2, 7, 3}, {4, 4, 8, 1, 0, 6}, {11, 3, 2, 9, 5, 1}};
 
+static bool g_gate; /* open_engine's engines with the gate on */
+
 /* The model at path on a 4-slot CPU backend and an engine speculating k drafts (0: off). */
 static void open_engine(const char *path, int k, qwen35_model **m, worker_backend **b, engine **e)
 {
@@ -41,7 +48,8 @@ static void open_engine(const char *path, int k, qwen35_model **m, worker_backen
     const worker_backend_opts bo = {.n_slots = 4, .n_ctx = 128, .n_threads = 2,
                                     .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
     CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", *m, &bo, b, &st), STATUS_OK);
-    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2};
+    const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2,
+                            .spec_gate = g_gate};
     CU_ASSERT_EQUAL_FATAL(engine_create(*b, &eo, e, &st), STATUS_OK);
 }
 
@@ -419,6 +427,107 @@ static void test_min_accept_range(void)
     unlink(path);
 }
 
+/* ---- the gate ---- */
+
+static void test_gate_rule(void)
+{
+    spec_gate g;
+    memset(&g, 0, sizeof g);
+    /* both sides measured first, the one with fewer steps next (speculating on a tie) */
+    int spec = 0;
+    for (int i = 0; i < 2 * SPEC_GATE_MIN; i++) {
+        const bool s = spec_gate_choose(&g, 1);
+        CU_ASSERT_EQUAL(s, i % 2 == 0);
+        spec += s;
+        spec_gate_record(&g, 1, s, s ? 0.010 : 0.008, s ? 2 : 1); /* 5 ms a token against 8 */
+    }
+    CU_ASSERT_EQUAL(spec, SPEC_GATE_MIN);
+    /* then the faster, the other every SPEC_GATE_PROBE-th step */
+    int plain = 0;
+    for (int i = 0; i < 4 * SPEC_GATE_PROBE; i++) {
+        const bool s = spec_gate_choose(&g, 1);
+        plain += !s;
+        spec_gate_record(&g, 1, s, s ? 0.010 : 0.008, s ? 2 : 1);
+    }
+    CU_ASSERT_EQUAL(plain, 4);
+    /* per number of sequences: b = 2 starts afresh */
+    CU_ASSERT(spec_gate_choose(&g, 2));
+    spec_gate_record(&g, 2, true, 0.010, 1);
+    CU_ASSERT_FALSE(spec_gate_choose(&g, 2));
+    /* speculation turns slow (drafts accepted no longer): the probes and the moving mean follow,
+     * and plain steps take over */
+    int last_spec = -1;
+    for (int i = 0; i < 20 * SPEC_GATE_PROBE; i++) {
+        const bool s = spec_gate_choose(&g, 1);
+        if (s) last_spec = i;
+        spec_gate_record(&g, 1, s, s ? 0.030 : 0.008, 1);
+    }
+    CU_ASSERT(last_spec >= 0);
+    spec = 0;
+    for (int i = 0; i < 4 * SPEC_GATE_PROBE; i++) {
+        const bool s = spec_gate_choose(&g, 1);
+        spec += s;
+        spec_gate_record(&g, 1, s, s ? 0.030 : 0.008, 1);
+    }
+    CU_ASSERT_EQUAL(spec, 4);
+    /* nothing measured from a step without tokens; b past the last as the last */
+    spec_gate_record(&g, SPEC_GATE_MAX_B + 5, true, 1.0, 0);
+    CU_ASSERT_EQUAL(g.n[1][SPEC_GATE_MAX_B], 0);
+    spec_gate_record(&g, SPEC_GATE_MAX_B + 5, true, 1.0, 1);
+    CU_ASSERT_EQUAL(g.n[1][SPEC_GATE_MAX_B], 1);
+}
+
+#define GATE_NEW 100
+
+/* one greedy request of GATE_NEW tokens, k = 4, the gate on / off: its tokens and verify runs */
+static void gate_run(const char *path, bool gate, int32_t *out, uint64_t *runs)
+{
+    qwen35_model *m = NULL;
+    worker_backend *b = NULL;
+    engine *e = NULL;
+    status st;
+    g_gate = gate;
+    open_engine(path, 4, &m, &b, &e);
+    g_gate = false;
+    engine_collector c;
+    engine_collector_init(&c, out, GATE_NEW);
+    engine_params p = {.prompt = PROMPTS[2], .n_prompt = 6, .max_new_tokens = GATE_NEW,
+                       .sampling = sampling_params_resolve(&(sampling_params){0}),
+                       .ignore_eos = true};
+    snprintf(p.id, sizeof p.id, "gate");
+    CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, &c, &st), STATUS_OK);
+    engine_collector_wait(&c);
+    CU_ASSERT_EQUAL(c.n, GATE_NEW);
+    engine_collector_destroy(&c);
+    engine_load l;
+    engine_get_load(e, &l);
+    *runs = l.spec_steps;
+    engine_destroy(e);
+    worker_backend_destroy(b);
+    qwen35_model_free(m);
+}
+
+static void test_gate_engine(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/engine_spec_%d_gate.gguf", testutil_tmp_dir(), (int)getpid());
+    synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
+                       .mtp = true, .n_threads = 2};
+    status st;
+    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    int32_t off[GATE_NEW], on[GATE_NEW];
+    uint64_t runs_off, runs_on;
+    gate_run(path, false, off, &runs_off);
+    gate_run(path, true, on, &runs_on);
+    printf("\n    verify runs: %llu without the gate, %llu with it", (unsigned long long)runs_off,
+           (unsigned long long)runs_on);
+    CU_ASSERT(runs_off >= GATE_NEW - 2); /* nothing accepted: a run a token */
+    CU_ASSERT(runs_on >= SPEC_GATE_MIN);
+    CU_ASSERT(runs_on <= GATE_NEW / 4); /* measured slower: mostly plain steps */
+    CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    unlink(path);
+}
+
 static void test_f32(void) { check(SYNTH_QUANT_F32, "f32"); }
 static void test_q8(void) { check(SYNTH_QUANT_Q8_0, "q8_0"); }
 
@@ -432,5 +541,7 @@ int main(void)
     CU_add_test(s, "rolling_acceptance_mean", test_accept_mean);
     CU_add_test(s, "rolling_acceptance_switches_off", test_rolling_switch_off);
     CU_add_test(s, "min_accept_out_of_range_refused", test_min_accept_range);
+    CU_add_test(s, "gate_rule", test_gate_rule);
+    CU_add_test(s, "gate_in_the_engine", test_gate_engine);
     return testutil_cunit_run();
 }

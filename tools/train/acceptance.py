@@ -11,7 +11,7 @@ stream (pack/heldout.u16.gz, prepare.py; documents the model never trained on). 
 decoded greedily for --max-tokens tokens by `deltaserve generate --ids .. --print-ids
 --speculative-k K --spec-min-acceptance 0 --device D` (the worker's engine and speculative
 path, one slot, --threads CPU threads: the CPU forward's, and the MTP head's, which drafts on the
-CPU; never switched off by the rolling acceptance, so every run counts) for every K of --ks
+CPU; never switched off by the rolling acceptance or the gate, so every run counts) for every K of --ks
 (0: off). Per K, over all prompts: verify runs, drafted and accepted
 tokens, the acceptance rate (accepted / drafted), the mean accepted length (tokens per verify
 run: accepted / runs + 1) and the decode speed (decoded tokens / decode seconds, from each
@@ -44,7 +44,8 @@ def prompts(pack, n, p):
 def generate(a, ids, k):
     cmd = [a.bin, "generate", "--model", a.model, "--ids", ",".join(map(str, ids)),
            "--max-tokens", str(a.max_tokens), "--print-ids", "--threads", str(a.threads),
-           "--speculative-k", str(k), "--spec-min-acceptance", "0", "--device", a.device]
+           "--speculative-k", str(k), "--spec-min-acceptance", "0", "--spec-gate=false",
+           "--device", a.device]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit("acceptance: %s failed: %s" % (" ".join(cmd[:4]), r.stderr.strip()))
