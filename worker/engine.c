@@ -606,6 +606,20 @@ static int spec_drafts(const engine *e, const engine_request *r)
     return k;
 }
 
+static void spec_off(engine_request *r, const status *st);
+
+/* The draft head's room for an item of n rows of r: its queued pairs fed first when a draft
+ * follows (flush) or the rows would not fit; false (r stops speculating) when that fails. */
+static bool spec_room(engine *e, engine_request *r, int n, bool flush)
+{
+    status st;
+    if ((flush ? spec_flush(e->sp, r->slot, &st) : spec_reserve(e->sp, r->slot, n, &st)) ==
+        STATUS_OK)
+        return true;
+    spec_off(r, &st);
+    return false;
+}
+
 static int build_batch(engine *e, engine_request **active, int na)
 {
     int n = 0, n_pre = 0, n_decoding = 0;
@@ -632,9 +646,9 @@ static int build_batch(engine *e, engine_request **active, int na)
         it->tokens = r->tokens + r->n_fed;
         it->n_tokens = 1;
         it->sample = true;
-        if (r->spec) {
+        const int k = r->spec && speculate ? spec_drafts(e, r) : 0;
+        if (r->spec && spec_room(e, r, k + 1, k >= 1)) {
             it->hidden = spec_hidden(e->sp, r->slot);
-            const int k = speculate ? spec_drafts(e, r) : 0;
             if (k >= 1) { /* the tokens are drafted once the batch is final (spec_draft_all) */
                 it->verify = true;
                 it->n_tokens = k + 1;
@@ -665,7 +679,7 @@ static int build_batch(engine *e, engine_request **active, int na)
         it->n_tokens = chunk;
         it->prompt = prompt;
         it->sample = r->n_fed + chunk == known_tokens(r);
-        if (r->spec) it->hidden = spec_hidden(e->sp, r->slot);
+        if (r->spec && spec_room(e, r, chunk, false)) it->hidden = spec_hidden(e->sp, r->slot);
         e->item_req[n++] = r;
         budget -= chunk;
     }

@@ -23,14 +23,17 @@ int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk
     sp->n_slots = n_slots;
     sp->chunk = chunk;
     sp->H = m->cfg.H;
-    const size_t S = (size_t)n_slots, rows = (size_t)(1 + chunk) * (size_t)sp->H;
+    sp->cap = 1 + (chunk > SPEC_MAX_K + 1 ? chunk : SPEC_MAX_K + 1) + SPEC_QUEUE_ROWS;
+    const size_t S = (size_t)n_slots, rows = (size_t)sp->cap * (size_t)sp->H;
     sp->h = malloc(S * rows * sizeof(float));
+    sp->qtok = malloc(S * (size_t)sp->cap * sizeof *sp->qtok);
+    sp->queued = calloc(S, sizeof *sp->queued);
     sp->pending = calloc(S, sizeof *sp->pending);
     sp->tok = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->tok);
     sp->outs = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->outs);
     sp->V = m->cfg.V;
     int rc = STATUS_OK;
-    if (!sp->h || !sp->pending || !sp->tok || !sp->outs) goto nomem;
+    if (!sp->h || !sp->qtok || !sp->queued || !sp->pending || !sp->tok || !sp->outs) goto nomem;
     sp->bytes = S * rows * sizeof(float);
     if (sp->dev) { /* the head's state is in the forward's KV blocks */
         if (!(sp->n_past = calloc(S, sizeof *sp->n_past))) goto nomem;
@@ -65,6 +68,8 @@ void spec_destroy(worker_spec *sp)
     free(sp->ms);
     free(sp->n_past);
     free(sp->h);
+    free(sp->qtok);
+    free(sp->queued);
     free(sp->pending);
     free(sp->tok);
     free(sp->outs);
@@ -79,6 +84,7 @@ void spec_start(worker_spec *sp, int slot)
         sp->n_past[slot] = 0;
     else
         qwen35_mtp_state_reset(sp->ms[slot]);
+    sp->queued[slot] = 0;
     sp->pending[slot] = false;
 }
 
@@ -92,25 +98,53 @@ static int feed(worker_spec *sp, int slot, const float *h, const int32_t *tokens
     return rc;
 }
 
+/* the slot's first row */
+static float *slot_rows(worker_spec *sp, int slot)
+{
+    return sp->h + (uint64_t)slot * (uint64_t)sp->cap * (uint64_t)sp->H;
+}
+
 int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st)
 {
-    DS_ASSERT(n >= 1 && n <= sp->chunk);
-    const size_t H = (size_t)sp->H;
-    float *h0 = spec_hidden(sp, slot) - H; /* the pending row, then the item's rows */
-    int rc = STATUS_OK;
-    if (sp->pending[slot]) /* (pending, t0), (h_0, t1), .., (h_{n-2}, t_{n-1}) */
-        rc = feed(sp, slot, h0, tokens, n, st);
-    else if (n > 1) /* the sequence's first item: (h_0, t1), .. */
-        rc = feed(sp, slot, h0 + H, tokens + 1, n - 1, st);
-    if (rc) return rc;
-    memcpy(h0, h0 + (size_t)n * H, H * sizeof(float));
+    (void)st;
+    int q = sp->queued[slot];
+    DS_ASSERT(n >= 1 && q + 1 + n <= sp->cap);
+    int32_t *qt = sp->qtok + (uint64_t)slot * (uint64_t)sp->cap;
+    if (sp->pending[slot]) { /* (pending, t0), (h_0, t1), .., (h_{n-2}, t_{n-1}) */
+        memcpy(qt + q, tokens, (size_t)n * sizeof *tokens);
+        q += n;
+    } else { /* the sequence's first item: (h_0, t1), .. */
+        DS_ASSERT(q == 0);
+        memcpy(qt, tokens + 1, (size_t)(n - 1) * sizeof *tokens);
+        q = n - 1;
+    }
+    sp->queued[slot] = q; /* h_{n-1} pending, after the queued rows */
     sp->pending[slot] = true;
     return STATUS_OK;
 }
 
+int spec_flush(worker_spec *sp, int slot, status *st)
+{
+    const int q = sp->queued[slot];
+    if (!q) return STATUS_OK;
+    float *h = slot_rows(sp, slot);
+    const int rc = feed(sp, slot, h, sp->qtok + (uint64_t)slot * (uint64_t)sp->cap, q, st);
+    if (rc) return rc;
+    memmove(h, h + (size_t)q * (size_t)sp->H, (size_t)sp->H * sizeof(float)); /* the pending h */
+    sp->queued[slot] = 0;
+    return STATUS_OK;
+}
+
+int spec_reserve(worker_spec *sp, int slot, int n, status *st)
+{
+    DS_ASSERT(n >= 1 && 1 + n <= sp->cap);
+    if (sp->queued[slot] + (sp->pending[slot] ? 1 : 0) + n <= sp->cap) return STATUS_OK;
+    return spec_flush(sp, slot, st);
+}
+
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st)
 {
-    DS_ASSERT(sp->pending[slot] && k >= 1 && k <= SPEC_MAX_K);
+    DS_ASSERT(sp->pending[slot] && !sp->queued[slot] && k >= 1 && k <= SPEC_MAX_K);
     int32_t *t = spec_tokens(sp, slot);
     t[0] = last;
     if (sp->dev)
@@ -126,7 +160,7 @@ int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st)
 int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sampling_params *p,
                        int pos, status *st)
 {
-    DS_ASSERT(sp->pending[slot] && k >= 1 && k <= SPEC_MAX_K);
+    DS_ASSERT(sp->pending[slot] && !sp->queued[slot] && k >= 1 && k <= SPEC_MAX_K);
     if (sp->dev)
         return status_fail(st, STATUS_UNSUPPORTED, "speculative decoding: %s drafts greedy "
                            "sequences only", sp->dev->device);

@@ -6,13 +6,18 @@
  * Per slot: the MTP state (its own KV, one row per main-model position but the last) and the
  * pending h, the main model's final-norm output of the row that produced the slot's last token.
  * Every item the engine feeds a speculating slot returns its rows' h into spec_hidden(slot)
- * (worker_batch_item.hidden); spec_fed then feeds the MTP the pairs it completes:
- * (pending h, first token), (h of row i, token i+1) ..., and keeps the last row's h pending.
- * A verify item (the last token, then the drafts) counts as an item of its accepted rows only
- * (the forward rolled back past the others), so the MTP's rows stay those of the main model:
+ * (worker_batch_item.hidden); spec_fed then queues the pairs it completes: (pending h, first
+ * token), (h of row i, token i+1) ..., and keeps the last row's h pending. The queued pairs go
+ * to the MTP in one feed when a draft needs them (spec_flush, before the verify item is built)
+ * or when the next item's rows would not fit behind them (spec_reserve): so while the gate
+ * (below) has the slot decode plainly, its rows reach the head a batch at a time, not a row a
+ * step. A verify item (the last token, then the drafts) counts as an item of its accepted rows
+ * only (the forward rolled back past the others), so the MTP's rows stay those of the main model:
  *
  *   spec_start(sp, slot);                               the slot's sequence started cold
- *   it.hidden = spec_hidden(sp, slot); step; spec_fed(sp, slot, it.tokens, it.n_tokens)
+ *   spec_reserve(sp, slot, n, &st); it.hidden = spec_hidden(sp, slot); step;
+ *   spec_fed(sp, slot, it.tokens, it.n_tokens)
+ *   spec_flush(sp, slot, &st); it.hidden = spec_hidden(sp, slot);
  *   spec_draft(sp, slot, last, k, &st);                 sp->tokens(slot): last, d1 .. dk
  *   verify item of k+1 rows; a accepted; rollback; spec_fed(sp, slot, tokens, a + 1)
  *
@@ -45,7 +50,11 @@ typedef struct worker_spec {
     int *n_past;                /* owned, [n_slots] with dev: the head's rows fed */
     qwen35_ctx *ctx;            /* owned without dev: the MTP's workspace */
     qwen35_mtp_state **ms;      /* owned without dev, [n_slots] */
-    float *h;                   /* owned, [n_slots][1 + chunk][H]: row 0 the pending h */
+    float *h;                   /* owned, [n_slots][cap][H]: the queued pairs' h, the pending
+                                   h, then the next item's rows */
+    int32_t *qtok;              /* owned, [n_slots][cap]: the queued pairs' tokens */
+    int *queued;                /* owned, [n_slots]: pairs queued (not fed to the MTP yet) */
+    int cap;                    /* rows a slot holds: 1 + chunk + SPEC_QUEUE_ROWS */
     bool *pending;              /* owned, [n_slots] */
     int32_t *tok;               /* owned, [n_slots][SPEC_MAX_K + 1]: last token, drafts */
     sample_result *outs;        /* owned, [n_slots][SPEC_MAX_K + 1]: a verify item's choices */
@@ -64,10 +73,21 @@ int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk
 void spec_destroy(worker_spec *sp);
 
 void spec_start(worker_spec *sp, int slot);
+/* Rows of decode steps a slot queues beyond an item's (spec_reserve feeds them then). */
+#define SPEC_QUEUE_ROWS 64
+/* Where the next item's rows go: after the queued pairs and the pending h. */
 static inline float *spec_hidden(worker_spec *sp, int slot)
 {
-    return sp->h + ((uint64_t)slot * (uint64_t)(1 + sp->chunk) + 1) * (uint64_t)sp->H;
+    const uint64_t row = (uint64_t)slot * (uint64_t)sp->cap + (uint64_t)sp->queued[slot] +
+                         (sp->pending[slot] ? 1u : 0u);
+    return sp->h + row * (uint64_t)sp->H;
 }
+/* The queued pairs fed to the MTP, then the pending h moved to the slot's first row: before a
+ * draft. Errors as qwen35_mtp_step (a full MTP context). */
+int spec_flush(worker_spec *sp, int slot, status *st);
+/* Room behind the queued pairs for an item of n rows (1 <= n <= chunk + 1), feeding them first
+ * when there is none. */
+int spec_reserve(worker_spec *sp, int slot, int n, status *st);
 static inline int32_t *spec_tokens(worker_spec *sp, int slot)
 {
     return sp->tok + (uint64_t)slot * (SPEC_MAX_K + 1);
@@ -76,15 +96,16 @@ static inline sample_result *spec_outs(worker_spec *sp, int slot)
 {
     return sp->outs + (uint64_t)slot * (SPEC_MAX_K + 1);
 }
-/* The MTP fed the pairs that n (1 <= n <= chunk) fed tokens, whose h are in spec_hidden's rows,
- * complete. Errors as qwen35_mtp_step (a full MTP context). */
+/* The pairs that n (1 <= n <= chunk + 1) fed tokens, whose h are in spec_hidden's rows,
+ * complete, queued for the MTP. Errors as qwen35_mtp_step (a full MTP context). */
 int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st);
 static inline float *spec_q(worker_spec *sp, int slot)
 {
     return sp->q + (uint64_t)slot * SPEC_MAX_K * (uint64_t)sp->V;
 }
-/* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last;
- * the MTP's rows are as before (the drafts' rows are truncated). */
+/* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last,
+ * the queue flushed (spec_flush); the MTP's rows are as before (the drafts' rows are
+ * truncated). */
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
 /* As spec_draft for a sampled sequence (on the CPU head only: STATUS_UNSUPPORTED with dev) (p: resolved, temperature > 0, no penalties): draft i is
  * drawn from q_i = sampler_probs(p) of the MTP's logits into spec_q(slot) [i], with the uniform
