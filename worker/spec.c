@@ -194,14 +194,24 @@ int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sam
 
 static int gate_b(int b) { return b < 1 ? 1 : b > SPEC_GATE_MAX_B ? SPEC_GATE_MAX_B : b; }
 
+/* the fastest of side s's window at b */
+static float gate_cost(const spec_gate *g, int s, int b)
+{
+    const uint32_t n = g->n[s][b] < SPEC_GATE_WINDOW ? g->n[s][b] : SPEC_GATE_WINDOW;
+    float c = g->s_tok[s][b][0];
+    for (uint32_t i = 1; i < n; i++)
+        if (g->s_tok[s][b][i] < c) c = g->s_tok[s][b][i];
+    return c;
+}
+
 bool spec_gate_choose(spec_gate *g, int b)
 {
     b = gate_b(b);
     const uint32_t ns = g->n[1][b], np = g->n[0][b];
     const uint32_t turn = g->turns[b]++;
     if (ns < SPEC_GATE_MIN || np < SPEC_GATE_MIN) return ns <= np;
-    const bool faster = g->s_tok[1][b] < g->s_tok[0][b];
-    return turn % SPEC_GATE_PROBE == SPEC_GATE_PROBE - 1 ? !faster : faster;
+    const bool cheaper = gate_cost(g, 1, b) < gate_cost(g, 0, b);
+    return turn % SPEC_GATE_PROBE == SPEC_GATE_PROBE - 1 ? !cheaper : cheaper;
 }
 
 void spec_gate_record(spec_gate *g, int b, bool speculated, double seconds, uint64_t tokens)
@@ -209,7 +219,6 @@ void spec_gate_record(spec_gate *g, int b, bool speculated, double seconds, uint
     if (tokens < 1 || !(seconds >= 0)) return;
     b = gate_b(b);
     const int s = speculated;
-    const double x = seconds / (double)tokens;
-    g->s_tok[s][b] = g->n[s][b] ? g->s_tok[s][b] + SPEC_GATE_WEIGHT * (x - g->s_tok[s][b]) : x;
+    g->s_tok[s][b][g->n[s][b] % SPEC_GATE_WINDOW] = (float)(seconds / (double)tokens);
     if (g->n[s][b] < UINT32_MAX) g->n[s][b]++;
 }

@@ -131,22 +131,23 @@ static inline double spec_accept_mean(double mean, int n, int k, int a)
 }
 
 /* Whether speculation pays, measured (engine_opts.spec_gate; engine.c): per number b of decoding
- * sequences (1 .. SPEC_GATE_MAX_B), the seconds per generated token of the steps that
- * speculated and of those that did not (steps without prompt rows only), each a mean moving
- * SPEC_GATE_WEIGHT of the way to every new step's (the first sets it). A step at b speculates
- * while either side has fewer than SPEC_GATE_MIN steps (the side with fewer next), then when
- * speculating is the faster side, except every SPEC_GATE_PROBE-th step at b, which takes the
- * other side to keep its mean current. So where drafting and verify runs cost more than they
- * give (a small model, a low acceptance, a busy batch), the sequences decode one token a step. */
+ * sequences (1 .. SPEC_GATE_MAX_B), the seconds per generated token of the last SPEC_GATE_WINDOW
+ * steps that speculated and of the last that did not (steps without prompt rows only), each
+ * side's cost the fastest of its window: other load only ever slows a step, so the minimum
+ * stays the step's own cost under it. A step at b speculates while either side has fewer than
+ * SPEC_GATE_MIN steps (the side with fewer next), then when speculating is the cheaper side,
+ * except every SPEC_GATE_PROBE-th step at b, which takes the other side to keep its window
+ * current. So where drafting and verify runs cost more than they give (a small model, a low
+ * acceptance, a busy batch), the sequences decode one token a step. */
 #define SPEC_GATE_MAX_B 64
 #define SPEC_GATE_MIN 4
 #define SPEC_GATE_PROBE 32
-#define SPEC_GATE_WEIGHT (1.0 / 8)
+#define SPEC_GATE_WINDOW 8
 
 typedef struct spec_gate {
-    double s_tok[2][SPEC_GATE_MAX_B + 1]; /* [speculated][b]: seconds per generated token */
-    uint32_t n[2][SPEC_GATE_MAX_B + 1];   /* steps measured */
-    uint32_t turns[SPEC_GATE_MAX_B + 1];  /* decisions made at b */
+    float s_tok[2][SPEC_GATE_MAX_B + 1][SPEC_GATE_WINDOW]; /* [speculated][b]: seconds a token */
+    uint32_t n[2][SPEC_GATE_MAX_B + 1];  /* steps measured (the window's next entry: n % W) */
+    uint32_t turns[SPEC_GATE_MAX_B + 1]; /* decisions made at b */
 } spec_gate;
 
 /* Whether the next step with b >= 1 decoding sequences speculates (b past SPEC_GATE_MAX_B: as

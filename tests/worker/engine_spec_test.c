@@ -13,7 +13,7 @@
  *    and deltaserve:spec_switched_off_total; at 0 (the rule off) they speculate to the end;
  *    a value outside 0..1 (or NaN) is refused at engine_create;
  *  - the gate (engine_opts.spec_gate, spec_gate_*): its rule on given step times (both sides
- *    measured first, then the faster, the other every SPEC_GATE_PROBE-th step, per number of
+ *    measured first, then the cheaper, the other every SPEC_GATE_PROBE-th step, per number of
  *    sequences, following a change), and in the engine on this model, whose head accepts nothing
  *    (a verify step costs more and gives one token): a greedy request speculates on a few steps
  *    only, its tokens those of speculation off. */
@@ -454,7 +454,7 @@ static void test_gate_rule(void)
     CU_ASSERT(spec_gate_choose(&g, 2));
     spec_gate_record(&g, 2, true, 0.010, 1);
     CU_ASSERT_FALSE(spec_gate_choose(&g, 2));
-    /* speculation turns slow (drafts accepted no longer): the probes and the moving mean follow,
+    /* speculation turns slow (drafts accepted no longer): its window fills with slow steps,
      * and plain steps take over */
     int last_spec = -1;
     for (int i = 0; i < 20 * SPEC_GATE_PROBE; i++) {
