@@ -1082,10 +1082,10 @@ static void *engine_main(void *arg)
         }
         na = kept;
         int n;
+        const double t_step = clock_now_s(); /* the gate's time: the head's feeds and drafts in */
         while ((n = build_batch(e, e->active, na)) > 0 && e->kv && !kv_grow(e, n, &na, &nd)) {
         }
         uint64_t generated = 0;
-        const double t_step = clock_now_s();
         if (n > 0) spec_draft_all(e, n);
         if (n > 0) {
             int rc = worker_backend_step(e->b, e->items, n, &st);

@@ -132,7 +132,8 @@ static inline double spec_accept_mean(double mean, int n, int k, int a)
 
 /* Whether speculation pays, measured (engine_opts.spec_gate; engine.c): per number b of decoding
  * sequences (1 .. SPEC_GATE_MAX_B), the seconds per generated token of the last SPEC_GATE_WINDOW
- * steps that speculated and of the last that did not (steps without prompt rows only), each
+ * steps that speculated and of the last that did not (steps without prompt rows only, the
+ * head's feeds and drafts included), each
  * side's cost the fastest of its window: other load only ever slows a step, so the minimum
  * stays the step's own cost under it. A step at b speculates while either side has fewer than
  * SPEC_GATE_MIN steps (the side with fewer next), then when speculating is the cheaper side,
