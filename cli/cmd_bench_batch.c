@@ -27,9 +27,9 @@
 typedef struct batch_opts {
     const char *model, *device, *batch, *state_dtype;
     int prompt, gen, threads, step_tokens, tp;
-    bool batch_invariant;
+    int batch_invariant; /* FLAG_BOOL: int */
     int dense_rows;
-    bool dense_per_pass;
+    int dense_per_pass; /* FLAG_BOOL: int */
 } batch_opts;
 
 static const flag_spec batch_flags[] = {

@@ -31,9 +31,9 @@
 typedef struct worker_opts {
     const char *model, *listen, *device, *metrics_listen, *name, *log_level, *state_dtype;
     int slots, queue, threads, ctx, step_tokens, prefill_min_tokens, grace_seconds, max_calls, tp;
-    bool batch_invariant;
+    int batch_invariant; /* FLAG_BOOL: int */
     int dense_rows;
-    bool dense_per_pass;
+    int dense_per_pass; /* FLAG_BOOL: int */
     int prefix_cache_mb, prefix_snapshot_every, memory_mb;
     int speculative_k, spec_max_batch, spec_threads, spec_gate;
     float spec_min_acceptance;
