@@ -25,8 +25,9 @@ void fc_mtp_layout(fc_rank *e, fc_arena *a)
     m->d_best = fc_arena_take(a, 8);
 }
 
-/* The rings hold what can be staged between two syncs in the engine's use: a step's rows (every
- * feed after a step pairs rows that step ran) and a pass's staging for every slot. */
+/* The rings hold a step's rows and a pass's staging for every slot: what the engine stages
+ * between two syncs unless several slots flush long queues in one step (worker/spec.h
+ * spec_flush), when a full ring waits for the stream. */
 int fc_mtp_alloc_host(fc_rank *e, status *st)
 {
     fc_mtp *m = &e->mtp;
@@ -58,8 +59,8 @@ void fc_mtp_destroy(fc_rank *e)
     e->mtp.heads = NULL;
 }
 
-/* Room in the rings for `rows` hidden rows and n_int ints. A step's sync drains every copy
- * staged before it; past that, a full ring waits for the stream (not in the engine's use). */
+/* Room in the rings for `rows` hidden rows and n_int ints. A step's sync (or a draft's) drains
+ * every copy staged before it; past that, a full ring waits for the stream. */
 static int ring_take(fc_rank *e, int rows, int n_int, float **h, int32_t **in, status *st)
 {
     fc_mtp *m = &e->mtp;
