@@ -332,7 +332,7 @@ int fc_rank_create(const qwen35_model *m, const fc_rank_opts *o, fc_rank **out, 
     e->n_keep = e->verify_rows ? e->verify_runs * (e->verify_rows - 1) : 0;
     e->tp = o ? o->tp : NULL;
     e->tp_rank = o && o->tp ? o->tp_rank : 0;
-    e->mtp.on = o && o->mtp && m->mtp.present && e->verify_rows && !e->tp;
+    e->mtp.on = m->mtp.present && e->verify_rows && !e->tp; /* the head runs beside verify runs */
     e->n_kv_layers = e->cfg.n_attn_layers + (e->mtp.on ? 1 : 0);
     e->vocab_begin = o && o->tp ? o->vocab_begin : 0;
     if (check_shapes(&e->cfg, st) || cuda_device_props_get(e->device, &e->props, st) ||

@@ -466,8 +466,7 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
                              .snap_budget = o->snap_budget > 0 ? o->snap_budget / ranks
                                                                : o->snap_budget,
                              .state_bf16 = o->state_dtype == FWD_STATE_BF16,
-                             .verify_rows = o->verify_rows, .verify_runs = o->verify_runs,
-                             .mtp = m->mtp.present && o->verify_rows >= 2 && ranks == 1};
+                             .verify_rows = o->verify_rows, .verify_runs = o->verify_runs};
     int rc = ranks > 1 ? create_ranks(c, st) : on_ranks(c, JOB_CREATE, st);
     if (rc) goto fail;
     const fc_rank *e = c->rank[0];

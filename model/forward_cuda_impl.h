@@ -72,8 +72,6 @@ typedef struct fc_rank_opts {
     bool state_bf16;      /* the DeltaNet S stored as bf16 (fwd_opts.state_dtype): half its
                              bytes in the slots and the snapshots, so about twice the slots */
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none */
-    bool mtp;             /* the model's MTP head on the device (fc_mtp), its KV a layer more in
-                             the pool */
     int verify_runs;      /* most verify runs a step (fwd_opts.verify_runs; 0: FWD_VERIFY_RUNS) */
     /* Tensor parallel (the model is then the rank's shard): this rank's communicator (NULL:
      * none), its rank (rank 0 samples, reports and owns the KV pool; every rank sums the

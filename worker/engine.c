@@ -47,9 +47,6 @@ struct engine {
     worker_spec *sp;       /* owned: the draft head, NULL when nothing speculates */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_switched_off; /* under mu */
     spec_gate gate;        /* engine_opts.spec_gate: whether speculating pays (engine thread) */
-    uint64_t gate_step;    /* the step (steps + 1) gate_spec was chosen for, at gate_b */
-    int gate_b;
-    bool gate_spec;
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -620,20 +617,19 @@ static bool spec_room(engine *e, engine_request *r, int n, bool flush)
     return false;
 }
 
-static int build_batch(engine *e, engine_request **active, int na)
+/* Whether this step's decoding sequences may speculate (the gate asked once a step). */
+static bool step_speculates(engine *e, engine_request **active, int na)
 {
-    int n = 0, n_pre = 0, n_decoding = 0;
-    engine_request *pre[na > 0 ? na : 1];
+    int n_decoding = 0;
     for (int i = 0; i < na; i++) n_decoding += decoding(active[i]);
-    bool speculate = e->sp && n_decoding <= e->o.spec_max_batch;
-    if (speculate && e->o.spec_gate) { /* one choice a step (build_batch may run again) */
-        if (e->gate_step != e->steps + 1 || e->gate_b != n_decoding) {
-            e->gate_spec = spec_gate_choose(&e->gate, n_decoding);
-            e->gate_step = e->steps + 1;
-            e->gate_b = n_decoding;
-        }
-        speculate = e->gate_spec;
-    }
+    if (!e->sp || n_decoding > e->o.spec_max_batch) return false;
+    return !e->o.spec_gate || spec_gate_choose(&e->gate, n_decoding);
+}
+
+static int build_batch(engine *e, engine_request **active, int na, bool speculate)
+{
+    int n = 0, n_pre = 0;
+    engine_request *pre[na > 0 ? na : 1];
     for (int i = 0; i < na; i++) {
         engine_request *r = active[i];
         if (!decoding(r)) {
@@ -914,13 +910,6 @@ static void spec_off(engine_request *r, const status *st)
     r->spec = false;
 }
 
-/* After an item fed n of r's tokens with their h: the draft head catches up. */
-static void spec_follow(engine *e, engine_request *r, const int32_t *tokens, int n)
-{
-    status st;
-    if (spec_fed(e->sp, r->slot, tokens, n, &st)) spec_off(r, &st);
-}
-
 /* The batch is final: each verify item's drafts after its request's last token (greedy: the
  * MTP's argmax; sampled: drawn from the MTP's distribution, kept in it->q for the verify rows'
  * rule). A draft that
@@ -1014,7 +1003,7 @@ static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, in
         engine_metrics_spec_switched_off(&e->m);
         return nd;
     }
-    spec_follow(e, r, it->tokens, used);
+    spec_fed(e->sp, r->slot, it->tokens, used);
     return nd;
 }
 
@@ -1083,7 +1072,9 @@ static void *engine_main(void *arg)
         na = kept;
         int n;
         const double t_step = clock_now_s(); /* the gate's time: the head's feeds and drafts in */
-        while ((n = build_batch(e, e->active, na)) > 0 && e->kv && !kv_grow(e, n, &na, &nd)) {
+        const bool speculate = step_speculates(e, e->active, na);
+        while ((n = build_batch(e, e->active, na, speculate)) > 0 && e->kv &&
+               !kv_grow(e, n, &na, &nd)) {
         }
         uint64_t generated = 0;
         if (n > 0) spec_draft_all(e, n);
@@ -1107,7 +1098,7 @@ static void *engine_main(void *arg)
                         continue;
                     }
                     r->n_fed += e->items[i].n_tokens;
-                    if (r->spec) spec_follow(e, r, e->items[i].tokens, e->items[i].n_tokens);
+                    if (r->spec) spec_fed(e->sp, r->slot, e->items[i].tokens, e->items[i].n_tokens);
                     if (e->pc) prefix_after_step(e, r, &e->items[i]);
                     if (!e->items[i].sample) continue;
                     generated++;

@@ -104,9 +104,8 @@ static float *slot_rows(worker_spec *sp, int slot)
     return sp->h + (uint64_t)slot * (uint64_t)sp->cap * (uint64_t)sp->H;
 }
 
-int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st)
+void spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n)
 {
-    (void)st;
     int q = sp->queued[slot];
     DS_ASSERT(n >= 1 && q + 1 + n <= sp->cap);
     int32_t *qt = sp->qtok + (uint64_t)slot * (uint64_t)sp->cap;
@@ -120,7 +119,6 @@ int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st
     }
     sp->queued[slot] = q; /* h_{n-1} pending, after the queued rows */
     sp->pending[slot] = true;
-    return STATUS_OK;
 }
 
 int spec_flush(worker_spec *sp, int slot, status *st)

@@ -16,7 +16,7 @@
  *
  *   spec_start(sp, slot);                               the slot's sequence started cold
  *   spec_reserve(sp, slot, n, &st); it.hidden = spec_hidden(sp, slot); step;
- *   spec_fed(sp, slot, it.tokens, it.n_tokens)
+ *   spec_fed(sp, slot, it.tokens, it.n_tokens);
  *   spec_flush(sp, slot, &st); it.hidden = spec_hidden(sp, slot);
  *   spec_draft(sp, slot, last, k, &st);                 sp->tokens(slot): last, d1 .. dk
  *   verify item of k+1 rows; a accepted; rollback; spec_fed(sp, slot, tokens, a + 1)
@@ -97,8 +97,8 @@ static inline sample_result *spec_outs(worker_spec *sp, int slot)
     return sp->outs + (uint64_t)slot * (SPEC_MAX_K + 1);
 }
 /* The pairs that n (1 <= n <= chunk + 1) fed tokens, whose h are in spec_hidden's rows,
- * complete, queued for the MTP. Errors as qwen35_mtp_step (a full MTP context). */
-int spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n, status *st);
+ * complete, queued for the MTP (spec_flush feeds them). */
+void spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n);
 static inline float *spec_q(worker_spec *sp, int slot)
 {
     return sp->q + (uint64_t)slot * SPEC_MAX_K * (uint64_t)sp->V;
