@@ -57,8 +57,8 @@ sampling_params sampling_params_resolve(const sampling_params *p);
 bool sampling_params_is_greedy(const sampling_params *p);
 
 /* true when no penalty changes a logit (repetition 1 or 0, presence and frequency 0): the draws
- * depend on the logits alone, so a draft head's distribution q can be compared with the model's
- * (speculative sampling, model/sampler.h sampler_sample_verify). */
+ * depend on the logits and the seed alone, so a verify row's draw is the one a one-row step
+ * would make (speculative decoding, worker/spec.h). */
 bool sampling_params_no_penalty(const sampling_params *p);
 
 #endif

@@ -135,9 +135,7 @@ static int finish_pass(cpu_forward *c, fwd_row *rows, int np, status *st)
             float *lg = c->logits + (size_t)(t - j) * V;
             accept(c, q);
             if (q->logits) memcpy(q->logits, lg, (size_t)V * sizeof(float));
-            if (q->sample && (q->draft_q ? sampler_sample_verify(c->samplers[q->slot], lg, q->draft,
-                                                                 q->draft_q, &q->out)
-                                         : sampler_sample(c->samplers[q->slot], lg, &q->out)) < 0)
+            if (q->sample && sampler_sample(c->samplers[q->slot], lg, &q->out) < 0)
                 return status_fail(st, STATUS_INTERNAL, "slot %d: the model produced no finite "
                                    "logit (NaN or inf; are the weights broken?)", q->slot);
         }

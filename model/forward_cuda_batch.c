@@ -291,7 +291,7 @@ static int plan_keeps(fc_rank *e, const fwd_row *rows, int B, status *st)
         for (int x = i; x < j; x++) keep[x] = -1;
         fc_slot *sl = &e->slots[rows[i].slot];
         if (rows[i].verify) {
-            if (!sl->greedy || rows[i].draft_q)
+            if (!sl->greedy)
                 return status_fail(st, STATUS_UNSUPPORTED, "row %d: slot %d: cuda verify runs "
                                    "take greedy sequences only", i, rows[i].slot);
             if (next + j - i - 1 > e->n_keep)

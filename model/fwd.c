@@ -45,11 +45,6 @@ int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st)
         if (cont && rows[i].verify != rows[i - 1].verify)
             return status_fail(st, STATUS_RANGE, "row %d: slot %d's run mixes verify rows and "
                                "others", i, rows[i].slot);
-        if (rows[i].draft_q && (!rows[i].verify || !rows[i].sample || i + 1 == n ||
-                                rows[i + 1].slot != rows[i].slot ||
-                                rows[i + 1].token != rows[i].draft))
-            return status_fail(st, STATUS_RANGE, "row %d: a draft distribution on a row that is "
-                               "not a sampled verify row followed by its draft", i);
         if (rows[i].verify && run > f->verify_rows)
             return status_fail(st, STATUS_RANGE, "row %d: slot %d's verify run is longer than %d "
                                "rows", i, rows[i].slot, f->verify_rows);

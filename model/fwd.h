@@ -131,10 +131,6 @@ typedef struct fwd_row {
                        step says so, at most fwd.verify_rows of them */
     float *hidden;  /* NULL, or host [H]: this row's final-norm output RMSNorm(x)·output_norm
                        copied out (the MTP head's input; a device with verify runs) */
-    const float *draft_q; /* NULL, or host [V] on a sampled verify row but the run's last: the
-                             draft head's distribution that `draft` (the next row's token) was
-                             drawn from; the row samples by sampler_sample_verify */
-    int32_t draft;
     /* out, when sample */
     sample_result out;
 } fwd_row;
@@ -235,8 +231,8 @@ struct fwd {
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
                              with .verify or .hidden are refused) */
     bool mtp;             /* the model's MTP head runs on the device (vt.mtp_feed, mtp_draft) */
-    bool verify_sampled;  /* verify runs of sampled sequences (the speculative sampling rule,
-                             .draft_q); false (cuda): of greedy sequences only, STATUS_UNSUPPORTED
+    bool verify_sampled;  /* verify runs of sampled sequences (each row draws as a one-row step
+                             would); false (cuda): of greedy sequences only, STATUS_UNSUPPORTED
                              for others */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
     char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what

@@ -66,24 +66,6 @@ int64_t sampler_n_accepted(const sampler *s);
  * O(tokens forgotten). */
 void sampler_rollback(sampler *s, int64_t n_accepted, uint64_t step);
 
-/* Speculative sampling (sampler_spec.c), for a sequence without penalties
- * (sampling_params_no_penalty) and temperature > 0:
- *   sampler_probs: the distribution a draw of these parameters takes from logits [V] (steps
- *   4-8: temperature, top-k, top-p, min-p, softmax) into q [V], 0 for tokens filtered out.
- *   Returns -1 (q unset) for logits as sampler_sample refuses. Does not advance the RNG.
- *   sampler_draw_probs: the first token whose running sum of q passes u in [0, 1) (the last with
- *   mass on rounding).
- *   sampler_sample_verify: as sampler_sample (one RNG step; logprobs of the token returned), for
- *   a row whose next token `draft` was drawn from q (the draft head's sampler_probs): returns
- *   draft with probability min(1, p(draft) / q(draft)), else a draw from norm(max(0, p - q)),
- *   which is never draft; so the token is distributed as p whatever q is (Leviathan et al.
- *   2023). Its two uniforms are Philox of counter (step, 1) under the request's key, apart from
- *   every plain draw's. Greedy parameters, or q NULL: sampler_sample. */
-int sampler_probs(sampler *s, const float *logits, float *q);
-int32_t sampler_draw_probs(const float *q, int32_t n_vocab, float u);
-int32_t sampler_sample_verify(sampler *s, float *logits, int32_t draft, const float *q,
-                              sample_result *out);
-
 /* The RNG: Philox-4x32-10 (Salmon et al. 2011, Random123's philox4x32_10: multipliers
  * 0xD2511F53, 0xCD9E8D57, Weyl key increments 0x9E3779B9, 0xBB67AE85). */
 void sampler_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

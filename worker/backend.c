@@ -235,8 +235,6 @@ int worker_backend_step(worker_backend *b, worker_batch_item *items, int n, stat
                 .logits = it->logits ? it->logits + (size_t)k * b->vocab : NULL,
                 .verify = it->verify,
                 .hidden = it->hidden ? it->hidden + (size_t)k * b->model->cfg.H : NULL,
-                .draft_q = it->q && !last ? it->q + (size_t)k * b->vocab : NULL,
-                .draft = it->q && !last ? it->tokens[k + 1] : 0,
             };
             b->row_out[nr] = it->verify ? &it->outs[k] : last && it->sample ? &it->out : NULL;
             nr++;

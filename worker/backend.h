@@ -46,8 +46,6 @@ typedef struct worker_batch_item {
                               token, then the drafts; at most fwd.verify_rows), every one
                               sampled into outs; worker_backend_rollback may follow */
     sample_result *outs;   /* verify: [n_tokens] out, the token chosen after each */
-    const float *q;        /* verify, sampled: [n_tokens - 1][vocab], the distribution each
-                              draft was drawn from (fwd_row.draft_q); NULL: greedy drafts */
     /* out, when sample: the token, with its logprobs when the sequence asked for them */
     sample_result out;
 } worker_batch_item;

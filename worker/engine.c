@@ -910,10 +910,9 @@ static void spec_off(engine_request *r, const status *st)
     r->spec = false;
 }
 
-/* The batch is final: each verify item's drafts after its request's last token (greedy: the
- * MTP's argmax; sampled: drawn from the MTP's distribution, kept in it->q for the verify rows'
- * rule). A draft that
- * fails turns the item back into a plain decode item. */
+/* The batch is final: each verify item's drafts after its request's last token (the MTP's
+ * argmax, greedy and sampled requests alike). A draft that fails turns the item back into a
+ * plain decode item. */
 static void spec_draft_all(engine *e, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -921,16 +920,8 @@ static void spec_draft_all(engine *e, int n)
         if (!it->verify) continue;
         engine_request *r = e->item_req[i];
         status st;
-        const sampling_params *p = &r->p.sampling;
-        const bool greedy = sampling_params_is_greedy(p);
-        const int rc = greedy ? spec_draft(e->sp, r->slot, r->tokens[r->n_fed], it->n_tokens - 1, &st)
-                              : spec_draft_sampled(e->sp, r->slot, r->tokens[r->n_fed],
-                                                   it->n_tokens - 1, p, r->n_fed, &st);
-        if (rc == STATUS_OK) {
-            it->q = greedy ? NULL : spec_q(e->sp, r->slot);
+        if (spec_draft(e->sp, r->slot, r->tokens[r->n_fed], it->n_tokens - 1, &st) == STATUS_OK)
             continue;
-        }
-        it->q = NULL;
         spec_off(r, &st);
         it->verify = false;
         it->hidden = NULL;
@@ -941,9 +932,8 @@ static void spec_draft_all(engine *e, int n)
 }
 
 /* A verify item ran: the drafts accepted are the longest run where row i's choice is draft
- * i+1 (greedy: exactly the tokens one-row steps would have chosen; sampled: the drafts the
- * speculative sampling rule kept, sampler_sample_verify), then the first row that
- * differs gives one more token. They go to the sink at once, until one ends the request; the
+ * i+1 (each row chose as a one-row step would: the argmax, or its draw), then the first row
+ * that differs gives one more token. They go to the sink at once, until one ends the request; the
  * slot rolls back to the last row used and the draft head catches up on those rows. Returns nd
  * (r added to done[] when it ended). */
 static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, int64_t now, int nd,

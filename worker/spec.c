@@ -31,7 +31,6 @@ int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk
     sp->pending = calloc(S, sizeof *sp->pending);
     sp->tok = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->tok);
     sp->outs = calloc(S * (SPEC_MAX_K + 1), sizeof *sp->outs);
-    sp->V = m->cfg.V;
     int rc = STATUS_OK;
     if (!sp->h || !sp->qtok || !sp->queued || !sp->pending || !sp->tok || !sp->outs) goto nomem;
     sp->bytes = S * rows * sizeof(float);
@@ -41,10 +40,7 @@ int spec_create(const qwen35_model *m, fwd *f, int n_slots, int n_ctx, int chunk
         return STATUS_OK;
     }
     sp->ms = calloc(S, sizeof *sp->ms);
-    sp->q = malloc(S * SPEC_MAX_K * (size_t)sp->V * sizeof(float));
-    if (!sp->ms || !sp->q) goto nomem;
-    sp->bytes += S * SPEC_MAX_K * (size_t)sp->V * sizeof(float);
-    if ((rc = sampler_create(&sp->filt, sp->V, 1, &(sampling_params){0}, st))) goto fail;
+    if (!sp->ms) goto nomem;
     const qwen35_ctx_opts co = {.max_batch = 1, .max_tokens = chunk + 1, .n_threads = n_threads};
     if ((rc = qwen35_ctx_create(m, &co, &sp->ctx, st))) goto fail;
     for (int s = 0; s < n_slots; s++) {
@@ -73,8 +69,6 @@ void spec_destroy(worker_spec *sp)
     free(sp->pending);
     free(sp->tok);
     free(sp->outs);
-    free(sp->q);
-    sampler_destroy(sp->filt);
     free(sp);
 }
 
@@ -151,39 +145,6 @@ int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st)
     qwen35_mtp_state *ms = sp->ms[slot];
     const int n_past = ms->n_past;
     const int rc = qwen35_mtp_draft(sp->ctx, ms, spec_hidden(sp, slot) - sp->H, last, k, t + 1, st);
-    qwen35_mtp_truncate(ms, n_past);
-    return rc;
-}
-
-int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sampling_params *p,
-                       int pos, status *st)
-{
-    DS_ASSERT(sp->pending[slot] && !sp->queued[slot] && k >= 1 && k <= SPEC_MAX_K);
-    if (sp->dev)
-        return status_fail(st, STATUS_UNSUPPORTED, "speculative decoding: %s drafts greedy "
-                           "sequences only", sp->dev->device);
-    qwen35_mtp_state *ms = sp->ms[slot];
-    const int n_past = ms->n_past;
-    const size_t H = (size_t)sp->H;
-    int32_t *t = spec_tokens(sp, slot);
-    float *q = spec_q(sp, slot);
-    t[0] = last;
-    sampler_reset(sp->filt, p);
-    const float *hin = spec_hidden(sp, slot) - H;
-    int rc = STATUS_OK;
-    for (int i = 0; i < k && rc == STATUS_OK; i++) {
-        float *g = ms->g + (size_t)(i & 1) * H; /* the other half holds this row's input */
-        if ((rc = qwen35_mtp_step(sp->ctx, ms, hin, &t[i], 1, ms->logits, g, st))) break;
-        float *qi = q + (size_t)i * (size_t)sp->V;
-        if (sampler_probs(sp->filt, ms->logits, qi) < 0) {
-            rc = status_fail(st, STATUS_INTERNAL, "speculative decoding: the MTP head produced "
-                             "no finite logit");
-            break;
-        }
-        const float u = sampler_uniform(p->seed ^ SPEC_DRAFT_KEY, (uint64_t)pos + 1 + (uint64_t)i);
-        t[i + 1] = sampler_draw_probs(qi, sp->V, u);
-        hin = g;
-    }
     qwen35_mtp_truncate(ms, n_past);
     return rc;
 }

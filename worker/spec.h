@@ -1,7 +1,9 @@
 /* Speculative decoding's draft side in the worker (docs/ARCHITECTURE.md §5 "Speculative
  * decoding"): the MTP head (model/mtp.h) of every slot kept in step with the main model, and
- * its drafts (greedy, or sampled from its distribution: spec_draft_sampled). The engine (engine.c) owns one when the model has an MTP head and the
- * forward runs verify runs (fwd.verify_rows >= k + 1).
+ * its drafts: the head's argmax tokens, for greedy and sampled sequences alike. Every verify row
+ * chooses its token as a one-row step would (docs/SAMPLER.md), so the drafts decide only how many
+ * tokens a run keeps. The engine (engine.c) owns one when the
+ * model has an MTP head and the forward runs verify runs (fwd.verify_rows >= k + 1).
  *
  * Per slot: the MTP state (its own KV, one row per main-model position but the last) and the
  * pending h, the main model's final-norm output of the row that produced the slot's last token.
@@ -22,8 +24,8 @@
  *   verify item of k+1 rows; a accepted; rollback; spec_fed(sp, slot, tokens, a + 1)
  *
  * Where the forward has the head on its device (fwd_has_mtp: cuda), the rows go there
- * (fwd_mtp_feed / fwd_mtp_draft: the same pairs, the head's KV in the slot's blocks) and only
- * greedy drafts are made; else the head runs here on the CPU (model/mtp.h).
+ * (fwd_mtp_feed / fwd_mtp_draft: the same pairs, the head's KV in the slot's blocks); else the
+ * head runs here on the CPU (model/mtp.h).
  *
  * Memory: everything at create (on the CPU an MTP state of n_ctx positions per slot: its KV is
  * one attention layer's); nothing per token. Engine thread only. */
@@ -33,12 +35,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/sampling.h"
 #include "common/status.h"
 #include "model/forward.h"
 #include "model/fwd.h"
 #include "model/mtp.h"
-#include "model/sampler.h"
 
 #define SPEC_MAX_K 4
 
@@ -58,10 +58,6 @@ typedef struct worker_spec {
     bool *pending;              /* owned, [n_slots] */
     int32_t *tok;               /* owned, [n_slots][SPEC_MAX_K + 1]: last token, drafts */
     sample_result *outs;        /* owned, [n_slots][SPEC_MAX_K + 1]: a verify item's choices */
-    int V;
-    float *q;                   /* owned, [n_slots][SPEC_MAX_K][V]: the distributions sampled
-                                   drafts were drawn from */
-    sampler *filt;              /* owned: turns draft logits into q (no penalties: no state) */
     uint64_t bytes;             /* allocated, for the start-up log */
 } worker_spec;
 
@@ -99,23 +95,10 @@ static inline sample_result *spec_outs(worker_spec *sp, int slot)
 /* The pairs that n (1 <= n <= chunk + 1) fed tokens, whose h are in spec_hidden's rows,
  * complete, queued for the MTP (spec_flush feeds them). */
 void spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n);
-static inline float *spec_q(worker_spec *sp, int slot)
-{
-    return sp->q + (uint64_t)slot * SPEC_MAX_K * (uint64_t)sp->V;
-}
 /* k greedy drafts after token `last` (not fed yet) into spec_tokens(slot) [1 .. k], [0] = last,
  * the queue flushed (spec_flush); the MTP's rows are as before (the drafts' rows are
  * truncated). */
 int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
-/* As spec_draft for a sampled sequence (on the CPU head only: STATUS_UNSUPPORTED with dev) (p: resolved, temperature > 0, no penalties): draft i is
- * drawn from q_i = sampler_probs(p) of the MTP's logits into spec_q(slot) [i], with the uniform
- * sampler_uniform(p->seed ^ SPEC_DRAFT_KEY, pos + i), pos the position of `last`: the same
- * drafts for the same seed, independent of the main model's draws. */
-int spec_draft_sampled(worker_spec *sp, int slot, int32_t last, int k, const sampling_params *p,
-                       int pos, status *st);
-
-#define SPEC_DRAFT_KEY 0x5deece66d2b1e4f3ull
-
 /* The rolling acceptance rule (engine.c): after each verify run of a request, its mean
  * acceptance moves by SPEC_ACCEPT_WEIGHT of the way to that run's accepted / drafted (the first
  * run sets it); once a request has made SPEC_ACCEPT_MIN_RUNS runs with the mean below

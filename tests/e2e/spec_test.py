@@ -10,7 +10,7 @@ speculation, and a router (gRPC and the HTTP door) in front of the speculating o
 - a request with no_speculation (Generation through the router, and the HTTP door's
   "speculative": false) gets the same tokens, zero drafts in its timings, and moves no counter;
   a non-boolean "speculative" is a 400 naming the field;
-- a seeded sampled request speculates (the speculative sampling rule) and repeats run to run;
+- a seeded sampled request speculates and gives the tokens of the worker without speculation;
   one with a penalty makes no verify run and gives the tokens of the worker without it;
 - the rolling acceptance rule: a worker with --spec-min-acceptance 0.99 stops each request's
   speculation after exactly 8 verify runs (the tokens those of the worker without it) and counts
@@ -130,9 +130,9 @@ class Speculative(unittest.TestCase):
         print("greedy: %d verify runs, %d drafted, %d accepted" % (runs, drafted, accepted))
 
     def test_sampled_requests(self):
-        """A seeded sampled request speculates and repeats its tokens and timings' counts; one
-        with a penalty makes no verify run and gives the tokens of the worker without
-        speculation."""
+        """A seeded sampled request speculates and gives the tokens of the worker without
+        speculation (and repeats its counts); one with a penalty makes no verify run and gives
+        that worker's tokens too."""
         runs = []
         for _ in range(2):
             _, ids, _, final = self.cs.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
@@ -143,6 +143,10 @@ class Speculative(unittest.TestCase):
             self.assertEqual(len(ids), N_NEW)
             runs.append((ids, (v, d, a)))
         self.assertEqual(runs[0], runs[1], "a seed gave other tokens the second time")
+        _, plain, _, final = self.cp.worker_generate(PROMPTS[0], max_tokens=N_NEW, seed=11,
+                                                     temperature=0.9, ignore_eos=True)
+        self.assertEqual(spec_timings(final), (0, 0, 0))
+        self.assertEqual(runs[0][0], plain, "speculation changed a sampled request's tokens")
         outs = []
         for c in (self.cs, self.cp):
             req = pb.WorkerGenerateRequest(prompt_token_ids=PROMPTS[0])

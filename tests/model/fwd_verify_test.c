@@ -252,16 +252,7 @@ static void test_errors(void)
     rows[1].verify = false;
     CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), STATUS_RANGE);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "mixes"));
-    /* a draft distribution only on a sampled verify row whose next row feeds its draft */
-    static float q[1];
     rows[1].verify = true;
-    rows[0].draft_q = q;
-    rows[0].draft = 2; /* rows[1].token is 1 */
-    CU_ASSERT_EQUAL(fwd_step(f, rows, 2, &st), STATUS_RANGE);
-    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "draft distribution"));
-    rows[0].draft = 1;
-    CU_ASSERT_EQUAL(fwd_step(f, rows, 1, &st), STATUS_RANGE); /* the run's last row */
-    rows[0].draft_q = NULL;
     float h[4096];
     CU_ASSERT_FATAL(m->cfg.H <= 4096);
     fwd_row plain_row = {.token = 1, .slot = 0, .pos = p, .sample = true, .hidden = h};

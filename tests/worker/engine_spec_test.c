@@ -3,9 +3,8 @@
  *  - greedy tokens with speculation on (k = 1 and 4, three requests at once) equal those with
  *    it off, and verify runs happened (engine_load.spec_*);
  *  - a request with no_speculation, and a sampled one with a penalty, run no verify run;
- *  - sampled requests (no penalties) speculate by the speculative sampling rule: a seed gives
- *    the same tokens run to run, and over many seeds the second generated token (the first a
- *    verify row chooses) is distributed as without speculation (a two-sample chi-square);
+ *  - sampled requests (no penalties) speculate, each verify row drawing as a one-row step would:
+ *    seed for seed, the tokens of speculation off;
  *  - the rolling acceptance rule (engine_opts.spec_min_accept): the mean's arithmetic
  *    (spec_accept_mean: the first run sets it, each later one weighs 1/8); at 0.99 each of three
  *    greedy requests makes exactly SPEC_ACCEPT_MIN_RUNS verify runs, then decodes plainly to its
@@ -135,8 +134,7 @@ static void check(synth_quant q, const char *name)
 
 /* ---- sampled requests ---- */
 
-#define N_SEEDS 1500
-#define SAMPLED_NEW 3
+#define N_SEEDS 48
 
 typedef struct sampled_run {
     engine_collector c[N_SEEDS];
@@ -144,32 +142,30 @@ typedef struct sampled_run {
     engine_load load;
 } sampled_run;
 
-/* N_SEEDS sampled requests (seeds 1..) of SAMPLED_NEW tokens on model path with speculation k
- * (0: off), 4 at a time; their tokens in run->tokens. */
-static void run_sampled(const char *path, int k, const sampling_params *sp, int n_new,
-                        sampled_run *run, int n_seeds)
+/* N_SEEDS sampled requests (seeds 1..) of N_NEW tokens on model path with speculation k (0:
+ * off), 4 at a time; their tokens in run->tokens. */
+static void run_sampled(const char *path, int k, const sampling_params *sp, sampled_run *run)
 {
     qwen35_model *m = NULL;
     worker_backend *b = NULL;
     engine *e = NULL;
     status st;
     open_engine(path, k, &m, &b, &e);
-    for (int i0 = 0; i0 < n_seeds; i0 += 4) {
-        const int n = n_seeds - i0 < 4 ? n_seeds - i0 : 4;
-        for (int i = i0; i < i0 + n; i++) {
+    for (int i0 = 0; i0 < N_SEEDS; i0 += 4) {
+        for (int i = i0; i < i0 + 4; i++) {
             engine_collector *c = &run->c[i];
             engine_collector_init(c, run->tokens[i], N_NEW);
             sampling_params s = *sp;
             s.seed = 1 + (uint64_t)i;
-            engine_params p = {.prompt = PROMPTS[1], .n_prompt = 6, .max_new_tokens = n_new,
+            engine_params p = {.prompt = PROMPTS[1], .n_prompt = 6, .max_new_tokens = N_NEW,
                                .sampling = sampling_params_resolve(&s), .ignore_eos = true};
             snprintf(p.id, sizeof p.id, "sampled-%d", i);
             CU_ASSERT_EQUAL_FATAL(engine_submit(e, &p, &engine_collector_sink, c, &st),
                                   STATUS_OK);
         }
-        for (int i = i0; i < i0 + n; i++) {
+        for (int i = i0; i < i0 + 4; i++) {
             engine_collector_wait(&run->c[i]);
-            CU_ASSERT_EQUAL(run->c[i].n, n_new);
+            CU_ASSERT_EQUAL(run->c[i].n, N_NEW);
             engine_collector_destroy(&run->c[i]);
         }
     }
@@ -179,29 +175,9 @@ static void run_sampled(const char *path, int k, const sampling_params *sp, int 
     qwen35_model_free(m);
 }
 
-/* Pearson's two-sample (homogeneity) statistic of tokens a and b (ids < V), over the cells
- * where the two together have at least 10, the rest pooled in one; *df its degrees of freedom. */
-static double chi2_two_sample(const int32_t *a, const int32_t *b, int n, int V, int *df)
-{
-    int ca[V + 1], cb[V + 1];
-    memset(ca, 0, sizeof ca);
-    memset(cb, 0, sizeof cb);
-    for (int i = 0; i < n; i++) ca[a[i]]++, cb[b[i]]++;
-    for (int t = 0; t < V; t++)
-        if (ca[t] + cb[t] < 10) ca[V] += ca[t], cb[V] += cb[t], ca[t] = cb[t] = 0;
-    double x = 0;
-    int cells = 0;
-    for (int t = 0; t <= V; t++) {
-        const int s = ca[t] + cb[t];
-        if (!s) continue;
-        cells++;
-        const double e = s / 2.0; /* equal sample sizes */
-        x += (ca[t] - e) * (ca[t] - e) / e + (cb[t] - e) * (cb[t] - e) / e;
-    }
-    *df = cells - 1;
-    return x;
-}
-
+/* Sampled requests speculate (the head's argmax drafts, each verify row drawing as a one-row
+ * step would) and their tokens are those of speculation off, seed for seed, at two settings.
+ * (This head accepts nothing: tests/models:demo_eval_test has sampled runs that keep drafts.) */
 static void test_sampled(void)
 {
     char path[512];
@@ -210,42 +186,24 @@ static void test_sampled(void)
                        .mtp = true, .n_threads = 2};
     status st;
     CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
-    static sampled_run on, on2, off;
-    /* reproducible: 8 seeds of N_NEW tokens, twice */
-    const sampling_params wide = {.temperature = 1.0f};
-    run_sampled(path, 2, &wide, N_NEW, &on, 8);
-    run_sampled(path, 2, &wide, N_NEW, &on2, 8);
-    CU_ASSERT(on.load.spec_steps > 0);
-    CU_ASSERT_EQUAL(on.load.spec_steps, on2.load.spec_steps);
-    CU_ASSERT_EQUAL(on.load.spec_accepted, on2.load.spec_accepted);
-    for (int i = 0; i < 8; i++)
-        CU_ASSERT(memcmp(on.tokens[i], on2.tokens[i], sizeof on.tokens[i]) == 0);
-    printf("\n    sampled k=2: %llu verify runs, %llu drafted, %llu accepted",
-           (unsigned long long)on.load.spec_steps, (unsigned long long)on.load.spec_drafted,
-           (unsigned long long)on.load.spec_accepted);
-    /* the distribution of the second token over N_SEEDS seeds, with and without speculation */
-    const sampling_params narrow = {.temperature = 1.5f, .top_k = 6};
-    run_sampled(path, 2, &narrow, SAMPLED_NEW, &on, N_SEEDS);
-    run_sampled(path, 0, &narrow, SAMPLED_NEW, &off, N_SEEDS);
-    CU_ASSERT(on.load.spec_steps >= N_SEEDS); /* every request's second token was verified */
-    CU_ASSERT_EQUAL(off.load.spec_steps, 0);
-    static int32_t a[N_SEEDS], b[N_SEEDS];
-    int same = 0;
-    for (int i = 0; i < N_SEEDS; i++) {
-        a[i] = on.tokens[i][1];
-        b[i] = off.tokens[i][1];
-        same += a[i] == b[i];
+    static sampled_run on, off;
+    const sampling_params params[2] = {{.temperature = 1.0f}, {.temperature = 0.7f, .top_k = 2}};
+    for (int j = 0; j < 2; j++) {
+        run_sampled(path, 0, &params[j], &off);
+        run_sampled(path, 2, &params[j], &on);
+        CU_ASSERT_EQUAL(off.load.spec_steps, 0);
+        CU_ASSERT(on.load.spec_steps > 0);
+        CU_ASSERT(on.load.spec_accepted <= on.load.spec_drafted);
+        int same = 0;
+        for (int i = 0; i < N_SEEDS; i++)
+            same += memcmp(on.tokens[i], off.tokens[i], sizeof on.tokens[i]) == 0;
+        printf("\n    sampled k=2, temperature %.1f top-k %d: %llu verify runs, %llu drafted, "
+               "%llu accepted; %d of %d seeds gave the tokens of speculation off",
+               (double)params[j].temperature, params[j].top_k,
+               (unsigned long long)on.load.spec_steps, (unsigned long long)on.load.spec_drafted,
+               (unsigned long long)on.load.spec_accepted, same, N_SEEDS);
+        CU_ASSERT_EQUAL(same, N_SEEDS);
     }
-    int df;
-    const double x = chi2_two_sample(a, b, N_SEEDS, 2048, &df);
-    /* Wilson-Hilferty: the chi-square quantile at p ~ 1e-6 (z = 4.75) for df */
-    const double w = 2.0 / (9.0 * df), crit = df * pow(1 - w + 4.75 * sqrt(w), 3);
-    printf("\n    second token over %d seeds: chi2 %.1f, df %d (limit %.1f); %llu of %llu drafts "
-           "accepted; %d seeds gave the same token both ways", N_SEEDS, x, df, crit,
-           (unsigned long long)on.load.spec_accepted, (unsigned long long)on.load.spec_drafted,
-           same);
-    CU_ASSERT(df >= 3);
-    CU_ASSERT(x < crit);
     unlink(path);
 }
 
@@ -537,7 +495,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("engine_spec", NULL, NULL);
     CU_add_test(s, "greedy_same_with_speculation_f32", test_f32);
     CU_add_test(s, "greedy_same_with_speculation_q8_0", test_q8);
-    CU_add_test(s, "sampled_speculation_exact_and_reproducible", test_sampled);
+    CU_add_test(s, "sampled_speculation_gives_the_tokens_of_speculation_off", test_sampled);
     CU_add_test(s, "rolling_acceptance_mean", test_accept_mean);
     CU_add_test(s, "rolling_acceptance_switches_off", test_rolling_switch_off);
     CU_add_test(s, "min_accept_out_of_range_refused", test_min_accept_range);

@@ -5,18 +5,19 @@ text and the batch-1 decode speed with and without speculation, on the CPU or th
     acceptance.py --bin bazel-bin/cli/deltaserve [--model models/demo-en-17m.gguf]
                   [--pack .train/pack] [--prompts 32] [--prompt-tokens 64] [--max-tokens 128]
                   [--ks 0,1,2,3,4] [--threads 2] [--device cpu] [--rounds 1] [--json OUT]
+                  [--temperature 0] [--seed 1]
 
 Prompts: --prompts windows of --prompt-tokens ids at evenly spaced offsets of the held-out
 stream (pack/heldout.u16.gz, prepare.py; documents the model never trained on). Each prompt is
-decoded greedily for --max-tokens tokens by `deltaserve generate --ids .. --print-ids
+decoded for --max-tokens tokens (greedily, or sampled at --temperature with --seed) by `deltaserve generate --ids .. --print-ids
 --speculative-k K --spec-min-acceptance 0 --device D` (the worker's engine and speculative
 path, one slot, --threads CPU threads: the CPU forward's, and the MTP head's, which drafts on the
 CPU; never switched off by the rolling acceptance or the gate, so every run counts) for every K of --ks
 (0: off). Per K, over all prompts: verify runs, drafted and accepted
 tokens, the acceptance rate (accepted / drafted), the mean accepted length (tokens per verify
 run: accepted / runs + 1) and the decode speed (decoded tokens / decode seconds, from each
-run's summary line). The generated ids of every K must equal those of K = 0 (greedy is exact),
-else it exits 1. --rounds R repeats the whole set R times, the K in turn within a prompt, and
+run's summary line). The generated ids of every K must equal those of K = 0 (speculation
+changes no token, greedy or sampled), else it exits 1. --rounds R repeats the whole set R times, the K in turn within a prompt, and
 takes each K's median speed over the rounds (the CPU's other load drifts).
 """
 import argparse
@@ -45,7 +46,7 @@ def generate(a, ids, k):
     cmd = [a.bin, "generate", "--model", a.model, "--ids", ",".join(map(str, ids)),
            "--max-tokens", str(a.max_tokens), "--print-ids", "--threads", str(a.threads),
            "--speculative-k", str(k), "--spec-min-acceptance", "0", "--spec-gate=false",
-           "--device", a.device]
+           "--device", a.device, "--temperature", str(a.temperature), "--seed", str(a.seed)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit("acceptance: %s failed: %s" % (" ".join(cmd[:4]), r.stderr.strip()))
@@ -70,6 +71,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu | cuda (generate's --device)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     ks = [int(k) for k in a.ks.split(",")]
     if 0 not in ks:
@@ -115,6 +118,7 @@ def main():
                "%.3f" % mal if mal is not None else "-", tps, tps / base if base else 0))
     out = dict(model=os.path.basename(a.model), prompts=a.prompts, prompt_tokens=a.prompt_tokens,
                max_tokens=a.max_tokens, threads=a.threads, device=a.device, rounds=a.rounds,
+               temperature=a.temperature, seed=a.seed,
                source="pack/heldout.u16.gz, evenly spaced windows", results=rows)
     if a.json:
         with open(a.json, "w") as f:
