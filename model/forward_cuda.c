@@ -484,6 +484,7 @@ void fc_rank_rollback(fc_rank *e, int slot, int n_past)
     sl->n_past = n_past;
     sl->chain_ok = false;
     sl->v_len = row + 1; /* a later rollback only goes further back */
+    if (sl->sampler && !sl->greedy) sample_set_step(sl->sampler, sl->v_sstep + (uint64_t)row + 1);
 }
 
 /* true when the step goes through the batched graphs: more than one row (decode rows of several

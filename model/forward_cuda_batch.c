@@ -267,6 +267,10 @@ static int run_pass(fc_rank *e, fwd_row *rows, int i0, int n, const int32_t *kee
         }
         if (r->hidden) /* the final norm's output: the head's gathered row */
             fc_hidden_copy(e, i0 + j, b->act.d_h + (int64_t)head[j] * e->cfg.H);
+        if (r->verify && !sl->greedy && sl->sampler) { /* each row of a sampled run draws */
+            sample_run_row(sl->sampler, d_logits, r->pos - sl->v_first, &e->launch);
+            continue;
+        }
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */
         int j0 = j;
         while (j0 > 0 && rows[j0 - 1].slot == r->slot) j0--;
@@ -277,10 +281,12 @@ static int run_pass(fc_rank *e, fwd_row *rows, int i0, int n, const int32_t *kee
 
 /* verify runs go row by row (gdn_decode_runs keeps their states), never the chunked rule */
 _Static_assert(FWD_MAX_VERIFY_ROWS < FC_LONG_RUN_ROWS, "a verify run is a short run");
+_Static_assert(FWD_MAX_VERIFY_ROWS <= SAMPLE_MAX_ROWS, "a sampled verify run's rows draw apart");
 
 /* The step's verify runs (docs/GPU.md "Verify runs"), before any row runs: each run's rows but
  * the last get keep slots in b->h_keep (the rest -1) and its slot's record; refused: a sampled
- * sequence's run (greedy only here), more runs than the keep slots hold. */
+ * sequence's run without the GPU sampler or with penalties, more runs than the keep slots
+ * hold. */
 static int plan_keeps(fc_rank *e, const fwd_row *rows, int B, status *st)
 {
     int32_t *keep = e->b.h_keep;
@@ -291,9 +297,11 @@ static int plan_keeps(fc_rank *e, const fwd_row *rows, int B, status *st)
         for (int x = i; x < j; x++) keep[x] = -1;
         fc_slot *sl = &e->slots[rows[i].slot];
         if (rows[i].verify) {
-            if (!sl->greedy)
+            if (!sl->greedy && fc_samples(e) &&
+                (!sl->sampler || !sampling_params_no_penalty(&sl->params)))
                 return status_fail(st, STATUS_UNSUPPORTED, "row %d: slot %d: cuda verify runs "
-                                   "take greedy sequences only", i, rows[i].slot);
+                                   "take greedy sequences, and sampled ones without penalties on "
+                                   "the GPU sampler", i, rows[i].slot);
             if (next + j - i - 1 > e->n_keep)
                 return status_fail(st, STATUS_RANGE, "row %d: verify run %d of the step: the "
                                    "forward keeps the states of %d runs of %d rows", i, runs + 1,
@@ -301,6 +309,7 @@ static int plan_keeps(fc_rank *e, const fwd_row *rows, int B, status *st)
             sl->v_first = rows[i].pos;
             sl->v_len = j - i;
             sl->v_keep = e->n_slots + 1 + next;
+            sl->v_sstep = sl->sampler ? sample_step(sl->sampler) : 0;
             for (int x = i; x + 1 < j; x++) keep[x] = e->n_slots + 1 + next++;
             runs++;
         }

@@ -483,7 +483,8 @@ static int cuda_create(const qwen35_model *m, const fwd_opts *o, fwd **out, stat
     }
     f->state_bytes = e->stats.state_bytes / (uint64_t)(f->n_slots + 1 + e->n_keep);
     f->verify_rows = e->verify_rows; /* 0 without a batched path */
-    f->verify_sampled = false;
+    /* sampled verify runs draw on the GPU sampler (rank 0's; none on the host fallback) */
+    f->verify_sampled = e->verify_rows && e->slots[0].sampler;
     f->mtp = e->mtp.on && e->verify_rows;
     f->state_dtype = o->state_dtype;
     f->n_snaps = e->n_snaps; /* the fewest of any rank (each chose from its own free memory) */

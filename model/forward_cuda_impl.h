@@ -177,9 +177,10 @@ typedef struct fc_slot {
     int n_past;
     /* the slot's last verify run (docs/GPU.md "Verify runs"): its first position and rows
      * (0: none), the keep slot of its first row (row j's state after it: keep slot v_keep + j,
-     * the last row's in the slot itself) and the step it ran in (fc_rank.stats.steps after it) */
+     * the last row's in the slot itself), the step it ran in (fc_rank.stats.steps after it) and,
+     * sampled, the GPU sampler's RNG step before it (row j drew at v_sstep + j) */
     int v_first, v_len, v_keep;
-    uint64_t v_step;
+    uint64_t v_step, v_sstep;
 } fc_slot;
 
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a

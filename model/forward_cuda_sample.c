@@ -64,7 +64,7 @@ void fc_sampler_prompt(fc_rank *e, fc_slot *sl, const int32_t *ids, int n)
 
 /* Tokens the slot's sampler counts (penalties), rows [i, j) of one slot, in order: the prompt
  * rows in one call (the GPU sampler stages them through its pinned buffer once per step). A
- * verify run's rows are not counted: its sequence is greedy (fwd.h rollback). */
+ * verify run's rows are not counted: its sequence has no penalties (fwd.h rollback). */
 static void accept_rows(fc_rank *e, const fwd_row *rows, int i, int j)
 {
     if (!fc_samples(e) || rows[i].verify) return;
@@ -90,8 +90,8 @@ int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st)
         out->token = greedy_next;
         out->logprob = 0;
         out->n_top = 0;
-    } else if (sl->sampler) {
-        *out = *sample_result_get(sl->sampler);
+    } else if (sl->sampler) { /* a verify run's row i: result i */
+        *out = *sample_result_row(sl->sampler, r->verify ? r->pos - sl->v_first : 0);
     } else {
         out->token = sampler_sample(sl->host_sampler, e->h_logits, out);
     }

@@ -231,9 +231,9 @@ struct fwd {
     int verify_rows;      /* most rows of a verify run (fwd_opts.verify_rows); 0: none (rows
                              with .verify or .hidden are refused) */
     bool mtp;             /* the model's MTP head runs on the device (vt.mtp_feed, mtp_draft) */
-    bool verify_sampled;  /* verify runs of sampled sequences (each row draws as a one-row step
-                             would); false (cuda): of greedy sequences only, STATUS_UNSUPPORTED
-                             for others */
+    bool verify_sampled;  /* verify runs of sampled sequences without penalties (each row draws
+                             as a one-row step would); false (cuda on the host sampler): of
+                             greedy sequences only, STATUS_UNSUPPORTED for others */
     char device[128];     /* "cpu (16 threads)", "cuda:0 NVIDIA H200", ... */
     char plan[320];       /* how n_slots, n_ctx and the KV pool were sized, and from what
                              memory (fwd_plan.why): one line for the start-up log */

@@ -514,7 +514,7 @@ static int start_seq(engine *e, engine_request *r, status *st)
 cold:
     if (worker_backend_seq_start(e->b, r->slot, &r->p.sampling, st) != STATUS_OK) return -1;
     r->started = true;
-    /* cuda's verify runs take greedy sequences only (fwd.verify_sampled) */
+    /* a forward without sampled verify runs (fwd.verify_sampled) takes greedy ones only */
     r->spec = e->sp && !r->p.no_speculation && !r->spec_switched_off &&
               sampling_params_no_penalty(&r->p.sampling) &&
               (e->b->f->verify_sampled || sampling_params_is_greedy(&r->p.sampling));

@@ -75,6 +75,18 @@ void sample_accept(sample_slot *s, int32_t token, const cuda_launch *l);
  * result after synchronising the stream. */
 void sample_run(sample_slot *s, const float *d_logits, const cuda_launch *l);
 
+/* Several draws of one step (a verify run: row i draws its token from its own logits at the
+ * RNG step after row i-1's): sample_run_row writes result `row` (0 <= row < SAMPLE_MAX_ROWS;
+ * sample_run is row 0), read with sample_result_row after the sync. sample_step: the RNG step
+ * of the next draw; sample_set_step takes it back to `step` (<= it) for a slot without
+ * penalties (asserted), the draws past it forgotten (a verify run's rows after the tokens
+ * kept). */
+#define SAMPLE_MAX_ROWS 8
+void sample_run_row(sample_slot *s, const float *d_logits, int row, const cuda_launch *l);
+const sample_result *sample_result_row(const sample_slot *s, int row);
+uint64_t sample_step(const sample_slot *s);
+void sample_set_step(sample_slot *s, uint64_t step);
+
 const sample_result *sample_result_get(const sample_slot *s);
 const sample_topp_diag *sample_topp_diag_get(const sample_slot *s);
 /* CTAs per cluster (diagnostics). */

@@ -55,7 +55,7 @@ struct sample_slot {
     int32_t *d_cand_id;     // owned, device, [V]
     double *d_bsum;         // owned, device, [SAMPLE_MAX_BLOCKS]
     int32_t *h_staging;     // owned, pinned, [n_ctx_max]
-    sample_mapped *h_out;   // owned, pinned (mapped)
+    sample_mapped *h_out;   // owned, pinned (mapped), [SAMPLE_MAX_ROWS]: a result per row
     sample_mapped *d_out;   // its device address
 };
 
@@ -82,10 +82,10 @@ extern "C" int sample_create(sample_slot **out, int32_t n_vocab, int32_t n_ctx_m
         (rc = cuda_alloc((void **)&s->d_cand_id, (size_t)n_vocab * 4, "sample candidate ids", st)) ||
         (rc = cuda_alloc((void **)&s->d_bsum, SAMPLE_MAX_BLOCKS * sizeof(double), "sample block sums", st)) ||
         (rc = cuda_host_alloc((void **)&s->h_staging, (size_t)n_ctx_max * 4, "sample staging", st)) ||
-        (rc = cuda_host_alloc((void **)&s->h_out, sizeof(sample_mapped), "sample result", st)) ||
+        (rc = cuda_host_alloc((void **)&s->h_out, SAMPLE_MAX_ROWS * sizeof(sample_mapped), "sample result", st)) ||
         (rc = cuda_memset(s->d_counts, 0, (size_t)n_vocab * 4, st)))
         goto fail;
-    memset(s->h_out, 0, sizeof *s->h_out);
+    memset(s->h_out, 0, SAMPLE_MAX_ROWS * sizeof *s->h_out);
     {
         const cudaError_t e = cudaHostGetDevicePointer((void **)&s->d_out, s->h_out, 0);
         if (e != cudaSuccess) {
@@ -168,14 +168,20 @@ extern "C" void sample_accept(sample_slot *s, int32_t token, const cuda_launch *
 
 extern "C" void sample_run(sample_slot *s, const float *d_logits, const cuda_launch *l)
 {
+    sample_run_row(s, d_logits, 0, l);
+}
+
+extern "C" void sample_run_row(sample_slot *s, const float *d_logits, int row, const cuda_launch *l)
+{
+    DS_ASSERT(row >= 0 && row < SAMPLE_MAX_ROWS);
     sample_kargs a;
     a.logits = d_logits;
     a.counts = s->d_counts;
     a.cand_w = s->d_cand_w;
     a.cand_id = s->d_cand_id;
     a.bsum = s->d_bsum;
-    a.res = &s->d_out->res;
-    a.diag = &s->d_out->diag;
+    a.res = &s->d_out[row].res;
+    a.diag = &s->d_out[row].diag;
     a.V = s->V;
     a.top_k = s->p.temperature > 0 && s->p.top_k > 0 && s->p.top_k < s->V ? s->p.top_k : 0; /* greedy ignores it */
     a.temperature = s->p.temperature;
@@ -194,5 +200,16 @@ extern "C" void sample_run(sample_slot *s, const float *d_logits, const cuda_lau
 }
 
 extern "C" const sample_result *sample_result_get(const sample_slot *s) { return &s->h_out->res; }
+extern "C" const sample_result *sample_result_row(const sample_slot *s, int row)
+{
+    DS_ASSERT(row >= 0 && row < SAMPLE_MAX_ROWS);
+    return &s->h_out[row].res;
+}
+extern "C" uint64_t sample_step(const sample_slot *s) { return s->step; }
+extern "C" void sample_set_step(sample_slot *s, uint64_t step)
+{
+    DS_ASSERT(!s->pen && step <= s->step);
+    s->step = step;
+}
 extern "C" const sample_topp_diag *sample_topp_diag_get(const sample_slot *s) { return &s->h_out->diag; }
 extern "C" int sample_cluster_size(const sample_slot *s) { return s->ncl; }

@@ -9,9 +9,12 @@
  *  - by default (one-row steps take the GEMV graphs, another rounding): a verify run's logits
  *    within 5e-3 of max|logit| of the one-row steps' (each is within 2e-3 of the CPU's:
  *    batch_parity), the greedy tokens' agreement printed;
- *  - errors by name, nothing run: a sampled sequence's verify run (greedy only on cuda:
- *    fwd.verify_sampled false), more verify runs in a step than verify_runs, rollback outside
- *    the last run, of another slot, or after a later step;
+ *  - a sampled sequence's verify run (fwd.verify_sampled: the GPU sampler) draws as one-row
+ *    steps do, with --batch-invariant: each row's token is the one-row step's at its position,
+ *    and after a rollback the next draw is that of the sequence fed only the rows kept;
+ *  - errors by name, nothing run: a sampled sequence's verify run with a penalty, more verify
+ *    runs in a step than verify_runs, rollback outside the last run, of another slot, or after
+ *    a later step;
  *  - fwd.verify_rows is what was asked, and 0 without verify runs asked.
  * Models: the demo model (models/demo-en-17m.gguf) and the reference own-r2-tied
  * ($DS_REPO_ROOT/tests/reference); with DS_REQUIRE_GPU=1 one of them must be there. */
@@ -136,7 +139,7 @@ static void test_equals_rows(void)
         CU_ASSERT_PTR_NOT_NULL_FATAL(fo);
         CU_ASSERT_PTR_NOT_NULL_FATAL(fr);
         CU_ASSERT_EQUAL(fr->verify_rows, MAX_K + 1);
-        CU_ASSERT_FALSE(fr->verify_sampled);
+        CU_ASSERT(fr->verify_sampled);
         float *l1 = malloc((size_t)(MAX_K + 1) * V * 4), *l2 = malloc((size_t)(MAX_K + 1) * V * 4);
         float *h1 = malloc((size_t)(MAX_K + 1) * H * 4), *h2 = malloc((size_t)(MAX_K + 1) * H * 4);
         int32_t toks[MAX_K + 1], t1[MAX_K + 1], t2[MAX_K + 1];
@@ -310,6 +313,40 @@ static void test_default_path(void)
     }
 }
 
+static void test_sampled(void)
+{
+    for (int c = 0; g_have_gpu && c < g_models.n; c++) {
+        const qwen35_model *m = g_models.m[c];
+        fwd *fo = make(m, true, MAX_K + 1, 2), *fr = make(m, true, MAX_K + 1, 2);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(fo);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(fr);
+        const sampling_params sp = sampling_params_resolve(
+            &(sampling_params){.temperature = 1.0f, .top_p = 0.95f, .seed = 11});
+        int32_t toks[MAX_K + 1], a[MAX_K + 1], b[MAX_K + 1];
+        for (int i = 0; i <= MAX_K; i++) toks[i] = (int32_t)((7 + 31 * i) % m->cfg.V);
+        start(fo, 0, &sp);
+        start(fr, 0, &sp);
+        for (int i = 0; i <= MAX_K; i++) a[i] = one(fo, 0, toks[i], NULL, NULL);
+        verify(fr, 0, toks, MAX_K + 1, b, NULL, NULL);
+        int same = 0;
+        for (int i = 0; i <= MAX_K; i++) same += a[i] == b[i];
+        /* two rows kept, then a row of token 5: the draw of the sequence fed toks[0], toks[1], 5 */
+        status st;
+        CU_ASSERT_EQUAL(fwd_rollback(fr, 0, P + 2, &st), STATUS_OK);
+        const int32_t y = one(fr, 0, 5, NULL, NULL);
+        start(fo, 1, &sp);
+        one(fo, 1, toks[0], NULL, NULL);
+        one(fo, 1, toks[1], NULL, NULL);
+        const int32_t x = one(fo, 1, 5, NULL, NULL);
+        printf("  %s: sampled verify run: %d of %d draws those of one-row steps; after rollback "
+               "%d, one-row %d\n", g_models.name[c], same, MAX_K + 1, y, x);
+        CU_ASSERT_EQUAL(same, MAX_K + 1);
+        CU_ASSERT_EQUAL(x, y);
+        fwd_destroy(fo);
+        fwd_destroy(fr);
+    }
+}
+
 static void test_errors(void)
 {
     if (!g_have_gpu || g_dtype != FWD_STATE_F32 || !g_models.n) return;
@@ -323,15 +360,16 @@ static void test_errors(void)
     fwd_row r = {.token = 1, .slot = 0, .pos = P, .sample = true, .verify = true};
     CU_ASSERT_EQUAL(fwd_step(plain, &r, 1, &st), STATUS_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "verify"));
-    /* a sampled sequence: refused by name, nothing run */
+    /* a sampled sequence with a penalty: refused by name, nothing run */
     const sampling_params drawn = sampling_params_resolve(
-        &(sampling_params){.temperature = 0.8f, .top_p = 0.9f, .seed = 7});
+        &(sampling_params){.temperature = 0.8f, .top_p = 0.9f, .seed = 7,
+                           .repetition_penalty = 1.1f});
     start(f, 1, &drawn);
     fwd_row rows[3];
     for (int i = 0; i < 3; i++)
         rows[i] = (fwd_row){.token = 1, .slot = 1, .pos = P + i, .sample = true, .verify = true};
     CU_ASSERT_EQUAL(fwd_step(f, rows, 3, &st), STATUS_UNSUPPORTED);
-    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "greedy"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "penalties"));
     CU_ASSERT_EQUAL(fwd_n_past(f, 1), P);
     start(f, 0, &k_greedy);
     for (int i = 0; i < 3; i++) rows[i].slot = 0;
@@ -377,6 +415,7 @@ int main(void)
     CU_add_test(s, "rollback continues bit-identically", test_rollback);
     CU_add_test(s, "two verify runs in one step", test_two_runs);
     CU_add_test(s, "default path", test_default_path);
+    CU_add_test(s, "a sampled verify run draws as one-row steps", test_sampled);
     CU_add_test(s, "errors", test_errors);
     CU_pSuite b = CU_add_suite("verify_parity, bf16 state", use_bf16, NULL);
     CU_add_test(b, "a verify run equals one-row steps", test_equals_rows);
