@@ -9,7 +9,9 @@
  *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep);
  *   --cols: short passes of B = 1, 2, 4 rows instead: B planned GEMVs, gemv_cols with 1, 2
  *   and 4 rows a warp, and the batched GEMM (gemm_rows), each in µs per pass; --cols-wpr W:
- *   gemv_cols' warps per row group forced to W (1, 2, 4) instead of the plan's (a sweep). */
+ *   gemv_cols' warps per row group forced to W (1, 2, 4) instead of the plan's (a sweep);
+ *   --gemm: passes of B = 8, 16, ..., 128 rows through gemm_rows alone (µs and GB/s of the
+ *   weights against their bytes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +81,7 @@ typedef struct bench_opts {
     bool fast;    /* the planned and flat variants only */
     int prefetch; /* -1: the table's */
     bool cols;    /* short passes (bench_cols) */
+    bool gemm;    /* bench_cols' gemm_rows alone, over B = 8..128 */
     int cols_wpr; /* bench_cols: gemv_cols' warps a row group forced (1, 2, 4; 0: the plan's) */
 } bench_opts;
 
@@ -152,7 +155,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     gpu_random_tensor(s->type, n_in * n_out, 0.05f, &rng, host);
     cuda_event e0 = NULL, e1 = NULL;
     cuda_stream stream = NULL;
-    const int BM = GEMV_MAX_COLS;
+    const int BM = o->gemm ? 128 : GEMV_MAX_COLS;
     int rc = cuda_stream_create(&stream, st);
     if (!rc) rc = cuda_alloc(&d_raw, raw, "raw", st);
     for (int i = 0; !rc && i < copies; i++) rc = cuda_alloc(&c.d_w[i], packed, "w", st);
@@ -178,10 +181,10 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     }
     if (!rc) rc = cuda_sync(NULL, "setup", st);
     static const char *k_vname[] = {"B gemv", "cols r1", "cols r2", "cols r4", "gemm_rows"};
-    for (int B = 1; !rc && B <= BM; B *= 2) {
+    for (int B = o->gemm ? 8 : 1; !rc && B <= BM; B *= 2) {
         printf("%-20s %-5s %6lldx%-6lld B=%d:", s->what, quant_get(s->type)->name,
                (long long)n_out, (long long)n_in, B);
-        for (int v = 0; !rc && v < 5; v++) {
+        for (int v = o->gemm ? 4 : 0; !rc && v < 5; v++) {
             if (v >= 1 && v <= 3) {
                 c.m.cols_rows = v == 1 ? 1 : v == 2 ? 2 : 4;
                 if ((rc = gemv_matrix_plan(&c.m, p, st))) break;
@@ -312,13 +315,15 @@ static int bench_one(const bench_shape *s, int reps, const bench_opts *o,
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {false, -1, false, 0};
+    bench_opts o = {false, -1, false, false, 0};
     int a = 1;
     for (; a < argc && strncmp(argv[a], "--", 2) == 0; a++) {
         if (strcmp(argv[a], "--fast") == 0) {
             o.fast = true;
         } else if (strcmp(argv[a], "--cols") == 0) {
             o.cols = true;
+        } else if (strcmp(argv[a], "--gemm") == 0) {
+            o.cols = o.gemm = true;
         } else if (strcmp(argv[a], "--cols-wpr") == 0 && a + 1 < argc) {
             o.cols_wpr = atoi(argv[++a]);
             if (o.cols_wpr != 1 && o.cols_wpr != 2) o.cols_wpr = 4;
@@ -326,7 +331,7 @@ int main(int argc, char **argv)
             o.prefetch = atoi(argv[++a]);
             if (o.prefetch < 0 || o.prefetch > 2) o.prefetch = 2;
         } else {
-            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [--cols [--cols-wpr 1|2|4]] [reps] [key|all] "
+            fprintf(stderr, "usage: gemv_bench [--fast] [--prefetch 0..2] [--cols [--cols-wpr 1|2|4]] [--gemm] [reps] [key|all] "
                             "[shape substring]\n");
             return 2;
         }
