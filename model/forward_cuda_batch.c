@@ -268,7 +268,7 @@ static int run_pass(fc_rank *e, fwd_row *rows, int i0, int n, const int32_t *kee
         if (r->hidden) /* the final norm's output: the head's gathered row */
             fc_hidden_copy(e, i0 + j, b->act.d_h + (int64_t)head[j] * e->cfg.H);
         if (r->verify && !sl->greedy && sl->sampler) { /* each row of a sampled run draws */
-            sample_run_row(sl->sampler, d_logits, r->pos - sl->v_first, &e->launch);
+            sample_run_row(sl->sampler, d_logits, fc_verify_row(sl, r), &e->launch);
             continue;
         }
         if (j + 1 < n && rows[j + 1].slot == r->slot) continue; /* not the run's last */

@@ -183,6 +183,9 @@ typedef struct fc_slot {
     uint64_t v_step, v_sstep;
 } fc_slot;
 
+/* a row of the slot's verify run: its index in the run (its sampler result and RNG step) */
+static inline int fc_verify_row(const fc_slot *sl, const fwd_row *r) { return r->pos - sl->v_first; }
+
 /* The paged KV cache (kernels/cuda/attn.h "KV blocks"): one pool of blocks for every slot, a
  * block table row per slot. The tables are model/kv_pool.h's, one pool for the group (fwd.kv):
  * rank 0 owns it (its tables in rank 0's pinned h_table), the other ranks borrow it; the group

@@ -91,7 +91,7 @@ int fc_read_sample(fc_rank *e, fwd_row *r, int32_t greedy_next, status *st)
         out->logprob = 0;
         out->n_top = 0;
     } else if (sl->sampler) { /* a verify run's row i: result i */
-        *out = *sample_result_row(sl->sampler, r->verify ? r->pos - sl->v_first : 0);
+        *out = *sample_result_row(sl->sampler, r->verify ? fc_verify_row(sl, r) : 0);
     } else {
         out->token = sampler_sample(sl->host_sampler, e->h_logits, out);
     }

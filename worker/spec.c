@@ -92,17 +92,21 @@ static int feed(worker_spec *sp, int slot, const float *h, const int32_t *tokens
     return rc;
 }
 
-/* the slot's first row */
+/* the slot's first row of h, and of queued tokens */
 static float *slot_rows(worker_spec *sp, int slot)
 {
     return sp->h + (uint64_t)slot * (uint64_t)sp->cap * (uint64_t)sp->H;
+}
+static int32_t *slot_tokens(worker_spec *sp, int slot)
+{
+    return sp->qtok + (uint64_t)slot * (uint64_t)sp->cap;
 }
 
 void spec_fed(worker_spec *sp, int slot, const int32_t *tokens, int n)
 {
     int q = sp->queued[slot];
     DS_ASSERT(n >= 1 && q + 1 + n <= sp->cap);
-    int32_t *qt = sp->qtok + (uint64_t)slot * (uint64_t)sp->cap;
+    int32_t *qt = slot_tokens(sp, slot);
     if (sp->pending[slot]) { /* (pending, t0), (h_0, t1), .., (h_{n-2}, t_{n-1}) */
         memcpy(qt + q, tokens, (size_t)n * sizeof *tokens);
         q += n;
@@ -120,7 +124,7 @@ int spec_flush(worker_spec *sp, int slot, status *st)
     const int q = sp->queued[slot];
     if (!q) return STATUS_OK;
     float *h = slot_rows(sp, slot);
-    const int rc = feed(sp, slot, h, sp->qtok + (uint64_t)slot * (uint64_t)sp->cap, q, st);
+    const int rc = feed(sp, slot, h, slot_tokens(sp, slot), q, st);
     if (rc) return rc;
     memmove(h, h + (size_t)q * (size_t)sp->H, (size_t)sp->H * sizeof(float)); /* the pending h */
     sp->queued[slot] = 0;
