@@ -47,6 +47,8 @@ struct engine {
     worker_spec *sp;       /* owned: the draft head, NULL when nothing speculates */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_switched_off; /* under mu */
     spec_gate gate;        /* engine_opts.spec_gate: whether speculating pays (engine thread) */
+    int crowded;           /* consecutive steps with more than spec_max_batch sequences
+                              decoding, up to SPEC_CROWDED_STEPS (engine thread) */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* new work, abort or stop */
@@ -617,13 +619,32 @@ static bool spec_room(engine *e, engine_request *r, int n, bool flush)
     return false;
 }
 
-/* Whether this step's decoding sequences may speculate (the gate asked once a step). */
+/* Whether this step's decoding sequences may speculate (the gate asked once a step); counts the
+ * crowded steps (spec.h SPEC_CROWDED_STEPS). */
 static bool step_speculates(engine *e, engine_request **active, int na)
 {
     int n_decoding = 0;
     for (int i = 0; i < na; i++) n_decoding += decoding(active[i]);
-    if (!e->sp || n_decoding > e->o.spec_max_batch) return false;
+    if (!e->sp) return false;
+    if (n_decoding > e->o.spec_max_batch) {
+        if (e->crowded < SPEC_CROWDED_STEPS) e->crowded++;
+        return false;
+    }
+    e->crowded = 0;
     return !e->o.spec_gate || spec_gate_choose(&e->gate, n_decoding);
+}
+
+/* r stops speculating for good (the rolling acceptance or the crowd rule, spec.h): it decodes
+ * one token a step from here on, its tokens unchanged, and its rows no longer reach the head. */
+static void spec_switch_off(engine *e, engine_request *r, const char *why)
+{
+    LOG_DEBUG("request %s: speculative decoding off: %s", r->p.id, why);
+    r->spec = false;
+    r->spec_switched_off = true;
+    pthread_mutex_lock(&e->mu);
+    e->spec_switched_off++;
+    pthread_mutex_unlock(&e->mu);
+    engine_metrics_spec_switched_off(&e->m);
 }
 
 static int build_batch(engine *e, engine_request **active, int na, bool speculate)
@@ -636,6 +657,9 @@ static int build_batch(engine *e, engine_request **active, int na, bool speculat
             pre[n_pre++] = r;
             continue;
         }
+        if (r->spec && e->crowded >= SPEC_CROWDED_STEPS)
+            spec_switch_off(e, r, "more sequences decoding than --spec-max-batch for "
+                                  "SPEC_CROWDED_STEPS steps");
         worker_batch_item *it = &e->items[n];
         memset(it, 0, sizeof *it);
         it->slot = r->slot;
@@ -975,7 +999,6 @@ static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, in
     e->spec_steps++;
     e->spec_drafted += (uint64_t)k;
     e->spec_accepted += (uint64_t)a;
-    e->spec_switched_off += quit;
     pthread_mutex_unlock(&e->mu);
     engine_metrics_spec(&e->m, k, a);
     if (e->pc) prefix_after_step(e, r, it);
@@ -985,12 +1008,7 @@ static int spec_verified(engine *e, engine_request *r, worker_batch_item *it, in
         return nd;
     }
     if (quit) {
-        LOG_DEBUG("request %s: speculative decoding off after %d verify runs: rolling acceptance "
-                  "%.3f < %.3f", r->p.id, r->spec_steps, r->spec_accept,
-                  (double)e->o.spec_min_accept);
-        r->spec = false;
-        r->spec_switched_off = true;
-        engine_metrics_spec_switched_off(&e->m);
+        spec_switch_off(e, r, "rolling acceptance below --spec-min-acceptance");
         return nd;
     }
     spec_fed(e->sp, r->slot, it->tokens, used);

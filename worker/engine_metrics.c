@@ -100,9 +100,10 @@ void engine_metrics_spec_init(engine_metrics *em, metrics *m)
                                         "accepted / drafted; tokens per verify run: 1 + "
                                         "accepted / steps).");
     em->spec_switched_off = metrics_counter(m, "deltaserve:spec_switched_off_total", NULL,
-                                            "Requests that stopped speculating because their "
-                                            "rolling draft acceptance fell below "
-                                            "--spec-min-acceptance.");
+                                            "Requests that stopped speculating for good: "
+                                            "rolling draft acceptance below "
+                                            "--spec-min-acceptance, or more than "
+                                            "--spec-max-batch sequences decoding for 32 steps.");
 }
 
 void engine_metrics_spec(engine_metrics *em, int k, int a)

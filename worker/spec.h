@@ -105,6 +105,11 @@ int spec_draft(worker_spec *sp, int slot, int32_t last, int k, status *st);
  * engine_opts.spec_min_accept, it decodes without drafts for the rest of its life. */
 #define SPEC_ACCEPT_WEIGHT (1.0 / 8)
 #define SPEC_ACCEPT_MIN_RUNS 8
+/* The crowd rule (engine.c): once more than engine_opts.spec_max_batch sequences have decoded in
+ * SPEC_CROWDED_STEPS consecutive steps, the requests decoding then stop speculating for the rest
+ * of their lives, so a full server does not feed their rows to the head for drafts it will not
+ * make (the feeds cost the head's layer a token: ~1/65 of the 27B's work, ~1/33 of the 4B's). */
+#define SPEC_CROWDED_STEPS 32
 
 /* The mean after a run of k >= 1 drafts accepted a, the request's run count now n (1: the first). */
 static inline double spec_accept_mean(double mean, int n, int k, int a)

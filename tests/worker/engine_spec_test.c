@@ -11,6 +11,8 @@
  *    end with the tokens of speculation off, each counted once in engine_load.spec_switched_off
  *    and deltaserve:spec_switched_off_total; at 0 (the rule off) they speculate to the end;
  *    a value outside 0..1 (or NaN) is refused at engine_create;
+ *  - the crowd rule (SPEC_CROWDED_STEPS): three requests decoding together with spec_max_batch
+ *    2 are switched off for good after that many steps, their tokens unchanged;
  *  - the gate (engine_opts.spec_gate, spec_gate_*): its rule on given step times (both sides
  *    measured first, then the cheaper, the other every SPEC_GATE_PROBE-th step, per number of
  *    sequences, following a change), and in the engine on this model, whose head accepts nothing
@@ -259,8 +261,9 @@ static double metric_value(metrics *m, const char *name)
 /* The three greedy requests at once, ROLL_NEW tokens each, on model path with speculation k
  * (0: off) and spec_min_accept min; tokens, what each one's end said and the engine's counters
  * out; *switched the metric deltaserve:spec_switched_off_total (-1 without a draft head). */
-static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][ROLL_NEW],
-                        fin_collector fin[N_REQ], engine_load *load, double *switched)
+static void run_rolling_batch(const char *path, int k, float min, int max_batch,
+                              int32_t out[N_REQ][ROLL_NEW], fin_collector fin[N_REQ],
+                              engine_load *load, double *switched)
 {
     qwen35_model *m = NULL;
     worker_backend *b = NULL;
@@ -273,7 +276,7 @@ static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][R
                                     .max_prefill_tokens = 64, .verify_rows = k ? k + 1 : 0};
     CU_ASSERT_EQUAL_FATAL(worker_backend_create("cpu", m, &bo, &b, &st), STATUS_OK);
     const engine_opts eo = {.queue = 8, .step_tokens = 64, .spec_k = k, .spec_threads = 2,
-                            .spec_min_accept = min, .metrics = mx};
+                            .spec_min_accept = min, .spec_max_batch = max_batch, .metrics = mx};
     CU_ASSERT_EQUAL_FATAL(engine_create(b, &eo, &e, &st), STATUS_OK);
     const engine_sink sink = {.cancelled = engine_collector_sink.cancelled,
                               .on_token = engine_collector_sink.on_token,
@@ -298,6 +301,12 @@ static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][R
     worker_backend_destroy(b);
     qwen35_model_free(m);
     metrics_destroy(mx);
+}
+
+static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][ROLL_NEW],
+                        fin_collector fin[N_REQ], engine_load *load, double *switched)
+{
+    run_rolling_batch(path, k, min, 0, out, fin, load, switched);
 }
 
 static void test_rolling_switch_off(void)
@@ -349,6 +358,41 @@ static void test_rolling_switch_off(void)
     CU_ASSERT_EQUAL(l.spec_steps, runs);
     CU_ASSERT_EQUAL(l.spec_switched_off, 0);
     CU_ASSERT_EQUAL(switched, 0);
+    unlink(path);
+}
+
+/* The crowd rule (spec.h SPEC_CROWDED_STEPS): the three requests decode together with
+ * spec_max_batch 2, so no step may speculate; after SPEC_CROWDED_STEPS such steps each stops
+ * speculating for good (counted as switched off), its tokens those of speculation off. */
+static void test_crowd_switch_off(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/engine_spec_%d_crowd.gguf", testutil_tmp_dir(), (int)getpid());
+    synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
+                       .mtp = true, .n_threads = 2};
+    status st;
+    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    static int32_t off[N_REQ][ROLL_NEW], on[N_REQ][ROLL_NEW];
+    fin_collector fin[N_REQ];
+    engine_load l;
+    double switched;
+    CU_ASSERT_FATAL(ROLL_NEW > SPEC_CROWDED_STEPS + 1);
+    run_rolling(path, 0, 0, off, fin, &l, &switched);
+    run_rolling_batch(path, 2, 0, N_REQ - 1, on, fin, &l, &switched);
+    CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    for (int i = 0; i < N_REQ; i++) {
+        CU_ASSERT_EQUAL(fin[i].spec_steps, 0);
+        CU_ASSERT(fin[i].switched_off);
+    }
+    CU_ASSERT_EQUAL(l.spec_steps, 0);
+    CU_ASSERT_EQUAL(l.spec_switched_off, N_REQ);
+    CU_ASSERT_EQUAL(switched, N_REQ);
+    /* with room for all three, none is switched off (the rolling rule off) */
+    run_rolling_batch(path, 2, 0, N_REQ, on, fin, &l, &switched);
+    CU_ASSERT(memcmp(off, on, sizeof off) == 0);
+    for (int i = 0; i < N_REQ; i++) CU_ASSERT_FALSE(fin[i].switched_off);
+    CU_ASSERT(l.spec_steps > 0);
+    CU_ASSERT_EQUAL(l.spec_switched_off, 0);
     unlink(path);
 }
 
@@ -498,6 +542,7 @@ int main(void)
     CU_add_test(s, "sampled_speculation_gives_the_tokens_of_speculation_off", test_sampled);
     CU_add_test(s, "rolling_acceptance_mean", test_accept_mean);
     CU_add_test(s, "rolling_acceptance_switches_off", test_rolling_switch_off);
+    CU_add_test(s, "crowd_switches_off", test_crowd_switch_off);
     CU_add_test(s, "min_accept_out_of_range_refused", test_min_accept_range);
     CU_add_test(s, "gate_rule", test_gate_rule);
     CU_add_test(s, "gate_in_the_engine", test_gate_engine);
