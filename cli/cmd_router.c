@@ -13,7 +13,7 @@
 typedef struct router_cli_opts {
     const char *listen, *workers, *workers_dns, *model, *metrics_listen, *routing, *log_level;
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
-    int cq_threads;
+    int cq_threads, stream_interval;
     const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
     const char *auth_token_file, *worker_token_file, *workers_tls_name;
     const char *http_listen, *served_model_name;
@@ -54,6 +54,10 @@ static const flag_spec specs[] = {
     {"cq-threads", "DS_CQ_THREADS", "1", FLAG_INT, offsetof(router_cli_opts, cq_threads),
      "completion-queue threads serving every stream and worker call (more only when one "
      "thread saturates a core: each costs CPU per token, docs/BENCH.md 3.11)"},
+    {"stream-interval", "DS_STREAM_INTERVAL", "1", FLAG_INT,
+     offsetof(router_cli_opts, stream_interval),
+     "tokens a client message gathers before it leaves (the first token and the end leave at "
+     "once): fewer messages, less router CPU a token, burstier streams (docs/BENCH.md 3.8)"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT,
      offsetof(router_cli_opts, grace_seconds), "on SIGTERM/SIGINT, time for in-flight streams"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(router_cli_opts, log_level),
@@ -114,6 +118,11 @@ int cmd_router(int argc, char **argv)
         fprintf(stderr, "deltaserve router: %s\n", st.msg);
         return 2;
     }
+    if (o.stream_interval < 1 || o.stream_interval > 256) {
+        fprintf(stderr, "deltaserve router: --stream-interval: %d is not in 1..256\n",
+                o.stream_interval);
+        return 2;
+    }
     if ((o.workers && o.workers[0]) == (o.workers_dns && o.workers_dns[0])) {
         fprintf(stderr, "deltaserve router: give exactly one of --workers and --workers-dns\n");
         return 2;
@@ -128,6 +137,7 @@ int cmd_router(int argc, char **argv)
     ro.dns_refresh_ms = o.dns_refresh_ms;
     ro.max_inflight = o.max_inflight;
     ro.max_attempts = o.max_attempts;
+    ro.stream_interval = o.stream_interval;
     ro.cq_threads = o.cq_threads;
     rpc_tls_server tls = {opt(o.tls_cert), opt(o.tls_key), NULL};
     rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key),

@@ -114,6 +114,7 @@ static void apply_defaults(router_opts *o)
     if (o->max_inflight <= 0) o->max_inflight = 1024;
     if (o->max_attempts <= 0) o->max_attempts = 3;
     if (o->cq_threads <= 0) o->cq_threads = 1;
+    if (o->stream_interval <= 0) o->stream_interval = 1;
     if (o->policy.prefix_tokens <= 0) o->policy.prefix_tokens = 32;
 }
 

@@ -31,6 +31,9 @@ typedef struct router_opts {
     int dns_refresh_ms;         /* 0 -> 5000 */
     int max_inflight;           /* Generate calls at once before RESOURCE_EXHAUSTED; 0 -> 1024 */
     int max_attempts;           /* workers tried per request before the first token; 0 -> 3 */
+    int stream_interval;        /* tokens a client message gathers before it leaves, but the
+                                   first and the last, which leave at once; 0 -> 1 (each
+                                   token as it comes) */
     int cq_threads;             /* completion-queue threads serving every call and worker
                                    call; 0 -> 1 (gRPC's one epoll set: more threads hand
                                    events to each other, docs/BENCH.md 3.11) */

@@ -343,6 +343,13 @@ static void emit(router_req *q, Deltaserve__V1__GenerateResponse *out, bool last
     if (final) relay_end(q, GRPC_STATUS_OK, NULL);
 }
 
+/* Whether the output gathered may leave before the stream's end: the first message at once,
+ * then every --stream-interval tokens. */
+static bool interval_due(const router_req *q)
+{
+    return q->s.n_msgs == 0 || q->s.n_pend >= (size_t)q->r->opts.stream_interval;
+}
+
 /* Takes one worker message into the output (detokenized, through the stop strings and the
  * splitter) and sends it at once unless a message to the client is in flight (then
  * router_relay_writable sends it). Ends the public call when the stream is complete, the
@@ -464,7 +471,7 @@ static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
         s->finish = (finish_reason)out.finish_reason;
     }
     /* a final message (or the worker's error) goes now, queued behind one in flight */
-    if (final || q->worker_error || !q->busy)
+    if (final || q->worker_error || (!q->busy && interval_due(q)))
         emit(q, &out, matched >= 0 || m->finish_reason);
     if (!n_lp) protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
     return;
@@ -830,6 +837,7 @@ static void relay_begin(router_req *q)
     }
     q->wr.logprobs = g->logprobs;
     q->wr.no_speculation = g->no_speculation;
+    q->wr.stream_interval = (uint32_t)r->opts.stream_interval;
 
     int64_t max_new = g->stopping && g->stopping->max_new_tokens ? g->stopping->max_new_tokens
                                                                  : ROUTER_REQUEST_DEFAULT_MAX_NEW;
@@ -895,7 +903,7 @@ void router_relay_writable(router_req *q)
 {
     pthread_mutex_lock(&q->mu);
     q->busy = 0;
-    if (!q->done && q->s.building) {
+    if (!q->done && q->s.building && interval_due(q)) {
         Deltaserve__V1__GenerateResponse out = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
         emit(q, &out, false);
     }

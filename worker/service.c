@@ -69,12 +69,14 @@ struct worker_service {
  * message carries whatever is left, and the writer ends the call. */
 
 #define WS_MSG_TOKENS 64 /* most tokens one message carries (its logprobs are built on the stack) */
+#define WS_MAX_INTERVAL 256 /* the largest stream_interval */
 
 typedef struct ws_stream {
     worker_service *ws;
     rpc_call *call;
     int cap;  /* tokens the request may generate (max_new_tokens) */
     int n_lp; /* top alternatives per token when logprobs were asked, else 0 */
+    int interval; /* WorkerGenerateRequest.stream_interval, at least 1 */
     /* engine thread only */
     int n_gen;                    /* tokens stored */
     bool dirty;                   /* on ws->dirty: tokens stored this step */
@@ -314,6 +316,9 @@ static void sink_step_end(void *arg)
     if (!ws->dirty) return;
     pthread_mutex_lock(&ws->smu);
     for (ws_stream *s = ws->dirty; s; s = s->dirty_next) {
+        /* the first token at once, then --stream-interval tokens at a time (the end: sink_finish) */
+        s->start = false;
+        if (s->n_ready > 0 && s->n_gen - s->n_ready < s->interval) continue;
         s->n_ready = s->n_gen;
         s->start = !s->writing && !s->final;
         if (s->start) s->writing = true;
@@ -402,12 +407,21 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
         rpc_call_finish_status(call, &st);
         return;
     }
+    if (req->stream_interval > WS_MAX_INTERVAL) {
+        status_fail(&st, STATUS_INVALID, "request %s: stream_interval: %u exceeds %d", p.id,
+                    req->stream_interval, WS_MAX_INTERVAL);
+        if (ws->rejected_invalid) metrics_inc(ws->rejected_invalid, 1);
+        LOG_INFO("request %s: rejected: %s", p.id, st.msg);
+        rpc_call_finish_status(call, &st);
+        return;
+    }
     ws_stream *s = stream_create(ws, call, &p);
     if (!s) {
         status_fail(&st, STATUS_NOMEM, "request %s: out of memory for its stream", p.id);
         rpc_call_finish_status(call, &st);
         return;
     }
+    s->interval = req->stream_interval > 1 ? (int)req->stream_interval : 1;
     rpc_call_set_data(call, s); /* freed at on_release */
     if (engine_submit(e, &p, &ws->sink, s, &st)) {
         /* refusals come in floods under overload: one line a second, with counts */

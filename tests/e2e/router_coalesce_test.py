@@ -9,7 +9,9 @@ sends (waited for through the router's log line of the request, not by sleeping)
 client reads again, the stream must have far fewer messages than tokens, and be exactly what a
 promptly reading client gets: the same ids, text, logprobs (with each alternative's text) and
 final usage; with a stop string that matches late, the same cut and finish. A client that
-cancels while its stream is stuck so ends its request, and the router still serves afterwards."""
+cancels while its stream is stuck so ends its request, and the router still serves afterwards.
+A router with --stream-interval 4 sends the first token at once, then messages of at least 4
+tokens (the final one whatever is left), the same ids, text and logprobs as the plain router."""
 import os
 import sys
 import unittest
@@ -128,6 +130,45 @@ class RouterCoalesce(unittest.TestCase):
         _, ids, _, final = self.c.generate(ids=PROMPT, max_tokens=5, ignore_eos=True)
         self.assertEqual(len(ids), 5)
         self.assertEqual(final.usage.completion_tokens, 5)
+
+
+class StreamInterval(unittest.TestCase):
+    def test_interval_gathers_tokens(self):
+        w = h.start_worker("rinterval_w", extra=["--slots", "2", "--threads", "1"])
+        plain = h.start_router([w], name="rinterval_plain")
+        r4 = h.start_router([w], name="rinterval_router", extra=["--stream-interval", "4"])
+        c, c4 = h.Client(plain.addr), h.Client(r4.addr)
+        try:
+            for stop in ((), ("zzzz-never",)):
+                ref, ref_ids, ref_text, _ = c.generate(ids=PROMPT, max_tokens=61, ignore_eos=True,
+                                                       logprobs=2, stop=stop)
+                msgs, ids, text, final = c4.generate(ids=PROMPT, max_tokens=61, ignore_eos=True,
+                                                     logprobs=2, stop=stop)
+                self.assertEqual(ids, ref_ids)
+                self.assertEqual(text, ref_text)
+                self.assertEqual(flat_logprobs(msgs), flat_logprobs(ref))
+                sizes = [len(m.token_ids) for m in msgs]
+                self.assertGreaterEqual(sizes[0], 1, sizes)
+                self.assertLessEqual(sizes[0], 2, "the first token waited: %s" % sizes)
+                for n in sizes[1:-1]:
+                    self.assertGreaterEqual(n, 4, "a message of fewer than 4 tokens: %s" % sizes)
+                self.assertEqual(final.usage.completion_tokens, 61)
+                self.assertLess(len(msgs), len(ref), (sizes, len(ref)))
+                print("--stream-interval 4: %d tokens in %d messages (plain router: %d)"
+                      % (len(ids), len(msgs), len(ref)))
+        finally:
+            c.close()
+            c4.close()
+            r4.stop()
+            plain.stop()
+            w.stop()
+
+    def test_interval_out_of_range_refused(self):
+        for v in ("0", "257", "x"):
+            rc, _, err = h.run_cli(["router", "--listen", "127.0.0.1:0", "--workers",
+                                    "127.0.0.1:1", "--stream-interval", v])
+            self.assertEqual(rc, 2, err)
+            self.assertIn("stream-interval", err)
 
 
 if __name__ == "__main__":
