@@ -309,14 +309,20 @@ static void run_rolling(const char *path, int k, float min, int32_t out[N_REQ][R
     run_rolling_batch(path, k, min, 0, out, fin, load, switched);
 }
 
-static void test_rolling_switch_off(void)
+/* Writes the synthetic tiny F32 model with an MTP head to a temporary path named by tag. */
+static void tiny_mtp_model(char *path, size_t n, const char *tag)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/engine_spec_%d_rolling.gguf", testutil_tmp_dir(), (int)getpid());
+    snprintf(path, n, "%s/engine_spec_%d_%s.gguf", testutil_tmp_dir(), (int)getpid(), tag);
     synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
                        .mtp = true, .n_threads = 2};
     status st;
     CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+}
+
+static void test_rolling_switch_off(void)
+{
+    char path[512];
+    tiny_mtp_model(path, sizeof path, "rolling");
     static int32_t off[N_REQ][ROLL_NEW], on[N_REQ][ROLL_NEW];
     fin_collector fin[N_REQ];
     engine_load l;
@@ -367,11 +373,7 @@ static void test_rolling_switch_off(void)
 static void test_crowd_switch_off(void)
 {
     char path[512];
-    snprintf(path, sizeof path, "%s/engine_spec_%d_crowd.gguf", testutil_tmp_dir(), (int)getpid());
-    synth_options o = {.preset = synth_preset_find("tiny"), .quant = SYNTH_QUANT_F32, .seed = 7,
-                       .mtp = true, .n_threads = 2};
-    status st;
-    CU_ASSERT_EQUAL_FATAL(synth_write(path, &o, NULL, &st), STATUS_OK);
+    tiny_mtp_model(path, sizeof path, "crowd");
     static int32_t off[N_REQ][ROLL_NEW], on[N_REQ][ROLL_NEW];
     fin_collector fin[N_REQ];
     engine_load l;
