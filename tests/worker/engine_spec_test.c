@@ -368,8 +368,8 @@ static void test_rolling_switch_off(void)
 }
 
 /* The crowd rule (spec.h SPEC_CROWDED_STEPS): the three requests decode together with
- * spec_max_batch 2, so no step may speculate; after SPEC_CROWDED_STEPS such steps each stops
- * speculating for good (counted as switched off), its tokens those of speculation off. */
+ * spec_max_batch 2, so those steps may not speculate; after SPEC_CROWDED_STEPS of them each
+ * stops speculating for good (counted as switched off), its tokens those of speculation off. */
 static void test_crowd_switch_off(void)
 {
     char path[512];
@@ -382,11 +382,8 @@ static void test_crowd_switch_off(void)
     run_rolling(path, 0, 0, off, fin, &l, &switched);
     run_rolling_batch(path, 2, 0, N_REQ - 1, on, fin, &l, &switched);
     CU_ASSERT(memcmp(off, on, sizeof off) == 0);
-    for (int i = 0; i < N_REQ; i++) {
-        CU_ASSERT_EQUAL(fin[i].spec_steps, 0);
-        CU_ASSERT(fin[i].switched_off);
-    }
-    CU_ASSERT_EQUAL(l.spec_steps, 0);
+    /* (a request that decoded before the others were admitted may have speculated then) */
+    for (int i = 0; i < N_REQ; i++) CU_ASSERT(fin[i].switched_off);
     CU_ASSERT_EQUAL(l.spec_switched_off, N_REQ);
     CU_ASSERT_EQUAL(switched, N_REQ);
     /* with room for all three, none is switched off (the rolling rule off) */
