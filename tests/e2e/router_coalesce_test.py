@@ -153,7 +153,9 @@ class StreamInterval(unittest.TestCase):
                 for n in sizes[1:-1]:
                     self.assertGreaterEqual(n, 4, "a message of fewer than 4 tokens: %s" % sizes)
                 self.assertEqual(final.usage.completion_tokens, 61)
-                self.assertLess(len(msgs), len(ref), (sizes, len(ref)))
+                # (not against the plain router's count: a slow reader coalesces it too)
+                self.assertGreaterEqual(max(sizes), 4, sizes)
+                self.assertLessEqual(len(msgs), 2 + (61 - 1 + 3) // 4, sizes)
                 print("--stream-interval 4: %d tokens in %d messages (plain router: %d)"
                       % (len(ids), len(msgs), len(ref)))
         finally:
