@@ -43,6 +43,9 @@ int worker_request_parse(const Deltaserve__V1__WorkerGenerateRequest *req,
     if (sp.seed == 0) sp.seed = random_seed;
     out->sampling = sampling_params_resolve(&sp);
     out->no_speculation = req->no_speculation != 0;
+    if (req->stream_interval > WORKER_MAX_STREAM_INTERVAL)
+        return status_fail(st, STATUS_INVALID, "request %s: stream_interval: %u exceeds %d", id,
+                           req->stream_interval, WORKER_MAX_STREAM_INTERVAL);
 
     int room = lim->n_ctx - n;
     const Deltaserve__V1__StoppingCriteria *s = req->stopping;

@@ -69,14 +69,14 @@ struct worker_service {
  * message carries whatever is left, and the writer ends the call. */
 
 #define WS_MSG_TOKENS 64 /* most tokens one message carries (its logprobs are built on the stack) */
-#define WS_MAX_INTERVAL 256 /* the largest stream_interval */
 
 typedef struct ws_stream {
     worker_service *ws;
     rpc_call *call;
     int cap;  /* tokens the request may generate (max_new_tokens) */
     int n_lp; /* top alternatives per token when logprobs were asked, else 0 */
-    int interval; /* WorkerGenerateRequest.stream_interval, at least 1 */
+    int interval; /* WorkerGenerateRequest.stream_interval (checked by worker_request_parse), at
+                     least 1 */
     /* engine thread only */
     int n_gen;                    /* tokens stored */
     bool dirty;                   /* on ws->dirty: tokens stored this step */
@@ -404,14 +404,6 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
     if (worker_request_parse(req, &lim, seed, fallback, &p, &st)) {
         if (ws->rejected_invalid) metrics_inc(ws->rejected_invalid, 1);
         LOG_INFO("request %s: rejected: %s", p.id[0] ? p.id : fallback, st.msg);
-        rpc_call_finish_status(call, &st);
-        return;
-    }
-    if (req->stream_interval > WS_MAX_INTERVAL) {
-        status_fail(&st, STATUS_INVALID, "request %s: stream_interval: %u exceeds %d", p.id,
-                    req->stream_interval, WS_MAX_INTERVAL);
-        if (ws->rejected_invalid) metrics_inc(ws->rejected_invalid, 1);
-        LOG_INFO("request %s: rejected: %s", p.id, st.msg);
         rpc_call_finish_status(call, &st);
         return;
     }
