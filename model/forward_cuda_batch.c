@@ -100,6 +100,7 @@ void fc_batch_plan(fc_rank *e)
     b->rows = fc_pow2_ceil(want);
     b->chunked = !e->batch_invariant;
     b->cols = !e->batch_invariant && all_cols_planned(e);
+    b->mma_from = e->batch_invariant ? 0 : GEMV_MMA_FROM;
     b->attn_tiles = b->chunked && e->kv_type == ATTN_KV_F16;
     fc_dense_plan(e);
     b->n_buckets = 0;
@@ -112,24 +113,27 @@ void fc_batch_plan(fc_rank *e)
     b->ld_y = D_v > HA ? D_v : HA;
 }
 
-/* the largest split-K workspace of any matrix at R rows */
+/* a matrix's split-K workspace at R rows: gemm_rows' or (from its tiled size) gemv_mma's */
+static int64_t work_floats_of(const gemv_matrix *m, int R)
+{
+    const int64_t g = gemm_work_floats(m, R);
+    const int r = R < GEMV_MMA_ROWS ? R : GEMV_MMA_ROWS;
+    const int64_t q = r >= GEMV_MMA_TILED_FROM ? gemv_mma_work_floats(m, r) : 0;
+    return g > q ? g : q;
+}
+
+/* the largest split-K workspace of any matrix a pass multiplies, at R rows */
 static int64_t work_floats(const fc_rank *e, int R)
 {
+    const gemv_matrix *m[FC_MAX_MATRICES];
+    int n_m;
+    pass_matrices(e, m, &n_m);
     int64_t w = 0;
-    for (int il = 0; il < e->cfg.n_layer; il++) {
-        const fc_layer *L = &e->w.layers[il];
-        for (int g = 0; g < L->n_in; g++) {
-            const int64_t f = gemm_work_floats(&L->in[g].m, R);
-            w = f > w ? f : w;
-        }
-        const gemv_matrix *m[4] = {&L->out, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 4; i++) {
-            const int64_t f = gemm_work_floats(m[i], R);
-            w = f > w ? f : w;
-        }
+    for (int i = 0; i < n_m; i++) {
+        const int64_t f = work_floats_of(m[i], R);
+        w = f > w ? f : w;
     }
-    const int64_t f = gemm_work_floats(&e->w.head, R);
-    return f > w ? f : w;
+    return w;
 }
 
 void fc_batch_layout(fc_rank *e, fc_arena *a)
@@ -155,7 +159,8 @@ void fc_batch_layout(fc_rank *e, fc_arena *a)
     xw = xw > b->ld_y ? xw : b->ld_y;
     if (e->mtp.on && 2 * (int64_t)c->H > xw) xw = 2 * (int64_t)c->H; /* the MTP's eh_proj */
     x->d_xh = fc_arena_take(a, R * xw * 2);
-    if (b->cols) x->d_xq = fc_arena_take(a, (R < GEMV_MAX_COLS ? R : GEMV_MAX_COLS) * gemv_xq_bytes(xw));
+    const int64_t q8_rows = b->mma_from ? GEMV_MMA_ROWS : b->cols ? GEMV_MAX_COLS : 0;
+    if (q8_rows) x->d_xq = fc_arena_take(a, (R < q8_rows ? R : q8_rows) * gemv_xq_bytes(xw));
     const gemv_matrix *m[FC_MAX_MATRICES];
     int n_m;
     pass_matrices(e, m, &n_m);

@@ -280,6 +280,9 @@ typedef struct fc_batch {
     bool half_x;                /* some matrix reads act.d_xh (gemm_reads_half) */
     bool cols;                  /* passes of at most GEMV_MAX_COLS rows multiply by gemv_cols
                                    (not batch invariant: another rounding than longer passes) */
+    int mma_from;               /* passes of mma_from .. GEMV_MMA_ROWS rows multiply their
+                                   Q4_K / Q5_K / Q6_K matrices by gemv_mma (Q8 rows; not
+                                   batch invariant); 0: none */
     int64_t ld_proj, ld_y;
     int64_t slot_stride;        /* bytes from one slot's state to the next */
     int max_passes;             /* passes of a step of max_rows rows */

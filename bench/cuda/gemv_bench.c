@@ -7,11 +7,13 @@
  * Usage: gemv_bench [--fast] [--prefetch N] [--cols] [reps] [key|all] [shape substring]
  *   key: the short list; --fast: the planned and flat variants only; --prefetch N: the warp
  *   kernel's L2 prefetch depth (row groups ahead, 0..2) instead of the table's (a sweep);
- *   --cols: short passes of B = 1, 2, 4 rows instead: B planned GEMVs, gemv_cols with 1, 2
- *   and 4 rows a warp, and the batched GEMM (gemm_rows), each in µs per pass; --cols-wpr W:
+ *   --cols: short passes of B = 1, 2, 4, ... rows instead: B planned GEMVs, gemv_cols with 1, 2
+ *   and 4 rows a warp (to 4 rows), the batched GEMM (gemm_rows) and for the K-quants gemv_mma
+ *   (to 64 rows, checked against gemv_cols / gemm_rows), each in µs per pass; --cols-wpr W:
  *   gemv_cols' warps per row group forced to W (1, 2, 4) instead of the plan's (a sweep);
  *   --gemm: passes of B = 8, 16, ..., 128 rows through gemm_rows alone (µs and GB/s of the
  *   weights against their bytes). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,8 @@ static void cols_pass(void *ctx, int copy, const cuda_launch *l)
                  GEMV_STORE, l);
     else if (v <= 3)
         gemv_cols(&c->m, c->d_x, n_in, c->d_xq, c->d_y, n_out, GEMV_STORE, B, l);
+    else if (v == 5)
+        gemv_mma(&c->m, c->d_xq, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
     else
         gemm_rows(&c->m, c->d_x, n_in, c->d_xh, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
 }
@@ -155,7 +159,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     gpu_random_tensor(s->type, n_in * n_out, 0.05f, &rng, host);
     cuda_event e0 = NULL, e1 = NULL;
     cuda_stream stream = NULL;
-    const int BM = o->gemm ? 128 : GEMV_MAX_COLS;
+    const int BM = o->gemm ? 128 : GEMV_MMA_ROWS;
     int rc = cuda_stream_create(&stream, st);
     if (!rc) rc = cuda_alloc(&d_raw, raw, "raw", st);
     for (int i = 0; !rc && i < copies; i++) rc = cuda_alloc(&c.d_w[i], packed, "w", st);
@@ -167,7 +171,9 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     if (!rc) rc = cuda_alloc((void **)&c.d_y, BM * n_out * sizeof(float), "y", st);
     c.m = (gemv_matrix){.type = s->type, .n_in = n_in, .n_out = n_out, .d_w = c.d_w[0]};
     if (!rc) rc = gemv_matrix_plan(&c.m, p, st);
-    const int64_t wf = rc ? 0 : gemm_work_floats(&c.m, BM);
+    int64_t wf = rc ? 0 : gemm_work_floats(&c.m, BM);
+    if (!rc && gemv_mma_supported(s->type) && gemv_mma_work_floats(&c.m, GEMV_MMA_ROWS) > wf)
+        wf = gemv_mma_work_floats(&c.m, GEMV_MMA_ROWS);
     if (!rc && wf) rc = cuda_alloc((void **)&c.d_work, wf * sizeof(float), "work", st);
     if (!rc) rc = cuda_event_create(&e0, st);
     if (!rc) rc = cuda_event_create(&e1, st);
@@ -180,11 +186,15 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
         gemm_x_half(c.d_x, n_in, n_in, c.d_xh, BM, NULL);
     }
     if (!rc) rc = cuda_sync(NULL, "setup", st);
-    static const char *k_vname[] = {"B gemv", "cols r1", "cols r2", "cols r4", "gemm_rows"};
-    for (int B = o->gemm ? 8 : 1; !rc && B <= BM; B *= 2) {
+    static const char *k_vname[] = {"B gemv", "cols r1", "cols r2", "cols r4", "gemm_rows", "mma"};
+    const bool mma = gemv_mma_supported(s->type);
+    const int BX = o->gemm ? BM : mma ? GEMV_MMA_ROWS : 8;
+    for (int B = o->gemm ? 8 : 1; !rc && B <= BX; B *= 2) {
         printf("%-20s %-5s %6lldx%-6lld B=%d:", s->what, quant_get(s->type)->name,
                (long long)n_out, (long long)n_in, B);
-        for (int v = o->gemm ? 4 : 0; !rc && v < 5; v++) {
+        for (int v = o->gemm ? 4 : 0; !rc && v < 6; v++) {
+            if (v == 5 && (o->gemm || !mma)) break;
+            if (B > GEMV_MAX_COLS && v < 4) continue;
             if (v >= 1 && v <= 3) {
                 c.m.cols_rows = v == 1 ? 1 : v == 2 ? 2 : 4;
                 if ((rc = gemv_matrix_plan(&c.m, p, st))) break;
@@ -199,6 +209,34 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
             c.v = v, c.B = B;
             if ((rc = graph_us(cols_pass, &c, copies, reps, stream, e0, e1, &us, st))) break;
             printf("  %s %7.1f us (%4.0f GB/s)", k_vname[v], us, raw / (us * 1e-6) / 1e9);
+        }
+        if (!rc && !o->gemm && mma) { /* mma against gemv_cols / gemm_rows */
+            const cuda_launch l = {stream, false};
+            float *ya = malloc((size_t)B * n_out * 4), *yb = malloc((size_t)B * n_out * 4);
+            c.m.d_w = c.d_w[0];
+            c.m.cols_rows = 0;
+            rc = gemv_matrix_plan(&c.m, p, st);
+            if (!rc) {
+                if (B <= GEMV_MAX_COLS)
+                    gemv_cols(&c.m, c.d_x, n_in, c.d_xq, c.d_y, n_out, GEMV_STORE, B, &l);
+                else
+                    gemm_rows(&c.m, c.d_x, n_in, c.d_xh, c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
+                rc = cuda_sync(stream, "check", st);
+                if (!rc) rc = cuda_download(ya, c.d_y, (size_t)B * n_out * 4, st);
+            }
+            {
+                gemv_mma(&c.m, c.d_xq, c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
+                rc = cuda_sync(stream, "check", st);
+                if (!rc) rc = cuda_download(yb, c.d_y, (size_t)B * n_out * 4, st);
+                double mx = 0, d = 0;
+                for (int64_t i = 0; !rc && i < (int64_t)B * n_out; i++) {
+                    mx = fmax(mx, fabs(ya[i]));
+                    d = fmax(d, fabs(ya[i] - yb[i]));
+                }
+                if (!rc) printf("  mma vs %s: max diff %.3g of max %.3g",
+                                B <= GEMV_MAX_COLS ? "cols" : "gemm", d, mx);
+            }
+            free(ya), free(yb);
         }
         printf("\n");
     }

@@ -161,28 +161,13 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
         const int64_t r = r0 + rr;
         if (b0 + i >= B || r >= n_out) continue;
         const float c = Cs[rr * GEMM_LDC + i];
-        if (gridDim.z > 1) { // split K: this split's partial, summed by gemm_reduce_kernel
+        if (gridDim.z > 1) { // split K: this split's partial, summed by gemv_reduce_splits
             part[((int64_t)blockIdx.z * B + b0 + i) * n_out + r] = c;
             continue;
         }
         float *out = y + (int64_t)(b0 + i) * ld_y + r;
         *out = add ? *out + c : c;
     }
-}
-
-// y (op)= the splits' partials summed in split order (fixed: the result does not depend on B)
-static __global__ void gemm_reduce_kernel(const float *__restrict__ part, int splits, int B,
-                                          int64_t n_out, float *__restrict__ y, int64_t ld_y,
-                                          int add)
-{
-    ds_grid_dep();
-    const int i = blockIdx.y;
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n_out) return;
-    float c = part[(int64_t)i * n_out + r];
-    for (int s = 1; s < splits; s++) c += part[((int64_t)s * B + i) * n_out + r];
-    float *out = y + (int64_t)i * ld_y + r;
-    *out = add ? *out + c : c;
 }
 
 static int64_t gemm_block(uint32_t type)
@@ -292,9 +277,7 @@ extern "C" void gemm_rows(const gemv_matrix *w, const float *d_x, int64_t ld_x,
     case GGML_TYPE_F32: launch_t<GGML_TYPE_F32, true, true>(w, d_x, ld_x, d_y, ld_y, add, B, d_work, kps, splits, l); break;
     default: gemm_q_launch(w, d_xh, d_y, ld_y, add, B, d_work, kps, splits, l);
     }
-    if (splits > 1)
-        ds_launch(gemm_reduce_kernel, dim3(ds_div_up(w->n_out, 256), B), 256, 0, l,
-                  (const float *)d_work, splits, B, w->n_out, d_y, ld_y, add);
+    if (splits > 1) gemv_reduce_splits(d_work, splits, B, w->n_out, d_y, ld_y, ep, l);
 }
 
 static __global__ void x_half_kernel(const float *__restrict__ x, int64_t ld_x, int64_t n,

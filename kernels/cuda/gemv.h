@@ -164,6 +164,26 @@ void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
  * F32 of 4, F16/BF16 of 8; gemv_cols_planned: m's plan has the builds (gemv_matrix_plan made
  * them). CPU twin: quant_matvec row by row. */
 #define GEMV_MAX_COLS 4
+/* Passes of B <= GEMV_MMA_ROWS rows of a Q4_K, Q5_K or Q6_K matrix on the int8 tensor cores
+ * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' Q8 forms d_xq (row i at
+ * i * gemv_xq_bytes(n_in)). Up to GEMV_MMA_TILED_FROM - 1 rows a CTA owns 16 weight rows and its
+ * warps split K; from GEMV_MMA_TILED_FROM rows a CTA owns 64 weight rows and every column, and a
+ * matrix with too few such tiles to fill the GPU splits K into partials in d_work (at least
+ * gemv_mma_work_floats(w, B) floats; NULL when that is 0), summed in split order by a second
+ * launch. gemv_mma_init (gemv_init calls it): the tiled kernels' opt-in to more than 48 KiB of
+ * shared memory. CPU twin: quant_matvec on the Q8-rounded x. */
+#define GEMV_MMA_ROWS 64
+#define GEMV_MMA_TILED_FROM 9
+#define GEMV_MMA_FROM 3 /* the batched passes' fewest rows for it */
+bool gemv_mma_supported(uint32_t type);
+int gemv_mma_init(status *st);
+int64_t gemv_mma_work_floats(const gemv_matrix *w, int B);
+void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int64_t ld_y,
+              gemv_epilogue ep, int B, float *d_work, const cuda_launch *l);
+/* d_y (=, or += with GEMV_ADD) the sum of `splits` partials [splits][B][n_out] in split order
+ * (gemv_mma's and gemm_rows' split K) */
+void gemv_reduce_splits(const float *d_part, int splits, int B, int64_t n_out, float *d_y,
+                        int64_t ld_y, gemv_epilogue ep, const cuda_launch *l);
 bool gemv_cols_supported(uint32_t type, int64_t n_in);
 static inline bool gemv_cols_planned(const gemv_matrix *m) { return m->plan.cols[0].grid > 0; }
 void gemv_cols(const gemv_matrix *w, const float *d_x, int64_t ld_x, const void *d_xq,

@@ -15,7 +15,7 @@ extern "C" int gemv_init(const cuda_device_props *p, status *st)
                            p->name, p->cc_major, p->cc_minor);
     if (p->sm_count < 1)
         return status_fail(st, STATUS_INVALID, "gemv: %s reports no multiprocessors", p->name);
-    return STATUS_OK;
+    return gemv_mma_init(st);
 }
 
 static int64_t flat_qk(uint32_t type)

@@ -649,6 +649,98 @@ fail:
     return ok && st.code == STATUS_OK;
 }
 
+/* gemv_mma: each column of a pass of B <= GEMV_MMA_ROWS rows (the one-tile kernels to 8, the
+ * 64-row tiles from 9, split K where the matrix has few tiles) against quant_matvec on that row's
+ * Q8-rounded x, within the tight bound of gemv_cols; nothing written past n_out. */
+static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add)
+{
+    status st;
+    status_clear(&st);
+    const char *kname = quant_get(type)->name;
+    const int64_t ld_x = n_in + 4, ld_y = n_out + 3, xs = (int64_t)gemv_xq_bytes(n_in);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, (uint64_t)(n_in * 17 + n_out * 5 + B));
+    float *x = calloc((size_t)(B * ld_x), sizeof(float)), *xd = malloc(n_in * sizeof(float));
+    float *y0 = malloc((size_t)(B * ld_y) * sizeof(float)), *got = malloc((size_t)(B * ld_y) * sizeof(float));
+    float *ref = malloc(n_out * sizeof(float));
+    int8_t *qs = malloc(n_in);
+    float *qd = malloc(n_in / 32 * sizeof(float) + 4), *qsum = malloc(n_in / 32 * sizeof(float) + 4);
+    DS_ASSERT(x && xd && y0 && got && ref && qs && qd && qsum);
+    for (int64_t i = 0; i < B * ld_x; i++) x[i] = gpu_rng_normal(&rng);
+    for (int64_t i = 0; i < B * ld_y; i++) y0[i] = gpu_rng_normal(&rng);
+    dev_matrix W = {0};
+    float *d_x = NULL, *d_y = NULL, *d_work = NULL;
+    void *d_xq = NULL;
+    bool ok = true;
+    if (matrix_make(&W, type, n_in, n_out, 29 + n_out, &st) ||
+        matrix_plan(&W, GEMV_KERNEL_AUTO, 0, &st))
+        goto fail;
+    const int64_t work = gemv_mma_work_floats(&W.m, B);
+    if ((work && cuda_alloc((void **)&d_work, (size_t)work * sizeof(float), "work", &st)) ||
+        cuda_alloc((void **)&d_x, (size_t)(B * ld_x) * sizeof(float), "x", &st) ||
+        cuda_alloc(&d_xq, (size_t)(B * xs), "xq", &st) ||
+        cuda_alloc((void **)&d_y, (size_t)(B * ld_y) * sizeof(float), "y", &st) ||
+        cuda_upload(d_x, x, (size_t)(B * ld_x) * sizeof(float), &st) ||
+        cuda_upload(d_y, y0, (size_t)(B * ld_y) * sizeof(float), &st))
+        goto fail;
+    gemv_quantize_rows(d_x, ld_x, d_xq, n_in, B, NULL);
+    gemv_mma(&W.m, d_xq, d_y, ld_y, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
+    if (cuda_sync(NULL, kname, &st) ||
+        cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st))
+        goto fail;
+    const uint64_t rb = quant_row_bytes(type, n_in);
+    for (int i = 0; i < B; i++) {
+        gpu_twin_q8_quantize(x + i * ld_x, n_in, qs, qd, qsum, xd);
+        quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
+        const double A = sum_scale(type, W.host, n_in, n_out, xd);
+        if (add)
+            for (int64_t r = 0; r < n_out; r++) ref[r] += y0[i * ld_y + r];
+        char name[128];
+        snprintf(name, sizeof name, "gemv_mma %s %s %lldx%lld B=%d row %d", kname, add ? "add" : "store",
+                 (long long)n_out, (long long)n_in, B, i);
+        const double atol = 2e-6 * sqrt((double)n_in) * A;
+        ok &= gpu_parity_check(name, got + i * ld_y, ref, n_out, atol, 1e-4, n_out >= 16 ? 1e-8 : 1.0,
+                               true, NULL);
+        for (int64_t r = n_out; r < ld_y; r++)
+            if (memcmp(&got[i * ld_y + r], &y0[i * ld_y + r], sizeof(float)) != 0) {
+                printf("  mma: row %d column %lld past n_out written\n", i, (long long)r);
+                ok = false;
+            }
+    }
+    printf("  gemv_mma %s %s %lldx%lld B=%d: %s\n", kname, add ? "add" : "store", (long long)n_out,
+           (long long)n_in, B, ok ? "ok" : "FAILED");
+fail:
+    if (st.code) printf("  %s\n", st.msg);
+    CU_ASSERT_EQUAL(st.code, STATUS_OK);
+    matrix_free(&W);
+    cuda_free(d_x), cuda_free(d_xq), cuda_free(d_y), cuda_free(d_work);
+    free(x), free(xd), free(y0), free(got), free(ref), free(qs), free(qd), free(qsum);
+    return ok && st.code == STATUS_OK;
+}
+
+static void test_mma(void)
+{
+    if (!g_have_gpu) return;
+    static const int64_t shapes[][2] = {{256, 16}, {512, 37}, {2560, 1000}, {5120, 4099}};
+    static const uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    for (int ti = 0; ti < 3; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            for (int B = 1; B <= 8; B++) {
+                CU_ASSERT_TRUE(mma_case(types[ti], shapes[s][0], shapes[s][1], B, false));
+                if (B == 3 || B == 8)
+                    CU_ASSERT_TRUE(mma_case(types[ti], shapes[s][0], shapes[s][1], B, true));
+            }
+            /* the 64-row tiles: each column-tile count, its edges; the largest shape (split K
+             * on a 132-SM GPU: 5 splits of 4 super-blocks) at a few */
+            static const int tiled[] = {9, 16, 17, 32, 33, 64};
+            for (size_t k = 0; k < sizeof tiled / sizeof tiled[0]; k++) {
+                const int B = tiled[k];
+                if (shapes[s][1] > 2000 && B != 9 && B != 33 && B != 64) continue;
+                CU_ASSERT_TRUE(mma_case(types[ti], shapes[s][0], shapes[s][1], B, B == 17 || B == 64));
+            }
+        }
+}
+
 /* gemv_cols_swiglu: each row of the pass against silu(gate·x') * (up·x') from quant_matvec on
  * the row's Q8-rounded x' (run_case_k's SwiGLU bound). */
 static bool cols_swiglu_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool perturb)
@@ -798,6 +890,7 @@ int main(void)
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "pair", test_pair);
     CU_add_test(s, "cols", test_cols);
+    CU_add_test(s, "mma", test_mma);
     CU_add_test(s, "plan", test_plan);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
