@@ -8,7 +8,6 @@
  * argmax as it writes the logits (gemv_argmax); every kernel whose output feeds a quantised GEMV
  * also writes its Q8 form. */
 #include "common/log.h"
-#include "gguf/quant_blocks.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/gdn.h"
@@ -203,15 +202,16 @@ static void *recb_q8(const fc_rank *e, int nb)
     return recb_cols(e, nb) && e->b.half_x ? e->b.act.d_xq : NULL;
 }
 
-/* a pass of nb rows multiplies its Q4_K, Q5_K and Q6_K matrices on the int8 tensor cores */
-static bool recb_mma(const fc_rank *e, int nb)
+/* a pass of nb rows multiplies its Q4_K, Q5_K and Q6_K matrices on the int8 tensor cores
+ * (recb_mma: this matrix of it) */
+static bool recb_mma_pass(const fc_rank *e, int nb)
 {
     return e->b.mma_from && nb >= e->b.mma_from && nb <= GEMV_MMA_ROWS &&
            !(e->dense.blas && nb >= e->dense.from);
 }
-static bool recb_mma_type(uint32_t type)
+static bool recb_mma(const fc_rank *e, int nb, uint32_t type)
 {
-    return gemv_mma_supported(type);
+    return recb_mma_pass(e, nb) && gemv_mma_supported(type);
 }
 
 /* the GEMM's F16 rows of x (d_xh), read by the quantised matrices that multiply it next, and
@@ -220,7 +220,7 @@ static bool recb_mma_type(uint32_t type)
 static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
 {
     if (!recb_cols(e, nb) && e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
-    if (recb_mma(e, nb) && !recb_cols(e, nb))
+    if (recb_mma_pass(e, nb) && !recb_cols(e, nb))
         gemv_quantize_rows(x, ld, e->b.act.d_xq, n, nb, &e->launch);
 }
 
@@ -232,11 +232,11 @@ static void recb_gemm(fc_rank *e, const gemv_matrix *m, const float *x, int64_t 
 {
     const fc_batch_act *a = &e->b.act;
     fc_dense *d = &e->dense;
-    if (recb_cols(e, nb) && !(recb_mma(e, nb) && recb_mma_type(m->type))) {
+    if (recb_cols(e, nb) && !recb_mma(e, nb, m->type)) {
         gemv_cols(m, x, ld_x, a->d_xq, y, ld_y, ep, nb, &e->launch);
         return;
     }
-    if (recb_mma(e, nb) && recb_mma_type(m->type)) {
+    if (recb_mma(e, nb, m->type)) {
         gemv_mma(m, a->d_xq, y, ld_y, ep, nb, a->d_work, &e->launch);
         return;
     }
@@ -339,7 +339,7 @@ static void recb_layer(fc_rank *e, const fc_layer *L, const fc_stage *s, bool pr
     norm_rms_rows(a->d_x, H, L->d_post_norm, (int)H, c->eps, a->d_h, H, recb_q8(e, nb), nb, l);
     recb_x_half(e, a->d_h, H, H, nb);
     if (recb_cols(e, nb) && L->gate.type == L->up.type &&
-        !(recb_mma(e, nb) && recb_mma_type(L->gate.type))) {
+        !recb_mma(e, nb, L->gate.type)) {
         gemv_cols_swiglu(&L->gate, &L->up, a->d_h, H, a->d_xq, a->d_ffn, F, nb, l);
     } else {
         recb_gemm(e, &L->gate, a->d_h, H, a->d_gu, 2 * F, GEMV_STORE, nb);
@@ -400,7 +400,7 @@ void fc_record_head(fc_rank *e, const fc_stage *s)
     recb_x_half(e, a->d_h, H, H, nh);
     if (e->tp) /* this rank's vocabulary columns, the others' zeros: summed, all the logits */
         cuda_memset_async(a->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
-    if (recb_mma(e, nh) && recb_mma_type(e->w.head.type))
+    if (recb_mma(e, nh, e->w.head.type))
         gemv_mma(&e->w.head, a->d_xq, a->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh, a->d_work, l);
     else if (recb_cols(e, nh))
         gemv_cols(&e->w.head, a->d_h, H, a->d_xq, a->d_logits + e->vocab_begin, c->V, GEMV_STORE,
