@@ -18,13 +18,13 @@
  *  - slots: 64 sequences started and abandoned mid-way, then reused, and the device memory the
  *    process holds is the same before and after;
  *  - the dense path (kernels/cuda/gemm.h, --dense-rows): on a synthetic Q4_K_M model (the tiny
- *    shape, written here), 64 prompts fed whole in one pass, every pass of 128 rows or more
- *    on it, F16 copies resident and dequantised per pass: the prompt rows' logits within 1e-2
- *    of max|logit| of the quantised GEMM's (the same F16 weights and x; only the order of the
- *    sums differs, which the random weights amplify; the decode steps that follow take
- *    gemv_mma's Q8 rows on both sides, where a last-bit difference upstream flips a Q8 value),
- *    and every row up to the first token two runs disagree on no farther from the CPU
- *    forward's than the quantised GEMM's (1.5x + 1e-3).
+ *    shape, written here), 64 prompts fed whole, every pass of 128 rows or more on it, F16
+ *    copies resident and dequantised per pass: the logits of the prompt rows of the first
+ *    pass within 1e-2 of max|logit| of the quantised GEMM's (the same F16 weights and x; only
+ *    the order of the sums differs, which the random weights amplify; later passes of fewer
+ *    rows take gemv_mma's Q8 rows on both sides, where a last-bit difference upstream flips a
+ *    Q8 value), and every row up to the first token two runs disagree on no farther from the
+ *    CPU forward's than the quantised GEMM's (1.5x + 1e-3).
  *  - bf16 recurrent state (fwd_opts.state_dtype, kernels/cuda/gdn.h "State storage") on the
  *    reference models, batch invariant: alone = all together (greedy tokens), prompts in one
  *    chunk = token by token (bit-identical logits: both round S after every row), and the
@@ -413,9 +413,8 @@ static void test_dense(void)
         goto done;
     }
     seqs_make(&greedy, V, false);
-    /* every prompt row in the first step's one pass (about 1,300 rows) */
     const worker_backend_opts oq = {.n_slots = N_SEQ, .n_ctx = MAX_PROMPT + N_GEN + 1,
-                                    .max_prefill_tokens = 2048};
+                                    .max_prefill_tokens = 256};
     worker_backend_opts orr = oq, op = oq;
     orr.dense_rows = 128, op.dense_rows = 128, op.dense_per_pass = true;
     if (worker_backend_create("cuda", m, &oq, &q, &st) ||
@@ -427,8 +426,12 @@ static void test_dense(void)
         run_chunks(dp, &greedy, N_SEQ, MAX_PROMPT, out_p, lp, &st) ||
         run_chunks(cpu, &greedy, N_SEQ, MAX_PROMPT, out_c, lc, &st))
         goto done;
-    /* per sequence, the rows up to the first token any two runs disagree on */
+    /* wqc, wrc: per sequence, the rows up to the first token any two runs disagree on; wr, wp:
+     * the prompt rows of the sequences whose prompts are the first 128 rows fed, all in the
+     * first step's first pass (the dense path on one side, gemm_rows on the other, from the
+     * same embeddings) */
     double wr = 0, wp = 0, wqc = 0, wrc = 0;
+    int fed = 0;
     for (int i = 0; i < N_SEQ; i++) {
         int k = 0;
         while (k < N_GEN && out_r[i][k] == out_q[i][k] && out_p[i][k] == out_q[i][k] &&
@@ -436,12 +439,15 @@ static void test_dense(void)
             k++;
         const size_t off = (size_t)i * (MAX_PROMPT + N_GEN) * V;
         const int64_t r = greedy.plen[i] + k;
-        wr = fmax(wr, worst_rel(lq + off, lr + off, greedy.plen[i], V));
-        wp = fmax(wp, worst_rel(lq + off, lp + off, greedy.plen[i], V));
+        fed += greedy.plen[i];
+        if (fed <= 128) {
+            wr = fmax(wr, worst_rel(lq + off, lr + off, greedy.plen[i], V));
+            wp = fmax(wp, worst_rel(lq + off, lp + off, greedy.plen[i], V));
+        }
         wqc = fmax(wqc, worst_rel(lc + off, lq + off, r, V));
         wrc = fmax(wrc, worst_rel(lc + off, lr + off, r, V));
     }
-    printf("  dense path (synthetic tiny Q4_K_M): prompt rows vs the quantised GEMM worst %.3g "
+    printf("  dense path (synthetic tiny Q4_K_M): first pass's prompt rows vs the quantised GEMM worst %.3g "
            "(resident), %.3g (per pass) of max|logit| (bound 1e-2); vs the CPU %.3g, the quantised GEMM's "
            "%.3g (bound 1.5x + 1e-3)\n", wr, wp, wrc, wqc);
     /* the same F16 weights and x, only the order of the sums differs, but random weights
