@@ -113,12 +113,11 @@ void fc_batch_plan(fc_rank *e)
     b->ld_y = D_v > HA ? D_v : HA;
 }
 
-/* a matrix's split-K workspace at R rows: gemm_rows' or (from its tiled size) gemv_mma's */
+/* a matrix's split-K workspace at R rows: gemm_rows' or gemv_mma's */
 static int64_t work_floats_of(const gemv_matrix *m, int R)
 {
     const int64_t g = gemm_work_floats(m, R);
-    const int r = R < GEMV_MMA_ROWS ? R : GEMV_MMA_ROWS;
-    const int64_t q = r >= GEMV_MMA_TILED_FROM ? gemv_mma_work_floats(m, r) : 0;
+    const int64_t q = gemv_mma_work_floats(m, R < GEMV_MMA_ROWS ? R : GEMV_MMA_ROWS);
     return g > q ? g : q;
 }
 

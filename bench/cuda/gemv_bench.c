@@ -213,6 +213,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
         if (!rc && !o->gemm && mma) { /* mma against gemv_cols / gemm_rows */
             const cuda_launch l = {stream, false};
             float *ya = malloc((size_t)B * n_out * 4), *yb = malloc((size_t)B * n_out * 4);
+            DS_ASSERT(ya && yb);
             c.m.d_w = c.d_w[0];
             c.m.cols_rows = 0;
             rc = gemv_matrix_plan(&c.m, p, st);
@@ -224,7 +225,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
                 rc = cuda_sync(stream, "check", st);
                 if (!rc) rc = cuda_download(ya, c.d_y, (size_t)B * n_out * 4, st);
             }
-            {
+            if (!rc) {
                 gemv_mma(&c.m, c.d_xq, c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
                 rc = cuda_sync(stream, "check", st);
                 if (!rc) rc = cuda_download(yb, c.d_y, (size_t)B * n_out * 4, st);
