@@ -387,6 +387,9 @@ static void test_synthetic(void)
     if (p) check_model(p, false);
 }
 
+/* the dense path's first bucket in test_dense: passes of this many rows or more take it */
+#define DENSE_FROM 128
+
 static void test_dense(void)
 {
     if (!g_have_gpu) return;
@@ -416,7 +419,7 @@ static void test_dense(void)
     const worker_backend_opts oq = {.n_slots = N_SEQ, .n_ctx = MAX_PROMPT + N_GEN + 1,
                                     .max_prefill_tokens = 256};
     worker_backend_opts orr = oq, op = oq;
-    orr.dense_rows = 128, op.dense_rows = 128, op.dense_per_pass = true;
+    orr.dense_rows = DENSE_FROM, op.dense_rows = DENSE_FROM, op.dense_per_pass = true;
     if (worker_backend_create("cuda", m, &oq, &q, &st) ||
         worker_backend_create("cuda", m, &orr, &dr, &st) ||
         worker_backend_create("cuda", m, &op, &dp, &st) ||
@@ -427,7 +430,7 @@ static void test_dense(void)
         run_chunks(cpu, &greedy, N_SEQ, MAX_PROMPT, out_c, lc, &st))
         goto done;
     /* wqc, wrc: per sequence, the rows up to the first token any two runs disagree on; wr, wp:
-     * the prompt rows of the sequences whose prompts are the first 128 rows fed, all in the
+     * the prompt rows of the sequences whose prompts are the first DENSE_FROM rows fed, all in the
      * first step's first pass (the dense path on one side, gemm_rows on the other, from the
      * same embeddings) */
     double wr = 0, wp = 0, wqc = 0, wrc = 0;
@@ -440,7 +443,7 @@ static void test_dense(void)
         const size_t off = (size_t)i * (MAX_PROMPT + N_GEN) * V;
         const int64_t r = greedy.plen[i] + k;
         fed += greedy.plen[i];
-        if (fed <= 128) {
+        if (fed <= DENSE_FROM) {
             wr = fmax(wr, worst_rel(lq + off, lr + off, greedy.plen[i], V));
             wp = fmax(wp, worst_rel(lq + off, lp + off, greedy.plen[i], V));
         }

@@ -292,6 +292,10 @@ static void test_two_runs(void)
     }
 }
 
+/* the quantised models' bound: 1.5x the batch-invariant forward's distance from the one-row
+ * steps, + 1e-3 of max|logit| */
+static float near_limit(float base) { return 1.5f * base + 1e-3f; }
+
 /* The default forward: one-row steps through the GEMV graphs, a verify run of n rows through
  * the batched passes (gemv_cols, or gemv_mma from GEMV_MMA_FROM rows for the K-quants): close,
  * not bit-identical. With bound > 0, within bound of max|logit|; with bound 0 (the quantised
@@ -324,7 +328,7 @@ static void default_path_case(const qwen35_model *m, const char *name, int n, fl
         start(fi, 0, &k_greedy);
         verify(fi, 0, toks, n, t3, l3, NULL);
         base = worst_rows(l1, l3, n, V);
-        limit = 1.5f * base + 1e-3f;
+        limit = near_limit(base);
     }
     printf("  %s: default path: verify run of %d rows vs one-row GEMV steps: logits within %.2e "
            "of max|logit| (bound %.2e", name, n, worst, limit);
@@ -378,7 +382,7 @@ static void rows_case(const qwen35_model *m, const char *name, int n)
     CU_ASSERT_EQUAL_FATAL(fwd_step(fr, rows, n, &st), STATUS_OK);
     CU_ASSERT_EQUAL_FATAL(fwd_step(fi, irows, n, &st), STATUS_OK);
     const float worst = worst_rows(l1, l2, n, V), base = worst_rows(l1, l3, n, V);
-    const float limit = 1.5f * base + 1e-3f;
+    const float limit = near_limit(base);
     for (int i = 0; i < n; i++) {
         const float *a = l1 + (size_t)i * V;
         int best = 0;
