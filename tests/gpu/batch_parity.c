@@ -430,9 +430,9 @@ static void test_dense(void)
         run_chunks(cpu, &greedy, N_SEQ, MAX_PROMPT, out_c, lc, &st))
         goto done;
     /* wqc, wrc: per sequence, the rows up to the first token any two runs disagree on; wr, wp:
-     * the prompt rows of the sequences whose prompts are the first DENSE_FROM rows fed, all in the
-     * first step's first pass (the dense path on one side, gemm_rows on the other, from the
-     * same embeddings) */
+     * the prompt rows of the sequences whose prompts are the first DENSE_FROM rows fed, all in
+     * the first step's first pass (the dense path on one side, gemm_rows on the other, from
+     * the same embeddings) */
     double wr = 0, wp = 0, wqc = 0, wrc = 0;
     int fed = 0;
     for (int i = 0; i < N_SEQ; i++) {
