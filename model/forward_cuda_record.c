@@ -221,7 +221,7 @@ static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int n
 {
     if (!recb_cols(e, nb) && e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
     if (recb_mma_pass(e, nb) && !recb_cols(e, nb))
-        gemv_quantize_rows(x, ld, e->b.act.d_xq, n, nb, &e->launch);
+        gemv_mma_quantize(x, ld, e->b.act.d_xq, n, nb, &e->launch);
 }
 
 /* y (+)= m·x for the nb rows: gemv_cols for a short pass; the dense path (gemm.h) from

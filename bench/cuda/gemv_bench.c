@@ -118,10 +118,15 @@ typedef struct cols_ctx {
     gemv_matrix m;
     void **d_w;
     float *d_x, *d_y, *d_work;
-    void *d_xq;
+    void *d_xq, *d_xqk; /* the rows' Q8 forms, and their Q8_K forms (gemv_mma's tiled passes) */
     uint16_t *d_xh;
     int64_t xs;
 } cols_ctx;
+
+static const void *mma_xq(const cols_ctx *c, int B)
+{
+    return B >= GEMV_MMA_TILED_FROM ? c->d_xqk : c->d_xq;
+}
 
 static void cols_pass(void *ctx, int copy, const cuda_launch *l)
 {
@@ -136,7 +141,7 @@ static void cols_pass(void *ctx, int copy, const cuda_launch *l)
     else if (v <= 3)
         gemv_cols(&c->m, c->d_x, n_in, c->d_xq, c->d_y, n_out, GEMV_STORE, B, l);
     else if (v == 5)
-        gemv_mma(&c->m, c->d_xq, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
+        gemv_mma(&c->m, mma_xq(c, B), c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
     else
         gemm_rows(&c->m, c->d_x, n_in, c->d_xh, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
 }
@@ -167,6 +172,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
     for (int i = 0; !rc && i < copies; i++) gemv_pack(s->type, d_raw, c.d_w[i], n_in, n_out, NULL);
     if (!rc) rc = cuda_alloc((void **)&c.d_x, BM * n_in * sizeof(float), "x", st);
     if (!rc) rc = cuda_alloc(&c.d_xq, BM * c.xs, "xq", st);
+    if (!rc) rc = cuda_alloc(&c.d_xqk, BM * c.xs, "xqk", st);
     if (!rc) rc = cuda_alloc((void **)&c.d_xh, BM * n_in * 2, "xh", st);
     if (!rc) rc = cuda_alloc((void **)&c.d_y, BM * n_out * sizeof(float), "y", st);
     c.m = (gemv_matrix){.type = s->type, .n_in = n_in, .n_out = n_out, .d_w = c.d_w[0]};
@@ -183,6 +189,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
         rc = cuda_upload(c.d_x, x, BM * n_in * sizeof(float), st);
         free(x);
         gemv_quantize_rows(c.d_x, n_in, c.d_xq, n_in, BM, NULL);
+        if (n_in % 256 == 0) gemv_quantize_rows_k(c.d_x, n_in, c.d_xqk, n_in, BM, NULL);
         gemm_x_half(c.d_x, n_in, n_in, c.d_xh, BM, NULL);
     }
     if (!rc) rc = cuda_sync(NULL, "setup", st);
@@ -226,7 +233,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
                 if (!rc) rc = cuda_download(ya, c.d_y, (size_t)B * n_out * 4, st);
             }
             if (!rc) {
-                gemv_mma(&c.m, c.d_xq, c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
+                gemv_mma(&c.m, mma_xq(&c, B), c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
                 rc = cuda_sync(stream, "check", st);
                 if (!rc) rc = cuda_download(yb, c.d_y, (size_t)B * n_out * 4, st);
                 double mx = 0, d = 0;
@@ -242,7 +249,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
         printf("\n");
     }
     for (int i = 0; i < copies; i++) cuda_free(c.d_w[i]);
-    cuda_free(d_raw), cuda_free(c.d_x), cuda_free(c.d_xq), cuda_free(c.d_xh), cuda_free(c.d_y);
+    cuda_free(d_raw), cuda_free(c.d_x), cuda_free(c.d_xq), cuda_free(c.d_xqk), cuda_free(c.d_xh), cuda_free(c.d_y);
     cuda_free(c.d_work);
     cuda_event_destroy(e0);
     cuda_event_destroy(e1);

@@ -116,6 +116,11 @@ void gemv_quantize_x(const float *d_x, void *d_xq, int64_t n, const cuda_launch 
  * each as gemv_quantize_x writes it. */
 void gemv_quantize_rows(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
                         const cuda_launch *l);
+/* The Q8_K forms of B rows of x (n % 256 == 0), in the same row slots: int8 qs[n], then float
+ * d[n/256], each 256 values quantised as the CPU's Q8_K (gguf/quant.h, quant_quantize_row_q8_K_ref:
+ * the value of largest |x| maps to -127, round half to even; qs and d bit-identical to it). */
+void gemv_quantize_rows_k(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                          const cuda_launch *l);
 
 /* The launchers below take planned matrices (asserted; gemv_embed_step reads only the layout).
  * d_x: [n_in] F32, d_xq: gemv_xq_bytes(n_in) (either may be NULL if the type does not read it:
@@ -165,13 +170,15 @@ void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
  * them). CPU twin: quant_matvec row by row. */
 #define GEMV_MAX_COLS 4
 /* Passes of B <= GEMV_MMA_ROWS rows of a Q4_K, Q5_K or Q6_K matrix on the int8 tensor cores
- * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' Q8 forms d_xq (row i at
- * i * gemv_xq_bytes(n_in)). Up to GEMV_MMA_TILED_FROM - 1 rows a CTA owns 16 weight rows and its
- * warps split K; from GEMV_MMA_TILED_FROM rows a CTA owns 64 weight rows and every column, and a
- * matrix with too few such tiles to fill the GPU splits K into partials in d_work (at least
- * gemv_mma_work_floats(w, B) floats; NULL when that is 0), summed in split order by a second
- * launch. gemv_mma_init (gemv_init calls it): the tiled kernels' opt-in to more than 48 KiB of
- * shared memory. CPU twin: quant_matvec on the Q8-rounded x. */
+ * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' quantised forms d_xq (row i
+ * at i * gemv_xq_bytes(n_in)), as gemv_mma_quantize writes them for B rows: Q8 (gemv_quantize_rows)
+ * below GEMV_MMA_TILED_FROM rows, Q8_K (gemv_quantize_rows_k) from it. Up to GEMV_MMA_TILED_FROM
+ * - 1 rows a CTA owns 16 weight rows and its warps split K; from GEMV_MMA_TILED_FROM rows a CTA
+ * owns 64 weight rows and every column, and a matrix with too few such tiles to fill the GPU
+ * splits K into partials in d_work (at least gemv_mma_work_floats(w, B) floats; NULL when that
+ * is 0), summed in split order by a second launch. gemv_mma_init (gemv_init calls it): the tiled
+ * kernels' opt-in to more than 48 KiB of shared memory. CPU twin: quant_matvec on the rounded x
+ * (the tiled passes: the CPU forward's Q8_K dot, quant_matvec_q8). */
 #define GEMV_MMA_ROWS 64
 #define GEMV_MMA_TILED_FROM 9
 #define GEMV_MMA_FROM 3 /* the batched passes' fewest rows for it */
@@ -180,6 +187,8 @@ int gemv_mma_init(status *st);
 int64_t gemv_mma_work_floats(const gemv_matrix *w, int B);
 void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int64_t ld_y,
               gemv_epilogue ep, int B, float *d_work, const cuda_launch *l);
+void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                       const cuda_launch *l);
 /* d_y (=, or += with GEMV_ADD) the sum of `splits` partials [splits][B][n_out] in split order
  * (gemv_mma's and gemm_rows' split K) */
 void gemv_reduce_splits(const float *d_part, int splits, int B, int64_t n_out, float *d_y,

@@ -422,31 +422,42 @@ static void gemv_mma_q6k(const gemv_matrix *w, const void *d_xq, float *d_y, int
               (int64_t)gemv_xq_bytes(w->n_in), d_y, ld_y, B, (int)(ep == GEMV_ADD));
 }
 
-// ---- Passes of 9..GEMV_MMA_ROWS rows: a CTA of GM_WARPS warps owns 16 * GM_WARPS weight rows
-// (16 a warp) and every column of the pass (NT tiles of 8), and walks its super-blocks in order;
-// the pass's Q8 x of a super-block (256 int8 and 8 (dx, sx) a column) is staged once for the
-// CTA's warps, its weights a warp's own 16 rows, both by cp.async GM_STAGES - 1 super-blocks
-// ahead. A column's smem row is GM_XU uint4: 16 of x, 4 of (dx, sx), one of padding, so the B
-// fragments (rows g, words 8 j + t) and the C fragment's scales (rows 2 t, 2 t + 1) are
-// conflict-free. Matrices with too few CTAs to fill the GPU split K over gridDim.y into
-// partials (gemv_reduce_splits sums them in split order).
+// ---- Passes of GEMV_MMA_TILED_FROM..GEMV_MMA_ROWS rows: the rows' Q8_K forms (gemv.h
+// gemv_quantize_rows_k: per 256 values one scale, quant_quantize_row_q8_K_ref's levels), the
+// CPU forward's own dot (gguf/quant.h): per super-block the integer sums of every sub-block
+// times its 6-bit scale stay integers, so a super-block costs one conversion and two FMAs an
+// output. A CTA of GM_WARPS warps owns 16 * GM_WARPS weight rows (16 a warp) and every column of
+// the pass (NT tiles of 8), and walks its super-blocks in order; the pass's Q8_K x of a
+// super-block (256 int8 and the 16-byte group holding its scale, a column) is staged once for
+// the CTA's warps, its weights a warp's own 16 rows, both by cp.async GM_STAGES - 1 super-blocks
+// ahead. A column's smem row is GM_XU = 17 uint4 (68 words: the B fragments, rows g and words
+// 8 j + t, fall in distinct banks). Q4_K/Q5_K mins: a second MMA a sub-block, the min byte
+// broadcast as the A operand, accumulates sum_j m_j * sum(x of sub-block j) in integers. Q6_K:
+// the levels' -32 offset as the one-tile kernel does it (a second MMA of -32 bytes). Matrices
+// with too few CTAs to fill the GPU split K over gridDim.y into partials (gemv_reduce_splits
+// sums them in split order).
 #define GM_WARPS 4
 #define GM_STAGES 3
-#define GM_XU 21
+#define GM_XU 17
 #define GM_ROWS (16 * GM_WARPS) // weight rows a CTA
 
-
-// stage s's copies of the x of super-block b: NC columns (past B: column B - 1)
+// stage copies of super-block b's Q8_K x: NC columns (past B: column B - 1); uint4 16 of a
+// column's row holds the scales of super-blocks 4 (b / 4) .. + 3
 template <int NC>
 static __device__ __forceinline__ void gm_copy_x(uint4 *sx, const int8_t *xq, int64_t ld_xq,
                                                  int64_t n_in, int B, int b)
 {
-    for (int i = threadIdx.x; i < NC * 20; i += GM_WARPS * 32) {
-        const int col = i / 20, q = i % 20;
+    for (int i = threadIdx.x; i < NC * GM_XU; i += GM_WARPS * 32) {
+        const int col = i / GM_XU, q = i % GM_XU;
         const int8_t *row = xq + (int64_t)min(col, B - 1) * ld_xq;
-        const int8_t *src = q < 16 ? row + (int64_t)b * 256 + 16 * q : row + n_in + (int64_t)b * 64 + 16 * (q - 16);
+        const int8_t *src = q < 16 ? row + (int64_t)b * 256 + 16 * q : row + n_in + 16 * (b / 4);
         cp_async16(sx + col * GM_XU + q, src, true);
     }
+}
+// the Q8_K scale of the stage's column col (super-block b)
+static __device__ __forceinline__ float gm_dx(const uint4 *sx, int col, int b)
+{
+    return ((const float *)(sx + col * GM_XU + 16))[b & 3];
 }
 
 template <bool Q5, int NT>
@@ -484,60 +495,51 @@ static __global__ void __launch_bounds__(GM_WARPS * 32)
             gm_copy_x<NC>(s_x + (kn % GM_STAGES) * NC * GM_XU, xq, ld_xq, n_in, B, kb0 + kn);
         }
         cp_async_commit();
+        const int b = kb0 + k;
         const uint4 *sx = s_x + (k % GM_STAGES) * NC * GM_XU;
         k45_regs<Q5> q;
         k45_load<Q5>(s_w + ((k % GM_STAGES) * GM_WARPS + warp) * T::U4, g, t, q);
-        float blk[NT][4], mins[NT][4];
+        int isum[NT][4], imin[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) blk[nt][i] = mins[nt][i] = 0.0f;
+            for (int i = 0; i < 4; i++) isum[nt][i] = imin[nt][i] = 0;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int h = j >> 2, e = j & 3;
             uint32_t a[4];
             k45_frag<Q5>(q, j, a);
-            const float mA = mma2_b2f(q.mnA[h], e), mB = mma2_b2f(q.mnB[h], e);
-            const int sAi = mma2_b2i(q.scA[h], e), sBi = mma2_b2i(q.scB[h], e);
-            const float sAf = mma2_b2f(q.scA[h], e), sBf = mma2_b2f(q.scB[h], e);
+            const int sA = mma2_b2i(q.scA[h], e), sB = mma2_b2i(q.scB[h], e);
+            const uint32_t mA = __byte_perm(q.mnA[h], 0u, 0x1111 * e), mB = __byte_perm(q.mnB[h], 0u, 0x1111 * e);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const uint32_t *xr = (const uint32_t *)(sx + (8 * nt + g) * GM_XU);
+                const uint32_t x0 = xr[8 * j + t], x1 = xr[8 * j + 4 + t];
                 int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a[0], a[1], a[2], a[3], xr[8 * j + t], xr[8 * j + 4 + t]);
-                const float2 x0 = ((const float2 *)(sx + (8 * nt + 2 * t) * GM_XU + 16))[j];
-                const float2 x1 = ((const float2 *)(sx + (8 * nt + 2 * t + 1) * GM_XU + 16))[j];
-                if (Q5) {
-                    blk[nt][0] += mma2_i2f(c[0]) * (sAf * x0.x);
-                    blk[nt][1] += mma2_i2f(c[1]) * (sAf * x1.x);
-                    blk[nt][2] += mma2_i2f(c[2]) * (sBf * x0.x);
-                    blk[nt][3] += mma2_i2f(c[3]) * (sBf * x1.x);
-                } else {
-                    blk[nt][0] += mma2_i2f(sAi * c[0]) * x0.x;
-                    blk[nt][1] += mma2_i2f(sAi * c[1]) * x1.x;
-                    blk[nt][2] += mma2_i2f(sBi * c[2]) * x0.x;
-                    blk[nt][3] += mma2_i2f(sBi * c[3]) * x1.x;
-                }
-                mins[nt][0] += mA * x0.y;
-                mins[nt][1] += mA * x1.y;
-                mins[nt][2] += mB * x0.y;
-                mins[nt][3] += mB * x1.y;
+                mma_s8(c, a[0], a[1], a[2], a[3], x0, x1);
+                mma_s8(imin[nt], mA, mB, mA, mB, x0, x1);
+                isum[nt][0] += sA * c[0];
+                isum[nt][1] += sA * c[1];
+                isum[nt][2] += sB * c[2];
+                isum[nt][3] += sB * c[3];
             }
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            acc[nt][0] += q.dA.x * blk[nt][0] - q.dA.y * mins[nt][0];
-            acc[nt][1] += q.dA.x * blk[nt][1] - q.dA.y * mins[nt][1];
-            acc[nt][2] += q.dB.x * blk[nt][2] - q.dB.y * mins[nt][2];
-            acc[nt][3] += q.dB.x * blk[nt][3] - q.dB.y * mins[nt][3];
+            const float x0 = gm_dx(sx, 8 * nt + 2 * t, b), x1 = gm_dx(sx, 8 * nt + 2 * t + 1, b);
+            acc[nt][0] += x0 * (q.dA.x * (float)isum[nt][0] - q.dA.y * (float)imin[nt][0]);
+            acc[nt][1] += x1 * (q.dA.x * (float)isum[nt][1] - q.dA.y * (float)imin[nt][1]);
+            acc[nt][2] += x0 * (q.dB.x * (float)isum[nt][2] - q.dB.y * (float)imin[nt][2]);
+            acc[nt][3] += x1 * (q.dB.x * (float)isum[nt][3] - q.dB.y * (float)imin[nt][3]);
         }
     }
     cp_async_wait_all();
     gm_store<NT>(acc, r0, n_out, y, ld_y, part, B, add);
 }
 
-// Q6_K: the warp's 16 rows' ql|qh (Q6M_QLH uint4) and scales (16 uint4) a stage, the
-// one-pass kernel's arithmetic per column tile
+// Q6_K: the warp's 16 rows' ql|qh (Q6M_QLH uint4) and scales (16 uint4) a stage; per 32-weight
+// x group the one-tile kernel's MMAs (levels and the -32 bytes, each half of the group on its
+// own), the halves' sums times their int8 scales added as integers over the super-block
 template <int NT>
 static __global__ void __launch_bounds__(GM_WARPS * 32)
     gemm_mma_q6k_kernel(const uint8_t *__restrict__ W, int64_t n_in, int64_t n_out,
@@ -581,9 +583,9 @@ static __global__ void __launch_bounds__(GM_WARPS * 32)
         const uint4 *sx = s_x + (k % GM_STAGES) * NC * GM_XU;
         q6_regs q;
         q6_load(s_w + ((k % GM_STAGES) * GM_WARPS + warp) * Q6M_U4, g, t, q);
-        float blk[NT][4];
+        int isum[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) blk[nt][0] = blk[nt][1] = blk[nt][2] = blk[nt][3] = 0.0f;
+        for (int nt = 0; nt < NT; nt++) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             uint32_t a[4];
@@ -598,20 +600,19 @@ static __global__ void __launch_bounds__(GM_WARPS * 32)
                 mma_s8_k16(cl, NEG32, NEG32, xl);
                 mma_s8_k16(ch, a[2], a[3], xh);
                 mma_s8_k16(ch, NEG32, NEG32, xh);
-                const float x0 = ((const float2 *)(sx + (8 * nt + 2 * t) * GM_XU + 16))[j].x;
-                const float x1 = ((const float2 *)(sx + (8 * nt + 2 * t + 1) * GM_XU + 16))[j].x;
-                blk[nt][0] += (float)(sc[0] * cl[0] + sc[1] * ch[0]) * x0;
-                blk[nt][1] += (float)(sc[0] * cl[1] + sc[1] * ch[1]) * x1;
-                blk[nt][2] += (float)(sc[2] * cl[2] + sc[3] * ch[2]) * x0;
-                blk[nt][3] += (float)(sc[2] * cl[3] + sc[3] * ch[3]) * x1;
+                isum[nt][0] += sc[0] * cl[0] + sc[1] * ch[0];
+                isum[nt][1] += sc[0] * cl[1] + sc[1] * ch[1];
+                isum[nt][2] += sc[2] * cl[2] + sc[3] * ch[2];
+                isum[nt][3] += sc[2] * cl[3] + sc[3] * ch[3];
             }
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            acc[nt][0] += dA * blk[nt][0];
-            acc[nt][1] += dA * blk[nt][1];
-            acc[nt][2] += dB * blk[nt][2];
-            acc[nt][3] += dB * blk[nt][3];
+            const float x0 = gm_dx(sx, 8 * nt + 2 * t, b), x1 = gm_dx(sx, 8 * nt + 2 * t + 1, b);
+            acc[nt][0] += (dA * x0) * (float)isum[nt][0];
+            acc[nt][1] += (dA * x1) * (float)isum[nt][1];
+            acc[nt][2] += (dB * x0) * (float)isum[nt][2];
+            acc[nt][3] += (dB * x1) * (float)isum[nt][3];
         }
     }
     cp_async_wait_all();
@@ -732,4 +733,13 @@ extern "C" void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int
     else if (B <= 32) gm_launch<4>(w, d_xq, d_y, ld_y, add, B, d_work, kps, splits, l);
     else gm_launch<8>(w, d_xq, d_y, ld_y, add, B, d_work, kps, splits, l);
     if (splits > 1) gemv_reduce_splits(d_work, splits, B, w->n_out, d_y, ld_y, ep, l);
+}
+
+extern "C" void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                                  const cuda_launch *l)
+{
+    if (B >= GEMV_MMA_TILED_FROM && n % 256 == 0) // (no K-quant matrix reads a row of another width)
+        gemv_quantize_rows_k(d_x, ld_x, d_xq, n, B, l);
+    else
+        gemv_quantize_rows(d_x, ld_x, d_xq, n, B, l);
 }

@@ -126,3 +126,54 @@ extern "C" void gemv_quantize_rows(const float *d_x, int64_t ld_x, void *d_xq, i
     ds_launch(quantize_x_kernel, dim3((unsigned)ds_div_up(n, 256), (unsigned)B), 256, 0, l, d_x,
               ld_x, (int8_t *)d_xq, (int64_t)gemv_xq_bytes(n), n);
 }
+
+// 256-value block blockIdx.x * 8 + warp of row blockIdx.y into its Q8_K form, a warp a block
+// (lane l: values 8 l .. 8 l + 7): quant_quantize_row_q8_K_ref's levels and scale
+static __global__ void quantize_k_kernel(const float *__restrict__ x, int64_t ld_x,
+                                         int8_t *__restrict__ xq, int64_t ld_xq, int64_t n)
+{
+    ds_grid_dep();
+    const int lane = threadIdx.x % 32;
+    const int64_t blk = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (blk * 256 >= n) return;
+    const float *xb = x + blockIdx.y * ld_x + blk * 256 + 8 * lane;
+    int8_t *qs = xq + blockIdx.y * ld_xq;
+    float *ds = (float *)(qs + n);
+    float v[8], amax = 0.0f, mx = 0.0f;
+    int idx = 8 * lane;
+    bool fin = true;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = xb[i];
+        const float ax = fabsf(v[i]);
+        fin &= ax <= 3.40282347e38f;
+        if (ax > amax) amax = ax, mx = v[i], idx = 8 * lane + i;
+    }
+    // the first value of the largest |x|: the larger, or on a tie the lower index
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (a2 > amax || (a2 == amax && i2 < idx)) amax = a2, mx = m2, idx = i2;
+    }
+    fin = __all_sync(0xffffffffu, fin);
+    const float iscale = -127.f / mx;
+    const bool zero = !fin || amax == 0.0f || !(fabsf(iscale) <= 3.40282347e38f);
+    uint32_t w[2] = {0u, 0u};
+    if (!zero)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int q = min(127, (int)rintf(iscale * v[i]));
+            w[i / 4] |= (uint32_t)(q & 0xff) << (8 * (i % 4));
+        }
+    *(uint2 *)(qs + blk * 256 + 8 * lane) = make_uint2(w[0], w[1]);
+    if (lane == 0) ds[blk] = !fin ? __int_as_float(0x7fc00000) : zero ? 0.0f : 1.0f / iscale;
+}
+
+extern "C" void gemv_quantize_rows_k(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
+                                     const cuda_launch *l)
+{
+    DS_ASSERT(n > 0 && n % 256 == 0 && B >= 1 && B <= 65535);
+    ds_launch(quantize_k_kernel, dim3((unsigned)ds_div_up(n / 256, 8), (unsigned)B), 256, 0, l,
+              d_x, ld_x, (int8_t *)d_xq, (int64_t)gemv_xq_bytes(n), n);
+}

@@ -651,7 +651,30 @@ fail:
 
 /* gemv_mma: each column of a pass of B <= GEMV_MMA_ROWS rows (the one-tile kernels to 8, the
  * 64-row tiles from 9, split K where the matrix has few tiles) against quant_matvec on that row's
- * Q8-rounded x, within the tight bound of gemv_cols; nothing written past n_out. */
+ * x as gemv_mma_quantize rounds it (Q8 to 8 rows; from 9 Q8_K, whose levels and scales must equal
+ * the CPU's quant_quantize_row_q8_K_ref bit for bit), within the tight bound of gemv_cols;
+ * nothing written past n_out. */
+static bool q8k_row_check(const float *x, int64_t n_in, const uint8_t *gq, float *xd, int row)
+{
+    const int64_t nb = n_in / 256;
+    block_q8_K *k = malloc((size_t)nb * sizeof(block_q8_K));
+    DS_ASSERT(k);
+    quant_quantize_row_q8_K_ref(x, k, n_in);
+    bool ok = true;
+    for (int64_t b = 0; b < nb; b++) {
+        float d;
+        memcpy(&d, gq + n_in + 4 * b, 4);
+        if (memcmp(&d, &k[b].d, 4) != 0 || memcmp(gq + 256 * b, k[b].qs, 256) != 0) {
+            if (ok) printf("  q8_K: row %d block %lld differs from the CPU's (d %g / %g)\n", row,
+                           (long long)b, d, k[b].d);
+            ok = false;
+        }
+        for (int e = 0; e < 256; e++) xd[256 * b + e] = k[b].d * (float)k[b].qs[e];
+    }
+    free(k);
+    return ok;
+}
+
 static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add)
 {
     status st;
@@ -664,8 +687,9 @@ static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add
     float *y0 = malloc((size_t)(B * ld_y) * sizeof(float)), *got = malloc((size_t)(B * ld_y) * sizeof(float));
     float *ref = malloc(n_out * sizeof(float));
     int8_t *qs = malloc(n_in);
+    uint8_t *gq = malloc((size_t)(B * xs));
     float *qd = malloc(n_in / 32 * sizeof(float) + 4), *qsum = malloc(n_in / 32 * sizeof(float) + 4);
-    DS_ASSERT(x && xd && y0 && got && ref && qs && qd && qsum);
+    DS_ASSERT(x && xd && y0 && got && ref && qs && gq && qd && qsum);
     for (int64_t i = 0; i < B * ld_x; i++) x[i] = gpu_rng_normal(&rng);
     for (int64_t i = 0; i < B * ld_y; i++) y0[i] = gpu_rng_normal(&rng);
     dev_matrix W = {0};
@@ -683,14 +707,18 @@ static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add
         cuda_upload(d_x, x, (size_t)(B * ld_x) * sizeof(float), &st) ||
         cuda_upload(d_y, y0, (size_t)(B * ld_y) * sizeof(float), &st))
         goto fail;
-    gemv_quantize_rows(d_x, ld_x, d_xq, n_in, B, NULL);
+    gemv_mma_quantize(d_x, ld_x, d_xq, n_in, B, NULL);
     gemv_mma(&W.m, d_xq, d_y, ld_y, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
     if (cuda_sync(NULL, kname, &st) ||
-        cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st))
+        cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st) ||
+        (B >= GEMV_MMA_TILED_FROM && cuda_download(gq, d_xq, (size_t)(B * xs), &st)))
         goto fail;
     const uint64_t rb = quant_row_bytes(type, n_in);
     for (int i = 0; i < B; i++) {
-        gpu_twin_q8_quantize(x + i * ld_x, n_in, qs, qd, qsum, xd);
+        if (B >= GEMV_MMA_TILED_FROM)
+            ok &= q8k_row_check(x + i * ld_x, n_in, gq + i * xs, xd, i);
+        else
+            gpu_twin_q8_quantize(x + i * ld_x, n_in, qs, qd, qsum, xd);
         quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
         const double A = sum_scale(type, W.host, n_in, n_out, xd);
         if (add)
@@ -714,8 +742,49 @@ fail:
     CU_ASSERT_EQUAL(st.code, STATUS_OK);
     matrix_free(&W);
     cuda_free(d_x), cuda_free(d_xq), cuda_free(d_y), cuda_free(d_work);
-    free(x), free(xd), free(y0), free(got), free(ref), free(qs), free(qd), free(qsum);
+    free(x), free(xd), free(y0), free(got), free(ref), free(qs), free(gq), free(qd), free(qsum);
     return ok && st.code == STATUS_OK;
+}
+
+/* gemv_quantize_rows_k on the blocks the CPU's Q8_K treats specially: all zero, a tie of |x|
+ * between a negative and a later positive value (the first wins: levels of the opposite sign),
+ * a NaN, an infinity, a tiny block; each row's levels and scales equal the CPU's bit for bit. */
+static void test_quantize_k(void)
+{
+    if (!g_have_gpu) return;
+    enum { N = 1280, R = 2 };
+    const int64_t xs = (int64_t)gemv_xq_bytes(N);
+    float *x = malloc(R * N * sizeof(float)), *xd = malloc(N * sizeof(float));
+    uint8_t *gq = malloc((size_t)(R * xs));
+    DS_ASSERT(x && xd && gq);
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 77);
+    for (int i = 0; i < R * N; i++) x[i] = gpu_rng_normal(&rng);
+    for (int i = 0; i < 256; i++) x[i] = 0.0f;     /* row 0 block 0: zeros */
+    x[256 + 5] = -9.0f, x[256 + 200] = 9.0f;         /* block 1: a tie, the negative first */
+    x[512 + 17] = NAN;                                /* block 2: NaN */
+    x[768 + 255] = INFINITY;                          /* block 3: infinity */
+    for (int i = 1024; i < 1280; i++) x[i] *= 1e-30f; /* block 4: tiny */
+    x[N + 3] = 5.0f, x[N + 4] = -5.0f;                /* row 1: the positive first */
+    status st;
+    status_clear(&st);
+    float *d_x = NULL;
+    void *d_xq = NULL;
+    bool ok = false;
+    if (!cuda_alloc((void **)&d_x, R * N * sizeof(float), "x", &st) &&
+        !cuda_alloc(&d_xq, (size_t)(R * xs), "xq", &st) &&
+        !cuda_upload(d_x, x, R * N * sizeof(float), &st)) {
+        gemv_quantize_rows_k(d_x, N, d_xq, N, R, NULL);
+        if (!cuda_sync(NULL, "quantize_k", &st) && !cuda_download(gq, d_xq, (size_t)(R * xs), &st)) {
+            ok = true;
+            for (int r = 0; r < R; r++) ok &= q8k_row_check(x + r * N, N, gq + r * xs, xd, r);
+        }
+    }
+    if (st.code) printf("  %s\n", st.msg);
+    printf("  gemv_quantize_rows_k special blocks: %s\n", ok ? "ok" : "FAILED");
+    CU_ASSERT_TRUE(ok);
+    cuda_free(d_x), cuda_free(d_xq);
+    free(x), free(xd), free(gq);
 }
 
 static void test_mma(void)
@@ -890,6 +959,7 @@ int main(void)
     CU_add_test(s, "perturbed_fails", test_perturbed_fails);
     CU_add_test(s, "pair", test_pair);
     CU_add_test(s, "cols", test_cols);
+    CU_add_test(s, "quantize_k", test_quantize_k);
     CU_add_test(s, "mma", test_mma);
     CU_add_test(s, "plan", test_plan);
     CU_basic_set_mode(CU_BRM_VERBOSE);
