@@ -349,8 +349,8 @@ static void test_default_path(void)
 }
 
 /* Decode steps of n = 9..32 sequences on the default path (their K-quant matrices through
- * gemv_mma's 64-row tiles, split K on the 0.8B's small matrices) against each sequence's
- * one-row GEMV step: every row's logits within 1.5x + 1e-3 of the same step on the
+ * gemv_mma's 64-row tiles on Q8_K rows, split K on the 0.8B's small matrices) against each
+ * sequence's one-row GEMV step: every row's logits within 1.5x + 1e-3 of the same step on the
  * batch-invariant forward (the batched GEMM on F16 rows) against those one-row steps. */
 static void rows_case(const qwen35_model *m, const char *name, int n)
 {
