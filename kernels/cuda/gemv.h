@@ -178,7 +178,7 @@ void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
  * splits K into partials in d_work (at least gemv_mma_work_floats(w, B) floats; NULL when that
  * is 0), summed in split order by a second launch. gemv_mma_init (gemv_init calls it): the tiled
  * kernels' opt-in to more than 48 KiB of shared memory. CPU twin: quant_matvec on the rounded x
- * (the tiled passes: the CPU forward's Q8_K dot, quant_matvec_q8). */
+ * (the tiled passes: on the x as the CPU forward's Q8_K rounds it). */
 #define GEMV_MMA_ROWS 64
 #define GEMV_MMA_TILED_FROM 9
 #define GEMV_MMA_FROM 3 /* the batched passes' fewest rows for it */
