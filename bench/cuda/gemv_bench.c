@@ -125,7 +125,7 @@ typedef struct cols_ctx {
 
 static const void *mma_xq(const cols_ctx *c, int B)
 {
-    return B >= GEMV_MMA_TILED_FROM ? c->d_xqk : c->d_xq;
+    return gemv_mma_reads_q8k(B) ? c->d_xqk : c->d_xq;
 }
 
 static void cols_pass(void *ctx, int copy, const cuda_launch *l)

@@ -189,6 +189,8 @@ void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int64_t ld_y,
               gemv_epilogue ep, int B, float *d_work, const cuda_launch *l);
 void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
                        const cuda_launch *l);
+/* true when gemv_mma's pass of B rows reads the rows' Q8_K forms (else their Q8 forms) */
+static inline bool gemv_mma_reads_q8k(int B) { return B >= GEMV_MMA_TILED_FROM; }
 /* d_y (=, or += with GEMV_ADD) the sum of `splits` partials [splits][B][n_out] in split order
  * (gemv_mma's and gemm_rows' split K) */
 void gemv_reduce_splits(const float *d_part, int splits, int B, int64_t n_out, float *d_y,

@@ -711,11 +711,11 @@ static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add
     gemv_mma(&W.m, d_xq, d_y, ld_y, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
     if (cuda_sync(NULL, kname, &st) ||
         cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st) ||
-        (B >= GEMV_MMA_TILED_FROM && cuda_download(gq, d_xq, (size_t)(B * xs), &st)))
+        (gemv_mma_reads_q8k(B) && cuda_download(gq, d_xq, (size_t)(B * xs), &st)))
         goto fail;
     const uint64_t rb = quant_row_bytes(type, n_in);
     for (int i = 0; i < B; i++) {
-        if (B >= GEMV_MMA_TILED_FROM)
+        if (gemv_mma_reads_q8k(B))
             ok &= q8k_row_check(x + i * ld_x, n_in, gq + i * xs, xd, i);
         else
             gpu_twin_q8_quantize(x + i * ld_x, n_in, qs, qd, qsum, xd);
