@@ -160,6 +160,8 @@ void fc_batch_layout(fc_rank *e, fc_arena *a)
     x->d_xh = fc_arena_take(a, R * xw * 2);
     const int64_t q8_rows = b->mma_from ? GEMV_MMA_ROWS : b->cols ? GEMV_MAX_COLS : 0;
     if (q8_rows) x->d_xq = fc_arena_take(a, (R < q8_rows ? R : q8_rows) * gemv_xq_bytes(xw));
+    if (b->mma_from && b->cols && b->mma_from <= GEMV_MAX_COLS)
+        x->d_xqk = fc_arena_take(a, (R < GEMV_MAX_COLS ? R : GEMV_MAX_COLS) * gemv_xq_bytes(xw));
     const gemv_matrix *m[FC_MAX_MATRICES];
     int n_m;
     pass_matrices(e, m, &n_m);

@@ -257,7 +257,10 @@ typedef struct fc_batch_act {
     uint16_t *d_xh;             /* [rows][max(H, F, ld_y)]: the GEMM input's F16 rows
                                    (gemm_x_half), read by the quantised matrices */
     void *d_xq;                 /* fc_batch.cols: the Q8 forms of a short pass's input rows
-                                   (gemv_quantize_rows, GEMV_MAX_COLS rows at most) */
+                                   (gemv_quantize_rows, GEMV_MAX_COLS rows at most); an mma
+                                   pass's Q8_K rows (gemv_mma_quantize) */
+    void *d_xqk;                /* a short mma pass's Q8_K rows (its d_xq holds the Q8 rows of
+                                   gemv_cols) */
     unsigned long long *d_best; /* [rows] argmax keys of the lm_head's rows */
     float *d_gdn_scratch;       /* gdn_chunk_runs' scratch (chunked) */
 } fc_batch_act;

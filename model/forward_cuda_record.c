@@ -215,13 +215,20 @@ static bool recb_mma(const fc_rank *e, int nb, uint32_t type)
 }
 
 /* the GEMM's F16 rows of x (d_xh), read by the quantised matrices that multiply it next, and
- * for an mma pass its Q8 rows too; a short pass's Q8 rows come from the kernel that wrote x
- * (recb_q8) */
+ * for an mma pass its Q8_K rows (gemv_mma_quantize): in d_xq, or in d_xqk for a short pass,
+ * whose d_xq holds the Q8 rows that the kernel that wrote x made for gemv_cols (recb_q8) */
 static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
 {
     if (!recb_cols(e, nb) && e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
-    if (recb_mma_pass(e, nb) && !recb_cols(e, nb))
-        gemv_mma_quantize(x, ld, e->b.act.d_xq, n, nb, &e->launch);
+    if (recb_mma_pass(e, nb))
+        gemv_mma_quantize(x, ld, recb_cols(e, nb) ? e->b.act.d_xqk : e->b.act.d_xq, n, nb,
+                          &e->launch);
+}
+
+/* the rows gemv_mma reads in a pass of nb rows (recb_x_half wrote them) */
+static const void *recb_mma_xq(const fc_rank *e, int nb)
+{
+    return recb_cols(e, nb) ? e->b.act.d_xqk : e->b.act.d_xq;
 }
 
 /* y (+)= m·x for the nb rows: gemv_cols for a short pass; the dense path (gemm.h) from
@@ -237,7 +244,7 @@ static void recb_gemm(fc_rank *e, const gemv_matrix *m, const float *x, int64_t 
         return;
     }
     if (recb_mma(e, nb, m->type)) {
-        gemv_mma(m, a->d_xq, y, ld_y, ep, nb, a->d_work, &e->launch);
+        gemv_mma(m, recb_mma_xq(e, nb), y, ld_y, ep, nb, a->d_work, &e->launch);
         return;
     }
     if (d->blas && nb >= d->from && gemm_reads_half(m->type)) {
@@ -401,7 +408,7 @@ void fc_record_head(fc_rank *e, const fc_stage *s)
     if (e->tp) /* this rank's vocabulary columns, the others' zeros: summed, all the logits */
         cuda_memset_async(a->d_logits, 0, (size_t)nh * c->V * 4, l->stream);
     if (recb_mma(e, nh, e->w.head.type))
-        gemv_mma(&e->w.head, a->d_xq, a->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh, a->d_work, l);
+        gemv_mma(&e->w.head, recb_mma_xq(e, nh), a->d_logits + e->vocab_begin, c->V, GEMV_STORE, nh, a->d_work, l);
     else if (recb_cols(e, nh))
         gemv_cols(&e->w.head, a->d_h, H, a->d_xq, a->d_logits + e->vocab_begin, c->V, GEMV_STORE,
                   nh, l);

@@ -118,15 +118,10 @@ typedef struct cols_ctx {
     gemv_matrix m;
     void **d_w;
     float *d_x, *d_y, *d_work;
-    void *d_xq, *d_xqk; /* the rows' Q8 forms, and their Q8_K forms (gemv_mma's tiled passes) */
+    void *d_xq, *d_xqk; /* the rows' Q8 forms, and their Q8_K forms (gemv_mma's) */
     uint16_t *d_xh;
     int64_t xs;
 } cols_ctx;
-
-static const void *mma_xq(const cols_ctx *c, int B)
-{
-    return gemv_mma_reads_q8k(B) ? c->d_xqk : c->d_xq;
-}
 
 static void cols_pass(void *ctx, int copy, const cuda_launch *l)
 {
@@ -141,7 +136,7 @@ static void cols_pass(void *ctx, int copy, const cuda_launch *l)
     else if (v <= 3)
         gemv_cols(&c->m, c->d_x, n_in, c->d_xq, c->d_y, n_out, GEMV_STORE, B, l);
     else if (v == 5)
-        gemv_mma(&c->m, mma_xq(c, B), c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
+        gemv_mma(&c->m, c->d_xqk, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
     else
         gemm_rows(&c->m, c->d_x, n_in, c->d_xh, c->d_y, n_out, GEMV_STORE, B, c->d_work, l);
 }
@@ -233,7 +228,7 @@ static int bench_cols(const bench_shape *s, int reps, const bench_opts *o,
                 if (!rc) rc = cuda_download(ya, c.d_y, (size_t)B * n_out * 4, st);
             }
             if (!rc) {
-                gemv_mma(&c.m, mma_xq(&c, B), c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
+                gemv_mma(&c.m, c.d_xqk, c.d_y, n_out, GEMV_STORE, B, c.d_work, &l);
                 rc = cuda_sync(stream, "check", st);
                 if (!rc) rc = cuda_download(yb, c.d_y, (size_t)B * n_out * 4, st);
                 double mx = 0, d = 0;

@@ -171,14 +171,14 @@ void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
 #define GEMV_MAX_COLS 4
 /* Passes of B <= GEMV_MMA_ROWS rows of a Q4_K, Q5_K or Q6_K matrix on the int8 tensor cores
  * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' quantised forms d_xq (row i
- * at i * gemv_xq_bytes(n_in)), as gemv_mma_quantize writes them for B rows: Q8 (gemv_quantize_rows)
- * below GEMV_MMA_TILED_FROM rows, Q8_K (gemv_quantize_rows_k) from it. Up to GEMV_MMA_TILED_FROM
+ * at i * gemv_xq_bytes(n_in)), their Q8_K forms (gemv_mma_quantize: gemv_quantize_rows_k, the CPU
+ * forward's rounding, so its integer dots per super-block). Up to GEMV_MMA_TILED_FROM
  * - 1 rows a CTA owns 16 weight rows and its warps split K; from GEMV_MMA_TILED_FROM rows a CTA
  * owns 64 weight rows and every column, and a matrix with too few such tiles to fill the GPU
  * splits K into partials in d_work (at least gemv_mma_work_floats(w, B) floats; NULL when that
  * is 0), summed in split order by a second launch. gemv_mma_init (gemv_init calls it): the tiled
- * kernels' opt-in to more than 48 KiB of shared memory. CPU twin: quant_matvec on the rounded x
- * (the tiled passes: on the x as the CPU forward's Q8_K rounds it). */
+ * kernels' opt-in to more than 48 KiB of shared memory. CPU twin: quant_matvec on the x as the
+ * CPU forward's Q8_K rounds it. */
 #define GEMV_MMA_ROWS 64
 #define GEMV_MMA_TILED_FROM 9
 #define GEMV_MMA_FROM 3 /* the batched passes' fewest rows for it */
@@ -189,8 +189,6 @@ void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int64_t ld_y,
               gemv_epilogue ep, int B, float *d_work, const cuda_launch *l);
 void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
                        const cuda_launch *l);
-/* true when gemv_mma's pass of B rows reads the rows' Q8_K forms (else their Q8 forms) */
-static inline bool gemv_mma_reads_q8k(int B) { return B >= GEMV_MMA_TILED_FROM; }
 /* d_y (=, or += with GEMV_ADD) the sum of `splits` partials [splits][B][n_out] in split order
  * (gemv_mma's and gemm_rows' split K) */
 void gemv_reduce_splits(const float *d_part, int splits, int B, int64_t n_out, float *d_y,

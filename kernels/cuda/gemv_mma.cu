@@ -1,11 +1,13 @@
 // Passes of B <= GEMV_MMA_ROWS rows of Q4_K, Q5_K and Q6_K matrices on the int8 tensor cores
-// (gemv.h gemv_mma); from GEMV_MMA_TILED_FROM rows the 64-row tiles below. Up to 8 rows a CTA
-// owns 16 weight rows; its warps split the row's blocks (warp w
-// takes blocks w, w + WARPS, ...), each copying its 16-row block into a ring of shared-memory
-// stages by cp.async a stage ahead of the MMAs, and the warps' partial sums meet in shared
-// memory at the end. The MMA multiplies 16 weight rows by the Q8 x of the pass's rows (n = 8
-// columns; the rows past B repeat row B - 1 and are not stored): the integer dot of each (row,
-// column, sub-block) is exact, then scaled as the warp kernel's slices are (gemv_slices.cuh).
+// (gemv.h gemv_mma), against the rows' Q8_K forms (one x scale a 256-value super-block: the CPU
+// forward's own rounding and dot), so the integer dots of a super-block's sub-blocks times their
+// 6-bit (Q6_K: int8) scales add up as integers and an output costs one conversion and a couple
+// of FMAs a super-block. Up to 8 rows a CTA owns 16 weight rows; its warps split the row's
+// blocks (warp w takes blocks w, w + WARPS, ...), each copying its 16-row block into a ring of
+// shared-memory stages by cp.async a stage ahead of the MMAs, and the warps' partial sums meet in
+// shared memory at the end. The MMA multiplies 16 weight rows by the x of the pass's rows (n = 8
+// columns; the rows past B repeat row B - 1 and are not stored). From GEMV_MMA_TILED_FROM rows
+// the 64-row tiles below.
 #include "kernels/cuda/gemv_warp.cuh"
 #include "kernels/cuda/cp_async.cuh"
 
@@ -56,25 +58,14 @@ static __device__ __forceinline__ void x_frags(const int8_t *xb, int b, int t, u
     }
 }
 
-// ---- Q4_K and Q5_K: mma m16n8k32, one 32-weight sub-block a step. Per sub-block a lane
-// does one IMAD per output (the 6-bit scale times the exact integer dot, plus the float magic
-// 1.5 * 2^23, so the int32 becomes a float by an FADD instead of a quarter-rate I2F: |sc * dot| <=
-// 63 * 32 * 15 * 127 < 2^22; Q5_K's dots, up to 32 * 31 * 127, convert alone and take the scale
-// as a float), one FFMA with the sub-block's dx, and one FFMA of the min with its
-// sx; the block's d and dmin multiply once a block. The scales of a block are unpacked word-wise
-// (4 at a time) and picked by byte permutes; the copy offsets are computed once. Q5_K is the same
-// walk over 176-byte blocks, the fifth bit of each weight from qh[l] bit j.
-#define MMA2_MAGIC 0x4B400000
-
-static __device__ __forceinline__ float mma2_i2f(int v) // exact for |v| < 2^22
-{
-    return __int_as_float(v + MMA2_MAGIC) - 12582912.0f;
-}
-// the 6-bit value of byte k of w as a float (exact: 2^23 + v - 2^23)
-static __device__ __forceinline__ float mma2_b2f(uint32_t w, int k)
-{
-    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7540 + k)) - 8388608.0f;
-}
+// ---- Q4_K and Q5_K: mma m16n8k32, one 32-weight sub-block a step. Per sub-block a lane adds
+// the 6-bit scale times the exact integer dot to the block's integer sum; the mins take a second
+// MMA, the sub-block's min byte broadcast as the A operand against the same x, which sums
+// m_j * sum(x of sub-block j) in the accumulator. A block then costs per output one conversion
+// of each sum and d * sum - dmin * mins times the block's x scale: |sum| <= 8 * 63 * 32 * 31 *
+// 127 < 2^31. The scales of a block are unpacked word-wise (4 at a time) and picked by byte
+// permutes; the copy offsets are computed once. Q5_K is the same walk over 176-byte blocks, the
+// fifth bit of each weight from qh[l] bit j.
 static __device__ __forceinline__ int mma2_b2i(uint32_t w, int k)
 {
     return (int)__byte_perm(w, 0u, 0x4440 + k);
@@ -173,8 +164,8 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
     const int nb = (int)(n_in / 256);
     const int8_t *xb = xq + (int64_t)min(g, B - 1) * ld_xq; // the B fragment's column
     const int c0 = min(2 * t, B - 1), c1 = min(2 * t + 1, B - 1); // the C fragment's columns
-    const float2 *xd0 = (const float2 *)(xq + c0 * ld_xq + n_in);
-    const float2 *xd1 = (const float2 *)(xq + c1 * ld_xq + n_in);
+    const float *xd0 = (const float *)(xq + c0 * ld_xq + n_in); // the columns' x scales
+    const float *xd1 = (const float *)(xq + c1 * ld_xq + n_in);
     const k45_copy<Q5> cp(W, r0, n_out, nb, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int mine = nb > warp ? (nb - warp + MMA_WARPS - 1) / MMA_WARPS : 0;
@@ -195,7 +186,7 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
         k45_regs<Q5> q;
         k45_load<Q5>(s_w[warp][k % MMA_STAGES], g, t, q);
         __syncwarp(); // the stage is read: the next copy may land in it
-        float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mins[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int isum[4] = {0, 0, 0, 0}, imin[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int h = j >> 2, e = j & 3;
@@ -203,30 +194,16 @@ static __global__ void __launch_bounds__(MMA_WARPS * 32)
             k45_frag<Q5>(q, j, a);
             int c[4] = {0, 0, 0, 0};
             mma_s8(c, a[0], a[1], a[2], a[3], xv[2 * j], xv[2 * j + 1]);
-            const float mA = mma2_b2f(q.mnA[h], e), mB = mma2_b2f(q.mnB[h], e);
-            const float2 x0 = ldx<float2>(xd0 + b * 8 + j), x1 = ldx<float2>(xd1 + b * 8 + j);
-            if (Q5) { // |dot| <= 32 * 31 * 127: the scale multiplies as a float
-                const float sA = mma2_b2f(q.scA[h], e), sB = mma2_b2f(q.scB[h], e);
-                blk[0] += mma2_i2f(c[0]) * (sA * x0.x);
-                blk[1] += mma2_i2f(c[1]) * (sA * x1.x);
-                blk[2] += mma2_i2f(c[2]) * (sB * x0.x);
-                blk[3] += mma2_i2f(c[3]) * (sB * x1.x);
-            } else {
-                const int sA = mma2_b2i(q.scA[h], e), sB = mma2_b2i(q.scB[h], e);
-                blk[0] += mma2_i2f(sA * c[0]) * x0.x;
-                blk[1] += mma2_i2f(sA * c[1]) * x1.x;
-                blk[2] += mma2_i2f(sB * c[2]) * x0.x;
-                blk[3] += mma2_i2f(sB * c[3]) * x1.x;
-            }
-            mins[0] += mA * x0.y;
-            mins[1] += mA * x1.y;
-            mins[2] += mB * x0.y;
-            mins[3] += mB * x1.y;
+            const uint32_t mA = __byte_perm(q.mnA[h], 0u, 0x1111 * e), mB = __byte_perm(q.mnB[h], 0u, 0x1111 * e);
+            mma_s8(imin, mA, mB, mA, mB, xv[2 * j], xv[2 * j + 1]);
+            const int sA = mma2_b2i(q.scA[h], e), sB = mma2_b2i(q.scB[h], e);
+            isum[0] += sA * c[0], isum[1] += sA * c[1], isum[2] += sB * c[2], isum[3] += sB * c[3];
         }
-        acc[0] += q.dA.x * blk[0] - q.dA.y * mins[0];
-        acc[1] += q.dA.x * blk[1] - q.dA.y * mins[1];
-        acc[2] += q.dB.x * blk[2] - q.dB.y * mins[2];
-        acc[3] += q.dB.x * blk[3] - q.dB.y * mins[3];
+        const float x0 = ldx<float>(xd0 + b), x1 = ldx<float>(xd1 + b);
+        acc[0] += x0 * (q.dA.x * (float)isum[0] - q.dA.y * (float)imin[0]);
+        acc[1] += x1 * (q.dA.x * (float)isum[1] - q.dA.y * (float)imin[1]);
+        acc[2] += x0 * (q.dB.x * (float)isum[2] - q.dB.y * (float)imin[2]);
+        acc[3] += x1 * (q.dB.x * (float)isum[3] - q.dB.y * (float)imin[3]);
     }
     cp_async_wait_all();
     __syncthreads(); // every warp is done with its stages: the partial sums take them over
@@ -260,7 +237,8 @@ static void gemv_mma_k45(const gemv_matrix *w, const void *d_xq, float *d_y, int
 // d in their own arrays). One m16n8k16 a 16-weight sub-block (its own scale): the 6-bit q as
 // unsigned bytes, plus a second MMA of the constant -32 bytes with the same x, so the integer dot
 // is sum (q - 32) x exactly; the two halves of a 32-weight x group meet as sc_lo * c_lo +
-// sc_hi * c_hi, times the group's dx. Weight 32 j + l (j = 4 n + k, l < 32) of a block: ql byte
+// sc_hi * c_hi in the block's integer sum, converted once and scaled by d times the block's x
+// scale. Weight 32 j + l (j = 4 n + k, l < 32) of a block: ql byte
 // 64 n + 32 (k & 1) + l (low nibble for k < 2, high for k >= 2), qh byte 32 n + l bits 2k.
 #define Q6M_WARPS 4
 #define Q6M_STAGES 3
@@ -356,8 +334,8 @@ static __global__ void __launch_bounds__(Q6M_WARPS * 32)
     const __half *Wd = (const __half *)(W + q6_d_off(nblk));
     const int8_t *xb = xq + (int64_t)min(g, B - 1) * ld_xq;
     const int c0 = min(2 * t, B - 1), c1 = min(2 * t + 1, B - 1);
-    const float2 *xd0 = (const float2 *)(xq + c0 * ld_xq + n_in);
-    const float2 *xd1 = (const float2 *)(xq + c1 * ld_xq + n_in);
+    const float *xd0 = (const float *)(xq + c0 * ld_xq + n_in); // the columns' x scales
+    const float *xd1 = (const float *)(xq + c1 * ld_xq + n_in);
     const int64_t rA = min(r0 + g, n_out - 1), rB = min(r0 + g + 8, n_out - 1);
     const q6_copy cp(W, r0, n_out, nb, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -381,7 +359,7 @@ static __global__ void __launch_bounds__(Q6M_WARPS * 32)
         q6_regs q;
         q6_load(s_w[warp][k % Q6M_STAGES], g, t, q);
         __syncwarp(); // the stage is read: the next copy may land in it
-        float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int isum[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             uint32_t a[4];
@@ -392,16 +370,16 @@ static __global__ void __launch_bounds__(Q6M_WARPS * 32)
             mma_s8_k16(cl, NEG32, NEG32, xv[2 * j]);
             mma_s8_k16(ch, a[2], a[3], xv[2 * j + 1]);
             mma_s8_k16(ch, NEG32, NEG32, xv[2 * j + 1]);
-            const float x0 = ldx<float2>(xd0 + b * 8 + j).x, x1 = ldx<float2>(xd1 + b * 8 + j).x;
-            blk[0] += (float)(sc[0] * cl[0] + sc[1] * ch[0]) * x0;
-            blk[1] += (float)(sc[0] * cl[1] + sc[1] * ch[1]) * x1;
-            blk[2] += (float)(sc[2] * cl[2] + sc[3] * ch[2]) * x0;
-            blk[3] += (float)(sc[2] * cl[3] + sc[3] * ch[3]) * x1;
+            isum[0] += sc[0] * cl[0] + sc[1] * ch[0];
+            isum[1] += sc[0] * cl[1] + sc[1] * ch[1];
+            isum[2] += sc[2] * cl[2] + sc[3] * ch[2];
+            isum[3] += sc[2] * cl[3] + sc[3] * ch[3];
         }
-        acc[0] += dA * blk[0];
-        acc[1] += dA * blk[1];
-        acc[2] += dB * blk[2];
-        acc[3] += dB * blk[3];
+        const float x0 = ldx<float>(xd0 + b), x1 = ldx<float>(xd1 + b);
+        acc[0] += (dA * x0) * (float)isum[0];
+        acc[1] += (dA * x1) * (float)isum[1];
+        acc[2] += (dB * x0) * (float)isum[2];
+        acc[3] += (dB * x1) * (float)isum[3];
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) s_part[warp][lane][i] = acc[i];
@@ -738,7 +716,7 @@ extern "C" void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int
 extern "C" void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
                                   const cuda_launch *l)
 {
-    if (gemv_mma_reads_q8k(B) && n % 256 == 0) // (no K-quant matrix reads a row of another width)
+    if (n % 256 == 0) // (no K-quant matrix reads a row of another width)
         gemv_quantize_rows_k(d_x, ld_x, d_xq, n, B, l);
     else
         gemv_quantize_rows(d_x, ld_x, d_xq, n, B, l);

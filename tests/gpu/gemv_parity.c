@@ -651,8 +651,8 @@ fail:
 
 /* gemv_mma: each column of a pass of B <= GEMV_MMA_ROWS rows (the one-tile kernels to 8, the
  * 64-row tiles from 9, split K where the matrix has few tiles) against quant_matvec on that row's
- * x as gemv_mma_quantize rounds it (Q8 to 8 rows; from 9 Q8_K, whose levels and scales must equal
- * the CPU's quant_quantize_row_q8_K_ref bit for bit), within the tight bound of gemv_cols;
+ * x as gemv_mma_quantize rounds it (Q8_K, whose levels and scales must equal the CPU's
+ * quant_quantize_row_q8_K_ref bit for bit), within the tight bound of gemv_cols;
  * nothing written past n_out. */
 static bool q8k_row_check(const float *x, int64_t n_in, const uint8_t *gq, float *xd, int row)
 {
@@ -686,10 +686,8 @@ static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add
     float *x = calloc((size_t)(B * ld_x), sizeof(float)), *xd = malloc(n_in * sizeof(float));
     float *y0 = malloc((size_t)(B * ld_y) * sizeof(float)), *got = malloc((size_t)(B * ld_y) * sizeof(float));
     float *ref = malloc(n_out * sizeof(float));
-    int8_t *qs = malloc(n_in);
     uint8_t *gq = malloc((size_t)(B * xs));
-    float *qd = malloc(n_in / 32 * sizeof(float) + 4), *qsum = malloc(n_in / 32 * sizeof(float) + 4);
-    DS_ASSERT(x && xd && y0 && got && ref && qs && gq && qd && qsum);
+    DS_ASSERT(x && xd && y0 && got && ref && gq);
     for (int64_t i = 0; i < B * ld_x; i++) x[i] = gpu_rng_normal(&rng);
     for (int64_t i = 0; i < B * ld_y; i++) y0[i] = gpu_rng_normal(&rng);
     dev_matrix W = {0};
@@ -711,14 +709,11 @@ static bool mma_case(uint32_t type, int64_t n_in, int64_t n_out, int B, bool add
     gemv_mma(&W.m, d_xq, d_y, ld_y, add ? GEMV_ADD : GEMV_STORE, B, d_work, NULL);
     if (cuda_sync(NULL, kname, &st) ||
         cuda_download(got, d_y, (size_t)(B * ld_y) * sizeof(float), &st) ||
-        (gemv_mma_reads_q8k(B) && cuda_download(gq, d_xq, (size_t)(B * xs), &st)))
+        cuda_download(gq, d_xq, (size_t)(B * xs), &st))
         goto fail;
     const uint64_t rb = quant_row_bytes(type, n_in);
     for (int i = 0; i < B; i++) {
-        if (gemv_mma_reads_q8k(B))
-            ok &= q8k_row_check(x + i * ld_x, n_in, gq + i * xs, xd, i);
-        else
-            gpu_twin_q8_quantize(x + i * ld_x, n_in, qs, qd, qsum, xd);
+        ok &= q8k_row_check(x + i * ld_x, n_in, gq + i * xs, xd, i);
         quant_matvec(type, W.host, rb, n_in, xd, ref, 0, n_out);
         const double A = sum_scale(type, W.host, n_in, n_out, xd);
         if (add)
@@ -742,7 +737,7 @@ fail:
     CU_ASSERT_EQUAL(st.code, STATUS_OK);
     matrix_free(&W);
     cuda_free(d_x), cuda_free(d_xq), cuda_free(d_y), cuda_free(d_work);
-    free(x), free(xd), free(y0), free(got), free(ref), free(qs), free(gq), free(qd), free(qsum);
+    free(x), free(xd), free(y0), free(got), free(ref), free(gq);
     return ok && st.code == STATUS_OK;
 }
 
