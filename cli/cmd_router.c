@@ -14,6 +14,7 @@ typedef struct router_cli_opts {
     const char *listen, *workers, *workers_dns, *model, *metrics_listen, *routing, *log_level;
     int prefix_tokens, poll_ms, dns_refresh_ms, max_inflight, max_attempts, grace_seconds;
     int cq_threads, stream_interval;
+    int worker_feed; /* FLAG_BOOL */
     const char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key, *health_listen;
     const char *auth_token_file, *worker_token_file, *workers_tls_name;
     const char *http_listen, *served_model_name;
@@ -58,6 +59,9 @@ static const flag_spec specs[] = {
      offsetof(router_cli_opts, stream_interval),
      "tokens a client message gathers before it leaves (the first token and the end leave at "
      "once): fewer messages, less router CPU a token, burstier streams (docs/BENCH.md 3.8)"},
+    {"worker-feed", "DS_WORKER_FEED", "true", FLAG_BOOL, offsetof(router_cli_opts, worker_feed),
+     "the workers' messages come on one Worker/Feed stream per worker, an engine step's in one "
+     "message (router/README.md \"Feeds\"); false: each request's on its own call"},
     {"grace-seconds", "DS_GRACE_SECONDS", "30", FLAG_INT,
      offsetof(router_cli_opts, grace_seconds), "on SIGTERM/SIGINT, time for in-flight streams"},
     {"log-level", "DS_LOG_LEVEL", "info", FLAG_STR, offsetof(router_cli_opts, log_level),
@@ -139,6 +143,7 @@ int cmd_router(int argc, char **argv)
     ro.max_attempts = o.max_attempts;
     ro.stream_interval = o.stream_interval;
     ro.cq_threads = o.cq_threads;
+    ro.worker_feed_off = !o.worker_feed;
     rpc_tls_server tls = {opt(o.tls_cert), opt(o.tls_key), NULL};
     rpc_tls_client wtls = {opt(o.tls_ca), opt(o.tls_client_cert), opt(o.tls_client_key),
                            opt(o.workers_tls_name)};

@@ -196,6 +196,7 @@ int router_create(router **out, const router_opts *opts, status *st)
                           .health_listen = r->opts.health_listen, .auth = r->auth,
                           .cq_threads = r->opts.cq_threads};
     if ((rc = rpc_server_create(&so, &r->srv, st))) goto fail;
+    if (!r->opts.worker_feed_off && (rc = router_feeds_create(r, &r->feeds, st))) goto fail;
     if ((rc = router_generate_add_method(r, st))) goto fail;
     if ((rc = router_api_add_methods(r, st))) goto fail;
     if ((rc = rpc_health_add_methods(r->health, r->srv, st))) goto fail;
@@ -270,6 +271,7 @@ int router_drain(router *r, int grace_ms)
      * unless some are left. The graceful stop then lets the other calls end and the connections
      * close after their last frames; Generate calls left are cancelled with UNAVAILABLE at once
      * (their relays see on_cancel). */
+    router_feeds_close(r->feeds); /* their calls end before the server's threads stop */
     if (r->srv && !rpc_server_shutdown_grace(r->srv, left ? 0 : ROUTER_DRAIN_FLUSH_MS) && !left)
         LOG_WARN("router: drain: some calls could not end within %d ms", ROUTER_DRAIN_FLUSH_MS);
     pthread_mutex_lock(&r->mu);
@@ -291,6 +293,7 @@ void router_destroy(router *r)
     if (r->started) router_drain(r, 0);
     router_http_stop(r->http);
     if (r->srv) rpc_server_destroy(r->srv);
+    router_feeds_destroy(r->feeds); /* before the pool: a feed holds its worker */
     if (r->health) rpc_health_destroy(r->health);
     if (r->refl) rpc_reflection_destroy(r->refl);
     rpc_auth_destroy(r->auth); /* after the server: no check runs any more */

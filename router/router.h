@@ -34,6 +34,8 @@ typedef struct router_opts {
     int stream_interval;        /* tokens a client message gathers before it leaves, but the
                                    first and the last, which leave at once; 0 -> 1 (each
                                    token as it comes) */
+    int worker_feed_off;        /* 1: each worker call carries its own messages (no Worker/Feed,
+                                   router_internal.h "Feeds") */
     int cq_threads;             /* completion-queue threads serving every call and worker
                                    call; 0 -> 1 (gRPC's one epoll set: more threads hand
                                    events to each other, docs/BENCH.md 3.11) */

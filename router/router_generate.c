@@ -105,6 +105,12 @@ struct router_req {
     int finalized;                      /* resources returned, the relay's reference dropped */
     int worker_error;                   /* the attempt's final message said FINISH_REASON_ERROR */
     router_worker *w;                   /* the running attempt's worker (also in tried) */
+    router_feed *feed;                  /* the attempt's messages come on this feed, tagged
+                                           wr.feed_tag (NULL: on its call) */
+    int feed_final;                     /* the feed brought the attempt's final message */
+    int feed_lost;                      /* the feed ended before it did */
+    int end_pending;                    /* the call ended OK before the feed brought the final
+                                           message: its end waits for it (or the feed's end) */
     router_worker *tried[RELAY_MAX_TRIED]; /* referenced until the relay ends */
     int n_tried;
     int last_code;                      /* why the last attempt failed (retries) */
@@ -121,6 +127,8 @@ static uint64_t next_rand(router *r)
     uint64_t x = atomic_fetch_add(&r->seed_rng, 0x9e3779b97f4a7c15ULL);
     return router_policy_rand(&x);
 }
+
+void router_relay_ref(router_req *q) { atomic_fetch_add(&q->refs, 1); }
 
 void router_relay_unref(router_req *q)
 {
@@ -354,8 +362,10 @@ static bool interval_due(const router_req *q)
  * splitter) and sends it at once unless a message to the client is in flight (then
  * router_relay_writable sends it). Ends the public call when the stream is complete, the
  * client is gone or on an internal error. Sets q->worker_error when the worker's final message
- * says FINISH_REASON_ERROR (the worker's status then decides the outcome). Takes m. */
-static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
+ * says FINISH_REASON_ERROR (the worker's status then decides the outcome). Takes m, from alloc
+ * (the relay's arena), or leaves it (alloc NULL: a feed's, without logprobs). */
+static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m,
+                          ProtobufCAllocator *alloc)
 {
     router *r = q->r;
     relay *s = &q->s;
@@ -372,7 +382,7 @@ static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
             if (tokenizer_detok_push(&s->detok, m->token_ids[i], s->piece, s->piece_cap, &np,
                                      &st)) {
                 /* the worker returned an id outside our vocabulary: models differ */
-                protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
+                if (alloc) protobuf_c_message_free_unpacked(&m->base, alloc);
                 relay_end(q, GRPC_STATUS_INTERNAL, "worker returned a token id outside the "
                                                    "router's vocabulary (different models?)");
                 return;
@@ -473,10 +483,10 @@ static void relay_message(router_req *q, Deltaserve__V1__GenerateResponse *m)
     /* a final message (or the worker's error) goes now, queued behind one in flight */
     if (final || q->worker_error || (!q->busy && interval_due(q)))
         emit(q, &out, matched >= 0 || m->finish_reason);
-    if (!n_lp) protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
+    if (!n_lp && alloc) protobuf_c_message_free_unpacked(&m->base, alloc);
     return;
 nomem:
-    protobuf_c_message_free_unpacked(&m->base, &s->arena.alloc);
+    if (alloc) protobuf_c_message_free_unpacked(&m->base, alloc);
     relay_end(q, GRPC_STATUS_RESOURCE_EXHAUSTED, "router out of memory");
 }
 
@@ -573,6 +583,9 @@ static void log_retry(router_req *q, router_worker *w)
  * is no longer outstanding there; the worker stays referenced in tried until the relay ends. */
 static void attempt_over(router_req *q)
 {
+    if (q->feed) router_feed_detach(q->feed, q->wr.feed_tag);
+    q->feed = NULL;
+    q->wr.feed_id = q->wr.feed_tag = 0;
     router_pool_progress(q->r->pool, q->w, q->s.cost - q->s.attempt_done);
     q->tried[q->n_tried++] = q->w;
     q->w = NULL;
@@ -626,6 +639,9 @@ static void route(router_req *q)
             relay_end(q, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded before routing");
             return;
         }
+        q->feed_final = q->feed_lost = q->end_pending = 0;
+        if (r->feeds && !q->g->logprobs)
+            q->feed = router_feed_attach(r->feeds, w, q, &q->wr.feed_id, &q->wr.feed_tag);
         status st;
         if (rpc_client_async_start(q->call, q->cq, router_pool_worker_conn(w), WORKER_GEN_PATH,
                                    &q->wr.base, q->deadline_ms, &st)) {
@@ -658,6 +674,10 @@ static void attempt_ended(router_req *q, router_worker *w, const rpc_client_resu
     }
     int code = res->code;
     const char *why = res->message;
+    if (q->feed_lost && (code == GRPC_STATUS_OK || code == GRPC_STATUS_CANCELLED)) {
+        code = GRPC_STATUS_UNAVAILABLE; /* its messages were on the feed (or the call was ours to end) */
+        why = "the worker's token feed ended";
+    }
     if (code == GRPC_STATUS_OK) {
         code = GRPC_STATUS_INTERNAL;
         why = q->worker_error ? "worker reported an error" : "stream ended without a final message";
@@ -730,6 +750,18 @@ static void unlock_maybe_finalize(router_req *q)
     router_relay_unref(q);
 }
 
+/* The attempt's worker call is over (its END, or with a feed the final message after it):
+ * retry or end. Called with q->mu held; returns with it released. */
+static void worker_call_over(router_req *q)
+{
+    q->call_running = 0;
+    router_ids_detach(q->r->ids, &q->s.live);
+    router_worker *w = q->w;
+    attempt_over(q);
+    if (!q->done) attempt_ended(q, w, rpc_client_async_result(q->call));
+    unlock_maybe_finalize(q);
+}
+
 /* A worker call's event (the queue's thread). */
 static void on_worker_event(void *user, rpc_client_async_event ev)
 {
@@ -754,19 +786,56 @@ static void on_worker_event(void *user, rpc_client_async_event ev)
         if (m && q->done) {
             protobuf_c_message_free_unpacked(m, &s->arena.alloc);
         } else if (m) {
-            relay_message(q, (Deltaserve__V1__GenerateResponse *)m);
+            relay_message(q, (Deltaserve__V1__GenerateResponse *)m, &s->arena.alloc);
             if (!q->done) rpc_client_async_read(q->call);
         }
         if (s->n_held == 0) rpc_arena_reset(&s->arena); /* no worker message is alive */
         pthread_mutex_unlock(&q->mu); /* a message never ends the call: its END follows */
         return;
     }
-    q->call_running = 0;
-    router_ids_detach(q->r->ids, &q->s.live);
-    router_worker *w = q->w;
-    attempt_over(q);
-    if (!q->done) attempt_ended(q, w, rpc_client_async_result(q->call));
-    unlock_maybe_finalize(q);
+    if (q->feed && !q->done && !q->feed_final && !q->feed_lost && !q->cancelled &&
+        rpc_client_async_result(q->call)->code == GRPC_STATUS_OK) {
+        q->end_pending = 1; /* the final message is still on its way on the feed */
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+    worker_call_over(q);
+}
+
+/* A feed item of q's attempt (router_internal.h). */
+void router_relay_feed_message(router_req *q, uint64_t tag, Deltaserve__V1__GenerateResponse *m)
+{
+    pthread_mutex_lock(&q->mu);
+    if (!q->feed || q->wr.feed_tag != tag || q->done) {
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+    if (m->finish_reason) q->feed_final = 1;
+    relay_message(q, m, NULL);
+    if (q->end_pending && (q->feed_final || q->done)) {
+        q->end_pending = 0;
+        worker_call_over(q);
+        return;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* q's attempt lost its feed: the attempt ends (UNAVAILABLE: retried when nothing was sent). */
+void router_relay_feed_lost(router_req *q, uint64_t tag)
+{
+    pthread_mutex_lock(&q->mu);
+    if (!q->feed || q->wr.feed_tag != tag) {
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+    q->feed_lost = 1;
+    if (q->end_pending) {
+        q->end_pending = 0;
+        worker_call_over(q);
+        return;
+    }
+    if (q->call_running) rpc_client_async_cancel(q->call);
+    pthread_mutex_unlock(&q->mu);
 }
 
 /* Validation, the prompt's ids, the stop strings, the detokenizer, the splitter and the worker
@@ -895,6 +964,11 @@ void router_relay_cancel(router_req *q)
 {
     pthread_mutex_lock(&q->mu);
     q->cancelled = 1;
+    if (q->end_pending) { /* the client does not wait for the final message */
+        q->end_pending = 0;
+        worker_call_over(q);
+        return;
+    }
     if (q->call_running) rpc_client_async_cancel(q->call);
     pthread_mutex_unlock(&q->mu);
 }

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/clock.h"
@@ -22,6 +23,8 @@
 
 #define ROUTER_SERVICE "deltaserve.v1.Generation"
 #define ROUTER_WORKER_SERVICE "deltaserve.v1.Worker"
+typedef struct router_feed router_feed;   /* router_feed.c, "Feeds" below */
+typedef struct router_feeds router_feeds;
 
 struct router {
     router_opts opts;        /* copy; strings borrowed from the caller */
@@ -49,6 +52,7 @@ struct router {
         metrics_series *ttft, *itl, *e2e;
     } m;
     router_ids *ids;         /* owned: live requests by id, for Abort */
+    router_feeds *feeds;     /* owned: the workers' token feeds; NULL with --worker-feed=false */
     router_dns_list *dns;    /* owned scratch for the poller's re-resolution */
     uint64_t id_base;        /* random, for made-up request ids */
     atomic_uint_fast64_t next_id;
@@ -117,6 +121,29 @@ void router_relay_cancel(router_req *q);
 void router_relay_writable(router_req *q);
 void router_relay_unref(router_req *q);
 
+void router_relay_ref(router_req *q);
+/* Feeds (router_feed.c): one Worker/Feed call per healthy worker carries the messages of every
+ * Generate call of this router that named it (WorkerGenerateRequest.feed_id / feed_tag), an
+ * engine step's messages of all of them in one FeedBatch: one receive a step instead of one a
+ * stream. A relay's attempt rides on the worker's feed when it is open and the request asks for
+ * no logprobs; its call then carries the request and the status only. */
+int router_feeds_create(router *r, router_feeds **out, status *st);
+/* Cancels every feed; none opens after. */
+void router_feeds_close(router_feeds *fs);
+void router_feeds_destroy(router_feeds *fs);
+/* The poller, after a round over the workers ws[0, n): a feed opens to each healthy worker
+ * without one; those of workers not healthy or gone are cancelled. */
+void router_feeds_maintain(router_feeds *fs, router_worker *const *ws, int n);
+/* The open feed to w with q attached under a new tag (*feed_id, *tag set), referenced until
+ * router_feed_detach; NULL when w has no open feed. */
+router_feed *router_feed_attach(router_feeds *fs, router_worker *w, router_req *q,
+                                uint64_t *feed_id, uint64_t *tag);
+/* q's tag leaves the feed (false: the feed had ended) and the reference goes. */
+bool router_feed_detach(router_feed *f, uint64_t tag);
+/* The feed's CQ thread: an item for q's attempt tagged tag (m lives in the feed's batch), and
+ * the feed's end while tag was attached. */
+void router_relay_feed_message(router_req *q, uint64_t tag, Deltaserve__V1__GenerateResponse *m);
+void router_relay_feed_lost(router_req *q, uint64_t tag);
 /* Adds /deltaserve.v1.Generation/Generate to r->srv. */
 int router_generate_add_method(router *r, status *st);
 

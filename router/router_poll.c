@@ -124,10 +124,9 @@ void router_poll_once(router *r, int resolve_dns)
     router_worker **ws = malloc(ROUTER_POOL_MAX_WORKERS * sizeof *ws);
     if (!ws) return;
     int n = router_pool_snapshot(r->pool, ws, ROUTER_POOL_MAX_WORKERS);
-    for (int i = 0; i < n; i++) {
-        poll_worker(r, ws[i]);
-        router_pool_unref(r->pool, ws[i]);
-    }
+    for (int i = 0; i < n; i++) poll_worker(r, ws[i]);
+    if (r->feeds) router_feeds_maintain(r->feeds, ws, n);
+    for (int i = 0; i < n; i++) router_pool_unref(r->pool, ws[i]);
     free(ws);
     router_update_readiness(r);
 }

@@ -24,6 +24,7 @@
 typedef enum ws_state { WS_LOADING, WS_READY, WS_DRAINING } ws_state;
 
 typedef struct ws_stream ws_stream;
+typedef struct ws_feed ws_feed;
 
 struct worker_service {
     rpc_server *srv;        /* owned */
@@ -51,6 +52,7 @@ struct worker_service {
     pthread_mutex_t smu;        /* the streams' hand-off: guards their n_ready, writing, final,
                                    closing (one lock per engine step for all streams) */
     struct ws_stream *dirty;    /* engine thread only: streams with tokens stored this step */
+    struct ws_feed *feeds;      /* under smu: the open feeds (Worker/Feed) */
 
     atomic_uint_fast64_t n_requests; /* for made-up request ids and seeds */
     uint64_t seed_base;
@@ -66,7 +68,16 @@ struct worker_service {
  * that message until gRPC has taken it (on_writable, CQ thread), where what was published
  * meanwhile goes out in the next message. So a lone stream's token is written at once by the
  * engine thread; tokens that arrive while a write is outstanding travel together. The final
- * message carries whatever is left, and the writer ends the call. */
+ * message carries whatever is left, and the writer ends the call.
+ *
+ * A stream whose request named an open feed (WorkerGenerateRequest.feed_id; no logprobs)
+ * publishes the same way but queues itself on the feed instead of writing: the feed has one
+ * writer role, and its holder packs one FeedItem per queued stream (its tokens not yet sent,
+ * WS_MSG_TOKENS at most; the final message once they are all out) into one FeedBatch, so an
+ * engine step's messages of all the feed's streams leave as one gRPC message. A stream whose
+ * final message was packed has its call finished with the status right after that batch was
+ * handed to gRPC. A feed that ends (its caller cancelled it, the connection dropped) ends its
+ * streams: the engine sees them cancelled, and their calls end UNAVAILABLE. */
 
 #define WS_MSG_TOKENS 64 /* most tokens one message carries (its logprobs are built on the stack) */
 
@@ -87,8 +98,12 @@ typedef struct ws_stream {
     bool writing;  /* a thread holds the writer role (a message of it in flight, or being built) */
     bool final;    /* the request ended: fin* below are set */
     bool closing;  /* the writer is sending the final message: on_writable has nothing to do */
-    /* the writer role's holder only */
+    /* the writer role's holder only (with a feed: the feed's) */
     int n_sent;
+    ws_feed *feed;     /* the feed it rides on (attached: counted in feed->n_streams), or NULL */
+    uint64_t feed_tag; /* its FeedItems' tag */
+    bool queued;       /* under smu: on feed's queue */
+    struct ws_stream *queue_next;
     /* set by the engine thread before it publishes them (first token; the end) */
     uint32_t n_prompt, n_cached;
     float queue_ms, prefill_ms, ttft_ms;
@@ -137,7 +152,13 @@ static ws_stream *stream_create(worker_service *ws, rpc_call *call, const engine
     return s;
 }
 
-static bool sink_cancelled(void *arg) { return rpc_call_cancelled(((ws_stream *)arg)->call); }
+static bool feed_closed(const ws_feed *f);
+static void feed_detach(ws_stream *s);
+static bool sink_cancelled(void *arg)
+{
+    const ws_stream *s = arg;
+    return rpc_call_cancelled(s->call) || (s->feed && feed_closed(s->feed));
+}
 
 /* Engine thread, per token: stored, and the stream marked for this step's hand-off. */
 static void sink_token(void *arg, const engine_request *r, const worker_batch_item *it)
@@ -210,6 +231,39 @@ static void tokens_message(ws_stream *s, int from, int n, Deltaserve__V1__Genera
     }
 }
 
+/* The final message's fields of s (its last tokens, if any, are tokens_message's). */
+static void final_message(ws_stream *s, Deltaserve__V1__GenerateResponse *m,
+                          Deltaserve__V1__Usage *u, Deltaserve__V1__Timings *t)
+{
+    switch (s->fin_reason) {
+    case FINISH_STOP: m->finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
+    case FINISH_LENGTH: m->finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
+    case FINISH_CANCELLED: m->finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
+    default: m->finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR; break;
+    }
+    if (s->fin_reason == FINISH_STOP && s->fin_stop_token >= 0) {
+        m->matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
+        m->stop_token_id = s->fin_stop_token;
+    }
+    u->prompt_tokens = s->n_prompt;
+    u->completion_tokens = s->fin_generated;
+    u->cached_tokens = s->fin_cached;
+    m->usage = u;
+    t->queue_ms = s->queue_ms;
+    t->prefill_ms = s->prefill_ms;
+    t->ttft_ms = s->ttft_ms;
+    t->decode_ms = s->fin_decode_ms;
+    t->total_ms = s->fin_total_ms;
+    t->mean_itl_ms = s->fin_generated > 1 ? t->decode_ms / (float)(s->fin_generated - 1) : 0;
+    t->spec_verify_runs = s->fin_spec_steps;
+    t->spec_drafted = s->fin_spec_drafted;
+    t->spec_accepted = s->fin_spec_accepted;
+    m->timings = t;
+    m->request_id = s->fin_id;
+    m->seed = s->fin_seed;
+    m->served_by = s->ws->name;
+}
+
 /* Sends tokens [from, from + n), n <= WS_MSG_TOKENS; with fin, the final message (which
  * carries them). rpc_call_send's code. */
 static int send_tokens(ws_stream *s, int from, int n, bool fin)
@@ -223,36 +277,145 @@ static int send_tokens(ws_stream *s, int from, int n, bool fin)
     Deltaserve__V1__TopLogprob *tops[WS_MSG_TOKENS * SAMPLING_MAX_LOGPROBS];
     DS_ASSERT(n <= WS_MSG_TOKENS);
     tokens_message(s, from, n, &m, &u, &t, lp, lps, top, tops);
-    if (fin) {
-        switch (s->fin_reason) {
-        case FINISH_STOP: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_STOP; break;
-        case FINISH_LENGTH: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_LENGTH; break;
-        case FINISH_CANCELLED: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_CANCELLED; break;
-        default: m.finish_reason = DELTASERVE__V1__FINISH_REASON__FINISH_REASON_ERROR; break;
-        }
-        if (s->fin_reason == FINISH_STOP && s->fin_stop_token >= 0) {
-            m.matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
-            m.stop_token_id = s->fin_stop_token;
-        }
-        u.prompt_tokens = s->n_prompt;
-        u.completion_tokens = s->fin_generated;
-        u.cached_tokens = s->fin_cached;
-        m.usage = &u;
-        t.queue_ms = s->queue_ms;
-        t.prefill_ms = s->prefill_ms;
-        t.ttft_ms = s->ttft_ms;
-        t.decode_ms = s->fin_decode_ms;
-        t.total_ms = s->fin_total_ms;
-        t.mean_itl_ms = s->fin_generated > 1 ? t.decode_ms / (float)(s->fin_generated - 1) : 0;
-        t.spec_verify_runs = s->fin_spec_steps;
-        t.spec_drafted = s->fin_spec_drafted;
-        t.spec_accepted = s->fin_spec_accepted;
-        m.timings = &t;
-        m.request_id = s->fin_id;
-        m.seed = s->fin_seed;
-        m.served_by = s->ws->name;
-    }
+    if (fin) final_message(s, &m, &u, &t);
     return rpc_call_send(s->call, &m.base);
+}
+
+/* ---- feeds (Worker/Feed): one stream carrying the messages of many Generate calls ---- */
+
+#define FEED_MAX_ITEMS 512 /* items a batch carries at most (the rest go in the next one) */
+
+struct ws_feed {
+    worker_service *ws;
+    rpc_call *call;
+    uint64_t id;
+    /* under ws->smu */
+    ws_stream *head, *tail; /* streams with messages to send, in the order they came */
+    int n_streams;          /* streams attached (each holds f until it is detached) */
+    bool writing;           /* a thread holds the writer role (or a batch of it is in flight) */
+    atomic_bool closed;     /* the call is over (cancelled, or a send failed); set under smu,
+                            read without it by sink_cancelled (no lock a stream and step) */
+    bool drain;             /* the worker drains: end the feed once its streams are done */
+    bool ended;             /* rpc_call_finish was called */
+    bool released;          /* on_release ran: freed once no stream holds it and no writer */
+    struct ws_feed *next;   /* on ws->feeds while open */
+    struct ws_feed *kick;   /* sink_step_end's list of feeds to write */
+    /* the writer role's holder only: a batch's parts, one allocation with the struct */
+    Deltaserve__V1__FeedItem *items;
+    Deltaserve__V1__FeedItem **itemp;
+    Deltaserve__V1__GenerateResponse *resp;
+    Deltaserve__V1__Usage *usage;
+    Deltaserve__V1__Timings *timings;
+};
+
+static bool feed_closed(const ws_feed *f) { return atomic_load(&f->closed); }
+
+/* Under smu: s onto f's queue, unless it is there. */
+static void feed_enqueue(ws_feed *f, ws_stream *s)
+{
+    if (s->queued) return;
+    s->queued = true;
+    s->queue_next = NULL;
+    if (f->tail) f->tail->queue_next = s;
+    else f->head = s;
+    f->tail = s;
+}
+
+/* The feed's writer: packs the queued streams' messages into one FeedBatch and sends it, after
+ * which the role rides with it to on_feed_writable; finishes the calls whose final message it
+ * carried; with nothing queued it gives the role up (and ends a draining feed without streams,
+ * or a closed one). A closed feed's queued streams that are final end UNAVAILABLE (their
+ * messages are lost); the others see it in sink_cancelled. Frees f when it was released and
+ * nothing holds it. */
+static void feed_write(ws_feed *f)
+{
+    worker_service *ws = f->ws;
+    ws_stream *take[FEED_MAX_ITEMS];
+    int from[FEED_MAX_ITEMS], cnt[FEED_MAX_ITEMS];
+    bool fin[FEED_MAX_ITEMS], fnl[FEED_MAX_ITEMS];
+    for (;;) {
+        int n = 0;
+        pthread_mutex_lock(&ws->smu);
+        const bool closed = f->closed;
+        while (f->head && n < FEED_MAX_ITEMS) {
+            ws_stream *s = f->head;
+            f->head = s->queue_next;
+            if (!f->head) f->tail = NULL;
+            s->queued = false;
+            from[n] = s->n_sent;
+            cnt[n] = s->n_ready - s->n_sent < WS_MSG_TOKENS ? s->n_ready - s->n_sent : WS_MSG_TOKENS;
+            fnl[n] = s->final;
+            fin[n] = s->final && s->n_sent + cnt[n] == s->n_ready;
+            take[n++] = s;
+        }
+        if (n == 0) {
+            f->writing = false;
+            const bool end = !f->ended && (closed || (f->drain && f->n_streams == 0));
+            if (end) f->ended = true;
+            const bool free_now = f->released && f->n_streams == 0;
+            pthread_mutex_unlock(&ws->smu);
+            if (end) rpc_call_finish(f->call, closed ? GRPC_STATUS_CANCELLED : GRPC_STATUS_OK,
+                                     closed ? "feed closed" : NULL);
+            if (free_now) free(f);
+            return;
+        }
+        pthread_mutex_unlock(&ws->smu);
+        int k = 0;
+        for (int i = 0; i < n && !closed; i++) {
+            ws_stream *s = take[i];
+            if (fin[i] && s->fin_result.code == STATUS_CANCELLED) continue; /* nobody reads it */
+            Deltaserve__V1__GenerateResponse *m = &f->resp[k];
+            *m = (Deltaserve__V1__GenerateResponse)DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+            f->usage[k] = (Deltaserve__V1__Usage)DELTASERVE__V1__USAGE__INIT;
+            f->timings[k] = (Deltaserve__V1__Timings)DELTASERVE__V1__TIMINGS__INIT;
+            tokens_message(s, from[i], cnt[i], m, &f->usage[k], &f->timings[k], NULL, NULL, NULL,
+                           NULL); /* no logprobs on a feed */
+            if (fin[i]) final_message(s, m, &f->usage[k], &f->timings[k]);
+            f->items[k] = (Deltaserve__V1__FeedItem)DELTASERVE__V1__FEED_ITEM__INIT;
+            f->items[k].tag = s->feed_tag;
+            f->items[k].response = m;
+            f->itemp[k] = &f->items[k];
+            k++;
+        }
+        int rc = STATUS_OK;
+        if (k > 0) {
+            Deltaserve__V1__FeedBatch b = DELTASERVE__V1__FEED_BATCH__INIT;
+            b.n_items = (size_t)k;
+            b.items = f->itemp;
+            rc = rpc_call_send(f->call, &b.base);
+        }
+        /* lost: the batch did not go (the feed is over); its streams that were final end
+         * here, the others when the engine has ended them (sink_cancelled) */
+        const bool lost = closed || rc != STATUS_OK;
+        int detached = 0;
+        pthread_mutex_lock(&ws->smu);
+        if (rc != STATUS_OK) f->closed = true;
+        for (int i = 0; i < n; i++) {
+            ws_stream *s = take[i];
+            if (lost) {
+                detached += fnl[i];
+                continue;
+            }
+            s->n_sent = from[i] + cnt[i];
+            if (fin[i]) detached++;
+            else if (s->n_ready > s->n_sent || s->final) feed_enqueue(f, s);
+        }
+        f->n_streams -= detached;
+        pthread_mutex_unlock(&ws->smu);
+        for (int i = 0; i < n; i++) { /* the calls end after the batch that ended them */
+            ws_stream *s = take[i];
+            if (lost && fnl[i]) {
+                status st = s->fin_result; /* the engine saw the feed's end as a cancel */
+                if (st.code == STATUS_OK ||
+                    (st.code == STATUS_CANCELLED && !rpc_call_cancelled(s->call)))
+                    status_fail(&st, STATUS_UNAVAILABLE, "worker: its token feed closed");
+                rpc_call_finish_status(s->call, &st);
+            } else if (!lost && fin[i]) {
+                rpc_call_finish_status(s->call, &s->fin_result);
+            }
+        }
+        if (!lost && k > 0) return; /* the role rides with the batch to on_feed_writable */
+    }
 }
 
 /* The end, by the writer role's holder: the tokens left (the last ones in the final message),
@@ -314,12 +477,24 @@ static void sink_step_end(void *arg)
 {
     worker_service *ws = arg;
     if (!ws->dirty) return;
+    ws_feed *kick = NULL; /* feeds whose writer role this thread took */
     pthread_mutex_lock(&ws->smu);
     for (ws_stream *s = ws->dirty; s; s = s->dirty_next) {
         /* the first token at once, then --stream-interval tokens at a time (the end: sink_finish) */
         s->start = false;
         if (s->n_ready > 0 && s->n_gen - s->n_ready < s->interval) continue;
         s->n_ready = s->n_gen;
+        if (s->feed) {
+            ws_feed *f = s->feed;
+            if (s->final) continue;
+            feed_enqueue(f, s);
+            if (!f->writing) {
+                f->writing = true;
+                f->kick = kick;
+                kick = f;
+            }
+            continue;
+        }
         s->start = !s->writing && !s->final;
         if (s->start) s->writing = true;
     }
@@ -331,6 +506,10 @@ static void sink_step_end(void *arg)
         if (s->start) stream_write(s); /* its send may complete (on the CQ thread) at once */
     }
     ws->dirty = NULL;
+    for (ws_feed *f = kick, *fn; f; f = fn) {
+        fn = f->kick; /* read before: the writer may free a released feed */
+        feed_write(f);
+    }
 }
 
 static void sink_finish(void *arg, const engine_request *r)
@@ -359,10 +538,19 @@ static void sink_finish(void *arg, const engine_request *r)
     pthread_mutex_lock(&ws->smu);
     s->n_ready = s->n_gen;
     s->final = true;
-    const bool mine = !s->writing;
-    s->writing = true;
+    ws_feed *f = s->feed;
+    bool mine;
+    if (f) {
+        feed_enqueue(f, s);
+        mine = !f->writing;
+        f->writing = true;
+    } else {
+        mine = !s->writing;
+        s->writing = true;
+    }
     pthread_mutex_unlock(&ws->smu);
-    if (mine) stream_write(s); /* else the writer sends the final after its message */
+    if (f && mine) feed_write(f); /* s may be gone after */
+    else if (mine) stream_write(s); /* else the writer sends the final after its message */
 }
 
 static void on_generate_release(rpc_call *call, void *user) { free(rpc_call_data(call)); }
@@ -415,7 +603,19 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
     }
     s->interval = req->stream_interval > 1 ? (int)req->stream_interval : 1;
     rpc_call_set_data(call, s); /* freed at on_release */
+    if (req->feed_id && !s->n_lp) { /* its messages on that feed, when it is open */
+        pthread_mutex_lock(&ws->smu);
+        for (ws_feed *f = ws->feeds; f; f = f->next)
+            if (f->id == req->feed_id && !f->closed && !f->drain) {
+                s->feed = f;
+                s->feed_tag = req->feed_tag;
+                f->n_streams++;
+                break;
+            }
+        pthread_mutex_unlock(&ws->smu);
+    }
     if (engine_submit(e, &p, &ws->sink, s, &st)) {
+        if (s->feed) feed_detach(s);
         /* refusals come in floods under overload: one line a second, with counts */
         static log_limit refused_log;
         long more;
@@ -429,6 +629,117 @@ static void on_generate(rpc_call *call, const ProtobufCMessage *msg, void *user)
         }
         rpc_call_finish_status(call, &st);
     }
+}
+
+/* s leaves its feed without having sent anything on it (refused at submission). */
+static void feed_detach(ws_stream *s)
+{
+    ws_feed *f = s->feed;
+    pthread_mutex_lock(&s->ws->smu);
+    f->n_streams--;
+    const bool kick = !f->writing && f->n_streams == 0 && (f->closed || f->drain);
+    if (kick) f->writing = true;
+    pthread_mutex_unlock(&s->ws->smu);
+    s->feed = NULL;
+    if (kick) feed_write(f); /* ends it, or frees it when released */
+}
+
+/* Worker/Feed: registers the feed and sends the empty batch that says so. */
+static void on_feed(rpc_call *call, const ProtobufCMessage *msg, void *user)
+{
+    worker_service *ws = user;
+    const Deltaserve__V1__FeedRequest *req = (const void *)msg;
+    status st;
+    if (!attached(ws, NULL, &st)) {
+        rpc_call_finish_status(call, &st);
+        return;
+    }
+    if (req->feed_id == 0) {
+        rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "feed_id: must not be 0");
+        return;
+    }
+    const size_t per = sizeof(Deltaserve__V1__FeedItem) + sizeof(Deltaserve__V1__FeedItem *) +
+                       sizeof(Deltaserve__V1__GenerateResponse) + sizeof(Deltaserve__V1__Usage) +
+                       sizeof(Deltaserve__V1__Timings);
+    ws_feed *f = calloc(1, sizeof *f + FEED_MAX_ITEMS * per);
+    if (!f) {
+        rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "worker: out of memory for a feed");
+        return;
+    }
+    f->ws = ws;
+    f->call = call;
+    f->id = req->feed_id;
+    f->items = (Deltaserve__V1__FeedItem *)(f + 1);
+    f->itemp = (Deltaserve__V1__FeedItem **)(f->items + FEED_MAX_ITEMS);
+    f->resp = (Deltaserve__V1__GenerateResponse *)(f->itemp + FEED_MAX_ITEMS);
+    f->usage = (Deltaserve__V1__Usage *)(f->resp + FEED_MAX_ITEMS);
+    f->timings = (Deltaserve__V1__Timings *)(f->usage + FEED_MAX_ITEMS);
+    bool taken = false;
+    pthread_mutex_lock(&ws->smu);
+    for (ws_feed *o = ws->feeds; o; o = o->next) taken |= o->id == f->id;
+    if (!taken) {
+        f->next = ws->feeds;
+        ws->feeds = f;
+        f->writing = true; /* the role rides with the first (empty) batch */
+    }
+    pthread_mutex_unlock(&ws->smu);
+    if (taken) {
+        free(f);
+        rpc_call_finish(call, GRPC_STATUS_ALREADY_EXISTS, "feed_id: a feed of that id is open");
+        return;
+    }
+    rpc_call_set_data(call, f);
+    Deltaserve__V1__FeedBatch b = DELTASERVE__V1__FEED_BATCH__INIT;
+    if (rpc_call_send(call, &b.base) != STATUS_OK) { /* over already: on_cancel follows */
+        pthread_mutex_lock(&ws->smu);
+        f->closed = true;
+        pthread_mutex_unlock(&ws->smu);
+        feed_write(f);
+    }
+}
+
+/* Under smu: f off ws->feeds (no new stream attaches). */
+static void feed_unlist(worker_service *ws, ws_feed *f)
+{
+    for (ws_feed **pp = &ws->feeds; *pp; pp = &(*pp)->next)
+        if (*pp == f) {
+            *pp = f->next;
+            break;
+        }
+}
+
+static void on_feed_writable(rpc_call *call, void *user)
+{
+    (void)user;
+    feed_write(rpc_call_data(call));
+}
+
+/* The caller cancelled the feed, or the connection dropped: its streams end. */
+static void on_feed_cancel(rpc_call *call, void *user)
+{
+    worker_service *ws = user;
+    ws_feed *f = rpc_call_data(call);
+    if (!f) return;
+    pthread_mutex_lock(&ws->smu);
+    f->closed = true;
+    feed_unlist(ws, f);
+    const bool mine = !f->writing;
+    f->writing = true;
+    pthread_mutex_unlock(&ws->smu);
+    if (mine) feed_write(f);
+}
+
+static void on_feed_release(rpc_call *call, void *user)
+{
+    worker_service *ws = user;
+    ws_feed *f = rpc_call_data(call);
+    if (!f) return;
+    pthread_mutex_lock(&ws->smu);
+    feed_unlist(ws, f);
+    f->released = true;
+    const bool free_now = f->n_streams == 0 && !f->writing;
+    pthread_mutex_unlock(&ws->smu);
+    if (free_now) free(f);
 }
 
 static void on_abort(rpc_call *call, const ProtobufCMessage *msg, void *user)
@@ -637,6 +948,9 @@ int worker_service_create(const worker_service_opts *o, worker_service **out, st
          RPC_METHOD_UNARY, on_get_load, NULL, NULL, ws, false, NULL, false},
         {"/deltaserve.v1.Worker/GetModelInfo", &deltaserve__v1__get_model_info_request__descriptor,
          RPC_METHOD_UNARY, on_get_model_info, NULL, NULL, ws, false, NULL, false},
+        {"/deltaserve.v1.Worker/Feed", &deltaserve__v1__feed_request__descriptor,
+         RPC_METHOD_SERVER_STREAM, on_feed, on_feed_cancel, on_feed_release, ws, true,
+         on_feed_writable, false},
     };
     if (o->auth_token_file && rpc_auth_create(o->auth_token_file, &ws->auth, st)) goto fail;
     if (rpc_server_create(&(rpc_server_opts){.listen = o->listen, .max_calls = o->max_calls,
@@ -678,6 +992,22 @@ void worker_service_begin_drain(worker_service *ws)
     ws->state = WS_DRAINING;
     pthread_mutex_unlock(&ws->mu);
     rpc_health_set_ready(ws->health, false);
+    /* each feed ends once its streams are done (at once without any) */
+    ws_feed *kick = NULL;
+    pthread_mutex_lock(&ws->smu);
+    for (ws_feed *f = ws->feeds; f; f = f->next) {
+        f->drain = true;
+        if (!f->writing) {
+            f->writing = true;
+            f->kick = kick;
+            kick = f;
+        }
+    }
+    pthread_mutex_unlock(&ws->smu);
+    for (ws_feed *f = kick, *fn; f; f = fn) {
+        fn = f->kick;
+        feed_write(f);
+    }
 }
 
 int worker_service_drain(worker_service *ws, int64_t grace_ms)

@@ -3,7 +3,9 @@ reference model, through Debian's python3-grpcio and stubs generated from our .p
 
 Fixtures x scenarios:
   WorkerDirect   one worker, called on deltaserve.v1.Worker/Generate
-  RouterTwo      a router + two workers, called on deltaserve.v1.Generation/Generate
+  RouterTwo      a router + two workers, called on deltaserve.v1.Generation/Generate (the
+                 workers' messages on their feeds, the default)
+  RouterTwoNoFeed  the same with --worker-feed=false (each worker call carries its messages)
 Scenarios (both fixtures): ids prompt = the reference greedy tokens (and = `deltaserve generate`
 when that command is built), same seed same tokens, stop token, max tokens, logprobs, cancel
 after k tokens frees the slot, deadline, overload -> RESOURCE_EXHAUSTED, bad requests ->
@@ -209,6 +211,36 @@ class WorkerDirect(Scenarios, unittest.TestCase):
 
     def loads(self):
         return [self.c.load()]
+
+
+class RouterTwoNoFeed(Scenarios, unittest.TestCase):
+    """The scenarios through a router whose worker calls carry their own messages
+    (--worker-feed=false); RouterTwo's ride on the workers' feeds."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.workers = [h.start_worker("nf_w%d" % i, extra=WORKER_FLAGS) for i in range(2)]
+        cls.r = h.start_router(cls.workers, name="nf_router", extra=["--worker-feed=false"])
+        cls.c = h.Client(cls.r.addr)
+        cls.wc = [h.Client(w.addr) for w in cls.workers]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        for c in cls.wc:
+            c.close()
+        cls.r.stop()
+        for w in cls.workers:
+            w.stop()
+
+    def gen(self, timeout=60, **kw):
+        return self.c.generate(timeout=timeout, **kw)
+
+    def start(self, **kw):
+        return self.c.gen.Generate(h.request(**kw), timeout=120)
+
+    def loads(self):
+        return [c.load() for c in self.wc]
 
 
 class RouterTwo(Scenarios, unittest.TestCase):
