@@ -213,62 +213,47 @@ class WorkerDirect(Scenarios, unittest.TestCase):
         return [self.c.load()]
 
 
-class RouterTwoNoFeed(Scenarios, unittest.TestCase):
+class RouterFixture(Scenarios):
+    """A router + two workers; ROUTER_EXTRA: the router's flags."""
+    ROUTER_EXTRA = ()
+    NAME = "two"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.workers = [h.start_worker("%s_w%d" % (cls.NAME, i), extra=WORKER_FLAGS)
+                       for i in range(2)]
+        cls.r = h.start_router(cls.workers, name=cls.NAME + "_router",
+                               extra=list(cls.ROUTER_EXTRA))
+        cls.c = h.Client(cls.r.addr)
+        cls.wc = [h.Client(w.addr) for w in cls.workers]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        for c in cls.wc:
+            c.close()
+        cls.r.stop()
+        for w in cls.workers:
+            w.stop()
+
+    def gen(self, timeout=60, **kw):
+        return self.c.generate(timeout=timeout, **kw)
+
+    def start(self, **kw):
+        return self.c.gen.Generate(h.request(**kw), timeout=120)
+
+    def loads(self):
+        return [c.load() for c in self.wc]
+
+
+class RouterTwoNoFeed(RouterFixture, unittest.TestCase):
     """The scenarios through a router whose worker calls carry their own messages
     (--worker-feed=false); RouterTwo's ride on the workers' feeds."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.workers = [h.start_worker("nf_w%d" % i, extra=WORKER_FLAGS) for i in range(2)]
-        cls.r = h.start_router(cls.workers, name="nf_router", extra=["--worker-feed=false"])
-        cls.c = h.Client(cls.r.addr)
-        cls.wc = [h.Client(w.addr) for w in cls.workers]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.c.close()
-        for c in cls.wc:
-            c.close()
-        cls.r.stop()
-        for w in cls.workers:
-            w.stop()
-
-    def gen(self, timeout=60, **kw):
-        return self.c.generate(timeout=timeout, **kw)
-
-    def start(self, **kw):
-        return self.c.gen.Generate(h.request(**kw), timeout=120)
-
-    def loads(self):
-        return [c.load() for c in self.wc]
+    ROUTER_EXTRA = ("--worker-feed=false",)
+    NAME = "nf"
 
 
-class RouterTwo(Scenarios, unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.workers = [h.start_worker("two_w%d" % i, extra=WORKER_FLAGS) for i in range(2)]
-        cls.r = h.start_router(cls.workers, name="two_router")
-        cls.c = h.Client(cls.r.addr)
-        cls.wc = [h.Client(w.addr) for w in cls.workers]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.c.close()
-        for c in cls.wc:
-            c.close()
-        cls.r.stop()
-        for w in cls.workers:
-            w.stop()
-
-    def gen(self, timeout=60, **kw):
-        return self.c.generate(timeout=timeout, **kw)
-
-    def start(self, **kw):
-        return self.c.gen.Generate(h.request(**kw), timeout=120)
-
-    def loads(self):
-        return [c.load() for c in self.wc]
-
+class RouterTwo(RouterFixture, unittest.TestCase):
     def test_text_prompt_and_pieces(self):
         for p in REF["prompts"]:
             _, ids, text, final = self.gen(text=p["text"], max_tokens=len(p["greedy"]),
