@@ -1,8 +1,8 @@
 /* The deltaserve.v1.Worker service over loopback gRPC with the CPU backend on the tiny
  * reference model: loading state, model info, a stream equal to the reference greedy tokens
  * with a complete final message, validation errors, load, client cancel freeing the slot,
- * Worker/Abort, queue full, and drain; the streaming path allocating per request, not per
- * token (our code's malloc/calloc/realloc counted; gRPC's and protobuf-c's, shared libraries,
+ * Worker/Abort, queue full, and drain; the streaming path, direct or on a feed, allocating per
+ * request, not per token (our code's malloc/calloc/realloc counted; gRPC's and protobuf-c's, shared libraries,
  * are not). */
 #include <limits.h>
 #include <sched.h>
@@ -239,6 +239,62 @@ static void test_stream_allocates_per_request(void)
     }
 }
 
+/* The same over a feed (Worker/Feed): the call's messages as the feed's items, the Generate
+ * call carrying the status alone; allocations over the call until the engine is idle. */
+static long feed_allocs(tcall *feed, uint64_t feed_id, int max_new)
+{
+    gen_req g;
+    tcall t;
+    make_req(&g, "feed", &g_prompts[1], max_new);
+    g.r.feed_id = feed_id;
+    g.r.feed_tag = 9;
+    const long a0 = testutil_allocs();
+    CU_ASSERT_FATAL(tc_start(&t, g_ch, GEN, &g.r.base, 20000, true));
+    int n = 0, fin = 0;
+    while (!fin) {
+        Deltaserve__V1__FeedBatch *b =
+            (Deltaserve__V1__FeedBatch *)tc_recv(feed, &deltaserve__v1__feed_batch__descriptor);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+        for (size_t i = 0; i < b->n_items; i++) {
+            CU_ASSERT_EQUAL(b->items[i]->tag, 9);
+            const gen_resp *m = b->items[i]->response;
+            CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+            for (size_t j = 0; j < m->n_token_ids; j++, n++)
+                CU_ASSERT(n < max_new && m->token_ids[j] == g_prompts[1].greedy[n]);
+            fin |= m->finish_reason != 0;
+        }
+        protobuf_c_message_free_unpacked(&b->base, NULL);
+    }
+    CU_ASSERT_PTR_NULL(tc_recv(&t, &deltaserve__v1__generate_response__descriptor)); /* none */
+    CU_ASSERT_EQUAL(tc_status(&t), GRPC_STATUS_OK);
+    tc_destroy(&t);
+    CU_ASSERT(engine_wait_idle(g_engine, 10000));
+    const long a1 = testutil_allocs();
+    CU_ASSERT_EQUAL(n, max_new);
+    return a1 - a0;
+}
+
+/* A stream on a feed allocates per request too, never per token or batch. */
+static void test_feed_allocates_per_request(void)
+{
+    Deltaserve__V1__FeedRequest fr = DELTASERVE__V1__FEED_REQUEST__INIT;
+    fr.feed_id = 4242;
+    tcall feed;
+    CU_ASSERT_FATAL(tc_start(&feed, g_ch, "/deltaserve.v1.Worker/Feed", &fr.base, 60000, true));
+    ProtobufCMessage *first = tc_recv(&feed, &deltaserve__v1__feed_batch__descriptor);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(first); /* registered */
+    CU_ASSERT_EQUAL(((Deltaserve__V1__FeedBatch *)first)->n_items, 0);
+    protobuf_c_message_free_unpacked(first, NULL);
+    feed_allocs(&feed, fr.feed_id, 4); /* warm */
+    const long few = feed_allocs(&feed, fr.feed_id, 4), many = feed_allocs(&feed, fr.feed_id, 24);
+    CU_ASSERT_EQUAL(many, few);
+    CU_ASSERT(few <= 4);
+    if (many != few || few > 4)
+        fprintf(stderr, "feed: %ld allocations for 4 tokens, %ld for 24\n", few, many);
+    tc_cancel(&feed);
+    tc_destroy(&feed);
+}
+
 static void test_stop_token_final_message(void)
 {
     const wt_prompt *p = &g_prompts[0];
@@ -424,6 +480,7 @@ int main(void)
     CU_add_test(s, "model_info", test_model_info);
     CU_add_test(s, "stream_matches_reference", test_stream_matches_reference);
     CU_add_test(s, "stream_allocates_per_request", test_stream_allocates_per_request);
+    CU_add_test(s, "feed_allocates_per_request", test_feed_allocates_per_request);
     CU_add_test(s, "stop_token_final_message", test_stop_token_final_message);
     CU_add_test(s, "invalid_request", test_invalid_request);
     CU_add_test(s, "cancel_frees_slot_and_abort", test_cancel_frees_slot_and_abort);
