@@ -8,8 +8,9 @@ reference model, through python3-grpcio:
   - a request with logprobs, or naming a feed that is not open, is served on its call;
   - Feed errors: feed_id 0 (INVALID_ARGUMENT), an id already open (ALREADY_EXISTS);
   - the feed cancelled while a call rides on it: the call ends UNAVAILABLE and its slot frees.
-The router's side (relays on feeds, the default) runs through every router test; the
-scenarios of service_test.py run with and without feeds there."""
+The router opens a feed to its worker and streams through it (RouterOnFeeds); the router's
+side (relays on feeds, the default) runs through every router test, and the scenarios of
+service_test.py run with and without feeds."""
 import json
 import os
 import queue
@@ -165,6 +166,27 @@ class FeedTest(unittest.TestCase):
         self.assertIn("feed", e.exception.details())
         h.wait_until(lambda: self.c.load().running == 0 and self.c.load().waiting == 0,
                      what="the worker idle")
+
+
+class RouterOnFeeds(unittest.TestCase):
+    """A router opens a feed to its worker, and a stream through it is the reference."""
+
+    def test_router_rides_the_feed(self):
+        w = h.start_worker("feed_rw", extra=["--slots", "2", "--threads", "1"])
+        r = h.start_router([w], name="feed_router", extra=["--log-level", "debug"])
+        c = h.Client(r.addr)
+        try:
+            r.wait_line("token feed open", timeout=30)
+            p = REF["prompts"][1]
+            _, ids, _, final = c.generate(ids=p["ids"], max_tokens=len(p["greedy"]),
+                                          ignore_eos=True)
+            self.assertEqual(ids, p["greedy"])
+            self.assertEqual(final.finish_reason, pb.FINISH_REASON_LENGTH)
+            self.assertEqual(final.served_by, "feed_rw")
+        finally:
+            c.close()
+            r.stop()
+            w.stop()
 
 
 if __name__ == "__main__":
