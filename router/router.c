@@ -65,6 +65,11 @@ static int metrics_setup(router *r, status *st)
                                          "Prompt tokens of requests a worker took (refused ones not counted).");
     r->m.generation_tokens = metrics_counter(m, "deltaserve:generation_tokens_total", NULL,
                                              "Generated tokens relayed to clients.");
+    r->m.feed_batches = metrics_counter(m, "deltaserve:router_feed_batches_total", NULL,
+                                        "Messages received on the workers' token feeds.");
+    r->m.feed_items = metrics_counter(m, "deltaserve:router_feed_items_total", NULL,
+                                      "Worker messages they carried (items over batches: "
+                                      "the streams a feed message served).");
     r->m.running = metrics_gauge(m, "deltaserve:num_requests_running", NULL,
                                  "Generate calls in flight at the router.");
     r->m.healthy = metrics_gauge(m, "deltaserve:router_healthy_workers", NULL,

@@ -114,6 +114,8 @@ static void tags_remove_at(router_feed *f, size_t i)
 /* One batch: each item to its relay (a reference held across, the feed's lock not). */
 static void feed_batch(router_feed *f, Deltaserve__V1__FeedBatch *b)
 {
+    metrics_inc(f->r->m.feed_batches, 1);
+    metrics_inc(f->r->m.feed_items, (double)b->n_items);
     for (size_t i = 0; i < b->n_items; i++) {
         const Deltaserve__V1__FeedItem *it = b->items[i];
         if (!it->response) continue;

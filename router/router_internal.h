@@ -48,6 +48,7 @@ struct router {
         metrics_series *ok[4];   /* request_success_total by finished_reason, FINISH_STOP .. FINISH_ERROR */
         metrics_series *failed;  /* request_failure_total: non-OK status */
         metrics_series *retries, *prompt_tokens, *generation_tokens;
+        metrics_series *feed_batches, *feed_items; /* the workers' feeds (router_feed.c) */
         metrics_series *running, *healthy, *workers;
         metrics_series *ttft, *itl, *e2e;
     } m;

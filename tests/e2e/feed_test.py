@@ -173,7 +173,8 @@ class RouterOnFeeds(unittest.TestCase):
 
     def test_router_rides_the_feed(self):
         w = h.start_worker("feed_rw", extra=["--slots", "2", "--threads", "1"])
-        r = h.start_router([w], name="feed_router", extra=["--log-level", "debug"])
+        r = h.start_router([w], name="feed_router",
+                           extra=["--log-level", "debug", "--metrics-listen", "127.0.0.1:0"])
         c = h.Client(r.addr)
         try:
             r.wait_line("token feed open", timeout=30)
@@ -183,6 +184,12 @@ class RouterOnFeeds(unittest.TestCase):
             self.assertEqual(ids, p["greedy"])
             self.assertEqual(final.finish_reason, pb.FINISH_REASON_LENGTH)
             self.assertEqual(final.served_by, "feed_rw")
+            # every message of the stream came on the feed (the first batch, empty, too)
+            batches = h.metric(r, "deltaserve:router_feed_batches_total")
+            items = h.metric(r, "deltaserve:router_feed_items_total")
+            self.assertGreaterEqual(items, 2)  # the first token's message, ..., the final one
+            self.assertLessEqual(items, len(p["greedy"]) + 1)
+            self.assertGreaterEqual(batches, 2)
         finally:
             c.close()
             r.stop()

@@ -287,6 +287,16 @@ def collect(it):
     return msgs, ids, text, final
 
 
+def metric(proc, name):
+    """The value of an unlabelled series on the /metrics of proc (started with
+    --metrics-listen; its log names the address); 0 when absent."""
+    import urllib.request
+    m = proc.wait_line(r"metrics on (http://\S+)")
+    body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+    vals = [float(ln.split()[-1]) for ln in body.splitlines() if ln.split(" ")[0] == name]
+    return vals[0] if vals else 0.0
+
+
 def run_cli(args, timeout=120, check=False):
     """Runs `deltaserve ARGS`; returns (rc, stdout, stderr)."""
     p = subprocess.run([binary()] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

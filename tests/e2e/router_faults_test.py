@@ -39,14 +39,6 @@ def code_of(fn):
     return grpc.StatusCode.OK, ""
 
 
-def metric(router, name):
-    """The value of an unlabelled series on the router's /metrics (0 when absent)."""
-    m = router.wait_line(r"metrics on (http://\S+)")
-    body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
-    vals = [float(l.split()[-1]) for l in body.splitlines() if l.split(" ")[0] == name]
-    return vals[0] if vals else 0.0
-
-
 class RetryAndOverload(unittest.TestCase):
     def test_retry_before_first_token_goes_to_another_worker(self):
         bad = h.start_fake_worker("bad", ["--mode", "unavailable"])
@@ -77,9 +69,9 @@ class RetryAndOverload(unittest.TestCase):
             self.assertIn("2 workers tried", msg)
             # a refused request's prompt was never computed: not in prompt_tokens_total (the
             # counters move just after the status is sent: wait for the failure to be counted)
-            h.wait_until(lambda: metric(r, "deltaserve:request_failure_total") == 1.0, 10,
+            h.wait_until(lambda: h.metric(r, "deltaserve:request_failure_total") == 1.0, 10,
                          "the failure counted")
-            self.assertEqual(metric(r, "deltaserve:prompt_tokens_total"), 0.0)
+            self.assertEqual(h.metric(r, "deltaserve:prompt_tokens_total"), 0.0)
         finally:
             c.close()
             r.stop()
@@ -268,7 +260,7 @@ class Streams(unittest.TestCase):
         self.assertIn("deltaserve:time_to_first_token_seconds_bucket", body)
         self.assertIn("deltaserve:router_healthy_workers 1", body)
         # counted just after the status is sent
-        h.wait_until(lambda: metric(self.r, "deltaserve:prompt_tokens_total") >= 1.0, 10,
+        h.wait_until(lambda: h.metric(self.r, "deltaserve:prompt_tokens_total") >= 1.0, 10,
                      "the prompt counted")
 
 
