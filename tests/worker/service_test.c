@@ -195,6 +195,18 @@ static void test_stream_matches_reference(void)
     }
 }
 
+/* The end of an allocation-counted call t of max_new tokens (n received), begun when the count
+ * was a0: its status OK, the engine idle; the allocations since a0. */
+static long call_allocs(tcall *t, long a0, int n, int max_new)
+{
+    CU_ASSERT_EQUAL(tc_status(t), GRPC_STATUS_OK);
+    tc_destroy(t);
+    CU_ASSERT(engine_wait_idle(g_engine, 10000));
+    const long a1 = testutil_allocs();
+    CU_ASSERT_EQUAL(n, max_new);
+    return a1 - a0;
+}
+
 /* Heap allocations (of the code linked into this binary) over one whole Generate call of
  * max_new tokens with n_logprobs, until the engine is idle again. */
 static long stream_allocs(int max_new, int n_logprobs)
@@ -212,12 +224,7 @@ static long stream_allocs(int max_new, int n_logprobs)
         CU_ASSERT(n_logprobs == 0 || m->n_logprobs == m->n_token_ids);
         protobuf_c_message_free_unpacked(&m->base, NULL);
     }
-    CU_ASSERT_EQUAL(tc_status(&t), GRPC_STATUS_OK);
-    tc_destroy(&t);
-    CU_ASSERT(engine_wait_idle(g_engine, 10000));
-    const long a1 = testutil_allocs();
-    CU_ASSERT_EQUAL(n, max_new);
-    return a1 - a0;
+    return call_allocs(&t, a0, n, max_new);
 }
 
 /* The engine's token hand-off and the stream's writer allocate per request (the request's
@@ -266,12 +273,7 @@ static long feed_allocs(tcall *feed, uint64_t feed_id, int max_new)
         protobuf_c_message_free_unpacked(&b->base, NULL);
     }
     CU_ASSERT_PTR_NULL(tc_recv(&t, &deltaserve__v1__generate_response__descriptor)); /* none */
-    CU_ASSERT_EQUAL(tc_status(&t), GRPC_STATUS_OK);
-    tc_destroy(&t);
-    CU_ASSERT(engine_wait_idle(g_engine, 10000));
-    const long a1 = testutil_allocs();
-    CU_ASSERT_EQUAL(n, max_new);
-    return a1 - a0;
+    return call_allocs(&t, a0, n, max_new);
 }
 
 /* A stream on a feed allocates per request too, never per token or batch. */
