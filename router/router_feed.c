@@ -33,6 +33,7 @@ struct router_feed {
     rpc_arena arena;        /* the batches' memory, reset after each */
     pthread_mutex_t mu;     /* guards state, the tags and next_tag */
     feed_state state;
+    int unimplemented;      /* the worker has no Worker/Feed (an older build) */
     feed_slot *slots;       /* open addressing, linear probing, [cap] */
     size_t cap, n;
     uint64_t next_tag;
@@ -43,6 +44,10 @@ struct router_feeds {
     pthread_mutex_t mu;     /* guards the list and closed */
     router_feed *list[ROUTER_POOL_MAX_WORKERS];
     int n;
+    /* workers that answered UNIMPLEMENTED (referenced): no feed is opened to them again
+     * until they leave the healthy set (a restart may bring a build that has it) */
+    router_worker *nofeed[ROUTER_POOL_MAX_WORKERS];
+    int n_nofeed;
     int closed;             /* no new feed opens */
     atomic_uint next_cq;
 };
@@ -153,6 +158,7 @@ static void on_feed_event(void *user, rpc_client_async_event ev)
     pthread_mutex_lock(&f->mu);
     const feed_state was = f->state;
     f->state = FEED_DOWN;
+    f->unimplemented = res->code == GRPC_STATUS_UNIMPLEMENTED;
     feed_slot *slots = f->slots;
     const size_t cap = f->cap;
     f->slots = NULL;
@@ -219,6 +225,13 @@ static void feed_open(router_feeds *fs, router_worker *w)
     fs->list[fs->n++] = f;
 }
 
+static bool in_round(router_worker *w, router_worker *const *ws, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (ws[k] == w) return true;
+    return false;
+}
+
 void router_feeds_maintain(router_feeds *fs, router_worker *const *ws, int n)
 {
     router *r = fs->r;
@@ -227,25 +240,37 @@ void router_feeds_maintain(router_feeds *fs, router_worker *const *ws, int n)
     for (int i = 0; i < fs->n;) {
         router_feed *f = fs->list[i];
         pthread_mutex_lock(&f->mu);
-        const bool down = f->state == FEED_DOWN;
+        const bool down = f->state == FEED_DOWN, unimpl = down && f->unimplemented;
         pthread_mutex_unlock(&f->mu);
-        bool keep = !down && !fs->closed &&
-                    router_pool_worker_state(r->pool, f->w) == ROUTER_WORKER_HEALTHY;
-        if (keep) {
-            keep = false;
-            for (int k = 0; k < n && !keep; k++) keep = ws[k] == f->w;
-        }
+        const bool keep = !down && !fs->closed &&
+                          router_pool_worker_state(r->pool, f->w) == ROUTER_WORKER_HEALTHY &&
+                          in_round(f->w, ws, n);
         if (keep) {
             i++;
             continue;
         }
         if (!down) rpc_client_async_cancel(f->call);
+        if (unimpl && fs->n_nofeed < ROUTER_POOL_MAX_WORKERS) {
+            LOG_INFO("router: worker %s has no token feed (Worker/Feed UNIMPLEMENTED): its "
+                     "streams come on their own calls", router_pool_worker_addr(f->w));
+            router_pool_ref(r->pool, f->w);
+            fs->nofeed[fs->n_nofeed++] = f->w;
+        }
         fs->list[i] = fs->list[--fs->n];
         feed_unref(f); /* the list's reference */
     }
+    for (int i = 0; i < fs->n_nofeed;) { /* out of the healthy set: it may come back new */
+        router_worker *w = fs->nofeed[i];
+        if (router_pool_worker_state(r->pool, w) == ROUTER_WORKER_HEALTHY && in_round(w, ws, n)) {
+            i++;
+            continue;
+        }
+        fs->nofeed[i] = fs->nofeed[--fs->n_nofeed];
+        router_pool_unref(r->pool, w);
+    }
     for (int k = 0; k < n && !fs->closed; k++) {
         if (router_pool_worker_state(r->pool, ws[k]) != ROUTER_WORKER_HEALTHY) continue;
-        bool has = false;
+        bool has = in_round(ws[k], fs->nofeed, fs->n_nofeed);
         for (int i = 0; i < fs->n && !has; i++) has = fs->list[i]->w == ws[k];
         if (!has) feed_open(fs, ws[k]);
     }
@@ -262,6 +287,8 @@ void router_feeds_close(router_feeds *fs)
         feed_unref(fs->list[i]);
     }
     fs->n = 0;
+    for (int i = 0; i < fs->n_nofeed; i++) router_pool_unref(fs->r->pool, fs->nofeed[i]);
+    fs->n_nofeed = 0;
     pthread_mutex_unlock(&fs->mu);
 }
 

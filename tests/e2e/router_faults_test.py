@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import unittest
 import urllib.request
 
@@ -56,6 +57,24 @@ class RetryAndOverload(unittest.TestCase):
             r.stop()
             bad.stop()
             good.stop()
+
+    def test_worker_without_feeds(self):
+        """An older worker (no Worker/Feed: UNIMPLEMENTED) is asked once per healthy spell and
+        serves its streams on their calls."""
+        w = h.start_fake_worker("nofeed", ["--tokens", "5,6,7"])
+        r = h.start_router([w])
+        c = h.Client(r.addr)
+        try:
+            r.wait_line("has no token feed", timeout=10)
+            time.sleep(0.6)  # six polls (--poll-ms 100): none asks again
+            self.assertEqual(sum(1 for ln in list(r.lines) if ln and "has no token feed" in ln), 1)
+            _, ids, _, final = c.generate(ids=[1, 2], max_tokens=4)
+            self.assertEqual(ids, [5, 6, 7, 5])
+            self.assertEqual(final.finish_reason, pb.FINISH_REASON_LENGTH)
+        finally:
+            c.close()
+            r.stop()
+            w.stop()
 
     def test_all_workers_exhausted_is_resource_exhausted(self):
         a = h.start_fake_worker("ex1", ["--mode", "exhausted"])
