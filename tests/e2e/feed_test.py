@@ -110,9 +110,10 @@ class FeedTest(unittest.TestCase):
         a, b = REF["prompts"][0]["ids"], REF["prompts"][1]["ids"]
         want = {}
         for tag, ids in ((1, a), (2, b)):
-            _, w, _, _ = self.c.worker_generate(ids, max_tokens=40, ignore_eos=True)
+            _, w, _, _ = self.c.worker_generate(ids, max_tokens=160, ignore_eos=True)
             want[tag] = w
-        calls = [start_on_feed(self.c, ids, 102, tag, max_tokens=40, ignore_eos=True)
+        # 160 tokens each, started back to back: they overlap on a busy machine too
+        calls = [start_on_feed(self.c, ids, 102, tag, max_tokens=160, ignore_eos=True)
                  for tag, ids in ((1, a), (2, b))]
         results = [None, None]
 
