@@ -9,20 +9,16 @@
 #include "common/log.h"
 #include "common/splitmix64.h"
 #include "router/router_internal.h"
+#include "router/router_tags.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_codec.h"
 #include "rpc/rpc_status.h"
 
 #define FEED_PATH "/deltaserve.v1.Worker/Feed"
 #define FEED_ARENA_BYTES (64 * 1024) /* a batch's unpacked memory to start with */
-#define FEED_TAGS0 256               /* the tag table's first size (a power of two) */
 
 typedef enum { FEED_OPENING, FEED_UP, FEED_DOWN } feed_state;
 
-typedef struct feed_slot {
-    uint64_t tag; /* 0: empty */
-    router_req *q;
-} feed_slot;
 
 struct router_feed {
     router *r;
@@ -34,8 +30,7 @@ struct router_feed {
     pthread_mutex_t mu;     /* guards state, the tags and next_tag */
     feed_state state;
     int unimplemented;      /* the worker has no Worker/Feed (an older build) */
-    feed_slot *slots;       /* open addressing, linear probing, [cap] */
-    size_t cap, n;
+    router_tags tags;       /* the relays riding on it, by their calls' tags */
     uint64_t next_tag;
 };
 
@@ -59,61 +54,8 @@ static void feed_unref(router_feed *f)
     router_pool_unref(f->r->pool, f->w);
     rpc_arena_free(&f->arena);
     pthread_mutex_destroy(&f->mu);
-    free(f->slots);
+    router_tags_free(&f->tags);
     free(f);
-}
-
-static size_t slot_of(uint64_t tag, size_t cap) { return (size_t)(splitmix64(tag) & (cap - 1)); }
-
-/* Under f->mu. */
-static int tags_put(router_feed *f, uint64_t tag, router_req *q)
-{
-    if (2 * (f->n + 1) > f->cap) {
-        const size_t cap = f->cap ? 2 * f->cap : FEED_TAGS0;
-        feed_slot *s = calloc(cap, sizeof *s);
-        if (!s) return -1;
-        for (size_t i = 0; i < f->cap; i++)
-            if (f->slots[i].tag) {
-                size_t j = slot_of(f->slots[i].tag, cap);
-                while (s[j].tag) j = (j + 1) & (cap - 1);
-                s[j] = f->slots[i];
-            }
-        free(f->slots);
-        f->slots = s;
-        f->cap = cap;
-    }
-    size_t j = slot_of(tag, f->cap);
-    while (f->slots[j].tag) j = (j + 1) & (f->cap - 1);
-    f->slots[j] = (feed_slot){tag, q};
-    f->n++;
-    return 0;
-}
-
-/* Under f->mu: the slot of tag, or -1. */
-static long tags_find(const router_feed *f, uint64_t tag)
-{
-    if (!f->cap) return -1;
-    for (size_t j = slot_of(tag, f->cap);; j = (j + 1) & (f->cap - 1)) {
-        if (!f->slots[j].tag) return -1;
-        if (f->slots[j].tag == tag) return (long)j;
-    }
-}
-
-/* Under f->mu: empties slot i, moving the entries after it back so no probe chain breaks. */
-static void tags_remove_at(router_feed *f, size_t i)
-{
-    const size_t m = f->cap - 1;
-    f->slots[i].tag = 0;
-    f->n--;
-    for (size_t j = (i + 1) & m; f->slots[j].tag; j = (j + 1) & m) {
-        const size_t home = slot_of(f->slots[j].tag, f->cap);
-        /* the entry at j may fill the hole at i when its home is not in (i, j] cyclically */
-        if (((j - home) & m) >= ((j - i) & m)) {
-            f->slots[i] = f->slots[j];
-            f->slots[j].tag = 0;
-            i = j;
-        }
-    }
 }
 
 /* One batch: each item to its relay (a reference held across, the feed's lock not). */
@@ -125,8 +67,7 @@ static void feed_batch(router_feed *f, Deltaserve__V1__FeedBatch *b)
         const Deltaserve__V1__FeedItem *it = b->items[i];
         if (!it->response) continue;
         pthread_mutex_lock(&f->mu);
-        const long j = tags_find(f, it->tag);
-        router_req *q = j >= 0 ? f->slots[j].q : NULL;
+        router_req *q = router_tags_get(&f->tags, it->tag);
         if (q) router_relay_ref(q);
         pthread_mutex_unlock(&f->mu);
         if (!q) continue; /* its attempt is over */
@@ -159,22 +100,20 @@ static void on_feed_event(void *user, rpc_client_async_event ev)
     const feed_state was = f->state;
     f->state = FEED_DOWN;
     f->unimplemented = res->code == GRPC_STATUS_UNIMPLEMENTED;
-    feed_slot *slots = f->slots;
-    const size_t cap = f->cap;
-    f->slots = NULL;
-    f->cap = f->n = 0;
-    for (size_t i = 0; i < cap; i++) /* held across: a relay may detach (and end) meanwhile */
-        if (slots[i].tag) router_relay_ref(slots[i].q);
+    router_tags tags = f->tags;
+    f->tags = (router_tags){0};
+    for (size_t i = 0; i < tags.cap; i++) /* held across: a relay may detach (and end) meanwhile */
+        if (tags.slots[i].tag) router_relay_ref(tags.slots[i].v);
     pthread_mutex_unlock(&f->mu);
     if (was == FEED_UP && res->code != GRPC_STATUS_CANCELLED)
         LOG_INFO("router: worker %s: token feed ended: %s%s%s", router_pool_worker_addr(f->w),
                  rpc_status_grpc_name(res->code), res->message[0] ? ": " : "", res->message);
-    for (size_t i = 0; i < cap; i++)
-        if (slots[i].tag) {
-            router_relay_feed_lost(slots[i].q, slots[i].tag);
-            router_relay_unref(slots[i].q);
+    for (size_t i = 0; i < tags.cap; i++)
+        if (tags.slots[i].tag) {
+            router_relay_feed_lost(tags.slots[i].v, tags.slots[i].tag);
+            router_relay_unref(tags.slots[i].v);
         }
-    free(slots);
+    router_tags_free(&tags);
     router *r = f->r;
     feed_unref(f);          /* the call's reference */
     rpc_server_unhold(r->srv);
@@ -309,7 +248,7 @@ router_feed *router_feed_attach(router_feeds *fs, router_worker *w, router_req *
         router_feed *c = fs->list[i];
         if (c->w != w) continue;
         pthread_mutex_lock(&c->mu);
-        if (c->state == FEED_UP && tags_put(c, c->next_tag + 1, q) == 0) {
+        if (c->state == FEED_UP && router_tags_put(&c->tags, c->next_tag + 1, q) == 0) {
             *tag = ++c->next_tag;
             *feed_id = c->id;
             atomic_fetch_add(&c->refs, 1);
@@ -325,9 +264,8 @@ router_feed *router_feed_attach(router_feeds *fs, router_worker *w, router_req *
 bool router_feed_detach(router_feed *f, uint64_t tag)
 {
     pthread_mutex_lock(&f->mu);
-    const long j = tags_find(f, tag);
-    if (j >= 0) tags_remove_at(f, (size_t)j);
+    const bool was = router_tags_remove(&f->tags, tag);
     pthread_mutex_unlock(&f->mu);
     feed_unref(f);
-    return j >= 0;
+    return was;
 }
