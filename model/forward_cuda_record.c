@@ -214,21 +214,19 @@ static bool recb_mma(const fc_rank *e, int nb, uint32_t type)
     return recb_mma_pass(e, nb) && gemv_mma_supported(type);
 }
 
+/* the Q8_K rows gemv_mma reads in a pass of nb rows (recb_x_half writes them) */
+static void *recb_mma_xq(const fc_rank *e, int nb)
+{
+    return recb_cols(e, nb) ? e->b.act.d_xqk : e->b.act.d_xq;
+}
+
 /* the GEMM's F16 rows of x (d_xh), read by the quantised matrices that multiply it next, and
  * for an mma pass its Q8_K rows (gemv_mma_quantize): in d_xq, or in d_xqk for a short pass,
  * whose d_xq holds the Q8 rows that the kernel that wrote x made for gemv_cols (recb_q8) */
 static void recb_x_half(fc_rank *e, const float *x, int64_t ld, int64_t n, int nb)
 {
     if (!recb_cols(e, nb) && e->b.half_x) gemm_x_half(x, ld, n, e->b.act.d_xh, nb, &e->launch);
-    if (recb_mma_pass(e, nb))
-        gemv_mma_quantize(x, ld, recb_cols(e, nb) ? e->b.act.d_xqk : e->b.act.d_xq, n, nb,
-                          &e->launch);
-}
-
-/* the rows gemv_mma reads in a pass of nb rows (recb_x_half wrote them) */
-static const void *recb_mma_xq(const fc_rank *e, int nb)
-{
-    return recb_cols(e, nb) ? e->b.act.d_xqk : e->b.act.d_xq;
+    if (recb_mma_pass(e, nb)) gemv_mma_quantize(x, ld, recb_mma_xq(e, nb), n, nb, &e->launch);
 }
 
 /* y (+)= m·x for the nb rows: gemv_cols for a short pass; the dense path (gemm.h) from

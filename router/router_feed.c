@@ -261,11 +261,10 @@ router_feed *router_feed_attach(router_feeds *fs, router_worker *w, router_req *
     return f;
 }
 
-bool router_feed_detach(router_feed *f, uint64_t tag)
+void router_feed_detach(router_feed *f, uint64_t tag)
 {
     pthread_mutex_lock(&f->mu);
-    const bool was = router_tags_remove(&f->tags, tag);
+    router_tags_remove(&f->tags, tag); /* (gone already when the feed ended) */
     pthread_mutex_unlock(&f->mu);
     feed_unref(f);
-    return was;
 }

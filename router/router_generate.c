@@ -762,6 +762,16 @@ static void worker_call_over(router_req *q)
     unlock_maybe_finalize(q);
 }
 
+/* The call's end waited for the feed's final message (end_pending): it runs now. True when it
+ * ran (q->mu released), false when nothing waited. */
+static bool run_pending_end(router_req *q)
+{
+    if (!q->end_pending) return false;
+    q->end_pending = 0;
+    worker_call_over(q);
+    return true;
+}
+
 /* A worker call's event (the queue's thread). */
 static void on_worker_event(void *user, rpc_client_async_event ev)
 {
@@ -812,11 +822,7 @@ void router_relay_feed_message(router_req *q, uint64_t tag, Deltaserve__V1__Gene
     }
     if (m->finish_reason) q->feed_final = 1;
     relay_message(q, m, NULL);
-    if (q->end_pending && (q->feed_final || q->done)) {
-        q->end_pending = 0;
-        worker_call_over(q);
-        return;
-    }
+    if ((q->feed_final || q->done) && run_pending_end(q)) return;
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -829,11 +835,7 @@ void router_relay_feed_lost(router_req *q, uint64_t tag)
         return;
     }
     q->feed_lost = 1;
-    if (q->end_pending) {
-        q->end_pending = 0;
-        worker_call_over(q);
-        return;
-    }
+    if (run_pending_end(q)) return;
     if (q->call_running) rpc_client_async_cancel(q->call);
     pthread_mutex_unlock(&q->mu);
 }
@@ -964,11 +966,7 @@ void router_relay_cancel(router_req *q)
 {
     pthread_mutex_lock(&q->mu);
     q->cancelled = 1;
-    if (q->end_pending) { /* the client does not wait for the final message */
-        q->end_pending = 0;
-        worker_call_over(q);
-        return;
-    }
+    if (run_pending_end(q)) return; /* the client does not wait for the final message */
     if (q->call_running) rpc_client_async_cancel(q->call);
     pthread_mutex_unlock(&q->mu);
 }

@@ -139,8 +139,8 @@ void router_feeds_maintain(router_feeds *fs, router_worker *const *ws, int n);
  * router_feed_detach; NULL when w has no open feed. */
 router_feed *router_feed_attach(router_feeds *fs, router_worker *w, router_req *q,
                                 uint64_t *feed_id, uint64_t *tag);
-/* q's tag leaves the feed (false: the feed had ended) and the reference goes. */
-bool router_feed_detach(router_feed *f, uint64_t tag);
+/* q's tag leaves the feed (if the feed has not ended) and the reference goes. */
+void router_feed_detach(router_feed *f, uint64_t tag);
 /* The feed's CQ thread: an item for q's attempt tagged tag (m lives in the feed's batch), and
  * the feed's end while tag was attached. */
 void router_relay_feed_message(router_req *q, uint64_t tag, Deltaserve__V1__GenerateResponse *m);

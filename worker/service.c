@@ -299,7 +299,7 @@ struct ws_feed {
     bool ended;             /* rpc_call_finish was called */
     bool released;          /* on_release ran: freed once no stream holds it and no writer */
     struct ws_feed *next;   /* on ws->feeds while open */
-    struct ws_feed *kick;   /* sink_step_end's list of feeds to write */
+    struct ws_feed *kick;   /* a list of feeds whose writer role one thread took (feed_claim) */
     /* the writer role's holder only: a batch's parts, one allocation with the struct */
     Deltaserve__V1__FeedItem *items;
     Deltaserve__V1__FeedItem **itemp;
@@ -418,6 +418,25 @@ static void feed_write(ws_feed *f)
     }
 }
 
+/* Under smu: f onto the list of feeds whose writer role the caller takes (unless a writer
+ * holds it); returns the list. */
+static ws_feed *feed_claim(ws_feed *f, ws_feed *list)
+{
+    if (f->writing) return list;
+    f->writing = true;
+    f->kick = list;
+    return f;
+}
+
+/* Outside smu: each claimed feed's writer runs. */
+static void feed_write_claimed(ws_feed *list)
+{
+    for (ws_feed *f = list, *fn; f; f = fn) {
+        fn = f->kick; /* read before: the writer may free a released feed */
+        feed_write(f);
+    }
+}
+
 /* The end, by the writer role's holder: the tokens left (the last ones in the final message),
  * the final message (none when the client is gone) and the status. The call is finished: s
  * must not be touched after (on_release frees it). */
@@ -488,11 +507,7 @@ static void sink_step_end(void *arg)
             ws_feed *f = s->feed;
             if (s->final) continue;
             feed_enqueue(f, s);
-            if (!f->writing) {
-                f->writing = true;
-                f->kick = kick;
-                kick = f;
-            }
+            kick = feed_claim(f, kick);
             continue;
         }
         s->start = !s->writing && !s->final;
@@ -506,10 +521,7 @@ static void sink_step_end(void *arg)
         if (s->start) stream_write(s); /* its send may complete (on the CQ thread) at once */
     }
     ws->dirty = NULL;
-    for (ws_feed *f = kick, *fn; f; f = fn) {
-        fn = f->kick; /* read before: the writer may free a released feed */
-        feed_write(f);
-    }
+    feed_write_claimed(kick);
 }
 
 static void sink_finish(void *arg, const engine_request *r)
@@ -997,17 +1009,10 @@ void worker_service_begin_drain(worker_service *ws)
     pthread_mutex_lock(&ws->smu);
     for (ws_feed *f = ws->feeds; f; f = f->next) {
         f->drain = true;
-        if (!f->writing) {
-            f->writing = true;
-            f->kick = kick;
-            kick = f;
-        }
+        kick = feed_claim(f, kick);
     }
     pthread_mutex_unlock(&ws->smu);
-    for (ws_feed *f = kick, *fn; f; f = fn) {
-        fn = f->kick;
-        feed_write(f);
-    }
+    feed_write_claimed(kick);
 }
 
 int worker_service_drain(worker_service *ws, int64_t grace_ms)

@@ -170,12 +170,13 @@ void gemv_argmax_reset(unsigned long long *d_best, const cuda_launch *l);
  * them). CPU twin: quant_matvec row by row. */
 #define GEMV_MAX_COLS 4
 /* Passes of B <= GEMV_MMA_ROWS rows of a Q4_K, Q5_K or Q6_K matrix on the int8 tensor cores
- * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' quantised forms d_xq (row i
- * at i * gemv_xq_bytes(n_in)), their Q8_K forms (gemv_mma_quantize: gemv_quantize_rows_k, the CPU
- * forward's rounding, so its integer dots per super-block). Up to GEMV_MMA_TILED_FROM
- * - 1 rows a CTA owns 16 weight rows and its warps split K; from GEMV_MMA_TILED_FROM rows a CTA
- * owns 64 weight rows and every column, and a matrix with too few such tiles to fill the GPU
- * splits K into partials in d_work (at least gemv_mma_work_floats(w, B) floats; NULL when that
+ * (gemv_mma.cu): d_y (=, or += with GEMV_ADD) W·x[i] from the rows' Q8_K forms d_xq (row i at
+ * i * gemv_xq_bytes(n_in)), as gemv_mma_quantize writes them (gemv_quantize_rows_k: the CPU
+ * forward's rounding, so its integer dots per super-block; a row of another width than a
+ * multiple of 256 is not written, none of these matrices reads one). Up to GEMV_MMA_TILED_FROM - 1
+ * rows a CTA owns 16 weight rows and its warps split K; from GEMV_MMA_TILED_FROM rows a CTA owns
+ * 64 weight rows and every column, and a matrix with too few such tiles to fill the GPU splits K
+ * into partials in d_work (at least gemv_mma_work_floats(w, B) floats; NULL when that
  * is 0), summed in split order by a second launch. gemv_mma_init (gemv_init calls it): the tiled
  * kernels' opt-in to more than 48 KiB of shared memory. CPU twin: quant_matvec on the x as the
  * CPU forward's Q8_K rounds it. */

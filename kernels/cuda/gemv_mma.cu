@@ -716,8 +716,6 @@ extern "C" void gemv_mma(const gemv_matrix *w, const void *d_xq, float *d_y, int
 extern "C" void gemv_mma_quantize(const float *d_x, int64_t ld_x, void *d_xq, int64_t n, int B,
                                   const cuda_launch *l)
 {
-    if (n % 256 == 0) // (no K-quant matrix reads a row of another width)
+    if (n % 256 == 0) // no K-quant matrix reads a row of another width: nothing to write
         gemv_quantize_rows_k(d_x, ld_x, d_xq, n, B, l);
-    else
-        gemv_quantize_rows(d_x, ld_x, d_xq, n, B, l);
 }
