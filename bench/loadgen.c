@@ -9,6 +9,13 @@
  *   bazel-bin/bench/loadgen --addr 127.0.0.1:50051 --concurrency 8 --requests 400 \
  *       --ids 1,2,3,4 --max-tokens 32 --ignore-eos
  *
+ * --steady: the --warmup streams run in the same threads just ahead of the counted ones, with no
+ * barrier between them, so the counted streams arrive as earlier ones end (the spread the server
+ * itself gave the first wave) instead of all at once; tokens/s is then every stream's tokens
+ * received between the first counted stream's start and the moment the first thread finds no
+ * stream left (before the tail, where fewer streams run). Without it the warm-up is a phase of
+ * its own and the counted streams start together.
+ *
  * --backoff-ms N: a thread whose stream failed (refused under overload, say) waits N ms before
  * its next stream, as a client that backs off; without it a refused thread asks again at once.
  *
@@ -54,7 +61,7 @@
 
 typedef struct loadgen_opts {
     const char *addr, *ids, *prompt, *load_addr, *id_range;
-    int concurrency, requests, warmup, max_tokens, ignore_eos, worker, cancel_after;
+    int concurrency, requests, warmup, steady, max_tokens, ignore_eos, worker, cancel_after;
     int users, turns, system_tokens, user_tokens, shared_prefix, suffix_tokens;
     int64_t id_seed;
     float duration_s, temperature;
@@ -73,6 +80,9 @@ static const flag_spec specs[] = {
      "stop after this long instead (0 = use --requests)"},
     {"warmup", NULL, "0", FLAG_INT, offsetof(loadgen_opts, warmup),
      "streams run first and not counted"},
+    {"steady", NULL, NULL, FLAG_BOOL, offsetof(loadgen_opts, steady),
+     "the warm-up flows into the counted streams in the same threads (no barrier): latencies "
+     "and tokens/s of the steady state, not of STREAMS prompts at once"},
     {"ids", NULL, "1,2,3,4,5,6,7,8", FLAG_STR, offsetof(loadgen_opts, ids), "prompt token ids"},
     {"prompt", NULL, NULL, FLAG_STR, offsetof(loadgen_opts, prompt),
      "prompt text instead of --ids (router with --model)"},
@@ -109,6 +119,14 @@ static const flag_spec specs[] = {
      "multi-turn and shared-prefix: seed of the drawn ids"},
     {0},
 };
+
+/* --steady: the window of the steady state, shared by the threads */
+typedef struct loadgen_window {
+    atomic_llong tokens; /* every stream's tokens so far */
+    atomic_int ended;
+    double t_a, t_b;     /* first counted stream's start; first thread out of streams */
+    long long tok_a, tok_b;
+} loadgen_window;
 
 /* A growable array of doubles. */
 typedef struct loadgen_vec {
@@ -152,6 +170,7 @@ typedef struct loadgen_thread {
     const ProtobufCMessage *req;
     const char *path;
     atomic_int *next;     /* shared: streams claimed */
+    loadgen_window *win;  /* --steady: shared, else NULL */
     int total;            /* warmup + requests, or INT32_MAX with a duration */
     double end_s;         /* monotonic deadline with --duration-s, else 0 */
     pthread_t th;
@@ -166,8 +185,18 @@ static void *run_thread(void *arg)
     rpc_client_cq *cq = rpc_client_cq_create();
     for (;;) {
         int k = atomic_fetch_add(t->next, 1);
-        if (k >= t->total || (t->end_s && clock_now_s() >= t->end_s)) break;
+        if (k >= t->total || (t->end_s && clock_now_s() >= t->end_s)) {
+            if (t->win && !atomic_exchange(&t->win->ended, 1)) {
+                t->win->tok_b = atomic_load(&t->win->tokens);
+                t->win->t_b = clock_now_s();
+            }
+            break;
+        }
         int counted = k >= t->o->warmup;
+        if (t->win && k == t->o->warmup) {
+            t->win->tok_a = atomic_load(&t->win->tokens);
+            t->win->t_a = clock_now_s();
+        }
         rpc_client_stream *s;
         status st;
         double t0 = clock_now_s(), last = t0, first = 0;
@@ -199,6 +228,7 @@ static void *run_thread(void *arg)
                         vec_push(&gaps, (now - last) * 1e3 / (double)m->n_token_ids);
                 last = now;
                 n_tok += (int64_t)m->n_token_ids;
+                if (t->win) atomic_fetch_add(&t->win->tokens, (long long)m->n_token_ids);
                 if (cut > 0 && !cut_done && n_tok >= cut) {
                     rpc_client_stream_cancel(s);
                     cut_done = true;
@@ -622,11 +652,11 @@ int main(int argc, char **argv)
         return 2;
     }
     const bool conv = o.users > 0 || o.shared_prefix > 0;
-    if (conv && ((o.users > 0 && o.shared_prefix > 0) || o.prompt || o.warmup > 0 ||
+    if (conv && ((o.users > 0 && o.shared_prefix > 0) || o.prompt || o.warmup > 0 || o.steady ||
                  o.duration_s > 0 || o.cancel_after >= 0 || o.max_tokens < 1 || o.turns < 1 ||
                  o.system_tokens < 0 || o.user_tokens < 1 || o.suffix_tokens < 1)) {
         fprintf(stderr, "loadgen: --users and --shared-prefix are two modes, neither with "
-                        "--prompt, --warmup, --duration-s or --cancel-after; they need "
+                        "--prompt, --warmup, --steady, --duration-s or --cancel-after; they need "
                         "--max-tokens, --turns, --user-tokens and --suffix-tokens >= 1\n");
         return 2;
     }
@@ -671,8 +701,12 @@ int main(int argc, char **argv)
     atomic_init(&next, 0);
     loadgen_thread *ts = calloc((size_t)o.concurrency, sizeof *ts);
     double t_start = clock_now_s();
-    /* warm-up phase first (uncounted), then the measured window */
-    if (o.warmup > 0) {
+    /* warm-up phase first (uncounted), then the measured window; --steady: one phase */
+    loadgen_window win;
+    memset(&win, 0, sizeof win);
+    atomic_init(&win.tokens, 0);
+    atomic_init(&win.ended, 0);
+    if (o.warmup > 0 && !o.steady) {
         loadgen_opts wo = o;
         atomic_int wnext;
         atomic_init(&wnext, 0);
@@ -706,13 +740,13 @@ int main(int argc, char **argv)
         goto loads;
     }
     loadgen_opts mo = o;
-    mo.warmup = 0;
+    if (!o.steady) mo.warmup = 0;
     for (int i = 0; i < o.concurrency; i++) {
         ts[i] = (loadgen_thread){.o = &mo, .ch = ch, .req = o.worker ? &wg.base : &g.base,
                                  .path = o.worker ? "/deltaserve.v1.Worker/Generate"
                                                   : "/deltaserve.v1.Generation/Generate",
-                                 .next = &next,
-                                 .total = o.duration_s > 0 ? INT32_MAX : o.requests,
+                                 .next = &next, .win = o.steady ? &win : NULL,
+                                 .total = o.duration_s > 0 ? INT32_MAX : mo.warmup + o.requests,
                                  .end_s = o.duration_s > 0 ? t_start + o.duration_s : 0};
         if (pthread_create(&ts[i].th, NULL, run_thread, &ts[i])) {
             fprintf(stderr, "loadgen: cannot start thread %d\n", i);
@@ -752,19 +786,28 @@ int main(int argc, char **argv)
         if (errors[c])
             printf("  errors %s: %lld\n", rpc_status_grpc_name((grpc_status_code)c),
                    (long long)errors[c]);
-    printf("  streams/s %.1f   tokens/s %.1f   tokens/stream %.1f\n", (double)ok / elapsed,
-           (double)tokens / elapsed, ok ? (double)tokens / (double)ok : 0.0);
+    /* --steady: tokens/s over the steady window; streams/s over the counted streams' span */
+    double tok_s = (double)tokens / elapsed, str_s = (double)ok / elapsed;
+    if (o.steady) {
+        const double span = clock_now_s() - win.t_a, w = win.t_b - win.t_a;
+        tok_s = w > 0 ? (double)(win.tok_b - win.tok_a) / w : 0;
+        str_s = span > 0 ? (double)ok / span : 0;
+        printf("  steady window %.4f s (the first counted stream's start to the first thread out of "
+               "streams): %lld tokens of every stream\n", w, win.tok_b - win.tok_a);
+    }
+    printf("  streams/s %.1f   tokens/s %.1f   tokens/stream %.1f\n", str_s, tok_s,
+           ok ? (double)tokens / (double)ok : 0.0);
     printf("  latency in ms:\n");
     print_pcts("TTFT (final message timings)", &ttft_srv);
     print_pcts("inter-token (final message mean_itl)", &itl_srv);
     print_pcts("TTFT (client, first message)", &ttft_cli);
     print_pcts("inter-token (client, per token)", &itl_cli);
-    printf("loadgen-summary mode=fixed ok=%lld failed=%lld cancelled=%lld tokens=%lld messages=%lld "
+    printf("loadgen-summary mode=%s ok=%lld failed=%lld cancelled=%lld tokens=%lld messages=%lld "
            "ttft_p50_ms=%.2f ttft_p99_ms=%.2f itl_p50_ms=%.2f itl_p99_ms=%.2f streams_per_s=%.2f "
            "tokens_per_s=%.1f elapsed_s=%.3f\n",
-           (long long)ok, (long long)n_err, (long long)cancelled, (long long)tokens,
+           o.steady ? "steady" : "fixed", (long long)ok, (long long)n_err, (long long)cancelled, (long long)tokens,
            (long long)msgs, pct(&ttft_cli, 50), pct(&ttft_cli, 99), pct(&itl_cli, 50), pct(&itl_cli, 99),
-           (double)ok / elapsed, (double)tokens / elapsed, elapsed);
+           str_s, tok_s, elapsed);
     run_rc = n_err ? 1 : 0;
     free(ttft_srv.v);
     free(itl_srv.v);

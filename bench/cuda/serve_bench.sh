@@ -21,13 +21,15 @@
 #       PROMPT (131072) tokens generating GEN (16) through the router end to end (loadgen's
 #       shared-prefix mode: PROMPT - 16 drawn ids and 16 more); fails unless it ends with every
 #       token, and prints its time to first token
-#   serve_bench.sh sched MODEL PROMPT STEP:MIN[,STEP:MIN...]   the scheduler's step budget: for
+#   serve_bench.sh sched MODEL PROMPT STEP:MIN[,STEP:MIN...] [ARRIVALS]   the scheduler's step budget: for
 #       each STEP:MIN a fresh worker (--slots 256 --ctx 4096 --prefix-cache-mb 0 --step-tokens
 #       STEP --prefill-min-tokens MIN) behind a router, loadgen at 16, 64 and 256 streams of one
 #       PROMPT-token prompt (the same ids every time; with the cache off each computes it all)
 #       and 128 generated tokens, 3 x streams
 #       in all (2 x at PROMPT >= 1024); one "sched ..." line per run with loadgen's summary
-#       (tok/s, TTFT and inter-token p50 / p99 at the client)
+#       (tok/s, TTFT and inter-token p50 / p99 at the client). ARRIVALS burst (the default):
+#       the streams start together; steady: STREAMS streams of warm-up flow into the counted
+#       ones (loadgen --warmup STREAMS --steady), so these arrive as earlier streams end
 #   serve_bench.sh overhead MODEL [STREAMS] [PROMPT]   what the router and the worker's streaming
 #       side cost: one worker (--slots STREAMS --ctx 4096 --prefix-cache-mb 0, the default
 #       scheduler flags) and a router in front; loadgen with STREAMS (256) streams of one
@@ -170,7 +172,8 @@ long_context() {
 }
 
 sched() {
-    local pp=${3:?sched: PROMPT tokens} cfgs=${4:?sched: STEP:MIN list} cfg c rc=0 n out
+    local pp=${3:?sched: PROMPT tokens} cfgs=${4:?sched: STEP:MIN list} arrivals=${5:-burst} cfg c rc=0 n out
+    case $arrivals in burst|steady) ;; *) echo "sched: ARRIVALS is burst or steady, not '$arrivals'"; return 2;; esac
     local prompt
     prompt=$(seq -s, 1000 $((999 + pp)))
     out=${TMPDIR:-/tmp}/sched-loadgen.txt
@@ -180,9 +183,11 @@ sched() {
             --ctx 4096 --prefix-cache-mb 0 --step-tokens "$step" --prefill-min-tokens "$min"
         for c in 16 64 256; do
             n=$((3 * c)); [ "$pp" -ge 1024 ] && n=$((2 * c))
+            local warm=()
+            [ "$arrivals" = steady ] && warm=(--warmup $c --steady)
             timeout 120 bench/loadgen --addr 127.0.0.1:50182 --concurrency $c --requests $n \
-                --ids "$prompt" --max-tokens 128 --ignore-eos --timeout-ms 110000 > "$out" 2>&1 || rc=1
-            echo "sched prompt=$pp step=$step min=$min streams=$c $(grep loadgen-summary "$out")"
+                "${warm[@]}" --ids "$prompt" --max-tokens 128 --ignore-eos --timeout-ms 110000 > "$out" 2>&1 || rc=1
+            echo "sched prompt=$pp step=$step min=$min streams=$c arrivals=$arrivals $(grep loadgen-summary "$out")"
         done
         serve_down
     done

@@ -1,7 +1,7 @@
 """The load-test scenarios of docs/LOADTEST.md run with bench/loadgen against CPU workers: a
 router and two workers on the tiny reference model, then each scenario's loadgen command line
 (the same flags, smaller counts so the test stays short): closed-loop streams through the
-router, one stream at a time, a duration-bounded run, a text prompt, a worker called directly
+router, the same in the steady state (--steady), one stream at a time, a duration-bounded run, a text prompt, a worker called directly
 (--worker), cancellation churn with the workers' loads checked before and after, and the
 prefix-reuse modes' accounting (multi-turn and shared-prefix: prompt, reusable and unique
 tokens). Each must exit 0 (loadgen exits 1 when any stream failed) and report exactly the
@@ -65,6 +65,24 @@ class LoadgenScenarios(unittest.TestCase):
         rc, out = run("--addr", self.router.addr, "--concurrency", "8", "--requests", "40",
                       "--max-tokens", "16", "--ignore-eos")
         self.check(rc, out, streams=40, tokens=16)
+
+    def test_steady_state(self):
+        # 4 warm-up streams flow into 12 counted ones: the report counts the 12, and tokens/s
+        # is over the window from the first counted start to the first thread out of streams
+        rc, out = run("--addr", self.router.addr, "--concurrency", "4", "--requests", "12",
+                      "--warmup", "4", "--steady", "--max-tokens", "16", "--ignore-eos")
+        self.check(rc, out, streams=12, tokens=16)
+        s = self.summary_line(out)
+        self.assertEqual(s["mode"], "steady", out)
+        m = re.search(r"steady window ([\d.]+) s .*: (\d+) tokens of every stream", out)
+        self.assertIsNotNone(m, out)
+        window, tokens = float(m.group(1)), int(m.group(2))
+        self.assertGreater(window, 0, out)
+        # the window ends while the last streams still run: fewer than all 16 streams' tokens,
+        # more than none
+        self.assertGreater(tokens, 0, out)
+        self.assertLess(tokens, 16 * 16, out)
+        self.assertAlmostEqual(s["tokens_per_s"], tokens / window, delta=0.01 * tokens / window + 0.1)
 
     def test_one_stream_at_a_time(self):
         rc, out = run("--addr", self.router.addr, "--concurrency", "1", "--requests", "10",
@@ -140,9 +158,10 @@ class LoadgenScenarios(unittest.TestCase):
         self.assertLessEqual(s["cached_tokens"], s["reusable_tokens"], out)
 
     def test_modes_refuse_fixed_mode_flags(self):
-        rc, out = run("--addr", self.router.addr, "--users", "2", "--warmup", "2")
-        self.assertEqual(rc, 2, out)
-        self.assertIn("--users and --shared-prefix", out)
+        for flag in (["--warmup", "2"], ["--steady"]):
+            rc, out = run("--addr", self.router.addr, "--users", "2", *flag)
+            self.assertEqual(rc, 2, out)
+            self.assertIn("--users and --shared-prefix", out)
 
     def test_load_check_fails_on_a_wrong_address(self):
         rc, out = run("--addr", self.router.addr, "--requests", "2", "--max-tokens", "2",
