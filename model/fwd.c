@@ -15,12 +15,16 @@ int fwd_state_dtype_parse(const char *text, fwd_state_dtype *out, status *st)
 {
     if (text && !strcmp(text, "f32")) *out = FWD_STATE_F32;
     else if (text && !strcmp(text, "bf16")) *out = FWD_STATE_BF16;
-    else return status_fail(st, STATUS_INVALID, "state dtype must be f32 or bf16, not '%s'",
+    else if (text && !strcmp(text, "auto")) *out = FWD_STATE_AUTO;
+    else return status_fail(st, STATUS_INVALID, "state dtype must be f32, bf16 or auto, not '%s'",
                             text ? text : "(null)");
     return STATUS_OK;
 }
 
-const char *fwd_state_dtype_name(fwd_state_dtype t) { return t == FWD_STATE_BF16 ? "bf16" : "f32"; }
+const char *fwd_state_dtype_name(fwd_state_dtype t)
+{
+    return t == FWD_STATE_BF16 ? "bf16" : t == FWD_STATE_AUTO ? "auto" : "f32";
+}
 
 int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd **out, status *st)
 {
@@ -28,10 +32,14 @@ int fwd_create(const char *name, const qwen35_model *m, const fwd_opts *o, fwd *
     const fwd_backend *b = fwd_backend_find(name);
     if (!b) return status_fail(st, STATUS_INVALID, "device '%s': this binary has no such backend",
                                name ? name : "(null)");
-    if (o->state_dtype != FWD_STATE_F32 && o->state_dtype != FWD_STATE_BF16)
-        return status_fail(st, STATUS_INVALID, "state dtype %d: expected f32 or bf16",
+    if (o->state_dtype != FWD_STATE_F32 && o->state_dtype != FWD_STATE_BF16 &&
+        o->state_dtype != FWD_STATE_AUTO)
+        return status_fail(st, STATUS_INVALID, "state dtype %d: expected f32, bf16 or auto",
                            (int)o->state_dtype);
-    return b->create(m, o, out, st);
+    fwd_opts fo = *o;
+    if (fo.state_dtype == FWD_STATE_AUTO)
+        fo.state_dtype = strcmp(name, "cuda") ? FWD_STATE_F32 : FWD_STATE_BF16;
+    return b->create(m, &fo, out, st);
 }
 
 int fwd_check_verify(const fwd *f, const fwd_row *rows, int n, status *st)

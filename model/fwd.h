@@ -54,9 +54,11 @@ typedef enum fwd_state_dtype {
     FWD_STATE_BF16, /* S loaded bf16 -> F32, updated, stored rounded to nearest even: cuda holds
                        it in bf16 (half the bytes: about twice the slots and snapshots in the
                        same memory); cpu keeps the same values in F32 floats */
+    FWD_STATE_AUTO, /* the device's choice, resolved by fwd_create: bf16 on cuda (its drift on
+                       held-out text: docs/BENCH.md), f32 on the CPU */
 } fwd_state_dtype;
 
-/* "f32" or "bf16" into *out; STATUS_INVALID naming the text otherwise. */
+/* "f32", "bf16" or "auto" into *out; STATUS_INVALID naming the text otherwise. */
 int fwd_state_dtype_parse(const char *text, fwd_state_dtype *out, status *st);
 const char *fwd_state_dtype_name(fwd_state_dtype t);
 

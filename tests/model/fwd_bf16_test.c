@@ -11,7 +11,8 @@
  *    claim;
  *  - either way not bit-identical to the F32 state's (the rounding does happen), and a copy with
  *    one logit moved by 5% of the row's largest fails the demo bound;
- *  - bad state dtypes are refused by name (fwd_create, fwd_state_dtype_parse). */
+ *  - bad state dtypes are refused by name (fwd_create, fwd_state_dtype_parse); auto is f32
+ *    on the CPU. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -220,6 +221,8 @@ static void test_bad_dtype(void)
     CU_ASSERT_EQUAL(t, FWD_STATE_BF16);
     CU_ASSERT_EQUAL(fwd_state_dtype_parse("f32", &t, &st), STATUS_OK);
     CU_ASSERT_EQUAL(t, FWD_STATE_F32);
+    CU_ASSERT_EQUAL(fwd_state_dtype_parse("auto", &t, &st), STATUS_OK);
+    CU_ASSERT_EQUAL(t, FWD_STATE_AUTO);
     CU_ASSERT_EQUAL(fwd_state_dtype_parse("f16", &t, &st), STATUS_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "'f16'"));
     CU_ASSERT_EQUAL(fwd_state_dtype_parse(NULL, &t, &st), STATUS_INVALID);
@@ -237,6 +240,15 @@ static void test_bad_dtype(void)
                     STATUS_INVALID);
     CU_ASSERT_PTR_NULL(f);
     CU_ASSERT_PTR_NOT_NULL(strstr(st.msg, "state dtype"));
+    /* auto: the CPU's choice is f32 */
+    CU_ASSERT_EQUAL(fwd_create("cpu", m, &(fwd_opts){.n_slots = 1, .n_ctx = 8,
+                                                     .state_dtype = FWD_STATE_AUTO},
+                               &f, &st),
+                    STATUS_OK);
+    if (f) {
+        CU_ASSERT_EQUAL(f->state_dtype, FWD_STATE_F32);
+        fwd_destroy(f);
+    }
     qwen35_model_free(m);
 }
 
