@@ -190,6 +190,21 @@ static void sink_token(void *arg, const engine_request *r, const worker_batch_it
     }
 }
 
+/* The prompt's usage (cached: its cached tokens) and timings, and the worker's name, into m
+ * (the first message and the final one carry them). */
+static void prompt_fields(const ws_stream *s, uint32_t cached, Deltaserve__V1__GenerateResponse *m,
+                          Deltaserve__V1__Usage *u, Deltaserve__V1__Timings *t)
+{
+    u->prompt_tokens = s->n_prompt;
+    u->cached_tokens = cached;
+    m->usage = u;
+    t->queue_ms = s->queue_ms;
+    t->prefill_ms = s->prefill_ms;
+    t->ttft_ms = s->ttft_ms;
+    m->timings = t;
+    m->served_by = s->ws->name;
+}
+
 /* The message of tokens [from, from + n) of s (the first one with the prompt's usage and
  * timings). lps/tops: the caller's room for n entries. */
 static void tokens_message(ws_stream *s, int from, int n, Deltaserve__V1__GenerateResponse *m,
@@ -219,16 +234,7 @@ static void tokens_message(ws_stream *s, int from, int n, Deltaserve__V1__Genera
         m->n_logprobs = (size_t)n;
         m->logprobs = lps;
     }
-    if (from == 0 && n > 0) {
-        u->prompt_tokens = s->n_prompt;
-        u->cached_tokens = s->n_cached;
-        m->usage = u;
-        t->queue_ms = s->queue_ms;
-        t->prefill_ms = s->prefill_ms;
-        t->ttft_ms = s->ttft_ms;
-        m->timings = t;
-        m->served_by = s->ws->name;
-    }
+    if (from == 0 && n > 0) prompt_fields(s, s->n_cached, m, u, t);
 }
 
 /* The final message's fields of s (its last tokens, if any, are tokens_message's). */
@@ -245,23 +251,16 @@ static void final_message(ws_stream *s, Deltaserve__V1__GenerateResponse *m,
         m->matched_stop_case = DELTASERVE__V1__GENERATE_RESPONSE__MATCHED_STOP_STOP_TOKEN_ID;
         m->stop_token_id = s->fin_stop_token;
     }
-    u->prompt_tokens = s->n_prompt;
+    prompt_fields(s, s->fin_cached, m, u, t);
     u->completion_tokens = s->fin_generated;
-    u->cached_tokens = s->fin_cached;
-    m->usage = u;
-    t->queue_ms = s->queue_ms;
-    t->prefill_ms = s->prefill_ms;
-    t->ttft_ms = s->ttft_ms;
     t->decode_ms = s->fin_decode_ms;
     t->total_ms = s->fin_total_ms;
     t->mean_itl_ms = s->fin_generated > 1 ? t->decode_ms / (float)(s->fin_generated - 1) : 0;
     t->spec_verify_runs = s->fin_spec_steps;
     t->spec_drafted = s->fin_spec_drafted;
     t->spec_accepted = s->fin_spec_accepted;
-    m->timings = t;
     m->request_id = s->fin_id;
     m->seed = s->fin_seed;
-    m->served_by = s->ws->name;
 }
 
 /* Sends tokens [from, from + n), n <= WS_MSG_TOKENS; with fin, the final message (which
