@@ -2,9 +2,9 @@
  * (model/mtp.h), the specification, on the same hidden rows (the CPU forward's final-norm
  * outputs of a prompt):
  *  - drafts: the prompt's pairs fed, then k = 1..7 greedy drafts from its last row; each draft
- *    equals the CPU's while the CPU's top two logits of that row lie more than MARGIN·max|logit|
- *    apart (past a closer pair the chains may part, and are not compared further); every model
- *    must compare some;
+ *    equals the CPU's while the CPU's top two logits of that row lie more than gate(depth)
+ *    ·max|logit| apart (past a closer pair the chains may part, and are not compared further);
+ *    every model must compare some;
  *    (feeds of 1 row to several passes: short passes by gemv_cols, longer ones by the GEMM);
  *  - a draft repeated from the same position gives the same drafts bit for bit; the rows fed in
  *    two feeds, or a feed after a draft over that draft's scratch rows, give the CPU's drafts
@@ -32,7 +32,14 @@
 #include "tests/gpu/gpu_parity.h"
 
 enum { MAX_K = 7, N_CTX = 512, T_LONG = 150 };
-#define MARGIN 5e-3
+
+/* The near-tie gate of draft `depth` (0-based), over max|logit|. A draft's hidden row feeds the
+ * next, so a rounding difference compounds down the chain: on the CPU, this file's tiny Q4_K_M
+ * head drafting 512 chains of 7 with its Q8 dots against exact float dots (a wider difference
+ * than the GPU's Q8 against the CPU's Q8) parted chains at top-two gaps of at most 7.9e-3,
+ * 9.7e-3, 1.27e-2, 7.0e-3, 1.38e-2, 1.52e-2 and 2.47e-2 at depths 0..6; the gate lies above
+ * each. */
+static double gate(int depth) { return 8e-3 * (1 + 0.5 * depth); }
 
 static bool g_have_gpu;
 static gpu_models g_models;
@@ -176,23 +183,25 @@ static bool gpu_draft(fwd *f, int slot, const qwen35_model *m, const float *h, i
     return true;
 }
 
-/* the GPU's k drafts against the CPU's, up to the first near tie (counted in *near); the
- * drafts compared */
+/* the GPU's k drafts against the CPU's, up to the first near tie (counted in *near); each
+ * draft's gap printed (a parting at a near tie too, not asserted); the drafts compared */
 static int check_drafts(const char *name, int T, const int32_t *d, const cpu_ref *ref, int k,
                         int *near)
 {
     int compared = 0;
     for (int i = 0; i < k; i++) {
-        if (ref->margin[i] <= MARGIN) { /* a near tie: the chains may part here */
+        const bool same = d[i] == ref->drafts[i], tie = ref->margin[i] <= gate(i);
+        printf("  %s: T %d k %d: draft %d: gap %.2e%s: %s\n", name, T, k, i, ref->margin[i],
+               tie ? " (near tie)" : "", same ? "same" : "parted");
+        if (tie) { /* the chains may part here */
             ++*near;
             break;
         }
         compared++;
-        if (d[i] != ref->drafts[i])
-            printf("  %s: T %d k %d: draft %d: gpu %d, cpu %d (margin %.2e)\n", name, T, k, i,
-                   d[i], ref->drafts[i], ref->margin[i]);
-        CU_ASSERT(d[i] == ref->drafts[i]);
-        if (d[i] != ref->drafts[i]) break;
+        if (!same) printf("  %s: T %d k %d: draft %d: gpu %d, cpu %d\n", name, T, k, i, d[i],
+                          ref->drafts[i]);
+        CU_ASSERT(same);
+        if (!same) break;
     }
     return compared;
 }
