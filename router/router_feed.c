@@ -12,6 +12,7 @@
 #include "router/router_tags.h"
 #include "rpc/rpc_client.h"
 #include "rpc/rpc_codec.h"
+#include "rpc/rpc_server.h"
 #include "rpc/rpc_status.h"
 
 #define FEED_PATH "/deltaserve.v1.Worker/Feed"
@@ -58,9 +59,11 @@ static void feed_unref(router_feed *f)
     free(f);
 }
 
-/* One batch: each item to its relay (a reference held across, the feed's lock not). */
+/* One batch: each item to its relay (a reference held across, the feed's lock not), in one
+ * cork scope (rpc_server.h): the step's messages to the clients leave together. */
 static void feed_batch(router_feed *f, Deltaserve__V1__FeedBatch *b)
 {
+    rpc_cork_begin();
     metrics_inc(f->r->m.feed_batches, 1);
     metrics_inc(f->r->m.feed_items, (double)b->n_items);
     for (size_t i = 0; i < b->n_items; i++) {
@@ -74,6 +77,7 @@ static void feed_batch(router_feed *f, Deltaserve__V1__FeedBatch *b)
         router_relay_feed_message(q, it->tag, it->response);
         router_relay_unref(q);
     }
+    rpc_cork_end();
 }
 
 static void on_feed_event(void *user, rpc_client_async_event ev)

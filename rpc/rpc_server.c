@@ -43,7 +43,9 @@
 
 #include <dirent.h>
 #include <linux/sockios.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -115,6 +117,7 @@ struct rpc_call {
     bool unauthenticated; /* a method needing the token, and the call has not the right one */
     char path[160];
     char peer[80];
+    int sock;   /* its connection's socket (rpc_call_socket): RPC_SOCK_UNKNOWN until looked up */
     void *data; /* borrowed, the owner's */
     int cq;     /* index of the queue its batches complete on (set when requested) */
 
@@ -139,6 +142,13 @@ static bool call_status_done(rpc_call_state s)
     return s == RPC_CALL_DONE || s == RPC_CALL_REFUSED_DONE;
 }
 
+enum { RPC_SOCK_UNKNOWN = -2, RPC_SOCK_CACHE = 1024, RPC_CORK_MAX = 64 };
+
+typedef struct rpc_sock {
+    struct sockaddr_storage peer; /* IPv4-mapped IPv6 peers as IPv4 */
+    int fd;
+} rpc_sock;
+
 typedef struct rpc_cq_thread {
     rpc_server *srv;
     int i;               /* index in srv->cqs */
@@ -160,6 +170,9 @@ struct rpc_server {
     rpc_server *health_srv; /* owned, or NULL: the plaintext health-only port */
     rpc_call *calls; /* owned, [n_calls] */
     int n_calls;
+    pthread_mutex_t sock_mu; /* guards socks and n_socks */
+    rpc_sock socks[RPC_SOCK_CACHE]; /* the accepted sockets by peer, as of the last scan */
+    int n_socks;
     pthread_mutex_t pool_mu; /* guards free_list and the queues' n_requested */
     rpc_call *free_list;
     atomic_int held;     /* rpc_server_hold: batches of others on the queues */
@@ -190,8 +203,11 @@ static void start_batch(rpc_call *c, const grpc_op *ops, size_t n, rpc_tag *tag)
     c->n_inflight++;
 }
 
+static void cork_call(rpc_call *c);
+
 static void start_send(rpc_call *c, grpc_byte_buffer *bb)
 {
+    cork_call(c); /* inside rpc_cork_begin .. rpc_cork_end on this thread */
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_SEND_MESSAGE;
@@ -361,6 +377,7 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     char *peer = grpc_call_get_peer(c->gcall);
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "");
     gpr_free(peer);
+    c->sock = RPC_SOCK_UNKNOWN;
 
     c->recv_buf = NULL;
     c->close_cancelled = 0;
@@ -632,6 +649,7 @@ int rpc_server_create(const rpc_server_opts *opts, rpc_server **out, status *st)
     }
     s->t_shutdown = (rpc_tag){{on_shutdown_event}, NULL, TAG_SHUTDOWN, s};
     pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_mutex_init(&s->sock_mu, NULL);
     pthread_mutex_init(&s->done_mu, NULL);
     clock_cond_init(&s->done_cv);
 
@@ -779,37 +797,213 @@ static bool wait_done(rpc_server *srv, bool calls_only, int64_t timeout_ms)
     return done;
 }
 
-/* Bytes written to this server's connections and not yet acknowledged by the clients' kernels
- * (unsent + unacked, SIOCOUTQ), summed over the accepted sockets: the process's TCP sockets
- * whose local port is the server's and that have a peer. -1 if /proc/self/fd is unreadable. */
-static long unacked_bytes(const rpc_server *srv)
+/* A socket address with an IPv4-mapped IPv6 address turned into IPv4 (as gRPC names peers). */
+static void sock_plain(struct sockaddr_storage *a)
+{
+    const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)a;
+    if (a->ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) return;
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = a6->sin6_port};
+    memcpy(&a4.sin_addr, a6->sin6_addr.s6_addr + 12, 4);
+    memset(a, 0, sizeof *a);
+    memcpy(a, &a4, sizeof a4);
+}
+
+static bool sock_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    return a->ss_family == AF_INET6 && x->sin6_port == y->sin6_port &&
+           !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+}
+
+/* fd is a TCP socket this server accepted (its local port is the server's; it has a peer):
+ * its peer in *peer. */
+static bool sock_accepted(const rpc_server *srv, int fd, struct sockaddr_storage *peer)
+{
+    struct sockaddr_storage a;
+    socklen_t n = sizeof a;
+    int type = 0;
+    socklen_t tn = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tn) != 0 || type != SOCK_STREAM ||
+        getsockname(fd, (struct sockaddr *)&a, &n) != 0)
+        return false; /* not a stream socket */
+    int port = a.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&a)->sin_port)
+               : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
+                                         : -1;
+    n = sizeof *peer;
+    memset(peer, 0, sizeof *peer);
+    if (port != srv->port || getpeername(fd, (struct sockaddr *)peer, &n) != 0)
+        return false; /* another socket, or the listener */
+    sock_plain(peer);
+    return true;
+}
+
+/* Calls fn(fd, peer, u) for each socket this server accepted that is open now (from
+ * /proc/self/fd); -1 if that is unreadable. */
+static int for_accepted(const rpc_server *srv,
+                        void (*fn)(int fd, const struct sockaddr_storage *peer, void *u), void *u)
 {
     DIR *d = opendir("/proc/self/fd");
     if (!d) return -1;
-    long total = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
-        if (end == e->d_name || *end || fd == dirfd(d)) continue;
-        struct sockaddr_storage a;
-        socklen_t n = sizeof a;
-        int type = 0;
-        socklen_t tn = sizeof type;
-        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &tn) != 0 || type != SOCK_STREAM ||
-            getsockname((int)fd, (struct sockaddr *)&a, &n) != 0)
-            continue; /* not a stream socket */
-        int port = a.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&a)->sin_port)
-                   : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
-                                             : -1;
-        n = sizeof a;
-        if (port != srv->port || getpeername((int)fd, (struct sockaddr *)&a, &n) != 0)
-            continue; /* another socket, or the listener */
-        int q = 0;
-        if (ioctl((int)fd, SIOCOUTQ, &q) == 0 && q > 0) total += q;
+        struct sockaddr_storage peer;
+        if (end == e->d_name || *end || fd == dirfd(d) || !sock_accepted(srv, (int)fd, &peer))
+            continue;
+        fn((int)fd, &peer, u);
     }
     closedir(d);
-    return total;
+    return 0;
+}
+
+static void add_unacked(int fd, const struct sockaddr_storage *peer, void *u)
+{
+    (void)peer;
+    int q = 0;
+    if (ioctl(fd, SIOCOUTQ, &q) == 0 && q > 0) *(long *)u += q;
+}
+
+/* ---- connections' sockets and coalesced writes (rpc_call_socket, rpc_cork_begin) ---- */
+
+/* gRPC's name of a TCP peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", the brackets maybe
+ * escaped as %5B and %5D) as an address; false for another kind (unix:...). */
+static bool peer_addr(const char *peer, struct sockaddr_storage *a)
+{
+    char buf[80];
+    size_t n = 0;
+    for (const char *p = peer; *p && n + 1 < sizeof buf; p++) { /* unescaped, brackets dropped */
+        if (p[0] == '%' && p[1] == '5' && (p[2] == 'B' || p[2] == 'D')) p += 2;
+        else if (*p != '[' && *p != ']') buf[n++] = *p;
+    }
+    buf[n] = 0;
+    const bool v4 = !strncmp(buf, "ipv4:", 5), v6 = !strncmp(buf, "ipv6:", 5);
+    char *colon = strrchr(buf, ':');
+    if ((!v4 && !v6) || colon <= buf + 4) return false;
+    *colon = 0;
+    char *end;
+    const long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end || port < 0 || port > 65535) return false;
+    memset(a, 0, sizeof *a);
+    if (v4) {
+        struct sockaddr_in *x = (struct sockaddr_in *)a;
+        x->sin_family = AF_INET;
+        x->sin_port = htons((uint16_t)port);
+        return inet_pton(AF_INET, buf + 5, &x->sin_addr) == 1;
+    }
+    struct sockaddr_in6 *x = (struct sockaddr_in6 *)a;
+    x->sin6_family = AF_INET6;
+    x->sin6_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET6, buf + 5, &x->sin6_addr) != 1) return false;
+    sock_plain(a);
+    return true;
+}
+
+static void add_sock(int fd, const struct sockaddr_storage *peer, void *u)
+{
+    rpc_server *srv = u;
+    if (srv->n_socks < RPC_SOCK_CACHE) srv->socks[srv->n_socks++] = (rpc_sock){*peer, fd};
+}
+
+/* The socket of the connection whose peer is *peer, under sock_mu: from the last scan while
+ * that socket still has this peer, else from a new scan; -1 if none has. */
+static int find_sock(rpc_server *srv, const struct sockaddr_storage *peer)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < srv->n_socks; i++) {
+            struct sockaddr_storage now;
+            if (sock_same(&srv->socks[i].peer, peer) &&
+                sock_accepted(srv, srv->socks[i].fd, &now) && sock_same(&now, peer))
+                return srv->socks[i].fd;
+        }
+        if (pass == 0) {
+            srv->n_socks = 0;
+            if (for_accepted(srv, add_sock, srv)) return -1;
+        }
+    }
+    return -1;
+}
+
+/* c's socket, looked up once (call->mu held) */
+static int call_sock(rpc_call *c)
+{
+    if (c->sock == RPC_SOCK_UNKNOWN) {
+        struct sockaddr_storage a;
+        c->sock = -1;
+        if (peer_addr(c->peer, &a)) {
+            pthread_mutex_lock(&c->srv->sock_mu);
+            c->sock = find_sock(c->srv, &a);
+            pthread_mutex_unlock(&c->srv->sock_mu);
+        }
+    }
+    return c->sock;
+}
+
+int rpc_call_socket(rpc_call *call)
+{
+    pthread_mutex_lock(&call->mu);
+    const int fd = call_sock(call);
+    pthread_mutex_unlock(&call->mu);
+    return fd;
+}
+
+/* The thread's cork scope: the sockets written to in it, corked from their second message. */
+typedef struct rpc_cork {
+    bool on;
+    int n;
+    int fd[RPC_CORK_MAX];
+    bool corked[RPC_CORK_MAX];
+} rpc_cork;
+
+static _Thread_local rpc_cork tl_cork;
+
+void rpc_cork_begin(void)
+{
+    DS_ASSERT(!tl_cork.on);
+    tl_cork.on = true;
+    tl_cork.n = 0;
+}
+
+void rpc_cork_end(void)
+{
+    DS_ASSERT(tl_cork.on);
+    const int off = 0;
+    for (int i = 0; i < tl_cork.n; i++) /* what they hold leaves now */
+        if (tl_cork.corked[i]) setsockopt(tl_cork.fd[i], IPPROTO_TCP, TCP_CORK, &off, sizeof off);
+    tl_cork.on = false;
+    tl_cork.n = 0;
+}
+
+/* In a cork scope, with call->mu held: c's socket noted at its first message of the scope
+ * (which leaves at once: a lone message waits for nothing) and corked at its second. The socket
+ * is looked up on the call's first send in a scope; a call whose socket is not known, or past
+ * RPC_CORK_MAX sockets a scope, writes as without. */
+static void cork_call(rpc_call *c)
+{
+    if (!tl_cork.on || call_sock(c) < 0) return;
+    int i = 0;
+    while (i < tl_cork.n && tl_cork.fd[i] != c->sock) i++;
+    if (i == tl_cork.n) {
+        if (i < RPC_CORK_MAX) tl_cork.fd[tl_cork.n] = c->sock, tl_cork.corked[tl_cork.n++] = false;
+        return;
+    }
+    const int on = 1;
+    if (!tl_cork.corked[i] && setsockopt(c->sock, IPPROTO_TCP, TCP_CORK, &on, sizeof on) == 0)
+        tl_cork.corked[i] = true;
+}
+
+/* Bytes written to this server's connections and not yet acknowledged by the clients' kernels
+ * (unsent + unacked, SIOCOUTQ), summed over the accepted sockets. -1 if /proc/self/fd is
+ * unreadable. */
+static long unacked_bytes(const rpc_server *srv)
+{
+    long total = 0;
+    return for_accepted(srv, add_unacked, &total) ? -1 : total;
 }
 
 /* Waits at most timeout_ms until every byte written to the clients is acknowledged (true at
@@ -895,6 +1089,7 @@ void rpc_server_destroy(rpc_server *srv)
     }
     pthread_mutex_destroy(&srv->done_mu);
     pthread_mutex_destroy(&srv->pool_mu);
+    pthread_mutex_destroy(&srv->sock_mu);
     pthread_cond_destroy(&srv->done_cv);
     free(srv->calls);
     free(srv);

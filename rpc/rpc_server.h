@@ -194,6 +194,25 @@ int rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
 /* rpc_call_send of a message already packed: bytes[0, n) (copied). */
 int rpc_call_send_bytes(rpc_call *call, const uint8_t *bytes, size_t n);
 
+/* The socket of the call's TCP connection (looked up from /proc/self/fd by the peer gRPC
+ * names, once a call), or -1 where that is not known (a UNIX socket, the connection gone). */
+int rpc_call_socket(rpc_call *call);
+
+/* ---- coalesced writes ---- */
+
+/* Between rpc_cork_begin and rpc_cork_end on one thread, the messages that rpc_call_send hands
+ * to gRPC at once (no earlier one of their call still on the wire) after the first to the same
+ * connection wait in its socket (TCP_CORK) and leave together at rpc_cork_end: the messages of
+ * many streams on one connection go out as two TCP segments instead of one each, and a lone
+ * message leaves at once. gRPC C core 1.51
+ * writes each batch's frames to the socket before grpc_call_start_batch returns, so messages of
+ * different calls otherwise never share a write (each is a sendmsg and a segment, and on
+ * loopback the receiver's processing of it too). A scope is short: the messages wait no longer
+ * than it lasts (the kernel sends a corked socket's data after 200 ms anyway). Up to 64 sockets a
+ * scope (the rest write as without); scopes do not nest. */
+void rpc_cork_begin(void);
+void rpc_cork_end(void);
+
 /* Ends the call with a status after every queued message (dropped if cancelled). msg may be
  * NULL or ""; it is copied. Exactly once per call; the caller must not touch the call after. */
 void rpc_call_finish(rpc_call *call, grpc_status_code code, const char *msg);

@@ -514,11 +514,13 @@ static void sink_step_end(void *arg)
     }
     pthread_mutex_unlock(&ws->smu);
     ws_stream *next;
+    rpc_cork_begin(); /* the step's messages to one connection leave together (rpc_server.h) */
     for (ws_stream *s = ws->dirty; s; s = next) {
         next = s->dirty_next;
         s->dirty = false;
         if (s->start) stream_write(s); /* its send may complete (on the CQ thread) at once */
     }
+    rpc_cork_end();
     ws->dirty = NULL;
     feed_write_claimed(kick);
 }

@@ -4,15 +4,20 @@
  * v1alpha, every call released afterwards, shutdown with open streams; graceful shutdown: a
  * stream whose final messages and status are queued but not yet written still ends OK with
  * every message, open-ended streams (Watch) end at once, a stream that outlives the grace is
- * ended UNAVAILABLE. */
+ * ended UNAVAILABLE; a cork scope sends the messages of many streams on one connection in a few
+ * TCP segments, and they arrive. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <CUnit/Basic.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "common/clock.h"
 #include "proto/deltaserve/v1/deltaserve.pb-c.h"
@@ -83,10 +88,23 @@ static void *produce(void *arg)
     return NULL;
 }
 
+/* Streams with request_id "park": kept here (under g_mu) for the test to send on. */
+enum { N_PARK = 32 };
+static rpc_call *g_parked[N_PARK];
+static int g_n_parked;
+
 static void on_stream(rpc_call *call, const ProtobufCMessage *msg, void *user)
 {
     const Deltaserve__V1__WorkerGenerateRequest *req = (const void *)msg;
     producer *p = calloc(1, sizeof *p);
+    if (!strcmp(req->request_id, "park")) {
+        rpc_call_set_data(call, p);
+        pthread_mutex_lock(&g_mu);
+        if (g_n_parked < N_PARK) g_parked[g_n_parked++] = call;
+        pthread_cond_broadcast(&g_cv);
+        pthread_mutex_unlock(&g_mu);
+        return;
+    }
     p->call = call;
     p->n = req->stopping ? (int)req->stopping->max_new_tokens : 1;
     p->hold = strcmp(req->request_id, "hold") == 0;
@@ -222,6 +240,101 @@ static void test_stream_in_order(void)
     CU_ASSERT_EQUAL(tc_status(&t), GRPC_STATUS_OK);
     tc_destroy(&t);
     CU_ASSERT_EQUAL(wait_producers(before + 1), before + 1);
+    CU_ASSERT_EQUAL(wait_no_live_calls(), 0);
+}
+
+/* The data segments a TCP socket has sent (TCP_INFO), -1 if unknown. */
+static long data_segs_out(int fd)
+{
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0) return -1;
+    return (long)ti.tcpi_data_segs_out;
+}
+
+static void send_token(rpc_call *call, int32_t id)
+{
+    Deltaserve__V1__GenerateResponse r = DELTASERVE__V1__GENERATE_RESPONSE__INIT;
+    r.n_token_ids = 1;
+    r.token_ids = &id;
+    CU_ASSERT_EQUAL(rpc_call_send(call, &r.base), STATUS_OK);
+}
+
+/* every stream's next message carries token base + its index */
+static bool recv_tokens(tcall *t, int base)
+{
+    bool ok = true;
+    for (int i = 0; i < N_PARK; i++) {
+        Deltaserve__V1__GenerateResponse *m =
+            (void *)tc_recv(&t[i], &deltaserve__v1__generate_response__descriptor);
+        ok = ok && m && m->n_token_ids == 1 && m->token_ids[0] == base + i;
+        if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    return ok;
+}
+
+/* N_PARK streams on one connection: a lone message in a cork scope leaves at once; one message
+ * each inside a scope leaves in a few TCP segments, right at the scope's end; the same sends without the scope take many more (about
+ * one each, fewer where the kernel merges a few); every message arrives, in order. */
+static void test_cork_coalesces_writes(void)
+{
+    Deltaserve__V1__StoppingCriteria stop;
+    tcall t[N_PARK];
+    pthread_mutex_lock(&g_mu);
+    g_n_parked = 0;
+    pthread_mutex_unlock(&g_mu);
+    for (int i = 0; i < N_PARK; i++)
+        CU_ASSERT_FATAL(tc_start(&t[i], g_ch, STREAM_PATH, &stream_req("park", 1, &stop)->base,
+                                 10000, true));
+    const int64_t end = clock_now_ms() + 10000;
+    pthread_mutex_lock(&g_mu);
+    while (g_n_parked < N_PARK && clock_now_ms() < end) {
+        pthread_mutex_unlock(&g_mu);
+        sched_yield();
+        pthread_mutex_lock(&g_mu);
+    }
+    const int parked = g_n_parked;
+    pthread_mutex_unlock(&g_mu);
+    CU_ASSERT_FATAL(parked == N_PARK);
+    const int fd = rpc_call_socket(g_parked[0]);
+    CU_ASSERT_FATAL(fd >= 0);
+    for (int i = 1; i < N_PARK; i++) CU_ASSERT_EQUAL(rpc_call_socket(g_parked[i]), fd);
+
+    long s0 = data_segs_out(fd);
+    rpc_cork_begin();
+    send_token(g_parked[0], -1);
+    const long lone = data_segs_out(fd) - s0;
+    rpc_cork_end();
+    CU_ASSERT_EQUAL(lone, 1);
+    Deltaserve__V1__GenerateResponse *m =
+        (void *)tc_recv(&t[0], &deltaserve__v1__generate_response__descriptor);
+    CU_ASSERT(m && m->n_token_ids == 1 && m->token_ids[0] == -1);
+    if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+    nanosleep(&(struct timespec){0, 50 * 1000000}, NULL); /* its send's completion is in */
+
+    s0 = data_segs_out(fd);
+    rpc_cork_begin();
+    for (int i = 0; i < N_PARK; i++) send_token(g_parked[i], i);
+    rpc_cork_end();
+    const long s1 = data_segs_out(fd);
+    printf("\n  %d messages: %ld segments in a cork scope", N_PARK, s1 - s0);
+    CU_ASSERT(s0 >= 0 && s1 - s0 >= 1 && s1 - s0 <= 4);
+    CU_ASSERT(recv_tokens(t, 0));
+
+    nanosleep(&(struct timespec){0, 50 * 1000000}, NULL); /* the sends' completions are in */
+    const long s2 = data_segs_out(fd);
+    for (int i = 0; i < N_PARK; i++) send_token(g_parked[i], 100 + i);
+    const long s3 = data_segs_out(fd);
+    printf(", %ld without", s3 - s2);
+    CU_ASSERT(s3 - s2 >= N_PARK / 4);
+    CU_ASSERT(recv_tokens(t, 100));
+
+    for (int i = 0; i < N_PARK; i++) rpc_call_finish(g_parked[i], GRPC_STATUS_OK, NULL);
+    for (int i = 0; i < N_PARK; i++) {
+        CU_ASSERT_EQUAL(tc_status(&t[i]), GRPC_STATUS_OK);
+        tc_destroy(&t[i]);
+    }
     CU_ASSERT_EQUAL(wait_no_live_calls(), 0);
 }
 
@@ -635,6 +748,7 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("rpc_server", suite_init, suite_clean);
     CU_add_test(s, "stream_in_order", test_stream_in_order);
+    CU_add_test(s, "cork_coalesces_writes", test_cork_coalesces_writes);
     CU_add_test(s, "cancel_reaches_producer", test_cancel_reaches_producer);
     CU_add_test(s, "deadline_reaches_producer", test_deadline_reaches_producer);
     CU_add_test(s, "unknown_method_is_unimplemented", test_unknown_method_is_unimplemented);
