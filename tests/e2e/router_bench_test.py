@@ -1,4 +1,4 @@
-"""The router benchmark CI runs (issue 27): a router and two CPU workers on the tiny reference
+"""The router benchmark CI runs (issue 27): a router and two CPU workers (by default) on the tiny reference
 model, bench/loadgen driving STREAMS streams of TOKENS tokens each (--ignore-eos) through the
 router at once. Prints the CPU time (utime + stime from /proc/PID/stat, over the loadgen run)
 the router and the workers spent per streamed token, and one line
@@ -11,7 +11,8 @@ with all its tokens, and that neither figure passes its ceiling: DS_ROUTER_BENCH
 default 120 (about 3.5x the median of docs/BENCH.md 3.8 on an idle machine, 1.5x the highest
 seen there with the two cores busy); DS_ROUTER_BENCH_WORKER_US, default 3000, both workers
 together (the worker's figure includes the forward pass), so a regression of the relay path
-shows without a GPU. Env: DS_ROUTER_BENCH_STREAMS (16), DS_ROUTER_BENCH_TOKENS (256)."""
+shows without a GPU. Env: DS_ROUTER_BENCH_STREAMS (16), DS_ROUTER_BENCH_TOKENS (256),
+DS_ROUTER_BENCH_WORKERS (2; the streams' slots split between them)."""
 import os
 import re
 import subprocess
@@ -23,6 +24,7 @@ import harness as h  # noqa: E402
 
 STREAMS = int(os.environ.get("DS_ROUTER_BENCH_STREAMS", "16"))
 TOKENS = int(os.environ.get("DS_ROUTER_BENCH_TOKENS", "256"))
+WORKERS = int(os.environ.get("DS_ROUTER_BENCH_WORKERS", "2"))
 ROUTER_US_MAX = float(os.environ.get("DS_ROUTER_BENCH_ROUTER_US", "120"))
 WORKER_US_MAX = float(os.environ.get("DS_ROUTER_BENCH_WORKER_US", "3000"))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -59,9 +61,9 @@ def cpu_s(pid):
 
 class RouterBench(unittest.TestCase):
     def test_cpu_per_streamed_token(self):
-        slots = str(max(1, (STREAMS + 1) // 2))
+        slots = str(max(1, (STREAMS + WORKERS - 1) // WORKERS))
         ws = [h.start_worker("bench_w%d" % i, extra=["--slots", slots, "--threads", "1"])
-              for i in range(2)]
+              for i in range(WORKERS)]
         r = h.start_router(ws, name="bench_router")
         try:
             procs = {"router": [r], "worker": ws}
@@ -83,8 +85,8 @@ class RouterBench(unittest.TestCase):
             self.assertEqual((ok, failed, tokens), (STREAMS, 0, STREAMS * TOKENS), text)
             us = {k: (after[k] - before[k]) * 1e6 / tokens for k in procs}
             tps = re.search(r"tokens/s ([\d.]+)", text).group(1)
-            print("router-bench: %d streams x %d tokens through a router and 2 CPU workers "
-                  "(tiny model), %s tokens/s" % (STREAMS, TOKENS, tps))
+            print("router-bench: %d streams x %d tokens through a router and %d CPU workers "
+                  "(tiny model), %s tokens/s" % (STREAMS, TOKENS, WORKERS, tps))
             print("router-bench router_us_per_token=%.1f worker_us_per_token=%.1f tokens=%d "
                   "messages=%d router_us_per_message=%.1f"
                   % (us["router"], us["worker"], tokens, msgs,
