@@ -5,7 +5,7 @@
  * stream whose final messages and status are queued but not yet written still ends OK with
  * every message, open-ended streams (Watch) end at once, a stream that outlives the grace is
  * ended UNAVAILABLE; a cork scope sends the messages of many streams on one connection in a few
- * TCP segments, and they arrive. */
+ * TCP segments, and they arrive (IPv4, and IPv4 and IPv6 clients of a dual-stack server). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -243,6 +243,22 @@ static void test_stream_in_order(void)
     CU_ASSERT_EQUAL(wait_no_live_calls(), 0);
 }
 
+/* n < 0: forgets the parked calls; else waits (10 s at most) until n are parked. */
+static int wait_parked(int n)
+{
+    const int64_t end = clock_now_ms() + 10000;
+    pthread_mutex_lock(&g_mu);
+    if (n < 0) g_n_parked = 0;
+    while (g_n_parked < n && clock_now_ms() < end) {
+        pthread_mutex_unlock(&g_mu);
+        sched_yield();
+        pthread_mutex_lock(&g_mu);
+    }
+    const int parked = g_n_parked;
+    pthread_mutex_unlock(&g_mu);
+    return parked;
+}
+
 /* The data segments a TCP socket has sent (TCP_INFO), -1 if unknown. */
 static long data_segs_out(int fd)
 {
@@ -281,22 +297,11 @@ static void test_cork_coalesces_writes(void)
 {
     Deltaserve__V1__StoppingCriteria stop;
     tcall t[N_PARK];
-    pthread_mutex_lock(&g_mu);
-    g_n_parked = 0;
-    pthread_mutex_unlock(&g_mu);
+    wait_parked(-1);
     for (int i = 0; i < N_PARK; i++)
         CU_ASSERT_FATAL(tc_start(&t[i], g_ch, STREAM_PATH, &stream_req("park", 1, &stop)->base,
                                  10000, true));
-    const int64_t end = clock_now_ms() + 10000;
-    pthread_mutex_lock(&g_mu);
-    while (g_n_parked < N_PARK && clock_now_ms() < end) {
-        pthread_mutex_unlock(&g_mu);
-        sched_yield();
-        pthread_mutex_lock(&g_mu);
-    }
-    const int parked = g_n_parked;
-    pthread_mutex_unlock(&g_mu);
-    CU_ASSERT_FATAL(parked == N_PARK);
+    CU_ASSERT_FATAL(wait_parked(N_PARK) == N_PARK);
     const int fd = rpc_call_socket(g_parked[0]);
     CU_ASSERT_FATAL(fd >= 0);
     for (int i = 1; i < N_PARK; i++) CU_ASSERT_EQUAL(rpc_call_socket(g_parked[i]), fd);
@@ -336,6 +341,57 @@ static void test_cork_coalesces_writes(void)
         tc_destroy(&t[i]);
     }
     CU_ASSERT_EQUAL(wait_no_live_calls(), 0);
+}
+
+/* A server on the IPv6 wildcard (dual stack): the socket of a call from an IPv4 client (an
+ * IPv4-mapped peer) and of one from ::1 is found, and a cork scope's messages to both arrive. */
+static void test_cork_dual_stack(void)
+{
+    rpc_server *srv;
+    status st;
+    if (rpc_server_create(&(rpc_server_opts){.listen = "[::]:0", .max_calls = 8}, &srv, &st)) {
+        printf("\n  no IPv6 here (%s): skipped", st.msg); /* a host without it */
+        return;
+    }
+    rpc_method stream = {STREAM_PATH, &deltaserve__v1__worker_generate_request__descriptor,
+                         RPC_METHOD_SERVER_STREAM, on_stream, on_stream_cancel, on_stream_release,
+                         NULL, false};
+    CU_ASSERT_FATAL(!rpc_server_add_method(srv, &stream, &st) && !rpc_server_start(srv, &st));
+    char target[64];
+    snprintf(target, sizeof target, "[::1]:%d", rpc_server_port(srv));
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    grpc_channel *ch[2] = {tc_channel(rpc_server_port(srv)), grpc_channel_create(target, cr, NULL)};
+    grpc_channel_credentials_release(cr);
+    Deltaserve__V1__StoppingCriteria stop;
+    tcall t[2];
+    wait_parked(-1);
+    for (int i = 0; i < 2; i++) {
+        CU_ASSERT_FATAL(tc_start(&t[i], ch[i], STREAM_PATH, &stream_req("park", 1, &stop)->base,
+                                 10000, true));
+        CU_ASSERT_FATAL(wait_parked(i + 1) == i + 1);
+    }
+    const int fd0 = rpc_call_socket(g_parked[0]), fd1 = rpc_call_socket(g_parked[1]);
+    CU_ASSERT(fd0 >= 0 && fd1 >= 0 && fd0 != fd1);
+    rpc_cork_begin();
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 2; i++) send_token(g_parked[i], 10 * i + k);
+    rpc_cork_end();
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) {
+            Deltaserve__V1__GenerateResponse *m =
+                (void *)tc_recv(&t[i], &deltaserve__v1__generate_response__descriptor);
+            CU_ASSERT(m && m->n_token_ids == 1 && m->token_ids[0] == 10 * i + k);
+            if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+        }
+        rpc_call_finish(g_parked[i], GRPC_STATUS_OK, NULL);
+    }
+    for (int i = 0; i < 2; i++) {
+        CU_ASSERT_EQUAL(tc_status(&t[i]), GRPC_STATUS_OK);
+        tc_destroy(&t[i]);
+        grpc_channel_destroy(ch[i]);
+    }
+    rpc_server_shutdown(srv);
+    rpc_server_destroy(srv);
 }
 
 static void test_cancel_reaches_producer(void)
@@ -749,6 +805,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("rpc_server", suite_init, suite_clean);
     CU_add_test(s, "stream_in_order", test_stream_in_order);
     CU_add_test(s, "cork_coalesces_writes", test_cork_coalesces_writes);
+    CU_add_test(s, "cork_dual_stack", test_cork_dual_stack);
     CU_add_test(s, "cancel_reaches_producer", test_cancel_reaches_producer);
     CU_add_test(s, "deadline_reaches_producer", test_deadline_reaches_producer);
     CU_add_test(s, "unknown_method_is_unimplemented", test_unknown_method_is_unimplemented);
