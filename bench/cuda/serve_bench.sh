@@ -23,7 +23,7 @@
 #       token, and prints its time to first token
 #   serve_bench.sh sched MODEL PROMPT STEP:MIN[,STEP:MIN...] [ARRIVALS]   the scheduler's step budget: for
 #       each STEP:MIN a fresh worker (--slots 256 --ctx 4096 --prefix-cache-mb 0 --step-tokens
-#       STEP --prefill-min-tokens MIN) behind a router, loadgen at 16, 64 and 256 streams of one
+#       STEP --prefill-min-tokens MIN) behind a router, loadgen at 1, 16, 64 and 256 streams of one
 #       PROMPT-token prompt (the same ids every time; with the cache off each computes it all)
 #       and 128 generated tokens, 3 x streams
 #       in all (2 x at PROMPT >= 1024); one "sched ..." line per run with loadgen's summary
@@ -181,7 +181,7 @@ sched() {
         local step=${cfg%%:*} min=${cfg#*:}
         serve_up "sched-$step-$min" 50181 50182 --model "$model" --device cuda --slots 256 \
             --ctx 4096 --prefix-cache-mb 0 --step-tokens "$step" --prefill-min-tokens "$min"
-        for c in 16 64 256; do
+        for c in 1 16 64 256; do
             n=$((3 * c)); [ "$pp" -ge 1024 ] && n=$((2 * c))
             local warm=()
             [ "$arrivals" = steady ] && warm=(--warmup $c --steady)
