@@ -117,6 +117,7 @@ struct rpc_call {
     bool unauthenticated; /* a method needing the token, and the call has not the right one */
     char path[160];
     char peer[80];
+    uint64_t peer_hash; /* of peer (FNV-1a): its connection within a cork scope */
     int sock;   /* its connection's socket (rpc_call_socket): RPC_SOCK_UNKNOWN until looked up */
     void *data; /* borrowed, the owner's */
     int cq;     /* index of the queue its batches complete on (set when requested) */
@@ -376,6 +377,8 @@ static void on_new_call(rpc_server *s, rpc_call *c, bool ok)
     grpc_metadata_array_destroy(&c->req_md);
     char *peer = grpc_call_get_peer(c->gcall);
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "");
+    c->peer_hash = 1469598103934665603ull;
+    for (const char *q = c->peer; *q; q++) c->peer_hash = (c->peer_hash ^ (uint8_t)*q) * 1099511628211ull;
     gpr_free(peer);
     c->sock = RPC_SOCK_UNKNOWN;
 
@@ -952,12 +955,13 @@ int rpc_call_socket(rpc_call *call)
     return fd;
 }
 
-/* The thread's cork scope: the sockets written to in it, corked from their second message. */
+/* The thread's cork scope: the connections written to in it (by their peers' hashes), each
+ * corked from its second message (its socket then looked up). */
 typedef struct rpc_cork {
     bool on;
     int n;
-    int fd[RPC_CORK_MAX];
-    bool corked[RPC_CORK_MAX];
+    uint64_t peer[RPC_CORK_MAX];
+    int fd[RPC_CORK_MAX]; /* corked, or -1 */
 } rpc_cork;
 
 static _Thread_local rpc_cork tl_cork;
@@ -974,27 +978,28 @@ void rpc_cork_end(void)
     DS_ASSERT(tl_cork.on);
     const int off = 0;
     for (int i = 0; i < tl_cork.n; i++) /* what they hold leaves now */
-        if (tl_cork.corked[i]) setsockopt(tl_cork.fd[i], IPPROTO_TCP, TCP_CORK, &off, sizeof off);
+        if (tl_cork.fd[i] >= 0) setsockopt(tl_cork.fd[i], IPPROTO_TCP, TCP_CORK, &off, sizeof off);
     tl_cork.on = false;
     tl_cork.n = 0;
 }
 
-/* In a cork scope, with call->mu held: c's socket noted at its first message of the scope
- * (which leaves at once: a lone message waits for nothing) and corked at its second. The socket
- * is looked up on the call's first send in a scope; a call whose socket is not known, or past
- * RPC_CORK_MAX sockets a scope, writes as without. */
+/* In a cork scope, with call->mu held: c's connection noted at its first message of the scope
+ * (which leaves at once, and no socket is looked up: a lone stream costs nothing) and its
+ * socket corked at its second. A call whose socket is not known, or a connection past
+ * RPC_CORK_MAX a scope, writes as without. */
 static void cork_call(rpc_call *c)
 {
-    if (!tl_cork.on || call_sock(c) < 0) return;
+    if (!tl_cork.on) return;
     int i = 0;
-    while (i < tl_cork.n && tl_cork.fd[i] != c->sock) i++;
+    while (i < tl_cork.n && tl_cork.peer[i] != c->peer_hash) i++;
     if (i == tl_cork.n) {
-        if (i < RPC_CORK_MAX) tl_cork.fd[tl_cork.n] = c->sock, tl_cork.corked[tl_cork.n++] = false;
+        if (i < RPC_CORK_MAX) tl_cork.peer[tl_cork.n] = c->peer_hash, tl_cork.fd[tl_cork.n++] = -1;
         return;
     }
     const int on = 1;
-    if (!tl_cork.corked[i] && setsockopt(c->sock, IPPROTO_TCP, TCP_CORK, &on, sizeof on) == 0)
-        tl_cork.corked[i] = true;
+    if (tl_cork.fd[i] < 0 && call_sock(c) >= 0 &&
+        setsockopt(c->sock, IPPROTO_TCP, TCP_CORK, &on, sizeof on) == 0)
+        tl_cork.fd[i] = c->sock;
 }
 
 /* Bytes written to this server's connections and not yet acknowledged by the clients' kernels

@@ -204,12 +204,13 @@ int rpc_call_socket(rpc_call *call);
  * to gRPC at once (no earlier one of their call still on the wire) after the first to the same
  * connection wait in its socket (TCP_CORK) and leave together at rpc_cork_end: the messages of
  * many streams on one connection go out as two TCP segments instead of one each, and a lone
- * message leaves at once. gRPC C core 1.51
- * writes each batch's frames to the socket before grpc_call_start_batch returns, so messages of
- * different calls otherwise never share a write (each is a sendmsg and a segment, and on
- * loopback the receiver's processing of it too). A scope is short: the messages wait no longer
- * than it lasts (the kernel sends a corked socket's data after 200 ms anyway). Up to 64 sockets a
- * scope (the rest write as without); scopes do not nest. */
+ * message leaves at once (its socket is not even looked up: rpc_call_socket runs for a call at
+ * its connection's second message of a scope). gRPC C core 1.51 writes each batch's frames to
+ * the socket before grpc_call_start_batch returns, so messages of different calls otherwise
+ * never share a write (each is a sendmsg and a segment, and on loopback the receiver's
+ * processing of it too). A scope is short: the messages wait no longer than it lasts (the
+ * kernel sends a corked socket's data after 200 ms anyway). Up to 64 connections a scope (the
+ * rest write as without); scopes do not nest. */
 void rpc_cork_begin(void);
 void rpc_cork_end(void);
 
